@@ -1,0 +1,190 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP), for FSDP2 and FSDP1 alike.
+
+Layout of one checkpoint (see docs/run-folder.md):
+
+    checkpoints/step-00000100/
+        .metadata  __0_0.distcp ...   DCP: model + optimizer, resharded on load
+        rng/rank<R>.pt                 CPU (and CUDA) RNG state of each rank
+        clusterfsdp.json               step, tokens seen, data position, world size
+        job.toml                       the spec it was made with
+
+A checkpoint is written under `.step-<N>.partial/` and renamed to `step-<N>` only after
+every rank's shards and DCP's `.metadata` are on disk, so a crash, a kill -9 or a full
+disk mid-save leaves a partial folder that resume never picks. `keep_last` deletes old
+ones only after a newer one is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+COMPLETE = "clusterfsdp.json"
+_STEP = re.compile(r"^step-(\d+)$")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    step: int
+    meta: dict[str, Any]
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}"
+
+
+def is_complete(path: Path) -> bool:
+    return (path / ".metadata").is_file() and (path / COMPLETE).is_file()
+
+
+def list_checkpoints(root: Path) -> list[CheckpointInfo]:
+    """Complete checkpoints, oldest first (pure Python: used by status, the TUI and export)."""
+    out = []
+    if root.is_dir():
+        for p in root.iterdir():
+            m = _STEP.match(p.name)
+            if m and is_complete(p):
+                try:
+                    meta = json.loads((p / COMPLETE).read_text())
+                except (OSError, json.JSONDecodeError):
+                    continue
+                out.append(CheckpointInfo(p, int(m.group(1)), meta))
+    return sorted(out, key=lambda c: c.step)
+
+
+def find(root: Path, step: int | None = None) -> CheckpointInfo | None:
+    """The newest complete checkpoint, or the one at `step`."""
+    found = list_checkpoints(root)
+    if step is not None:
+        found = [c for c in found if c.step == step]
+    return found[-1] if found else None
+
+
+def keep_only_up_to(root: Path, step: int) -> list[Path]:
+    """Move complete checkpoints newer than `step` into `set-aside/` (never deleted), so a
+    resume picks `step`. Returns their new paths."""
+    moved = []
+    for info in list_checkpoints(root):
+        if info.step > step:
+            dest = root / "set-aside" / f"{info.path.name}-{int(time.time())}"
+            dest.parent.mkdir(exist_ok=True)
+            os.replace(info.path, dest)
+            moved.append(dest)
+    return moved
+
+
+class Checkpointer:
+    """Saves and loads one run's checkpoints; every method is collective unless noted."""
+
+    def __init__(self, root: Path, model, optimizer, rank: int, world_size: int, spec_text: str, keep_last: int,
+                 async_save: bool):
+        import torch.distributed as dist
+
+        self.root, self.model, self.optimizer = root, model, optimizer
+        self.rank, self.world_size, self.spec_text, self.keep_last = rank, world_size, spec_text, keep_last
+        self.async_save = async_save
+        self._pending: tuple[Any, Path, Path, dict] | None = None
+        # Async saves coordinate over their own gloo group so they never queue behind NCCL work.
+        self._pg = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        if rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+
+    def _state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def save(self, step: int, meta: dict[str, Any], *, blocking: bool = False) -> float:
+        """Save at `step`; returns the seconds training was blocked. Async unless `blocking`."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        t0 = time.perf_counter()
+        self.wait()  # the previous async save must finish first
+        final, partial = step_dir(self.root, step), self.root / f".step-{step:08d}.partial"
+        if final.exists():
+            return time.perf_counter() - t0
+        if self.rank == 0:
+            for stale in self.root.glob(".step-*.partial"):
+                shutil.rmtree(stale, ignore_errors=True)
+            partial.mkdir(parents=True)
+        _barrier()
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        (partial / "rng").mkdir(exist_ok=True)
+        torch.save(rng, partial / "rng" / f"rank{self.rank}.pt")
+        meta = {**meta, "step": step, "world_size": self.world_size, "saved": time.time()}
+        if self.async_save and not blocking:
+            future = dcp.async_save(self._state(), checkpoint_id=str(partial), process_group=self._pg)
+            self._pending = (future, partial, final, meta)
+        else:
+            dcp.save(self._state(), checkpoint_id=str(partial))
+            self._finalize(partial, final, meta)
+        return time.perf_counter() - t0
+
+    def poll(self) -> None:
+        """Finalize a finished async save without waiting (cheap; call every step)."""
+        if self._pending is not None and self._pending[0].done():
+            self.wait()
+
+    def wait(self) -> None:
+        if self._pending is None:
+            return
+        future, partial, final, meta = self._pending
+        self._pending = None
+        future.result()
+        self._finalize(partial, final, meta)
+
+    def _finalize(self, partial: Path, final: Path, meta: dict[str, Any]) -> None:
+        """Rank 0 marks the checkpoint complete and atomically renames it into place, then prunes."""
+        if self.rank != 0:
+            return
+        (partial / "job.toml").write_text(self.spec_text)
+        tmp = partial / f".{COMPLETE}.tmp"
+        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, partial / COMPLETE)
+        os.replace(partial, final)
+        _fsync_dir(self.root)
+        for old in list_checkpoints(self.root)[:-self.keep_last]:
+            shutil.rmtree(old.path, ignore_errors=True)
+
+    def load(self, info: CheckpointInfo) -> dict[str, Any]:
+        """Load model + optimizer (resharding to this world size) and this rank's RNG; returns the meta."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._state()
+        dcp.load(state, checkpoint_id=str(info.path))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        rng_file = info.path / "rng" / f"rank{self.rank}.pt"
+        if info.meta.get("world_size") == self.world_size and rng_file.is_file():
+            rng = torch.load(rng_file, weights_only=False)
+            torch.set_rng_state(rng["cpu"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+        return info.meta
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

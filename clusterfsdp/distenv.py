@@ -1,0 +1,226 @@
+"""From the launcher's environment to torch.distributed: ranks, master address and port,
+network interface, InfiniBand HCAs, device binding, and a per-node record of the choices.
+
+Pure Python (no torch import): the hostlist parser and rank derivation are also used by the
+notebook launcher and tested against `scontrol show hostnames`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import itertools
+import json
+import os
+import re
+import socket
+import struct
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+# ---------------------------------------------------------------- Slurm hostlists
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Expand Slurm hostlist syntax: 'gpu[001-004,010],cpu7', 'a[1-2]b[3-4]', 'n[01-02]-ib'."""
+    hosts: list[str] = []
+    for item in _split_top_level(hostlist.strip()):
+        parts = re.split(r"(\[[^\]]*\])", item)
+        choices = []
+        for part in parts:
+            if part.startswith("["):
+                choices.append(_expand_range(part[1:-1], hostlist))
+            elif part:
+                choices.append([part])
+        hosts += ["".join(p) for p in itertools.product(*choices)]
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in hostlist {text!r}")
+        if ch == "," and depth == 0:
+            if cur:
+                out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if depth:
+        raise ValueError(f"unbalanced '[' in hostlist {text!r}")
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _expand_range(spec: str, whole: str) -> list[str]:
+    out = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        if not m:
+            raise ValueError(f"bad range {part!r} in hostlist {whole!r}")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        if int(hi) < int(lo):
+            raise ValueError(f"descending range {part!r} in hostlist {whole!r}")
+        out += [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
+    return out
+
+
+def tasks_per_node(value: str) -> list[int]:
+    """Slurm's SLURM_TASKS_PER_NODE form '2(x3),1' -> [2, 2, 2, 1]."""
+    out = []
+    for part in value.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise ValueError(f"bad tasks-per-node value {value!r}")
+        out += [int(m.group(1))] * int(m.group(2) or 1)
+    return out
+
+
+# ---------------------------------------------------------------- ranks
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    job_id: str
+    restart: int
+    launcher: str  # slurm | submitit-local | torchrun | single
+
+    def export(self) -> dict[str, str]:
+        """The variables torch.distributed's env:// rendezvous reads."""
+        return {"RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank), "WORLD_SIZE": str(self.world_size),
+                "LOCAL_WORLD_SIZE": str(self.local_world_size), "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port), "GROUP_RANK": str(self.node_rank)}
+
+
+def derive_port(job_id: str, restart: int, step: str = "") -> int:
+    """Same on every rank of a job step, different per requeue and per step (no TIME_WAIT clashes)."""
+    return 20000 + zlib.crc32(f"{job_id}.{restart}.{step}".encode()) % 40000
+
+
+def from_environ(env: dict[str, str] | None = None) -> DistEnv:
+    """Ranks from Slurm (srun tasks), submitit's local executor, torchrun, or a single process."""
+    env = dict(os.environ if env is None else env)
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env or env.get("SUBMITIT_EXECUTOR") == "slurm":
+        nodelist = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
+        hosts = expand_hostlist(nodelist)
+        counts = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1")
+        node = int(env.get("SLURM_NODEID", "0"))
+        job_id = env.get("SLURM_JOB_ID", "0")
+        restart = int(env.get("SLURM_RESTART_COUNT", "0"))
+        return DistEnv(
+            rank=int(env["SLURM_PROCID"]), local_rank=int(env.get("SLURM_LOCALID", "0")),
+            world_size=int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS", "1")),
+            local_world_size=counts[min(node, len(counts) - 1)], node_rank=node, num_nodes=len(hosts),
+            master_addr=hosts[0],
+            master_port=int(env.get("MASTER_PORT") or derive_port(job_id, restart, env.get("SLURM_STEP_ID", ""))),
+            job_id=job_id, restart=restart, launcher="slurm",
+        )
+    if env.get("SUBMITIT_EXECUTOR") == "local":
+        n = int(env["SUBMITIT_LOCAL_NTASKS"])
+        job_id = env["SUBMITIT_LOCAL_JOB_ID"]
+        restart = int(env.get("CLUSTERFSDP_RESTART", "0"))
+        return DistEnv(int(env["SUBMITIT_LOCAL_GLOBALID"]), int(env["SUBMITIT_LOCAL_LOCALID"]), n, n, 0, 1,
+                       "127.0.0.1", int(env.get("MASTER_PORT") or derive_port(job_id, restart)), job_id, restart,
+                       "submitit-local")
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(int(env["RANK"]), int(env.get("LOCAL_RANK", "0")), int(env["WORLD_SIZE"]),
+                       int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])), int(env.get("GROUP_RANK", "0")), 1,
+                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29500")),
+                       env.get("CLUSTERFSDP_JOB_ID", "torchrun"), 0, "torchrun")
+    port = int(env.get("MASTER_PORT") or derive_port(str(os.getpid()), 0))
+    return DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", port, env.get("CLUSTERFSDP_JOB_ID", f"pid{os.getpid()}"), 0, "single")
+
+
+# ---------------------------------------------------------------- network
+def interface_addresses() -> dict[str, str]:
+    """{interface: IPv4 address} for every configured interface, via SIOCGIFADDR."""
+    out = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                out[name] = socket.inet_ntoa(packed[20:24])
+            except OSError:
+                continue
+    return out
+
+
+def resolve(host: str) -> str:
+    return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+
+
+def route_interface(master_addr: str) -> tuple[str, str]:
+    """(interface, local IP) this node uses to reach the master, found by asking the kernel's routing."""
+    master_ip = resolve(master_addr)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((master_ip, 9))  # UDP connect sends nothing; it only picks a route
+        local_ip = s.getsockname()[0]
+    for name, ip in interface_addresses().items():
+        if ip == local_ip:
+            return name, local_ip
+    return "", local_ip
+
+
+def infiniband_hcas(root: str = "/sys/class/infiniband") -> list[str]:
+    """HCAs with at least one ACTIVE port (what NCCL_IB_HCA should list)."""
+    out = []
+    for dev in sorted(Path(root).glob("*")):
+        states = [p.read_text() for p in dev.glob("ports/*/state") if p.is_file()]
+        if not states or any("ACTIVE" in s for s in states):
+            out.append(dev.name)
+    return out
+
+
+def network_env(dist: DistEnv, user_env: dict[str, str], environ: dict[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Variables for NCCL/gloo on this node: (to set, facts for the node record).
+
+    Precedence: what clusterfsdp detects < what the environment already has < the job's [env].
+    """
+    environ = dict(os.environ if environ is None else environ)
+    facts: dict[str, str] = {}
+    chosen: dict[str, str] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                              "PYTORCH_ALLOC_CONF": "expandable_segments:True", "TOKENIZERS_PARALLELISM": "false",
+                              "HF_HUB_OFFLINE": "1"}
+    if dist.num_nodes > 1:
+        master_ip = resolve(dist.master_addr)
+        if ipaddress.ip_address(master_ip).is_loopback:
+            raise RuntimeError(
+                f"master {dist.master_addr} resolves to loopback {master_ip} on {socket.gethostname()}: "
+                "fix /etc/hosts on the nodes (other nodes could never reach it)"
+            )
+        iface, ip = route_interface(dist.master_addr)
+        facts.update(master_ip=master_ip, interface=iface, local_ip=ip)
+        if iface and iface != "lo":
+            chosen["NCCL_SOCKET_IFNAME"] = f"={iface}"
+            chosen["GLOO_SOCKET_IFNAME"] = iface
+    hcas = infiniband_hcas()
+    facts["ib_hcas"] = ",".join(hcas)
+    if hcas:
+        chosen["NCCL_IB_HCA"] = ",".join(f"={h}" for h in hcas)
+    result = {k: v for k, v in chosen.items() if k not in environ}
+    result.update(user_env)
+    # CUDA_DEVICE_MAX_CONNECTIONS=1 serializes FSDP2's reduce-scatter with compute; it is never set here.
+    return result, facts
+
+
+def write_node_record(path: Path, dist: DistEnv, facts: dict[str, str], extra: dict) -> None:
+    """What this node chose, for diagnosing a failed multi-node start (no secrets: only known prefixes)."""
+    safe = {k: v for k, v in os.environ.items()
+            if re.match(r"(NCCL_|GLOO_|TORCH_|CUDA_VISIBLE|SLURM_(JOB_ID|NODEID|PROCID|STEP_NODELIST|JOB_NODELIST|RESTART_COUNT|TASKS_PER_NODE)|MASTER_|OMP_NUM)", k)
+            and not re.search(r"TOKEN|KEY|SECRET|PASSWORD", k)}
+    record = {"hostname": socket.gethostname(), "dist": asdict(dist), **facts, "env": safe, **extra}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,27 @@
+"""Export a DCP checkpoint as a plain HuggingFace model folder (config.json + safetensors)
+that `from_pretrained` loads on one machine without FSDP or torch.distributed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .spec import JobSpec
+
+
+def export_hf(spec: JobSpec, checkpoint_dir: Path, out: Path) -> Path:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    from .model import DTYPES, build_config
+    from .train import _data_vocab
+
+    config = build_config(spec.model, _data_vocab(spec))
+    model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[spec.model.dtype])
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(checkpoint_dir), no_dist=True)
+    model.load_state_dict(state["model"])
+    model.tie_weights()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    return out

@@ -1,0 +1,76 @@
+"""Reading a run's logs: pick a rank and attempt, tail, follow across requeues.
+
+Reads only new bytes (seek to the last offset), polls instead of inotify (NFS), and falls
+back to submitit's own task logs when the worker never got far enough to open its log.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from . import runs
+
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREPARED", "BOOT_FAIL",
+         "DEADLINE"}
+
+
+def attempt_keys(run: runs.Run) -> list[str]:
+    """Attempt folders under logs/ ('<job id>.<restart>'), oldest first."""
+    dirs = [p for p in run.logs_dir.glob("*.*") if p.is_dir()]
+    return [p.name for p in sorted(dirs, key=lambda p: p.stat().st_mtime)]
+
+
+def log_file(run: runs.Run, rank: int = 0, attempt: str | None = None) -> Path | None:
+    """This rank's log for an attempt (default: the newest), else submitit's task log."""
+    keys = attempt_keys(run)
+    if attempt is None and keys:
+        attempt = keys[-1]
+    if attempt is not None:
+        p = run.logs_dir / attempt / f"rank{rank}.log"
+        if p.is_file():
+            return p
+    if run.attempts:
+        job_id = str(run.attempts[-1]["job_id"])
+        for suffix in ("out", "err"):
+            p = run.submitit_dir / job_id / f"{job_id}_{rank}_log.{suffix}"
+            if p.is_file() and p.stat().st_size:
+                return p
+    return None
+
+
+def tail(path: Path, lines: int = 200, max_bytes: int = 1 << 20) -> str:
+    """The last `lines` lines, reading at most `max_bytes` from the end (fast on a 1 GB log)."""
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - max_bytes))
+        data = f.read()
+    return b"\n".join(data.splitlines()[-lines:]).decode("utf-8", errors="replace")
+
+
+def follow(run: runs.Run, rank: int, is_done: Callable[[], bool], poll_s: float = 0.5,
+           from_start: bool = True) -> Iterator[str]:
+    """Yield new text of the rank's newest log until `is_done()`; switches file on a requeue."""
+    current: Path | None = None
+    offset = 0
+    idle_after_done = 0
+    while True:
+        newest = log_file(run, rank)
+        if newest is not None and newest != current:
+            current, offset = newest, 0 if from_start or current is not None else newest.stat().st_size
+        chunk = b""
+        if current is not None:
+            with open(current, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+                offset = f.tell()
+        if chunk:
+            yield chunk.decode("utf-8", errors="replace")
+            continue
+        if is_done():
+            idle_after_done += 1
+            if idle_after_done > 2:  # a last look for lines written just before the end
+                return
+        time.sleep(poll_s)

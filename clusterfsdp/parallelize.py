@@ -1,0 +1,86 @@
+"""Sharding a meta-device HF model: FSDP2 `fully_shard` on a 1-D or 2-D (HSDP) DeviceMesh,
+or FSDP1 FullyShardedDataParallel; activation checkpointing and per-layer compile first.
+
+Order (torchtitan's): activation checkpointing -> per-layer torch.compile -> fully_shard per
+decoder layer -> fully_shard(root). Tied embeddings stay in the root unit, so the tie survives.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from .model import decoder_layers, layer_classes
+from .spec import JobSpec
+
+MP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def build_mesh(spec: JobSpec, device_type: str, world_size: int) -> DeviceMesh:
+    """(replicate=nodes, shard=gpus per node) for hybrid; 1-D over all ranks otherwise."""
+    shape = spec.mesh_shape
+    if len(shape) == 2 and shape[0] * shape[1] == world_size:
+        return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, apply_activation_checkpointing as apply_ac, checkpoint_wrapper)
+
+    classes = tuple(layer_classes(model))
+    apply_ac(model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                                            preserve_rng_state=False),
+             check_fn=lambda m: isinstance(m, classes))
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile each decoder layer in place (repeated structure compiles once)."""
+    for layer in decoder_layers(model):
+        layer.compile(fullgraph=False)
+
+
+def fsdp2(model: nn.Module, spec: JobSpec, mesh: DeviceMesh) -> nn.Module:
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    f = spec.fsdp
+    kwargs = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=MP_DTYPES[f.mixed_precision], reduce_dtype=torch.float32))
+    if f.cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    sharding = spec.effective_sharding
+    reshard = f.reshard_after_forward and sharding != "grad_op"
+    if sharding == "none":  # replicate: one unit, params stay gathered (mesh of 1 shard per replica)
+        mesh = init_device_mesh(mesh.device_type, (mesh.size(), 1), mesh_dim_names=("replicate", "shard"))
+        kwargs["mesh"] = mesh
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        # The last layer's params are needed again first in backward: keep them gathered.
+        fully_shard(layer, reshard_after_forward=reshard and i < len(layers) - 1, **kwargs)
+    fully_shard(model, reshard_after_forward=False, **kwargs)
+    return model
+
+
+def fsdp1(model: nn.Module, spec: JobSpec, mesh: DeviceMesh, device: torch.device) -> nn.Module:
+    """FSDP1 over a model with real weights; HYBRID_SHARD uses the 2-D mesh."""
+    from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    strategy = {"hybrid": ShardingStrategy.HYBRID_SHARD, "full": ShardingStrategy.FULL_SHARD,
+                "grad_op": ShardingStrategy.SHARD_GRAD_OP, "none": ShardingStrategy.NO_SHARD}[spec.effective_sharding]
+    if strategy is ShardingStrategy.FULL_SHARD and not spec.fsdp.reshard_after_forward:
+        strategy = ShardingStrategy.SHARD_GRAD_OP
+    mp = MP_DTYPES[spec.fsdp.mixed_precision]
+    return FSDP(
+        model,
+        sharding_strategy=strategy,
+        device_mesh=mesh if strategy is ShardingStrategy.HYBRID_SHARD else None,
+        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes(model)),
+        mixed_precision=MixedPrecision(param_dtype=mp, reduce_dtype=torch.float32, buffer_dtype=mp),
+        cpu_offload=CPUOffload(offload_params=spec.fsdp.cpu_offload),
+        device_id=device if device.type == "cuda" else None,
+        use_orig_params=True,
+        sync_module_states=False,  # every rank built identical weights (deterministic init / same files)
+    )

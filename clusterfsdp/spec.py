@@ -1,0 +1,522 @@
+"""The job spec: typed dataclasses for every section of job.toml, loading with
+field-level errors, command-line overrides, cross-field checks and TOML output.
+
+Everything here is pure Python (no torch), so `validate`, `init` and the TUI's
+compose form stay fast. Each field carries its docstring in `metadata["doc"]`;
+`clusterfsdp schema` and the starter file written by `clusterfsdp init` are
+generated from it, so the documentation cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import tomli_w
+
+
+class SpecError(ValueError):
+    """A job spec that cannot be used. `errors` holds one line per problem."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__("\n".join(errors))
+
+
+def F(default: Any, doc: str, *, key: str | None = None, secret: bool = False) -> Any:
+    """A schema field with its docstring (and TOML key when it is not a valid Python name)."""
+    meta = {"doc": doc, "key": key}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class JobSection:
+    name: str = F("job", "Job name; runs go to <run_root>/<name>/<run id>/ and it names the Slurm job.")
+    run_root: str = F("./runs", "Folder that holds run folders (relative to this file); on a cluster it must be on the shared filesystem.")
+    seed: int = F(0, "Seed for model init, data order and dropout; same seed + same world size = same losses.")
+
+
+@dataclass
+class SlurmSection:
+    partition: str = F("", "Slurm partition (empty: the cluster's default).")
+    account: str = F("", "Slurm account to charge (empty: your default).")
+    qos: str = F("", "Slurm QOS (empty: default).")
+    nodes: int = F(1, "Number of nodes.")
+    gpus_per_node: int = F(0, "GPUs per node; one worker process per GPU. 0 for CPU-only jobs.")
+    tasks_per_node: int = F(0, "Worker processes per node; 0 means one per GPU (or 1 without GPUs).")
+    cpus_per_task: int = F(0, "CPUs per worker process (0: Slurm's default).")
+    mem_gb: float = F(0.0, "Memory per node in GB (0: Slurm's default).")
+    time: int | str = F(60, "Time limit: minutes (int) or Slurm's forms 'MM', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS'.")
+    constraint: str = F("", "Slurm --constraint (node features), e.g. 'h100'.")
+    exclusive: bool = F(False, "Ask for whole nodes (--exclusive).")
+    requeue: bool = F(True, "Let Slurm requeue the job after preemption or node failure (--requeue).")
+    signal_grace_s: int = F(120, "Seconds before the time limit at which workers get SIGUSR2 to save and requeue.")
+    max_restarts: int = F(3, "How many times a run may be requeued or resubmitted automatically.")
+    extra: dict[str, str | int | bool] = F({}, "Extra sbatch options, e.g. { reservation = 'big', 'gres-flags' = 'enforce-binding' }.")
+    setup: list[str] = F([], "Shell lines run once on the batch host before the workers start (module load, venv activation).")
+
+
+@dataclass
+class ModelSection:
+    name_or_path: str = F("", "A HuggingFace model id or a local model folder to load weights from (empty: use `preset`).")
+    preset: str = F("llama-tiny", "Built-in architecture for a random-init model: llama-tiny, llama-small, llama-1b.")
+    from_config: dict[str, Any] = F({}, "Overrides of the preset's HF config, e.g. { num_hidden_layers = 4 }.")
+    dtype: Literal["float32", "bfloat16", "float16"] = F("float32", "dtype of the master weights.")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = F("sdpa", "HF attention kernel.")
+
+
+@dataclass
+class DataSection:
+    source: Literal["synthetic", "files"] = F("synthetic", "'synthetic' random tokens, or 'files' to read `paths`.")
+    paths: list[str] = F([], "Local .txt or .jsonl files (globs allowed; relative to this file), with source = 'files'.")
+    text_key: str = F("text", "Field holding the text in .jsonl records.")
+    tokenizer: str = F("bytes", "'bytes' (built-in byte-level, no download) or a local HF tokenizer folder.")
+    seq_len: int = F(128, "Tokens per sample.")
+
+
+@dataclass
+class TrainSection:
+    steps: int = F(100, "Optimizer steps in total (a resumed run continues to this number).")
+    micro_batch_size: int = F(8, "Samples per worker per forward pass.")
+    grad_accum: int = F(1, "Micro-batches accumulated per optimizer step.")
+    lr: float = F(3e-4, "Peak learning rate (AdamW).")
+    warmup: int = F(10, "Linear warmup steps.")
+    schedule: Literal["cosine", "linear", "constant"] = F("cosine", "Decay after warmup.")
+    min_lr_ratio: float = F(0.1, "Final learning rate as a fraction of `lr`.")
+    weight_decay: float = F(0.1, "AdamW weight decay.")
+    max_grad_norm: float = F(1.0, "Gradient clipping norm over all shards (0: off).")
+    log_every: int = F(10, "Write a metrics line every N steps.")
+
+
+@dataclass
+class FsdpSection:
+    version: Literal[1, 2] = F(2, "2 = FSDP2 `fully_shard` (default); 1 = FullyShardedDataParallel.")
+    sharding: Literal["hybrid", "full", "grad_op", "none"] = F(
+        "hybrid",
+        "hybrid = shard inside a node, replicate across nodes (HSDP); full = shard over all ranks; "
+        "grad_op = keep params gathered after forward (ZeRO-2); none = replicate (DDP-like).",
+    )
+    reshard_after_forward: bool = F(True, "Free gathered params after forward (less memory, one more all-gather).")
+    mixed_precision: Literal["bf16", "fp16", "fp32"] = F("bf16", "Compute dtype; gradients are reduced in fp32.")
+    activation_checkpointing: bool = F(False, "Recompute each decoder layer in backward to save memory.")
+    compile: bool = F(False, "torch.compile each decoder layer (and the loss).")
+    cpu_offload: bool = F(False, "Keep sharded params and optimizer state in CPU memory.")
+
+
+@dataclass
+class CheckpointSection:
+    dir: str = F("", "Where checkpoints go (empty: <run folder>/checkpoints).")
+    every_steps: int = F(0, "Save every N steps (0: only at the end and on preemption).")
+    keep_last: int = F(2, "Complete checkpoints to keep; older ones are deleted after a newer one is complete.")
+    async_: bool = F(False, "Save in the background (DCP async_save) while training continues.", key="async")
+
+
+@dataclass
+class JobSpec:
+    job: JobSection = field(default_factory=JobSection)
+    slurm: SlurmSection = field(default_factory=SlurmSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    fsdp: FsdpSection = field(default_factory=FsdpSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    env: dict[str, str] = field(default_factory=dict, metadata={"doc": "Extra environment for the workers; overrides everything clusterfsdp sets (NCCL_*, etc.)."})
+
+    # ---- derived facts (used by validate, the sbatch renderer and the worker)
+    @property
+    def tasks_per_node(self) -> int:
+        s = self.slurm
+        return s.tasks_per_node or s.gpus_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.slurm.nodes * self.tasks_per_node
+
+    @property
+    def effective_sharding(self) -> str:
+        """`hybrid` on one node is plain `full` sharding (nothing to replicate across)."""
+        if self.fsdp.sharding == "hybrid" and self.slurm.nodes == 1:
+            return "full"
+        return self.fsdp.sharding
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """(replicate, shard) for hybrid, (world,) otherwise."""
+        if self.effective_sharding == "hybrid":
+            return (self.slurm.nodes, self.tasks_per_node)
+        return (self.world_size,)
+
+    @property
+    def time_minutes(self) -> int:
+        return parse_time_minutes(self.slurm.time)
+
+    def notices(self) -> list[str]:
+        """Non-fatal facts the user should see before queueing."""
+        out = []
+        if self.fsdp.sharding == "hybrid" and self.slurm.nodes == 1:
+            out.append("fsdp.sharding = 'hybrid' on 1 node: nothing to replicate across nodes, using 'full' sharding.")
+        if self.slurm.gpus_per_node == 0 and self.fsdp.mixed_precision != "fp32":
+            out.append(f"no GPUs: mixed_precision = '{self.fsdp.mixed_precision}' runs on CPU (slow); fp32 is usual there.")
+        return out
+
+
+SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(JobSpec)}  # type: ignore[misc]
+_HINTS = {cls: typing.get_type_hints(cls) for cls in (JobSection, SlurmSection, ModelSection, DataSection, TrainSection, FsdpSection, CheckpointSection, JobSpec)}
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL|PRIVATE)", re.I)
+REDACTED = "<redacted: taken from the submitting environment>"
+
+
+def toml_key(f: dataclasses.Field) -> str:
+    return f.metadata.get("key") or f.name
+
+
+def section_fields(section: str) -> dict[str, dataclasses.Field]:
+    """TOML key -> dataclass field for one section."""
+    cls = _section_class(section)
+    return {toml_key(f): f for f in dataclasses.fields(cls)}
+
+
+def _section_class(section: str) -> type:
+    return {f.name: _HINTS[JobSpec][f.name] for f in dataclasses.fields(JobSpec) if f.name != "env"}[section]
+
+
+def type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(type_name(a) for a in get_args(tp))
+    if origin is list:
+        return f"list of {type_name(get_args(tp)[0])}"
+    if origin is dict:
+        return "table"
+    if tp is Any:
+        return "any value"
+    return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(tp, str(tp))
+
+
+def _describe(value: Any) -> str:
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "table"}.get(type(value), type(value).__name__)
+    text = repr(value)
+    return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def coerce(path: str, tp: Any, value: Any) -> Any:
+    """Check `value` against the annotation `tp`; return it (ints widened to float) or raise SpecError."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        choices = get_args(tp)
+        if value in choices and type(value) is type(choices[0]):
+            return value
+        hint = ""
+        if isinstance(value, str):
+            close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise SpecError([f"{path}: expected one of {type_name(tp)}, found {_describe(value)}{hint}"])
+    if origin in (types.UnionType, typing.Union):
+        for option in get_args(tp):
+            try:
+                return coerce(path, option, value)
+            except SpecError:
+                pass
+        raise SpecError([f"{path}: expected {type_name(tp)}, found {_describe(value)}"])
+    if origin is list:
+        if not isinstance(value, list):
+            raise SpecError([f"{path}: expected {type_name(tp)}, found {_describe(value)}"])
+        (item,) = get_args(tp)
+        return [coerce(f"{path}[{i}]", item, v) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise SpecError([f"{path}: expected a table, found {_describe(value)}"])
+        _, vt = get_args(tp)
+        return {str(k): coerce(f"{path}.{k}", vt, v) for k, v in value.items()}
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool) and type(value) is tp:
+        return value
+    raise SpecError([f"{path}: expected {type_name(tp)}, found {_describe(value)}"])
+
+
+def _unknown(path: str, key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else f"; valid keys: {', '.join(valid)}"
+    return f"{path}: unknown key{hint}"
+
+
+def from_dict(data: dict[str, Any]) -> JobSpec:
+    """Build a JobSpec from parsed TOML, collecting every error, then run cross-field checks."""
+    errors: list[str] = []
+    spec = JobSpec()
+    for name, value in data.items():
+        if name not in SECTIONS:
+            errors.append(_unknown(name, name, list(SECTIONS)))
+            continue
+        if name == "env":
+            try:
+                spec.env = coerce("env", dict[str, str], value)
+            except SpecError as e:
+                errors += e.errors
+            continue
+        if not isinstance(value, dict):
+            errors.append(f"{name}: expected a table [{name}], found {_describe(value)}")
+            continue
+        fields = section_fields(name)
+        hints = _HINTS[_section_class(name)]
+        section = getattr(spec, name)
+        for key, v in value.items():
+            path = f"{name}.{key}"
+            if key not in fields:
+                errors.append(_unknown(path, key, list(fields)))
+                continue
+            try:
+                setattr(section, fields[key].name, coerce(path, hints[fields[key].name], v))
+            except SpecError as e:
+                errors += e.errors
+    if errors:
+        raise SpecError(errors)
+    check(spec)
+    return spec
+
+
+def check(spec: JobSpec) -> None:
+    """Cross-field checks that must pass before anything is queued."""
+    errors: list[str] = []
+    s, t, d, c = spec.slurm, spec.train, spec.data, spec.checkpoint
+
+    def positive(path: str, value: float, minimum: float = 1) -> None:
+        if value < minimum:
+            errors.append(f"{path}: must be >= {minimum:g}, found {value!r}")
+
+    positive("slurm.nodes", s.nodes)
+    positive("slurm.gpus_per_node", s.gpus_per_node, 0)
+    positive("slurm.tasks_per_node", s.tasks_per_node, 0)
+    positive("slurm.cpus_per_task", s.cpus_per_task, 0)
+    positive("slurm.mem_gb", s.mem_gb, 0)
+    positive("slurm.signal_grace_s", s.signal_grace_s, 0)
+    positive("slurm.max_restarts", s.max_restarts, 0)
+    positive("train.steps", t.steps)
+    positive("train.micro_batch_size", t.micro_batch_size)
+    positive("train.grad_accum", t.grad_accum)
+    positive("train.log_every", t.log_every)
+    positive("train.warmup", t.warmup, 0)
+    positive("train.weight_decay", t.weight_decay, 0)
+    positive("train.max_grad_norm", t.max_grad_norm, 0)
+    positive("data.seq_len", d.seq_len, 2)
+    positive("checkpoint.every_steps", c.every_steps, 0)
+    positive("checkpoint.keep_last", c.keep_last)
+    if not 0 < t.lr < 1:
+        errors.append(f"train.lr: expected a number in (0, 1), found {t.lr!r}")
+    if not 0 <= t.min_lr_ratio <= 1:
+        errors.append(f"train.min_lr_ratio: expected a number in [0, 1], found {t.min_lr_ratio!r}")
+    try:
+        minutes = parse_time_minutes(s.time)
+        if minutes * 60 <= s.signal_grace_s:
+            errors.append(f"slurm.signal_grace_s: {s.signal_grace_s} s is not shorter than the time limit ({minutes} min)")
+    except ValueError as e:
+        errors.append(f"slurm.time: {e}")
+    if s.gpus_per_node and s.tasks_per_node and s.tasks_per_node != s.gpus_per_node:
+        errors.append(
+            f"slurm.tasks_per_node: one worker per GPU is required, found {s.tasks_per_node} tasks for "
+            f"{s.gpus_per_node} GPUs (set tasks_per_node = 0)"
+        )
+    if d.source == "files" and not d.paths:
+        errors.append("data.paths: source = 'files' needs at least one path")
+    if d.source == "synthetic" and d.paths:
+        errors.append("data.paths: set data.source = 'files' to read these paths")
+    from .presets import PRESETS  # pure-Python table, no torch
+
+    if not spec.model.name_or_path and spec.model.preset not in PRESETS:
+        close = difflib.get_close_matches(spec.model.preset, list(PRESETS), n=1)
+        hint = f"did you mean {close[0]}?" if close else f"valid presets: {', '.join(PRESETS)}"
+        errors.append(f"model.preset: unknown preset {spec.model.preset!r}; {hint}")
+    if spec.model.name_or_path and spec.model.from_config:
+        errors.append("model.from_config: only applies to random-init presets; remove it or model.name_or_path")
+    if spec.fsdp.version == 1 and spec.fsdp.compile:
+        errors.append("fsdp.compile: supported with fsdp.version = 2 only")
+    for key in spec.env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            errors.append(f"env.{key}: not a valid environment variable name")
+    for key in s.extra:
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
+            errors.append(f"slurm.extra.{key}: not an sbatch option name (lowercase letters, digits, '-')")
+    if errors:
+        raise SpecError(errors)
+
+
+_TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
+
+
+def parse_time_minutes(value: int | str) -> int:
+    """Slurm time limit -> whole minutes (rounded up), accepting every form sbatch accepts."""
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"must be a positive number of minutes, found {value}")
+        return value
+    m = _TIME.match(value.strip())
+    if not m:
+        raise ValueError(f"expected minutes or 'D-HH:MM:SS' (or MM:SS, HH:MM:SS, D-HH, D-HH:MM), found {value!r}")
+    d, a, b, c = (int(x) if x else None for x in m.group("d", "a", "b", "c"))
+    if d is None:  # MM | MM:SS | HH:MM:SS
+        if b is None:
+            secs = a * 60
+        elif c is None:
+            secs = a * 60 + b
+        else:
+            secs = a * 3600 + b * 60 + c
+    else:  # D-HH | D-HH:MM | D-HH:MM:SS
+        secs = d * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    if secs <= 0:
+        raise ValueError(f"must be positive, found {value!r}")
+    return -(-secs // 60)
+
+
+# ---------------------------------------------------------------- files, text, overrides
+def loads(text: str, overrides: list[str] = ()) -> JobSpec:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError([f"not valid TOML: {e}"]) from None
+    apply_overrides(data, overrides)
+    return from_dict(data)
+
+
+def load(path: str | Path, overrides: list[str] = ()) -> JobSpec:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise SpecError([f"{p}: no such file"]) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise SpecError([f"{p}: cannot read: {e}"]) from None
+    try:
+        return with_absolute_paths(loads(text, overrides), p.parent)
+    except SpecError as e:
+        raise SpecError([f"{p}: {line}" if not line.startswith(str(p)) else line for line in e.errors]) from None
+
+
+def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
+    """Relative paths in a job file are relative to the file's folder; make them absolute so the
+    resolved job.toml in the run folder works from any directory on any node."""
+
+    def absolute(path: str) -> str:
+        return str((base / Path(path).expanduser()).resolve()) if path else path
+
+    out = dataclasses.replace(spec)
+    out.job = dataclasses.replace(spec.job, run_root=absolute(spec.job.run_root))
+    out.data = dataclasses.replace(spec.data, paths=[absolute(x) for x in spec.data.paths],
+                                   tokenizer=spec.data.tokenizer if spec.data.tokenizer == "bytes" else absolute(spec.data.tokenizer))
+    out.checkpoint = dataclasses.replace(spec.checkpoint, dir=absolute(spec.checkpoint.dir))
+    if spec.model.name_or_path and (base / spec.model.name_or_path).exists():
+        out.model = dataclasses.replace(spec.model, name_or_path=absolute(spec.model.name_or_path))
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
+    """Apply `section.key=value` overrides in place; values are TOML literals, bare words are strings."""
+    errors = []
+    for item in overrides:
+        path, sep, raw = item.partition("=")
+        parts = path.strip().split(".")
+        if not sep or len(parts) < 2 or not all(parts):
+            errors.append(f"--set {item!r}: expected section.key=value, e.g. train.lr=3e-4")
+            continue
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw  # a bare word, like partition=gpu
+        target = data
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                errors.append(f"--set {item!r}: {part} is not a table")
+                break
+        else:
+            section = parts[0]
+            if section in SECTIONS and section != "env" and len(parts) == 2:
+                f = section_fields(section).get(parts[1])
+                if f is not None and _HINTS[_section_class(section)][f.name] is str and not isinstance(value, str):
+                    value = raw  # a str field given 123 or true means the text
+            elif section == "env" and not isinstance(value, str):
+                value = raw
+            target[parts[-1]] = value
+    if errors:
+        raise SpecError(errors)
+
+
+def to_dict(spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(JobSpec):
+        if f.name == "env":
+            out["env"] = {k: (REDACTED if redact and SECRET_NAME.search(k) else v) for k, v in spec.env.items()}
+            continue
+        section = getattr(spec, f.name)
+        out[f.name] = {toml_key(sf): getattr(section, sf.name) for sf in dataclasses.fields(section)}
+    return out
+
+
+def dumps(spec: JobSpec, *, redact: bool = False) -> str:
+    return tomli_w.dumps(to_dict(spec, redact=redact))
+
+
+def secret_env(spec: JobSpec) -> dict[str, str]:
+    """The [env] entries that look like secrets; they travel in the process environment, never in files."""
+    return {k: v for k, v in spec.env.items() if SECRET_NAME.search(k) and v != REDACTED}
+
+
+def describe_schema(selector: str = "") -> list[str]:
+    """Lines documenting every key (or those under `selector`, e.g. 'slurm' or 'train.lr')."""
+    lines = []
+    for f in dataclasses.fields(JobSpec):
+        if selector and not (f.name == selector.split(".")[0]):
+            continue
+        if f.name == "env":
+            lines.append(f"[env]  table of strings\n    {f.metadata['doc']}")
+            continue
+        lines.append(f"[{f.name}]")
+        hints = _HINTS[_section_class(f.name)]
+        for key, sf in section_fields(f.name).items():
+            if "." in selector and selector.split(".", 1)[1] != key:
+                continue
+            default = _inline(getattr(_section_class(f.name)(), sf.name))
+            lines.append(f"  {key} = {default}    ({type_name(hints[sf.name])})\n      {sf.metadata['doc']}")
+    return lines
+
+
+def starter_toml(spec: JobSpec | None = None) -> str:
+    """A commented job.toml with every key, its default and its docstring."""
+    spec = spec or JobSpec()
+    data = to_dict(spec)
+    out = ["# clusterfsdp job spec. Every key is optional; values shown are the defaults.",
+           "# `clusterfsdp schema` documents each key; `clusterfsdp validate` checks the file.", ""]
+    for f in dataclasses.fields(JobSpec):
+        out.append(f"[{f.name}]")
+        if f.name == "env":
+            out += [f"# {f.metadata['doc']}", "# NCCL_DEBUG = \"WARN\"", ""]
+            continue
+        for key, sf in section_fields(f.name).items():
+            out.append(f"# {sf.metadata['doc']}")
+            out.append(f"{key} = {_inline(data[f.name][key])}")
+        out.append("")
+    return "\n".join(out)
+
+
+def _inline(value: Any) -> str:
+    """One TOML value on one line (tables inline), for the commented starter file."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_inline_key(k)} = {_inline(v)}" for k, v in value.items()) + " }" if value else "{}"
+    return tomli_w.dumps({"v": value}).strip()[4:]
+
+
+def _inline_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else tomli_w.dumps({"v": key}).strip()[4:]

@@ -1,0 +1,106 @@
+"""A run's state, joined from the run folder (events written by rank 0) and the executor
+(squeue/sacct for Slurm, the process group for local runs). Used by `status`, `runs`
+and the TUI's queue; Slurm is asked once per refresh for all runs together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import launch, runs, slurmcli
+
+# Final events written by the worker (rank 0) -> the run state they mean.
+_END_STATES = {"completed": "COMPLETED", "failed": "FAILED", "requeued": "REQUEUED", "stopped": "CANCELLED"}
+
+
+@dataclass
+class RunStatus:
+    run: runs.Run
+    state: str
+    reason: str = ""
+    job_id: str = ""
+    executor: str = ""
+    step: int | None = None
+    steps: int | None = None
+    loss: float | None = None
+    attempts: int = 0
+
+
+def _progress(run: runs.Run) -> tuple[int | None, float | None]:
+    rows = run.metrics()
+    if not rows:
+        return None, None
+    return rows[-1].get("step"), rows[-1].get("loss")
+
+
+def run_status(run: runs.Run, queue: dict[str, slurmcli.JobRow] | None = None) -> RunStatus:
+    """State of one run. `queue` is a pre-fetched {job id: row} (see `statuses`)."""
+    state_file = run.state()
+    attempts = state_file.get("attempts", [])
+    step, loss = _progress(run)
+    try:
+        steps = run.spec().train.steps
+    except Exception:  # noqa: BLE001 - a hand-edited job.toml must not break listing
+        steps = None
+    st = RunStatus(run, "PREPARED", executor=state_file.get("executor", ""), step=step, steps=steps,
+                   loss=loss, attempts=len(attempts))
+    if not attempts:
+        st.reason = "not submitted (dry run): sbatch " + str(run.path / "sbatch.sh")
+        return st
+    last = attempts[-1]
+    st.job_id, st.executor = str(last["job_id"]), last["executor"]
+    events = [e for e in run.events() if str(e.get("job_id")) == st.job_id]
+    end = next((e for e in reversed(events) if e.get("event") in _END_STATES), None)
+    started = any(e.get("event") == "start" for e in events)
+    if last["executor"] == "slurm":
+        row = (queue or {}).get(st.job_id)
+        if queue is None:
+            try:
+                row = slurmcli.job_states([st.job_id]).get(st.job_id)
+            except slurmcli.SlurmError as e:
+                st.reason = str(e)
+        if row is not None and row.state in slurmcli.ACTIVE_STATES:
+            st.state, st.reason = row.state, ("" if row.reason in ("None", "") else row.reason)
+            return st
+        if row is not None and row.state not in ("COMPLETED",) and not (end and end["event"] == "completed"):
+            st.state = row.state
+            st.reason = _reason(end, row)
+            return st
+    elif launch.local_job_alive(last):
+        st.state = "RUNNING" if started else "PENDING"
+        return st
+    if end is not None:
+        st.state = _END_STATES[end["event"]]
+        st.reason = end.get("reason", "")
+    elif last.get("cancelled"):
+        st.state = "CANCELLED"
+    elif started:
+        st.state, st.reason = "FAILED", "workers exited without a final record (killed?); see `clusterfsdp logs`"
+    else:
+        st.state, st.reason = ("FAILED", "never started; see the submitit logs") if last["executor"] == "local" else ("UNKNOWN", st.reason)
+    return st
+
+
+def _reason(end: dict | None, row: slurmcli.JobRow) -> str:
+    parts = []
+    if end is not None and end.get("reason"):
+        parts.append(end["reason"])
+    if row.exit_code and row.exit_code != "0:0":
+        parts.append(f"exit code {row.exit_code}")
+    if row.reason and row.reason not in ("None", ""):
+        parts.append(row.reason)
+    if row.state == "NODE_FAIL":
+        parts.append(f"a node failed ({row.nodes})")
+    return "; ".join(parts)
+
+
+def statuses(run_list: list[runs.Run]) -> tuple[list[RunStatus], str]:
+    """Status of many runs with one squeue (+ one sacct) call; returns (rows, Slurm error or '')."""
+    ids = [str(r.attempts[-1]["job_id"]) for r in run_list if r.attempts and r.attempts[-1]["executor"] == "slurm"]
+    queue: dict[str, slurmcli.JobRow] = {}
+    error = ""
+    if ids:
+        try:
+            queue = slurmcli.job_states(ids)
+        except slurmcli.SlurmError as e:
+            error = str(e)
+    return [run_status(r, queue) for r in run_list], error

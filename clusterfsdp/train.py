@@ -1,0 +1,209 @@
+"""The training run on one rank: build on meta -> parallelize -> materialize -> load -> loop.
+
+Stops cleanly at a step boundary when any rank got SIGUSR2 (preemption / time limit:
+collective save, then requeue) or SIGTERM (cancel: collective save, then exit).
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from . import checkpoint as ckpt
+from . import metrics as metricsmod
+from . import model as modelmod
+from . import parallelize
+from .data import BYTE_VOCAB, Samples, load_tokenizer
+from .spec import JobSpec
+
+STOP_NONE, STOP_CANCEL, STOP_PREEMPT = 0, 1, 2
+
+
+@dataclass
+class Outcome:
+    """How the loop ended: 'completed', 'preempted' (saved, wants requeue) or 'stopped' (cancelled, saved)."""
+    status: str
+    step: int
+    checkpoint: str = ""
+
+
+class StopFlags:
+    """Signal handlers only set a flag; ranks agree on it at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.value = STOP_NONE
+        signal.signal(signal.SIGUSR2, lambda *_: self._set(STOP_PREEMPT))
+        signal.signal(signal.SIGTERM, lambda *_: self._set(STOP_CANCEL))
+
+    def _set(self, value: int) -> None:
+        self.value = max(self.value, value)
+
+    def agree(self, group) -> int:
+        """Max flag over all ranks, over a gloo group: no CUDA sync in the training loop."""
+        t = torch.tensor([self.value], dtype=torch.int32)
+        if dist.is_initialized():
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return int(t.item())
+
+
+def lr_lambda(spec: JobSpec) -> Callable[[int], float]:
+    t = spec.train
+
+    def factor(step: int) -> float:
+        if step < t.warmup:
+            return (step + 1) / (t.warmup + 1)
+        if t.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - t.warmup) / max(1, t.steps - t.warmup))
+        decay = 0.5 * (1 + math.cos(math.pi * progress)) if t.schedule == "cosine" else 1 - progress
+        return t.min_lr_ratio + (1 - t.min_lr_ratio) * decay
+
+    return factor
+
+
+def build(spec: JobSpec, device: torch.device, world_size: int, vocab_size: int):
+    """Model and optimizer, in the one order that works for every option."""
+    config = modelmod.build_config(spec.model, vocab_size)
+    if spec.fsdp.version == 1:  # FSDP1 shards a materialized model
+        model = modelmod.build_meta(spec.model, config).to_empty(device=device)
+        modelmod.reset_buffers(model, device)
+        _materialize(model, spec, config)
+        mesh = parallelize.build_mesh(spec, device.type, world_size)
+        if spec.fsdp.activation_checkpointing:
+            parallelize.apply_activation_checkpointing(model)
+        model = parallelize.fsdp1(model, spec, mesh, device)
+    else:
+        model = modelmod.build_meta(spec.model, config)                    # 1. build on meta
+        mesh = parallelize.build_mesh(spec, device.type, world_size)
+        if spec.fsdp.activation_checkpointing:                              # 2. parallelize
+            parallelize.apply_activation_checkpointing(model)
+        if spec.fsdp.compile:
+            parallelize.apply_compile(model)
+        parallelize.fsdp2(model, spec, mesh)
+        model.to_empty(device="cpu" if spec.fsdp.cpu_offload else device)  # 3. materialize
+        modelmod.reset_buffers(model, device)
+        _materialize(model, spec, config)                                   # 4. load / init
+    n_params = modelmod.param_count(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay,
+                                  betas=(0.9, 0.95), fused=device.type == "cuda" and not spec.fsdp.cpu_offload)
+    return model, optimizer, config, n_params
+
+
+def _materialize(model, spec: JobSpec, config) -> None:
+    if spec.model.name_or_path:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        state = modelmod.load_pretrained_state(spec.model.name_or_path)
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    else:
+        modelmod.init_weights(model, spec.job.seed, config.initializer_range)
+    if getattr(config, "tie_word_embeddings", False):
+        out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+        if out is not None and out.weight is not inp.weight:
+            raise RuntimeError("tied embeddings came apart during sharding")
+
+
+def _data_vocab(spec: JobSpec) -> int | None:
+    """Token ids the data can contain (the model's vocab is grown to fit); None for synthetic data."""
+    if spec.data.source != "files":
+        return None
+    return BYTE_VOCAB if spec.data.tokenizer == "bytes" else len(load_tokenizer(spec.data.tokenizer))
+
+
+def _loss_fn(spec: JobSpec):
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+    return torch.compile(loss) if spec.fsdp.compile else loss
+
+
+def train(spec: JobSpec, device: torch.device, rank: int, world_size: int, ckpt_root: Path, cache_dir: Path,
+          spec_text: str, log: Callable[[str], None], metrics_out: metricsmod.MetricsWriter | None,
+          on_event: Callable[..., None]) -> Outcome:
+    flags = StopFlags()
+    flag_group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+    torch.manual_seed(spec.job.seed)
+    t_build = time.perf_counter()
+    model, optimizer, config, n_params = build(spec, device, world_size, _data_vocab(spec))
+    samples = Samples(spec.data, config.vocab_size, spec.job.seed, cache_dir)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec))
+    saver = ckpt.Checkpointer(ckpt_root, model, optimizer, rank, world_size, spec_text, spec.checkpoint.keep_last,
+                              spec.checkpoint.async_)
+    step, consumed, tokens_seen = 0, 0, 0
+    latest = ckpt.find(ckpt_root)
+    if latest is not None:
+        t0 = time.perf_counter()
+        meta = saver.load(latest)
+        step, consumed, tokens_seen = meta["step"], meta["consumed"], meta["tokens_seen"]
+        scheduler.last_epoch = step
+        for group, lr in zip(optimizer.param_groups, scheduler.get_lr()):
+            group["lr"] = lr
+        log(f"resumed from {latest.path.name} (step {step}, {consumed} samples seen, "
+            f"saved by {meta['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s")
+        on_event("resumed", step=step, checkpoint=str(latest.path))
+    log(f"model: {n_params / 1e6:.2f}M params, vocab {config.vocab_size}, mesh {spec.mesh_shape} "
+        f"({spec.effective_sharding}, FSDP{spec.fsdp.version}), built in {time.perf_counter() - t_build:.2f} s")
+    meter = metricsmod.Meter(modelmod.flops_per_token(config, n_params, spec.data.seq_len), device, world_size)
+    loss_fn = _loss_fn(spec)
+    t = spec.train
+    micro_tokens = t.micro_batch_size * spec.data.seq_len
+
+    def meta() -> dict:
+        return {"consumed": consumed, "tokens_seen": tokens_seen}
+
+    model.train()
+    while step < t.steps:
+        stop = flags.agree(flag_group)
+        if stop:
+            secs = saver.save(step, meta(), blocking=True)
+            kind = "preempted" if stop == STOP_PREEMPT else "stopped"
+            log(f"{'SIGUSR2' if stop == STOP_PREEMPT else 'SIGTERM'}: saved step {step} in {secs:.2f} s")
+            return Outcome(kind, step, str(ckpt.step_dir(ckpt_root, step)))
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(t.grad_accum):
+            batch = samples.batch(consumed, rank, world_size, t.micro_batch_size).to(device, non_blocking=True)
+            consumed += world_size * t.micro_batch_size
+            last = micro == t.grad_accum - 1
+            if hasattr(model, "set_requires_gradient_sync"):
+                model.set_requires_gradient_sync(last)
+            logits = model(input_ids=batch[:, :-1]).logits
+            loss = loss_fn(logits, batch[:, 1:]) / t.grad_accum
+            loss.backward()
+            loss_sum += loss.detach()
+        grad_norm = _clip(model, t.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        step += 1
+        tokens_seen += world_size * t.grad_accum * micro_tokens
+        meter.tick(world_size * t.grad_accum * micro_tokens)
+        saver.poll()
+        if step % t.log_every == 0 or step == t.steps:
+            if dist.is_initialized():
+                dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+            row = meter.row(step=step, loss=float(loss_sum), lr=scheduler.get_last_lr()[0],
+                            grad_norm=float(grad_norm), tokens_seen=tokens_seen)
+            log(metricsmod.format_row(row, t.steps))
+            if metrics_out is not None:
+                metrics_out.write(row)
+        if spec.checkpoint.every_steps and step % spec.checkpoint.every_steps == 0 and step < t.steps:
+            blocked = saver.save(step, meta())
+            log(f"checkpoint step {step}: training blocked {blocked:.3f} s ({'async' if spec.checkpoint.async_ else 'sync'})")
+    saver.save(step, meta(), blocking=True)  # the last step always saves synchronously
+    saver.wait()
+    return Outcome("completed", step, str(ckpt.step_dir(ckpt_root, step)))
+
+
+def _clip(model, max_norm: float) -> torch.Tensor:
+    """Global grad norm over all shards (DTensor-aware for FSDP2, FSDP1's own for FSDP1)."""
+    if hasattr(model, "clip_grad_norm_"):  # FSDP1
+        return model.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"))
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

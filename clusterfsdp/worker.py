@@ -1,0 +1,161 @@
+"""The process that runs on every rank: `python -m clusterfsdp.worker RUN_DIR`, or the
+callable `run(RUN_DIR)` that submitit pickles. Reads the run's job.toml, sets up
+torch.distributed from Slurm's (or the local executor's) environment, trains, and records
+start / end / requeue events in the run folder.
+
+torch is imported inside `run`, so importing this module (as the CLI does to reference the
+callable for submitit) costs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import IO
+
+from . import distenv, runs
+from . import spec as specmod
+
+LOCAL_REQUEUE_EXIT = 144  # submitit's local controller restarts the tasks on this exit code
+
+
+class Tee:
+    """Write to the original stream and this rank's per-attempt log file."""
+
+    def __init__(self, stream: IO[str], log: IO[str]):
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        self.log.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+        self.log.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def _event(run: runs.Run, env: distenv.DistEnv, event: str, **fields) -> None:
+    runs.append_jsonl(run.events_file, {"event": event, "job_id": env.job_id, "restart": env.restart, "rank": env.rank,
+                                        "host": socket.gethostname(), "time": __import__("time").time(), **fields})
+
+
+def _apply_env(spec: specmod.JobSpec, chosen: dict[str, str]) -> None:
+    for key, value in chosen.items():
+        if value != specmod.REDACTED:  # secrets come from the inherited environment, never from files
+            os.environ[key] = value
+
+
+def run(run_dir: str) -> str:
+    """Train on this rank; returns the outcome ('completed', 'stopped') or exits for a requeue."""
+    import torch
+    import torch.distributed as dist
+
+    from . import metrics, train
+
+    run = runs.Run(Path(run_dir))
+    spec = specmod.load(run.job_toml)
+    env = distenv.from_environ()
+    chosen, facts = distenv.network_env(env, spec.env)
+    _apply_env(spec, chosen)
+    os.environ.update(env.export())
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    from datetime import timedelta
+
+    dist.init_process_group(backend, timeout=timedelta(minutes=10), device_id=device if backend == "nccl" else None)
+    if env.launcher == "submitit-local":  # Slurm counts restarts; the local executor does not
+        count = torch.tensor([sum(1 for e in run.events() if e.get("event") == "start" and e.get("job_id") == env.job_id)])
+        dist.broadcast(count, 0)
+        env = distenv.DistEnv(**{**env.__dict__, "restart": int(count)})
+
+    log_path = run.log_path(env.job_id, env.restart, env.rank)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_file = open(log_path, "a", buffering=1)
+    sys.stdout, sys.stderr = Tee(sys.__stdout__, log_file), Tee(sys.__stderr__, log_file)
+
+    def log(msg: str) -> None:
+        if env.rank == 0:
+            print(f"[rank0] {msg}", flush=True)
+
+    try:
+        if env.local_rank == 0:
+            distenv.write_node_record(run.node_record(env.job_id, env.restart, socket.gethostname()), env, facts, {
+                "backend": backend, "device": str(device), "torch": torch.__version__,
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else "",
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                "python": sys.version.split()[0],
+            })
+        if env.rank == 0:
+            _event(run, env, "start", world_size=env.world_size, nodes=env.num_nodes)
+        log(f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
+            f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}")
+        outcome = train.train(
+            spec, device, env.rank, env.world_size, run.checkpoints_dir(spec),
+            Path(spec.job.run_root).expanduser() / ".cache" / "tokens", run.job_toml.read_text(), log,
+            metrics.MetricsWriter(run.metrics_file) if env.rank == 0 else None,
+            lambda event, **f: _event(run, env, event, **f) if env.rank == 0 else None,
+        )
+    except BaseException as e:
+        print(traceback.format_exc(), file=sys.stderr, flush=True)
+        _event(run, env, "failed", reason=f"rank {env.rank} on {socket.gethostname()}: {type(e).__name__}: {e}"[:500])
+        raise
+    finally:
+        sys.stdout.flush()
+    if outcome.status == "preempted":
+        _requeue(run, spec, env)  # exits
+    if env.rank == 0:
+        _event(run, env, "completed" if outcome.status == "completed" else "stopped", step=outcome.step,
+               checkpoint=outcome.checkpoint,
+               reason="" if outcome.status == "completed" else f"cancelled (SIGTERM); saved step {outcome.step}")
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return outcome.status
+
+
+def _requeue(run: runs.Run, spec: specmod.JobSpec, env: distenv.DistEnv) -> None:
+    """After the collective save: rank 0 requeues (Slurm) or all ranks exit 144 (local executor).
+    Restarts are bounded by slurm.max_restarts over the whole run."""
+    import torch.distributed as dist
+
+    from . import launch, slurmcli
+
+    done = sum(1 for e in run.events() if e.get("event") == "requeued")
+    if env.rank == 0:
+        if done >= spec.slurm.max_restarts:
+            _event(run, env, "failed", reason=f"interrupted again after {done} restarts (slurm.max_restarts = {spec.slurm.max_restarts})")
+        elif env.launcher == "slurm":
+            _event(run, env, "requeued", reason="SIGUSR2 (time limit or preemption)", restarts=done + 1)
+            try:
+                slurmcli.requeue(env.job_id)
+            except slurmcli.SlurmError as e:  # JobRequeue=0 or a non-batch job: a follow-up job resumes
+                sub = launch.submit(spec, "slurm", run=run, reason=f"follow-up: requeue refused ({e})",
+                                    dependency=f"afterany:{env.job_id}")
+                _event(run, env, "follow_up", job_id_next=sub.job_id, reason=str(e))
+        else:
+            _event(run, env, "requeued", reason="SIGUSR2 (time limit or preemption)", restarts=done + 1)
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    if done >= spec.slurm.max_restarts:
+        sys.exit(1)
+    sys.exit(LOCAL_REQUEUE_EXIT if env.launcher == "submitit-local" else 0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m clusterfsdp.worker RUN_DIR")
+    run(sys.argv[1])

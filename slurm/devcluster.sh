@@ -1,0 +1,548 @@
+#!/usr/bin/env bash
+# devcluster.sh: a real multi-node Slurm 22.05 cluster on this one machine.
+#
+#   sudo slurm/devcluster.sh up        # bring it up (a no-op when it is already up and healthy)
+#   sudo slurm/devcluster.sh status    # sinfo; exit 0 when up, 3 when down or broken
+#   sudo slurm/devcluster.sh down      # stop everything it started and delete its state
+#   sudo slurm/devcluster.sh restart   # down + up (a fresh cluster, new job ids)
+#
+# Layout (defaults; see docs/devcluster.md):
+#   root netns ("login")  cfbr0 10.213.0.1      sbatch/srun/squeue/sacct run here
+#     ├─ veth ─ netns cfdc-ctl    eth0 10.213.0.2   hostname ctl    slurmctld, slurmdbd, mariadbd (127.0.0.1:3306)
+#     ├─ veth ─ netns cfdc-node1  eth0 10.213.0.11  hostname node1  slurmd -N node1
+#     └─ veth ─ netns cfdc-node2  eth0 10.213.0.12  hostname node2  slurmd -N node2
+#   one munged in the root netns, on its own socket and key under the state folder.
+#
+# Environment:
+#   NODES=2                         compute nodes (1..50)
+#   CFDC_STATE=/tmp/clusterfsdp-devcluster   state folder (conf, logs, spool, database)
+#   CFDC_NET=10.213.0               first three octets of the private /24
+#   CFDC_BRIDGE=cfbr0               bridge name
+#   CFDC_CPUS=2 CFDC_MEM=4000 CFDC_GPUS=2   per node (CPUs, RealMemory MB, fake GPUs)
+#   CFDC_INSTALL_ETC=1              also install the conf as /etc/slurm/slurm.conf (only when
+#                                   that file is missing or was written by this script)
+#   CFDC_FIRST_JOB_ID=              force FirstJobId (default: derived from the clock)
+#
+# Exit codes: 0 ok, 1 failure, 2 not root / bad usage, 3 status: down, 4 missing packages.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
+STATE=${CFDC_STATE:-/tmp/clusterfsdp-devcluster}
+NODES_GIVEN=0
+[[ -n ${NODES:-} ]] && NODES_GIVEN=1
+NODES=${NODES:-2}
+NET=${CFDC_NET:-10.213.0}
+BRIDGE=${CFDC_BRIDGE:-cfbr0}
+CPUS=${CFDC_CPUS:-2}
+MEM=${CFDC_MEM:-4000}
+GPUS=${CFDC_GPUS:-2}
+INSTALL_ETC=${CFDC_INSTALL_ETC:-1}
+NS_PREFIX=cfdc-
+VETH_PREFIX=cfv-
+ETC_CONF=/etc/slurm/slurm.conf
+MARKER="clusterfsdp-devcluster: generated file; devcluster.sh may overwrite or delete it"
+STATE_MARKER=.clusterfsdp-devcluster
+LOCK_FILE=/run/clusterfsdp-devcluster.lock
+DEB_PACKAGES="slurmctld slurmd slurm-client slurmdbd munge mariadb-server slurm-wlm-mysql-plugin iproute2 util-linux"
+LOGIN_IP=$NET.1
+CTL_IP=$NET.2
+
+say() { echo "devcluster: $*"; }
+die() { echo "devcluster: error: $*" >&2; exit "${2:-1}"; }
+us() { local t=${EPOCHREALTIME/./}; echo "$((10#$t))"; }
+secs() { # secs START_US -> "1.23"
+    local d=$(( $(us) - $1 ))
+    printf '%d.%02d' $((d / 1000000)) $(((d % 1000000) / 10000))
+}
+
+usage() {
+    echo "usage: devcluster.sh up|down|status|restart   (env: NODES=2 CFDC_STATE=$STATE; see docs/devcluster.md)"
+}
+
+need_root() {
+    [[ $EUID -eq 0 ]] || die "must run as root (namespaces, bridge, bind mounts); try: sudo $0 $1" 2
+}
+
+need_deps() {
+    local missing=() b
+    for b in slurmctld slurmd slurmdbd sbatch srun sacct sacctmgr sinfo scontrol munged mariadbd \
+             mariadb-install-db ip nsenter unshare setsid mknod flock; do
+        command -v "$b" >/dev/null 2>&1 || missing+=("$b")
+    done
+    compgen -G '/usr/lib/*/slurm-wlm/accounting_storage_mysql.so' >/dev/null || missing+=(accounting_storage_mysql.so)
+    ((${#missing[@]} == 0)) ||
+        die "missing ${missing[*]}; install the Debian packages: apt-get install -y --no-install-recommends $DEB_PACKAGES (or run slurm/install-deps.sh)" 4
+}
+
+check_settings() {
+    [[ $NODES =~ ^[0-9]+$ ]] && ((NODES >= 1 && NODES <= 50)) || die "NODES must be 1..50, not '$NODES'" 2
+    [[ $NET =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "CFDC_NET must be three octets like 10.213.0, not '$NET'" 2
+    [[ $CPUS =~ ^[0-9]+$ && $MEM =~ ^[0-9]+$ && $GPUS =~ ^[0-9]+$ ]] || die "CFDC_CPUS/CFDC_MEM/CFDC_GPUS must be integers" 2
+    ((CPUS >= 1 && GPUS >= 1)) || die "CFDC_CPUS and CFDC_GPUS must be >= 1" 2
+    [[ $STATE == /* && $STATE != / && $STATE != *..* ]] || die "CFDC_STATE must be an absolute path, not '$STATE'" 2
+    if [[ -d $STATE && ! -e $STATE/$STATE_MARKER ]] && [[ -n $(ls -A "$STATE") ]]; then
+        die "$STATE exists, is not empty and was not made by devcluster.sh; refusing to use or delete it" 2
+    fi
+}
+
+take_lock() {
+    exec 9>"$LOCK_FILE"
+    flock -w 300 9 || die "another devcluster.sh is still running (lock $LOCK_FILE)"
+}
+
+# ---------------------------------------------------------------- processes
+
+# comm_of PID -> the command name, or nothing when the process is gone or a zombie.
+comm_of() {
+    local stat rest
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+    rest=${stat##*) }
+    [[ ${rest%% *} == Z || ${rest%% *} == X ]] && return 0
+    cat "/proc/$1/comm" 2>/dev/null || true
+}
+
+# alive NAME: the daemon that we started under NAME (pid file $STATE/pids/NAME.pid) is running.
+alive() {
+    local f=$STATE/pids/$1.pid pid comm
+    [[ -r $f ]] || return 1
+    pid=$(<"$f")
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    comm=$(comm_of "$pid")
+    [[ -n $comm && $comm == "$(expected_comm "$1")"* ]]
+}
+
+expected_comm() {
+    case $1 in
+        slurmd-*) echo slurmd ;;
+        *) echo "$1" ;;
+    esac
+}
+
+daemon_names() {
+    local n names=(munged mariadbd slurmdbd slurmctld)
+    for ((n = 1; n <= NODES; n++)); do names+=("slurmd-node$n"); done
+    echo "${names[@]}"
+}
+
+# Start a command in a namespace, with its own UTS (hostname) and mount namespace, where
+# /etc/hosts and /etc/resolv.conf are bind mounts of the namespace's own files. Not
+# `ip netns exec`: it remounts /sys, which hides /sys/fs/cgroup and makes slurmd abort.
+# The chain setsid -> nsenter -> unshare -> sh -> exec keeps one pid, so $! is the daemon.
+start_in_ns() { # start_in_ns NAME NETNS HOSTNAME CMD...
+    local name=$1 ns=$2 host=$3
+    shift 3
+    setsid nsenter --net="/run/netns/$ns" -- unshare --uts --mount --propagation private -- \
+        /bin/sh -c 'mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && hostname "$3" && shift 3 && exec "$@"' \
+        sh "$STATE/etc/hosts" "$STATE/etc/resolv.conf" "$host" "$@" \
+        </dev/null >>"$STATE/log/$name.out" 2>&1 9>&- &
+    echo $! >"$STATE/pids/$name.pid"
+}
+
+# wait_for DESCRIPTION TIMEOUT_S LOGFILE COMMAND...: poll (sleep 0.05 s) until COMMAND succeeds.
+wait_for() {
+    local what=$1 timeout=$2 logf=$3 t0
+    shift 3
+    t0=$(us)
+    until "$@" >/dev/null 2>&1; do
+        if (($(us) - t0 > timeout * 1000000)); then
+            echo "devcluster: error: timed out after ${timeout}s waiting for $what" >&2
+            [[ -n $logf && -r $logf ]] && { echo "--- last lines of $logf:" >&2; tail -n 20 "$logf" >&2; }
+            return 1
+        fi
+        sleep 0.05
+    done
+}
+
+# kill_and_wait SIGNAL TIMEOUT_S PID...: send SIGNAL, wait up to TIMEOUT_S for all to go,
+# then SIGKILL what is left. Zombies count as gone (PID 1 may reap them lazily).
+kill_and_wait() {
+    local sig=$1 timeout=$2 t0 pid left
+    shift 2
+    (($# > 0)) || return 0
+    kill "-$sig" "$@" 2>/dev/null || true
+    t0=$(us)
+    while :; do
+        left=()
+        for pid in "$@"; do [[ -n $(comm_of "$pid") ]] && left+=("$pid"); done
+        ((${#left[@]} == 0)) && return 0
+        if (($(us) - t0 > timeout * 1000000)); then
+            kill -KILL "${left[@]}" 2>/dev/null || true
+            return 0
+        fi
+        sleep 0.05
+    done
+}
+
+# ---------------------------------------------------------------- teardown
+
+our_namespaces() {
+    ip netns list 2>/dev/null | awk '{print $1}' | grep "^${NS_PREFIX}" || true
+}
+
+# Stop what a previous bring-up left (pid files, namespaces, bridge, state). Used by
+# `down` and, to recover from a crash, at the start of `up`.
+cleanup() {
+    local f name pid pids=() dbpids=() munge_pids=() ns nspids comm t0
+
+    # 1. daemons we started, by pid file (checking the command name, so a reused pid is spared).
+    if [[ -d $STATE/pids ]]; then
+        for f in "$STATE"/pids/*.pid; do
+            [[ -e $f ]] || continue
+            name=$(basename "$f" .pid)
+            pid=$(<"$f")
+            [[ $pid =~ ^[0-9]+$ ]] || continue
+            comm=$(comm_of "$pid")
+            [[ -n $comm && $comm == "$(expected_comm "$name")"* ]] || continue
+            case $name in
+                munged) munge_pids+=("$pid") ;;
+                mariadbd | slurmdbd) dbpids+=("$pid") ;;
+                *) pids+=("$pid") ;;
+            esac
+        done
+    fi
+    # slurmctld and slurmd first (slurmctld stops its slurmscriptd itself), then the database.
+    kill_and_wait TERM 5 "${pids[@]}"
+    kill_and_wait TERM 3 "${dbpids[@]}"
+
+    # 2. whatever still runs in our namespaces: job steps, tasks, strays of a crashed run.
+    for ns in $(our_namespaces); do
+        nspids=$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')
+        # shellcheck disable=SC2086
+        [[ -n ${nspids// /} ]] && kill_and_wait KILL 3 $nspids
+    done
+
+    # 3. munged: by pid file, or (state folder lost) by its exact socket path on the command line.
+    if ((${#munge_pids[@]} == 0)); then
+        for f in /proc/[0-9]*/cmdline; do
+            pid=${f#/proc/}
+            pid=${pid%/cmdline}
+            if [[ $(comm_of "$pid") == munged ]] &&
+                tr '\0' ' ' <"$f" 2>/dev/null | grep -qF -- "--socket=$STATE/munge/munge.socket.2"; then
+                munge_pids+=("$pid")
+            fi
+        done
+    fi
+    kill_and_wait TERM 3 "${munge_pids[@]}"
+
+    # 4. namespaces (their /run/netns mounts), veths, bridge. `ip netns del` is asynchronous.
+    for ns in $(our_namespaces); do ip netns del "$ns" 2>/dev/null || true; done
+    ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE" 2>/dev/null || true
+    t0=$(us)
+    while ip -o link show 2>/dev/null | grep -q ": ${VETH_PREFIX}"; do
+        for f in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${VETH_PREFIX}" || true); do
+            ip link del "$f" 2>/dev/null || true
+        done
+        (($(us) - t0 > 5000000)) && { say "warning: veths still present after 5 s"; break; }
+        sleep 0.05
+    done
+
+    # 5. state folder (only ours) and the /etc/slurm/slurm.conf we installed.
+    if [[ -e $STATE/$STATE_MARKER ]]; then rm -rf --one-file-system "$STATE"; fi
+    if [[ -f $ETC_CONF ]] && head -n 1 "$ETC_CONF" | grep -qF "$MARKER"; then rm -f "$ETC_CONF"; fi
+}
+
+# ---------------------------------------------------------------- bring-up
+
+render() { # render TEMPLATE OUT: replace @KEY@ with the values below
+    local text
+    text=$(<"$SCRIPT_DIR/$1")
+    text=${text//@MARKER@/$MARKER}
+    text=${text//@GENERATED_AT@/$(date -Is)}
+    text=${text//@STATE@/$STATE}
+    text=${text//@CTL_IP@/$CTL_IP}
+    text=${text//@FIRST_JOB_ID@/$FIRST_JOB_ID}
+    text=${text//@DEF_MEM_PER_CPU@/$((MEM / CPUS))}
+    text=${text//@NODE_LINES@/$NODE_LINES}
+    text=${text//@NODE_RANGE@/$NODE_RANGE}
+    text=${text//@GPU_MAX_INDEX@/$((GPUS - 1))}
+    printf '%s\n' "$text" >"$2"
+}
+
+check_subnet_free() {
+    local used
+    used=$(ip -4 -o addr show 2>/dev/null | awk -v net="$NET." 'index($4, net) == 1 {print $2}' | sort -u | tr '\n' ' ')
+    [[ -z $used ]] || die "the subnet $NET.0/24 is already used on: $used; set CFDC_NET=10.x.y to another /24"
+    used=$(ip -4 route show 2>/dev/null | awk -v net="$NET." 'index($1, net) == 1' | head -n 1)
+    [[ -z $used ]] || die "a route already covers $NET.0/24 ($used); set CFDC_NET=10.x.y to another /24"
+}
+
+write_files() {
+    local n host ip hostname_real
+    mkdir -p "$STATE"
+    touch "$STATE/$STATE_MARKER"
+    mkdir -p "$STATE"/{etc,log,pids,run,ctld,spool,dev,mysql} "$STATE/munge"
+    chmod 755 "$STATE/munge"  # munged wants its socket folder world-executable
+    for ((n = 1; n <= NODES; n++)); do mkdir -p "$STATE/spool/node$n"; done
+
+    # Per-namespace /etc/hosts: every name resolves to its bridge IP (also as ::ffff:, which
+    # torch's dual-stack TCPStore sees); the login host as `login` and its real hostname.
+    hostname_real=$(hostname 2>/dev/null || echo "")
+    case $hostname_real in localhost | login | ctl | node[0-9]* | "") hostname_real="" ;; esac
+    {
+        echo "# $MARKER (bind-mounted over /etc/hosts inside the devcluster namespaces only)"
+        echo "127.0.0.1 localhost"
+        echo "::1 localhost ip6-localhost ip6-loopback"
+        echo "$LOGIN_IP login $hostname_real"
+        echo "$CTL_IP ctl"
+        for ((n = 1; n <= NODES; n++)); do echo "$NET.$((10 + n)) node$n"; done
+        echo "::ffff:$LOGIN_IP login $hostname_real"
+        echo "::ffff:$CTL_IP ctl"
+        for ((n = 1; n <= NODES; n++)); do echo "::ffff:$NET.$((10 + n)) node$n"; done
+    } >"$STATE/etc/hosts"
+    # No DNS inside: a lookup that misses the hosts file fails at once, locally.
+    printf '# %s\nnameserver 127.0.0.1\noptions timeout:1 attempts:1\n' "$MARKER" >"$STATE/etc/resolv.conf"
+
+    NODE_LINES=""
+    for ((n = 1; n <= NODES; n++)); do
+        NODE_LINES+="NodeName=node$n NodeHostname=node$n NodeAddr=$NET.$((10 + n)) CPUs=$CPUS Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM Gres=gpu:$GPUS State=UNKNOWN"$'\n'
+    done
+    NODE_LINES=${NODE_LINES%$'\n'}
+    if ((NODES == 1)); then NODE_RANGE=node1; else NODE_RANGE="node[1-$NODES]"; fi
+    # Job ids never repeat across bring-ups: FirstJobId counts tenths of a second (mod ~69 days)
+    # from 1,000,000, so a stale submitit folder from an earlier cluster never matches a new job.
+    if [[ -n ${CFDC_FIRST_JOB_ID:-} ]]; then
+        FIRST_JOB_ID=$CFDC_FIRST_JOB_ID
+    else
+        FIRST_JOB_ID=$((1000000 + ($(us) / 100000) % 60000000))
+    fi
+
+    render slurm.conf.in "$STATE/slurm.conf"
+    render slurmdbd.conf.in "$STATE/slurmdbd.conf"
+    render gres.conf.in "$STATE/gres.conf"
+    chmod 600 "$STATE/slurmdbd.conf"
+    chmod 644 "$STATE/slurm.conf" "$STATE/gres.conf"
+
+    # Fake GPUs: character devices with /dev/null's major/minor.
+    for ((n = 0; n < GPUS; n++)); do mknod -m 666 "$STATE/dev/fakegpu$n" c 1 3; done
+
+    # A fresh munge key per bring-up, used only by our own munged.
+    head -c 1024 /dev/urandom >"$STATE/munge/munge.key"
+    chmod 400 "$STATE/munge/munge.key"
+
+    local names="" ips=""
+    for ((n = 1; n <= NODES; n++)); do names+="node$n "; ips+="$NET.$((10 + n)) "; done
+    local nslist="${NS_PREFIX}ctl"
+    for ((n = 1; n <= NODES; n++)); do nslist+=" ${NS_PREFIX}node$n"; done
+    cat >"$STATE/env.sh" <<EOF
+# Source this to use the devcluster from the root ("login") namespace:  . $STATE/env.sh
+# (Not needed when $ETC_CONF was installed by devcluster.sh: plain sbatch finds it.)
+export SLURM_CONF=$STATE/slurm.conf
+export CFDC_STATE=$STATE
+export CFDC_NODES=$NODES
+export CFDC_NODE_NAMES="${names% }"
+export CFDC_NODE_IPS="${ips% }"
+export CFDC_CTL_IP=$CTL_IP
+export CFDC_LOGIN_IP=$LOGIN_IP
+export CFDC_BRIDGE=$BRIDGE
+export CFDC_NETNS="$nslist"
+export CFDC_PARTITION=debug
+export CFDC_CPUS_PER_NODE=$CPUS
+export CFDC_MEM_PER_NODE=$MEM
+export CFDC_GPUS_PER_NODE=$GPUS
+export CFDC_FIRST_JOB_ID=$FIRST_JOB_ID
+EOF
+}
+
+setup_network() {
+    local ns n
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$LOGIN_IP/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    add_ns() { # add_ns SHORTNAME IP
+        local ns=$NS_PREFIX$1 veth=$VETH_PREFIX$1
+        ip netns add "$ns"
+        ip link add "$veth" type veth peer name eth0 netns "$ns"
+        ip link set "$veth" master "$BRIDGE" up
+        ip -n "$ns" -batch - <<EOF
+link set lo up
+addr add $2/24 dev eth0
+link set eth0 up
+EOF
+    }
+    add_ns ctl "$CTL_IP"
+    for ((n = 1; n <= NODES; n++)); do add_ns "node$n" "$NET.$((10 + n))"; done
+}
+
+install_etc_conf() {
+    [[ $INSTALL_ETC == 1 ]] || { ETC_NOTE="not installed (CFDC_INSTALL_ETC=$INSTALL_ETC)"; return 0; }
+    if [[ -e $ETC_CONF ]] && ! head -n 1 "$ETC_CONF" | grep -qF "$MARKER"; then
+        ETC_NOTE="left alone: $ETC_CONF exists and is not ours; use: . $STATE/env.sh"
+        return 0
+    fi
+    mkdir -p "$(dirname "$ETC_CONF")"
+    cp "$STATE/slurm.conf" "$ETC_CONF.cfdc-tmp"
+    mv -f "$ETC_CONF.cfdc-tmp" "$ETC_CONF"
+    ETC_NOTE="installed as $ETC_CONF (plain sbatch/srun work without SLURM_CONF)"
+}
+
+nodes_idle() { # all nodes idle (or mixed/alloc: already running something)
+    local out
+    out=$(sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
+    [[ $(grep -cE ' (idle|mixed|allocated)$' <<<"$out") -eq $NODES ]]
+}
+
+cluster_registered() {
+    sacctmgr -n -P list cluster format=cluster 2>/dev/null | grep -qx devcluster &&
+        sacct -n -X -S now -o jobid >/dev/null 2>&1
+}
+
+healthy() {
+    [[ -e $STATE/$STATE_MARKER && -r $STATE/env.sh ]] || return 1
+    local saved_nodes name
+    saved_nodes=$(sed -n 's/^export CFDC_NODES=//p' "$STATE/env.sh")
+    [[ $saved_nodes =~ ^[0-9]+$ ]] || return 1
+    NODES=$saved_nodes
+    for name in $(daemon_names); do alive "$name" || return 1; done
+    SLURM_CONF=$STATE/slurm.conf sinfo -h >/dev/null 2>&1
+}
+
+# fail_up MESSAGE: keep the logs (the state folder is deleted), clean up, exit 1.
+fail_up() {
+    local keep=${STATE}-failed-logs
+    rm -rf "$keep"
+    [[ -d $STATE/log ]] && cp -r "$STATE/log" "$keep" 2>/dev/null || true
+    cleanup
+    die "$1 (logs kept in $keep)"
+}
+
+cmd_up() {
+    need_root up
+    need_deps
+    check_settings
+    take_lock
+    local want_nodes=$NODES nodes_given=${NODES_GIVEN:-0}
+    if healthy && [[ $nodes_given == 0 || $NODES == "$want_nodes" ]]; then
+        say "already up ($NODES nodes); state $STATE. Use 'restart' for a fresh cluster."
+        SLURM_CONF=$STATE/slurm.conf sinfo
+        return 0
+    fi
+    NODES=$want_nodes
+    local t0 t1 n
+    t0=$(us)
+    t1=$t0
+    cleanup
+    local t_clean
+    t_clean=$(secs "$t1")
+    t1=$(us)
+    check_subnet_free
+    write_files
+    export SLURM_CONF=$STATE/slurm.conf
+
+    # The database's data folder takes the longest to make: do it while the rest starts.
+    mariadb-install-db --no-defaults --user=root --datadir="$STATE/mysql/data" \
+        --auth-root-authentication-method=normal --skip-test-db --skip-name-resolve \
+        </dev/null >"$STATE/log/mariadb-install-db.log" 2>&1 9>&- &
+    local install_pid=$!
+
+    setup_network
+    local t_net
+    t_net=$(secs "$t1")
+    t1=$(us)
+
+    setsid munged -F --socket="$STATE/munge/munge.socket.2" --key-file="$STATE/munge/munge.key" \
+        --pid-file="$STATE/munge/munged.pid" --seed-file="$STATE/munge/munged.seed" \
+        --log-file="$STATE/log/munged.log" --num-threads=4 \
+        </dev/null >>"$STATE/log/munged.out" 2>&1 9>&- &
+    echo $! >"$STATE/pids/munged.pid"
+    wait_for "munged" 20 "$STATE/log/munged.log" test -S "$STATE/munge/munge.socket.2" ||
+        { fail_up "munged did not start"; }
+
+    wait "$install_pid" || { tail -n 20 "$STATE/log/mariadb-install-db.log" >&2; fail_up "mariadb-install-db failed"; }
+    start_in_ns mariadbd "${NS_PREFIX}ctl" ctl mariadbd --no-defaults --user=root \
+        --datadir="$STATE/mysql/data" --socket="$STATE/mysql/mysqld.sock" \
+        --pid-file="$STATE/mysql/mariadbd.pid" --log-error="$STATE/log/mariadb.log" \
+        --bind-address=127.0.0.1 --port=3306 --skip-name-resolve --skip-log-bin \
+        --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900 \
+        --innodb-flush-log-at-trx-commit=2 --innodb-doublewrite=0 --max-connections=100
+    wait_for "mariadbd" 60 "$STATE/log/mariadb.log" test -S "$STATE/mysql/mysqld.sock" ||
+        { fail_up "mariadbd did not start"; }
+    local t_db
+    t_db=$(secs "$t1")
+    t1=$(us)
+
+    start_in_ns slurmdbd "${NS_PREFIX}ctl" ctl env SLURM_CONF="$STATE/slurm.conf" slurmdbd -D
+    wait_for "slurmdbd" 60 "$STATE/log/slurmdbd.log" grep -q "slurmdbd version .* started" "$STATE/log/slurmdbd.log" ||
+        { fail_up "slurmdbd did not start"; }
+    local t_dbd
+    t_dbd=$(secs "$t1")
+    t1=$(us)
+
+    start_in_ns slurmctld "${NS_PREFIX}ctl" ctl env SLURM_CONF="$STATE/slurm.conf" slurmctld -D -i
+    for ((n = 1; n <= NODES; n++)); do
+        start_in_ns "slurmd-node$n" "${NS_PREFIX}node$n" "node$n" \
+            env SLURM_CONF="$STATE/slurm.conf" slurmd -D -N "node$n"
+    done
+    wait_for "all $NODES nodes idle (sinfo)" 60 "$STATE/log/slurmctld.log" nodes_idle ||
+        { say "slurmd logs: $STATE/log/slurmd-node*.log"; cleanup; die "nodes did not come up"; }
+    local t_nodes
+    t_nodes=$(secs "$t1")
+    t1=$(us)
+    wait_for "the cluster in the accounting database (sacctmgr)" 60 "$STATE/log/slurmdbd.log" cluster_registered ||
+        { fail_up "accounting did not come up"; }
+    local t_acct
+    t_acct=$(secs "$t1")
+
+    ETC_NOTE=""
+    install_etc_conf
+    local name
+    for name in $(daemon_names); do alive "$name" || { fail_up "$name died during bring-up; see $STATE/log"; }; done
+
+    sinfo
+    say "up in $(secs "$t0") s (cleanup $t_clean, files+network $t_net, munge+mariadb $t_db, slurmdbd $t_dbd, slurmctld+slurmd $t_nodes, accounting $t_acct)"
+    say "controller ctl $CTL_IP, nodes node1..node$NODES at $NET.11.., login (this namespace) $LOGIN_IP on $BRIDGE"
+    say "partition debug, $CPUS CPUs / ${MEM} MB / $GPUS fake GPUs per node, FirstJobId $FIRST_JOB_ID"
+    say "slurm.conf $STATE/slurm.conf: $ETC_NOTE"
+    say "to use it: . $STATE/env.sh   (exports SLURM_CONF), then sbatch/srun/squeue/sacct as usual"
+}
+
+cmd_down() {
+    need_root down
+    check_settings
+    take_lock
+    local t0
+    t0=$(us)
+    if [[ -r $STATE/env.sh ]]; then
+        local saved
+        saved=$(sed -n 's/^export CFDC_NODES=//p' "$STATE/env.sh")
+        [[ $saved =~ ^[0-9]+$ ]] && NODES=$saved
+    fi
+    cleanup
+    say "down in $(secs "$t0") s"
+}
+
+cmd_status() {
+    need_root status
+    check_settings
+    if healthy; then
+        SLURM_CONF=$STATE/slurm.conf sinfo
+        say "up: $NODES nodes, state $STATE, SLURM_CONF=$STATE/slurm.conf"
+        return 0
+    fi
+    if [[ -e $STATE/$STATE_MARKER ]]; then
+        local name bad=()
+        if [[ -r $STATE/env.sh ]]; then
+            local saved
+            saved=$(sed -n 's/^export CFDC_NODES=//p' "$STATE/env.sh")
+            [[ $saved =~ ^[0-9]+$ ]] && NODES=$saved
+        fi
+        for name in $(daemon_names); do alive "$name" || bad+=("$name"); done
+        say "down (broken): not running: ${bad[*]:-none, but sinfo fails}; run 'devcluster.sh up' to recover"
+    else
+        say "down (no state at $STATE)"
+    fi
+    return 3
+}
+
+main() {
+    local cmd=${1:-}
+    case $cmd in
+        up) cmd_up ;;
+        down) cmd_down ;;
+        status) cmd_status ;;
+        restart) cmd_down && cmd_up ;;
+        -h | --help | help) usage ;;
+        *) usage >&2; exit 2 ;;
+    esac
+}
+
+main "$@"
