@@ -502,7 +502,9 @@ def starter_toml(spec: JobSpec | None = None) -> str:
     for f in dataclasses.fields(JobSpec):
         out.append(f"[{f.name}]")
         if f.name == "env":
-            out += [f"# {f.metadata['doc']}", "# NCCL_DEBUG = \"WARN\"", ""]
+            out.append(f"# {f.metadata['doc']}")
+            out += [f"{_inline_key(k)} = {_inline(v)}" for k, v in spec.env.items()] or ['# NCCL_DEBUG = "WARN"']
+            out.append("")
             continue
         for key, sf in section_fields(f.name).items():
             out.append(f"# {sf.metadata['doc']}")

@@ -92,23 +92,26 @@ take_lock() {
 
 # ---------------------------------------------------------------- processes
 
-# comm_of PID -> the command name, or nothing when the process is gone or a zombie.
+# comm_of PID: set COMM to the command name, or to "" when the process is gone or a zombie.
+# Builtins only (no forks): cleanup calls it for every process on the machine.
 comm_of() {
     local stat rest
-    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+    COMM=""
+    { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 0
     rest=${stat##*) }
     [[ ${rest%% *} == Z || ${rest%% *} == X ]] && return 0
-    cat "/proc/$1/comm" 2>/dev/null || true
+    { read -r COMM <"/proc/$1/comm"; } 2>/dev/null || COMM=""
+    return 0
 }
 
 # alive NAME: the daemon that we started under NAME (pid file $STATE/pids/NAME.pid) is running.
 alive() {
     local f=$STATE/pids/$1.pid pid comm
     [[ -r $f ]] || return 1
-    pid=$(<"$f")
+    read -r pid <"$f" || return 1
     [[ $pid =~ ^[0-9]+$ ]] || return 1
-    comm=$(comm_of "$pid")
-    [[ -n $comm && $comm == "$(expected_comm "$1")"* ]]
+    comm_of "$pid"
+    [[ -n $COMM && $COMM == "$(expected_comm "$1")"* ]]
 }
 
 expected_comm() {
@@ -136,6 +139,7 @@ start_in_ns() { # start_in_ns NAME NETNS HOSTNAME CMD...
         sh "$STATE/etc/hosts" "$STATE/etc/resolv.conf" "$host" "$@" \
         </dev/null >>"$STATE/log/$name.out" 2>&1 9>&- &
     echo $! >"$STATE/pids/$name.pid"
+    disown $!
 }
 
 # wait_for DESCRIPTION TIMEOUT_S LOGFILE COMMAND...: poll (sleep 0.05 s) until COMMAND succeeds.
@@ -163,7 +167,10 @@ kill_and_wait() {
     t0=$(us)
     while :; do
         left=()
-        for pid in "$@"; do [[ -n $(comm_of "$pid") ]] && left+=("$pid"); done
+        for pid in "$@"; do
+            comm_of "$pid"
+            if [[ -n $COMM ]]; then left+=("$pid"); fi
+        done
         ((${#left[@]} == 0)) && return 0
         if (($(us) - t0 > timeout * 1000000)); then
             kill -KILL "${left[@]}" 2>/dev/null || true
@@ -182,17 +189,17 @@ our_namespaces() {
 # Stop what a previous bring-up left (pid files, namespaces, bridge, state). Used by
 # `down` and, to recover from a crash, at the start of `up`.
 cleanup() {
-    local f name pid pids=() dbpids=() munge_pids=() ns nspids comm t0
+    local f name pid pids=() dbpids=() munge_pids=() ns nspids t0
 
     # 1. daemons we started, by pid file (checking the command name, so a reused pid is spared).
     if [[ -d $STATE/pids ]]; then
         for f in "$STATE"/pids/*.pid; do
             [[ -e $f ]] || continue
             name=$(basename "$f" .pid)
-            pid=$(<"$f")
+            read -r pid <"$f" || continue
             [[ $pid =~ ^[0-9]+$ ]] || continue
-            comm=$(comm_of "$pid")
-            [[ -n $comm && $comm == "$(expected_comm "$name")"* ]] || continue
+            comm_of "$pid"
+            [[ -n $COMM && $COMM == "$(expected_comm "$name")"* ]] || continue
             case $name in
                 munged) munge_pids+=("$pid") ;;
                 mariadbd | slurmdbd) dbpids+=("$pid") ;;
@@ -208,7 +215,7 @@ cleanup() {
     for ns in $(our_namespaces); do
         nspids=$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')
         # shellcheck disable=SC2086
-        [[ -n ${nspids// /} ]] && kill_and_wait KILL 3 $nspids
+        if [[ -n ${nspids// /} ]]; then kill_and_wait KILL 3 $nspids; fi
     done
 
     # 3. munged: by pid file, or (state folder lost) by its exact socket path on the command line.
@@ -216,8 +223,9 @@ cleanup() {
         for f in /proc/[0-9]*/cmdline; do
             pid=${f#/proc/}
             pid=${pid%/cmdline}
-            if [[ $(comm_of "$pid") == munged ]] &&
-                tr '\0' ' ' <"$f" 2>/dev/null | grep -qF -- "--socket=$STATE/munge/munge.socket.2"; then
+            comm_of "$pid"
+            [[ $COMM == munged ]] || continue
+            if tr '\0' ' ' <"$f" 2>/dev/null | grep -qF -- "--socket=$STATE/munge/munge.socket.2"; then
                 munge_pids+=("$pid")
             fi
         done
@@ -444,6 +452,7 @@ cmd_up() {
         --log-file="$STATE/log/munged.log" --num-threads=4 \
         </dev/null >>"$STATE/log/munged.out" 2>&1 9>&- &
     echo $! >"$STATE/pids/munged.pid"
+    disown $!
     wait_for "munged" 20 "$STATE/log/munged.log" test -S "$STATE/munge/munge.socket.2" ||
         { fail_up "munged did not start"; }
 

@@ -1,0 +1,31 @@
+"""Shared fixtures. Helpers that launch real worker processes live in tests/procs.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture
+def tiny_job(tmp_path: Path) -> Path:
+    """jobs/tiny-cpu.toml with its paths made absolute and runs going under tmp_path."""
+    text = (REPO / "jobs" / "tiny-cpu.toml").read_text()
+    text = text.replace('run_root = "../runs"', f'run_root = "{tmp_path / "runs"}"')
+    text = text.replace('"../clusterfsdp/data/corpus.txt"', f'"{REPO / "clusterfsdp" / "data" / "corpus.txt"}"')
+    path = tmp_path / "tiny.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests decide themselves whether they run inside an allocation."""
+    for key in list(os.environ):
+        if key.startswith(("SLURM_", "SRUN_", "SUBMITIT_")) or key in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
+            monkeypatch.delenv(key, raising=False)

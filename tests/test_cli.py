@@ -1,0 +1,82 @@
+"""CLI exit codes, one-line errors, and a control plane that never imports torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clusterfsdp import spec as S
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "clusterfsdp.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+def test_validate_ok_prints_a_summary(tiny_job):
+    r = cli("validate", str(tiny_job))
+    assert r.returncode == 0, r.stderr
+    assert "1 node(s) x 2 worker(s) (CPU) = 2 ranks" in r.stdout and "mesh       2 (shard)" in r.stdout
+    assert r.stdout.rstrip().endswith("ok")
+
+
+def test_validate_bad_file_exit_2_with_field_errors_and_no_traceback(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[slurm]\ngpu_per_node = 2\nnodes = "x"\n')
+    r = cli("validate", str(bad))
+    assert r.returncode == 2
+    assert f"error: {bad}: slurm.gpu_per_node: unknown key; did you mean gpus_per_node?" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("args", [["validate", "/nonexistent.toml"], ["status", "nope"], ["logs", "nope"],
+                                  ["cancel", "nope"], ["resume", "nope"], ["export", "nope", "--to", "/tmp/x"]])
+def test_bad_input_is_exit_2_one_line(args, tmp_path):
+    r = cli(*args, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+
+
+def test_set_overrides_reach_validate(tiny_job):
+    r = cli("validate", str(tiny_job), "--set", "train.steps=7", "--set", "slurm.tasks_per_node=1")
+    assert r.returncode == 0 and "7 steps" in r.stdout and "= 1 ranks" in r.stdout
+    r = cli("validate", str(tiny_job), "--set", "train.steps=lots")
+    assert r.returncode == 2 and "train.steps: expected integer, found string 'lots'" in r.stderr
+
+
+def test_init_writes_a_valid_starter_and_refuses_to_overwrite(tmp_path):
+    assert cli("init", str(tmp_path / "job.toml")).returncode == 0
+    assert S.load(tmp_path / "job.toml") == S.with_absolute_paths(S.JobSpec(), tmp_path)
+    r = cli("init", str(tmp_path / "job.toml"))
+    assert r.returncode == 2 and "exists" in r.stderr
+
+
+def test_schema_documents_keys():
+    r = cli("schema", "slurm.gpus_per_node")
+    assert r.returncode == 0 and "gpus_per_node = 0    (integer)" in r.stdout and "one worker process per GPU" in r.stdout
+
+
+def test_local_multinode_is_refused_before_anything_is_created(tiny_job, tmp_path):
+    r = cli("submit", str(tiny_job), "--executor", "local", "--set", "slurm.nodes=2")
+    assert r.returncode == 2 and "local executor runs on one machine" in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_control_plane_does_not_import_torch(tiny_job, tmp_path):
+    code = f"""
+import sys
+from clusterfsdp.cli import main
+for argv in (["validate", {str(tiny_job)!r}], ["runs", "--run-root", {str(tmp_path)!r}],
+             ["status", "--run-root", {str(tmp_path)!r}], ["schema"]):
+    assert main(argv) == 0, argv
+try:
+    main(["--help"])
+except SystemExit:
+    pass
+heavy = sorted(m for m in ("torch", "transformers", "textual") if m in sys.modules)
+assert not heavy, heavy
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr

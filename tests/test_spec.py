@@ -1,0 +1,167 @@
+"""The job spec: defaults, field-level errors, cross-field checks, overrides, round-trip, fuzz."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+import tomli_w
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from clusterfsdp import spec as S
+
+
+def errors_of(text: str, overrides: list[str] = ()) -> list[str]:
+    with pytest.raises(S.SpecError) as e:
+        S.loads(text, overrides)
+    return e.value.errors
+
+
+def test_defaults_load_from_empty_file():
+    assert S.loads("") == S.JobSpec()
+
+
+def test_starter_file_loads_back_to_the_defaults_and_documents_every_key():
+    text = S.starter_toml()
+    assert S.loads(text) == S.JobSpec()
+    for section in S.SECTIONS:
+        if section != "env":
+            for key, field in S.section_fields(section).items():
+                assert f"# {field.metadata['doc']}\n{key} = " in text
+
+
+def test_unknown_key_suggests_the_closest_name():
+    assert errors_of("[slurm]\ngpu_per_node = 2\n") == ["slurm.gpu_per_node: unknown key; did you mean gpus_per_node?"]
+
+
+def test_wrong_type_names_path_expected_and_found():
+    assert errors_of('[slurm]\nnodes = "two"\n') == ["slurm.nodes: expected integer, found string 'two'"]
+    assert errors_of("[train]\nlr = true\n") == ["train.lr: expected number, found boolean True"]
+
+
+def test_choice_typo_suggests_value():
+    (err,) = errors_of('[fsdp]\nsharding = "hybird"\n')
+    assert err.startswith("fsdp.sharding: expected one of 'hybrid' | 'full' | 'grad_op' | 'none'")
+    assert err.endswith("did you mean 'hybrid'?")
+
+
+def test_all_errors_are_reported_at_once():
+    errs = errors_of('[slurm]\nnodez = 1\npartition = 3\n[bogus]\n')
+    assert len(errs) == 3
+
+
+def test_cross_field_checks():
+    assert "slurm.tasks_per_node: one worker per GPU is required" in errors_of(
+        "[slurm]\ngpus_per_node = 4\ntasks_per_node = 2\n")[0]
+    assert errors_of('[data]\nsource = "files"\n') == ["data.paths: source = 'files' needs at least one path"]
+    assert any("signal_grace_s" in e for e in errors_of("[slurm]\ntime = 1\nsignal_grace_s = 120\n"))
+    assert errors_of('[model]\npreset = "llama-tiy"\n') == ["model.preset: unknown preset 'llama-tiy'; did you mean llama-tiny?"]
+
+
+def test_hybrid_on_one_node_falls_back_and_says_so():
+    spec = S.loads("[slurm]\nnodes = 1\ngpus_per_node = 8\n")
+    assert spec.effective_sharding == "full" and spec.mesh_shape == (8,)
+    assert any("using 'full'" in n for n in spec.notices())
+    spec = S.loads("[slurm]\nnodes = 4\ngpus_per_node = 8\n")
+    assert spec.effective_sharding == "hybrid" and spec.mesh_shape == (4, 8)
+
+
+@pytest.mark.parametrize("value,minutes", [(90, 90), ("90", 90), ("1:30", 2), ("2:00:00", 120), ("1-0", 1440),
+                                           ("1-2:30", 1590), ("1-02:30:01", 1591)])
+def test_time_forms(value, minutes):
+    assert S.parse_time_minutes(value) == minutes
+
+
+@pytest.mark.parametrize("value", ["", "abc", "1-", "1:2:3:4", 0, -5, "0"])
+def test_bad_times(value):
+    with pytest.raises(ValueError):
+        S.parse_time_minutes(value)
+
+
+def test_overrides_are_typed_by_the_schema():
+    spec = S.loads("", ["train.lr=3e-4", "slurm.nodes=4", "slurm.partition=gpu", "slurm.account=123",
+                        "fsdp.compile=true", "slurm.extra={reservation='big'}", "env.NCCL_DEBUG=INFO"])
+    assert spec.train.lr == 3e-4 and spec.slurm.nodes == 4 and spec.slurm.partition == "gpu"
+    assert spec.slurm.account == "123" and spec.fsdp.compile is True
+    assert spec.slurm.extra == {"reservation": "big"} and spec.env == {"NCCL_DEBUG": "INFO"}
+
+
+def test_bad_override_is_a_field_error():
+    assert errors_of("", ["slurm.nodes=many"]) == ["slurm.nodes: expected integer, found string 'many'"]
+    assert "expected section.key=value" in errors_of("", ["nodes"])[0]
+
+
+def test_round_trip_through_tomli_w():
+    spec = S.loads('[job]\nname = "x"\n[slurm]\nnodes = 2\ngpus_per_node = 4\ntime = "1-00:00:00"\n'
+                   'extra = { reservation = "r" }\nsetup = ["module load cuda"]\n[model]\nfrom_config = { num_hidden_layers = 3 }\n'
+                   '[checkpoint]\nasync = true\n[env]\nNCCL_DEBUG = "WARN"\n')
+    assert spec.checkpoint.async_ is True
+    assert S.loads(S.dumps(spec)) == spec
+    assert S.loads(S.starter_toml(spec)) == spec
+
+
+def test_secrets_are_redacted_in_written_specs():
+    spec = S.loads('[env]\nHF_TOKEN = "hf_secret"\nWANDB_API_KEY = "k"\nNCCL_DEBUG = "INFO"\n')
+    text = S.dumps(spec, redact=True)
+    assert "hf_secret" not in text and '"k"' not in text and "INFO" in text
+    assert S.secret_env(spec) == {"HF_TOKEN": "hf_secret", "WANDB_API_KEY": "k"}
+    assert S.secret_env(S.loads(text)) == {}  # a redacted file never re-exports the placeholder
+
+
+def test_relative_paths_are_relative_to_the_job_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    job = tmp_path / "sub" / "job.toml"
+    job.write_text('[job]\nrun_root = "r"\n[data]\nsource = "files"\npaths = ["../d.txt"]\n')
+    spec = S.load(job)
+    assert spec.job.run_root == str(tmp_path / "sub" / "r") and spec.data.paths == [str(tmp_path / "d.txt")]
+
+
+def test_unreadable_files_are_one_line_errors(tmp_path):
+    with pytest.raises(S.SpecError) as e:
+        S.load(tmp_path / "missing.toml")
+    assert e.value.errors == [f"{tmp_path / 'missing.toml'}: no such file"]
+    (tmp_path / "bad.toml").write_bytes(b"\xff\xfe[")
+    with pytest.raises(S.SpecError):
+        S.load(tmp_path / "bad.toml")
+
+
+toml_scalars = st.one_of(st.integers(-10, 10**6), st.floats(allow_nan=False, allow_infinity=False), st.booleans(),
+                         st.text(max_size=12), st.lists(st.integers(0, 3), max_size=3))
+keys = st.sampled_from([k for s in S.SECTIONS if s != "env" for k in S.section_fields(s)] + ["bogus", "nodes"])
+sections = st.sampled_from(list(S.SECTIONS) + ["nope"])
+documents = st.dictionaries(sections, st.one_of(toml_scalars, st.dictionaries(keys, toml_scalars, max_size=6)), max_size=5)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(documents)
+def test_fuzz_structured_documents_never_traceback(doc):
+    """Any TOML document either loads or raises SpecError with path-prefixed lines."""
+    text = tomli_w.dumps(doc)
+    try:
+        spec = S.loads(text)
+    except S.SpecError as e:
+        assert e.errors and all(isinstance(x, str) and x for x in e.errors)
+    else:
+        assert S.loads(S.dumps(spec)) == spec
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_fuzz_arbitrary_text_never_tracebacks(text):
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        pass
+    try:
+        S.loads(text)
+    except S.SpecError as e:
+        assert e.errors
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=30), max_size=4))
+def test_fuzz_overrides_never_traceback(overrides):
+    try:
+        S.loads("", overrides)
+    except S.SpecError as e:
+        assert e.errors
