@@ -80,7 +80,7 @@ def fsdp1(model: nn.Module, spec: JobSpec, mesh: DeviceMesh, device: torch.devic
         auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes(model)),
         mixed_precision=MixedPrecision(param_dtype=mp, reduce_dtype=torch.float32, buffer_dtype=mp),
         cpu_offload=CPUOffload(offload_params=spec.fsdp.cpu_offload),
-        device_id=device if device.type == "cuda" else None,
+        device_id=device,  # FSDP1 accepts the CPU (gloo) as a device when named explicitly
         use_orig_params=True,
         sync_module_states=False,  # every rank built identical weights (deterministic init / same files)
     )

@@ -73,6 +73,7 @@ def build(spec: JobSpec, device: torch.device, world_size: int, vocab_size: int)
     config = modelmod.build_config(spec.model, vocab_size)
     if spec.fsdp.version == 1:  # FSDP1 shards a materialized model
         model = modelmod.build_meta(spec.model, config).to_empty(device=device)
+        model.tie_weights()  # to_empty gives each tied occurrence its own tensor; FSDP2 keeps them shared
         modelmod.reset_buffers(model, device)
         _materialize(model, spec, config)
         mesh = parallelize.build_mesh(spec, device.type, world_size)

@@ -22,6 +22,8 @@
 #   CFDC_INSTALL_ETC=1              also install the conf as /etc/slurm/slurm.conf (only when
 #                                   that file is missing or was written by this script)
 #   CFDC_FIRST_JOB_ID=              force FirstJobId (default: derived from the clock)
+#   CFDC_CRED_EXPIRE=10             AuthInfo cred_expire: a requeued job may start again after
+#                                   this + 1 s (Slurm's default 120 gives 121 s)
 #
 # Exit codes: 0 ok, 1 failure, 2 not root / bad usage, 3 status: down, 4 missing packages.
 set -euo pipefail
@@ -37,6 +39,7 @@ CPUS=${CFDC_CPUS:-2}
 MEM=${CFDC_MEM:-4000}
 GPUS=${CFDC_GPUS:-2}
 INSTALL_ETC=${CFDC_INSTALL_ETC:-1}
+CRED_EXPIRE=${CFDC_CRED_EXPIRE:-10}
 NS_PREFIX=cfdc-
 VETH_PREFIX=cfv-
 ETC_CONF=/etc/slurm/slurm.conf
@@ -79,6 +82,7 @@ check_settings() {
     [[ $NET =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "CFDC_NET must be three octets like 10.213.0, not '$NET'" 2
     [[ $CPUS =~ ^[0-9]+$ && $MEM =~ ^[0-9]+$ && $GPUS =~ ^[0-9]+$ ]] || die "CFDC_CPUS/CFDC_MEM/CFDC_GPUS must be integers" 2
     ((CPUS >= 1 && GPUS >= 1)) || die "CFDC_CPUS and CFDC_GPUS must be >= 1" 2
+    [[ $CRED_EXPIRE =~ ^[0-9]+$ ]] && ((CRED_EXPIRE >= 5)) || die "CFDC_CRED_EXPIRE must be an integer >= 5" 2
     [[ $STATE == /* && $STATE != / && $STATE != *..* ]] || die "CFDC_STATE must be an absolute path, not '$STATE'" 2
     if [[ -d $STATE && ! -e $STATE/$STATE_MARKER ]] && [[ -n $(ls -A "$STATE") ]]; then
         die "$STATE exists, is not empty and was not made by devcluster.sh; refusing to use or delete it" 2
@@ -258,6 +262,7 @@ render() { # render TEMPLATE OUT: replace @KEY@ with the values below
     text=${text//@GENERATED_AT@/$(date -Is)}
     text=${text//@STATE@/$STATE}
     text=${text//@CTL_IP@/$CTL_IP}
+    text=${text//@CRED_EXPIRE@/$CRED_EXPIRE}
     text=${text//@FIRST_JOB_ID@/$FIRST_JOB_ID}
     text=${text//@DEF_MEM_PER_CPU@/$((MEM / CPUS))}
     text=${text//@NODE_LINES@/$NODE_LINES}

@@ -1,0 +1,92 @@
+"""From Slurm's environment to ranks: hostlists (against the real `scontrol`), ranks, ports, interfaces."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from clusterfsdp import distenv
+
+HOSTLISTS = ["node1", "node[1-3]", "gpu[001-004,010],cpu7", "a[1-2]b[3-4]", "x[9-11]",
+             "rack[1-2]-gpu[01-02]", "login,gpu[1,3,5-6]"]
+
+
+@pytest.mark.parametrize("hostlist", HOSTLISTS)
+def test_hostlist_agrees_with_scontrol(hostlist):
+    expected = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True,
+                              check=True).stdout.split()
+    assert distenv.expand_hostlist(hostlist) == expected
+
+
+def test_hostlist_examples():
+    assert distenv.expand_hostlist("gpu[001-003,010],cpu7") == ["gpu001", "gpu002", "gpu003", "gpu010", "cpu7"]
+    with pytest.raises(ValueError):
+        distenv.expand_hostlist("gpu[1-")
+
+
+def test_tasks_per_node_forms():
+    assert distenv.tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert distenv.tasks_per_node("4") == [4]
+
+
+def slurm_env(**kw: str) -> dict[str, str]:
+    env = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
+           "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[007-008,012-013]", "SLURM_TASKS_PER_NODE": "2(x4)",
+           "SUBMITIT_EXECUTOR": "slurm"}
+    env.update(kw)
+    return env
+
+
+def test_ranks_from_slurm():
+    d = distenv.from_environ(slurm_env())
+    assert (d.rank, d.local_rank, d.world_size, d.local_world_size, d.node_rank, d.num_nodes) == (5, 1, 8, 2, 1, 4)
+    assert d.master_addr == "gpu007" and d.launcher == "slurm" and 20000 <= d.master_port < 60000
+
+
+def test_port_is_stable_across_ranks_and_changes_with_requeue_and_step():
+    ports = {distenv.from_environ(slurm_env(SLURM_PROCID=str(r))).master_port for r in range(8)}
+    assert len(ports) == 1
+    assert distenv.from_environ(slurm_env(SLURM_RESTART_COUNT="1")).master_port not in ports
+    assert distenv.from_environ(slurm_env(SLURM_STEP_ID="3")).master_port not in ports
+    assert distenv.from_environ(slurm_env(MASTER_PORT="31337")).master_port == 31337
+
+
+def test_job_step_nodelist_wins_over_the_allocation():
+    d = distenv.from_environ(slurm_env(SLURM_STEP_NODELIST="gpu[012-013]", SLURM_STEP_NUM_TASKS="4",
+                                       SLURM_STEP_TASKS_PER_NODE="2(x2)"))
+    assert d.master_addr == "gpu012" and d.world_size == 4 and d.num_nodes == 2
+
+
+def test_submitit_local_and_single():
+    d = distenv.from_environ({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1",
+                              "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_JOB_ID": "77"})
+    assert (d.rank, d.world_size, d.master_addr, d.launcher) == (1, 2, "127.0.0.1", "submitit-local")
+    assert distenv.from_environ({}).world_size == 1
+
+
+def test_network_env_precedence_and_loopback_refusal():
+    d = distenv.from_environ(slurm_env(SLURM_JOB_NODELIST="localhost,other", SLURM_TASKS_PER_NODE="1(x2)"))
+    with pytest.raises(RuntimeError, match="loopback"):
+        distenv.network_env(d, {}, environ={})
+    single = distenv.from_environ({})
+    chosen, _ = distenv.network_env(single, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
+                                    environ={"PYTORCH_ALLOC_CONF": "mine"})
+    assert chosen["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"  # [env] wins over everything
+    assert "PYTORCH_ALLOC_CONF" not in chosen                # the user's environment wins over defaults
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in chosen
+
+
+def test_route_interface_finds_the_address_that_reaches_the_master():
+    iface, ip = distenv.route_interface("127.0.0.1")
+    assert iface == "lo" and ip == "127.0.0.1"
+    addrs = distenv.interface_addresses()
+    assert addrs.get("lo") == "127.0.0.1"
+
+
+def test_infiniband_hcas_reads_sysfs_layout(tmp_path):
+    """A fake /sys/class/infiniband tree (no InfiniBand hardware here)."""
+    for dev, state in [("mlx5_0", "4: ACTIVE"), ("mlx5_1", "1: DOWN")]:
+        (tmp_path / dev / "ports" / "1").mkdir(parents=True)
+        (tmp_path / dev / "ports" / "1" / "state").write_text(state)
+    assert distenv.infiniband_hcas(str(tmp_path)) == ["mlx5_0"]
