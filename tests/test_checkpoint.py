@@ -1,0 +1,184 @@
+"""DCP checkpoints: bitwise-exact resume, resume on another world size, kill -9 mid-save,
+async saves, keep_last, and preemption (SIGUSR2) / cancel (SIGTERM) on the local executor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from procs import launch, losses, make_run, run_workers, wait
+
+from clusterfsdp import checkpoint, launch as launchmod, runs, status
+from clusterfsdp import spec as S
+
+REPO = Path(__file__).resolve().parents[1]
+JOB = f"""
+[job]
+name = "ck"
+seed = 5
+[model]
+preset = "llama-tiny"
+[data]
+source = "files"
+paths = ["{REPO / 'clusterfsdp' / 'data' / 'corpus.txt'}"]
+seq_len = 64
+[train]
+steps = 8
+micro_batch_size = 2
+lr = 3e-3
+warmup = 2
+log_every = 1
+[fsdp]
+sharding = "full"
+mixed_precision = "fp32"
+[slurm]
+tasks_per_node = 2
+[checkpoint]
+every_steps = 4
+keep_last = 5
+"""
+
+
+def rows_by_attempt(run: runs.Run) -> list[dict[int, float]]:
+    """metrics.jsonl split where the step goes backwards (a new attempt resumed)."""
+    out: list[dict[int, float]] = [{}]
+    last = 0
+    for r in run.metrics():
+        if r["step"] <= last:
+            out.append({})
+        out[-1][r["step"]] = r["loss"]
+        last = r["step"]
+    return out
+
+
+def test_resume_is_bitwise_exact_on_the_same_world_size(tmp_path):
+    run = make_run(JOB, tmp_path)
+    run_workers(run, 2, job_id="a1")
+    full = losses(run)
+    root = run.checkpoints_dir()
+    assert [c.step for c in checkpoint.list_checkpoints(root)] == [4, 8]
+    moved = checkpoint.keep_only_up_to(root, 4)  # what `clusterfsdp resume --step 4` does
+    assert len(moved) == 1 and moved[0].parent.name == "set-aside"
+    run_workers(run, 2, job_id="a2")
+    first, resumed = rows_by_attempt(run)
+    assert sorted(resumed) == [5, 6, 7, 8]
+    assert all(resumed[s] == first[s] for s in resumed), (resumed, first)  # bitwise
+    assert any(e["event"] == "resumed" and e["step"] == 4 for e in run.events())
+
+
+def test_resume_on_another_world_size_reshards_and_keeps_the_data_position(tmp_path):
+    run = make_run(JOB, tmp_path)
+    run_workers(run, 2, job_id="b1")
+    checkpoint.keep_only_up_to(run.checkpoints_dir(), 4)
+    # 1 rank x micro-batch 4 = the same 4 samples per step that 2 ranks x 2 saw
+    spec = S.load(run.job_toml, ["slurm.tasks_per_node=1", "train.micro_batch_size=4"])
+    run.job_toml.write_text(S.dumps(spec))
+    out = run_workers(run, 1, job_id="b2")
+    first, resumed = rows_by_attempt(run)
+    for step in (5, 6, 7, 8):
+        assert resumed[step] == pytest.approx(first[step], abs=2e-4)
+    assert "saved by 2 ranks, now 1" in out[0][1]
+    final = checkpoint.find(run.checkpoints_dir())
+    assert final.step == 8 and final.meta["consumed"] == 8 * 4 and final.meta["world_size"] == 1
+
+
+def test_kill_9_mid_save_resumes_from_the_previous_complete_checkpoint(tmp_path):
+    """A rank is SIGKILLed while step 4's shards are being written; the half-written folder is never used."""
+    run = make_run(JOB, tmp_path, ["model.preset='llama-small'", "checkpoint.every_steps=2", "train.steps=6"])
+    root = run.checkpoints_dir()
+    procs = launch(["-m", "clusterfsdp.worker", str(run.path)], 2, job_id="k1")
+    killed = threading.Event()
+
+    def killer() -> None:
+        while not killed.is_set() and procs[1].poll() is None:
+            if (root / ".step-00000004.partial").exists():
+                procs[1].send_signal(signal.SIGKILL)
+                killed.set()
+            time.sleep(0.005)
+
+    t = threading.Thread(target=killer)
+    t.start()
+    codes = [code for code, _ in wait(procs, timeout=900)]
+    killed.set()
+    t.join()
+    assert codes[1] == -signal.SIGKILL and codes[0] != 0
+    assert [c.step for c in checkpoint.list_checkpoints(root)] == [2]
+    assert any(e["event"] == "failed" for e in run.events())
+    run_workers(run, 2, job_id="k2")
+    assert any(e["event"] == "resumed" and e["step"] == 2 and e["job_id"] == "k2" for e in run.events())
+    assert [c.step for c in checkpoint.list_checkpoints(root)] == [2, 4, 6]
+    assert not list(root.glob(".step-*.partial"))
+
+
+def test_async_save_and_keep_last(tmp_path):
+    run = make_run(JOB, tmp_path, ["checkpoint.async=true", "checkpoint.every_steps=2", "checkpoint.keep_last=2"])
+    out = run_workers(run, 2, job_id="c1")
+    assert [c.step for c in checkpoint.list_checkpoints(run.checkpoints_dir())] == [6, 8]
+    assert out[0][1].count("(async)") == 3
+    assert not list(run.checkpoints_dir().glob(".step-*"))
+
+
+def _workers_of(controller_pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == controller_pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _submit_local(tmp_path: Path, steps: int) -> runs.Run:
+    spec = S.loads(JOB, [f"job.run_root={str(tmp_path)!r}", f"train.steps={steps}", "train.log_every=5",
+                         "checkpoint.every_steps=0"])
+    return launchmod.submit(spec, "local").run
+
+
+def test_sigusr2_saves_requeues_and_resumes_on_the_local_executor(tmp_path):
+    run = _submit_local(tmp_path, 400)
+    job_id = int(run.attempts[-1]["job_id"])
+    _wait_for(lambda: any(r["step"] >= 20 for r in run.metrics()), 300, "step 20")
+    for pid in _workers_of(job_id):
+        os.kill(pid, signal.SIGUSR2)
+    _wait_for(lambda: status.run_status(run).state == "COMPLETED", 600, "completion")
+    events = [e["event"] for e in run.events()]
+    assert events.index("requeued") < events.index("resumed") < events.index("completed")
+    resumed = next(e for e in run.events() if e["event"] == "resumed")
+    assert resumed["restart"] == 1 and resumed["step"] >= 20
+    assert sorted(p.name for p in run.logs_dir.iterdir()) == [f"{job_id}.0", f"{job_id}.1"]
+    assert checkpoint.find(run.checkpoints_dir()).step == 400
+
+
+def test_cancel_saves_then_resume_finishes(tmp_path):
+    run = _submit_local(tmp_path, 400)
+    _wait_for(lambda: any(r["step"] >= 10 for r in run.metrics()), 300, "step 10")
+    r = subprocess.run([sys.executable, "-m", "clusterfsdp.cli", "cancel", str(run.path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr
+    st = status.run_status(run)
+    assert st.state == "CANCELLED" and "saved step" in st.reason
+    saved = checkpoint.find(run.checkpoints_dir()).step
+    assert saved >= 10
+    r = subprocess.run([sys.executable, "-m", "clusterfsdp.cli", "resume", str(run.path), "--executor", "local",
+                        "--set", "train.steps=" + str(saved + 10), "--follow"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"resumes from step {saved}" in r.stdout
+    assert len(run.attempts) == 2 and status.run_status(run).state == "COMPLETED"
+    assert checkpoint.find(run.checkpoints_dir()).step == saved + 10
