@@ -29,6 +29,22 @@ COMPLETE = "clusterfsdp.json"
 _STEP = re.compile(r"^step-(\d+)$")
 
 
+class CheckpointError(RuntimeError):
+    """A save or load that failed, with each failing rank's cause in one line (DCP's own
+    CheckpointException is a BaseException carrying full tracebacks)."""
+
+
+def _dcp_call(what: str, fn, *args, **kwargs):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        return fn(*args, **kwargs)
+    except CheckpointException as e:
+        causes = sorted({f"{type(exc).__name__}: {exc}" for exc, _ in e.failures.values()})
+        ranks = ",".join(map(str, sorted(e.failures)))
+        raise CheckpointError(f"{what} failed on rank(s) {ranks}: {'; '.join(causes)}") from None
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     path: Path
@@ -105,7 +121,6 @@ class Checkpointer:
     def save(self, step: int, meta: dict[str, Any], *, blocking: bool = False) -> float:
         """Save at `step`; returns the seconds training was blocked. Async unless `blocking`."""
         import torch
-        import torch.distributed.checkpoint as dcp
 
         t0 = time.perf_counter()
         self.wait()  # the previous async save must finish first
@@ -123,13 +138,22 @@ class Checkpointer:
         (partial / "rng").mkdir(exist_ok=True)
         torch.save(rng, partial / "rng" / f"rank{self.rank}.pt")
         meta = {**meta, "step": step, "world_size": self.world_size, "saved": time.time()}
+        try:
+            self._write(partial, final, meta, blocking)
+        except CheckpointError as e:
+            raise CheckpointError(f"{e} [{_free_space(self.root)}]") from None
+        return time.perf_counter() - t0
+
+    def _write(self, partial: Path, final: Path, meta: dict[str, Any], blocking: bool) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        step = meta["step"]
         if self.async_save and not blocking:
             future = dcp.async_save(self._state(), checkpoint_id=str(partial), process_group=self._pg)
             self._pending = (future, partial, final, meta)
         else:
-            dcp.save(self._state(), checkpoint_id=str(partial))
+            _dcp_call(f"saving step {step}", dcp.save, self._state(), checkpoint_id=str(partial))
             self._finalize(partial, final, meta)
-        return time.perf_counter() - t0
 
     def poll(self) -> None:
         """Finalize a finished async save without waiting (cheap; call every step)."""
@@ -141,7 +165,7 @@ class Checkpointer:
             return
         future, partial, final, meta = self._pending
         self._pending = None
-        future.result()
+        _dcp_call(f"saving step {meta['step']} (async)", future.result)
         self._finalize(partial, final, meta)
 
     def _finalize(self, partial: Path, final: Path, meta: dict[str, Any]) -> None:
@@ -164,7 +188,7 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         state = self._state()
-        dcp.load(state, checkpoint_id=str(info.path))
+        _dcp_call(f"loading {info.path.name}", dcp.load, state, checkpoint_id=str(info.path))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rng_file = info.path / "rng" / f"rank{self.rank}.pt"
         if info.meta.get("world_size") == self.world_size and rng_file.is_file():
@@ -173,6 +197,13 @@ class Checkpointer:
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
         return info.meta
+
+
+def _free_space(root: Path) -> str:
+    """'X MiB free on ROOT', flagged when low: DCP reports a full disk only as a serializer error."""
+    free = shutil.disk_usage(root).free
+    note = " - disk full?" if free < 64 * 2**20 else ""
+    return f"{free / 2**20:.1f} MiB free on {root}{note}"
 
 
 def _barrier() -> None:

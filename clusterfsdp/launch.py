@@ -218,6 +218,7 @@ def dry_run(spec: specmod.JobSpec) -> tuple[runs.Run, str]:
     """Prepare a run folder and return the exact sbatch script for it (nothing is queued)."""
     _check_run_root(spec)
     run = runs.create_run(spec, "slurm")
+    run.write_state({**run.state(), "dry_run": True})  # the worker records the hand-submitted job
     script = render_sbatch(spec, run)
     (run.path / "sbatch.sh").write_text(script)
     return run, script

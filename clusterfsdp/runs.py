@@ -115,6 +115,12 @@ class Run:
                 a.update(changes)
         self.write_state(state)
 
+    def ensure_attempt(self, job_id: str, executor: str) -> None:
+        """Record a job the CLI did not submit (a dry-run script given to sbatch by hand); only the
+        worker of a dry-run folder calls this, so it never races with `submit` writing state.json."""
+        if not any(str(a["job_id"]) == job_id for a in self.attempts):
+            self.add_attempt(job_id=job_id, executor=executor, reason="submitted by hand (sbatch)")
+
     @property
     def attempts(self) -> list[dict[str, Any]]:
         return self.state()["attempts"]

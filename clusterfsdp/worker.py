@@ -98,6 +98,8 @@ def run(run_dir: str) -> str:
                 "python": sys.version.split()[0],
             })
         if env.rank == 0:
+            if env.launcher == "slurm" and run.state().get("dry_run"):
+                run.ensure_attempt(env.job_id, "slurm")
             _event(run, env, "start", world_size=env.world_size, nodes=env.num_nodes)
         log(f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
             f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}")

@@ -29,3 +29,6 @@ def _no_inherited_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith(("SLURM_", "SRUN_", "SUBMITIT_")) or key in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
             monkeypatch.delenv(key, raising=False)
+
+
+pytest_plugins = ["slurm_fixtures"]  # the session-wide `slurm_cluster` fixture (real daemons)

@@ -182,3 +182,36 @@ def test_cancel_saves_then_resume_finishes(tmp_path):
     assert f"resumes from step {saved}" in r.stdout
     assert len(run.attempts) == 2 and status.run_status(run).state == "COMPLETED"
     assert checkpoint.find(run.checkpoints_dir()).step == saved + 10
+
+
+def test_full_disk_mid_save_fails_clearly_and_resume_uses_the_last_complete_checkpoint(tmp_path):
+    """Checkpoints go to a real 2 MiB tmpfs: the step-2 checkpoint (~1.3 MB) fits, step 4 does not."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
+    try:
+        run = make_run(JOB, tmp_path, [f"checkpoint.dir={str(disk)!r}", "checkpoint.every_steps=2", "checkpoint.keep_last=3"])
+        out = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], 2, job_id="d1"))
+        assert all(code != 0 for code, _ in out)
+        failed = next(e for e in run.events() if e["event"] == "failed")
+        assert "saving step 4 failed" in failed["reason"] and "disk full?" in failed["reason"], failed
+        assert [c.step for c in checkpoint.list_checkpoints(run.checkpoints_dir())] == [2]
+        subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)  # the user frees space
+        run_workers(run, 2, job_id="d2")
+        assert any(e["event"] == "resumed" and e["step"] == 2 for e in run.events())
+        assert [c.step for c in checkpoint.list_checkpoints(run.checkpoints_dir())] == [4, 6, 8]
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_max_restarts_bounds_requeues(tmp_path):
+    spec = S.loads(JOB, [f"job.run_root={str(tmp_path)!r}", "train.steps=400", "train.log_every=5",
+                         "checkpoint.every_steps=0", "slurm.max_restarts=0"])
+    run = launchmod.submit(spec, "local").run
+    job_id = int(run.attempts[-1]["job_id"])
+    _wait_for(lambda: any(r["step"] >= 10 for r in run.metrics()), 300, "step 10")
+    for pid in _workers_of(job_id):
+        os.kill(pid, signal.SIGUSR2)
+    _wait_for(lambda: status.run_status(run).state == "FAILED", 300, "FAILED")
+    assert "max_restarts = 0" in status.run_status(run).reason
+    assert checkpoint.find(run.checkpoints_dir()).step >= 10  # the state was saved all the same
