@@ -28,6 +28,9 @@
 # Exit codes: 0 ok, 1 failure, 2 not root / bad usage, 3 status: down, 4 missing packages.
 set -euo pipefail
 
+# Daemons and ip(8) live in sbin, which a non-login root shell may lack.
+case ":$PATH:" in *:/usr/sbin:*) ;; *) PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin ;; esac
+export PATH
 SCRIPT_DIR=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
 STATE=${CFDC_STATE:-/tmp/clusterfsdp-devcluster}
 NODES_GIVEN=0
@@ -45,14 +48,15 @@ VETH_PREFIX=cfv-
 ETC_CONF=/etc/slurm/slurm.conf
 MARKER="clusterfsdp-devcluster: generated file; devcluster.sh may overwrite or delete it"
 STATE_MARKER=.clusterfsdp-devcluster
+BRIDGE_ALIAS=clusterfsdp-devcluster
 LOCK_FILE=/run/clusterfsdp-devcluster.lock
 DEB_PACKAGES="slurmctld slurmd slurm-client slurmdbd munge mariadb-server slurm-wlm-mysql-plugin iproute2 util-linux"
 LOGIN_IP=$NET.1
 CTL_IP=$NET.2
 
 say() { echo "devcluster: $*"; }
-die() { echo "devcluster: error: $*" >&2; exit "${2:-1}"; }
-us() { local t=${EPOCHREALTIME/./}; echo "$((10#$t))"; }
+die() { echo "devcluster: error: $1" >&2; exit "${2:-1}"; }
+us() { local t=${EPOCHREALTIME/[.,]/}; echo "$((10#$t))"; }  # microseconds since the epoch
 secs() { # secs START_US -> "1.23"
     local d=$(( $(us) - $1 ))
     printf '%d.%02d' $((d / 1000000)) $(((d % 1000000) / 10000))
@@ -110,7 +114,7 @@ comm_of() {
 
 # alive NAME: the daemon that we started under NAME (pid file $STATE/pids/NAME.pid) is running.
 alive() {
-    local f=$STATE/pids/$1.pid pid comm
+    local f=$STATE/pids/$1.pid pid
     [[ -r $f ]] || return 1
     read -r pid <"$f" || return 1
     [[ $pid =~ ^[0-9]+$ ]] || return 1
@@ -190,6 +194,13 @@ our_namespaces() {
     ip netns list 2>/dev/null | awk '{print $1}' | grep "^${NS_PREFIX}" || true
 }
 
+# our_bridge: $BRIDGE exists and is ours (its alias, or our address on it).
+our_bridge() {
+    local info
+    info=$(ip -d addr show dev "$BRIDGE" 2>/dev/null) || return 1
+    grep -qF "alias $BRIDGE_ALIAS" <<<"$info" || grep -qF "inet $LOGIN_IP/24 " <<<"$info"
+}
+
 # Stop what a previous bring-up left (pid files, namespaces, bridge, state). Used by
 # `down` and, to recover from a crash, at the start of `up`.
 cleanup() {
@@ -238,7 +249,11 @@ cleanup() {
 
     # 4. namespaces (their /run/netns mounts), veths, bridge. `ip netns del` is asynchronous.
     for ns in $(our_namespaces); do ip netns del "$ns" 2>/dev/null || true; done
-    ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE" 2>/dev/null || true
+    if our_bridge; then ip link del "$BRIDGE" 2>/dev/null || true; fi
+    # ...and a bridge of ours under another name (CFDC_BRIDGE changed since the last `up`).
+    for f in $(ip -o link show 2>/dev/null | grep -F "alias $BRIDGE_ALIAS" | awk -F': ' '{print $2}' | sed 's/@.*//'); do
+        ip link del "$f" 2>/dev/null || true
+    done
     t0=$(us)
     while ip -o link show 2>/dev/null | grep -q ": ${VETH_PREFIX}"; do
         for f in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${VETH_PREFIX}" || true); do
@@ -273,6 +288,9 @@ render() { # render TEMPLATE OUT: replace @KEY@ with the values below
 
 check_subnet_free() {
     local used
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then
+        die "a network interface named $BRIDGE exists and is not ours; set CFDC_BRIDGE to another name"
+    fi
     used=$(ip -4 -o addr show 2>/dev/null | awk -v net="$NET." 'index($4, net) == 1 {print $2}' | sort -u | tr '\n' ' ')
     [[ -z $used ]] || die "the subnet $NET.0/24 is already used on: $used; set CFDC_NET=10.x.y to another /24"
     used=$(ip -4 route show 2>/dev/null | awk -v net="$NET." 'index($1, net) == 1' | head -n 1)
@@ -359,6 +377,7 @@ EOF
 setup_network() {
     local ns n
     ip link add "$BRIDGE" type bridge
+    ip link set "$BRIDGE" alias "$BRIDGE_ALIAS"
     ip addr add "$LOGIN_IP/24" dev "$BRIDGE"
     ip link set "$BRIDGE" up
     add_ns() { # add_ns SHORTNAME IP
@@ -388,6 +407,8 @@ install_etc_conf() {
     ETC_NOTE="installed as $ETC_CONF (plain sbatch/srun work without SLURM_CONF)"
 }
 
+ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
+
 nodes_idle() { # all nodes idle (or mixed/alloc: already running something)
     local out
     out=$(sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
@@ -411,11 +432,27 @@ healthy() {
 
 # fail_up MESSAGE: keep the logs (the state folder is deleted), clean up, exit 1.
 fail_up() {
+    UP_RUNNING=0
+    keep_logs
+    cleanup
+    die "$1 (logs kept in ${STATE}-failed-logs)"
+}
+
+keep_logs() {
     local keep=${STATE}-failed-logs
     rm -rf "$keep"
-    [[ -d $STATE/log ]] && cp -r "$STATE/log" "$keep" 2>/dev/null || true
-    cleanup
-    die "$1 (logs kept in $keep)"
+    if [[ -d $STATE/log ]]; then cp -r "$STATE/log" "$keep" 2>/dev/null || true; fi
+}
+
+# Bring-up stopped by anything else (a failing command under set -e, Ctrl-C): same clean-up.
+up_exit_trap() {
+    local rc=$?
+    if [[ ${UP_RUNNING:-0} == 1 ]]; then
+        UP_RUNNING=0
+        echo "devcluster: error: bring-up interrupted (exit $rc); cleaning up (logs kept in ${STATE}-failed-logs)" >&2
+        keep_logs
+        cleanup
+    fi
 }
 
 cmd_up() {
@@ -429,10 +466,20 @@ cmd_up() {
         SLURM_CONF=$STATE/slurm.conf sinfo
         return 0
     fi
+    if [[ -e $STATE/$STATE_MARKER ]]; then
+        if [[ $NODES != "$want_nodes" ]]; then
+            say "rebuilding: the cluster in $STATE has $NODES nodes, not $want_nodes"
+        else
+            say "rebuilding: the cluster in $STATE is not healthy (a daemon stopped, or the machine rebooted)"
+        fi
+    fi
     NODES=$want_nodes
     local t0 t1 n
     t0=$(us)
     t1=$t0
+    UP_RUNNING=1
+    trap up_exit_trap EXIT
+    trap 'exit 130' INT TERM
     cleanup
     local t_clean
     t_clean=$(secs "$t1")
@@ -467,7 +514,7 @@ cmd_up() {
         --pid-file="$STATE/mysql/mariadbd.pid" --log-error="$STATE/log/mariadb.log" \
         --bind-address=127.0.0.1 --port=3306 --skip-name-resolve --skip-log-bin \
         --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900 \
-        --innodb-flush-log-at-trx-commit=2 --innodb-doublewrite=0 --max-connections=100
+        --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --innodb-flush-method=nosync --max-connections=100
     wait_for "mariadbd" 60 "$STATE/log/mariadb.log" test -S "$STATE/mysql/mysqld.sock" ||
         { fail_up "mariadbd did not start"; }
     local t_db
@@ -482,12 +529,14 @@ cmd_up() {
     t1=$(us)
 
     start_in_ns slurmctld "${NS_PREFIX}ctl" ctl env SLURM_CONF="$STATE/slurm.conf" slurmctld -D -i
+    # slurmd registers at once with a controller that answers; otherwise it waits to be pinged.
+    wait_for "slurmctld" 60 "$STATE/log/slurmctld.log" ctld_up || fail_up "slurmctld did not start"
     for ((n = 1; n <= NODES; n++)); do
         start_in_ns "slurmd-node$n" "${NS_PREFIX}node$n" "node$n" \
             env SLURM_CONF="$STATE/slurm.conf" slurmd -D -N "node$n"
     done
     wait_for "all $NODES nodes idle (sinfo)" 60 "$STATE/log/slurmctld.log" nodes_idle ||
-        { say "slurmd logs: $STATE/log/slurmd-node*.log"; cleanup; die "nodes did not come up"; }
+        { fail_up "nodes did not come up (see slurmd-node*.log, slurmctld.log)"; }
     local t_nodes
     t_nodes=$(secs "$t1")
     t1=$(us)
@@ -499,8 +548,9 @@ cmd_up() {
     ETC_NOTE=""
     install_etc_conf
     local name
-    for name in $(daemon_names); do alive "$name" || { fail_up "$name died during bring-up; see $STATE/log"; }; done
+    for name in $(daemon_names); do alive "$name" || { fail_up "$name died during bring-up"; }; done
 
+    UP_RUNNING=0
     sinfo
     say "up in $(secs "$t0") s (cleanup $t_clean, files+network $t_net, munge+mariadb $t_db, slurmdbd $t_dbd, slurmctld+slurmd $t_nodes, accounting $t_acct)"
     say "controller ctl $CTL_IP, nodes node1..node$NODES at $NET.11.., login (this namespace) $LOGIN_IP on $BRIDGE"
@@ -542,7 +592,13 @@ cmd_status() {
         for name in $(daemon_names); do alive "$name" || bad+=("$name"); done
         say "down (broken): not running: ${bad[*]:-none, but sinfo fails}; run 'devcluster.sh up' to recover"
     else
-        say "down (no state at $STATE)"
+        local stale
+        stale=$(our_namespaces | tr '\n' ' ')
+        if [[ -n $stale ]]; then
+            say "down (no state at $STATE, but stale namespaces: $stale; 'devcluster.sh down' or 'up' cleans them)"
+        else
+            say "down (no state at $STATE)"
+        fi
     fi
     return 3
 }

@@ -113,6 +113,26 @@ def test_preemption_signal_saves_requeues_and_resumes(slurm_cluster, tiny_job, t
     assert "REQUEUED" in dup and dup[-1] == "COMPLETED"
 
 
+def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, tmp_path):
+    """With --no-requeue, `scontrol requeue` is refused; rank 0 submits a follow-up job
+    (--dependency=afterany) that resumes from the checkpoint just saved."""
+    r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", "slurm.requeue=false", "--set", "train.steps=300",
+            "--set", "train.log_every=10")
+    assert r.returncode == 0, r.stderr
+    run = only_run(tmp_path / "runs")
+    first = run.attempts[-1]["job_id"]
+    wait_for(lambda: max_step(run) >= 20, 300, "step 20")
+    slurm_cluster.run(["scancel", "--signal=USR2", first])
+    wait_for(lambda: len(run.attempts) == 2, 120, "the follow-up job")
+    second = run.attempts[-1]
+    assert second["reason"].startswith("follow-up: requeue refused")
+    wait_for(lambda: status.run_status(run).state == "COMPLETED", 600, "the follow-up to complete")
+    resumed = next(e for e in run.events() if e["event"] == "resumed")
+    assert resumed["job_id"] == second["job_id"] and resumed["step"] >= 20
+    assert any(e["event"] == "follow_up" and e["job_id_next"] == second["job_id"] for e in run.events())
+    assert checkpoint.find(run.checkpoints_dir()).step == 300
+
+
 def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
     root = str(tmp_path / "runs")
     # pending: held back by a begin time in the future

@@ -1,0 +1,168 @@
+"""pytest fixtures for tests that run against the local multi-node Slurm (slurm/devcluster.sh).
+
+tests/conftest.py loads it for the whole suite (``pytest_plugins = ["slurm_fixtures"]``, with
+tests/ on sys.path), so a test just asks for ``slurm_cluster``; import ``SlurmCluster`` from
+here for type hints only (importing the fixture into a module would make a second instance).
+
+``slurm_cluster`` (session scope) checks ``devcluster.sh status``; when the cluster is not
+up it brings it up (and takes it down again at the end of the session, unless
+CFDC_KEEP=1). It never skips: no root, no packages or a daemon that will not start is a
+test failure, with the script's output in the message.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "slurm" / "devcluster.sh"
+DEFAULT_STATE = Path("/tmp/clusterfsdp-devcluster")
+
+
+def _state_dir() -> Path:
+    value = os.environ.get("CFDC_STATE", "")
+    return Path(value) if value else DEFAULT_STATE
+
+
+def _parse_env_sh(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("export ") and "=" in line:
+            key, _, raw = line[len("export ") :].partition("=")
+            words = shlex.split(raw, comments=True)
+            values[key] = words[0] if words else ""
+    return values
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """The running devcluster, as its env.sh describes it, plus helpers to drive it."""
+
+    state: Path
+    slurm_conf: Path
+    nodes: tuple[str, ...]
+    node_ips: tuple[str, ...]
+    ctl_ip: str
+    login_ip: str
+    netns: tuple[str, ...]
+    partition: str
+    cpus_per_node: int
+    gpus_per_node: int
+    mem_per_node_mb: int
+    first_job_id: int
+    env: dict[str, str] = field(repr=False)
+
+    @classmethod
+    def from_state(cls, state: Path) -> SlurmCluster:
+        v = _parse_env_sh(state / "env.sh")
+        env = dict(os.environ)
+        env["SLURM_CONF"] = v["SLURM_CONF"]
+        return cls(
+            state=state,
+            slurm_conf=Path(v["SLURM_CONF"]),
+            nodes=tuple(v["CFDC_NODE_NAMES"].split()),
+            node_ips=tuple(v["CFDC_NODE_IPS"].split()),
+            ctl_ip=v["CFDC_CTL_IP"],
+            login_ip=v["CFDC_LOGIN_IP"],
+            netns=tuple(v["CFDC_NETNS"].split()),
+            partition=v["CFDC_PARTITION"],
+            cpus_per_node=int(v["CFDC_CPUS_PER_NODE"]),
+            gpus_per_node=int(v["CFDC_GPUS_PER_NODE"]),
+            mem_per_node_mb=int(v["CFDC_MEM_PER_NODE"]),
+            first_job_id=int(v["CFDC_FIRST_JOB_ID"]),
+            env=env,
+        )
+
+    def run(
+        self, argv: Sequence[str], *, timeout: float = 60, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command in the login (root) namespace with SLURM_CONF set."""
+        proc = subprocess.run(
+            list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"{shlex.join(argv)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+            )
+        return proc
+
+    def sbatch(self, args: Sequence[str], *, timeout: float = 60) -> int:
+        """sbatch --parsable ARGS; returns the job id."""
+        out = self.run(["sbatch", "--parsable", *args], timeout=timeout).stdout.strip()
+        return int(out.split(";")[0])
+
+    def squeue_state(self, job_id: int) -> str:
+        """The job's state in squeue (PENDING, RUNNING, ...), or "" once it left the queue."""
+        proc = self.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    def sacct_state(self, job_id: int) -> str:
+        """The allocation's state in sacct (e.g. "COMPLETED", "CANCELLED by 0"), or ""."""
+        proc = self.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], check=False)
+        lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+        return lines[-1] if lines else ""
+
+    def wait_for(
+        self, what: str, predicate: Callable[[], T], timeout: float = 30, interval: float = 0.1
+    ) -> T:
+        """Poll predicate() (sleeping `interval`) until it returns something truthy."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(interval)
+
+    def wait_sacct(self, job_id: int, prefix: str, timeout: float = 30) -> str:
+        """Wait until sacct reports a state starting with `prefix` (sacct lags a little)."""
+        seen: list[str] = []
+
+        def check() -> str:
+            state = self.sacct_state(job_id)
+            seen.append(state)
+            return state if state.startswith(prefix) else ""
+
+        try:
+            return self.wait_for(f"sacct state {prefix} of job {job_id}", check, timeout=timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last states seen: {sorted(set(seen))}") from None
+
+
+def _script(command: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), command], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    assert os.geteuid() == 0, "the Slurm devcluster tests need root (namespaces); run as root"
+    assert SCRIPT.is_file(), f"missing {SCRIPT}"
+    status = _script("status", timeout=60)
+    started = False
+    if status.returncode != 0:
+        up = _script("up", timeout=300)
+        assert up.returncode == 0, (
+            f"devcluster.sh up failed (exit {up.returncode}); status said:\n{status.stdout}{status.stderr}\n"
+            f"up said:\n{up.stdout}\n{up.stderr}"
+        )
+        started = True
+    try:
+        yield SlurmCluster.from_state(_state_dir())
+    finally:
+        if started and os.environ.get("CFDC_KEEP") != "1":
+            _script("down", timeout=120)
