@@ -60,6 +60,11 @@ def fsdp2(model: nn.Module, spec: JobSpec, mesh: DeviceMesh) -> nn.Module:
         # The last layer's params are needed again first in backward: keep them gathered.
         fully_shard(layer, reshard_after_forward=reshard and i < len(layers) - 1, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)
+    # lm_head + cross-entropy fused and chunked (no full logits), run inside the root unit's
+    # forward window like `forward` itself (see loss.py); other architectures keep `forward`.
+    from .loss import attach
+
+    attach(model, compile=f.compile)
     return model
 
 

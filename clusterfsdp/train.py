@@ -119,10 +119,14 @@ def _data_vocab(spec: JobSpec) -> int | None:
 
 
 def _loss_fn(spec: JobSpec):
-    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+    """loss(model, input_ids, labels): lm_head fused with a chunked cross-entropy where the model
+    supports it (see loss.py; full fp32 logits are never formed), else logits + cross-entropy."""
+    from . import loss as lossmod
 
-    return torch.compile(loss) if spec.fsdp.compile else loss
+    def loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return lossmod.causal_lm_loss(model, input_ids, labels, compile=spec.fsdp.compile)
+
+    return loss
 
 
 def train(spec: JobSpec, device: torch.device, rank: int, world_size: int, ckpt_root: Path, cache_dir: Path,
@@ -174,8 +178,7 @@ def train(spec: JobSpec, device: torch.device, rank: int, world_size: int, ckpt_
             last = micro == t.grad_accum - 1
             if hasattr(model, "set_requires_gradient_sync"):
                 model.set_requires_gradient_sync(last)
-            logits = model(input_ids=batch[:, :-1]).logits
-            loss = loss_fn(logits, batch[:, 1:]) / t.grad_accum
+            loss = loss_fn(model, batch[:, :-1], batch[:, 1:]) / t.grad_accum
             loss.backward()
             loss_sum += loss.detach()
         grad_norm = _clip(model, t.max_grad_norm)

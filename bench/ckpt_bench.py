@@ -1,0 +1,256 @@
+"""Checkpoint timings of the real Checkpointer on one GPU (issue 5).
+
+Builds the benchmark model and optimizer with `clusterfsdp.train.build` (FSDP2, 1 rank),
+takes one training step so AdamW's state exists, then times on one filesystem:
+
+- raw write bandwidth of that disk: `dd if=/dev/zero bs=64M conv=fsync` (same call);
+- `Checkpointer.save(blocking=True)`: synchronous DCP save, fsync'ed, renamed into place;
+- `Checkpointer.save()` with checkpoint.async = true: seconds the caller is blocked, and the
+  seconds until the background write is complete;
+- candidate changes (not used by the Checkpointer yet): a FileSystemWriter with several threads;
+  async saves whose host copy is kept in pinned buffers between saves (see `stagers`);
+- `Checkpointer.load()` from the page cache and, where the kernel lets us drop caches, cold;
+  after loading, the weights must equal the saved ones (a training step in between moved them).
+
+    python3 bench/ckpt_bench.py --dir /tmp/cfsdp-ckpt
+    python3 bench/ckpt_bench.py --preset llama-tiny --seq 128 --cpu     # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import bench_job, result, versions  # noqa: E402
+
+
+def du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def dd(folder: Path, gib: int) -> dict:
+    target = folder / "dd.bin"
+    count = max(1, gib * 16)
+    t0 = time.perf_counter()
+    out = subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=64M", f"count={count}", "conv=fsync"],
+                         capture_output=True, text=True)
+    secs = time.perf_counter() - t0
+    size = target.stat().st_size if target.exists() else 0
+    target.unlink(missing_ok=True)
+    last = (out.stderr.strip().splitlines() or [""])[-1]
+    return {"bytes": size, "s": round(secs, 2), "gb_s": round(size / secs / 1e9, 2), "dd_says": last}
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def stagers(a, parts, out, root, async_saver, sync, room) -> None:
+    """Async saves whose host copy lives in pinned buffers kept between saves (what the Checkpointer
+    could use), two saves each: the first allocates and pins the buffers, the later ones reuse them.
+
+    - pinned_cached: `BlockingAsyncStager(cache_staged_state_dict=True)`: the caller waits for the
+      device-to-host copy only, then the write runs in the background;
+    - pinned_async: `DefaultStager` with pinned memory and the copy on a side stream; the caller
+      waits only for the planning, `staged_s` is when the copy is done (the next optimizer step
+      must wait for it). On torch 2.11 its second save fails with KeyError: <class 'type'>
+      (its copy dispatch table is cleared, apparently because that `async_save` closes the
+      caller's stager after each save; newer torch closes only stagers it made itself).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager, DefaultStager, StagingOptions
+
+    makers = {"pinned_cached": lambda: BlockingAsyncStager(cache_staged_state_dict=True),
+              "pinned_async": lambda: DefaultStager(StagingOptions(True, False, True, True))}
+    for name in [n for n in makers if n in parts]:
+        stager = makers[name]()
+        rows = out[name] = []  # (rows so far are reported if a later save fails)
+        for i in range(max(2, a.repeat)):
+            if not room(name):
+                break
+            target = root / f"{name}-{i}"
+            sync()
+            t0 = time.perf_counter()
+            res = dcp.async_save(async_saver._state(), checkpoint_id=str(target), process_group=async_saver._pg,
+                                 async_stager=stager)
+            blocked = time.perf_counter() - t0
+            staged = None
+            if hasattr(res, "staging_completion"):
+                res.staging_completion.result()
+                staged = time.perf_counter() - t0
+                res = res.upload_completion
+            res.result()
+            rows.append({"blocked_s": round(blocked, 3), "staged_s": round(staged, 3) if staged else None,
+                         "done_s": round(time.perf_counter() - t0, 2)})
+            print("async save", name, rows[-1], flush=True)
+            shutil.rmtree(target, ignore_errors=True)
+        stager.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dir", default=os.environ.get("BENCH_CKPT_DIR", "/tmp/cfsdp-ckpt"))
+    p.add_argument("--preset", default="llama-1b")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--bs", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=2, help="saves of each kind")
+    p.add_argument("--dd-gib", type=int, default=8)
+    p.add_argument("--parts", default="dd,sync,writer,async,pinned_cached,pinned_async,load",
+                   help="what to measure (comma list; see the module docstring)")
+    p.add_argument("--writer-threads", type=int, default=8, help="FileSystemWriter threads for the 'writer' part")
+    p.add_argument("--budget-s", type=float, default=0, help="skip saves that would end past this many seconds")
+    p.add_argument("--cpu", action="store_true")
+    a = p.parse_args()
+    parts = set(a.parts.split(","))
+    t_start = time.perf_counter()
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from clusterfsdp import checkpoint as ckpt
+    from clusterfsdp import distenv, spec as specmod, train
+
+    env = distenv.from_environ()
+    os.environ.update(env.export())
+    if a.cpu:
+        device, backend = torch.device("cpu"), "gloo"
+    else:
+        device, backend = torch.device("cuda", 0), "nccl"
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
+    root = Path(a.dir)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    spec = bench_job(name="ckpt", run_root=str(root / "runs"), preset=a.preset, seq=a.seq, bs=a.bs, compile=False,
+                     mixed_precision="fp32" if a.cpu else "bf16", gpus=0 if a.cpu else 1)
+    spec_text = specmod.dumps(spec)
+    model, opt, config, n_params = train.build(spec, device, 1, None)
+    loss_fn = train._loss_fn(spec)
+    gen = torch.Generator().manual_seed(0)
+
+    def step() -> float:
+        batch = torch.randint(0, config.vocab_size, (a.bs, a.seq + 1), generator=gen).to(device)
+        loss = loss_fn(model, batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    step()
+    sync()
+    out: dict = {"n_params": n_params, "disk": subprocess.run(["df", "-h", str(root)], capture_output=True,
+                                                              text=True).stdout.strip().splitlines()[-1]}
+    if "dd" in parts:
+        out["dd"] = dd(root, a.dd_gib)
+        print("dd", out["dd"], flush=True)
+
+    meta = {"consumed": 0, "tokens_seen": 0}
+    est = {"save_s": 0.0}  # duration of the last save, to stay inside --budget-s
+
+    def room(kind: str) -> bool:
+        ok = not a.budget_s or time.perf_counter() - t_start + 1.5 * est["save_s"] + 10 < a.budget_s
+        if not ok:
+            print(f"skipping {kind}: --budget-s {a.budget_s} reached", flush=True)
+        return ok
+    ck = root / "checkpoints"
+    sync_saver = ckpt.Checkpointer(ck, model, opt, 0, 1, spec_text, 1, async_save=False)
+    saves = []
+    step_no = 0
+    for _ in range(a.repeat if "sync" in parts else int("load" in parts)):
+        if saves and not room("sync save"):
+            break
+        step_no += 1
+        sync()
+        secs = sync_saver.save(step_no, meta, blocking=True)
+        est["save_s"] = secs
+        size = du(ckpt.step_dir(ck, step_no))
+        saves.append({"s": round(secs, 2), "gb": round(size / 1e9, 2), "gb_s": round(size / secs / 1e9, 2)})
+        print("sync save", saves[-1], flush=True)
+    out["sync"] = saves  # (at least one when loading: the load part reads it back)
+
+    if "writer" in parts and room("writer"):
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        target = root / "writer"
+        sync()
+        t0 = time.perf_counter()
+        dcp.save(sync_saver._state(), storage_writer=FileSystemWriter(str(target), thread_count=a.writer_threads))
+        secs = time.perf_counter() - t0
+        size = du(target)
+        out["writer"] = {"threads": a.writer_threads, "s": round(secs, 2), "gb_s": round(size / secs / 1e9, 2)}
+        print("sync dcp.save, FileSystemWriter threads", out["writer"], flush=True)
+        shutil.rmtree(target, ignore_errors=True)
+
+    async_saver = ckpt.Checkpointer(ck, model, opt, 0, 1, spec_text, 1, async_save=True)
+    asyncs = []
+    for _ in range(a.repeat if "async" in parts else 0):
+        if not room("async save"):
+            break
+        step_no += 1
+        sync()
+        t0 = time.perf_counter()
+        blocked = async_saver.save(step_no, meta)
+        while async_saver._pending is not None and not async_saver._pending[0].done():
+            time.sleep(0.01)
+        async_saver.wait()
+        total = time.perf_counter() - t0
+        asyncs.append({"blocked_s": round(blocked, 3), "done_s": round(total, 2)})
+        print("async save (Checkpointer)", asyncs[-1], flush=True)
+    out["async"] = asyncs
+
+    if parts & {"pinned_cached", "pinned_async"} and device.type == "cuda":
+        try:
+            stagers(a, parts, out, root, async_saver, sync, room)
+        except Exception as e:  # noqa: BLE001 - a torch without these stager options: report, keep going
+            out["stagers_error"] = f"{type(e).__name__}: {e}"[:300]
+            print("stagers failed:", out["stagers_error"], flush=True)
+
+    # load: move the weights with a training step, load the last checkpoint, compare
+    info = ckpt.find(ck)
+    probe = next(iter(model.parameters()))
+    local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
+    saved_sum = float(local(probe.detach()).double().sum())
+    loads = []
+    for cold in (False, True) if "load" in parts else ():
+        step()
+        sync()
+        moved = float(local(probe.detach()).double().sum())
+        dropped = drop_caches() if cold else False
+        if cold and not dropped:
+            break
+        t0 = time.perf_counter()
+        sync_saver.load(info)
+        sync()
+        secs = time.perf_counter() - t0
+        after = float(local(probe.detach()).double().sum())
+        size = du(info.path)
+        loads.append({"cold": cold, "s": round(secs, 2), "gb_s": round(size / secs / 1e9, 2),
+                      "restored": after == saved_sum and moved != saved_sum})
+        print("load", loads[-1], flush=True)
+    out["load"] = loads
+    if device.type == "cuda":
+        out["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+    result("ckpt", preset=a.preset, dir=str(root), **out, **versions())
+    shutil.rmtree(root, ignore_errors=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""The causal-LM loss without the full logits tensor.
+
+With a 128k vocabulary the logits of one micro-batch are the largest tensors of the step
+(8 × 2048 tokens × 128256 × 4 bytes = 8.4 GB in fp32, plus their gradient), and an
+unfused cross-entropy over them costs several passes through that memory.
+`linear_cross_entropy` computes lm_head and the cross-entropy together, a chunk of tokens
+at a time: for each chunk it forms the logits (matmul in the compute dtype, fp32
+accumulation), the loss and d loss / d logits with fp32 math (log-sum-exp, softmax), and
+immediately turns that gradient into the gradients of the hidden states and of the lm_head
+weight (accumulated in fp32 across chunks). Only one chunk of logits ever exists, and
+backward is two scalings of tensors computed in forward. The matmul FLOPs are the same as
+the unfused forward + backward: nothing is recomputed.
+
+`attach(model, compile=...)` gives a supported HF causal LM (logits = lm_head(hidden),
+no bias, no logit scaling or soft-capping) a `clusterfsdp_loss(input_ids, labels)`
+method; under FSDP2 it is registered as a forward method, so the root unit's parameters
+(the tied embedding / lm_head) are gathered around it exactly as around `forward`.
+`causal_lm_loss` uses that method when present and otherwise falls back to
+`model(input_ids).logits` + cross-entropy (FSDP1, other architectures).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+# Largest chunk of logits formed at once, in elements (2**29: 1 GiB of bf16 logits, and as much
+# again for their gradient; 4096 tokens of a 128k vocabulary).
+CHUNK_ELEMENTS = 2**29
+# Architectures whose logits are exactly lm_head(final hidden state): no bias, scaling or capping.
+FUSED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+
+
+def _ce_chunk(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, grad_dtype: torch.dtype):
+    """Summed cross-entropy of one chunk and d(summed loss)/d(logits), with fp32 math."""
+    x = logits.float()
+    valid = labels != ignore_index
+    safe = torch.where(valid, labels, 0)
+    lse = torch.logsumexp(x, dim=-1)
+    target = x.gather(1, safe.unsqueeze(1)).squeeze(1)
+    loss = torch.where(valid, lse - target, 0.0).sum()
+    probs = torch.exp(x - lse.unsqueeze(1))
+    hit = torch.arange(x.shape[1], device=x.device).unsqueeze(0) == safe.unsqueeze(1)
+    grad = torch.where(valid.unsqueeze(1), probs - hit.to(probs.dtype), 0.0)
+    return loss, grad.to(grad_dtype)
+
+
+_compiled_ce: Callable | None = None
+
+
+def _ce(compile: bool) -> Callable:
+    global _compiled_ce
+    if not compile:
+        return _ce_chunk
+    if _compiled_ce is None:
+        _compiled_ce = torch.compile(_ce_chunk, dynamic=False)
+    return _compiled_ce
+
+
+_OUT_DTYPE_MM: bool | None = None  # whether addmm(..., out_dtype=float32) works here (CUDA, torch >= 2.8)
+
+
+def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """acc (fp32) + a @ b, with a and b in the compute dtype and the sum kept in fp32."""
+    global _OUT_DTYPE_MM
+    if a.dtype == torch.float32:
+        return acc.addmm_(a, b)
+    if _OUT_DTYPE_MM is not False and a.is_cuda:
+        try:
+            out = torch.addmm(acc, a, b, out_dtype=torch.float32)
+            _OUT_DTYPE_MM = True
+            return out
+        except (RuntimeError, TypeError):
+            _OUT_DTYPE_MM = False
+    return acc.add_(torch.mm(a, b))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, ignore_index: int, chunk: int, ce: Callable, grad_enabled: bool):
+        # (needs_input_grad is also true under no_grad: the caller passes the grad mode)
+        need_h, need_w = grad_enabled and ctx.needs_input_grad[0], grad_enabled and ctx.needs_input_grad[1]
+        n = hidden.shape[0]
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        for start in range(0, n, chunk):
+            h, y = hidden[start:start + chunk], labels[start:start + chunk]
+            logits = torch.mm(h, weight.t())
+            loss, g = ce(logits, y, ignore_index, hidden.dtype)
+            del logits
+            total += loss
+            if need_h:
+                torch.mm(g, weight, out=grad_h[start:start + chunk])
+            if need_w:
+                grad_w = _accumulate(grad_w, g.t(), h)
+        count = (labels != ignore_index).sum()
+        ctx.weight_dtype = weight.dtype
+        ctx.save_for_backward(grad_h, grad_w, count)
+        return total / count
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w, count = ctx.saved_tensors
+        scale = grad_out.float() / count
+        gh = grad_h * scale if grad_h is not None and ctx.needs_input_grad[0] else None
+        gw = (grad_w * scale).to(ctx.weight_dtype) if grad_w is not None and ctx.needs_input_grad[1] else None
+        return gh, gw, None, None, None, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                         ignore_index: int = IGNORE_INDEX, compile: bool = False,
+                         chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """mean over non-ignored tokens of cross_entropy(hidden @ weight.T, labels), chunked.
+
+    hidden: (..., H) in the compute dtype; weight: (V, H); labels: (...) int.
+    """
+    h = hidden.reshape(-1, hidden.shape[-1])
+    y = labels.reshape(-1)
+    n, vocab = h.shape[0], weight.shape[0]
+    pieces = max(1, -(-n * vocab // chunk_elements))
+    chunk = -(-n // pieces)  # equal chunks: one compiled shape
+    return _LinearCrossEntropy.apply(h, weight, y, ignore_index, chunk, _ce(compile), torch.is_grad_enabled())
+
+
+def _fused_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Bound to the HF model by `attach`: decoder stack, then lm_head fused with the loss."""
+    hidden = self.base_model(input_ids=input_ids).last_hidden_state
+    return linear_cross_entropy(hidden, self.get_output_embeddings().weight, labels,
+                                compile=self._clusterfsdp_compile_loss)
+
+
+def supports_fused(model: torch.nn.Module) -> bool:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return (type(model).__name__ in FUSED_ARCHITECTURES and isinstance(head, torch.nn.Linear)
+            and head.bias is None and getattr(model, "base_model", model) is not model)
+
+
+def attach(model: torch.nn.Module, *, compile: bool) -> bool:
+    """Give `model` the fused `clusterfsdp_loss` method (an FSDP2 forward method when sharded)."""
+    if not supports_fused(model):
+        return False
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    model._clusterfsdp_compile_loss = compile
+    model.clusterfsdp_loss = types.MethodType(_fused_loss, model)
+    register_fsdp_forward_method(model, "clusterfsdp_loss")
+    return True
+
+
+def _logits_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+_compiled_logits_loss: Callable | None = None
+
+
+def causal_lm_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, *,
+                   compile: bool = False) -> torch.Tensor:
+    """Mean next-token cross-entropy; `labels` are the already shifted targets of `input_ids`."""
+    global _compiled_logits_loss
+    fused = getattr(model, "clusterfsdp_loss", None)
+    if fused is not None:
+        return fused(input_ids, labels)
+    logits = model(input_ids=input_ids).logits
+    if compile:
+        if _compiled_logits_loss is None:
+            _compiled_logits_loss = torch.compile(_logits_loss)
+        return _compiled_logits_loss(logits, labels)
+    return _logits_loss(logits, labels)

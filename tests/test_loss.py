@@ -1,0 +1,87 @@
+"""clusterfsdp/loss.py: the fused, chunked lm_head + cross-entropy equals logits + F.cross_entropy.
+
+Fast, one process, CPU, float32: loss and gradients must agree within 1e-5.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from clusterfsdp import loss as lossmod
+from clusterfsdp.presets import PRESETS
+
+
+def _tiny_llama(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(**PRESETS["llama-tiny"])
+    config._attn_implementation = "sdpa"
+    config.use_cache = False
+    return LlamaForCausalLM(config).float()
+
+
+def _batch(vocab: int, bs: int = 3, seq: int = 17, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (bs, seq + 1), generator=torch.Generator().manual_seed(seed))
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("chunk_elements", [lossmod.CHUNK_ELEMENTS, 1000])  # one chunk; many uneven chunks
+def test_linear_cross_entropy_matches_unfused(chunk_elements: int) -> None:
+    torch.manual_seed(0)
+    n, hidden_size, vocab = 51, 64, 260
+    hidden = torch.randn(n, hidden_size, requires_grad=True)
+    weight = (0.1 * torch.randn(vocab, hidden_size)).requires_grad_()
+    labels = torch.randint(0, vocab, (n,))
+    labels[::7] = lossmod.IGNORE_INDEX  # ignored tokens count neither in the sum nor in the mean
+
+    ref = F.cross_entropy(hidden @ weight.t(), labels, ignore_index=lossmod.IGNORE_INDEX)
+    ref_gh, ref_gw = torch.autograd.grad(2.5 * ref, (hidden, weight))
+    got = lossmod.linear_cross_entropy(hidden, weight, labels, chunk_elements=chunk_elements)
+    gh, gw = torch.autograd.grad(2.5 * got, (hidden, weight))  # a non-unit upstream gradient
+
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gh, ref_gh, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gw, ref_gw, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_lm_loss_fused_equals_logits_path() -> None:
+    """The whole llama-tiny model: attached fused loss vs model(...).logits + cross-entropy."""
+    plain, fused = _tiny_llama(), _tiny_llama()
+    assert lossmod.attach(fused, compile=False)
+    assert not hasattr(plain, "clusterfsdp_loss")
+    batch = _batch(plain.config.vocab_size)
+    inputs, labels = batch[:, :-1], batch[:, 1:]
+
+    ref = lossmod.causal_lm_loss(plain, inputs, labels)
+    got = lossmod.causal_lm_loss(fused, inputs, labels)
+    ref.backward()
+    got.backward()
+
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    ref_grads, got_grads = _grads(plain), _grads(fused)
+    assert ref_grads.keys() == got_grads.keys() and "model.embed_tokens.weight" in got_grads  # tied lm_head
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(got_grads[name], g, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_fused_loss_without_grad() -> None:
+    model = _tiny_llama()
+    lossmod.attach(model, compile=False)
+    batch = _batch(model.config.vocab_size)
+    with torch.no_grad():
+        got = lossmod.causal_lm_loss(model, batch[:, :-1], batch[:, 1:])
+        ref = F.cross_entropy(model(input_ids=batch[:, :-1]).logits.flatten(0, 1), batch[:, 1:].flatten())
+    assert not got.requires_grad
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_head_keeps_forward() -> None:
+    model = _tiny_llama()
+    model.lm_head = torch.nn.Linear(64, 260, bias=True)
+    assert not lossmod.supports_fused(model) and not lossmod.attach(model, compile=False)
