@@ -345,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run-root", default="./runs")
     s.add_argument("--serve", action="store_true", help="serve it to a browser on localhost")
     s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--refresh", type=float, metavar="SECONDS",
+                   help="seconds between queue refreshes (default: $CLUSTERFSDP_TUI_REFRESH_S or 10)")
     s.set_defaults(fn=cmd_tui)
     return p
 

@@ -1,0 +1,231 @@
+"""The TUI's pure parts: log reading by offsets, the form model, estimates, plotting, metrics,
+checkpoint listing and the queue join. No app is started here."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import pytest
+from tui_helpers import FakeSlurm, job, make_run
+
+from clusterfsdp import slurmcli
+from clusterfsdp import spec as S
+from clusterfsdp.tui import form
+from clusterfsdp.tui.checkpoints import scan
+from clusterfsdp.tui.estimate import estimate
+from clusterfsdp.tui.logtail import ERRORS, LogFile, compile_query
+from clusterfsdp.tui.metrics_tail import MetricsTail
+from clusterfsdp.tui.plot import chart
+from clusterfsdp.tui.queue_rows import collect
+
+
+# ---------------------------------------------------------------- logtail
+@pytest.fixture
+def log(tmp_path):
+    """~2 MB of numbered lines with one traceback in the middle; chunks of 64 KB force many blocks."""
+    lines = [f"line {i:06d} step {i} loss {i % 7}.0" for i in range(60_000)]
+    lines[31_234] = "Traceback (most recent call last):"
+    path = tmp_path / "rank0.log"
+    path.write_text("\n".join(lines) + "\n")
+    return path, lines
+
+
+def test_tail_reads_only_the_end_and_starts_at_a_line(log):
+    path, lines = log
+    f = LogFile(path)
+    chunk = f.tail(max_bytes=4096)
+    assert chunk.lines[-1] == lines[-1] and chunk.lines[0] in lines and len(chunk.lines) < 200
+    assert chunk.end == path.stat().st_size == f.end
+    with open(path, "rb") as fh:  # offsets point at the lines they belong to
+        fh.seek(chunk.offsets[5])
+        assert fh.readline().decode().rstrip("\n") == chunk.lines[5]
+
+
+def test_read_new_returns_only_appended_lines_and_rereads_a_partial_line(log):
+    path, _ = log
+    f = LogFile(path)
+    f.tail()
+    assert f.read_new().lines == []
+    with open(path, "a") as fh:
+        fh.write("new one\nhalf")
+    chunk = f.read_new()
+    assert chunk.lines == ["new one", "half"] and chunk.partial
+    with open(path, "a") as fh:
+        fh.write(" done\n")
+    chunk = f.read_new()
+    assert chunk.lines == ["half done"] and not chunk.partial and chunk.offsets[0] == f.end - len("half done\n")
+
+
+def test_read_new_resets_when_the_file_shrinks_or_floods(log):
+    path, _ = log
+    f = LogFile(path)
+    f.tail()
+    path.write_text("rewritten\n")
+    assert f.read_new().reset
+    f.tail()
+    with open(path, "a") as fh:
+        fh.write("x" * 100 + "\n")
+    assert f.read_new(max_bytes=50).reset
+
+
+def test_search_forward_and_backward_cross_chunk_boundaries(log):
+    path, lines = log
+    f = LogFile(path, chunk_bytes=65536)
+    size = path.stat().st_size
+    hit = f.search_forward(ERRORS, 0)
+    assert f.after(hit, 100).lines[0] == lines[31_234]
+    assert f.search_backward(ERRORS, size) == hit
+    assert f.search_forward(ERRORS, hit + 1 + len(lines[31_234])) is None
+    assert f.search_backward(ERRORS, hit) is None
+    q = compile_query("LINE 000007 ")  # capitals: case-sensitive, so no match
+    assert f.search_forward(q, 0) is None
+    q = compile_query("line 059999 ")
+    assert f.after(f.search_forward(q, 0), 100).lines[0] == lines[59_999]
+    assert f.before(f.search_backward(compile_query("line 000000"), size), 10**6).lines == []
+
+
+def test_search_checks_every_candidate_line_with_the_pattern(tmp_path):
+    """Literals only find candidates: 'Errors' and 'KilledBy' contain a literal of ERRORS but do
+    not match it (word boundaries), so the search goes on to the real error, both ways."""
+    lines = ["ok", "Errors: 0", "KilledBy nobody", "step 1 loss 2", "ValueError: bad", "Errors: 0", "ok"]
+    path = tmp_path / "rank0.log"
+    path.write_text("\n".join(lines) + "\n")
+    f = LogFile(path)
+    starts = [sum(len(x) + 1 for x in lines[:i]) for i in range(len(lines))]
+    assert f.search_forward(ERRORS, 0) == starts[4]
+    assert f.search_backward(ERRORS, path.stat().st_size) == starts[4]
+    assert f.search_backward(ERRORS, starts[4]) is None
+    assert f.search_forward(compile_query("valueerror"), 0) == starts[4]  # lower case: any case
+    assert f.search_forward(compile_query("Valueerror"), 0) is None  # a capital: exact case
+
+
+def test_before_after_and_around_give_adjacent_windows(log):
+    path, lines = log
+    f = LogFile(path)
+    mid = f.search_forward(compile_query("line 030000 "), 0)
+    above, below = f.before(mid, 2000), f.after(mid, 2000)
+    assert above.lines[-1] == lines[29_999] and below.lines[0] == lines[30_000]
+    assert above.end == mid == below.start
+    around = f.around(mid, 8000)
+    assert lines[30_000] in around.lines and around.lines.index(lines[30_000]) < len(around.lines) // 2
+
+
+# ---------------------------------------------------------------- form
+def test_every_schema_key_has_a_field_with_its_doc():
+    for section in S.SECTIONS:
+        if section == "env":
+            assert form.BY_PATH["env"].kind == "toml"
+            continue
+        for key, f in S.section_fields(section).items():
+            assert form.BY_PATH[f"{section}.{key}"].doc == f.metadata["doc"]
+    kinds = {p: f.kind for p, f in form.BY_PATH.items()}
+    assert kinds["slurm.nodes"] == "number" and kinds["slurm.time"] == "time" and kinds["fsdp.version"] == "choice"
+    assert kinds["slurm.exclusive"] == "bool" and kinds["data.paths"] == "toml" and kinds["checkpoint.async"] == "bool"
+
+
+def test_review_reports_validates_messages_by_field():
+    raw = {f.path: form.display(f, f.default) for f in form.FIELDS}
+    raw.update({"slurm.nodes": "0", "train.lr": "fast", "data.paths": '["a.txt"', "data.source": "synthetic"})
+    r = form.review(raw)
+    assert r.spec is None
+    assert r.for_field("train.lr") == ["train.lr: expected number, found string 'fast'"]
+    (paths_error,) = r.for_field("data.paths")
+    assert paths_error.startswith("data.paths: not a TOML value")
+    raw.update({"train.lr": "3e-4", "data.paths": "[]"})  # types fixed: validate's cross-field checks run
+    assert form.review(raw).errors == ["slurm.nodes: must be >= 1, found 0"]
+    raw.update({"slurm.nodes": "2", "train.lr": "3e-4", "data.paths": "[]", "slurm.time": "01:00:00"})
+    r = form.review(raw)
+    assert r.errors == [] and r.spec.slurm.nodes == 2 and r.spec.slurm.time == "01:00:00"
+
+
+def test_from_toml_round_trips_values_and_keeps_short_files_short(tmp_path):
+    text = '[slurm]\nnodes = 2\ntime = "1-00:00:00"\nbogus = 1\n[train]\nlr = 3e-3\n[env]\nNCCL_DEBUG = "WARN"\n'
+    values, present, problems = form.from_toml(text)
+    assert problems == ["slurm.bogus: unknown key (ignored)"]
+    assert present == {"slurm.nodes", "slurm.time", "train.lr", "env"}
+    raw = {f.path: form.display(f, values[f.path]) for f in form.FIELDS}
+    r = form.review(raw)
+    assert r.errors == []
+    saved = form.dumps(form.to_data(r.values, keep=present))
+    assert tomllib.loads(saved) == {"slurm": {"nodes": 2, "time": "1-00:00:00"}, "train": {"lr": 0.003},
+                                    "env": {"NCCL_DEBUG": "WARN"}}
+    assert S.loads(saved).train.lr == 0.003
+
+
+def test_errors_map_to_the_longest_field_path():
+    assert form.field_of("slurm.extra.gres-flags: not an sbatch option name") == "slurm.extra"
+    assert form.field_of("data.paths[0]: expected string") == "data.paths"
+    assert form.field_of("env.1BAD: not a valid environment variable name") == "env"
+    assert form.field_of("not valid TOML: x") is None
+
+
+# ---------------------------------------------------------------- estimate, plot, metrics
+def test_memory_estimate_shards_state_over_the_shard_group():
+    spec = S.loads('[model]\npreset = "llama-1b"\n[slurm]\nnodes = 2\ngpus_per_node = 8\n'
+                   '[fsdp]\nsharding = "full"\n')
+    m = estimate(spec)
+    assert 1.2e9 < m.params < 1.3e9 and m.shard_group == 16
+    assert m.state_bytes == pytest.approx(16 * m.params / 16)
+    hybrid = estimate(S.loads('[model]\npreset = "llama-1b"\n[slurm]\nnodes = 2\ngpus_per_node = 8\n'))
+    assert hybrid.shard_group == 8 and hybrid.state_bytes == pytest.approx(2 * m.state_bytes)
+    grad_op = estimate(S.loads('[model]\npreset = "llama-1b"\n[slurm]\ngpus_per_node = 8\n[fsdp]\nsharding = "grad_op"\n'))
+    assert grad_op.gathered_bytes == pytest.approx(2 * m.params)  # whole model in bf16
+    assert estimate(S.loads('[model]\nname_or_path = "org/some-hub-model"\n')) is None
+
+
+def test_chart_draws_a_falling_curve_with_labels():
+    lines = chart([10, 20, 30, 40], [4.0, 3.0, 2.5, 2.0], width=40, height=8)
+    assert len(lines) == 8 and all(len(line) == 40 for line in lines)
+    assert lines[0].startswith("4│") and lines[6].startswith("2│") and lines[-1].strip().startswith("└10")
+    assert lines[-1].endswith("40")
+    first_col = [line[2] for line in lines[:7]]
+    assert first_col[0] != "\u2800" and lines[6][-1] != "\u2800"  # starts top-left, ends bottom-right
+
+
+def test_metrics_tail_reads_appended_rows_and_keeps_the_newest_per_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 10, "loss": 4.0}\n{"step": 20, "loss": 3.0}\n{"step": 30, "lo')
+    tail = MetricsTail(path)
+    assert tail.read_new() and [p.step for p in tail.points()] == [10, 20]
+    assert not tail.read_new()
+    with open(path, "a") as f:  # the torn row completes; a resume logs step 20 again
+        f.write('ss": 2.0}\n{"step": 20, "loss": 2.9, "mfu": 0.41}\n')
+    assert tail.read_new()
+    assert [(p.step, p.loss) for p in tail.points()] == [(10, 4.0), (20, 2.9), (30, 2.0)]
+    assert tail.points()[1].mfu == 0.41
+
+
+# ---------------------------------------------------------------- checkpoints, queue
+def test_checkpoint_scan_lists_complete_partial_and_set_aside(tmp_path):
+    run = make_run(tmp_path / "runs", checkpoints=(20, 40), partial=(60,))
+    root = run.path / "checkpoints"
+    (root / "set-aside" / "step-00000080-1767268900").mkdir(parents=True)
+    rows = scan(root)
+    assert [(r.step, r.state) for r in rows] == [(80, "set aside"), (60, "partial"), (40, "complete"), (20, "complete")]
+    assert rows[2].size == 51_000 + len('{"step": 40, "saved": 1767268840.0, "world_size": 2}')
+    assert rows[2].resumable and not rows[1].resumable
+
+
+def test_collect_makes_one_squeue_call_and_asks_sacct_only_for_jobs_that_left(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, "20260101-120000-aaaa", executor="slurm", job_id="101", end=None)
+    make_run(root, "20260101-110000-bbbb", executor="slurm", job_id="99", end=None)
+    make_run(root, "20260101-100000-cccc", executor="local", job_id="5")
+    slurm = FakeSlurm(jobs={"101": job("101", "RUNNING", "tiny-cpu"), "202": job("202", "PENDING", "eval",
+                                                                                   reason="Priority")},
+                      finished={"99": slurmcli.JobRow("99", "TIMEOUT", "", "10:00", "node1", "0:0")})
+    rows, error = collect(root, slurm)
+    assert error == "" and slurm.calls == {"squeue": 1, "sacct": 1} and slurm.sacct_ids == [["99"]]
+    assert [(r.label, r.state) for r in rows] == [("20260101-120000-aaaa", "RUNNING"), ("20260101-110000-bbbb", "TIMEOUT"),
+                                                  ("20260101-100000-cccc", "COMPLETED"), ("job 202", "PENDING")]
+    assert rows[-1].key == "job:202" and rows[-1].run is None and "Priority" in rows[-1].reason
+    assert re.match(r"tiny-cpu", rows[0].name) and rows[0].step == "40/40"
+
+
+def test_collect_survives_slurm_being_down(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, executor="local")
+    slurm = FakeSlurm(error="squeue: no answer within 30 s (is slurmctld up?)")
+    rows, error = collect(root, slurm)
+    assert error.startswith("squeue: no answer") and rows[0].state == "COMPLETED" and slurm.calls["sacct"] == 0

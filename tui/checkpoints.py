@@ -1,0 +1,57 @@
+"""A run's checkpoints as the run screen lists them: complete ones (resumable), partial ones
+(a save that never finished: a crash, kill -9, a full disk) and ones set aside by a resume
+from an older step. Sizes and times come from the folders, read in a worker."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from clusterfsdp import checkpoint
+
+_PARTIAL = re.compile(r"^\.step-(\d+)\.partial$")
+_SET_ASIDE = re.compile(r"^step-(\d+)-\d+$")
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    step: int
+    path: Path
+    state: Literal["complete", "partial", "set aside"]
+    saved: float  # when it was completed (or last written to, for the others)
+    size: int
+
+    @property
+    def resumable(self) -> bool:
+        return self.state == "complete"
+
+
+def folder_size(path: Path) -> int:
+    total = 0
+    for parent, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(parent, name)).st_size
+            except OSError:
+                pass  # deleted by keep_last while we looked
+    return total
+
+
+def scan(root: Path) -> list[CheckpointRow]:
+    """Every checkpoint folder under `root`, newest step first."""
+    rows = [CheckpointRow(c.step, c.path, "complete", float(c.meta.get("saved") or c.path.stat().st_mtime),
+                          folder_size(c.path)) for c in checkpoint.list_checkpoints(root)]
+    for pattern, folder, state in ((_PARTIAL, root, "partial"), (_SET_ASIDE, root / "set-aside", "set aside")):
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            m = pattern.match(p.name)
+            if m:
+                try:
+                    rows.append(CheckpointRow(int(m.group(1)), p, state, p.stat().st_mtime, folder_size(p)))
+                except FileNotFoundError:
+                    pass  # renamed into place while we looked
+    return sorted(rows, key=lambda r: (r.step, r.state == "complete"), reverse=True)

@@ -1,0 +1,269 @@
+"""Compose: a form over the whole job.toml schema, one tab per section, every key with its
+docstring. Each change is validated (in a worker) with validate's own messages, shown under
+the field and listed under Problems; Summary and sbatch show what would be submitted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Label, OptionList, Select, Static, TabbedContent, TabPane
+from textual.widgets.option_list import Option
+
+from clusterfsdp import runs
+
+from . import actions, form
+from .confirm_screen import ConfirmScreen
+from .field_editor import FieldEditor, editor_id
+from .job_summary import Summary, summarize
+from .nav_bar import NavBar
+from .path_screen import PathScreen
+from .paths import shown
+from .status_line import StatusLine
+
+
+class ComposeScreen(Screen):
+    HELP = ("Edit a job: one tab per section of job.toml, each key with its help text. Errors are the "
+            "ones `clusterfsdp validate` prints, shown under the field and under Problems (select one to "
+            "jump to it). Numbers and times are typed as in TOML; lists and tables as TOML literals, e.g. "
+            "[\"a.txt\"] or { KEY = \"value\" }. Relative paths are relative to the job file's folder "
+            "(the current directory until it is saved). Save writes the keys the file had plus every "
+            "key that differs from its default. Esc leaves a field, so 1-4 switch screens.")
+    BINDINGS = [
+        Binding("ctrl+s", "save", "Save"),
+        Binding("ctrl+o", "open", "Open"),
+        Binding("ctrl+n", "new", "New"),
+        Binding("ctrl+g", "submit", "Submit"),
+        Binding("escape", "leave_field", "Leave field", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.path: Path | None = None  # the file edited; None: new, or a copy of a run's job
+        self.origin = "new job"
+        self.present: set[str] = set()  # keys the opened file had (saving keeps them)
+        self.saved_text: str | None = None
+        self.review: form.Review | None = None
+        self.summary: Summary | None = None
+        self._review_queued = False
+        self._file_problems: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield NavBar("compose")
+        with Horizontal(id="compose-body"):
+            with TabbedContent(id="sections"):
+                for section in form.SECTIONS:
+                    with TabPane(section, id=f"tab-{section}"):
+                        with VerticalScroll():
+                            for f in form.FIELDS:
+                                if f.section == section:
+                                    yield FieldEditor(f, f.default)
+            with Vertical(id="compose-side"):
+                yield Static(id="compose-file")
+                with TabbedContent(id="side"):
+                    with TabPane("Summary", id="summary-tab"):
+                        yield Static(id="summary", markup=False)
+                    with TabPane("Problems", id="problems-tab"):
+                        yield OptionList(id="problems")
+                    with TabPane("sbatch", id="sbatch-tab"):
+                        with VerticalScroll():
+                            yield Static(id="sbatch", markup=False)
+                with Horizontal(id="compose-actions"):
+                    yield Label("executor")
+                    yield Select([(e, e) for e in ("auto", "local", "slurm")], value="auto", allow_blank=False,
+                                 compact=True, id="executor")
+                    yield Button("Save", id="save", compact=True)
+                    yield Button("Submit", variant="primary", id="submit", compact=True)
+        yield StatusLine()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "slurm_available", self._queue_review)
+
+    # ---- validation as you type
+    def on_field_editor_changed(self, event: FieldEditor.Changed) -> None:
+        self._queue_review()
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        if event.select.id == "executor":
+            self._queue_review()
+
+    def _queue_review(self, _: object = None) -> None:
+        """One review per batch of changes (opening a file changes every field at once)."""
+        if not self._review_queued:
+            self._review_queued = True
+            self.call_after_refresh(self._start_review)
+
+    def _start_review(self) -> None:
+        self._review_queued = False
+        raw = {e.field.path: e.raw for e in self.query(FieldEditor)}
+        self._review(raw, self._base(), str(self.query_one("#executor", Select).value), self.app.slurm_available)
+
+    def _base(self) -> Path:
+        return (self.path.parent if self.path else Path.cwd()).absolute()
+
+    @work(thread=True, exclusive=True, group="review", exit_on_error=False)
+    def _review(self, raw: dict[str, Any], base: Path, executor: str, slurm_available: bool | None) -> None:
+        review = form.review(raw)
+        summary = summarize(review.spec, base, executor, slurm_available) if review.spec else None
+        self.app.call_from_thread(self._show_review, review, summary)
+
+    def _show_review(self, review: form.Review, summary: Summary | None) -> None:
+        self.review, self.summary = review, summary
+        counts: dict[str, int] = {}
+        for editor in self.query(FieldEditor):
+            errors = review.for_field(editor.field.path)
+            editor.set_errors(errors)
+            counts[editor.field.section] = counts.get(editor.field.section, 0) + len(errors)
+        sections = self.query_one("#sections", TabbedContent)
+        for section, n in counts.items():
+            sections.get_tab(f"tab-{section}").label = Content(f"{section} ✗{n}" if n else section)
+        problems = self.query_one("#problems", OptionList)
+        problems.clear_options()
+        problems.add_options([Option(e, id=form.field_of(e)) for e in self._file_problems + review.errors])
+        problems.highlighted = 0 if problems.option_count else None
+        side = self.query_one("#side", TabbedContent)
+        total = len(review.errors) + len(self._file_problems)
+        side.get_tab("problems-tab").label = Content(f"Problems ({total})" if total else "Problems")
+        self.query_one("#summary", Static).update(
+            summary.text if summary else f"{len(review.errors)} problem(s): see Problems")
+        self.query_one("#sbatch", Static).update(summary.sbatch if summary else "")
+        self._show_file()
+
+    def _show_file(self) -> None:
+        text = self._text()
+        modified = self.path is None or text != self.saved_text
+        where = shown(self.path) if self.path else self.origin
+        self.query_one("#compose-file", Static).update(
+            Content.from_markup("[b]$where[/] $state", where=where,
+                                state="(modified)" if modified and self.path else "(not saved)" if modified else ""))
+
+    def _text(self) -> str | None:
+        if self.review is None or self.review.errors:
+            return None
+        return form.dumps(form.to_data(self.review.values, keep=self.present))
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        """A problem picked: show its field."""
+        path = event.option.id
+        if path is None:
+            return
+        editor = self.query_one(f"#{editor_id(path)}", FieldEditor)
+        self.query_one("#sections", TabbedContent).active = f"tab-{editor.field.section}"
+        editor.query_one("Input, Select, Switch").focus()
+        editor.scroll_visible()
+
+    def action_leave_field(self) -> None:
+        self.set_focus(None)
+
+    # ---- open, new, save
+    def action_new(self) -> None:
+        self._load({f.path: f.default for f in form.FIELDS}, set(), [], None, "new job", None)
+
+    def action_open(self) -> None:
+        def chosen(path: Path | None) -> None:
+            if path is not None:
+                self.open_file(path)
+
+        self.app.push_screen(PathScreen("Open job.toml", str(self.path or ""), browse=True), chosen)
+
+    @work(thread=True, group="file", exit_on_error=False)
+    def open_file(self, path: Path, template: bool = False) -> None:
+        """Load a job.toml into the form; `template`: a run's resolved job, edited as a new file."""
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            self.app.call_from_thread(self.app.notify, f"cannot read {path}: {e}", severity="error")
+            return
+        values, present, problems = form.from_toml(text)
+        if template:
+            origin = f"copy of run {path.parent.name} (save it as a new file)"
+            self.app.call_from_thread(self._load, values, present, problems, None, origin, None)
+        else:
+            self.app.call_from_thread(self._load, values, present, problems, path, str(path), text)
+
+    def _load(self, values: dict[str, Any], present: set[str], problems: list[str], path: Path | None,
+              origin: str, text: str | None) -> None:
+        self.path, self.origin, self.present, self._file_problems = path, origin, present, problems
+        for editor in self.query(FieldEditor):
+            editor.set_value(values[editor.field.path])
+        self.saved_text = form.dumps(form.to_data(values, keep=present)) if text is not None else None
+        for problem in problems:
+            self.app.notify(problem, title="opened with problems", severity="warning")
+        self._queue_review()
+
+    def action_save(self) -> None:
+        if self.review is None or self.review.errors:
+            n = len(self.review.errors) if self.review else 0
+            self.app.notify(f"fix {n} problem(s) first (see Problems)", severity="error")
+            return
+        if self.path is None:
+            def chosen(path: Path | None) -> None:
+                if path is not None:
+                    self._save(path)
+
+            self.app.push_screen(PathScreen("Save job.toml as", "job.toml", browse=False), chosen)
+        else:
+            self._save(self.path)
+
+    def _save(self, path: Path) -> None:
+        assert self.review is not None
+        present = self.present | {f.path for f in form.FIELDS if self.review.values[f.path] != f.default}
+        text = form.dumps(form.to_data(self.review.values, keep=present))
+        self._write(path, text, present)
+
+    @work(thread=True, group="file", exit_on_error=False)
+    def _write(self, path: Path, text: str, present: set[str]) -> None:
+        try:
+            path.write_text(text)
+        except OSError as e:
+            self.app.call_from_thread(self.app.notify, f"cannot write {path}: {e}", severity="error")
+            return
+        self.app.call_from_thread(self._saved, path, text, present)
+
+    def _saved(self, path: Path, text: str, present: set[str]) -> None:
+        self.path, self.origin, self.present, self.saved_text = path, str(path), present, text
+        self.app.notify(f"saved {shown(path)}")
+        self._queue_review()  # relative paths now resolve against the file's folder
+
+    # ---- submit
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        {"save": self.action_save, "submit": self.action_submit}[event.button.id]()
+
+    def action_submit(self) -> None:
+        if self.summary is None or self.review is None or self.review.errors:
+            self.app.notify("fix the problems first (see Problems)", severity="error")
+            return
+        summary, executor = self.summary, str(self.query_one("#executor", Select).value)
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.app.activity = f"submitting {summary.spec.job.name}…"
+                self._submit(summary, executor)
+
+        self.app.push_screen(ConfirmScreen("Submit", summary.text, yes="Submit"), answered)
+
+    @work(thread=True, group="submit", exit_on_error=False)
+    def _submit(self, summary: Summary, executor: str) -> None:
+        try:
+            sub = actions.submit(summary.spec, executor)
+        except Exception as e:  # noqa: BLE001 - sbatch refusing is a message, not a crash
+            self.app.call_from_thread(self._submitted, None, f"submit failed: {e}")
+            return
+        self.app.call_from_thread(self._submitted, sub.run, f"run {sub.run.id}: job {sub.job_id} ({sub.notice})")
+
+    async def _submitted(self, run: runs.Run | None, text: str) -> None:
+        self.app.activity = ""
+        if run is None:
+            self.app.notify(text, severity="error", timeout=10)
+            return
+        self.app.notify(text)
+        self.app.current_key = str(run.path)
+        self.app.refresh_queue(now=True)
+        await self.app.switch_mode("queue")

@@ -1,0 +1,87 @@
+"""One job.toml key in the compose form: name and type, an editor that fits the type (switch,
+choice list, or text input), the key's docstring from spec.py, and its validation errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.content import Content
+from textual.message import Message
+from textual.widgets import Input, Label, Select, Static, Switch
+
+from .form import FormField, display
+
+
+def editor_id(path: str) -> str:
+    return "f-" + path.replace(".", "-")
+
+
+class FieldEditor(Vertical):
+    class Changed(Message):
+        """The value in the editor changed (typing, toggling, choosing, or loading a file)."""
+
+        def __init__(self, editor: FieldEditor) -> None:
+            super().__init__()
+            self.editor = editor
+
+    def __init__(self, field: FormField, value: Any) -> None:
+        super().__init__(id=editor_id(field.path), classes="field")
+        self.field = field
+        self._initial = value
+
+    def compose(self) -> ComposeResult:
+        f = self.field
+        yield Label(Content.from_markup("[b]$key[/]  [dim]$type[/]", key=f.key or f.section, type=f.type_label))
+        if f.kind == "bool":
+            yield Switch(value=bool(self._initial))
+        elif f.kind == "choice":
+            yield Select(self._options(self._initial), value=self._initial, allow_blank=False, compact=True)
+        else:
+            yield Input(value=display(f, self._initial), placeholder=display(f, f.default) or f.type_label, compact=True)
+        yield Static(f.doc, classes="doc", markup=False)
+        yield Static("", classes="errors", markup=False)
+
+    def _options(self, value: Any) -> list[tuple[str, Any]]:
+        """The schema's choices, plus a value from an opened file that is not one of them, so it
+        shows (with validate's "did you mean") instead of vanishing."""
+        options = [(str(c), c) for c in self.field.choices]
+        if value not in self.field.choices:
+            options.append((f"{value} (invalid)", value))
+        return options
+
+    @property
+    def raw(self) -> Any:
+        """The editor's current value: bool, a choice, or the text typed."""
+        if self.field.kind == "bool":
+            return self.query_one(Switch).value
+        if self.field.kind == "choice":
+            return self.query_one(Select).value
+        return self.query_one(Input).value
+
+    def set_value(self, value: Any) -> None:
+        if self.field.kind == "bool":
+            self.query_one(Switch).value = bool(value)
+        elif self.field.kind == "choice":
+            select = self.query_one(Select)
+            select.set_options(self._options(value))
+            select.value = value
+        else:
+            self.query_one(Input).value = display(self.field, value)
+
+    def set_errors(self, errors: list[str]) -> None:
+        self.set_class(bool(errors), "-invalid")
+        self.query_one(".errors", Static).update("\n".join(errors))
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.post_message(self.Changed(self))
+
+    def on_switch_changed(self, event: Switch.Changed) -> None:
+        event.stop()
+        self.post_message(self.Changed(self))
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        event.stop()
+        self.post_message(self.Changed(self))

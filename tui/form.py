@@ -1,0 +1,201 @@
+"""The compose form's model: one field per job.toml key, generated from spec.py's schema.
+
+Nothing is re-described here: names, types, defaults and help text come from the dataclasses,
+and validation is `spec.from_dict`, so the form reports exactly what `clusterfsdp validate`
+reports, and a key added to the schema appears in the form without touching the TUI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal, get_args, get_origin
+
+import tomli_w
+
+from clusterfsdp import spec as specmod
+
+Kind = Literal["bool", "choice", "text", "number", "time", "toml"]
+
+
+@dataclass(frozen=True)
+class FormField:
+    section: str
+    key: str
+    annotation: Any
+    doc: str
+    default: Any
+
+    @property
+    def path(self) -> str:
+        return f"{self.section}.{self.key}" if self.key else self.section
+
+    @property
+    def kind(self) -> Kind:
+        tp, origin = self.annotation, get_origin(self.annotation)
+        if tp is bool:
+            return "bool"
+        if origin is Literal:
+            return "choice"
+        if tp is str:
+            return "text"
+        if tp in (int, float):
+            return "number"
+        if origin in (types.UnionType, typing.Union) and set(get_args(tp)) == {int, str}:
+            return "time"
+        return "toml"
+
+    @property
+    def choices(self) -> tuple[Any, ...]:
+        return get_args(self.annotation) if self.kind == "choice" else ()
+
+    @property
+    def type_label(self) -> str:
+        label = specmod.type_name(self.annotation)
+        return f"{label} (TOML)" if self.kind == "toml" else label
+
+
+def form_fields() -> list[FormField]:
+    """Every key of every section, in schema order; [env] is one table-valued field."""
+    out = []
+    for sf in dataclasses.fields(specmod.JobSpec):
+        if sf.name == "env":
+            out.append(FormField("env", "", dict[str, str], sf.metadata["doc"], {}))
+            continue
+        cls = type(getattr(specmod.JobSpec(), sf.name))
+        hints = typing.get_type_hints(cls)
+        defaults = cls()
+        for key, f in specmod.section_fields(sf.name).items():
+            out.append(FormField(sf.name, key, hints[f.name], f.metadata["doc"], getattr(defaults, f.name)))
+    return out
+
+
+FIELDS = form_fields()
+BY_PATH = {f.path: f for f in FIELDS}
+SECTIONS = list(dict.fromkeys(f.section for f in FIELDS))
+
+
+def display(field: FormField, value: Any) -> Any:
+    """How a value is shown: text for inputs, the value itself for switches and choices."""
+    if field.kind in ("bool", "choice"):
+        return value
+    if field.kind == "text" and isinstance(value, str):
+        return value
+    if field.kind == "time" and isinstance(value, (int, str)) and not isinstance(value, bool):
+        return str(value)
+    return specmod._inline(value)  # noqa: SLF001 - the schema's own one-line TOML writer
+
+
+def parse(field: FormField, raw: Any) -> tuple[Any, str | None]:
+    """A widget's value as the TOML value it stands for, or an error in validate's format.
+
+    Numbers and tables are TOML literals; a number that does not parse is passed on as text, so
+    the message is validate's own ("expected integer, found string 'x'").
+    """
+    kind = field.kind
+    if kind in ("bool", "choice", "text"):
+        return raw, None
+    text = str(raw).strip()
+    if kind == "time":
+        return (int(text) if re.fullmatch(r"\d+", text) else text), None
+    if kind == "toml" and not text:
+        return type(field.default)(), None
+    try:
+        return tomllib.loads(f"v = {text}")["v"], None
+    except tomllib.TOMLDecodeError as e:
+        if kind == "number":
+            return text, None
+        example = "[\"a.txt\", \"b.txt\"]" if get_origin(field.annotation) is list else "{ KEY = \"value\" }"
+        return raw, f"{field.path}: not a TOML value ({e}); e.g. {example}"
+
+
+def to_data(values: dict[str, Any], keep: set[str] | None = None) -> dict[str, Any]:
+    """Parsed values as TOML data. With `keep`, only keys in it or differing from the default
+    (what saving writes, so a short file stays short)."""
+    data: dict[str, Any] = {}
+    for f in FIELDS:
+        value = values[f.path]
+        if keep is not None and f.path not in keep and value == f.default:
+            continue
+        if f.section == "env":
+            data["env"] = value
+        else:
+            data.setdefault(f.section, {})[f.key] = value
+    return data
+
+
+@dataclass
+class Review:
+    """The form checked: every error, the same lines `clusterfsdp validate` prints, by field."""
+
+    values: dict[str, Any]  # parsed; a field that does not parse keeps its default here
+    spec: specmod.JobSpec | None  # None while there are errors
+    errors: list[str]
+
+    def for_field(self, path: str) -> list[str]:
+        return [e for e in self.errors if field_of(e) == path]
+
+    @property
+    def general(self) -> list[str]:
+        return [e for e in self.errors if field_of(e) is None]
+
+
+def review(raw: dict[str, Any]) -> Review:
+    """Parse every editor's value and validate the whole job, collecting all errors at once."""
+    values, errors = {}, []
+    for f in FIELDS:
+        value, error = parse(f, raw[f.path])
+        values[f.path] = f.default if error else value
+        errors += [error] if error else []
+    try:
+        spec = specmod.from_dict(to_data(values))
+    except specmod.SpecError as e:
+        return Review(values, None, errors + e.errors)
+    return Review(values, None if errors else spec, errors)
+
+
+def field_of(error: str) -> str | None:
+    """The form field an error line is about ('slurm.extra.x: ...' -> 'slurm.extra')."""
+    best = None
+    for path in BY_PATH:
+        if error.startswith(path) and error[len(path):len(path) + 1] in (":", ".", "["):
+            if best is None or len(path) > len(best):
+                best = path
+    return best
+
+
+def from_toml(text: str) -> tuple[dict[str, Any], set[str], list[str]]:
+    """(values for every field, paths present in the file, problems that cannot be shown in a
+    field: TOML syntax, unknown sections or keys, which are dropped)."""
+    values = {f.path: f.default for f in FIELDS}
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        return values, set(), [f"not valid TOML: {e}"]
+    present, problems = set(), []
+    for section, table in data.items():
+        if section == "env":
+            values["env"], present = table, present | {"env"}
+            continue
+        if section not in specmod.SECTIONS or not isinstance(table, dict):
+            problems.append(f"{section}: not a section of job.toml (ignored)")
+            continue
+        for key, value in table.items():
+            path = f"{section}.{key}"
+            if path not in BY_PATH:
+                problems.append(f"{path}: unknown key (ignored)")
+                continue
+            if BY_PATH[path].kind == "bool" and not isinstance(value, bool):
+                problems.append(f"{path}: expected boolean, found {value!r} (the default is shown)")
+                continue
+            values[path] = value
+            present.add(path)
+    return values, present, problems
+
+
+def dumps(data: dict[str, Any]) -> str:
+    return tomli_w.dumps(data)

@@ -1,0 +1,117 @@
+"""The queue: the user's Slurm jobs joined with the run folders, gathered in one worker call.
+
+One refresh is one `squeue -u $USER` (all of the user's jobs, so jobs submitted by other tools
+show too) plus, only for runs whose job has left the queue, one `sacct`. Each run's state is
+then `status.run_status` with that pre-fetched table, so it is the same state `clusterfsdp
+status` prints, and a finished run still appears (from its run folder, and sacct if enabled).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from clusterfsdp import runs, slurmcli, status
+
+# squeue's own fields plus name and partition, which slurmcli.squeue does not ask for.
+SQUEUE_FORMAT = "%i|%T|%r|%M|%N|%j|%P"
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    row: slurmcli.JobRow
+    name: str = ""
+    partition: str = ""
+
+
+class Slurm:
+    """The Slurm commands the TUI runs, in one place so tests can hand the app a fake cluster."""
+
+    def available(self) -> bool:
+        return slurmcli.available()
+
+    def queue(self) -> dict[str, SlurmJob]:
+        """All of the user's queued and running jobs, with one squeue call."""
+        user = os.environ.get("USER") or str(os.getuid())
+        out = slurmcli.run(["squeue", "-h", "-u", user, "-o", SQUEUE_FORMAT])
+        jobs = {}
+        for line in out.splitlines():
+            job_id, state, reason, elapsed, nodes, name, partition = (line.split("|") + [""] * 7)[:7]
+            jobs[job_id] = SlurmJob(slurmcli.JobRow(job_id, state, reason, elapsed, nodes), name, partition)
+        return jobs
+
+    def accounting(self, job_ids: list[str]) -> dict[str, slurmcli.JobRow]:
+        return slurmcli.sacct(job_ids)
+
+    def cancel(self, job_id: str) -> None:
+        slurmcli.scancel(job_id)
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One line of the queue: a run folder, or a Slurm job that has none."""
+
+    key: str  # the run folder, or "job:<id>": stable across refreshes and resumes
+    run: runs.Run | None
+    name: str
+    state: str
+    reason: str = ""
+    job_id: str = ""
+    executor: str = ""
+    step: str = ""
+    loss: str = ""
+    attempts: int = 0
+
+    @property
+    def job(self) -> str:
+        return f"{self.executor}:{self.job_id}" if self.job_id else "-"
+
+    @property
+    def label(self) -> str:
+        return self.run.id if self.run else f"job {self.job_id}"
+
+
+def _run_row(run: runs.Run, table: dict[str, slurmcli.JobRow]) -> QueueRow:
+    try:
+        st = status.run_status(run, table)
+    except (OSError, KeyError, ValueError) as e:  # a hand-edited or half-copied run folder
+        return QueueRow(str(run.path), run, run.name, "UNREADABLE", f"{type(e).__name__}: {e}")
+    return QueueRow(
+        str(run.path), run, run.name, st.state, st.reason, st.job_id, st.executor,
+        f"{st.step or 0}/{st.steps or '?'}", f"{st.loss:.4f}" if st.loss is not None else "-", st.attempts,
+    )
+
+
+def _numeric(job_id: str) -> list[int]:
+    """Sort key for ids like '123' and '123_4' (array tasks) in numeric order."""
+    return [int(part) for part in re.findall(r"\d+", job_id)]
+
+
+def collect(run_root: Path, slurm: Slurm, limit: int = 200) -> tuple[list[QueueRow], str]:
+    """(rows: the newest `limit` runs, then the user's other Slurm jobs; Slurm error or '')."""
+    found = runs.list_runs(run_root)[:limit]
+    error = ""
+    try:
+        queue = slurm.queue()
+    except slurmcli.SlurmError as e:
+        queue, error = {}, str(e)
+    table = {job_id: job.row for job_id, job in queue.items()}
+    attempts = {run: run.attempts for run in found}
+    finished = [str(a[-1]["job_id"]) for a in attempts.values()
+                if a and a[-1].get("executor") == "slurm" and str(a[-1]["job_id"]) not in table]
+    if finished and not error:
+        try:
+            table.update(slurm.accounting(finished))
+        except slurmcli.SlurmError:
+            pass  # accounting disabled: those runs are judged from their folders
+    rows = [_run_row(run, table) for run in found]
+    owned = {str(a["job_id"]) for tries in attempts.values() for a in tries}
+    for job_id in sorted(set(queue) - owned, key=_numeric, reverse=True):
+        job = queue[job_id]
+        facts = [job.row.reason if job.row.reason not in ("None", "") else "",
+                 f"partition {job.partition}" if job.partition else "", f"{job.row.elapsed} elapsed" if job.row.elapsed else ""]
+        rows.append(QueueRow(f"job:{job_id}", None, job.name, job.row.state, ", ".join(x for x in facts if x),
+                             job_id, "slurm", "-", "-", 1))
+    return rows, error
