@@ -20,6 +20,7 @@ from . import distenv, runs
 from . import spec as specmod
 
 LOCAL_REQUEUE_EXIT = 144  # submitit's local controller restarts the tasks on this exit code
+ENV_LOG_ALL_RANKS = "CLUSTERFSDP_LOG_ALL_RANKS"  # "1": every rank prints progress (notebook all_ranks=True)
 
 
 class Tee:
@@ -85,9 +86,11 @@ def run(run_dir: str) -> str:
     log_file = open(log_path, "a", buffering=1)
     sys.stdout, sys.stderr = Tee(sys.__stdout__, log_file), Tee(sys.__stderr__, log_file)
 
+    every_rank = os.environ.get(ENV_LOG_ALL_RANKS) == "1"
+
     def log(msg: str) -> None:
-        if env.rank == 0:
-            print(f"[rank0] {msg}", flush=True)
+        if env.rank == 0 or every_rank:
+            print(f"[rank{env.rank}] {msg}", flush=True)
 
     try:
         if env.local_rank == 0:
