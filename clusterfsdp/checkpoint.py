@@ -96,6 +96,23 @@ def keep_only_up_to(root: Path, step: int) -> list[Path]:
     return moved
 
 
+def _on_cuda(model) -> bool:
+    return any(p.device.type == "cuda" for p in model.parameters())
+
+
+def _pinned_stager():
+    """A stager that keeps the host copy of the state in pinned buffers between async saves.
+
+    Without it `dcp.async_save` copies the state into fresh pageable host memory on the caller's
+    thread: 12.7 s blocked per save for a 1B model + AdamW (15.9 GB) on an H100, at 1.3-1.6 GB/s.
+    With the buffers kept, later saves block 0.33 s (bench/README.md). The first save allocates
+    and pins them (23 s for 15.9 GB), and they hold host RAM equal to this rank's shard of model
+    and optimizer state for the rest of the run. Pinning needs CUDA, hence GPU runs only."""
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+    return BlockingAsyncStager(cache_staged_state_dict=True)
+
+
 class Checkpointer:
     """Saves and loads one run's checkpoints; every method is collective unless noted."""
 
@@ -109,6 +126,7 @@ class Checkpointer:
         self._pending: tuple[Any, Path, Path, dict] | None = None
         # Async saves coordinate over their own gloo group so they never queue behind NCCL work.
         self._pg = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        self._stager = _pinned_stager() if async_save and _on_cuda(model) else None
         if rank == 0:
             root.mkdir(parents=True, exist_ok=True)
 
@@ -149,7 +167,8 @@ class Checkpointer:
 
         step = meta["step"]
         if self.async_save and not blocking:
-            future = dcp.async_save(self._state(), checkpoint_id=str(partial), process_group=self._pg)
+            future = dcp.async_save(self._state(), checkpoint_id=str(partial), process_group=self._pg,
+                                    async_stager=self._stager)
             self._pending = (future, partial, final, meta)
         else:
             _dcp_call(f"saving step {step}", dcp.save, self._state(), checkpoint_id=str(partial))

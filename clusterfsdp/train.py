@@ -7,7 +7,6 @@ collective save, then requeue) or SIGTERM (cancel: collective save, then exit).
 from __future__ import annotations
 
 import math
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +21,7 @@ from . import model as modelmod
 from . import parallelize
 from .data import BYTE_VOCAB, Samples, load_tokenizer
 from .spec import JobSpec
-
-STOP_NONE, STOP_CANCEL, STOP_PREEMPT = 0, 1, 2
-
+from .stopflags import STOP_PREEMPT, StopFlags
 
 @dataclass
 class Outcome:
@@ -32,25 +29,6 @@ class Outcome:
     status: str
     step: int
     checkpoint: str = ""
-
-
-class StopFlags:
-    """Signal handlers only set a flag; ranks agree on it at the next step boundary."""
-
-    def __init__(self) -> None:
-        self.value = STOP_NONE
-        signal.signal(signal.SIGUSR2, lambda *_: self._set(STOP_PREEMPT))
-        signal.signal(signal.SIGTERM, lambda *_: self._set(STOP_CANCEL))
-
-    def _set(self, value: int) -> None:
-        self.value = max(self.value, value)
-
-    def agree(self, group) -> int:
-        """Max flag over all ranks, over a gloo group: no CUDA sync in the training loop."""
-        t = torch.tensor([self.value], dtype=torch.int32)
-        if dist.is_initialized():
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        return int(t.item())
 
 
 def lr_lambda(spec: JobSpec) -> Callable[[int], float]:
@@ -131,8 +109,7 @@ def _loss_fn(spec: JobSpec):
 
 def train(spec: JobSpec, device: torch.device, rank: int, world_size: int, ckpt_root: Path, cache_dir: Path,
           spec_text: str, log: Callable[[str], None], metrics_out: metricsmod.MetricsWriter | None,
-          on_event: Callable[..., None]) -> Outcome:
-    flags = StopFlags()
+          on_event: Callable[..., None], flags: StopFlags) -> Outcome:
     flag_group = dist.new_group(backend="gloo") if dist.is_initialized() else None
     torch.manual_seed(spec.job.seed)
     t_build = time.perf_counter()

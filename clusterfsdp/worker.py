@@ -18,6 +18,7 @@ from typing import IO
 
 from . import distenv, runs
 from . import spec as specmod
+from .stopflags import StopFlags
 
 LOCAL_REQUEUE_EXIT = 144  # submitit's local controller restarts the tasks on this exit code
 ENV_LOG_ALL_RANKS = "CLUSTERFSDP_LOG_ALL_RANKS"  # "1": every rank prints progress (notebook all_ranks=True)
@@ -55,6 +56,7 @@ def _apply_env(spec: specmod.JobSpec, chosen: dict[str, str]) -> None:
 
 def run(run_dir: str) -> str:
     """Train on this rank; returns the outcome ('completed', 'stopped') or exits for a requeue."""
+    flags = StopFlags()  # first: a signal during the imports below must not be lost
     import torch
     import torch.distributed as dist
 
@@ -110,7 +112,7 @@ def run(run_dir: str) -> str:
             spec, device, env.rank, env.world_size, run.checkpoints_dir(spec),
             Path(spec.job.run_root).expanduser() / ".cache" / "tokens", run.job_toml.read_text(), log,
             metrics.MetricsWriter(run.metrics_file) if env.rank == 0 else None,
-            lambda event, **f: _event(run, env, event, **f) if env.rank == 0 else None,
+            lambda event, **f: _event(run, env, event, **f) if env.rank == 0 else None, flags,
         )
     except BaseException as e:
         print(traceback.format_exc(), file=sys.stderr, flush=True)

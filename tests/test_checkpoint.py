@@ -166,6 +166,34 @@ def test_sigusr2_saves_requeues_and_resumes_on_the_local_executor(tmp_path):
     assert checkpoint.find(run.checkpoints_dir()).step == 400
 
 
+def _catches_sigusr2(pid: int) -> bool:
+    """Whether the process has a handler installed for SIGUSR2 (SigCgt bit 12 in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGUSR2 - 1) & 1)
+    return False
+
+
+def test_sigusr2_during_start_up_is_kept_and_acted_on_at_the_first_step(tmp_path):
+    """A time limit or preemption signal that lands while the ranks still import torch (before
+    the model exists) is not lost and does not kill them: they save step 0 and ask for a requeue;
+    the next attempt resumes and finishes."""
+    run = make_run(JOB, tmp_path)
+    procs = launch(["-m", "clusterfsdp.worker", str(run.path)], 2, job_id="early")
+    _wait_for(lambda: all(_catches_sigusr2(p.pid) for p in procs), 60, "the signal handlers")
+    assert not run.events_file.exists()  # still starting up: no rank has trained or logged yet
+    for p in procs:
+        os.kill(p.pid, signal.SIGUSR2)
+    out = wait(procs)
+    assert all(code == 0 for code, _ in out), "\n".join(text[-2000:] for _, text in out)
+    assert "SIGUSR2: saved step 0" in out[0][1]
+    assert [e["event"] for e in run.events()] == ["start", "requeued"]
+    assert checkpoint.find(run.checkpoints_dir()).step == 0
+    run_workers(run, 2, job_id="early2")
+    assert [e["event"] for e in run.events()][-2:] == ["resumed", "completed"]
+    assert checkpoint.find(run.checkpoints_dir()).step == 8
+
+
 def test_cancel_saves_then_resume_finishes(tmp_path):
     run = _submit_local(tmp_path, 400)
     _wait_for(lambda: any(r["step"] >= 10 for r in run.metrics()), 300, "step 10")
