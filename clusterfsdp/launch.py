@@ -9,6 +9,7 @@ Secret-looking [env] entries travel in the submitting process's environment inst
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import shlex
@@ -92,8 +93,6 @@ def _check_run_root(spec: specmod.JobSpec) -> None:
             f"job.run_root: {root!r} has characters that sbatch option lines cannot carry "
             "(spaces, quotes, $, ...); choose a plain path"
         )
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", spec.job.name):
-        raise SubmitError(f"job.name: {spec.job.name!r} must be letters, digits, '.', '_' or '-' (it names a folder)")
 
 
 def worker_command(run: runs.Run) -> str:
@@ -101,10 +100,14 @@ def worker_command(run: runs.Run) -> str:
 
 
 def render_sbatch(spec: specmod.JobSpec, run: runs.Run) -> str:
-    """The sbatch script for this run, as submitit renders it, running the worker module directly."""
+    """The sbatch script for this run, as submitit renders it, running the worker module directly.
+
+    Logs go straight into submitit/ (`<job id>_<task>_log.out`), not into a per-job `%j/` folder
+    as with `submit`: Slurm does not create missing folders for --output, and nobody creates
+    `submitit/<job id>/` for a script that is submitted by hand (the job fails with exit 53)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    return _make_sbatch_string(command=worker_command(run), folder=run.submitit_dir / "%j", **slurm_parameters(spec))
+    return _make_sbatch_string(command=worker_command(run), folder=run.submitit_dir, **slurm_parameters(spec))
 
 
 @contextlib.contextmanager
@@ -135,8 +138,9 @@ def _submit_slurm(spec: specmod.JobSpec, run: runs.Run, dependency: str | None) 
 
     executor = submitit.SlurmExecutor(folder=run.submitit_dir / "%j", max_num_timeout=spec.slurm.max_restarts)
     executor.update_parameters(**slurm_parameters(spec, dependency))
-    try:
-        job = executor.submit(worker_run, str(run.path))
+    try:  # submitit also prints sbatch's stderr on failure; the exception carries it, shown once below
+        with contextlib.redirect_stderr(io.StringIO()):
+            job = executor.submit(worker_run, str(run.path))
     except (FailedJobError, FailedSubmissionError, OSError) as e:
         raise SubmitError(_one_line_sbatch_error(str(e))) from None
     return str(job.job_id)

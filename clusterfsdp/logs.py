@@ -33,10 +33,11 @@ def log_file(run: runs.Run, rank: int = 0, attempt: str | None = None) -> Path |
             return p
     if run.attempts:
         job_id = str(run.attempts[-1]["job_id"])
-        for suffix in ("out", "err"):
-            p = run.submitit_dir / job_id / f"{job_id}_{rank}_log.{suffix}"
-            if p.is_file() and p.stat().st_size:
-                return p
+        for folder in (run.submitit_dir / job_id, run.submitit_dir):  # submit, or a --dry-run script
+            for suffix in ("out", "err"):
+                p = folder / f"{job_id}_{rank}_log.{suffix}"
+                if p.is_file() and p.stat().st_size:
+                    return p
     return None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import re
 import subprocess
 import sys
 import time
@@ -97,7 +98,7 @@ def test_time_limit_signal_save_requeue_resume(slurm_cluster, tiny_job, tmp_path
 
 
 def test_preemption_signal_saves_requeues_and_resumes(slurm_cluster, tiny_job, tmp_path):
-    r = cli("submit", str(tiny_job), "--executor", "slurm", *TWO_NODES, "--set", "train.steps=400",
+    r = cli("submit", str(tiny_job), "--executor", "slurm", *TWO_NODES, "--set", "train.steps=200",
             "--set", "train.log_every=10")
     assert r.returncode == 0, r.stderr
     run = only_run(tmp_path / "runs")
@@ -116,7 +117,7 @@ def test_preemption_signal_saves_requeues_and_resumes(slurm_cluster, tiny_job, t
 def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, tmp_path):
     """With --no-requeue, `scontrol requeue` is refused; rank 0 submits a follow-up job
     (--dependency=afterany) that resumes from the checkpoint just saved."""
-    r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", "slurm.requeue=false", "--set", "train.steps=300",
+    r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", "slurm.requeue=false", "--set", "train.steps=150",
             "--set", "train.log_every=10")
     assert r.returncode == 0, r.stderr
     run = only_run(tmp_path / "runs")
@@ -130,7 +131,7 @@ def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, 
     resumed = next(e for e in run.events() if e["event"] == "resumed")
     assert resumed["job_id"] == second["job_id"] and resumed["step"] >= 20
     assert any(e["event"] == "follow_up" and e["job_id_next"] == second["job_id"] for e in run.events())
-    assert checkpoint.find(run.checkpoints_dir()).step == 300
+    assert checkpoint.find(run.checkpoints_dir()).step == 150
 
 
 def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
@@ -191,14 +192,15 @@ def test_queue_poll_is_one_batched_call_and_copes_without_sacct(slurm_cluster, t
 
 @pytest.mark.parametrize("override,message", [
     ("slurm.partition=nosuch", "invalid partition"),
-    ("slurm.nodes=5", "node configuration is not available"),
+    # Slurm answers either, depending on which limit it checks first
+    ("slurm.nodes=5", "node configuration is not available|more processors requested than permitted"),
     ("slurm.time='2-00:00:00'", "time limit"),
 ])
 def test_bad_inputs_show_slurms_reason_and_leave_nothing(slurm_cluster, tiny_job, tmp_path, override, message):
     r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", override)
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
-    assert line.startswith("error: sbatch refused the job") and message in line.lower(), line
+    assert line.startswith("error: sbatch refused the job") and re.search(message, line.lower()), line
     assert list(runs.list_runs(tmp_path / "runs")) == []
 
 
@@ -218,7 +220,7 @@ def test_node_failure_then_resume_on_the_remaining_node(slurm_cluster, tiny_job,
     """Kills node2's slurmd and every process in its namespace mid-run; the job fails with a reason,
     and `resume` continues from the last complete checkpoint on node1 alone (4 ranks -> 2)."""
     r = cli("submit", str(tiny_job), "--executor", "slurm", *TWO_NODES, "--set", "slurm.requeue=false",
-            "--set", "train.steps=300", "--set", "checkpoint.every_steps=20")
+            "--set", "train.steps=150", "--set", "checkpoint.every_steps=20")
     assert r.returncode == 0, r.stderr
     run = only_run(tmp_path / "runs")
     try:
@@ -232,6 +234,6 @@ def test_node_failure_then_resume_on_the_remaining_node(slurm_cluster, tiny_job,
                   "--executor", "slurm", "--follow")
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr
         assert f"resumes from step {saved}" in res.stdout and "saved by 4 ranks, now 2" in res.stdout
-        assert checkpoint.find(run.checkpoints_dir()).step == 300
+        assert checkpoint.find(run.checkpoints_dir()).step == 150
     finally:
         subprocess.run(["bash", str(REPO / "slurm" / "devcluster.sh"), "restart"], capture_output=True, timeout=300)

@@ -4,7 +4,7 @@
 #SBATCH --account=proj
 #SBATCH --constraint='h100&ib'
 #SBATCH --cpus-per-task=8
-#SBATCH --error=<TMP>/runs/llm/RUNID/submitit/%j/%j_0_log.err
+#SBATCH --error=<TMP>/runs/llm/RUNID/submitit/%j_0_log.err
 #SBATCH --gpus-per-node=4
 #SBATCH --gres-flags=enforce-binding
 #SBATCH --job-name=llm
@@ -12,7 +12,7 @@
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=4
 #SBATCH --open-mode=append
-#SBATCH --output=<TMP>/runs/llm/RUNID/submitit/%j/%j_0_log.out
+#SBATCH --output=<TMP>/runs/llm/RUNID/submitit/%j_0_log.out
 #SBATCH --partition=gpu
 #SBATCH --requeue
 #SBATCH --reservation=big
@@ -25,4 +25,4 @@ module load cuda/12.4
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output <TMP>/runs/llm/RUNID/submitit/%j/%j_%t_log.out --error <TMP>/runs/llm/RUNID/submitit/%j/%j_%t_log.err <PYTHON> -u -m clusterfsdp.worker <TMP>/runs/llm/RUNID
+srun --unbuffered --output <TMP>/runs/llm/RUNID/submitit/%j_%t_log.out --error <TMP>/runs/llm/RUNID/submitit/%j_%t_log.err <PYTHON> -u -m clusterfsdp.worker <TMP>/runs/llm/RUNID
