@@ -761,8 +761,6 @@ def srun(job: "str | os.PathLike[str] | specmod.JobSpec", *, nodes: int | None =
     out = out or sys.stdout
     spec = with_layout(load_job(job, overrides), nodes, gpus_per_node, tasks_per_node)
     mode, notice = choose_launcher(launcher)
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", spec.job.name):
-        raise SrunError(f"job.name: {spec.job.name!r} must be letters, digits, '.', '_' or '-' (it names a folder)")
     if mode == "srun":
         have = allocation_nodes()
         if have is not None and spec.slurm.nodes > have:

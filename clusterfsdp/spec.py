@@ -315,6 +315,8 @@ def check(spec: JobSpec) -> None:
     positive("data.seq_len", d.seq_len, 2)
     positive("checkpoint.every_steps", c.every_steps, 0)
     positive("checkpoint.keep_last", c.keep_last)
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", spec.job.name):
+        errors.append(f"job.name: {spec.job.name!r} must be letters, digits, '.', '_' or '-' (it names a folder)")
     if not 0 < t.lr < 1:
         errors.append(f"train.lr: expected a number in (0, 1), found {t.lr!r}")
     if not 0 <= t.min_lr_ratio <= 1:

@@ -17,33 +17,18 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
+from clusterfsdp import devcluster
+
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "slurm" / "devcluster.sh"
-DEFAULT_STATE = Path("/tmp/clusterfsdp-devcluster")
-
-
-def _state_dir() -> Path:
-    value = os.environ.get("CFDC_STATE", "")
-    return Path(value) if value else DEFAULT_STATE
-
-
-def _parse_env_sh(path: Path) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line.startswith("export ") and "=" in line:
-            key, _, raw = line[len("export ") :].partition("=")
-            words = shlex.split(raw, comments=True)
-            values[key] = words[0] if words else ""
-    return values
 
 
 @dataclass(frozen=True)
@@ -66,24 +51,11 @@ class SlurmCluster:
 
     @classmethod
     def from_state(cls, state: Path) -> SlurmCluster:
-        v = _parse_env_sh(state / "env.sh")
-        env = dict(os.environ)
-        env["SLURM_CONF"] = v["SLURM_CONF"]
-        return cls(
-            state=state,
-            slurm_conf=Path(v["SLURM_CONF"]),
-            nodes=tuple(v["CFDC_NODE_NAMES"].split()),
-            node_ips=tuple(v["CFDC_NODE_IPS"].split()),
-            ctl_ip=v["CFDC_CTL_IP"],
-            login_ip=v["CFDC_LOGIN_IP"],
-            netns=tuple(v["CFDC_NETNS"].split()),
-            partition=v["CFDC_PARTITION"],
-            cpus_per_node=int(v["CFDC_CPUS_PER_NODE"]),
-            gpus_per_node=int(v["CFDC_GPUS_PER_NODE"]),
-            mem_per_node_mb=int(v["CFDC_MEM_PER_NODE"]),
-            first_job_id=int(v["CFDC_FIRST_JOB_ID"]),
-            env=env,
-        )
+        info = devcluster.read_info(state)
+        if info is None:
+            raise AssertionError(f"no devcluster env.sh under {state}")
+        names = [f.name for f in fields(cls) if f.name != "env"]
+        return cls(**{n: getattr(info, n) for n in names}, env=info.env())
 
     def run(
         self, argv: Sequence[str], *, timeout: float = 60, check: bool = True
@@ -162,7 +134,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         )
         started = True
     try:
-        yield SlurmCluster.from_state(_state_dir())
+        yield SlurmCluster.from_state(devcluster.state_dir())
     finally:
         if started and os.environ.get("CFDC_KEEP") != "1":
             _script("down", timeout=120)

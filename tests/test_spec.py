@@ -56,6 +56,8 @@ def test_cross_field_checks():
     assert errors_of('[data]\nsource = "files"\n') == ["data.paths: source = 'files' needs at least one path"]
     assert any("signal_grace_s" in e for e in errors_of("[slurm]\ntime = 1\nsignal_grace_s = 120\n"))
     assert errors_of('[model]\npreset = "llama-tiy"\n') == ["model.preset: unknown preset 'llama-tiy'; did you mean llama-tiny?"]
+    assert errors_of('[job]\nname = "my job/1"\n') == [
+        "job.name: 'my job/1' must be letters, digits, '.', '_' or '-' (it names a folder)"]
 
 
 def test_hybrid_on_one_node_falls_back_and_says_so():
