@@ -23,6 +23,7 @@ from .data import BYTE_VOCAB, Samples, load_tokenizer
 from .spec import JobSpec
 from .stopflags import STOP_PREEMPT, StopFlags
 
+
 @dataclass
 class Outcome:
     """How the loop ended: 'completed', 'preempted' (saved, wants requeue) or 'stopped' (cancelled, saved)."""
