@@ -139,27 +139,49 @@ def test_scancel(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
 
 @slurm
 def test_requeue_then_start_now(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """scontrol requeue puts a running job back in the queue; StartTime=now restarts it.
+
+    Every step waits for a state instead of assuming one: under load the node may still be
+    busy from an earlier test, the scheduler runs every few seconds, and slurmdbd records
+    the requeue asynchronously (sacct lags squeue)."""
     out = tmp_path / "out.txt"
     job = slurm_cluster.sbatch(
         ["-N1", "--requeue", "--open-mode=append", "-o", str(out),
          "--wrap", 'echo "run restart=${SLURM_RESTART_COUNT:-0}"; sleep 600']
     )
+
+    def printed(text: str) -> bool:
+        return out.exists() and text in out.read_text()
+
+    def restarted() -> bool:
+        # Requeued jobs wait for a begin time (cred_expire + 1 s); StartTime=now lifts it, but
+        # only once the job is PENDING again, so it is (re)issued for as long as it pends.
+        if slurm_cluster.squeue_state(job) == "PENDING":
+            slurm_cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
+        return printed("restart=1")
+
     try:
-        slurm_cluster.wait_for("first run", lambda: out.exists() and "restart=0" in out.read_text())
+        slurm_cluster.wait_for("first run", lambda: printed("restart=0"), timeout=120)
         slurm_cluster.run(["scontrol", "requeue", str(job)])
-        # Requeued jobs wait for a begin time (cred_expire + 1 s); StartTime=now lifts it.
-        # The update only sticks once the job is back to PENDING. How soon the scheduler then
-        # starts it depends on load (sched_interval), so the wait is generous and untimed.
-        slurm_cluster.wait_for("PENDING after requeue", lambda: slurm_cluster.squeue_state(job) == "PENDING")
-        slurm_cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
-        slurm_cluster.wait_for("second run", lambda: "restart=1" in out.read_text(), timeout=120)
+        slurm_cluster.wait_for("second run", restarted, timeout=180, interval=1)
         assert slurm_cluster.squeue_state(job) == "RUNNING"
     finally:
         slurm_cluster.run(["scancel", str(job)], check=False)
-    rows = slurm_cluster.run(
-        ["sacct", "-n", "-X", "-P", "--duplicates", "-j", str(job), "-o", "State"]
-    ).stdout.split()
-    assert rows and rows[0] == "REQUEUED", rows
+
+    seen: list[list[str]] = []
+
+    def attempts() -> list[str]:
+        rows = slurm_cluster.run(
+            ["sacct", "-n", "-X", "-P", "--duplicates", "-j", str(job), "-o", "State"]
+        ).stdout.splitlines()
+        seen.append(rows)
+        return rows if rows[:1] == ["REQUEUED"] and rows[1:2] == ["CANCELLED by 0"] else []
+
+    try:
+        slurm_cluster.wait_for("sacct: REQUEUED then CANCELLED", attempts, timeout=60, interval=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; sacct rows seen: {seen[-3:]}") from None
+    assert len(seen[-1]) == 2, seen[-1]
 
 
 @slurm
