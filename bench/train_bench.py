@@ -16,7 +16,6 @@ logged (async save: seconds the loop was blocked; the final synchronous save's d
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil

@@ -173,7 +173,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from . import checkpoint, runs, status
+    from . import checkpoint, status
 
     if not args.run:
         return cmd_runs(args)

@@ -9,7 +9,6 @@ from .spec import JobSpec
 
 
 def export_hf(spec: JobSpec, checkpoint_dir: Path, out: Path) -> Path:
-    import torch
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
 

@@ -11,6 +11,33 @@ from pathlib import Path
 from clusterfsdp import runs
 from clusterfsdp import spec as S
 
+CORPUS = Path(__file__).resolve().parents[1] / "clusterfsdp" / "data" / "corpus.txt"
+
+
+def tiny_job(name: str, seed: int, steps: int, fsdp: str = "", tail: str = "") -> str:
+    """The job the multi-process tests share: llama-tiny on the shipped corpus in fp32 (so
+    runs compare bitwise), loss logged every step. `fsdp` adds lines to [fsdp]; `tail` adds tables."""
+    return f"""
+[job]
+name = "{name}"
+seed = {seed}
+[model]
+preset = "llama-tiny"
+[data]
+source = "files"
+paths = ["{CORPUS}"]
+seq_len = 64
+[train]
+steps = {steps}
+micro_batch_size = 2
+lr = 3e-3
+warmup = 2
+log_every = 1
+[fsdp]
+mixed_precision = "fp32"
+{fsdp}
+{tail}"""
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -17,7 +17,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,37 +32,22 @@ SCRIPT = REPO / "slurm" / "devcluster.sh"
 
 
 @dataclass(frozen=True)
-class SlurmCluster:
-    """The running devcluster, as its env.sh describes it, plus helpers to drive it."""
-
-    state: Path
-    slurm_conf: Path
-    nodes: tuple[str, ...]
-    node_ips: tuple[str, ...]
-    ctl_ip: str
-    login_ip: str
-    netns: tuple[str, ...]
-    partition: str
-    cpus_per_node: int
-    gpus_per_node: int
-    mem_per_node_mb: int
-    first_job_id: int
-    env: dict[str, str] = field(repr=False)
+class SlurmCluster(devcluster.DevClusterInfo):
+    """The running devcluster (the facts its env.sh gives), plus helpers to drive it."""
 
     @classmethod
     def from_state(cls, state: Path) -> SlurmCluster:
         info = devcluster.read_info(state)
         if info is None:
             raise AssertionError(f"no devcluster env.sh under {state}")
-        names = [f.name for f in fields(cls) if f.name != "env"]
-        return cls(**{n: getattr(info, n) for n in names}, env=info.env())
+        return cls(**{f.name: getattr(info, f.name) for f in fields(info)})
 
     def run(
         self, argv: Sequence[str], *, timeout: float = 60, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command in the login (root) namespace with SLURM_CONF set."""
         proc = subprocess.run(
-            list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+            list(argv), env=self.env(), capture_output=True, text=True, timeout=timeout, check=False
         )
         if check and proc.returncode != 0:
             raise AssertionError(

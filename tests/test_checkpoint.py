@@ -12,37 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import launch, losses, make_run, run_workers, wait
+from procs import launch, make_run, run_workers, tiny_job, wait
 
 from clusterfsdp import checkpoint, launch as launchmod, runs, status
 from clusterfsdp import spec as S
 
-REPO = Path(__file__).resolve().parents[1]
-JOB = f"""
-[job]
-name = "ck"
-seed = 5
-[model]
-preset = "llama-tiny"
-[data]
-source = "files"
-paths = ["{REPO / 'clusterfsdp' / 'data' / 'corpus.txt'}"]
-seq_len = 64
-[train]
-steps = 8
-micro_batch_size = 2
-lr = 3e-3
-warmup = 2
-log_every = 1
-[fsdp]
-sharding = "full"
-mixed_precision = "fp32"
+JOB = tiny_job("ck", seed=5, steps=8, fsdp='sharding = "full"', tail="""
 [slurm]
 tasks_per_node = 2
 [checkpoint]
 every_steps = 4
 keep_last = 5
-"""
+""")
 
 
 def rows_by_attempt(run: runs.Run) -> list[dict[int, float]]:
@@ -60,7 +41,6 @@ def rows_by_attempt(run: runs.Run) -> list[dict[int, float]]:
 def test_resume_is_bitwise_exact_on_the_same_world_size(tmp_path):
     run = make_run(JOB, tmp_path)
     run_workers(run, 2, job_id="a1")
-    full = losses(run)
     root = run.checkpoints_dir()
     assert [c.step for c in checkpoint.list_checkpoints(root)] == [4, 8]
     moved = checkpoint.keep_only_up_to(root, 4)  # what `clusterfsdp resume --step 4` does

@@ -5,31 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from procs import launch, losses, make_run, run_workers, wait
+from procs import launch, losses, make_run, run_workers, tiny_job, wait
 
-REPO = Path(__file__).resolve().parents[1]
-JOB = f"""
-[job]
-name = "par"
-seed = 3
-[model]
-preset = "llama-tiny"
-[data]
-source = "files"
-paths = ["{REPO / 'clusterfsdp' / 'data' / 'corpus.txt'}"]
-seq_len = 64
-[train]
-steps = 6
-micro_batch_size = 2
-lr = 3e-3
-warmup = 2
-log_every = 1
-[fsdp]
-mixed_precision = "fp32"
-"""
+JOB = tiny_job("par", seed=3, steps=6)
 
 
 @pytest.fixture(scope="module")

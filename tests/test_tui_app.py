@@ -180,16 +180,22 @@ def big_run(root):
     return run, lines
 
 
+async def open_logs_at_the_end(pilot, app: ClusterApp, last: str) -> LogsScreen:
+    """Select the run, open its logs (key 3) and wait until the file's last line is loaded."""
+    await until(pilot, lambda: app.current_key is not None, "a selected run")
+    await pilot.press("3")
+    screen = app.screen
+    assert isinstance(screen, LogsScreen)
+    await until(pilot, lambda: screen.view.lines[-1:] == [last], "the last line")
+    return screen
+
+
 def test_logs_open_at_the_end_follow_new_bytes_and_stay_bounded(big_run):
     run, lines = big_run
     app = ClusterApp(run.path.parents[1], slurm=FakeSlurm(), refresh_s=3600)
 
     async def scenario(pilot):
-        await until(pilot, lambda: app.current_key is not None, "a selected run")
-        await pilot.press("3")
-        screen = app.screen
-        assert isinstance(screen, LogsScreen)
-        await until(pilot, lambda: screen.view.lines[-1:] == [lines[-1]], "the last line")
+        screen = await open_logs_at_the_end(pilot, app, lines[-1])
         assert len(screen.view.lines) < 30_000 and screen.view.start > 0  # only the end was read
         assert lines[-1] in rendered(screen.view)
         with open(run.log_path("1001", 0, 0), "a") as f:
@@ -209,10 +215,7 @@ def test_logs_search_first_error_and_back_to_the_end(big_run):
     app = ClusterApp(run.path.parents[1], slurm=FakeSlurm(), refresh_s=3600)
 
     async def scenario(pilot):
-        await until(pilot, lambda: app.current_key is not None, "a selected run")
-        await pilot.press("3")
-        screen = app.screen
-        await until(pilot, lambda: screen.view.lines[-1:] == [lines[-1]], "the last line")
+        screen = await open_logs_at_the_end(pilot, app, lines[-1])
         await pilot.press("slash")
         assert screen.query_one("#search", Input).has_focus
         await pilot.press(*"step 49990 ", "enter")  # in the loaded window
@@ -241,10 +244,7 @@ def test_logs_scrolling_up_reads_the_previous_piece(big_run):
     app = ClusterApp(run.path.parents[1], slurm=FakeSlurm(), refresh_s=3600)
 
     async def scenario(pilot):
-        await until(pilot, lambda: app.current_key is not None, "a selected run")
-        await pilot.press("3")
-        screen = app.screen
-        await until(pilot, lambda: screen.view.lines[-1:] == [lines[-1]], "the last line")
+        screen = await open_logs_at_the_end(pilot, app, lines[-1])
         start = screen.view.start
         await pilot.press("home")
         await until(pilot, lambda: screen.view.start < start, "an earlier piece")
@@ -258,10 +258,7 @@ def test_logs_pick_rank_and_follow_a_new_attempt(big_run):
     app = ClusterApp(run.path.parents[1], slurm=FakeSlurm(), refresh_s=3600)
 
     async def scenario(pilot):
-        await until(pilot, lambda: app.current_key is not None, "a selected run")
-        await pilot.press("3")
-        screen = app.screen
-        await until(pilot, lambda: screen.view.lines[-1:] == [lines[-1]], "rank 0")
+        screen = await open_logs_at_the_end(pilot, app, lines[-1])
         await pilot.press("right_square_bracket")
         await until(pilot, lambda: screen.view.lines == ["[rank1] only line"], "rank 1")
         assert screen.query_one("#rank", Select).value == 1
