@@ -11,13 +11,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
+from procs import CORPUS  # noqa: E402  (tests/ is on sys.path from the line above)
+
 
 @pytest.fixture
 def tiny_job(tmp_path: Path) -> Path:
     """jobs/tiny-cpu.toml with its paths made absolute and runs going under tmp_path."""
     text = (REPO / "jobs" / "tiny-cpu.toml").read_text()
     text = text.replace('run_root = "../runs"', f'run_root = "{tmp_path / "runs"}"')
-    text = text.replace('"../clusterfsdp/data/corpus.txt"', f'"{REPO / "clusterfsdp" / "data" / "corpus.txt"}"')
+    text = text.replace('"../clusterfsdp/data/corpus.txt"', f'"{CORPUS}"')
     path = tmp_path / "tiny.toml"
     path.write_text(text)
     return path

@@ -14,9 +14,10 @@ from clusterfsdp import spec as S
 CORPUS = Path(__file__).resolve().parents[1] / "clusterfsdp" / "data" / "corpus.txt"
 
 
-def tiny_job(name: str, seed: int, steps: int, fsdp: str = "", tail: str = "") -> str:
-    """The job the multi-process tests share: llama-tiny on the shipped corpus in fp32 (so
-    runs compare bitwise), loss logged every step. `fsdp` adds lines to [fsdp]; `tail` adds tables."""
+def tiny_job_toml(name: str, seed: int, steps: int, fsdp: str = "", tail: str = "") -> str:
+    """The job.toml text the multi-process tests share: llama-tiny on the shipped corpus in fp32
+    (so runs compare bitwise), loss logged every step. `fsdp` adds lines to [fsdp]; `tail` adds
+    tables. (conftest's `tiny_job` fixture is the other starting point: jobs/tiny-cpu.toml.)"""
     return f"""
 [job]
 name = "{name}"

@@ -65,11 +65,12 @@ class SlurmCluster(devcluster.DevClusterInfo):
         proc = self.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], check=False)
         return proc.stdout.strip() if proc.returncode == 0 else ""
 
-    def sacct_state(self, job_id: int) -> str:
-        """The allocation's state in sacct (e.g. "COMPLETED", "CANCELLED by 0"), or ""."""
-        proc = self.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], check=False)
-        lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
-        return lines[-1] if lines else ""
+    def sacct_attempts(self, job_id: int | str) -> list[str]:
+        """The state of each attempt of the job in sacct, oldest first: one row per attempt, so
+        a requeued job shows e.g. ["REQUEUED", "COMPLETED"]; [] before slurmdbd knows the job."""
+        argv = ["sacct", "-n", "-X", "-P", "--duplicates", "-j", str(job_id), "-o", "State"]
+        proc = self.run(argv, check=False)
+        return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
 
     def wait_for(
         self, what: str, predicate: Callable[[], T], timeout: float = 30, interval: float = 0.1
@@ -84,19 +85,27 @@ class SlurmCluster(devcluster.DevClusterInfo):
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}")
             time.sleep(interval)
 
-    def wait_sacct(self, job_id: int, prefix: str, timeout: float = 30) -> str:
-        """Wait until sacct reports a state starting with `prefix` (sacct lags a little)."""
-        seen: list[str] = []
+    def wait_sacct_rows(
+        self, job_id: int | str, want: Callable[[list[str]], bool], what: str, timeout: float = 30
+    ) -> list[str]:
+        """Wait until want(sacct_attempts(job_id)) and return those rows. slurmdbd records states
+        asynchronously, so sacct lags squeue and the run folder; the error lists the rows seen."""
+        seen: list[tuple[str, ...]] = []
 
-        def check() -> str:
-            state = self.sacct_state(job_id)
-            seen.append(state)
-            return state if state.startswith(prefix) else ""
+        def check() -> list[str]:
+            rows = self.sacct_attempts(job_id)
+            seen.append(tuple(rows))
+            return rows if want(rows) else []
 
         try:
-            return self.wait_for(f"sacct state {prefix} of job {job_id}", check, timeout=timeout)
+            return self.wait_for(f"sacct: {what} (job {job_id})", check, timeout=timeout)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; last states seen: {sorted(set(seen))}") from None
+            raise AssertionError(f"{exc}; rows seen: {list(dict.fromkeys(seen))}") from None
+
+    def wait_sacct(self, job_id: int | str, prefix: str, timeout: float = 30) -> str:
+        """Wait until the latest attempt's state in sacct starts with `prefix`; returns that state."""
+        rows = self.wait_sacct_rows(job_id, lambda r: bool(r) and r[-1].startswith(prefix), f"state {prefix}", timeout)
+        return rows[-1]
 
 
 def _script(command: str, timeout: float) -> subprocess.CompletedProcess[str]:

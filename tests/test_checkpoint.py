@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import launch, make_run, run_workers, tiny_job, wait
+from procs import launch, make_run, run_workers, tiny_job_toml, wait
 
 from clusterfsdp import checkpoint, launch as launchmod, runs, status
 from clusterfsdp import spec as S
 
-JOB = tiny_job("ck", seed=5, steps=8, fsdp='sharding = "full"', tail="""
+JOB = tiny_job_toml("ck", seed=5, steps=8, fsdp='sharding = "full"', tail="""
 [slurm]
 tasks_per_node = 2
 [checkpoint]

@@ -168,20 +168,8 @@ def test_requeue_then_start_now(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
     finally:
         slurm_cluster.run(["scancel", str(job)], check=False)
 
-    seen: list[list[str]] = []
-
-    def attempts() -> list[str]:
-        rows = slurm_cluster.run(
-            ["sacct", "-n", "-X", "-P", "--duplicates", "-j", str(job), "-o", "State"]
-        ).stdout.splitlines()
-        seen.append(rows)
-        return rows if rows[:1] == ["REQUEUED"] and rows[1:2] == ["CANCELLED by 0"] else []
-
-    try:
-        slurm_cluster.wait_for("sacct: REQUEUED then CANCELLED", attempts, timeout=60, interval=0.5)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; sacct rows seen: {seen[-3:]}") from None
-    assert len(seen[-1]) == 2, seen[-1]
+    want = ["REQUEUED", "CANCELLED by 0"]
+    slurm_cluster.wait_sacct_rows(job, lambda rows: rows == want, " then ".join(want), timeout=60)
 
 
 @slurm

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from procs import launch, losses, make_run, run_workers, tiny_job, wait
+from procs import launch, losses, make_run, run_workers, tiny_job_toml, wait
 
-JOB = tiny_job("par", seed=3, steps=6)
+JOB = tiny_job_toml("par", seed=3, steps=6)
 
 
 @pytest.fixture(scope="module")

@@ -109,13 +109,9 @@ def test_preemption_signal_saves_requeues_and_resumes(slurm_cluster, tiny_job, t
     assert kinds.index("requeued") < kinds.index("resumed") < kinds.index("completed")
     resumed = next(e for e in run.events() if e["event"] == "resumed")
     assert resumed["step"] >= 30 and resumed["job_id"] == job_id and resumed["restart"] == 1
-
-    def attempts() -> list[str]:  # slurmdbd records states asynchronously: sacct lags the run folder
-        dup = slurm_cluster.run(["sacct", "-n", "-X", "-P", "--duplicates", "-o", "State", "-j", job_id])
-        rows = dup.stdout.splitlines()
-        return rows if "REQUEUED" in rows and rows[-1] == "COMPLETED" else []
-
-    slurm_cluster.wait_for("sacct: REQUEUED, then COMPLETED last", attempts, timeout=60, interval=0.5)
+    slurm_cluster.wait_sacct_rows(
+        job_id, lambda rows: "REQUEUED" in rows and rows[-1] == "COMPLETED", "REQUEUED, COMPLETED last", timeout=60
+    )
 
 
 def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, tmp_path):
