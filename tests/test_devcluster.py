@@ -110,17 +110,19 @@ def test_fake_gpus(slurm_cluster: SlurmCluster) -> None:
     assert "Requested node configuration is not available" in too_many.stderr
 
 
-def _live_cmdlines_with(token: str) -> list[int]:
-    pids = []
+def _live_cmdlines_with(token: str) -> list[list[bytes]]:
+    """argv of every live process whose command line contains `token`."""
+    found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if token.encode() in (proc / "cmdline").read_bytes():
-                pids.append(int(proc.name))
+            cmdline = (proc / "cmdline").read_bytes()
         except OSError:
-            pass
-    return pids
+            continue
+        if token.encode() in cmdline:
+            found.append(cmdline.split(b"\0"))
+    return found
 
 
 @slurm
@@ -129,8 +131,14 @@ def test_scancel(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     job = slurm_cluster.sbatch(
         ["-N2", "-o", str(tmp_path / "out.txt"), "--wrap", f'srun bash -c "sleep 600; : {token}"']
     )
-    # both tasks are running (their bash command lines carry the token)
-    slurm_cluster.wait_for("the job's two tasks", lambda: len(_live_cmdlines_with(token)) >= 2, timeout=30)
+    # Both tasks are running: their command lines (/usr/bin/bash -c ...) carry the token. srun's
+    # two processes carry it too, so only bash counts. Cancelling while a task is still being
+    # launched races proctrack/linuxproc: the late task escapes the kill and slurmd drains its
+    # node ("Kill task failed"), which broke every later multi-node test in one CI run.
+    def tasks() -> list[list[bytes]]:
+        return [argv for argv in _live_cmdlines_with(token) if argv[0].rsplit(b"/", 1)[-1] == b"bash"]
+
+    slurm_cluster.wait_for("the job's two tasks", lambda: len(tasks()) == 2, timeout=30)
     assert slurm_cluster.squeue_state(job) == "RUNNING"
     slurm_cluster.run(["scancel", str(job)])
     assert slurm_cluster.wait_sacct(job, "CANCELLED").startswith("CANCELLED")
