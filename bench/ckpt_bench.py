@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bench_job, result, versions  # noqa: E402
+from common import bench_job, result, versions
 
 
 def du(path: Path) -> int:
@@ -38,8 +38,9 @@ def dd(folder: Path, gib: int) -> dict:
     target = folder / "dd.bin"
     count = max(1, gib * 16)
     t0 = time.perf_counter()
-    out = subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=64M", f"count={count}", "conv=fsync"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["dd", "if=/dev/zero", f"of={target}", "bs=64M", f"count={count}", "conv=fsync"], capture_output=True, text=True
+    )
     secs = time.perf_counter() - t0
     size = target.stat().st_size if target.exists() else 0
     target.unlink(missing_ok=True)
@@ -71,8 +72,10 @@ def stagers(a, parts, out, root, async_saver, sync, room) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.staging import BlockingAsyncStager, DefaultStager, StagingOptions
 
-    makers = {"pinned_cached": lambda: BlockingAsyncStager(cache_staged_state_dict=True),
-              "pinned_async": lambda: DefaultStager(StagingOptions(True, False, True, True))}
+    makers = {
+        "pinned_cached": lambda: BlockingAsyncStager(cache_staged_state_dict=True),
+        "pinned_async": lambda: DefaultStager(StagingOptions(True, False, True, True)),
+    }
     for name in [n for n in makers if n in parts]:
         stager = makers[name]()
         rows = out[name] = []  # (rows so far are reported if a later save fails)
@@ -82,8 +85,9 @@ def stagers(a, parts, out, root, async_saver, sync, room) -> None:
             target = root / f"{name}-{i}"
             sync()
             t0 = time.perf_counter()
-            res = dcp.async_save(async_saver._state(), checkpoint_id=str(target), process_group=async_saver._pg,
-                                 async_stager=stager)
+            res = dcp.async_save(
+                async_saver._state(), checkpoint_id=str(target), process_group=async_saver._pg, async_stager=stager
+            )
             blocked = time.perf_counter() - t0
             staged = None
             if hasattr(res, "staging_completion"):
@@ -91,8 +95,13 @@ def stagers(a, parts, out, root, async_saver, sync, room) -> None:
                 staged = time.perf_counter() - t0
                 res = res.upload_completion
             res.result()
-            rows.append({"blocked_s": round(blocked, 3), "staged_s": round(staged, 3) if staged else None,
-                         "done_s": round(time.perf_counter() - t0, 2)})
+            rows.append(
+                {
+                    "blocked_s": round(blocked, 3),
+                    "staged_s": round(staged, 3) if staged else None,
+                    "done_s": round(time.perf_counter() - t0, 2),
+                }
+            )
             print("async save", name, rows[-1], flush=True)
             shutil.rmtree(target, ignore_errors=True)
         stager.close()
@@ -106,8 +115,11 @@ def main() -> None:
     p.add_argument("--bs", type=int, default=2)
     p.add_argument("--repeat", type=int, default=2, help="saves of each kind")
     p.add_argument("--dd-gib", type=int, default=8)
-    p.add_argument("--parts", default="dd,sync,writer,async,pinned_cached,pinned_async,load",
-                   help="what to measure (comma list; see the module docstring)")
+    p.add_argument(
+        "--parts",
+        default="dd,sync,writer,async,pinned_cached,pinned_async,load",
+        help="what to measure (comma list; see the module docstring)",
+    )
     p.add_argument("--writer-threads", type=int, default=8, help="FileSystemWriter threads for the 'writer' part")
     p.add_argument("--budget-s", type=float, default=0, help="skip saves that would end past this many seconds")
     p.add_argument("--cpu", action="store_true")
@@ -119,8 +131,10 @@ def main() -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from clusterfsdp import checkpoint as ckpt
-    from clusterfsdp import distenv, spec as specmod, train
+    from clusterfsdp.control import ckptfolder
+    from clusterfsdp.control import spec as specmod
+    from clusterfsdp.worker import checkpoint as ckpt
+    from clusterfsdp.worker import distenv, train
 
     env = distenv.from_environ()
     os.environ.update(env.export())
@@ -133,8 +147,16 @@ def main() -> None:
     root = Path(a.dir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    spec = bench_job(name="ckpt", run_root=str(root / "runs"), preset=a.preset, seq=a.seq, bs=a.bs, compile=False,
-                     mixed_precision="fp32" if a.cpu else "bf16", gpus=0 if a.cpu else 1)
+    spec = bench_job(
+        name="ckpt",
+        run_root=str(root / "runs"),
+        preset=a.preset,
+        seq=a.seq,
+        bs=a.bs,
+        compile=False,
+        mixed_precision="fp32" if a.cpu else "bf16",
+        gpus=0 if a.cpu else 1,
+    )
     spec_text = specmod.dumps(spec)
     model, opt, config, n_params = train.build(spec, device, 1, None)
     loss_fn = train._loss_fn(spec)
@@ -154,8 +176,10 @@ def main() -> None:
 
     step()
     sync()
-    out: dict = {"n_params": n_params, "disk": subprocess.run(["df", "-h", str(root)], capture_output=True,
-                                                              text=True).stdout.strip().splitlines()[-1]}
+    out: dict = {
+        "n_params": n_params,
+        "disk": subprocess.run(["df", "-h", str(root)], capture_output=True, text=True).stdout.strip().splitlines()[-1],
+    }
     if "dd" in parts:
         out["dd"] = dd(root, a.dd_gib)
         print("dd", out["dd"], flush=True)
@@ -168,6 +192,7 @@ def main() -> None:
         if not ok:
             print(f"skipping {kind}: --budget-s {a.budget_s} reached", flush=True)
         return ok
+
     ck = root / "checkpoints"
     sync_saver = ckpt.Checkpointer(ck, model, opt, 0, 1, spec_text, 1, async_save=False)
     saves = []
@@ -179,7 +204,7 @@ def main() -> None:
         sync()
         secs = sync_saver.save(step_no, meta, blocking=True)
         est["save_s"] = secs
-        size = du(ckpt.step_dir(ck, step_no))
+        size = du(ckptfolder.step_dir(ck, step_no))
         saves.append({"s": round(secs, 2), "gb": round(size / 1e9, 2), "gb_s": round(size / secs / 1e9, 2)})
         print("sync save", saves[-1], flush=True)
     out["sync"] = saves  # (at least one when loading: the load part reads it back)
@@ -217,14 +242,14 @@ def main() -> None:
     if parts & {"pinned_cached", "pinned_async"} and device.type == "cuda":
         try:
             stagers(a, parts, out, root, async_saver, sync, room)
-        except Exception as e:  # noqa: BLE001 - a torch without these stager options: report, keep going
+        except Exception as e:
             out["stagers_error"] = f"{type(e).__name__}: {e}"[:300]
             print("stagers failed:", out["stagers_error"], flush=True)
 
     # load: move the weights with a training step, load the last checkpoint, compare
-    info = ckpt.find(ck)
+    info = ckptfolder.find(ck)
     probe = next(iter(model.parameters()))
-    local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
+    local = lambda t: t.to_local() if hasattr(t, "to_local") else t
     saved_sum = float(local(probe.detach()).double().sum())
     loads = []
     for cold in (False, True) if "load" in parts else ():
@@ -240,8 +265,14 @@ def main() -> None:
         secs = time.perf_counter() - t0
         after = float(local(probe.detach()).double().sum())
         size = du(info.path)
-        loads.append({"cold": cold, "s": round(secs, 2), "gb_s": round(size / secs / 1e9, 2),
-                      "restored": after == saved_sum and moved != saved_sum})
+        loads.append(
+            {
+                "cold": cold,
+                "s": round(secs, 2),
+                "gb_s": round(size / secs / 1e9, 2),
+                "restored": after == saved_sum and moved != saved_sum,
+            }
+        )
         print("load", loads[-1], flush=True)
     out["load"] = loads
     if device.type == "cuda":

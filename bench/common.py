@@ -11,22 +11,48 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def bench_job(*, name: str, run_root: str, preset: str = "llama-1b", seq: int = 2048, bs: int = 8, steps: int = 30,
-              log_every: int = 5, compile: bool = True, reshard: bool = True, ac: bool = False,
-              mixed_precision: str = "bf16", ckpt_every: int = 0, ckpt_async: bool = False,
-              gpus: int = 1, overrides: list[str] = ()) -> "clusterfsdp.spec.JobSpec":  # noqa: F821
+def bench_job(
+    *,
+    name: str,
+    run_root: str,
+    preset: str = "llama-1b",
+    seq: int = 2048,
+    bs: int = 8,
+    steps: int = 30,
+    log_every: int = 5,
+    compile: bool = True,
+    reshard: bool = True,
+    ac: bool = False,
+    mixed_precision: str = "bf16",
+    ckpt_every: int = 0,
+    ckpt_async: bool = False,
+    gpus: int = 1,
+    overrides: list[str] = (),
+) -> clusterfsdp.spec.JobSpec:  # noqa: F821
     """The benchmark's job spec: random-init preset, synthetic tokens, FSDP2 on one node."""
-    from clusterfsdp import spec as specmod
+    from clusterfsdp.control import spec as specmod
 
     data = {
         "job": {"name": name, "run_root": run_root, "seed": 0},
         "slurm": {"nodes": 1, "gpus_per_node": gpus},
         "model": {"preset": preset, "dtype": "float32"},
         "data": {"source": "synthetic", "seq_len": seq},
-        "train": {"steps": steps, "micro_batch_size": bs, "grad_accum": 1, "lr": 3e-4, "warmup": 10,
-                  "log_every": log_every},
-        "fsdp": {"version": 2, "sharding": "full", "reshard_after_forward": reshard,
-                 "mixed_precision": mixed_precision, "compile": compile, "activation_checkpointing": ac},
+        "train": {
+            "steps": steps,
+            "micro_batch_size": bs,
+            "grad_accum": 1,
+            "lr": 3e-4,
+            "warmup": 10,
+            "log_every": log_every,
+        },
+        "fsdp": {
+            "version": 2,
+            "sharding": "full",
+            "reshard_after_forward": reshard,
+            "mixed_precision": mixed_precision,
+            "compile": compile,
+            "activation_checkpointing": ac,
+        },
         "checkpoint": {"every_steps": ckpt_every, "keep_last": 1, "async": ckpt_async},
     }
     specmod.apply_overrides(data, list(overrides))
@@ -37,8 +63,12 @@ def versions() -> dict:
     import torch
     import transformers
 
-    out = {"torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
-           "python": sys.version.split()[0]}
+    out = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+    }
     if torch.cuda.is_available():
         out["device"] = torch.cuda.get_device_name(0)
         out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bench_job, result, versions  # noqa: E402
+from common import bench_job, result, versions
 
 
 def main() -> None:
@@ -38,8 +38,12 @@ def main() -> None:
     p.add_argument("--compile", choices=["true", "false"], default="true")
     p.add_argument("--reshard", choices=["true", "false"], default="true", help="fsdp.reshard_after_forward")
     p.add_argument("--ac", action="store_true", help="activation checkpointing")
-    p.add_argument("--loss", choices=["fused", "logits"], default="fused",
-                   help="'logits': disable the fused lm_head+loss (A/B of clusterfsdp/loss.py)")
+    p.add_argument(
+        "--loss",
+        choices=["fused", "logits"],
+        default="fused",
+        help="'logits': disable the fused lm_head+loss (A/B of clusterfsdp/loss.py)",
+    )
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--async-ckpt", action="store_true")
     p.add_argument("--run-root", default=os.environ.get("BENCH_RUN_ROOT", "/tmp/cfsdp-bench"))
@@ -49,16 +53,30 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], help="extra section.key=value overrides")
     a = p.parse_args()
 
-    from clusterfsdp import loss as lossmod
-    from clusterfsdp import runs, worker
+    from clusterfsdp.control import runfolder
+    from clusterfsdp.worker import loss as lossmod
+    from clusterfsdp.worker import main as worker
 
     if a.loss == "logits":
         lossmod.FUSED_ARCHITECTURES = set()
-    spec = bench_job(name="bench", run_root=a.run_root, preset=a.preset, seq=a.seq, bs=a.bs, steps=a.steps,
-                     log_every=a.log_every, compile=a.compile == "true", reshard=a.reshard == "true", ac=a.ac,
-                     mixed_precision="fp32" if a.cpu else "bf16", ckpt_every=a.ckpt_every,
-                     ckpt_async=a.async_ckpt, gpus=0 if a.cpu else 1, overrides=a.set)
-    run = runs.create_run(spec, "local")
+    spec = bench_job(
+        name="bench",
+        run_root=a.run_root,
+        preset=a.preset,
+        seq=a.seq,
+        bs=a.bs,
+        steps=a.steps,
+        log_every=a.log_every,
+        compile=a.compile == "true",
+        reshard=a.reshard == "true",
+        ac=a.ac,
+        mixed_precision="fp32" if a.cpu else "bf16",
+        ckpt_every=a.ckpt_every,
+        ckpt_async=a.async_ckpt,
+        gpus=0 if a.cpu else 1,
+        overrides=a.set,
+    )
+    run = runfolder.create_run(spec, "local")
     t0 = time.time()
     try:
         status = worker.run(str(run.path))
@@ -69,8 +87,10 @@ def main() -> None:
     rows = run.metrics()
     events = {e["event"]: e for e in run.events()}
     log = "".join(f.read_text() for f in run.log_files())
-    blocked = [(int(m.group(1)), float(m.group(2)))
-               for m in re.finditer(r"checkpoint step (\d+): training blocked ([\d.]+) s", log)]
+    blocked = [
+        (int(m.group(1)), float(m.group(2)))
+        for m in re.finditer(r"checkpoint step (\d+): training blocked ([\d.]+) s", log)
+    ]
     first_ckpt = min((s for s, _ in blocked), default=None)
     # windows after the warm-up and before the first in-loop checkpoint (its background write slows the next window)
     use = [r for r in rows if r["step"] > a.skip and (first_ckpt is None or r["step"] <= first_ckpt)]
@@ -84,16 +104,34 @@ def main() -> None:
     final_save_s = (events["completed"]["time"] - last["time"]) if "completed" in events and last else None
     ckpt_dir = run.checkpoints_dir(spec)
     ckpt_bytes = sum(f.stat().st_size for f in ckpt_dir.rglob("*") if f.is_file()) if ckpt_dir.exists() else 0
-    result("train", tag=a.tag, status=status, preset=a.preset, seq=a.seq, bs=a.bs, compile=a.compile,
-           reshard_after_forward=a.reshard, ac=a.ac, loss=a.loss, steps=a.steps, measured_steps=len(use) * a.log_every,
-           tokens_per_s=round(tps), step_s=round(a.bs * a.seq / tps, 4) if use else None,
-           mfu_pct=round(100 * mfu, 1) if mfu else None,
-           peak_mem_gib=round(max(r["mem_peak_gb"] for r in rows), 1) if rows else None,
-           window_tps=[round(r["tokens_per_s"]) for r in rows], loss_first=rows[0]["loss"] if rows else None,
-           loss_last=last.get("loss"), ckpt_blocked_s=blocked,
-           tps_window_after_ckpt=[round(r["tokens_per_s"]) for r in after],
-           final_sync_save_s=round(final_save_s, 2) if final_save_s is not None else None,
-           ckpt_gb=round(ckpt_bytes / 1e9, 2), wall_s=round(wall, 1), run=str(run.path), **versions())
+    result(
+        "train",
+        tag=a.tag,
+        status=status,
+        preset=a.preset,
+        seq=a.seq,
+        bs=a.bs,
+        compile=a.compile,
+        reshard_after_forward=a.reshard,
+        ac=a.ac,
+        loss=a.loss,
+        steps=a.steps,
+        measured_steps=len(use) * a.log_every,
+        tokens_per_s=round(tps),
+        step_s=round(a.bs * a.seq / tps, 4) if use else None,
+        mfu_pct=round(100 * mfu, 1) if mfu else None,
+        peak_mem_gib=round(max(r["mem_peak_gb"] for r in rows), 1) if rows else None,
+        window_tps=[round(r["tokens_per_s"]) for r in rows],
+        loss_first=rows[0]["loss"] if rows else None,
+        loss_last=last.get("loss"),
+        ckpt_blocked_s=blocked,
+        tps_window_after_ckpt=[round(r["tokens_per_s"]) for r in after],
+        final_sync_save_s=round(final_save_s, 2) if final_save_s is not None else None,
+        ckpt_gb=round(ckpt_bytes / 1e9, 2),
+        wall_s=round(wall, 1),
+        run=str(run.path),
+        **versions(),
+    )
     if not a.keep:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
 

@@ -35,31 +35,41 @@ import sys
 import tempfile
 import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from clusterfsdp import runs  # noqa: E402
-from clusterfsdp import spec as specmod  # noqa: E402
+from clusterfsdp.control import runfolder  # noqa: E402
+from clusterfsdp.control import spec as specmod  # noqa: E402
 
 LINE = "[rank0] step {i} loss {loss:.4f} lr 3.00e-04 grad_norm 0.912 tokens/s 21,153 mem 0.42 GB {pad}\n"
 TRACEBACK = "Traceback (most recent call last):\n"
 NEEDLE = "needle-near-the-top-of-the-file\n"
 
 
-def make_run(root: Path, run_id: str, job_id: str = "1") -> runs.Run:
+def make_run(root: Path, run_id: str, job_id: str = "1") -> runfolder.RunFolder:
     """A finished local run folder with one attempt (what the queue and logs screens list)."""
     spec = specmod.loads(f'[job]\nname = "bench"\nrun_root = "{root}"\n')
-    run = runs.create_run(spec, "local", run_id=run_id)
+    run = runfolder.create_run(spec, "local", run_id=run_id)
     state = run.state()
-    state["attempts"] = [{"attempt": 0, "executor": "local", "job_id": job_id, "reason": "submit",
-                          "resume_step": None, "submitted": time.time()}]
+    state["attempts"] = [
+        {
+            "attempt": 0,
+            "executor": "local",
+            "job_id": job_id,
+            "reason": "submit",
+            "resume_step": None,
+            "submitted": time.time(),
+        }
+    ]
     run.write_state(state)
-    run.events_file.write_text(json.dumps({"event": "completed", "job_id": job_id, "rank": 0, "restart": 0,
-                                           "time": time.time(), "step": 1}) + "\n")
+    run.events_file.write_text(
+        json.dumps({"event": "completed", "job_id": job_id, "rank": 0, "restart": 0, "time": time.time(), "step": 1})
+        + "\n"
+    )
     return run
 
 
@@ -77,9 +87,15 @@ def first_paint(run_root: Path, newest: str, cwd: Path) -> tuple[float, float]:
     os.set_blocking(master, False)
     env = {**os.environ, "TERM": "xterm-256color"}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "clusterfsdp.tui", "--run-root", str(run_root),
-                             "--refresh", "3600"], stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clusterfsdp.tui", "--run-root", str(run_root), "--refresh", "3600"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+    )
     os.close(slave)
     seen, painted, listed = b"", None, None
     try:
@@ -147,9 +163,12 @@ async def log_view(run_root: Path, log: Path, last: str) -> dict:
         while app.current_row is None:
             await pilot.pause(0.05)
         out["rss_before_mb"], _ = rss_mb()
-        out["open_to_end_s"] = await timed(pilot, lambda: pilot.press("3"),
-                                           lambda: isinstance(app.screen, LogsScreen)
-                                           and app.screen.view.lines[-1:] == [last], "open")
+        out["open_to_end_s"] = await timed(
+            pilot,
+            lambda: pilot.press("3"),
+            lambda: isinstance(app.screen, LogsScreen) and app.screen.view.lines[-1:] == [last],
+            "open",
+        )
         view = app.screen.view
         out["rss_after_open_mb"], _ = rss_mb()
         out["lines_held"] = len(view.lines)
@@ -158,11 +177,15 @@ async def log_view(run_root: Path, log: Path, last: str) -> dict:
             with open(log, "a") as f:
                 f.write("appended while following\n")
 
-        out["follow_new_line_s"] = await timed(pilot, append, lambda: view.lines[-1:] == ["appended while following"],
-                                               "follow")
-        out["first_error_s"] = await timed(pilot, lambda: pilot.press("e"),
-                                           lambda: view.current is not None
-                                           and view.lines[view.current] == TRACEBACK.rstrip("\n"), "first error")
+        out["follow_new_line_s"] = await timed(
+            pilot, append, lambda: view.lines[-1:] == ["appended while following"], "follow"
+        )
+        out["first_error_s"] = await timed(
+            pilot,
+            lambda: pilot.press("e"),
+            lambda: view.current is not None and view.lines[view.current] == TRACEBACK.rstrip("\n"),
+            "first error",
+        )
         out["rss_after_first_error_mb"], _ = rss_mb()
         await pilot.press("G")
         while not (app.screen.at_tail and view.lines[-1:] == ["appended while following"]):
@@ -171,15 +194,20 @@ async def log_view(run_root: Path, log: Path, last: str) -> dict:
         async def search() -> None:
             await pilot.press("slash", *NEEDLE.rstrip("\n"), "enter")
 
-        out["search_backward_to_top_s"] = await timed(pilot, search, lambda: view.current is not None
-                                                      and view.lines[view.current] == NEEDLE.rstrip("\n"), "search")
+        out["search_backward_to_top_s"] = await timed(
+            pilot,
+            search,
+            lambda: view.current is not None and view.lines[view.current] == NEEDLE.rstrip("\n"),
+            "search",
+        )
         out["rss_after_search_mb"], _ = rss_mb()
         await pilot.press("G")
         while not (app.screen.at_tail and view.lines[-1:] == ["appended while following"]):
             await pilot.pause(0.01)
         start = view.start
-        out["scroll_above_window_s"] = await timed(pilot, lambda: pilot.press("home"), lambda: view.start < start,
-                                                   "scroll up")
+        out["scroll_above_window_s"] = await timed(
+            pilot, lambda: pilot.press("home"), lambda: view.start < start, "scroll up"
+        )
         out["rss_final_mb"], out["rss_peak_mb"] = rss_mb()
     return out
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from . import __version__
-from . import spec as specmod
+from .control import spec as specmod
 
 EXIT_BAD_INPUT = 2
 
@@ -27,8 +27,12 @@ def _load(args: argparse.Namespace) -> specmod.JobSpec:
 
 def _add_job(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="job.toml")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a key, typed by the schema (repeatable): --set train.lr=3e-4 --set slurm.nodes=4")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a key, typed by the schema (repeatable): --set train.lr=3e-4 --set slurm.nodes=4",
+    )
 
 
 def _add_run(p: argparse.ArgumentParser) -> None:
@@ -37,11 +41,11 @@ def _add_run(p: argparse.ArgumentParser) -> None:
 
 
 def _find(args: argparse.Namespace):
-    from . import runs
+    from .control import runfolder
 
     try:
-        return runs.find_run(args.run, args.run_root)
-    except runs.RunNotFound as e:
+        return runfolder.find_run(args.run, args.run_root)
+    except runfolder.RunNotFound as e:
         raise CliError(str(e)) from None
 
 
@@ -64,11 +68,15 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def summary(spec: specmod.JobSpec, executor: str) -> str:
-    from .presets import PRESETS, llama_param_count
+    from .control.presets import PRESETS, llama_param_count
 
     s, t = spec.slurm, spec.train
     model = spec.model.name_or_path or f"{spec.model.preset} (random init)"
-    params = "" if spec.model.name_or_path else f", ~{llama_param_count({**PRESETS[spec.model.preset], **spec.model.from_config}) / 1e6:.1f}M params"
+    params = (
+        ""
+        if spec.model.name_or_path
+        else f", ~{llama_param_count({**PRESETS[spec.model.preset], **spec.model.from_config}) / 1e6:.1f}M params"
+    )
     gpus = f"{s.gpus_per_node} GPU(s)" if s.gpus_per_node else "CPU"
     lines = [
         f"job        {spec.job.name} -> {spec.job.run_root}/{spec.job.name}/<run id>/",
@@ -78,10 +86,11 @@ def summary(spec: specmod.JobSpec, executor: str) -> str:
         f"({'replicate x shard' if len(spec.mesh_shape) == 2 else 'shard'}), sharding {spec.effective_sharding}, "
         f"FSDP{spec.fsdp.version}, {spec.fsdp.mixed_precision}",
         f"model      {model}{params}",
-        f"data       {spec.data.source}{' ' + ', '.join(spec.data.paths) if spec.data.paths else ''}, seq {spec.data.seq_len}",
+        f"data       {spec.data.source}{' ' + ', '.join(spec.data.paths) if spec.data.paths else ''}, "
+        f"seq {spec.data.seq_len}",
         f"train      {t.steps} steps x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
         f"({t.micro_batch_size}/rank x {t.grad_accum} accum), lr {t.lr:g} {t.schedule}",
-        f"checkpoint {'every ' + str(spec.checkpoint.every_steps) + ' steps' if spec.checkpoint.every_steps else 'at the end'}"
+        f"checkpoint {f'every {spec.checkpoint.every_steps} steps' if spec.checkpoint.every_steps else 'at the end'}"
         f"{' (async)' if spec.checkpoint.async_ else ''}, keep {spec.checkpoint.keep_last}",
         f"runs on    {executor}",
     ]
@@ -89,10 +98,12 @@ def summary(spec: specmod.JobSpec, executor: str) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from . import slurmcli
+    from .control import slurmcli
 
     spec = _load(args)
-    where = "Slurm (controller answers)" if slurmcli.available() else "this machine (local executor; no reachable Slurm)"
+    where = (
+        "Slurm (controller answers)" if slurmcli.available() else "this machine (local executor; no reachable Slurm)"
+    )
     if not slurmcli.available() and spec.slurm.nodes > 1:
         where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"
     print(summary(spec, where))
@@ -101,7 +112,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from . import launch
+    from .control import launch
 
     spec = _load(args)
     if args.dry_run:
@@ -110,7 +121,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         except launch.SubmitError as e:
             raise CliError(str(e)) from None
         print(script)
-        print(f"# run folder prepared: {run.path}\n# submit by hand with: sbatch {run.path / 'sbatch.sh'}", file=sys.stderr)
+        print(
+            f"# run folder prepared: {run.path}\n# submit by hand with: sbatch {run.path / 'sbatch.sh'}",
+            file=sys.stderr,
+        )
         return 0
     try:
         sub = launch.submit(spec, args.executor)
@@ -126,7 +140,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _follow(run, rank: int) -> int:
-    from . import logs, status
+    from .control import logs, status
 
     def done() -> bool:
         return status.run_status(run).state in logs.FINAL
@@ -154,9 +168,9 @@ def _age(ts: float | None) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from . import runs, status
+    from .control import runfolder, status
 
-    found = runs.list_runs(args.run_root)
+    found = runfolder.list_runs(args.run_root)
     if not found:
         print(f"no runs under {Path(args.run_root).expanduser()}")
         return 0
@@ -168,12 +182,13 @@ def cmd_runs(args: argparse.Namespace) -> int:
         step = f"{st.step or 0}/{st.steps or '?'}"
         loss = f"{st.loss:.4f}" if st.loss is not None else "-"
         job = f"{st.executor}:{st.job_id}" if st.job_id else "-"
-        print(f"{st.run.id:<22} {st.run.name[:16]:<16} {st.state:<11} {step:>11} {loss:>8} {job:<14} {_age(st.run.state().get('created'))}")
+        created = _age(st.run.state().get("created"))
+        print(f"{st.run.id:<22} {st.run.name[:16]:<16} {st.state:<11} {step:>11} {loss:>8} {job:<14} {created}")
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from . import checkpoint, status
+    from .control import ckptfolder, status
 
     if not args.run:
         return cmd_runs(args)
@@ -181,16 +196,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     st = status.run_status(run)
     print(f"run        {run.id} ({run.name})\nfolder     {run.path}")
     print(f"state      {st.state}{' - ' + st.reason if st.reason else ''}")
-    print(f"progress   step {st.step or 0}/{st.steps or '?'}" + (f", loss {st.loss:.4f}" if st.loss is not None else ""))
+    print(
+        f"progress   step {st.step or 0}/{st.steps or '?'}" + (f", loss {st.loss:.4f}" if st.loss is not None else "")
+    )
     for a in run.attempts:
         when = datetime.fromtimestamp(a.get("submitted", 0)).strftime("%Y-%m-%d %H:%M:%S")
         print(f"attempt {a['attempt']}  {a['executor']} job {a['job_id']}  {when}  {a.get('reason', '')}")
     for e in run.events():
         if e.get("event") in ("requeued", "failed", "follow_up", "resumed", "stopped"):
-            print(f"event      {datetime.fromtimestamp(e['time']).strftime('%H:%M:%S')} job {e.get('job_id')} "
-                  f"{e['event']} {e.get('reason', '') or e.get('checkpoint', '')}".rstrip())
+            print(
+                f"event      {datetime.fromtimestamp(e['time']).strftime('%H:%M:%S')} job {e.get('job_id')} "
+                f"{e['event']} {e.get('reason', '') or e.get('checkpoint', '')}".rstrip()
+            )
     try:
-        cks = checkpoint.list_checkpoints(run.checkpoints_dir())
+        cks = ckptfolder.list_checkpoints(run.checkpoints_dir())
     except specmod.SpecError:
         cks = []
     print(f"checkpoints {', '.join(f'step {c.step}' for c in cks) or 'none'}")
@@ -198,20 +217,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from . import logs
+    from .control import logs
 
     run = _find(args)
     if args.follow:
         return _follow(run, args.rank)
     path = logs.log_file(run, args.rank, args.attempt)
     if path is None:
-        raise CliError(f"run {run.id}: no log for rank {args.rank} yet (attempts: {', '.join(logs.attempt_keys(run)) or 'none'})")
+        raise CliError(
+            f"run {run.id}: no log for rank {args.rank} yet (attempts: {', '.join(logs.attempt_keys(run)) or 'none'})"
+        )
     print(logs.tail(path, args.lines))
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from . import launch, slurmcli
+    from .control import launch, slurmcli
 
     run = _find(args)
     try:
@@ -222,40 +243,50 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from . import checkpoint, launch
+    from .control import ckptfolder, launch
 
     run = _find(args)
     spec = specmod.load(run.job_toml, args.set or [])
     root = run.checkpoints_dir(spec)
-    target = checkpoint.find(root, args.step)
+    target = ckptfolder.find(root, args.step)
     if args.step is not None and target is None:
-        raise CliError(f"run {run.id}: no complete checkpoint at step {args.step} "
-                       f"(have: {', '.join(str(c.step) for c in checkpoint.list_checkpoints(root)) or 'none'})")
+        raise CliError(
+            f"run {run.id}: no complete checkpoint at step {args.step} "
+            f"(have: {', '.join(str(c.step) for c in ckptfolder.list_checkpoints(root)) or 'none'})"
+        )
     if target is not None and args.step is not None:
-        checkpoint.keep_only_up_to(root, target.step)
+        ckptfolder.keep_only_up_to(root, target.step)
     specmod.check(spec)
     run.job_toml.write_text(specmod.dumps(spec, redact=True))  # the new attempt runs with the overrides
     executor = args.executor or run.executor
     try:
-        sub = launch.submit(spec, executor, run=run, reason=f"resume from step {target.step if target else 0}",
-                            resume_step=target.step if target else None)
+        sub = launch.submit(
+            spec,
+            executor,
+            run=run,
+            reason=f"resume from step {target.step if target else 0}",
+            resume_step=target.step if target else None,
+        )
     except launch.SubmitError as e:
         raise CliError(str(e)) from None
-    print(f"run {run.id}  job {sub.job_id}  resumes from {'step ' + str(target.step) if target else 'scratch (no checkpoint)'}")
+    origin = f"step {target.step}" if target else "scratch (no checkpoint)"
+    print(f"run {run.id}  job {sub.job_id}  resumes from {origin}")
     if args.follow:
         return _follow(run, 0)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from . import checkpoint
+    from .control import ckptfolder
 
     run = _find(args)
     spec = run.spec()
-    info = checkpoint.find(run.checkpoints_dir(spec), args.step)
+    info = ckptfolder.find(run.checkpoints_dir(spec), args.step)
     if info is None:
-        raise CliError(f"run {run.id}: no complete checkpoint{' at step ' + str(args.step) if args.step is not None else ''}")
-    from .export import export_hf
+        raise CliError(
+            f"run {run.id}: no complete checkpoint{' at step ' + str(args.step) if args.step is not None else ''}"
+        )
+    from .worker.export import export_hf
 
     out = export_hf(spec, info.path, Path(args.to))
     print(f"exported step {info.step} to {out} (load with AutoModelForCausalLM.from_pretrained)")
@@ -263,7 +294,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_devcluster(args: argparse.Namespace) -> int:
-    from . import devcluster
+    from .control import devcluster
 
     return devcluster.main([args.action])
 
@@ -276,7 +307,9 @@ def cmd_tui(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="clusterfsdp", description="job.toml -> multi-node FSDP training on Slurm (or locally).")
+    p = argparse.ArgumentParser(
+        prog="clusterfsdp", description="job.toml -> multi-node FSDP training on Slurm (or locally)."
+    )
     p.add_argument("--version", action="version", version=f"clusterfsdp {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -345,8 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run-root", default="./runs")
     s.add_argument("--serve", action="store_true", help="serve it to a browser on localhost")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--refresh", type=float, metavar="SECONDS",
-                   help="seconds between queue refreshes (default: $CLUSTERFSDP_TUI_REFRESH_S or 10)")
+    s.add_argument(
+        "--refresh",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between queue refreshes (default: $CLUSTERFSDP_TUI_REFRESH_S or 10)",
+    )
     s.set_defaults(fn=cmd_tui)
     return p
 

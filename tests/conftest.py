@@ -19,7 +19,7 @@ def tiny_job(tmp_path: Path) -> Path:
     """jobs/tiny-cpu.toml with its paths made absolute and runs going under tmp_path."""
     text = (REPO / "jobs" / "tiny-cpu.toml").read_text()
     text = text.replace('run_root = "../runs"', f'run_root = "{tmp_path / "runs"}"')
-    text = text.replace('"../clusterfsdp/data/corpus.txt"', f'"{CORPUS}"')
+    text = text.replace('"data/corpus.txt"', f'"{CORPUS}"')
     path = tmp_path / "tiny.toml"
     path.write_text(text)
     return path

@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clusterfsdp import runs
-from clusterfsdp import spec as S
+from clusterfsdp.control import runfolder
+from clusterfsdp.control import spec as S
 
-CORPUS = Path(__file__).resolve().parents[1] / "clusterfsdp" / "data" / "corpus.txt"
+CORPUS = Path(__file__).resolve().parents[1] / "jobs" / "data" / "corpus.txt"
 
 
 def tiny_job_toml(name: str, seed: int, steps: int, fsdp: str = "", tail: str = "") -> str:
@@ -46,20 +46,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_run(job_text: str, run_root: Path, overrides: list[str] = ()) -> runs.Run:
+def make_run(job_text: str, run_root: Path, overrides: list[str] = ()) -> runfolder.RunFolder:
     spec = S.loads(job_text, [f"job.run_root={str(run_root)!r}", *overrides])
-    return runs.create_run(spec, "test")
+    return runfolder.create_run(spec, "test")
 
 
 def launch(argv: list[str], world: int, job_id: str = "t1", extra_env: dict | None = None) -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "CLUSTERFSDP_JOB_ID": job_id, "OMP_NUM_THREADS": "1", **(extra_env or {})}
-        procs.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "CLUSTERFSDP_JOB_ID": job_id,
+            "OMP_NUM_THREADS": "1",
+            **(extra_env or {}),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     return procs
 
 
@@ -67,12 +79,12 @@ def wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int,
     return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
 
 
-def run_workers(run: runs.Run, world: int, job_id: str = "t1") -> list[tuple[int, str]]:
+def run_workers(run: runfolder.RunFolder, world: int, job_id: str = "t1") -> list[tuple[int, str]]:
     """All ranks of the worker on one run folder; asserts every rank exited 0."""
     out = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], world, job_id))
     assert all(code == 0 for code, _ in out), "\n".join(text[-3000:] for _, text in out)
     return out
 
 
-def losses(run: runs.Run, job_id: str | None = None) -> dict[int, float]:
+def losses(run: runfolder.RunFolder, job_id: str | None = None) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in run.metrics()}

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import pytest
 
-from clusterfsdp import devcluster
+from clusterfsdp.control import devcluster
 
 T = TypeVar("T")
 
@@ -42,13 +42,9 @@ class SlurmCluster(devcluster.DevClusterInfo):
             raise AssertionError(f"no devcluster env.sh under {state}")
         return cls(**{f.name: getattr(info, f.name) for f in fields(info)})
 
-    def run(
-        self, argv: Sequence[str], *, timeout: float = 60, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
+    def run(self, argv: Sequence[str], *, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command in the login (root) namespace with SLURM_CONF set."""
-        proc = subprocess.run(
-            list(argv), env=self.env(), capture_output=True, text=True, timeout=timeout, check=False
-        )
+        proc = subprocess.run(list(argv), env=self.env(), capture_output=True, text=True, timeout=timeout, check=False)
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"{shlex.join(argv)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -72,9 +68,7 @@ class SlurmCluster(devcluster.DevClusterInfo):
         proc = self.run(argv, check=False)
         return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
 
-    def wait_for(
-        self, what: str, predicate: Callable[[], T], timeout: float = 30, interval: float = 0.1
-    ) -> T:
+    def wait_for(self, what: str, predicate: Callable[[], T], timeout: float = 30, interval: float = 0.1) -> T:
         """Poll predicate() (sleeping `interval`) until it returns something truthy."""
         deadline = time.monotonic() + timeout
         while True:
@@ -109,9 +103,7 @@ class SlurmCluster(devcluster.DevClusterInfo):
 
 
 def _script(command: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(SCRIPT), command], capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return subprocess.run(["bash", str(SCRIPT), command], capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.fixture(scope="session")

@@ -14,19 +14,26 @@ from pathlib import Path
 import pytest
 from procs import launch, make_run, run_workers, tiny_job_toml, wait
 
-from clusterfsdp import checkpoint, launch as launchmod, runs, status
-from clusterfsdp import spec as S
+from clusterfsdp.control import ckptfolder, runfolder, status
+from clusterfsdp.control import launch as launchmod
+from clusterfsdp.control import spec as S
 
-JOB = tiny_job_toml("ck", seed=5, steps=8, fsdp='sharding = "full"', tail="""
+JOB = tiny_job_toml(
+    "ck",
+    seed=5,
+    steps=8,
+    fsdp='sharding = "full"',
+    tail="""
 [slurm]
 tasks_per_node = 2
 [checkpoint]
 every_steps = 4
 keep_last = 5
-""")
+""",
+)
 
 
-def rows_by_attempt(run: runs.Run) -> list[dict[int, float]]:
+def rows_by_attempt(run: runfolder.RunFolder) -> list[dict[int, float]]:
     """metrics.jsonl split where the step goes backwards (a new attempt resumed)."""
     out: list[dict[int, float]] = [{}]
     last = 0
@@ -42,8 +49,8 @@ def test_resume_is_bitwise_exact_on_the_same_world_size(tmp_path):
     run = make_run(JOB, tmp_path)
     run_workers(run, 2, job_id="a1")
     root = run.checkpoints_dir()
-    assert [c.step for c in checkpoint.list_checkpoints(root)] == [4, 8]
-    moved = checkpoint.keep_only_up_to(root, 4)  # what `clusterfsdp resume --step 4` does
+    assert [c.step for c in ckptfolder.list_checkpoints(root)] == [4, 8]
+    moved = ckptfolder.keep_only_up_to(root, 4)  # what `clusterfsdp resume --step 4` does
     assert len(moved) == 1 and moved[0].parent.name == "set-aside"
     run_workers(run, 2, job_id="a2")
     first, resumed = rows_by_attempt(run)
@@ -55,7 +62,7 @@ def test_resume_is_bitwise_exact_on_the_same_world_size(tmp_path):
 def test_resume_on_another_world_size_reshards_and_keeps_the_data_position(tmp_path):
     run = make_run(JOB, tmp_path)
     run_workers(run, 2, job_id="b1")
-    checkpoint.keep_only_up_to(run.checkpoints_dir(), 4)
+    ckptfolder.keep_only_up_to(run.checkpoints_dir(), 4)
     # 1 rank x micro-batch 4 = the same 4 samples per step that 2 ranks x 2 saw
     spec = S.load(run.job_toml, ["slurm.tasks_per_node=1", "train.micro_batch_size=4"])
     run.job_toml.write_text(S.dumps(spec))
@@ -64,7 +71,7 @@ def test_resume_on_another_world_size_reshards_and_keeps_the_data_position(tmp_p
     for step in (5, 6, 7, 8):
         assert resumed[step] == pytest.approx(first[step], abs=2e-4)
     assert "saved by 2 ranks, now 1" in out[0][1]
-    final = checkpoint.find(run.checkpoints_dir())
+    final = ckptfolder.find(run.checkpoints_dir())
     assert final.step == 8 and final.meta["consumed"] == 8 * 4 and final.meta["world_size"] == 1
 
 
@@ -88,18 +95,18 @@ def test_kill_9_mid_save_resumes_from_the_previous_complete_checkpoint(tmp_path)
     killed.set()
     t.join()
     assert codes[1] == -signal.SIGKILL and codes[0] != 0
-    assert [c.step for c in checkpoint.list_checkpoints(root)] == [2]
+    assert [c.step for c in ckptfolder.list_checkpoints(root)] == [2]
     assert any(e["event"] == "failed" for e in run.events())
     run_workers(run, 2, job_id="k2")
     assert any(e["event"] == "resumed" and e["step"] == 2 and e["job_id"] == "k2" for e in run.events())
-    assert [c.step for c in checkpoint.list_checkpoints(root)] == [2, 4, 6]
+    assert [c.step for c in ckptfolder.list_checkpoints(root)] == [2, 4, 6]
     assert not list(root.glob(".step-*.partial"))
 
 
 def test_async_save_and_keep_last(tmp_path):
     run = make_run(JOB, tmp_path, ["checkpoint.async=true", "checkpoint.every_steps=2", "checkpoint.keep_last=2"])
     out = run_workers(run, 2, job_id="c1")
-    assert [c.step for c in checkpoint.list_checkpoints(run.checkpoints_dir())] == [6, 8]
+    assert [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_dir())] == [6, 8]
     assert out[0][1].count("(async)") == 3
     assert not list(run.checkpoints_dir().glob(".step-*"))
 
@@ -125,9 +132,11 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _submit_local(tmp_path: Path, steps: int) -> runs.Run:
-    spec = S.loads(JOB, [f"job.run_root={str(tmp_path)!r}", f"train.steps={steps}", "train.log_every=5",
-                         "checkpoint.every_steps=0"])
+def _submit_local(tmp_path: Path, steps: int) -> runfolder.RunFolder:
+    spec = S.loads(
+        JOB,
+        [f"job.run_root={str(tmp_path)!r}", f"train.steps={steps}", "train.log_every=5", "checkpoint.every_steps=0"],
+    )
     return launchmod.submit(spec, "local").run
 
 
@@ -143,7 +152,7 @@ def test_sigusr2_saves_requeues_and_resumes_on_the_local_executor(tmp_path):
     resumed = next(e for e in run.events() if e["event"] == "resumed")
     assert resumed["restart"] == 1 and resumed["step"] >= 20
     assert sorted(p.name for p in run.logs_dir.iterdir()) == [f"{job_id}.0", f"{job_id}.1"]
-    assert checkpoint.find(run.checkpoints_dir()).step == 400
+    assert ckptfolder.find(run.checkpoints_dir()).step == 400
 
 
 def _catches_sigusr2(pid: int) -> bool:
@@ -168,28 +177,44 @@ def test_sigusr2_during_start_up_is_kept_and_acted_on_at_the_first_step(tmp_path
     assert all(code == 0 for code, _ in out), "\n".join(text[-2000:] for _, text in out)
     assert "SIGUSR2: saved step 0" in out[0][1]
     assert [e["event"] for e in run.events()] == ["start", "requeued"]
-    assert checkpoint.find(run.checkpoints_dir()).step == 0
+    assert ckptfolder.find(run.checkpoints_dir()).step == 0
     run_workers(run, 2, job_id="early2")
     assert [e["event"] for e in run.events()][-2:] == ["resumed", "completed"]
-    assert checkpoint.find(run.checkpoints_dir()).step == 8
+    assert ckptfolder.find(run.checkpoints_dir()).step == 8
 
 
 def test_cancel_saves_then_resume_finishes(tmp_path):
     run = _submit_local(tmp_path, 400)
     _wait_for(lambda: any(r["step"] >= 10 for r in run.metrics()), 300, "step 10")
-    r = subprocess.run([sys.executable, "-m", "clusterfsdp.cli", "cancel", str(run.path)], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "clusterfsdp.cli", "cancel", str(run.path)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr
     st = status.run_status(run)
     assert st.state == "CANCELLED" and "saved step" in st.reason
-    saved = checkpoint.find(run.checkpoints_dir()).step
+    saved = ckptfolder.find(run.checkpoints_dir()).step
     assert saved >= 10
-    r = subprocess.run([sys.executable, "-m", "clusterfsdp.cli", "resume", str(run.path), "--executor", "local",
-                        "--set", "train.steps=" + str(saved + 10), "--follow"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clusterfsdp.cli",
+            "resume",
+            str(run.path),
+            "--executor",
+            "local",
+            "--set",
+            "train.steps=" + str(saved + 10),
+            "--follow",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"resumes from step {saved}" in r.stdout
     assert len(run.attempts) == 2 and status.run_status(run).state == "COMPLETED"
-    assert checkpoint.find(run.checkpoints_dir()).step == saved + 10
+    assert ckptfolder.find(run.checkpoints_dir()).step == saved + 10
 
 
 def test_full_disk_mid_save_fails_clearly_and_resume_uses_the_last_complete_checkpoint(tmp_path):
@@ -198,23 +223,33 @@ def test_full_disk_mid_save_fails_clearly_and_resume_uses_the_last_complete_chec
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
     try:
-        run = make_run(JOB, tmp_path, [f"checkpoint.dir={str(disk)!r}", "checkpoint.every_steps=2", "checkpoint.keep_last=3"])
+        run = make_run(
+            JOB, tmp_path, [f"checkpoint.dir={str(disk)!r}", "checkpoint.every_steps=2", "checkpoint.keep_last=3"]
+        )
         out = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], 2, job_id="d1"))
         assert all(code != 0 for code, _ in out)
         failed = next(e for e in run.events() if e["event"] == "failed")
         assert "saving step 4 failed" in failed["reason"] and "disk full?" in failed["reason"], failed
-        assert [c.step for c in checkpoint.list_checkpoints(run.checkpoints_dir())] == [2]
+        assert [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_dir())] == [2]
         subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)  # the user frees space
         run_workers(run, 2, job_id="d2")
         assert any(e["event"] == "resumed" and e["step"] == 2 for e in run.events())
-        assert [c.step for c in checkpoint.list_checkpoints(run.checkpoints_dir())] == [4, 6, 8]
+        assert [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_dir())] == [4, 6, 8]
     finally:
         subprocess.run(["umount", str(disk)], check=False)
 
 
 def test_max_restarts_bounds_requeues(tmp_path):
-    spec = S.loads(JOB, [f"job.run_root={str(tmp_path)!r}", "train.steps=400", "train.log_every=5",
-                         "checkpoint.every_steps=0", "slurm.max_restarts=0"])
+    spec = S.loads(
+        JOB,
+        [
+            f"job.run_root={str(tmp_path)!r}",
+            "train.steps=400",
+            "train.log_every=5",
+            "checkpoint.every_steps=0",
+            "slurm.max_restarts=0",
+        ],
+    )
     run = launchmod.submit(spec, "local").run
     job_id = int(run.attempts[-1]["job_id"])
     _wait_for(lambda: any(r["step"] >= 10 for r in run.metrics()), 300, "step 10")
@@ -222,4 +257,4 @@ def test_max_restarts_bounds_requeues(tmp_path):
         os.kill(pid, signal.SIGUSR2)
     _wait_for(lambda: status.run_status(run).state == "FAILED", 300, "FAILED")
     assert "max_restarts = 0" in status.run_status(run).reason
-    assert checkpoint.find(run.checkpoints_dir()).step >= 10  # the state was saved all the same
+    assert ckptfolder.find(run.checkpoints_dir()).step >= 10  # the state was saved all the same

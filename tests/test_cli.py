@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from clusterfsdp import spec as S
+from clusterfsdp.control import spec as S
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterfsdp.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "clusterfsdp.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def test_validate_ok_prints_a_summary(tiny_job):
@@ -32,8 +33,17 @@ def test_validate_bad_file_exit_2_with_field_errors_and_no_traceback(tmp_path):
     assert "Traceback" not in r.stderr + r.stdout
 
 
-@pytest.mark.parametrize("args", [["validate", "/nonexistent.toml"], ["status", "nope"], ["logs", "nope"],
-                                  ["cancel", "nope"], ["resume", "nope"], ["export", "nope", "--to", "/tmp/x"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["validate", "/nonexistent.toml"],
+        ["status", "nope"],
+        ["logs", "nope"],
+        ["cancel", "nope"],
+        ["resume", "nope"],
+        ["export", "nope", "--to", "/tmp/x"],
+    ],
+)
 def test_bad_input_is_exit_2_one_line(args, tmp_path):
     r = cli(*args, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
@@ -55,7 +65,9 @@ def test_init_writes_a_valid_starter_and_refuses_to_overwrite(tmp_path):
 
 def test_schema_documents_keys():
     r = cli("schema", "slurm.gpus_per_node")
-    assert r.returncode == 0 and "gpus_per_node = 0    (integer)" in r.stdout and "one worker process per GPU" in r.stdout
+    assert (
+        r.returncode == 0 and "gpus_per_node = 0    (integer)" in r.stdout and "one worker process per GPU" in r.stdout
+    )
 
 
 def test_local_multinode_is_refused_before_anything_is_created(tiny_job, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 # session by conftest.py (`pytest_plugins = ["slurm_fixtures"]`, tests/ on sys.path).
 from slurm_fixtures import SCRIPT, SlurmCluster
 
-from clusterfsdp import devcluster
+from clusterfsdp.control import devcluster
 
 slurm = pytest.mark.slurm
 
@@ -68,7 +68,9 @@ def test_status_says_up(slurm_cluster: SlurmCluster) -> None:
 
 @slurm
 def test_srun_two_nodes_distinct_hosts_and_ips(slurm_cluster: SlurmCluster) -> None:
-    script = 'echo "$(hostname) $(hostname -I) $(getent ahostsv4 "$(hostname)" | head -n1 | cut -d" " -f1) $SLURM_PROCID"'
+    script = (
+        'echo "$(hostname) $(hostname -I) $(getent ahostsv4 "$(hostname)" | head -n1 | cut -d" " -f1) $SLURM_PROCID"'
+    )
     out = slurm_cluster.run(["srun", "-N2", "--ntasks-per-node=1", "sh", "-c", script]).stdout
     rows = sorted(line.split() for line in out.splitlines() if line.strip())
     assert [r[0] for r in rows] == ["node1", "node2"], out
@@ -84,8 +86,15 @@ def test_srun_two_nodes_distinct_hosts_and_ips(slurm_cluster: SlurmCluster) -> N
 def test_sbatch_two_nodes_completes_in_sacct(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     out = tmp_path / "out.txt"
     job = slurm_cluster.sbatch(
-        ["-N2", "--ntasks-per-node=1", "--wait", "-o", str(out),
-         "--wrap", 'echo "nodelist=$SLURM_JOB_NODELIST"; srun hostname'],
+        [
+            "-N2",
+            "--ntasks-per-node=1",
+            "--wait",
+            "-o",
+            str(out),
+            "--wrap",
+            'echo "nodelist=$SLURM_JOB_NODELIST"; srun hostname',
+        ],
         timeout=60,
     )
     assert job >= slurm_cluster.first_job_id
@@ -131,6 +140,7 @@ def test_scancel(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     job = slurm_cluster.sbatch(
         ["-N2", "-o", str(tmp_path / "out.txt"), "--wrap", f'srun bash -c "sleep 600; : {token}"']
     )
+
     # Both tasks are running: their command lines (/usr/bin/bash -c ...) carry the token. srun's
     # two processes carry it too, so only bash counts. Cancelling while a task is still being
     # launched races proctrack/linuxproc: the late task escapes the kill and slurmd drains its
@@ -154,8 +164,15 @@ def test_requeue_then_start_now(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
     the requeue asynchronously (sacct lags squeue)."""
     out = tmp_path / "out.txt"
     job = slurm_cluster.sbatch(
-        ["-N1", "--requeue", "--open-mode=append", "-o", str(out),
-         "--wrap", 'echo "run restart=${SLURM_RESTART_COUNT:-0}"; sleep 600']
+        [
+            "-N1",
+            "--requeue",
+            "--open-mode=append",
+            "-o",
+            str(out),
+            "--wrap",
+            'echo "run restart=${SLURM_RESTART_COUNT:-0}"; sleep 600',
+        ]
     )
 
     def printed(text: str) -> bool:
@@ -182,9 +199,7 @@ def test_requeue_then_start_now(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
 
 @slurm
 def test_nonexistent_partition_is_rejected(slurm_cluster: SlurmCluster) -> None:
-    proc = slurm_cluster.run(
-        ["sbatch", "-p", "no-such-partition", "-o", "/dev/null", "--wrap", "true"], check=False
-    )
+    proc = slurm_cluster.run(["sbatch", "-p", "no-such-partition", "-o", "/dev/null", "--wrap", "true"], check=False)
     assert proc.returncode != 0
     assert "invalid partition" in proc.stderr.lower(), proc.stderr
 

@@ -6,16 +6,24 @@ import subprocess
 
 import pytest
 
-from clusterfsdp import distenv
+from clusterfsdp.worker import distenv
 
-HOSTLISTS = ["node1", "node[1-3]", "gpu[001-004,010],cpu7", "a[1-2]b[3-4]", "x[9-11]",
-             "rack[1-2]-gpu[01-02]", "login,gpu[1,3,5-6]"]
+HOSTLISTS = [
+    "node1",
+    "node[1-3]",
+    "gpu[001-004,010],cpu7",
+    "a[1-2]b[3-4]",
+    "x[9-11]",
+    "rack[1-2]-gpu[01-02]",
+    "login,gpu[1,3,5-6]",
+]
 
 
 @pytest.mark.parametrize("hostlist", HOSTLISTS)
 def test_hostlist_agrees_with_scontrol(hostlist):
-    expected = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True,
-                              check=True).stdout.split()
+    expected = subprocess.run(
+        ["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert distenv.expand_hostlist(hostlist) == expected
 
 
@@ -31,9 +39,17 @@ def test_tasks_per_node_forms():
 
 
 def slurm_env(**kw: str) -> dict[str, str]:
-    env = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
-           "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[007-008,012-013]", "SLURM_TASKS_PER_NODE": "2(x4)",
-           "SUBMITIT_EXECUTOR": "slurm"}
+    env = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS": "8",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_NODELIST": "gpu[007-008,012-013]",
+        "SLURM_TASKS_PER_NODE": "2(x4)",
+        "SUBMITIT_EXECUTOR": "slurm",
+    }
     env.update(kw)
     return env
 
@@ -53,14 +69,22 @@ def test_port_is_stable_across_ranks_and_changes_with_requeue_and_step():
 
 
 def test_job_step_nodelist_wins_over_the_allocation():
-    d = distenv.from_environ(slurm_env(SLURM_STEP_NODELIST="gpu[012-013]", SLURM_STEP_NUM_TASKS="4",
-                                       SLURM_STEP_TASKS_PER_NODE="2(x2)"))
+    d = distenv.from_environ(
+        slurm_env(SLURM_STEP_NODELIST="gpu[012-013]", SLURM_STEP_NUM_TASKS="4", SLURM_STEP_TASKS_PER_NODE="2(x2)")
+    )
     assert d.master_addr == "gpu012" and d.world_size == 4 and d.num_nodes == 2
 
 
 def test_submitit_local_and_single():
-    d = distenv.from_environ({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1",
-                              "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_JOB_ID": "77"})
+    d = distenv.from_environ(
+        {
+            "SUBMITIT_EXECUTOR": "local",
+            "SUBMITIT_LOCAL_NTASKS": "2",
+            "SUBMITIT_LOCAL_GLOBALID": "1",
+            "SUBMITIT_LOCAL_LOCALID": "1",
+            "SUBMITIT_LOCAL_JOB_ID": "77",
+        }
+    )
     assert (d.rank, d.world_size, d.master_addr, d.launcher) == (1, 2, "127.0.0.1", "submitit-local")
     assert distenv.from_environ({}).world_size == 1
 
@@ -70,10 +94,11 @@ def test_network_env_precedence_and_loopback_refusal():
     with pytest.raises(RuntimeError, match="loopback"):
         distenv.network_env(d, {}, environ={})
     single = distenv.from_environ({})
-    chosen, _ = distenv.network_env(single, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
-                                    environ={"PYTORCH_ALLOC_CONF": "mine"})
+    chosen, _ = distenv.network_env(
+        single, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}, environ={"PYTORCH_ALLOC_CONF": "mine"}
+    )
     assert chosen["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"  # [env] wins over everything
-    assert "PYTORCH_ALLOC_CONF" not in chosen                # the user's environment wins over defaults
+    assert "PYTORCH_ALLOC_CONF" not in chosen  # the user's environment wins over defaults
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in chosen
 
 

@@ -8,12 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clusterfsdp import checkpoint, runs
+from clusterfsdp.control import ckptfolder, runfolder
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterfsdp.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "clusterfsdp.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
@@ -22,14 +23,14 @@ def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
     assert "executor: local (requested)" in r.stderr
     assert "step 150/150" in r.stdout and ": COMPLETED" in r.stderr
 
-    (run,) = runs.list_runs(tmp_path / "runs")
+    (run,) = runfolder.list_runs(tmp_path / "runs")
     rows = run.metrics()
     assert [row["step"] for row in rows] == list(range(10, 151, 10))
     assert rows[0]["loss"] - rows[-1]["loss"] > 1.0  # ~4.3 -> ~2.3 on the shipped corpus
     assert all(row["tokens_per_s"] > 0 for row in rows)
     assert {"step", "loss", "lr", "tokens_per_s", "time", "grad_norm", "mem_peak_gb"} <= rows[0].keys()
 
-    (ck,) = checkpoint.list_checkpoints(run.checkpoints_dir())
+    (ck,) = ckptfolder.list_checkpoints(run.checkpoints_dir())
     assert ck.step == 150 and ck.meta["world_size"] == 2 and ck.meta["consumed"] == 150 * 2 * 8
     assert (ck.path / "rng" / "rank0.pt").is_file() and (ck.path / "rng" / "rank1.pt").is_file()
 

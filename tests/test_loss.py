@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clusterfsdp import loss as lossmod
-from clusterfsdp.presets import PRESETS
+from clusterfsdp.control.presets import PRESETS
+from clusterfsdp.worker import loss as lossmod
 
 
 def _tiny_llama(seed: int = 0):
@@ -67,7 +67,7 @@ def test_causal_lm_loss_fused_equals_logits_path() -> None:
     ref_grads, got_grads = _grads(plain), _grads(fused)
     assert ref_grads.keys() == got_grads.keys() and "model.embed_tokens.weight" in got_grads  # tied lm_head
     for name, g in ref_grads.items():
-        torch.testing.assert_close(got_grads[name], g, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(got_grads[name], g, rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_fused_loss_without_grad() -> None:

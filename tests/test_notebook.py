@@ -57,8 +57,9 @@ def _processes_matching(text: str) -> list[str]:
     return found
 
 
-def run_notebook(nb, cwd: Path, env: dict[str, str], *, interrupt: tuple[int, str] | None = None,
-                 timeout: int = 420) -> tuple[object, dict]:
+def run_notebook(
+    nb, cwd: Path, env: dict[str, str], *, interrupt: tuple[int, str] | None = None, timeout: int = 420
+) -> tuple[object, dict]:
     """Execute `nb` in a fresh python3 kernel started with `env` in `cwd`. With `interrupt=(cell,
     regex)`, press the stop button (KernelManager.interrupt_kernel: SIGINT to the kernel's process
     group, as Jupyter does) once that cell's output matches. Returns (executed notebook, report)."""
@@ -68,13 +69,17 @@ def run_notebook(nb, cwd: Path, env: dict[str, str], *, interrupt: tuple[int, st
 
     class Client(NotebookClient):
         def output(self, outs, msg, display_id, cell_index):
-            if interrupt and report["interrupted_at"] is None and cell_index == interrupt[0] \
-                    and msg["msg_type"] == "stream":
+            if (
+                interrupt
+                and report["interrupted_at"] is None
+                and cell_index == interrupt[0]
+                and msg["msg_type"] == "stream"
+            ):
                 report.setdefault("seen", "")
                 report["seen"] += msg["content"].get("text", "")
                 if re.search(interrupt[1], report["seen"]):
                     report["interrupted_at"] = time.time()
-                    asyncio.ensure_future(self.km.interrupt_kernel())
+                    report["interrupt"] = asyncio.ensure_future(self.km.interrupt_kernel())
             return super().output(outs, msg, display_id, cell_index)
 
     def executed(cell, cell_index, execute_reply):
@@ -88,10 +93,18 @@ def run_notebook(nb, cwd: Path, env: dict[str, str], *, interrupt: tuple[int, st
             if os.environ.get("SLURM_JOB_ID") and shutil.which("squeue"):
                 report["squeue_steps_after"] = subprocess.run(
                     ["squeue", "--steps", "-h", "-j", os.environ["SLURM_JOB_ID"], "-o", "%i|%j"],
-                    capture_output=True, text=True, timeout=30).stdout
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                ).stdout
 
-    client = Client(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}},
-                    on_cell_executed=executed)
+    client = Client(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(cwd)}},
+        on_cell_executed=executed,
+    )
     t0 = time.time()
     client.execute(env=env)
     report["total_s"] = time.time() - t0
@@ -116,7 +129,7 @@ def json_line(cell, tag: str = "RESULT") -> dict:
     """The JSON a cell printed on a line starting with `tag `."""
     for line in stream_text(cell).splitlines():
         if line.startswith(tag + " "):
-            return json.loads(line[len(tag) + 1:])
+            return json.loads(line[len(tag) + 1 :])
     raise AssertionError(f"no {tag} line in:\n{stream_text(cell)}")
 
 
@@ -158,11 +171,14 @@ def fake_controller_env(tmp_path: Path) -> dict[str, str]:
 
 # ---------------------------------------------------------------- unit tests (no processes)
 def test_load_job_from_path_text_spec_and_overrides(tiny_job, tmp_path, monkeypatch):
-    from clusterfsdp import notebook, spec as specmod
+    from clusterfsdp import notebook
+    from clusterfsdp.control import spec as specmod
 
     a = notebook.load_job(str(tiny_job), ["train.steps=7"])
     assert a.train.steps == 7 and a.job.run_root == str(tmp_path / "runs")
-    b = notebook.load_job(tiny_job, {"train.lr": 1e-3, "slurm.partition": "gpu", "model.from_config": {"num_hidden_layers": 1}})
+    b = notebook.load_job(
+        tiny_job, {"train.lr": 1e-3, "slurm.partition": "gpu", "model.from_config": {"num_hidden_layers": 1}}
+    )
     assert b.train.lr == 1e-3 and b.slurm.partition == "gpu" and b.model.from_config == {"num_hidden_layers": 1}
     monkeypatch.chdir(tmp_path)
     c = notebook.load_job('[job]\nname = "t"\nrun_root = "rr"\n[train]\nsteps = 3\n', overrides="train.log_every=1")
@@ -171,12 +187,13 @@ def test_load_job_from_path_text_spec_and_overrides(tiny_job, tmp_path, monkeypa
     assert d.slurm.nodes == 2 and d.train.steps == 7 and a.slurm.nodes == 1
     with pytest.raises(specmod.SpecError, match="no such file"):
         notebook.load_job("missing.toml")
-    with pytest.raises(specmod.SpecError, match="train.stepz"):
+    with pytest.raises(specmod.SpecError, match=r"train\.stepz"):
         notebook.load_job(tiny_job, ["train.stepz=3"])
 
 
 def test_layout_overrides_are_written_into_the_spec(tiny_job):
-    from clusterfsdp import notebook, spec as specmod
+    from clusterfsdp import notebook
+    from clusterfsdp.control import spec as specmod
 
     s = notebook.with_layout(notebook.load_job(tiny_job), nodes=2, gpus_per_node=4)
     assert (s.slurm.nodes, s.slurm.gpus_per_node, s.tasks_per_node, s.world_size) == (2, 4, 4, 8)
@@ -187,7 +204,8 @@ def test_layout_overrides_are_written_into_the_spec(tiny_job):
 
 
 def test_launcher_choice(tmp_path, monkeypatch):
-    from clusterfsdp import notebook, slurmcli
+    from clusterfsdp import notebook
+    from clusterfsdp.control import slurmcli
 
     with_srun = tmp_path / "bin"
     with_srun.mkdir()
@@ -195,8 +213,9 @@ def test_launcher_choice(tmp_path, monkeypatch):
     (with_srun / "srun").chmod(0o755)
     empty = tmp_path / "empty"
     empty.mkdir()
-    mode, notice = notebook.choose_launcher("auto", {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-2]",
-                                                     "PATH": str(with_srun)})
+    mode, notice = notebook.choose_launcher(
+        "auto", {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-2]", "PATH": str(with_srun)}
+    )
     assert mode == "srun" and "allocation 77" in notice and "node[1-2]" in notice
     with pytest.raises(notebook.SrunError, match="no `srun` on PATH"):
         notebook.choose_launcher("auto", {"SLURM_JOB_ID": "77", "PATH": str(empty)})
@@ -217,24 +236,57 @@ def test_launcher_choice(tmp_path, monkeypatch):
 def test_srun_line_restates_resources_and_env_is_scrubbed(tiny_job, tmp_path):
     from clusterfsdp import notebook
 
-    spec = notebook.with_layout(notebook.load_job(tiny_job, {"slurm.cpus_per_task": 3, "slurm.mem_gb": 1.5,
-                                                             "env.HF_TOKEN": "s3cret", "env.NCCL_DEBUG": "INFO"}),
-                                nodes=2, gpus_per_node=2)
-    cmd = notebook.srun_command(spec, tmp_path / "run", step_name="clusterfsdp-nb-x", overlap=True,
-                                srun_args=["--nodelist=node[1-2]"])
+    spec = notebook.with_layout(
+        notebook.load_job(
+            tiny_job,
+            {"slurm.cpus_per_task": 3, "slurm.mem_gb": 1.5, "env.HF_TOKEN": "s3cret", "env.NCCL_DEBUG": "INFO"},
+        ),
+        nodes=2,
+        gpus_per_node=2,
+    )
+    cmd = notebook.srun_command(
+        spec, tmp_path / "run", step_name="clusterfsdp-nb-x", overlap=True, srun_args=["--nodelist=node[1-2]"]
+    )
     assert cmd[0] == "srun"
-    for opt in ("--job-name=clusterfsdp-nb-x", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--gpus-per-node=2",
-                "--cpus-per-task=3", "--mem=1536M", "--overlap", "--label", "--kill-on-bad-exit=1",
-                "--distribution=block", "--export=ALL", "--nodelist=node[1-2]"):
+    for opt in (
+        "--job-name=clusterfsdp-nb-x",
+        "--nodes=2",
+        "--ntasks=4",
+        "--ntasks-per-node=2",
+        "--gpus-per-node=2",
+        "--cpus-per-task=3",
+        "--mem=1536M",
+        "--overlap",
+        "--label",
+        "--kill-on-bad-exit=1",
+        "--distribution=block",
+        "--export=ALL",
+        "--nodelist=node[1-2]",
+    ):
         assert opt in cmd, opt
     assert cmd[-5:] == ["-u", "-m", "clusterfsdp.notebook", "_task", str(tmp_path / "run")]
     assert "--overlap" not in notebook.srun_command(spec, tmp_path, step_name="s")
 
-    inherited = {"SLURM_JOB_ID": "77", "SLURM_JOBID": "77", "SLURM_CONF": "/etc/slurm/slurm.conf",
-                 "SLURM_NTASKS": "8", "SLURM_NPROCS": "8", "SLURM_CPUS_PER_TASK": "8", "SLURM_MEM_PER_CPU": "100",
-                 "SLURM_TRES_PER_TASK": "cpu:8", "SLURM_GPUS_PER_NODE": "4", "SLURM_STEP_ID": "0",
-                 "SLURM_NTASKS_PER_NODE": "4", "SLURM_DISTRIBUTION": "cyclic", "SRUN_CPUS_PER_TASK": "8",
-                 "SLURM_JOB_NODELIST": "node[1-2]", "MASTER_PORT": "1234", "RANK": "3", "HOME": "/root", "PATH": "/bin"}
+    inherited = {
+        "SLURM_JOB_ID": "77",
+        "SLURM_JOBID": "77",
+        "SLURM_CONF": "/etc/slurm/slurm.conf",
+        "SLURM_NTASKS": "8",
+        "SLURM_NPROCS": "8",
+        "SLURM_CPUS_PER_TASK": "8",
+        "SLURM_MEM_PER_CPU": "100",
+        "SLURM_TRES_PER_TASK": "cpu:8",
+        "SLURM_GPUS_PER_NODE": "4",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS_PER_NODE": "4",
+        "SLURM_DISTRIBUTION": "cyclic",
+        "SRUN_CPUS_PER_TASK": "8",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "MASTER_PORT": "1234",
+        "RANK": "3",
+        "HOME": "/root",
+        "PATH": "/bin",
+    }
     env = notebook.launcher_env("srun", spec, inherited)
     assert {k for k in env if k.startswith(("SLURM_", "SRUN_"))} == {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF"}
     assert "MASTER_PORT" not in env and "RANK" not in env and env["HOME"] == "/root"
@@ -248,7 +300,7 @@ def test_srun_line_restates_resources_and_env_is_scrubbed(tiny_job, tmp_path):
 
 def test_submit_function_accepts_toml_text_and_refuses_unreachable_slurm(tmp_path, monkeypatch):
     import clusterfsdp
-    from clusterfsdp import launch, slurmcli
+    from clusterfsdp.control import launch, slurmcli
 
     monkeypatch.setattr(slurmcli, "available", lambda: False)
     with pytest.raises(launch.SubmitError, match="no Slurm controller answers"):
@@ -257,8 +309,10 @@ def test_submit_function_accepts_toml_text_and_refuses_unreachable_slurm(tmp_pat
 
 
 def test_importing_the_package_and_notebook_module_stays_cheap():
-    code = ("import sys, clusterfsdp, clusterfsdp.notebook; "
-            "print(sorted(m for m in ('torch', 'IPython', 'submitit', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys, clusterfsdp, clusterfsdp.notebook; "
+        "print(sorted(m for m in ('torch', 'IPython', 'submitit', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
@@ -269,14 +323,17 @@ def test_local_fallback_notebook_streams_progress_and_returns_the_result(tiny_jo
     the cell, shows a progress display, and returns the result; the magics work the same way."""
     job = str(tiny_job)
     secret = "s3cr3t-never-in-a-file"
-    nb = make_notebook([
-        "from clusterfsdp.notebook import srun\nimport clusterfsdp, os",
-        f"r = srun({job!r}, overrides={{'train.steps': 30, 'env.WANDB_API_KEY': {secret!r}}}, all_ranks=True)",
-        RESULT_CELL,
-        "%load_ext clusterfsdp",
-        f"m = %clusterfsdp srun {job} --set train.steps=20\nprint('MAGIC', m.status, m.final_metrics['step'])",
-        f"s = %clusterfsdp submit {job} --executor local --set train.steps=20\nprint('SUBMIT', s.executor, s.run.path)",
-    ])
+    nb = make_notebook(
+        [
+            "from clusterfsdp.notebook import srun\nimport clusterfsdp, os",
+            f"r = srun({job!r}, overrides={{'train.steps': 30, 'env.WANDB_API_KEY': {secret!r}}}, all_ranks=True)",
+            RESULT_CELL,
+            "%load_ext clusterfsdp",
+            f"m = %clusterfsdp srun {job} --set train.steps=20\nprint('MAGIC', m.status, m.final_metrics['step'])",
+            f"s = %clusterfsdp submit {job} --executor local --set train.steps=20\n"
+            "print('SUBMIT', s.executor, s.run.path)",
+        ]
+    )
     nb, report = run_notebook(nb, tmp_path, no_slurm_env(tmp_path))
     out = stream_text(nb.cells[1])
     assert "launcher: local processes on this machine (no Slurm allocation and no reachable Slurm controller)" in out
@@ -302,8 +359,9 @@ def test_local_fallback_notebook_streams_progress_and_returns_the_result(tiny_jo
         if f.is_file():
             assert secret.encode() not in f.read_bytes(), f
     assert secret not in json.dumps([c.outputs for c in nb.cells])  # nor in the cell output
-    st = subprocess.run([sys.executable, "-m", "clusterfsdp.cli", "status", str(run_dir)], capture_output=True,
-                        text=True, timeout=60)
+    st = subprocess.run(
+        [sys.executable, "-m", "clusterfsdp.cli", "status", str(run_dir)], capture_output=True, text=True, timeout=60
+    )
     assert "state      COMPLETED" in st.stdout, st.stdout + st.stderr
 
     magic = stream_text(nb.cells[4])
@@ -313,9 +371,9 @@ def test_local_fallback_notebook_streams_progress_and_returns_the_result(tiny_jo
     sub = stream_text(nb.cells[5])
     m = re.search(r"SUBMIT local (\S+)", sub)
     assert m and "run " in sub and "clusterfsdp logs" in sub, sub
-    from clusterfsdp import runs, status
+    from clusterfsdp.control import runfolder, status
 
-    submitted = runs.Run(Path(m.group(1)))
+    submitted = runfolder.RunFolder(Path(m.group(1)))
     deadline = time.time() + 240
     while status.run_status(submitted).state not in ("COMPLETED", "FAILED") and time.time() < deadline:
         time.sleep(1)
@@ -325,20 +383,25 @@ def test_local_fallback_notebook_streams_progress_and_returns_the_result(tiny_jo
 
 def test_stop_button_cancels_local_ranks_and_kernel_stays_usable(tiny_job, tmp_path):
     job = str(tiny_job)
-    nb = make_notebook([
-        "from clusterfsdp.notebook import srun",
-        (f"srun({job!r}, overrides={{'train.steps': 100000}})", ["raises-exception"]),
-        RESULT_CELL,
-        "print('ANSWER', 6 * 7)",
-    ])
+    nb = make_notebook(
+        [
+            "from clusterfsdp.notebook import srun",
+            (f"srun({job!r}, overrides={{'train.steps': 100000}})", ["raises-exception"]),
+            RESULT_CELL,
+            "print('ANSWER', 6 * 7)",
+        ]
+    )
     nb, report = run_notebook(nb, tmp_path, no_slurm_env(tmp_path), interrupt=(1, r"step 20/100000"))
     cell = nb.cells[1]
     (err,) = errors(cell)
     assert err["ename"] == "StepInterrupted", err
     assert len(err["traceback"]) == 2 and "cancelled with SIG" in err["traceback"][0]  # a message, no traceback
     out = stream_text(cell)
-    m = re.search(r"local job (nb\d+) cancelled with (SIGTERM|SIGKILL), all 2 ranks gone (\d+\.\d) s after the "
-                  r"interrupt(?:; saved step (\d+))?", out)
+    m = re.search(
+        r"local job (nb\d+) cancelled with (SIGTERM|SIGKILL), all 2 ranks gone (\d+\.\d) s after the "
+        r"interrupt(?:; saved step (\d+))?",
+        out,
+    )
     assert m, out
     how, gone_s, saved = m.group(2), m.group(3), m.group(4)
     assert report["procs_after"] == [], report["procs_after"]  # every rank was gone when the cell returned
@@ -349,23 +412,28 @@ def test_stop_button_cancels_local_ranks_and_kernel_stays_usable(tiny_job, tmp_p
     if saved:
         assert r["checkpoint"].endswith(f"step-{int(saved):08d}")
     assert "ANSWER 42" in stream_text(nb.cells[3])
-    st = subprocess.run([sys.executable, "-m", "clusterfsdp.cli", "status", r["run_dir"]], capture_output=True,
-                        text=True, timeout=60)
+    st = subprocess.run(
+        [sys.executable, "-m", "clusterfsdp.cli", "status", r["run_dir"]], capture_output=True, text=True, timeout=60
+    )
     assert "state      CANCELLED" in st.stdout, st.stdout
-    print(f"local interrupt: {how}, all ranks gone {gone_s} s after the interrupt (measured in the kernel), "
-          f"cell returned {report['interrupt_to_cell_done_s']:.1f} s after the interrupt")
+    print(
+        f"local interrupt: {how}, all ranks gone {gone_s} s after the interrupt (measured in the kernel), "
+        f"cell returned {report['interrupt_to_cell_done_s']:.1f} s after the interrupt"
+    )
 
 
 def test_outside_allocation_error_in_notebook(tiny_job, tmp_path):
     """A controller answers but the kernel is not in an allocation: a clear error, no traceback,
     nothing created; with no Slurm at all launcher='srun' says the same."""
     job = str(tiny_job)
-    nb = make_notebook([
-        "from clusterfsdp.notebook import srun\n%load_ext clusterfsdp",
-        (f"srun({job!r})", ["raises-exception"]),
-        (f"%clusterfsdp srun {job} --nodes 1", ["raises-exception"]),
-        "import os\nprint('RUNS', os.path.exists(" + repr(str(tmp_path / "runs")) + "))",
-    ])
+    nb = make_notebook(
+        [
+            "from clusterfsdp.notebook import srun\n%load_ext clusterfsdp",
+            (f"srun({job!r})", ["raises-exception"]),
+            (f"%clusterfsdp srun {job} --nodes 1", ["raises-exception"]),
+            "import os\nprint('RUNS', os.path.exists(" + repr(str(tmp_path / "runs")) + "))",
+        ]
+    )
     nb, _ = run_notebook(nb, tmp_path, fake_controller_env(tmp_path))
     for i in (1, 2):
         (err,) = errors(nb.cells[i])
@@ -375,7 +443,9 @@ def test_outside_allocation_error_in_notebook(tiny_job, tmp_path):
         assert "Traceback" not in text and "File " not in text
     assert "RUNS False" in stream_text(nb.cells[3])
 
-    nb = make_notebook([(f"from clusterfsdp.notebook import srun\nsrun({job!r}, launcher='srun')", ["raises-exception"])])
+    nb = make_notebook(
+        [(f"from clusterfsdp.notebook import srun\nsrun({job!r}, launcher='srun')", ["raises-exception"])]
+    )
     nb, _ = run_notebook(nb, tmp_path, no_slurm_env(tmp_path))
     (err,) = errors(nb.cells[0])
     assert err["ename"] == "NotInAllocation" and "SLURM_JOB_ID is not set" in err["evalue"]
@@ -386,7 +456,7 @@ def test_demo_notebook_runs_without_slurm(tiny_job, tmp_path):
     stopped with the stop button)."""
     import nbformat
 
-    from clusterfsdp import runs, status
+    from clusterfsdp.control import runfolder, status
 
     shutil.copy(tiny_job, tmp_path / "tiny-cpu.toml")  # the demo's job, with runs under tmp_path
     nb = nbformat.read(REPO / "jobs" / "notebook-demo.ipynb", as_version=4)
@@ -399,7 +469,7 @@ def test_demo_notebook_runs_without_slurm(tiny_job, tmp_path):
     text = json.dumps([c.outputs for c in code])
     assert "status</th><td style='text-align:left'>completed" in text and "interrupted" in text
     assert re.search(r"\[rank1 \S+\] step 60/60", text)
-    for run in runs.list_runs(tmp_path / "runs"):  # the demo's batch job finishes; nothing left running
+    for run in runfolder.list_runs(tmp_path / "runs"):  # the demo's batch job finishes; nothing left running
         deadline = time.time() + 240
         while status.run_status(run).state not in ("COMPLETED", "CANCELLED", "FAILED") and time.time() < deadline:
             time.sleep(1)
@@ -432,8 +502,10 @@ def test_ranks_stop_when_the_kernel_dies(tiny_job, tmp_path):
     """A kernel killed mid-run (restart, crash) must not leave its ranks running: the launcher has a
     parent-death signal, so they get SIGTERM, save and exit."""
     script = tmp_path / "kernel.py"
-    script.write_text("from clusterfsdp import notebook\n"
-                      f"notebook.srun({str(tiny_job)!r}, overrides={{'train.steps': 100000}}, launcher='local')\n")
+    script.write_text(
+        "from clusterfsdp import notebook\n"
+        f"notebook.srun({str(tiny_job)!r}, overrides={{'train.steps': 100000}}, launcher='local')\n"
+    )
     log = tmp_path / "kernel.out"
     with open(log, "w") as f:
         kernel = subprocess.Popen([sys.executable, str(script)], stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path)
@@ -474,7 +546,7 @@ def _main(argv: list[str]) -> int:
     report: dict = {}
     try:
         nb, report = run_notebook(nb, Path(args.cwd), dict(os.environ), interrupt=interrupt)
-    except Exception as e:  # noqa: BLE001 - the test shows it
+    except Exception as e:
         report["error"] = f"{type(e).__name__}: {e}"
     report["slurm_job_id"] = os.environ.get("SLURM_JOB_ID")
     nbformat.write(nb, args.notebook_out)

@@ -13,9 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from test_notebook import (RESULT_CELL, errors, json_line, kernel_env, make_notebook, run_notebook,
-                           stream_text)
+from test_notebook import RESULT_CELL, errors, json_line, kernel_env, make_notebook, run_notebook, stream_text
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
@@ -26,15 +24,30 @@ def slurm_env(cluster) -> dict[str, str]:
     return kernel_env(SLURM_CONF=str(cluster.slurm_conf))
 
 
-def run_in_allocation(cluster, tmp_path: Path, nb, salloc_args: list[str], *,
-                      interrupt: tuple[int, str] | None = None, timeout: int = 540):
+def run_in_allocation(
+    cluster, tmp_path: Path, nb, salloc_args: list[str], *, interrupt: tuple[int, str] | None = None, timeout: int = 540
+):
     """Execute `nb` with a kernel that runs inside `salloc -N2 <salloc_args>`; returns (nb, report)."""
     import nbformat
 
     src, dst, rep = tmp_path / "in.ipynb", tmp_path / "out.ipynb", tmp_path / "report.json"
     nbformat.write(nb, src)
-    cmd = ["salloc", "-N2", "-p", cluster.partition, "--time=15", "--job-name=nbtest", *salloc_args,
-           sys.executable, str(REPO / "tests" / "test_notebook.py"), str(src), str(dst), str(rep), "--cwd", str(tmp_path)]
+    cmd = [
+        "salloc",
+        "-N2",
+        "-p",
+        cluster.partition,
+        "--time=15",
+        "--job-name=nbtest",
+        *salloc_args,
+        sys.executable,
+        str(REPO / "tests" / "test_notebook.py"),
+        str(src),
+        str(dst),
+        str(rep),
+        "--cwd",
+        str(tmp_path),
+    ]
     if interrupt:
         cmd += ["--interrupt", str(interrupt[0]), interrupt[1]]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=slurm_env(cluster), cwd=tmp_path)
@@ -56,22 +69,30 @@ def _cluster(slurm_cluster):
 
 
 def cli(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "clusterfsdp.cli", *args], capture_output=True, text=True, timeout=120,
-                         env=slurm_env(_CLUSTER[0]))
+    out = subprocess.run(
+        [sys.executable, "-m", "clusterfsdp.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=slurm_env(_CLUSTER[0]),
+    )
     return out.stdout + out.stderr
 
 
 def test_srun_trains_on_two_nodes_from_a_notebook_in_salloc(slurm_cluster, tiny_job, tmp_path):
     job = str(tiny_job)
-    nb = make_notebook([
-        "import os\nfrom clusterfsdp.notebook import srun\nprint('ALLOC', os.environ['SLURM_JOB_ID'])",
-        f"r = srun({job!r}, nodes=2, gpus_per_node=2, all_ranks=True, overrides={{'train.steps': 30}})",
-        RESULT_CELL,
-        f"%load_ext clusterfsdp\nm = %clusterfsdp srun {job} --nodes 2 --set train.steps=10\n"
-        "print('MAGIC', m.status, m.step, ','.join(sorted(set(m.hosts.values()))))",
-        "import subprocess\nprint('STEPS', repr(subprocess.run(['squeue', '--steps', '-h', '-j', os.environ['SLURM_JOB_ID'], "
-        "'-o', '%i|%j'], capture_output=True, text=True).stdout))",
-    ])
+    nb = make_notebook(
+        [
+            "import os\nfrom clusterfsdp.notebook import srun\nprint('ALLOC', os.environ['SLURM_JOB_ID'])",
+            f"r = srun({job!r}, nodes=2, gpus_per_node=2, all_ranks=True, overrides={{'train.steps': 30}})",
+            RESULT_CELL,
+            f"%load_ext clusterfsdp\nm = %clusterfsdp srun {job} --nodes 2 --set train.steps=10\n"
+            "print('MAGIC', m.status, m.step, ','.join(sorted(set(m.hosts.values()))))",
+            "import subprocess\nprint('STEPS', repr(subprocess.run(['squeue', '--steps', '-h', '-j', "
+            "os.environ['SLURM_JOB_ID'], "
+            "'-o', '%i|%j'], capture_output=True, text=True).stdout))",
+        ]
+    )
     nb, report = run_in_allocation(slurm_cluster, tmp_path, nb, ["--ntasks-per-node=2", "--gpus-per-node=2"])
     alloc = report["slurm_job_id"]
     out = stream_text(nb.cells[1])
@@ -116,16 +137,19 @@ def test_srun_trains_on_two_nodes_from_a_notebook_in_salloc(slurm_cluster, tiny_
 
 def test_stop_button_cancels_the_step_in_salloc(slurm_cluster, tiny_job, tmp_path):
     job = str(tiny_job)
-    nb = make_notebook([
-        "import os, subprocess\nfrom clusterfsdp.notebook import srun",
-        (f"srun({job!r}, nodes=2, overrides={{'train.steps': 100000}})", ["raises-exception"]),
-        RESULT_CELL,
-        "print('STEPS', repr(subprocess.run(['squeue', '--steps', '-h', '-j', os.environ['SLURM_JOB_ID'], '-o', "
-        "'%i|%j'], capture_output=True, text=True).stdout))",
-        "print('ANSWER', 6 * 7)",
-    ])
-    nb, report = run_in_allocation(slurm_cluster, tmp_path, nb, ["--ntasks-per-node=2"],
-                                   interrupt=(1, r"step 20/100000"))
+    nb = make_notebook(
+        [
+            "import os, subprocess\nfrom clusterfsdp.notebook import srun",
+            (f"srun({job!r}, nodes=2, overrides={{'train.steps': 100000}})", ["raises-exception"]),
+            RESULT_CELL,
+            "print('STEPS', repr(subprocess.run(['squeue', '--steps', '-h', '-j', os.environ['SLURM_JOB_ID'], '-o', "
+            "'%i|%j'], capture_output=True, text=True).stdout))",
+            "print('ANSWER', 6 * 7)",
+        ]
+    )
+    nb, report = run_in_allocation(
+        slurm_cluster, tmp_path, nb, ["--ntasks-per-node=2"], interrupt=(1, r"step 20/100000")
+    )
     cell = nb.cells[1]
     (err,) = errors(cell)
     assert err["ename"] == "StepInterrupted", err
@@ -143,16 +167,20 @@ def test_stop_button_cancels_the_step_in_salloc(slurm_cluster, tiny_job, tmp_pat
     assert "clusterfsdp-nb" not in stream_text(nb.cells[3])
     assert "ANSWER 42" in stream_text(nb.cells[4])  # the kernel still answers
     assert "state      CANCELLED" in cli("status", r["run_dir"])
-    print(f"srun interrupt: {how}, all 4 ranks gone {gone_s:.1f} s after the interrupt (measured in the kernel); "
-          f"cell returned {report['interrupt_to_cell_done_s']:.1f} s after the interrupt")
+    print(
+        f"srun interrupt: {how}, all 4 ranks gone {gone_s:.1f} s after the interrupt (measured in the kernel); "
+        f"cell returned {report['interrupt_to_cell_done_s']:.1f} s after the interrupt"
+    )
 
 
 def test_outside_allocation_error_with_a_real_controller(slurm_cluster, tiny_job, tmp_path):
     job = str(tiny_job)
-    nb = make_notebook([
-        (f"from clusterfsdp.notebook import srun\nsrun({job!r})", ["raises-exception"]),
-        "print('ANSWER', 6 * 7)",
-    ])
+    nb = make_notebook(
+        [
+            (f"from clusterfsdp.notebook import srun\nsrun({job!r})", ["raises-exception"]),
+            "print('ANSWER', 6 * 7)",
+        ]
+    )
     nb, _ = run_notebook(nb, tmp_path, slurm_env(slurm_cluster))
     (err,) = errors(nb.cells[0])
     text = "\n".join(err["traceback"])

@@ -20,12 +20,18 @@ def reference(tmp_path_factory) -> dict[int, float]:
     return losses(run)
 
 
-@pytest.mark.parametrize("name,overrides", [
-    ("fsdp2-full", ["fsdp.sharding='full'", "slurm.tasks_per_node=4"]),
-    ("fsdp2-hybrid-2x2", ["fsdp.sharding='hybrid'", "slurm.nodes=2", "slurm.tasks_per_node=2"]),
-    ("fsdp1-hybrid-2x2", ["fsdp.version=1", "fsdp.sharding='hybrid'", "slurm.nodes=2", "slurm.tasks_per_node=2"]),
-    ("fsdp2-full-accum", ["fsdp.sharding='full'", "slurm.tasks_per_node=2", "train.micro_batch_size=2", "train.grad_accum=2"]),
-])
+@pytest.mark.parametrize(
+    "name,overrides",
+    [
+        ("fsdp2-full", ["fsdp.sharding='full'", "slurm.tasks_per_node=4"]),
+        ("fsdp2-hybrid-2x2", ["fsdp.sharding='hybrid'", "slurm.nodes=2", "slurm.tasks_per_node=2"]),
+        ("fsdp1-hybrid-2x2", ["fsdp.version=1", "fsdp.sharding='hybrid'", "slurm.nodes=2", "slurm.tasks_per_node=2"]),
+        (
+            "fsdp2-full-accum",
+            ["fsdp.sharding='full'", "slurm.tasks_per_node=2", "train.micro_batch_size=2", "train.grad_accum=2"],
+        ),
+    ],
+)
 def test_matches_single_process_reference(reference, tmp_path, name, overrides):
     run = make_run(JOB, tmp_path, overrides)
     spec = run.spec()
@@ -40,9 +46,10 @@ def test_matches_single_process_reference(reference, tmp_path, name, overrides):
         assert "mesh (2, 2) (hybrid" in out[0][1]
 
 
-CHECK = r'''
+CHECK = r"""
 import sys, torch, torch.distributed as dist
-from clusterfsdp import spec as S, train, distenv
+from clusterfsdp.control import spec as S
+from clusterfsdp.worker import train, distenv
 import os
 os.environ.update(distenv.from_environ().export())
 dist.init_process_group("gloo")
@@ -60,13 +67,17 @@ out, inp = model.get_output_embeddings(), model.get_input_embeddings()
 assert out.weight is inp.weight, "tie lost"
 print("OK", dist.get_rank(), float(logits.abs().sum()))
 dist.destroy_process_group()
-'''
+"""
 
 
 @pytest.mark.parametrize("version,sharding,nodes", [(2, "full", 1), (2, "hybrid", 2), (1, "hybrid", 2)])
 def test_from_pretrained_weights_really_load_and_stay_tied(tmp_path, version, sharding, nodes):
     """A local HF folder loaded through meta -> shard -> materialize -> load gives the unsharded logits."""
-    make = subprocess.run([sys.executable, "-c", f"""
+    make = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 torch.manual_seed(1)
@@ -76,11 +87,18 @@ m = LlamaForCausalLM(cfg)
 with torch.no_grad():
     for p in m.parameters():
         p.normal_(0, 0.5)   # far from any init, so a failed load cannot pass
-m.save_pretrained({str(tmp_path / 'hf')!r})
-"""], capture_output=True, text=True, timeout=300)
+m.save_pretrained({str(tmp_path / "hf")!r})
+""",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert make.returncode == 0, make.stderr
-    job = (f'[model]\nname_or_path = "{tmp_path / "hf"}"\n[fsdp]\nversion = {version}\nsharding = "{sharding}"\n'
-           f'mixed_precision = "fp32"\n[slurm]\nnodes = {nodes}\ntasks_per_node = {4 // nodes if nodes > 1 else 2}\n')
+    job = (
+        f'[model]\nname_or_path = "{tmp_path / "hf"}"\n[fsdp]\nversion = {version}\nsharding = "{sharding}"\n'
+        f'mixed_precision = "fp32"\n[slurm]\nnodes = {nodes}\ntasks_per_node = {4 // nodes if nodes > 1 else 2}\n'
+    )
     world = 4 if nodes > 1 else 2
     out = wait(launch(["-c", CHECK, job], world))
     assert all(code == 0 for code, _ in out), out[0][1][-3000:]

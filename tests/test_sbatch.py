@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterfsdp import launch, runs
-from clusterfsdp import spec as S
+from clusterfsdp.control import launch, runfolder
+from clusterfsdp.control import spec as S
 
 GOLDEN = Path(__file__).parent / "golden" / "sbatch_2node.sh"
 JOB = """
@@ -33,9 +33,9 @@ setup = ["module load cuda/12.4"]
 """
 
 
-def render(tmp_path: Path, job: str) -> tuple[str, runs.Run]:
+def render(tmp_path: Path, job: str) -> tuple[str, runfolder.RunFolder]:
     spec = S.loads(job.replace("RUNROOT", str(tmp_path / "runs")))
-    run = runs.create_run(spec, "slurm", run_id="RUNID")
+    run = runfolder.create_run(spec, "slurm", run_id="RUNID")
     return launch.render_sbatch(spec, run), run
 
 
@@ -49,8 +49,16 @@ def test_golden_two_node_script(tmp_path):
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()
-    for line in ["#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4", "#SBATCH --requeue",
-                 "#SBATCH --signal=USR2@180", "#SBATCH --time=120", "#SBATCH --mem=65536M", "#SBATCH --reservation=big"]:
+    for line in [
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=USR2@180",
+        "#SBATCH --time=120",
+        "#SBATCH --mem=65536M",
+        "#SBATCH --reservation=big",
+    ]:
         assert line in text
 
 
@@ -59,7 +67,9 @@ def test_requeue_false_renders_no_requeue(tmp_path):
     assert "#SBATCH --no-requeue" in script and "#SBATCH --requeue" not in script
 
 
-@pytest.mark.parametrize("key,value", [("partition", "gpu\\ntouch PWNED"), ("account", "a\\rb"), ("constraint", "x\\u0000")])
+@pytest.mark.parametrize(
+    "key,value", [("partition", "gpu\\ntouch PWNED"), ("account", "a\\rb"), ("constraint", "x\\u0000")]
+)
 def test_control_characters_are_refused(tmp_path, key, value):
     spec = S.loads(f'[slurm]\n{key} = "{value}"\n')
     with pytest.raises(launch.SubmitError, match="control characters"):
@@ -78,7 +88,7 @@ def test_metacharacters_in_values_do_not_execute(tmp_path):
     argv (the boundary: no Slurm needed to check the shell semantics of the script)."""
     marker = tmp_path / "PWNED"
     job = JOB.replace('"gpu"', f'"gpu$(touch {marker})`touch {marker}`;touch {marker}"')
-    job = job.replace('"proj"', f'"\'; touch {marker}; echo \'"')
+    job = job.replace('"proj"', f"\"'; touch {marker}; echo '\"")
     script, run = render(tmp_path, job)
     bindir = tmp_path / "bin"
     bindir.mkdir()

@@ -6,9 +6,10 @@ import tomllib
 
 import pytest
 import tomli_w
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from clusterfsdp import spec as S
+from clusterfsdp.control import spec as S
 
 
 def errors_of(text: str, overrides: list[str] = ()) -> list[str]:
@@ -46,18 +47,23 @@ def test_choice_typo_suggests_value():
 
 
 def test_all_errors_are_reported_at_once():
-    errs = errors_of('[slurm]\nnodez = 1\npartition = 3\n[bogus]\n')
+    errs = errors_of("[slurm]\nnodez = 1\npartition = 3\n[bogus]\n")
     assert len(errs) == 3
 
 
 def test_cross_field_checks():
-    assert "slurm.tasks_per_node: one worker per GPU is required" in errors_of(
-        "[slurm]\ngpus_per_node = 4\ntasks_per_node = 2\n")[0]
+    assert (
+        "slurm.tasks_per_node: one worker per GPU is required"
+        in errors_of("[slurm]\ngpus_per_node = 4\ntasks_per_node = 2\n")[0]
+    )
     assert errors_of('[data]\nsource = "files"\n') == ["data.paths: source = 'files' needs at least one path"]
     assert any("signal_grace_s" in e for e in errors_of("[slurm]\ntime = 1\nsignal_grace_s = 120\n"))
-    assert errors_of('[model]\npreset = "llama-tiy"\n') == ["model.preset: unknown preset 'llama-tiy'; did you mean llama-tiny?"]
+    assert errors_of('[model]\npreset = "llama-tiy"\n') == [
+        "model.preset: unknown preset 'llama-tiy'; did you mean llama-tiny?"
+    ]
     assert errors_of('[job]\nname = "my job/1"\n') == [
-        "job.name: 'my job/1' must be letters, digits, '.', '_' or '-' (it names a folder)"]
+        "job.name: 'my job/1' must be letters, digits, '.', '_' or '-' (it names a folder)"
+    ]
 
 
 def test_hybrid_on_one_node_falls_back_and_says_so():
@@ -68,8 +74,10 @@ def test_hybrid_on_one_node_falls_back_and_says_so():
     assert spec.effective_sharding == "hybrid" and spec.mesh_shape == (4, 8)
 
 
-@pytest.mark.parametrize("value,minutes", [(90, 90), ("90", 90), ("1:30", 2), ("2:00:00", 120), ("1-0", 1440),
-                                           ("1-2:30", 1590), ("1-02:30:01", 1591)])
+@pytest.mark.parametrize(
+    "value,minutes",
+    [(90, 90), ("90", 90), ("1:30", 2), ("2:00:00", 120), ("1-0", 1440), ("1-2:30", 1590), ("1-02:30:01", 1591)],
+)
 def test_time_forms(value, minutes):
     assert S.parse_time_minutes(value) == minutes
 
@@ -81,8 +89,18 @@ def test_bad_times(value):
 
 
 def test_overrides_are_typed_by_the_schema():
-    spec = S.loads("", ["train.lr=3e-4", "slurm.nodes=4", "slurm.partition=gpu", "slurm.account=123",
-                        "fsdp.compile=true", "slurm.extra={reservation='big'}", "env.NCCL_DEBUG=INFO"])
+    spec = S.loads(
+        "",
+        [
+            "train.lr=3e-4",
+            "slurm.nodes=4",
+            "slurm.partition=gpu",
+            "slurm.account=123",
+            "fsdp.compile=true",
+            "slurm.extra={reservation='big'}",
+            "env.NCCL_DEBUG=INFO",
+        ],
+    )
     assert spec.train.lr == 3e-4 and spec.slurm.nodes == 4 and spec.slurm.partition == "gpu"
     assert spec.slurm.account == "123" and spec.fsdp.compile is True
     assert spec.slurm.extra == {"reservation": "big"} and spec.env == {"NCCL_DEBUG": "INFO"}
@@ -94,9 +112,12 @@ def test_bad_override_is_a_field_error():
 
 
 def test_round_trip_through_tomli_w():
-    spec = S.loads('[job]\nname = "x"\n[slurm]\nnodes = 2\ngpus_per_node = 4\ntime = "1-00:00:00"\n'
-                   'extra = { reservation = "r" }\nsetup = ["module load cuda"]\n[model]\nfrom_config = { num_hidden_layers = 3 }\n'
-                   '[checkpoint]\nasync = true\n[env]\nNCCL_DEBUG = "WARN"\n')
+    spec = S.loads(
+        '[job]\nname = "x"\n[slurm]\nnodes = 2\ngpus_per_node = 4\ntime = "1-00:00:00"\n'
+        'extra = { reservation = "r" }\nsetup = ["module load cuda"]\n[model]\n'
+        "from_config = { num_hidden_layers = 3 }\n"
+        '[checkpoint]\nasync = true\n[env]\nNCCL_DEBUG = "WARN"\n'
+    )
     assert spec.checkpoint.async_ is True
     assert S.loads(S.dumps(spec)) == spec
     assert S.loads(S.starter_toml(spec)) == spec
@@ -127,11 +148,18 @@ def test_unreadable_files_are_one_line_errors(tmp_path):
         S.load(tmp_path / "bad.toml")
 
 
-toml_scalars = st.one_of(st.integers(-10, 10**6), st.floats(allow_nan=False, allow_infinity=False), st.booleans(),
-                         st.text(max_size=12), st.lists(st.integers(0, 3), max_size=3))
+toml_scalars = st.one_of(
+    st.integers(-10, 10**6),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+    st.text(max_size=12),
+    st.lists(st.integers(0, 3), max_size=3),
+)
 keys = st.sampled_from([k for s in S.SECTIONS if s != "env" for k in S.section_fields(s)] + ["bogus", "nodes"])
-sections = st.sampled_from(list(S.SECTIONS) + ["nope"])
-documents = st.dictionaries(sections, st.one_of(toml_scalars, st.dictionaries(keys, toml_scalars, max_size=6)), max_size=5)
+sections = st.sampled_from([*list(S.SECTIONS), "nope"])
+documents = st.dictionaries(
+    sections, st.one_of(toml_scalars, st.dictionaries(keys, toml_scalars, max_size=6)), max_size=5
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -40,8 +40,11 @@ def test_queue_shows_runs_and_other_jobs_and_refreshes_on_r(root):
         await until(pilot, lambda: app.refreshed == 1, "first refresh")
         await pilot.pause()
         table = app.screen.query_one(DataTable)
-        assert [table.get_row_at(i)[0] for i in range(table.row_count)] == ["20260101-120000-aaaa",
-                                                                          "20260101-110000-bbbb", "-"]
+        assert [table.get_row_at(i)[0] for i in range(table.row_count)] == [
+            "20260101-120000-aaaa",
+            "20260101-110000-bbbb",
+            "-",
+        ]
         assert [str(table.get_row_at(i)[2]) for i in range(3)] == ["RUNNING", "COMPLETED", "PENDING"]
         assert app.current_key == str(root.resolve() / "tiny-cpu" / "20260101-120000-aaaa")
         slurm.jobs["101"] = job("101", "COMPLETING", "tiny-cpu")
@@ -96,8 +99,9 @@ def test_selection_and_scroll_survive_refreshes(root):
 
 def test_slurm_errors_are_a_status_line_not_a_crash(root):
     make_run(root)
-    app = ClusterApp(root, slurm=FakeSlurm(error="squeue: command not found (is Slurm installed on this machine?)"),
-                     refresh_s=3600)
+    app = ClusterApp(
+        root, slurm=FakeSlurm(error="squeue: command not found (is Slurm installed on this machine?)"), refresh_s=3600
+    )
 
     async def scenario(pilot):
         await until(pilot, lambda: app.refreshed == 1, "first refresh")
@@ -291,8 +295,11 @@ def test_run_screen_plots_metrics_and_lists_checkpoints(root):
         latest = rendered(screen.query_one("#latest"))
         assert "step       40" in latest and "24,000" in latest
         table = screen.query_one("#checkpoints", DataTable)
-        assert [table.get_row_at(i)[:2] for i in range(3)] == [["60", "partial (unfinished save)"],
-                                                              ["40", "complete"], ["20", "complete"]]
+        assert [table.get_row_at(i)[:2] for i in range(3)] == [
+            ["60", "partial (unfinished save)"],
+            ["40", "complete"],
+            ["20", "complete"],
+        ]
         table.focus()
         await pilot.press("enter")  # the partial one: refused
         assert not isinstance(app.screen, ResumeScreen)
@@ -359,7 +366,8 @@ def test_compose_new_job_saves_only_changed_keys(root, tmp_path):
         await pilot.press("enter")
         await settle(pilot)
         assert (tmp_path / "new.toml").read_text() == (
-            '[job]\nname = "mine"\n\n[slurm]\nsetup = [\n    "module load cuda",\n]\n\n[fsdp]\nsharding = "full"\n')
+            '[job]\nname = "mine"\n\n[slurm]\nsetup = [\n    "module load cuda",\n]\n\n[fsdp]\nsharding = "full"\n'
+        )
         assert "new.toml" in rendered(screen.query_one("#compose-file"))
 
     run_app(app, scenario)

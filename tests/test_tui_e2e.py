@@ -12,7 +12,7 @@ import pytest
 from textual.widgets import DataTable, Input, Select
 from tui_helpers import FakeSlurm, rendered, run_app, settle, until
 
-from clusterfsdp import runs
+from clusterfsdp.control import runfolder
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.compose_screen import ComposeScreen
 from clusterfsdp.tui.confirm_screen import ConfirmScreen
@@ -43,7 +43,7 @@ every_steps = 10
 
 def _kill_leftovers(root: Path) -> None:
     """A failed test must not leave training processes behind."""
-    for run in runs.list_runs(root):
+    for run in runfolder.list_runs(root):
         for attempt in run.attempts:
             if attempt.get("pgid"):
                 try:
@@ -52,7 +52,7 @@ def _kill_leftovers(root: Path) -> None:
                     pass
 
 
-def _events(run: runs.Run, name: str) -> list[dict]:
+def _events(run: runfolder.RunFolder, name: str) -> list[dict]:
     return [e for e in run.events() if e.get("event") == name]
 
 
@@ -60,7 +60,7 @@ def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.Mon
     monkeypatch.chdir(tmp_path)
     root = tmp_path / "runs"
     app = ClusterApp(root, slurm=FakeSlurm(), refresh_s=1.0)
-    run: list[runs.Run] = []
+    run: list[runfolder.RunFolder] = []
 
     async def scenario(pilot):
         # ---- compose: one invalid value, shown under its field, then fixed by typing
@@ -68,8 +68,12 @@ def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.Mon
         screen = app.screen
         assert isinstance(screen, ComposeScreen)
         await settle(pilot)
-        for path, value in (("job-name", "tui-e2e"), ("job-run_root", "runs"), ("slurm-tasks_per_node", "1"),
-                            ("checkpoint-every_steps", "10")):
+        for path, value in (
+            ("job-name", "tui-e2e"),
+            ("job-run_root", "runs"),
+            ("slurm-tasks_per_node", "1"),
+            ("checkpoint-every_steps", "10"),
+        ):
             screen.query_one(f"#f-{path} Input", Input).value = value
         screen.query_one("#f-fsdp-mixed_precision Select", Select).value = "fp32"
         screen.query_one("#executor", Select).value = "local"
@@ -130,15 +134,26 @@ def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.Mon
         await until(pilot, lambda: _events(run[0], "completed")[1:], "the resumed attempt's end", 180)
         (resumed,) = _events(run[0], "resumed")
         assert resumed["step"] == 10 and str(resumed["job_id"]) == str(second["job_id"])
-        await until(pilot, lambda: app.current_row.attempts == 2 and app.current_row.state == "COMPLETED",
-                    "the queue row of the resumed run", 30)
-        await until(pilot, lambda: ["20", "set aside"] in [table.get_row_at(i)[:2] for i in range(table.row_count)],
-                    "step 20 set aside, not deleted")
+        await until(
+            pilot,
+            lambda: app.current_row.attempts == 2 and app.current_row.state == "COMPLETED",
+            "the queue row of the resumed run",
+            30,
+        )
+        await until(
+            pilot,
+            lambda: ["20", "set aside"] in [table.get_row_at(i)[:2] for i in range(table.row_count)],
+            "step 20 set aside, not deleted",
+        )
 
         # ---- logs follow the newest attempt by themselves
         await pilot.press("3")
-        await until(pilot, lambda: logs.file is not None and logs.file.path.parent.name == f"{second['job_id']}.0",
-                    "the new attempt's log", 30)
+        await until(
+            pilot,
+            lambda: logs.file is not None and logs.file.path.parent.name == f"{second['job_id']}.0",
+            "the new attempt's log",
+            30,
+        )
 
     try:
         run_app(app, scenario)

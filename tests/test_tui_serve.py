@@ -16,8 +16,9 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -65,9 +66,25 @@ def _stop(proc: subprocess.Popen) -> None:
 def server(tmp_path: Path) -> Iterator[int]:
     make_run(tmp_path / "runs", RUN_ID)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "clusterfsdp.cli", "tui", "--serve", "--port", str(port),
-                             "--run-root", str(tmp_path / "runs"), "--refresh", "3600"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "clusterfsdp.cli",
+            "tui",
+            "--serve",
+            "--port",
+            str(port),
+            "--run-root",
+            str(tmp_path / "runs"),
+            "--refresh",
+            "3600",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         _wait_port(port, proc)
         yield port
@@ -79,10 +96,23 @@ def server(tmp_path: Path) -> Iterator[int]:
 def chromium(tmp_path: Path) -> Iterator[int]:
     """Headless Chromium with the DevTools protocol on a free port; yields that port."""
     profile = tmp_path / "chromium-profile"
-    proc = subprocess.Popen(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                             "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
-                             f"--user-data-dir={profile}", "--window-size=1280,800", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--remote-debugging-port=0",
+            "--remote-debugging-address=127.0.0.1",
+            f"--user-data-dir={profile}",
+            "--window-size=1280,800",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         active = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
@@ -126,7 +156,7 @@ class Page:
             assert time.monotonic() < deadline, f"{needle!r} never reached the page; got:\n{self.text()[-2000:]}"
             try:
                 self._event(json.loads((await self.ws.receive(timeout=1)).data))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
 
@@ -135,8 +165,8 @@ def png_colours(png: bytes) -> int:
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     pos, idat, header = 8, b"", b""
     while pos < len(png):
-        length, kind = struct.unpack(">I4s", png[pos:pos + 8])
-        body = png[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", png[pos : pos + 8])
+        body = png[pos + 8 : pos + 8 + length]
         header, idat = (body, idat) if kind == b"IHDR" else (header, idat + body if kind == b"IDAT" else idat)
         pos += 12 + length
     width, height, depth, colour = struct.unpack(">IIBB", header[:10])
@@ -144,7 +174,7 @@ def png_colours(png: bytes) -> int:
     bpp, raw = (3 if colour == 2 else 4), zlib.decompress(idat)
     stride, prev, seen = width * bpp, bytearray(width * bpp), set()
     for y in range(height):
-        kind, row = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        kind, row = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for i in range(stride):  # PNG's five scanline filters
             a, b = row[i - bpp] if i >= bpp else 0, prev[i]
             c = prev[i - bpp] if i >= bpp else 0
@@ -158,7 +188,7 @@ def png_colours(png: bytes) -> int:
                 p = a + b - c
                 pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
                 row[i] = (row[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        seen.update(bytes(row[x:x + bpp]) for x in range(0, stride, bpp * 7))  # every 7th pixel is plenty
+        seen.update(bytes(row[x : x + bpp]) for x in range(0, stride, bpp * 7))  # every 7th pixel is plenty
         prev = row
     return len(seen)
 
@@ -181,10 +211,14 @@ def test_serve_binds_localhost_only_and_renders_the_queue_in_chromium(server, ch
                 await page.until_text(RUN_ID)  # the run folder's row in the queue table
                 await page.until_text("COMPLETED")
                 # the browser drives the app: a key typed into the terminal (? opens the help)
-                await page.call("Runtime.evaluate", expression="document.querySelector('.xterm-helper-textarea').focus()")
+                await page.call(
+                    "Runtime.evaluate", expression="document.querySelector('.xterm-helper-textarea').focus()"
+                )
                 await page.call("Input.insertText", text="?")
                 await page.until_text("Help: Queue")
-                shown = await page.call("Runtime.evaluate", expression="document.body.classList.contains('-first-byte')")
+                shown = await page.call(
+                    "Runtime.evaluate", expression="document.body.classList.contains('-first-byte')"
+                )
                 assert shown["result"]["value"] is True  # the page hid its intro and shows the terminal
                 deadline = time.monotonic() + 30  # the terminal draws on the next animation frames
                 while True:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from slurm_fixtures import SlurmCluster
@@ -29,8 +29,9 @@ async def refresh_until(pilot, condition: Callable[[], bool], what: str, timeout
 
 
 @pytest.mark.slurm
-def test_queue_shows_a_real_job_and_cancel_cancels_it(slurm_cluster: SlurmCluster, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_queue_shows_a_real_job_and_cancel_cancels_it(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.slurm_conf))
     name = f"tui-{uuid.uuid4().hex[:8]}"
     job_id = str(slurm_cluster.sbatch(["-N1", "-t", "5", "-o", "/dev/null", "-J", name, "--wrap", "sleep 600"]))

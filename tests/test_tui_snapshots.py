@@ -9,8 +9,8 @@ review the report and rerun with `pytest tests/test_tui_snapshots.py --snapshot-
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from textual.widgets import Input
@@ -32,11 +32,20 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def _app(root: Path) -> ClusterApp:
-    make_run(root, "20260101-120000-aaaa", executor="slurm", job_id="101", end=None, logged=30,
-             checkpoints=(20,), partial=(30,))
+    make_run(
+        root,
+        "20260101-120000-aaaa",
+        executor="slurm",
+        job_id="101",
+        end=None,
+        logged=30,
+        checkpoints=(20,),
+        partial=(30,),
+    )
     make_run(root, "20260101-110000-bbbb", job_id="1001", log_lines=40)
-    slurm = FakeSlurm(jobs={"101": job("101", "RUNNING", "tiny-cpu"),
-                            "202": job("202", "PENDING", "eval", reason="Resources")})
+    slurm = FakeSlurm(
+        jobs={"101": job("101", "RUNNING", "tiny-cpu"), "202": job("202", "PENDING", "eval", reason="Resources")}
+    )
     return ClusterApp(root, slurm=slurm, refresh_s=3600)
 
 
@@ -62,8 +71,7 @@ def test_queue_screen(root, snap_compare):
 def test_queue_screen_with_slurm_down(root, snap_compare):
     """Slurm errors are a status line; the run folders still list."""
     make_run(root, "20260101-110000-bbbb")
-    app = ClusterApp(root, slurm=FakeSlurm(error="squeue: error: Unable to contact slurm controller"),
-                     refresh_s=3600)
+    app = ClusterApp(root, slurm=FakeSlurm(error="squeue: error: Unable to contact slurm controller"), refresh_s=3600)
     assert snap_compare(app, terminal_size=SIZE, run_before=_refreshed)
 
 

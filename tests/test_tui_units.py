@@ -9,8 +9,8 @@ import tomllib
 import pytest
 from tui_helpers import FakeSlurm, job, make_run
 
-from clusterfsdp import slurmcli
-from clusterfsdp import spec as S
+from clusterfsdp.control import slurmcli
+from clusterfsdp.control import spec as S
 from clusterfsdp.tui import form
 from clusterfsdp.tui.checkpoints import scan
 from clusterfsdp.tui.estimate import estimate
@@ -148,8 +148,11 @@ def test_from_toml_round_trips_values_and_keeps_short_files_short(tmp_path):
     r = form.review(raw)
     assert r.errors == []
     saved = form.dumps(form.to_data(r.values, keep=present))
-    assert tomllib.loads(saved) == {"slurm": {"nodes": 2, "time": "1-00:00:00"}, "train": {"lr": 0.003},
-                                    "env": {"NCCL_DEBUG": "WARN"}}
+    assert tomllib.loads(saved) == {
+        "slurm": {"nodes": 2, "time": "1-00:00:00"},
+        "train": {"lr": 0.003},
+        "env": {"NCCL_DEBUG": "WARN"},
+    }
     assert S.loads(saved).train.lr == 0.003
 
 
@@ -162,14 +165,15 @@ def test_errors_map_to_the_longest_field_path():
 
 # ---------------------------------------------------------------- estimate, plot, metrics
 def test_memory_estimate_shards_state_over_the_shard_group():
-    spec = S.loads('[model]\npreset = "llama-1b"\n[slurm]\nnodes = 2\ngpus_per_node = 8\n'
-                   '[fsdp]\nsharding = "full"\n')
+    spec = S.loads('[model]\npreset = "llama-1b"\n[slurm]\nnodes = 2\ngpus_per_node = 8\n[fsdp]\nsharding = "full"\n')
     m = estimate(spec)
     assert 1.2e9 < m.params < 1.3e9 and m.shard_group == 16
     assert m.state_bytes == pytest.approx(16 * m.params / 16)
     hybrid = estimate(S.loads('[model]\npreset = "llama-1b"\n[slurm]\nnodes = 2\ngpus_per_node = 8\n'))
     assert hybrid.shard_group == 8 and hybrid.state_bytes == pytest.approx(2 * m.state_bytes)
-    grad_op = estimate(S.loads('[model]\npreset = "llama-1b"\n[slurm]\ngpus_per_node = 8\n[fsdp]\nsharding = "grad_op"\n'))
+    grad_op = estimate(
+        S.loads('[model]\npreset = "llama-1b"\n[slurm]\ngpus_per_node = 8\n[fsdp]\nsharding = "grad_op"\n')
+    )
     assert grad_op.gathered_bytes == pytest.approx(2 * m.params)  # whole model in bf16
     assert estimate(S.loads('[model]\nname_or_path = "org/some-hub-model"\n')) is None
 
@@ -212,13 +216,18 @@ def test_collect_makes_one_squeue_call_and_asks_sacct_only_for_jobs_that_left(tm
     make_run(root, "20260101-120000-aaaa", executor="slurm", job_id="101", end=None)
     make_run(root, "20260101-110000-bbbb", executor="slurm", job_id="99", end=None)
     make_run(root, "20260101-100000-cccc", executor="local", job_id="5")
-    slurm = FakeSlurm(jobs={"101": job("101", "RUNNING", "tiny-cpu"), "202": job("202", "PENDING", "eval",
-                                                                                   reason="Priority")},
-                      finished={"99": slurmcli.JobRow("99", "TIMEOUT", "", "10:00", "node1", "0:0")})
+    slurm = FakeSlurm(
+        jobs={"101": job("101", "RUNNING", "tiny-cpu"), "202": job("202", "PENDING", "eval", reason="Priority")},
+        finished={"99": slurmcli.JobRow("99", "TIMEOUT", "", "10:00", "node1", "0:0")},
+    )
     rows, error = collect(root, slurm)
     assert error == "" and slurm.calls == {"squeue": 1, "sacct": 1} and slurm.sacct_ids == [["99"]]
-    assert [(r.label, r.state) for r in rows] == [("20260101-120000-aaaa", "RUNNING"), ("20260101-110000-bbbb", "TIMEOUT"),
-                                                  ("20260101-100000-cccc", "COMPLETED"), ("job 202", "PENDING")]
+    assert [(r.label, r.state) for r in rows] == [
+        ("20260101-120000-aaaa", "RUNNING"),
+        ("20260101-110000-bbbb", "TIMEOUT"),
+        ("20260101-100000-cccc", "COMPLETED"),
+        ("job 202", "PENDING"),
+    ]
     assert rows[-1].key == "job:202" and rows[-1].run is None and "Priority" in rows[-1].reason
     assert re.match(r"tiny-cpu", rows[0].name) and rows[0].step == "40/40"
 

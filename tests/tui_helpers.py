@@ -12,13 +12,13 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable
 
 from textual.pilot import Pilot
 
-from clusterfsdp import runs, slurmcli
-from clusterfsdp import spec as S
+from clusterfsdp.control import runfolder, slurmcli
+from clusterfsdp.control import spec as S
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.queue_rows import Slurm, SlurmJob
 
@@ -29,8 +29,14 @@ T0 = 1_767_268_800.0  # 2026-01-01 12:00:00 UTC: fixed times make snapshots repr
 class FakeSlurm(Slurm):
     """A cluster in memory: `jobs` is what squeue shows, `finished` what sacct knows."""
 
-    def __init__(self, jobs: dict[str, SlurmJob] | None = None, finished: dict[str, slurmcli.JobRow] | None = None,
-                 error: str = "", available: bool = False, delay: float = 0.0):
+    def __init__(
+        self,
+        jobs: dict[str, SlurmJob] | None = None,
+        finished: dict[str, slurmcli.JobRow] | None = None,
+        error: str = "",
+        available: bool = False,
+        delay: float = 0.0,
+    ):
         self.jobs, self.finished = dict(jobs or {}), dict(finished or {})
         self.error, self._available, self.delay = error, available, delay
         self.calls: Counter[str] = Counter()
@@ -70,31 +76,71 @@ def job(job_id: str, state: str = "RUNNING", name: str = "other", reason: str = 
     return SlurmJob(slurmcli.JobRow(job_id, state, reason, "1:02", "node1"), name, "debug")
 
 
-def make_run(root: Path, run_id: str = "20260101-120000-aaaa", *, name: str = "tiny-cpu", executor: str = "local",
-             job_id: str = "1001", steps: int = 40, logged: int = 40, end: str | None = "completed",
-             log_lines: int = 30, ranks: int = 2, checkpoints: tuple[int, ...] = (20, 40),
-             partial: tuple[int, ...] = ()) -> runs.Run:
+def make_run(
+    root: Path,
+    run_id: str = "20260101-120000-aaaa",
+    *,
+    name: str = "tiny-cpu",
+    executor: str = "local",
+    job_id: str = "1001",
+    steps: int = 40,
+    logged: int = 40,
+    end: str | None = "completed",
+    log_lines: int = 30,
+    ranks: int = 2,
+    checkpoints: tuple[int, ...] = (20, 40),
+    partial: tuple[int, ...] = (),
+) -> runfolder.RunFolder:
     """A run folder as the worker leaves it, with fixed times and contents (no training)."""
-    spec = S.loads(f'[job]\nname = "{name}"\nrun_root = "{root}"\n[slurm]\ntasks_per_node = {ranks}\n'
-                   f'[train]\nsteps = {steps}\nlog_every = 10\n[fsdp]\nmixed_precision = "fp32"\n'
-                   f'[checkpoint]\nevery_steps = 20\n')
-    run = runs.Run(root / name / run_id)
+    spec = S.loads(
+        f'[job]\nname = "{name}"\nrun_root = "{root}"\n[slurm]\ntasks_per_node = {ranks}\n'
+        f'[train]\nsteps = {steps}\nlog_every = 10\n[fsdp]\nmixed_precision = "fp32"\n'
+        f"[checkpoint]\nevery_steps = 20\n"
+    )
+    run = runfolder.RunFolder(root / name / run_id)
     for sub in ("submitit", "logs", "nodes"):
         (run.path / sub).mkdir(parents=True)
     run.job_toml.write_text(S.dumps(spec, redact=True))
-    run.write_state({"run_id": run_id, "name": name, "executor": executor, "created": T0, "attempts": [
-        {"attempt": 0, "executor": executor, "job_id": job_id, "reason": "submit", "resume_step": None,
-         "submitted": T0}]})
+    run.write_state(
+        {
+            "run_id": run_id,
+            "name": name,
+            "executor": executor,
+            "created": T0,
+            "attempts": [
+                {
+                    "attempt": 0,
+                    "executor": executor,
+                    "job_id": job_id,
+                    "reason": "submit",
+                    "resume_step": None,
+                    "submitted": T0,
+                }
+            ],
+        }
+    )
     events = [{"event": "start", "job_id": job_id, "rank": 0, "restart": 0, "time": T0 + 5}]
     if end:
-        events.append({"event": end, "job_id": job_id, "rank": 0, "restart": 0, "time": T0 + 60, "reason": "",
-                       "step": logged})
+        events.append(
+            {"event": end, "job_id": job_id, "rank": 0, "restart": 0, "time": T0 + 60, "reason": "", "step": logged}
+        )
     run.events_file.write_text("".join(json.dumps(e) + "\n" for e in events))
     rows = []
     for step in range(10, logged + 1, 10):
-        rows.append({"step": step, "loss": 5.0 - 2.5 * step / steps, "lr": 3e-4, "grad_norm": 0.5,
-                     "tokens_per_s": 20000.0 + 100 * step, "tokens_per_s_per_gpu": 10000.0 + 50 * step,
-                     "mfu": None, "mem_peak_gb": 0.42, "time": T0 + step, "elapsed_s": float(step)})
+        rows.append(
+            {
+                "step": step,
+                "loss": 5.0 - 2.5 * step / steps,
+                "lr": 3e-4,
+                "grad_norm": 0.5,
+                "tokens_per_s": 20000.0 + 100 * step,
+                "tokens_per_s_per_gpu": 10000.0 + 50 * step,
+                "mfu": None,
+                "mem_peak_gb": 0.42,
+                "time": T0 + step,
+                "elapsed_s": float(step),
+            }
+        )
     run.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for rank in range(ranks):
         log = run.log_path(job_id, 0, rank)
@@ -143,4 +189,4 @@ def rendered(widget) -> str:
     """The text on screen inside a widget's region, as a person sees it (children included)."""
     strips = widget.screen._compositor.render_strips()
     r = widget.region
-    return "\n".join(strip.crop(r.x, r.x + r.width).text for strip in strips[r.y:r.y + r.height])
+    return "\n".join(strip.crop(r.x, r.x + r.width).text for strip in strips[r.y : r.y + r.height])

@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
-from clusterfsdp import checkpoint, launch, runs
-from clusterfsdp import spec as specmod
+from clusterfsdp.control import ckptfolder, launch, runfolder
+from clusterfsdp.control import spec as specmod
 
 from .queue_rows import QueueRow, Slurm
 
@@ -51,26 +51,26 @@ def submit(spec: specmod.JobSpec, executor: launch.Executor) -> launch.Submissio
         return launch.submit(spec, executor)
 
 
-def resume(run: runs.Run, step: int | None, overrides: list[str],
-           executor: launch.Executor) -> tuple[launch.Submission, int | None]:
+def resume(
+    run: runfolder.RunFolder, step: int | None, overrides: list[str], executor: launch.Executor
+) -> tuple[launch.Submission, int | None]:
     """A new attempt of `run` from the checkpoint at `step` (newest if None), as `clusterfsdp
     resume` does: newer checkpoints are set aside, the overrides go into the run's job.toml.
     Returns the submission and the step it resumes from (None: from scratch)."""
     spec = specmod.load(run.job_toml, overrides)
     root = run.checkpoints_dir(spec)
-    target = checkpoint.find(root, step)
+    target = ckptfolder.find(root, step)
     if step is not None and target is None:
-        have = ", ".join(str(c.step) for c in checkpoint.list_checkpoints(root)) or "none"
+        have = ", ".join(str(c.step) for c in ckptfolder.list_checkpoints(root)) or "none"
         raise launch.SubmitError(f"run {run.id}: no complete checkpoint at step {step} (have: {have})")
     if target is not None and step is not None:
-        checkpoint.keep_only_up_to(root, target.step)
+        ckptfolder.keep_only_up_to(root, target.step)
     previous = run.job_toml.read_text()
     run.job_toml.write_text(specmod.dumps(spec, redact=True))  # the new attempt runs with the overrides
     reason = f"resume from step {target.step if target else 0}"
     try:
         with _children_detached():
-            sub = launch.submit(spec, executor, run=run, reason=reason,
-                                resume_step=target.step if target else None)
+            sub = launch.submit(spec, executor, run=run, reason=reason, resume_step=target.step if target else None)
     except BaseException:
         run.job_toml.write_text(previous)  # nothing was queued: the run keeps its spec
         raise

@@ -14,7 +14,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.reactive import var
 
-from clusterfsdp import runs
+from clusterfsdp.control import runfolder
 
 from .compose_screen import ComposeScreen
 from .help_screen import HelpScreen
@@ -63,12 +63,12 @@ class ClusterApp(App[None]):
         return next((r for r in self.rows if r.key == self.current_key), None)
 
     @property
-    def current_run(self) -> runs.Run | None:
+    def current_run(self) -> runfolder.RunFolder | None:
         row = self.current_row
         if row is not None:
             return row.run
         if self.current_key and not self.current_key.startswith("job:"):
-            return runs.Run(Path(self.current_key))  # just submitted, not yet in a refresh
+            return runfolder.RunFolder(Path(self.current_key))  # just submitted, not yet in a refresh
         return None
 
     def on_mount(self) -> None:
@@ -93,7 +93,7 @@ class ClusterApp(App[None]):
     def _collect(self) -> None:
         try:
             rows, error = collect(self.run_root, self.slurm)
-        except Exception as e:  # noqa: BLE001 - a refresh must never take the app down
+        except Exception as e:
             rows, error = None, f"reading {self.run_root}: {type(e).__name__}: {e}"
         self.call_from_thread(self._collected, rows, error)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from clusterfsdp import checkpoint
+from clusterfsdp.control import ckptfolder
 
 _PARTIAL = re.compile(r"^\.step-(\d+)\.partial$")
 _SET_ASIDE = re.compile(r"^step-(\d+)-\d+$")
@@ -42,8 +42,12 @@ def folder_size(path: Path) -> int:
 
 def scan(root: Path) -> list[CheckpointRow]:
     """Every checkpoint folder under `root`, newest step first."""
-    rows = [CheckpointRow(c.step, c.path, "complete", float(c.meta.get("saved") or c.path.stat().st_mtime),
-                          folder_size(c.path)) for c in checkpoint.list_checkpoints(root)]
+    rows = [
+        CheckpointRow(
+            c.step, c.path, "complete", float(c.meta.get("saved") or c.path.stat().st_mtime), folder_size(c.path)
+        )
+        for c in ckptfolder.list_checkpoints(root)
+    ]
     for pattern, folder, state in ((_PARTIAL, root, "partial"), (_SET_ASIDE, root / "set-aside", "set aside")):
         if not folder.is_dir():
             continue

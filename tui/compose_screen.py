@@ -16,7 +16,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Label, OptionList, Select, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
-from clusterfsdp import runs
+from clusterfsdp.control import runfolder
 
 from . import actions, form
 from .confirm_screen import ConfirmScreen
@@ -29,12 +29,14 @@ from .status_line import StatusLine
 
 
 class ComposeScreen(Screen):
-    HELP = ("Edit a job: one tab per section of job.toml, each key with its help text. Errors are the "
-            "ones `clusterfsdp validate` prints, shown under the field and under Problems (select one to "
-            "jump to it). Numbers and times are typed as in TOML; lists and tables as TOML literals, e.g. "
-            "[\"a.txt\"] or { KEY = \"value\" }. Relative paths are relative to the job file's folder "
-            "(the current directory until it is saved). Save writes the keys the file had plus every "
-            "key that differs from its default. Esc leaves a field, so 1-4 switch screens.")
+    HELP = (
+        "Edit a job: one tab per section of job.toml, each key with its help text. Errors are the "
+        "ones `clusterfsdp validate` prints, shown under the field and under Problems (select one to "
+        "jump to it). Numbers and times are typed as in TOML; lists and tables as TOML literals, e.g. "
+        '["a.txt"] or { KEY = "value" }. Relative paths are relative to the job file\'s folder '
+        "(the current directory until it is saved). Save writes the keys the file had plus every "
+        "key that differs from its default. Esc leaves a field, so 1-4 switch screens."
+    )
     BINDINGS = [
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+o", "open", "Open"),
@@ -59,11 +61,10 @@ class ComposeScreen(Screen):
         with Horizontal(id="compose-body"):
             with TabbedContent(id="sections"):
                 for section in form.SECTIONS:
-                    with TabPane(section, id=f"tab-{section}"):
-                        with VerticalScroll():
-                            for f in form.FIELDS:
-                                if f.section == section:
-                                    yield FieldEditor(f, f.default)
+                    with TabPane(section, id=f"tab-{section}"), VerticalScroll():
+                        for f in form.FIELDS:
+                            if f.section == section:
+                                yield FieldEditor(f, f.default)
             with Vertical(id="compose-side"):
                 yield Static(id="compose-file")
                 with TabbedContent(id="side"):
@@ -71,13 +72,17 @@ class ComposeScreen(Screen):
                         yield Static(id="summary", markup=False)
                     with TabPane("Problems", id="problems-tab"):
                         yield OptionList(id="problems")
-                    with TabPane("sbatch", id="sbatch-tab"):
-                        with VerticalScroll():
-                            yield Static(id="sbatch", markup=False)
+                    with TabPane("sbatch", id="sbatch-tab"), VerticalScroll():
+                        yield Static(id="sbatch", markup=False)
                 with Horizontal(id="compose-actions"):
                     yield Label("executor")
-                    yield Select([(e, e) for e in ("auto", "local", "slurm")], value="auto", allow_blank=False,
-                                 compact=True, id="executor")
+                    yield Select(
+                        [(e, e) for e in ("auto", "local", "slurm")],
+                        value="auto",
+                        allow_blank=False,
+                        compact=True,
+                        id="executor",
+                    )
                     yield Button("Save", id="save", compact=True)
                     yield Button("Submit", variant="primary", id="submit", compact=True)
         yield StatusLine()
@@ -132,7 +137,8 @@ class ComposeScreen(Screen):
         total = len(review.errors) + len(self._file_problems)
         side.get_tab("problems-tab").label = Content(f"Problems ({total})" if total else "Problems")
         self.query_one("#summary", Static).update(
-            summary.text if summary else f"{len(review.errors)} problem(s): see Problems")
+            summary.text if summary else f"{len(review.errors)} problem(s): see Problems"
+        )
         self.query_one("#sbatch", Static).update(summary.sbatch if summary else "")
         self._show_file()
 
@@ -141,8 +147,12 @@ class ComposeScreen(Screen):
         modified = self.path is None or text != self.saved_text
         where = shown(self.path) if self.path else self.origin
         self.query_one("#compose-file", Static).update(
-            Content.from_markup("[b]$where[/] $state", where=where,
-                                state="(modified)" if modified and self.path else "(not saved)" if modified else ""))
+            Content.from_markup(
+                "[b]$where[/] $state",
+                where=where,
+                state="(modified)" if modified and self.path else "(not saved)" if modified else "",
+            )
+        )
 
     def _text(self) -> str | None:
         if self.review is None or self.review.errors:
@@ -188,8 +198,15 @@ class ComposeScreen(Screen):
         else:
             self.app.call_from_thread(self._load, values, present, problems, path, str(path), text)
 
-    def _load(self, values: dict[str, Any], present: set[str], problems: list[str], path: Path | None,
-              origin: str, text: str | None) -> None:
+    def _load(
+        self,
+        values: dict[str, Any],
+        present: set[str],
+        problems: list[str],
+        path: Path | None,
+        origin: str,
+        text: str | None,
+    ) -> None:
         self.path, self.origin, self.present, self._file_problems = path, origin, present, problems
         for editor in self.query(FieldEditor):
             editor.set_value(values[editor.field.path])
@@ -204,6 +221,7 @@ class ComposeScreen(Screen):
             self.app.notify(f"fix {n} problem(s) first (see Problems)", severity="error")
             return
         if self.path is None:
+
             def chosen(path: Path | None) -> None:
                 if path is not None:
                     self._save(path)
@@ -253,12 +271,12 @@ class ComposeScreen(Screen):
     def _submit(self, summary: Summary, executor: str) -> None:
         try:
             sub = actions.submit(summary.spec, executor)
-        except Exception as e:  # noqa: BLE001 - sbatch refusing is a message, not a crash
+        except Exception as e:
             self.app.call_from_thread(self._submitted, None, f"submit failed: {e}")
             return
         self.app.call_from_thread(self._submitted, sub.run, f"run {sub.run.id}: job {sub.job_id} ({sub.notice})")
 
-    async def _submitted(self, run: runs.Run | None, text: str) -> None:
+    async def _submitted(self, run: runfolder.RunFolder | None, text: str) -> None:
         self.app.activity = ""
         if run is None:
             self.app.notify(text, severity="error", timeout=10)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusterfsdp import spec as specmod
-from clusterfsdp.presets import PRESETS, llama_param_count
+from clusterfsdp.control import spec as specmod
+from clusterfsdp.control.presets import PRESETS, llama_param_count
 
 from .units import human_size
 
@@ -33,9 +33,11 @@ class Memory:
 
     def describe(self, per: str) -> str:
         where = "in CPU memory" if self.offloaded else f"per {per}"
-        return (f"~{self.params / 1e6:,.1f}M params: {human_size(self.state_bytes)} params+grads+AdamW {where} "
-                f"(sharded over {self.shard_group}) + {human_size(self.gathered_bytes)} gathered for compute; "
-                "activations not included")
+        return (
+            f"~{self.params / 1e6:,.1f}M params: {human_size(self.state_bytes)} params+grads+AdamW {where} "
+            f"(sharded over {self.shard_group}) + {human_size(self.gathered_bytes)} gathered for compute; "
+            "activations not included"
+        )
 
 
 def model_config(spec: specmod.JobSpec) -> dict[str, Any] | None:
@@ -50,8 +52,9 @@ def model_config(spec: specmod.JobSpec) -> dict[str, Any] | None:
 
 
 def shard_group(spec: specmod.JobSpec) -> int:
-    return {"full": spec.world_size, "grad_op": spec.world_size, "hybrid": spec.tasks_per_node,
-            "none": 1}[spec.effective_sharding]
+    return {"full": spec.world_size, "grad_op": spec.world_size, "hybrid": spec.tasks_per_node, "none": 1}[
+        spec.effective_sharding
+    ]
 
 
 def estimate(spec: specmod.JobSpec) -> Memory | None:

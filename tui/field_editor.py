@@ -39,7 +39,9 @@ class FieldEditor(Vertical):
         elif f.kind == "choice":
             yield Select(self._options(self._initial), value=self._initial, allow_blank=False, compact=True)
         else:
-            yield Input(value=display(f, self._initial), placeholder=display(f, f.default) or f.type_label, compact=True)
+            yield Input(
+                value=display(f, self._initial), placeholder=display(f, f.default) or f.type_label, compact=True
+            )
         yield Static(f.doc, classes="doc", markup=False)
         yield Static("", classes="errors", markup=False)
 

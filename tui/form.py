@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import tomli_w
 
-from clusterfsdp import spec as specmod
+from clusterfsdp.control import spec as specmod
 
 Kind = Literal["bool", "choice", "text", "number", "time", "toml"]
 
@@ -87,7 +87,7 @@ def display(field: FormField, value: Any) -> Any:
         return value
     if field.kind == "time" and isinstance(value, (int, str)) and not isinstance(value, bool):
         return str(value)
-    return specmod._inline(value)  # noqa: SLF001 - the schema's own one-line TOML writer
+    return specmod._inline(value)
 
 
 def parse(field: FormField, raw: Any) -> tuple[Any, str | None]:
@@ -109,7 +109,7 @@ def parse(field: FormField, raw: Any) -> tuple[Any, str | None]:
     except tomllib.TOMLDecodeError as e:
         if kind == "number":
             return text, None
-        example = "[\"a.txt\", \"b.txt\"]" if get_origin(field.annotation) is list else "{ KEY = \"value\" }"
+        example = '["a.txt", "b.txt"]' if get_origin(field.annotation) is list else '{ KEY = "value" }'
         return raw, f"{field.path}: not a TOML value ({e}); e.g. {example}"
 
 
@@ -162,9 +162,9 @@ def field_of(error: str) -> str | None:
     """The form field an error line is about ('slurm.extra.x: ...' -> 'slurm.extra')."""
     best = None
     for path in BY_PATH:
-        if error.startswith(path) and error[len(path):len(path) + 1] in (":", ".", "["):
-            if best is None or len(path) > len(best):
-                best = path
+        at_field = error.startswith(path) and error[len(path) : len(path) + 1] in (":", ".", "[")
+        if at_field and (best is None or len(path) > len(best)):
+            best = path
     return best
 
 

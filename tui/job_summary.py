@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterfsdp import cli, launch, runs
-from clusterfsdp import spec as specmod
+from clusterfsdp import cli
+from clusterfsdp.control import launch, runfolder
+from clusterfsdp.control import spec as specmod
 
 from .estimate import estimate
 
@@ -39,7 +40,7 @@ def summarize(spec: specmod.JobSpec, base: Path, executor: str, slurm_available:
     memory = estimate(absolute)
     per = "GPU" if spec.slurm.gpus_per_node else "rank"
     text += "\nmemory     " + (memory.describe(per) if memory else "unknown (the model's config.json is not local)")
-    placeholder = runs.Run(Path(absolute.job.run_root) / spec.job.name / "<run id>")
+    placeholder = runfolder.RunFolder(Path(absolute.job.run_root) / spec.job.name / "<run id>")
     try:
         sbatch = launch.render_sbatch(absolute, placeholder)
     except launch.SubmitError as e:

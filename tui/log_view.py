@@ -187,7 +187,7 @@ class LogView(ScrollView, can_focus=True):
         if index >= len(self.lines):
             return Strip.blank(width, base)
         line = self.lines[index]
-        text = Text(line[scroll_x:scroll_x + width], no_wrap=True, end="")
+        text = Text(line[scroll_x : scroll_x + width], no_wrap=True, end="")
         text.stylize(base)  # a span, not Text(style=): Text.render drops the base style of a text without spans
         if ERROR_TEXT.search(line):
             text.stylize(self.get_component_rich_style("log-view--error"))

@@ -19,7 +19,7 @@ from textual.timer import Timer
 from textual.widgets import Footer, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
-from clusterfsdp import logs, runs
+from clusterfsdp.control import logs, runfolder
 
 from .log_view import LogView
 from .logtail import CHUNK_BYTES, ERRORS, Chunk, LogFile, Search, compile_query
@@ -32,19 +32,21 @@ NEWEST = ""  # the attempt choice that follows requeues and resumes
 PAGE_BYTES = CHUNK_BYTES // 4
 
 
-def ranks_of(run: runs.Run, attempt: str | None) -> list[int]:
+def ranks_of(run: runfolder.RunFolder, attempt: str | None) -> list[int]:
     folder = run.logs_dir / attempt if attempt else None
     found = sorted(int(p.stem[4:]) for p in folder.glob("rank*.log") if p.stem[4:].isdigit()) if folder else []
     return found or [0]
 
 
 class LogsScreen(Screen):
-    HELP = ("The selected run's log, one rank and attempt at a time. It opens at the end and follows "
-            "new lines (f toggles; scrolling up pauses, End or G resumes). / searches upwards from the "
-            "current line (smart case), n and N go to the older and newer match; e jumps to the first "
-            "error or traceback in the whole file. Only a window of the file is held in memory; "
-            "scrolling past its ends reads more. Attempt 'newest' moves on to a requeued or resumed "
-            "attempt by itself.")
+    HELP = (
+        "The selected run's log, one rank and attempt at a time. It opens at the end and follows "
+        "new lines (f toggles; scrolling up pauses, End or G resumes). / searches upwards from the "
+        "current line (smart case), n and N go to the older and newer match; e jumps to the first "
+        "error or traceback in the whole file. Only a window of the file is held in memory; "
+        "scrolling past its ends reads more. Attempt 'newest' moves on to a requeued or resumed "
+        "attempt by itself."
+    )
     BINDINGS = [
         Binding("f", "toggle_follow", "Follow"),
         Binding("slash", "search", "Search"),
@@ -60,7 +62,7 @@ class LogsScreen(Screen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.run: runs.Run | None = None
+        self.run: runfolder.RunFolder | None = None
         self.attempt = NEWEST
         self.rank = 0
         self.file: LogFile | None = None
@@ -112,9 +114,12 @@ class LogsScreen(Screen):
         self.run, self.attempt, self.rank, self.file, self.at_tail = run, NEWEST, 0, None, False
         row = self.app.current_row
         if run is None:
-            self.view.message(f"Slurm job {row.job_id} was not submitted by clusterfsdp: it has no run folder; "
-                              "its output is wherever its sbatch --output points." if row else
-                              "No run selected: pick one in the Queue (2).")
+            self.view.message(
+                f"Slurm job {row.job_id} was not submitted by clusterfsdp: it has no run folder; "
+                "its output is wherever its sbatch --output points."
+                if row
+                else "No run selected: pick one in the Queue (2)."
+            )
         else:
             self.view.message(f"looking for the logs of {run.id}…")
         self._discover()
@@ -129,7 +134,7 @@ class LogsScreen(Screen):
         path = logs.log_file(run, rank, attempt or None)
         self.app.call_from_thread(self._discovered, run, keys, ranks, path)
 
-    def _discovered(self, run: runs.Run, keys: list[str], ranks: list[int], path: Path | None) -> None:
+    def _discovered(self, run: runfolder.RunFolder, keys: list[str], ranks: list[int], path: Path | None) -> None:
         if run != self.run:
             return
         if [NEWEST, *reversed(keys)] != self._attempt_options:
@@ -161,8 +166,9 @@ class LogsScreen(Screen):
 
     def action_rank(self, step: int) -> None:
         ranks = self._rank_options
-        self.query_one("#rank", Select).value = ranks[(ranks.index(self.rank) + step) % len(ranks)] \
-            if self.rank in ranks else ranks[0]
+        self.query_one("#rank", Select).value = (
+            ranks[(ranks.index(self.rank) + step) % len(ranks)] if self.rank in ranks else ranks[0]
+        )
 
     # ---- reading
     @work(thread=True, exclusive=True, group="read", exit_on_error=False)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
-
 
 CHUNK_BYTES = 1 << 20
 # A "line" longer than this (a binary dump, a progress bar without newlines) is cut, so a scan
@@ -101,10 +100,21 @@ class Search:
 
 # What "first error" jumps to: Python tracebacks and exception names, log levels, C-level deaths.
 ERRORS = Search(
-    re.compile(rb"Traceback \(most recent call last\)|Error\b|Exception\b|\bERROR\b|\bFATAL\b|\berror:"
-               rb"|Segmentation fault|out of memory|\bKilled\b"),
-    (b"Traceback (most recent call last)", b"Error", b"Exception", b"ERROR", b"FATAL", b"error:",
-     b"Segmentation fault", b"out of memory", b"Killed"),
+    re.compile(
+        rb"Traceback \(most recent call last\)|Error\b|Exception\b|\bERROR\b|\bFATAL\b|\berror:"
+        rb"|Segmentation fault|out of memory|\bKilled\b"
+    ),
+    (
+        b"Traceback (most recent call last)",
+        b"Error",
+        b"Exception",
+        b"ERROR",
+        b"FATAL",
+        b"error:",
+        b"Segmentation fault",
+        b"out of memory",
+        b"Killed",
+    ),
 )
 ERROR_TEXT = ERRORS.text
 
@@ -113,7 +123,9 @@ def compile_query(text: str) -> Search:
     """A literal search; smart case like less -i: case matters only if `text` has capitals."""
     fold = not any(c.isupper() for c in text)
     needle = text.encode()
-    return Search(re.compile(re.escape(needle), re.IGNORECASE if fold else 0), (needle.lower() if fold else needle,), fold)
+    return Search(
+        re.compile(re.escape(needle), re.IGNORECASE if fold else 0), (needle.lower() if fold else needle,), fold
+    )
 
 
 class LogFile:
@@ -176,11 +188,11 @@ class LogFile:
         """A window with the line at `offset` a quarter of the way down (context above, more below)."""
         above = self.before(offset, max_bytes // 4)
         below = self.after(offset, max_bytes - max_bytes // 4)
-        return Chunk(above.start, below.end, above.lines + below.lines, above.offsets + below.offsets,
-                     partial=below.partial)
+        return Chunk(
+            above.start, below.end, above.lines + below.lines, above.offsets + below.offsets, partial=below.partial
+        )
 
-    def search_forward(self, search: Search, start: int,
-                       cancelled: Callable[[], bool] = lambda: False) -> int | None:
+    def search_forward(self, search: Search, start: int, cancelled: Callable[[], bool] = lambda: False) -> int | None:
         """Start offset of the first line at or after `start` (a line start) that matches."""
         pos, carry = start, b""
         with open(self.path, "rb") as f:
@@ -203,8 +215,7 @@ class LogFile:
                 pos += cut
         return None
 
-    def search_backward(self, search: Search, start: int,
-                        cancelled: Callable[[], bool] = lambda: False) -> int | None:
+    def search_backward(self, search: Search, start: int, cancelled: Callable[[], bool] = lambda: False) -> int | None:
         """Start offset of the last line before `start` (a line start) that matches."""
         pos, head = start, b""  # head: the first, incomplete line of the previous block
         with open(self.path, "rb") as f:

@@ -30,8 +30,16 @@ class Point:
             value = row.get(key)
             return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
-        return cls(int(row["step"]), num("loss"), num("tokens_per_s"), num("tokens_per_s_per_gpu"), num("mfu"),
-                   num("mem_peak_gb"), num("lr"), num("grad_norm"))
+        return cls(
+            int(row["step"]),
+            num("loss"),
+            num("tokens_per_s"),
+            num("tokens_per_s_per_gpu"),
+            num("mfu"),
+            num("mem_peak_gb"),
+            num("lr"),
+            num("grad_norm"),
+        )
 
 
 class MetricsTail:

@@ -22,8 +22,9 @@ class NavBar(Static):
         parts = [Content.from_markup("[b]clusterfsdp[/]  ")]
         for number, (mode, title) in enumerate(SCREENS, 1):
             style = "reverse b" if mode == self.active else "u"
-            parts.append(Content.from_markup(f"[{style} @click=app.switch_mode('{mode}')] {number} $title [/]  ",
-                                             title=title))
+            parts.append(
+                Content.from_markup(f"[{style} @click=app.switch_mode('{mode}')] {number} $title [/]  ", title=title)
+            )
         row = self.app.current_row
         if row is not None:
             parts.append(Content.from_markup("│ [b]$label[/] $state", label=row.label, state=row.state))

@@ -5,7 +5,7 @@ Plain text out, so the widget that shows it stays trivial and the drawing is uni
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 _BRAILLE = 0x2800
 # Dot bit for (row, column) inside one braille cell.
@@ -16,8 +16,14 @@ def _label(value: float) -> str:
     return f"{value:.4g}"
 
 
-def braille(xs: Sequence[float], ys: Sequence[float], cols: int, rows: int,
-            x_range: tuple[float, float], y_range: tuple[float, float]) -> list[str]:
+def braille(
+    xs: Sequence[float],
+    ys: Sequence[float],
+    cols: int,
+    rows: int,
+    x_range: tuple[float, float],
+    y_range: tuple[float, float],
+) -> list[str]:
     """`rows` strings of `cols` braille cells with the points joined by straight segments."""
     width, height = cols * 2, rows * 4
     grid = [[0] * cols for _ in range(rows)]
@@ -32,7 +38,7 @@ def braille(xs: Sequence[float], ys: Sequence[float], cols: int, rows: int,
         grid[py // 4][px // 2] |= _DOT[py % 4][px % 2]
 
     prev: tuple[int, int] | None = None
-    for x, y in zip(xs, ys):
+    for x, y in zip(xs, ys, strict=False):
         cur = pixel(x, y)
         if prev is None:
             dot(*cur)
@@ -59,7 +65,7 @@ def chart(xs: Sequence[float], ys: Sequence[float], width: int, height: int) -> 
     if not xs or width < 12 or height < 3:
         return []
     stride = max(1, len(xs) // (width * 4))  # more points than dots only costs time
-    xs, ys = list(xs[::stride]) + [xs[-1]], list(ys[::stride]) + [ys[-1]]
+    xs, ys = [*list(xs[::stride]), xs[-1]], [*list(ys[::stride]), ys[-1]]
     lo, hi = min(ys), max(ys)
     labels = [_label(hi), _label((lo + hi) / 2), _label(lo)]
     pad = max(map(len, labels))

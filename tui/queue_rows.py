@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterfsdp import runs, slurmcli, status
+from clusterfsdp.control import runfolder, slurmcli, status
 
 # squeue's own fields plus name and partition, which slurmcli.squeue does not ask for.
 SQUEUE_FORMAT = "%i|%T|%r|%M|%N|%j|%P"
@@ -54,7 +54,7 @@ class QueueRow:
     """One line of the queue: a run folder, or a Slurm job that has none."""
 
     key: str  # the run folder, or "job:<id>": stable across refreshes and resumes
-    run: runs.Run | None
+    run: runfolder.RunFolder | None
     name: str
     state: str
     reason: str = ""
@@ -73,14 +73,22 @@ class QueueRow:
         return self.run.id if self.run else f"job {self.job_id}"
 
 
-def _run_row(run: runs.Run, table: dict[str, slurmcli.JobRow]) -> QueueRow:
+def _run_row(run: runfolder.RunFolder, table: dict[str, slurmcli.JobRow]) -> QueueRow:
     try:
         st = status.run_status(run, table)
     except (OSError, KeyError, ValueError) as e:  # a hand-edited or half-copied run folder
         return QueueRow(str(run.path), run, run.name, "UNREADABLE", f"{type(e).__name__}: {e}")
     return QueueRow(
-        str(run.path), run, run.name, st.state, st.reason, st.job_id, st.executor,
-        f"{st.step or 0}/{st.steps or '?'}", f"{st.loss:.4f}" if st.loss is not None else "-", st.attempts,
+        str(run.path),
+        run,
+        run.name,
+        st.state,
+        st.reason,
+        st.job_id,
+        st.executor,
+        f"{st.step or 0}/{st.steps or '?'}",
+        f"{st.loss:.4f}" if st.loss is not None else "-",
+        st.attempts,
     )
 
 
@@ -91,7 +99,7 @@ def _numeric(job_id: str) -> list[int]:
 
 def collect(run_root: Path, slurm: Slurm, limit: int = 200) -> tuple[list[QueueRow], str]:
     """(rows: the newest `limit` runs, then the user's other Slurm jobs; Slurm error or '')."""
-    found = runs.list_runs(run_root)[:limit]
+    found = runfolder.list_runs(run_root)[:limit]
     error = ""
     try:
         queue = slurm.queue()
@@ -99,8 +107,11 @@ def collect(run_root: Path, slurm: Slurm, limit: int = 200) -> tuple[list[QueueR
         queue, error = {}, str(e)
     table = {job_id: job.row for job_id, job in queue.items()}
     attempts = {run: run.attempts for run in found}
-    finished = [str(a[-1]["job_id"]) for a in attempts.values()
-                if a and a[-1].get("executor") == "slurm" and str(a[-1]["job_id"]) not in table]
+    finished = [
+        str(a[-1]["job_id"])
+        for a in attempts.values()
+        if a and a[-1].get("executor") == "slurm" and str(a[-1]["job_id"]) not in table
+    ]
     if finished and not error:
         try:
             table.update(slurm.accounting(finished))
@@ -110,8 +121,23 @@ def collect(run_root: Path, slurm: Slurm, limit: int = 200) -> tuple[list[QueueR
     owned = {str(a["job_id"]) for tries in attempts.values() for a in tries}
     for job_id in sorted(set(queue) - owned, key=_numeric, reverse=True):
         job = queue[job_id]
-        facts = [job.row.reason if job.row.reason not in ("None", "") else "",
-                 f"partition {job.partition}" if job.partition else "", f"{job.row.elapsed} elapsed" if job.row.elapsed else ""]
-        rows.append(QueueRow(f"job:{job_id}", None, job.name, job.row.state, ", ".join(x for x in facts if x),
-                             job_id, "slurm", "-", "-", 1))
+        facts = [
+            job.row.reason if job.row.reason not in ("None", "") else "",
+            f"partition {job.partition}" if job.partition else "",
+            f"{job.row.elapsed} elapsed" if job.row.elapsed else "",
+        ]
+        rows.append(
+            QueueRow(
+                f"job:{job_id}",
+                None,
+                job.name,
+                job.row.state,
+                ", ".join(x for x in facts if x),
+                job_id,
+                "slurm",
+                "-",
+                "-",
+                1,
+            )
+        )
     return rows, error

@@ -19,22 +19,51 @@ from .paths import shown
 from .queue_rows import QueueRow
 from .status_line import StatusLine
 
-COLUMNS = (("run", "RUN"), ("name", "NAME"), ("state", "STATE"), ("step", "STEP"), ("loss", "LOSS"),
-           ("job", "JOB"), ("tries", "TRIES"), ("reason", "REASON"))
-STATE_STYLE = {"RUNNING": "bold green", "PENDING": "yellow", "CONFIGURING": "yellow", "REQUEUED": "yellow",
-               "COMPLETED": "green", "FAILED": "bold red", "NODE_FAIL": "bold red", "OUT_OF_MEMORY": "bold red",
-               "TIMEOUT": "red", "CANCELLED": "dim", "PREPARED": "dim", "UNKNOWN": "magenta"}
+COLUMNS = (
+    ("run", "RUN"),
+    ("name", "NAME"),
+    ("state", "STATE"),
+    ("step", "STEP"),
+    ("loss", "LOSS"),
+    ("job", "JOB"),
+    ("tries", "TRIES"),
+    ("reason", "REASON"),
+)
+STATE_STYLE = {
+    "RUNNING": "bold green",
+    "PENDING": "yellow",
+    "CONFIGURING": "yellow",
+    "REQUEUED": "yellow",
+    "COMPLETED": "green",
+    "FAILED": "bold red",
+    "NODE_FAIL": "bold red",
+    "OUT_OF_MEMORY": "bold red",
+    "TIMEOUT": "red",
+    "CANCELLED": "dim",
+    "PREPARED": "dim",
+    "UNKNOWN": "magenta",
+}
 
 
 def cells(row: QueueRow) -> tuple:
-    return (row.run.id if row.run else "-", row.name, Text(row.state, style=STATE_STYLE.get(row.state, "")),
-            row.step or "-", row.loss or "-", row.job, str(row.attempts), row.reason)
+    return (
+        row.run.id if row.run else "-",
+        row.name,
+        Text(row.state, style=STATE_STYLE.get(row.state, "")),
+        row.step or "-",
+        row.loss or "-",
+        row.job,
+        str(row.attempts),
+        row.reason,
+    )
 
 
 class QueueScreen(Screen):
-    HELP = ("Runs under the run root (newest first) and your other Slurm jobs. The list refreshes in the "
-            "background with one squeue call (plus sacct for runs that left the queue); finished runs "
-            "stay, read from their folders. Select a row to make it the run that Logs and Run show.")
+    HELP = (
+        "Runs under the run root (newest first) and your other Slurm jobs. The list refreshes in the "
+        "background with one squeue call (plus sacct for runs that left the queue); finished runs "
+        "stay, read from their folders. Select a row to make it the run that Logs and Run show."
+    )
     BINDINGS = [
         Binding("r", "app.refresh_queue", "Refresh"),
         Binding("c", "cancel", "Cancel job"),
@@ -69,7 +98,7 @@ class QueueScreen(Screen):
         if keys == self._keys:  # same rows: update changed cells in place
             for row in rows:
                 new = cells(row)
-                for (column, _), old_value, value in zip(COLUMNS, self._shown[row.key], new):
+                for (column, _), old_value, value in zip(COLUMNS, self._shown[row.key], new, strict=False):
                     if str(old_value) != str(value):
                         table.update_cell(row.key, column, value)
                 self._shown[row.key] = new
@@ -102,8 +131,15 @@ class QueueScreen(Screen):
             detail.update(f"no runs under {shown(self.app.run_root)} yet: n composes one" if not self.app.rows else "")
             return
         where = shown(row.run.path) if row.run else "no run folder (not submitted by clusterfsdp)"
-        detail.update(Content.from_markup("[b]$label[/]  $state  $where\n$reason", label=row.label,
-                                          state=row.state, where=where, reason=row.reason or ""))
+        detail.update(
+            Content.from_markup(
+                "[b]$label[/]  $state  $where\n$reason",
+                label=row.label,
+                state=row.state,
+                where=where,
+                reason=row.reason or "",
+            )
+        )
 
     def action_open(self, mode: str) -> None:
         if self.app.current_row is not None:
@@ -121,9 +157,11 @@ class QueueScreen(Screen):
         row = self.app.current_row
         if row is None:
             return
-        question = (f"Cancel {row.label} ({row.job}, {row.state})?\n"
-                    + ("Workers save a checkpoint at the next step boundary, then exit." if row.run else
-                       "This Slurm job has no run folder; scancel stops it."))
+        question = f"Cancel {row.label} ({row.job}, {row.state})?\n" + (
+            "Workers save a checkpoint at the next step boundary, then exit."
+            if row.run
+            else "This Slurm job has no run folder; scancel stops it."
+        )
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -138,7 +176,7 @@ class QueueScreen(Screen):
     def _cancel_blocking(self, row: QueueRow) -> None:
         try:
             text, severity = cancel(row, self.app.slurm), "information"
-        except Exception as e:  # noqa: BLE001 - Slurm refusing is a message, not a crash
+        except Exception as e:
             text, severity = f"cancel failed: {e}", "error"
         self.app.call_from_thread(self._cancelled, text, severity)
 

@@ -30,15 +30,19 @@ class ResumeScreen(ModalScreen[ResumeRequest | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog") as box:
             box.border_title = f"Resume {self.run_id} from step {self.step}"
-            yield Static("A new attempt of this run loads the checkpoint (resharded to the new world size); "
-                         "newer checkpoints are set aside, not deleted.", markup=False)
+            yield Static(
+                "A new attempt of this run loads the checkpoint (resharded to the new world size); "
+                "newer checkpoints are set aside, not deleted.",
+                markup=False,
+            )
             yield Label("nodes")
             yield Input(str(self.nodes), id="nodes", type="integer")
             yield Label("overrides (KEY=VALUE …, as with --set)")
             yield Input("", id="overrides", placeholder="train.steps=300 train.lr=1e-4")
             yield Label("executor")
-            yield Select([(e, e) for e in ("auto", "slurm", "local")], value=self.executor, allow_blank=False,
-                         id="executor")
+            yield Select(
+                [(e, e) for e in ("auto", "slurm", "local")], value=self.executor, allow_blank=False, id="executor"
+            )
             yield Static("", id="resume-error", classes="errors", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Resume", variant="primary", id="resume")

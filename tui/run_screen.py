@@ -15,8 +15,8 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Sparkline, Static
 
-from clusterfsdp import runs
-from clusterfsdp import spec as specmod
+from clusterfsdp.control import runfolder
+from clusterfsdp.control import spec as specmod
 
 from . import actions
 from .checkpoints import CheckpointRow, scan
@@ -47,24 +47,28 @@ def latest_text(points: list[Point]) -> str:
     def num(value: float | None, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
-    return "\n".join([
-        f"step       {p.step}",
-        f"loss       {num(p.loss, '.4f')}",
-        f"lr         {num(p.lr, '.2e')}",
-        f"grad norm  {num(p.grad_norm, '.3f')}",
-        f"tokens/s   {num(p.tokens_per_s, ',.0f')}",
-        f"  per GPU  {num(p.tokens_per_s_per_gpu, ',.0f')}",
-        f"MFU        {'-' if p.mfu is None else f'{100 * p.mfu:.1f}%'}",
-        f"memory     {num(p.mem_peak_gb, '.2f')} GB peak",
-    ])
+    return "\n".join(
+        [
+            f"step       {p.step}",
+            f"loss       {num(p.loss, '.4f')}",
+            f"lr         {num(p.lr, '.2e')}",
+            f"grad norm  {num(p.grad_norm, '.3f')}",
+            f"tokens/s   {num(p.tokens_per_s, ',.0f')}",
+            f"  per GPU  {num(p.tokens_per_s_per_gpu, ',.0f')}",
+            f"MFU        {'-' if p.mfu is None else f'{100 * p.mfu:.1f}%'}",
+            f"memory     {num(p.mem_peak_gb, '.2f')} GB peak",
+        ]
+    )
 
 
 class RunScreen(Screen):
-    HELP = ("The selected run: loss curve and the latest throughput, MFU and memory from metrics.jsonl "
-            "(only new lines are read), its attempts, and its checkpoints (complete ones can be resumed; "
-            "partial ones are saves that never finished). Select a complete checkpoint and press enter "
-            "to resume from it: a new attempt of the same run, optionally on other nodes or with "
-            "overrides; newer checkpoints are set aside, not deleted.")
+    HELP = (
+        "The selected run: loss curve and the latest throughput, MFU and memory from metrics.jsonl "
+        "(only new lines are read), its attempts, and its checkpoints (complete ones can be resumed; "
+        "partial ones are saves that never finished). Select a complete checkpoint and press enter "
+        "to resume from it: a new attempt of the same run, optionally on other nodes or with "
+        "overrides; newer checkpoints are set aside, not deleted."
+    )
     BINDINGS = [
         Binding("R", "resume", "Resume"),
         Binding("l", "app.switch_mode('logs')", "Logs"),
@@ -73,7 +77,7 @@ class RunScreen(Screen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.run: runs.Run | None = None
+        self.run: runfolder.RunFolder | None = None
         self.tail: MetricsTail | None = None
         self.facts: RunFacts | None = None
         self._poller: Timer | None = None
@@ -96,8 +100,13 @@ class RunScreen(Screen):
         self.query_one("#tps").border_title = "tokens/s"
         table = self.query_one("#checkpoints", DataTable)
         table.border_title = "checkpoints"
-        for key, label in (("step", "STEP"), ("state", "STATE"), ("saved", "SAVED"), ("size", "SIZE"),
-                           ("path", "FOLDER")):
+        for key, label in (
+            ("step", "STEP"),
+            ("state", "STATE"),
+            ("saved", "SAVED"),
+            ("size", "SIZE"),
+            ("path", "FOLDER"),
+        ):
             table.add_column(label, key=key)
         self._poller = self.set_interval(2.0, self._read)
         self.watch(self.app, "current_key", self._run_changed)
@@ -127,7 +136,7 @@ class RunScreen(Screen):
             self._read_facts(self.run, self.tail)
 
     @work(thread=True, group="read", exit_on_error=False)
-    def _read_facts(self, run: runs.Run, tail: MetricsTail) -> None:
+    def _read_facts(self, run: runfolder.RunFolder, tail: MetricsTail) -> None:
         try:
             try:
                 spec = run.spec()
@@ -140,7 +149,7 @@ class RunScreen(Screen):
             self.app.call_from_thread(setattr, self, "_reading", False)
         self.app.call_from_thread(self._show_facts, run, facts)
 
-    def _show_facts(self, run: runs.Run, facts: RunFacts) -> None:
+    def _show_facts(self, run: runfolder.RunFolder, facts: RunFacts) -> None:
         if run != self.run:
             return
         old = self.facts
@@ -159,7 +168,9 @@ class RunScreen(Screen):
         table.clear()
         for row in rows:
             saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.saved))
-            state = {"complete": "complete", "partial": "partial (unfinished save)", "set aside": "set aside"}[row.state]
+            state = {"complete": "complete", "partial": "partial (unfinished save)", "set aside": "set aside"}[
+                row.state
+            ]
             table.add_row(str(row.step), state, saved, human_size(row.size), row.path.name, key=str(row.path))
         if rows:
             table.move_cursor(row=min(selected, len(rows) - 1))
@@ -167,15 +178,25 @@ class RunScreen(Screen):
     def _show_header(self, _: object = None) -> None:
         header = self.query_one("#run-header", Static)
         if self.run is None:
-            header.update("No run selected: pick one in the Queue (2)." if self.app.current_row is None else
-                          "This Slurm job has no run folder: nothing to show here.")
+            header.update(
+                "No run selected: pick one in the Queue (2)."
+                if self.app.current_row is None
+                else "This Slurm job has no run folder: nothing to show here."
+            )
             return
         row = self.app.current_row
         state = f"{row.state}{' - ' + row.reason if row.reason else ''}" if row else "…"
         attempts = self.facts.attempts if self.facts else []
         tries = "  ".join(f"#{a['attempt']} {a['executor']}:{a['job_id']} ({a.get('reason', '')})" for a in attempts)
-        header.update(Content.from_markup("[b]$id[/] ($name)  $state\nattempts: $tries", id=self.run.id,
-                                          name=self.run.name, state=state, tries=tries or "none"))
+        header.update(
+            Content.from_markup(
+                "[b]$id[/] ($name)  $state\nattempts: $tries",
+                id=self.run.id,
+                name=self.run.name,
+                state=state,
+                tries=tries or "none",
+            )
+        )
 
     # ---- resume
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
@@ -200,11 +221,11 @@ class RunScreen(Screen):
         self.app.push_screen(ResumeScreen(run.id, row.step, self.facts.nodes, executor), chosen)
 
     @work(thread=True, group="resume", exit_on_error=False)
-    def _resume(self, run: runs.Run, request: ResumeRequest) -> None:
+    def _resume(self, run: runfolder.RunFolder, request: ResumeRequest) -> None:
         try:
             sub, step = actions.resume(run, request.step, request.overrides, request.executor)
             text, severity = f"run {run.id}: attempt {sub.job_id} resumes from step {step}", "information"
-        except Exception as e:  # noqa: BLE001 - a refused resume is a message, not a crash
+        except Exception as e:
             text, severity = f"resume failed: {e}", "error"
         self.app.call_from_thread(self._resumed, text, severity)
 

@@ -16,8 +16,17 @@ HOST = "127.0.0.1"
 
 def command(run_root: Path, refresh_s: float) -> str:
     """The command textual-serve runs for each browser session."""
-    return shlex.join([sys.executable, "-m", "clusterfsdp.tui", "--run-root", str(run_root.expanduser().absolute()),
-                       "--refresh", f"{refresh_s:g}"])
+    return shlex.join(
+        [
+            sys.executable,
+            "-m",
+            "clusterfsdp.tui",
+            "--run-root",
+            str(run_root.expanduser().absolute()),
+            "--refresh",
+            f"{refresh_s:g}",
+        ]
+    )
 
 
 def serve(run_root: Path, port: int, refresh_s: float) -> int:

@@ -20,9 +20,14 @@ class StatusLine(Static):
         runs = sum(1 for r in app.rows if r.run is not None)
         jobs = len(app.rows) - runs
         queue = "refreshing…" if app.refreshing else f"{runs} runs, {jobs} other Slurm jobs"
-        slurm = ("[$error]Slurm: $slurm[/]" if app.slurm_error else "Slurm: ok")
+        slurm = "[$error]Slurm: $slurm[/]" if app.slurm_error else "Slurm: ok"
         activity = "[b]$activity[/] │ " if app.activity else ""
-        self.update(Content.from_markup(
-            f"{activity}queue: $queue (every $every s, r: now) │ {slurm}",
-            activity=app.activity, queue=queue, every=f"{app.refresh_s:g}", slurm=app.slurm_error,
-        ))
+        self.update(
+            Content.from_markup(
+                f"{activity}queue: $queue (every $every s, r: now) │ {slurm}",
+                activity=app.activity,
+                queue=queue,
+                every=f"{app.refresh_s:g}",
+                slurm=app.slurm_error,
+            )
+        )

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..control.spec import JobSpec
 from .model import decoder_layers, layer_classes
-from .spec import JobSpec
 
 MP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -29,12 +29,21 @@ def build_mesh(spec: JobSpec, device_type: str, world_size: int) -> DeviceMesh:
 
 def apply_activation_checkpointing(model: nn.Module) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl, apply_activation_checkpointing as apply_ac, checkpoint_wrapper)
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing as apply_ac,
+    )
 
     classes = tuple(layer_classes(model))
-    apply_ac(model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                                            preserve_rng_state=False),
-             check_fn=lambda m: isinstance(m, classes))
+    apply_ac(
+        model,
+        checkpoint_wrapper_fn=functools.partial(
+            checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False
+        ),
+        check_fn=lambda m: isinstance(m, classes),
+    )
 
 
 def apply_compile(model: nn.Module) -> None:
@@ -47,7 +56,9 @@ def fsdp2(model: nn.Module, spec: JobSpec, mesh: DeviceMesh) -> nn.Module:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     f = spec.fsdp
-    kwargs = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=MP_DTYPES[f.mixed_precision], reduce_dtype=torch.float32))
+    kwargs = dict(
+        mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=MP_DTYPES[f.mixed_precision], reduce_dtype=torch.float32)
+    )
     if f.cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     sharding = spec.effective_sharding
@@ -70,11 +81,16 @@ def fsdp2(model: nn.Module, spec: JobSpec, mesh: DeviceMesh) -> nn.Module:
 
 def fsdp1(model: nn.Module, spec: JobSpec, mesh: DeviceMesh, device: torch.device) -> nn.Module:
     """FSDP1 over a model with real weights; HYBRID_SHARD uses the 2-D mesh."""
-    from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-    strategy = {"hybrid": ShardingStrategy.HYBRID_SHARD, "full": ShardingStrategy.FULL_SHARD,
-                "grad_op": ShardingStrategy.SHARD_GRAD_OP, "none": ShardingStrategy.NO_SHARD}[spec.effective_sharding]
+    strategy = {
+        "hybrid": ShardingStrategy.HYBRID_SHARD,
+        "full": ShardingStrategy.FULL_SHARD,
+        "grad_op": ShardingStrategy.SHARD_GRAD_OP,
+        "none": ShardingStrategy.NO_SHARD,
+    }[spec.effective_sharding]
     if strategy is ShardingStrategy.FULL_SHARD and not spec.fsdp.reshard_after_forward:
         strategy = ShardingStrategy.SHARD_GRAD_OP
     mp = MP_DTYPES[spec.fsdp.mixed_precision]

@@ -21,9 +21,10 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from . import spec as specmod
 
@@ -64,7 +65,7 @@ def new_run_id() -> str:
 
 
 @dataclass(frozen=True)
-class Run:
+class RunFolder:
     path: Path
 
     @property
@@ -151,38 +152,41 @@ class Run:
         return read_jsonl(self.metrics_file)
 
 
-def create_run(spec: specmod.JobSpec, executor: str, run_id: str | None = None) -> Run:
+def create_run(spec: specmod.JobSpec, executor: str, run_id: str | None = None) -> RunFolder:
     """Make the folder for a new run and write its resolved, redacted job.toml."""
     root = Path(spec.job.run_root).expanduser().resolve()
-    run = Run(root / spec.job.name / (run_id or new_run_id()))
+    run = RunFolder(root / spec.job.name / (run_id or new_run_id()))
     run.path.mkdir(parents=True, exist_ok=False)
     for sub in ("submitit", "logs", "nodes"):
         (run.path / sub).mkdir()
     atomic_write(run.job_toml, specmod.dumps(spec, redact=True))
-    run.write_state({"run_id": run.id, "name": spec.job.name, "executor": executor,
-                     "created": time.time(), "attempts": []})
+    run.write_state(
+        {"run_id": run.id, "name": spec.job.name, "executor": executor, "created": time.time(), "attempts": []}
+    )
     return run
 
 
-def iter_runs(run_root: str | Path) -> Iterator[Run]:
+def iter_runs(run_root: str | Path) -> Iterator[RunFolder]:
     root = Path(run_root).expanduser()
     if not root.is_dir():
         return
     for state in root.glob("*/*/state.json"):
-        yield Run(state.parent.resolve())
+        yield RunFolder(state.parent.resolve())
 
 
-def list_runs(run_root: str | Path) -> list[Run]:
+def list_runs(run_root: str | Path) -> list[RunFolder]:
     """Runs under run_root, newest first (run ids start with their creation time)."""
     return sorted(iter_runs(run_root), key=lambda r: r.id, reverse=True)
 
 
-def find_run(ref: str, run_root: str | Path = "./runs") -> Run:
+def find_run(ref: str, run_root: str | Path = "./runs") -> RunFolder:
     """A run from its folder path, its id, or a unique prefix of its id."""
     p = Path(ref).expanduser()
     if (p / "state.json").is_file():
-        return Run(p.resolve())
-    matches = [r for r in iter_runs(run_root) if r.id == ref] or [r for r in iter_runs(run_root) if r.id.startswith(ref)]
+        return RunFolder(p.resolve())
+    matches = [r for r in iter_runs(run_root) if r.id == ref] or [
+        r for r in iter_runs(run_root) if r.id.startswith(ref)
+    ]
     if len(matches) == 1:
         return matches[0]
     if not matches:

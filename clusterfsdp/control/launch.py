@@ -1,7 +1,8 @@
 """Submitting runs through submitit (Slurm or the local executor), resubmitting, cancelling.
 
-The worker callable submitted is `clusterfsdp.worker.run(run_dir)`: every rank reads the
-resolved job.toml from the run folder, so the pickle carries a path and no secrets.
+The callable submitted is `WorkerCall(run_dir)`, which imports `clusterfsdp.worker.main` by
+name on the compute node: the control plane never imports the worker (or torch). Every rank
+reads the resolved job.toml from the run folder, so the pickle carries a path and no secrets.
 Secret-looking [env] entries travel in the submitting process's environment instead
 (sbatch exports it; the local executor inherits it).
 """
@@ -16,11 +17,12 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
-from . import runs, slurmcli
+from . import runfolder, slurmcli
 from . import spec as specmod
 
 Executor = Literal["auto", "slurm", "local"]
@@ -34,9 +36,22 @@ class SubmitError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class WorkerCall:
+    """What submitit pickles and every rank calls: `clusterfsdp.worker.main.run(run_dir)`,
+    imported by module name so that importing the control plane never imports the worker."""
+
+    run_dir: str
+
+    def __call__(self) -> str:
+        import importlib
+
+        return importlib.import_module("clusterfsdp.worker.main").run(self.run_dir)
+
+
 @dataclass
 class Submission:
-    run: runs.Run
+    run: runfolder.RunFolder
     executor: str
     job_id: str
     notice: str
@@ -46,7 +61,9 @@ def choose_executor(requested: Executor) -> tuple[str, str]:
     """(executor, one-line notice saying why)."""
     if requested == "slurm":
         if not slurmcli.available():
-            raise SubmitError("--executor slurm: no Slurm controller answers `scontrol ping` (or sbatch is not on PATH)")
+            raise SubmitError(
+                "--executor slurm: no Slurm controller answers `scontrol ping` (or sbatch is not on PATH)"
+            )
         return "slurm", "executor: slurm (requested)"
     if requested == "local":
         return "local", "executor: local (requested): runs on this machine"
@@ -59,8 +76,11 @@ def slurm_parameters(spec: specmod.JobSpec, dependency: str | None = None) -> di
     """Keyword arguments for submitit's SlurmExecutor / _make_sbatch_string."""
     s = spec.slurm
     params: dict[str, Any] = dict(
-        job_name=spec.job.name, nodes=s.nodes, ntasks_per_node=spec.tasks_per_node,
-        time=spec.time_minutes, signal_delay_s=s.signal_grace_s,
+        job_name=spec.job.name,
+        nodes=s.nodes,
+        ntasks_per_node=spec.tasks_per_node,
+        time=spec.time_minutes,
+        signal_delay_s=s.signal_grace_s,
     )
     if s.gpus_per_node:
         params["gpus_per_node"] = s.gpus_per_node
@@ -95,11 +115,11 @@ def _check_run_root(spec: specmod.JobSpec) -> None:
         )
 
 
-def worker_command(run: runs.Run) -> str:
+def worker_command(run: runfolder.RunFolder) -> str:
     return shlex.join([sys.executable, "-u", "-m", "clusterfsdp.worker", str(run.path)])
 
 
-def render_sbatch(spec: specmod.JobSpec, run: runs.Run) -> str:
+def render_sbatch(spec: specmod.JobSpec, run: runfolder.RunFolder) -> str:
     """The sbatch script for this run, as submitit renders it, running the worker module directly.
 
     Logs go straight into submitit/ (`<job id>_<task>_log.out`), not into a per-job `%j/` folder
@@ -130,17 +150,15 @@ def _submission_env(spec: specmod.JobSpec) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _submit_slurm(spec: specmod.JobSpec, run: runs.Run, dependency: str | None) -> str:
+def _submit_slurm(spec: specmod.JobSpec, run: runfolder.RunFolder, dependency: str | None) -> str:
     import submitit
     from submitit.core.utils import FailedJobError, FailedSubmissionError
-
-    from .worker import run as worker_run
 
     executor = submitit.SlurmExecutor(folder=run.submitit_dir / "%j", max_num_timeout=spec.slurm.max_restarts)
     executor.update_parameters(**slurm_parameters(spec, dependency))
     try:  # submitit also prints sbatch's stderr on failure; the exception carries it, shown once below
         with contextlib.redirect_stderr(io.StringIO()):
-            job = executor.submit(worker_run, str(run.path))
+            job = executor.submit(WorkerCall(str(run.path)))
     except (FailedJobError, FailedSubmissionError, OSError) as e:
         raise SubmitError(_one_line_sbatch_error(str(e))) from None
     return str(job.job_id)
@@ -151,12 +169,10 @@ def _one_line_sbatch_error(text: str) -> str:
     return "sbatch refused the job: " + (lines[-1] if lines else " ".join(text.split())[:300])
 
 
-def _submit_local(spec: specmod.JobSpec, run: runs.Run) -> tuple[str, int]:
+def _submit_local(spec: specmod.JobSpec, run: runfolder.RunFolder) -> tuple[str, int]:
     """Start submitit's local controller in a new session so a Ctrl-C in this terminal
     (e.g. while following the log) does not reach the workers; returns (job id, pgid)."""
     import submitit
-
-    from .worker import run as worker_run
 
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -167,12 +183,14 @@ def _submit_local(spec: specmod.JobSpec, run: runs.Run) -> tuple[str, int]:
             os.setsid()
             executor = submitit.LocalExecutor(folder=run.submitit_dir / "%j", max_num_timeout=spec.slurm.max_restarts)
             executor.update_parameters(
-                tasks_per_node=spec.tasks_per_node, timeout_min=spec.time_minutes,
-                signal_delay_s=spec.slurm.signal_grace_s, gpus_per_node=spec.slurm.gpus_per_node,
+                tasks_per_node=spec.tasks_per_node,
+                timeout_min=spec.time_minutes,
+                signal_delay_s=spec.slurm.signal_grace_s,
+                gpus_per_node=spec.slurm.gpus_per_node,
             )
-            job = executor.submit(worker_run, str(run.path))
+            job = executor.submit(WorkerCall(str(run.path)))
             os.write(write_fd, f"ok {job.job_id} {os.getpid()}".encode())
-        except BaseException as e:  # noqa: BLE001 - the parent reports it
+        except BaseException as e:
             os.write(write_fd, f"error {type(e).__name__}: {e}".encode())
             code = 1
         finally:
@@ -187,8 +205,15 @@ def _submit_local(spec: specmod.JobSpec, run: runs.Run) -> tuple[str, int]:
     return job_id, int(pgid)
 
 
-def submit(spec: specmod.JobSpec, executor: Executor = "auto", *, run: runs.Run | None = None,
-           reason: str = "submit", resume_step: int | None = None, dependency: str | None = None) -> Submission:
+def submit(
+    spec: specmod.JobSpec,
+    executor: Executor = "auto",
+    *,
+    run: runfolder.RunFolder | None = None,
+    reason: str = "submit",
+    resume_step: int | None = None,
+    dependency: str | None = None,
+) -> Submission:
     """Create the run folder (or reuse `run` for a resume) and queue one attempt."""
     chosen, notice = choose_executor(executor)
     _check_run_root(spec)
@@ -200,7 +225,7 @@ def submit(spec: specmod.JobSpec, executor: Executor = "auto", *, run: runs.Run 
     if chosen == "slurm":
         slurm_parameters(spec, dependency)  # reject bad values before making folders
     new = run is None
-    run = run or runs.create_run(spec, chosen)
+    run = run or runfolder.create_run(spec, chosen)
     try:
         with _submission_env(spec):
             if chosen == "slurm":
@@ -218,17 +243,17 @@ def submit(spec: specmod.JobSpec, executor: Executor = "auto", *, run: runs.Run 
     return Submission(run, chosen, job_id, notice)
 
 
-def dry_run(spec: specmod.JobSpec) -> tuple[runs.Run, str]:
+def dry_run(spec: specmod.JobSpec) -> tuple[runfolder.RunFolder, str]:
     """Prepare a run folder and return the exact sbatch script for it (nothing is queued)."""
     _check_run_root(spec)
-    run = runs.create_run(spec, "slurm")
+    run = runfolder.create_run(spec, "slurm")
     run.write_state({**run.state(), "dry_run": True})  # the worker records the hand-submitted job
     script = render_sbatch(spec, run)
     (run.path / "sbatch.sh").write_text(script)
     return run, script
 
 
-def cancel(run: runs.Run, grace_s: float = 20.0) -> str:
+def cancel(run: runfolder.RunFolder, grace_s: float = 20.0) -> str:
     """Cancel the run's live attempt. Workers get SIGTERM, save a checkpoint at the next step
     boundary and exit; stragglers are killed after `grace_s` (Slurm does this with KillWait)."""
     attempts = run.attempts

@@ -22,7 +22,7 @@ method; under FSDP2 it is registered as a forward method, so the root unit's par
 from __future__ import annotations
 
 import types
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -89,13 +89,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         for start in range(0, n, chunk):
-            h, y = hidden[start:start + chunk], labels[start:start + chunk]
+            h, y = hidden[start : start + chunk], labels[start : start + chunk]
             logits = torch.mm(h, weight.t())
             loss, g = ce(logits, y, ignore_index, hidden.dtype)
             del logits
             total += loss
             if need_h:
-                torch.mm(g, weight, out=grad_h[start:start + chunk])
+                torch.mm(g, weight, out=grad_h[start : start + chunk])
             if need_w:
                 grad_w = _accumulate(grad_w, g.t(), h)
         count = (labels != ignore_index).sum()
@@ -112,9 +112,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return gh, gw, None, None, None, None, None
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
-                         ignore_index: int = IGNORE_INDEX, compile: bool = False,
-                         chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    ignore_index: int = IGNORE_INDEX,
+    compile: bool = False,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> torch.Tensor:
     """mean over non-ignored tokens of cross_entropy(hidden @ weight.T, labels), chunked.
 
     hidden: (..., H) in the compute dtype; weight: (V, H); labels: (...) int.
@@ -130,14 +136,19 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
 def _fused_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Bound to the HF model by `attach`: decoder stack, then lm_head fused with the loss."""
     hidden = self.base_model(input_ids=input_ids).last_hidden_state
-    return linear_cross_entropy(hidden, self.get_output_embeddings().weight, labels,
-                                compile=self._clusterfsdp_compile_loss)
+    return linear_cross_entropy(
+        hidden, self.get_output_embeddings().weight, labels, compile=self._clusterfsdp_compile_loss
+    )
 
 
 def supports_fused(model: torch.nn.Module) -> bool:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return (type(model).__name__ in FUSED_ARCHITECTURES and isinstance(head, torch.nn.Linear)
-            and head.bias is None and getattr(model, "base_model", model) is not model)
+    return (
+        type(model).__name__ in FUSED_ARCHITECTURES
+        and isinstance(head, torch.nn.Linear)
+        and head.bias is None
+        and getattr(model, "base_model", model) is not model
+    )
 
 
 def attach(model: torch.nn.Module, *, compile: bool) -> bool:
@@ -159,8 +170,9 @@ def _logits_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 _compiled_logits_loss: Callable | None = None
 
 
-def causal_lm_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, *,
-                   compile: bool = False) -> torch.Tensor:
+def causal_lm_loss(
+    model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, *, compile: bool = False
+) -> torch.Tensor:
     """Mean next-token cross-entropy; `labels` are the already shifted targets of `input_ids`."""
     global _compiled_logits_loss
     fused = getattr(model, "clusterfsdp_loss", None)

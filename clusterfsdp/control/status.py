@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import launch, runs, slurmcli
+from . import launch, runfolder, slurmcli
 
 # Final events written by the worker (rank 0) -> the run state they mean.
 _END_STATES = {"completed": "COMPLETED", "failed": "FAILED", "requeued": "REQUEUED", "stopped": "CANCELLED"}
@@ -14,7 +14,7 @@ _END_STATES = {"completed": "COMPLETED", "failed": "FAILED", "requeued": "REQUEU
 
 @dataclass
 class RunStatus:
-    run: runs.Run
+    run: runfolder.RunFolder
     state: str
     reason: str = ""
     job_id: str = ""
@@ -25,24 +25,31 @@ class RunStatus:
     attempts: int = 0
 
 
-def _progress(run: runs.Run) -> tuple[int | None, float | None]:
+def _progress(run: runfolder.RunFolder) -> tuple[int | None, float | None]:
     rows = run.metrics()
     if not rows:
         return None, None
     return rows[-1].get("step"), rows[-1].get("loss")
 
 
-def run_status(run: runs.Run, queue: dict[str, slurmcli.JobRow] | None = None) -> RunStatus:
+def run_status(run: runfolder.RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) -> RunStatus:
     """State of one run. `queue` is a pre-fetched {job id: row} (see `statuses`)."""
     state_file = run.state()
     attempts = state_file.get("attempts", [])
     step, loss = _progress(run)
     try:
         steps = run.spec().train.steps
-    except Exception:  # noqa: BLE001 - a hand-edited job.toml must not break listing
+    except Exception:
         steps = None
-    st = RunStatus(run, "PREPARED", executor=state_file.get("executor", ""), step=step, steps=steps,
-                   loss=loss, attempts=len(attempts))
+    st = RunStatus(
+        run,
+        "PREPARED",
+        executor=state_file.get("executor", ""),
+        step=step,
+        steps=steps,
+        loss=loss,
+        attempts=len(attempts),
+    )
     if not attempts:
         st.reason = "not submitted (dry run): sbatch " + str(run.path / "sbatch.sh")
         return st
@@ -76,7 +83,11 @@ def run_status(run: runs.Run, queue: dict[str, slurmcli.JobRow] | None = None) -
     elif started:
         st.state, st.reason = "FAILED", "workers exited without a final record (killed?); see `clusterfsdp logs`"
     else:
-        st.state, st.reason = ("FAILED", "never started; see the submitit logs") if last["executor"] == "local" else ("UNKNOWN", st.reason)
+        st.state, st.reason = (
+            ("FAILED", "never started; see the submitit logs")
+            if last["executor"] == "local"
+            else ("UNKNOWN", st.reason)
+        )
     return st
 
 
@@ -93,7 +104,7 @@ def _reason(end: dict | None, row: slurmcli.JobRow) -> str:
     return "; ".join(parts)
 
 
-def statuses(run_list: list[runs.Run]) -> tuple[list[RunStatus], str]:
+def statuses(run_list: list[runfolder.RunFolder]) -> tuple[list[RunStatus], str]:
     """Status of many runs with one squeue (+ one sacct) call; returns (rows, Slurm error or '')."""
     ids = [str(r.attempts[-1]["job_id"]) for r in run_list if r.attempts and r.attempts[-1]["executor"] == "slurm"]
     queue: dict[str, slurmcli.JobRow] = {}

@@ -41,7 +41,10 @@ def F(default: Any, doc: str, *, key: str | None = None, secret: bool = False) -
 @dataclass
 class JobSection:
     name: str = F("job", "Job name; runs go to <run_root>/<name>/<run id>/ and it names the Slurm job.")
-    run_root: str = F("./runs", "Folder that holds run folders (relative to this file); on a cluster it must be on the shared filesystem.")
+    run_root: str = F(
+        "./runs",
+        "Folder that holds run folders (relative to this file); on a cluster it must be on the shared filesystem.",
+    )
     seed: int = F(0, "Seed for model init, data order and dropout; same seed + same world size = same losses.")
 
 
@@ -55,19 +58,27 @@ class SlurmSection:
     tasks_per_node: int = F(0, "Worker processes per node; 0 means one per GPU (or 1 without GPUs).")
     cpus_per_task: int = F(0, "CPUs per worker process (0: Slurm's default).")
     mem_gb: float = F(0.0, "Memory per node in GB (0: Slurm's default).")
-    time: int | str = F(60, "Time limit: minutes (int) or Slurm's forms 'MM', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS'.")
+    time: int | str = F(
+        60, "Time limit: minutes (int) or Slurm's forms 'MM', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS'."
+    )
     constraint: str = F("", "Slurm --constraint (node features), e.g. 'h100'.")
     exclusive: bool = F(False, "Ask for whole nodes (--exclusive).")
     requeue: bool = F(True, "Let Slurm requeue the job after preemption or node failure (--requeue).")
     signal_grace_s: int = F(120, "Seconds before the time limit at which workers get SIGUSR2 to save and requeue.")
     max_restarts: int = F(3, "How many times a run may be requeued or resubmitted automatically.")
-    extra: dict[str, str | int | bool] = F({}, "Extra sbatch options, e.g. { reservation = 'big', 'gres-flags' = 'enforce-binding' }.")
-    setup: list[str] = F([], "Shell lines run once on the batch host before the workers start (module load, venv activation).")
+    extra: dict[str, str | int | bool] = F(
+        {}, "Extra sbatch options, e.g. { reservation = 'big', 'gres-flags' = 'enforce-binding' }."
+    )
+    setup: list[str] = F(
+        [], "Shell lines run once on the batch host before the workers start (module load, venv activation)."
+    )
 
 
 @dataclass
 class ModelSection:
-    name_or_path: str = F("", "A HuggingFace model id or a local model folder to load weights from (empty: use `preset`).")
+    name_or_path: str = F(
+        "", "A HuggingFace model id or a local model folder to load weights from (empty: use `preset`)."
+    )
     preset: str = F("llama-tiny", "Built-in architecture for a random-init model: llama-tiny, llama-small, llama-1b.")
     from_config: dict[str, Any] = F({}, "Overrides of the preset's HF config, e.g. { num_hidden_layers = 4 }.")
     dtype: Literal["float32", "bfloat16", "float16"] = F("float32", "dtype of the master weights.")
@@ -77,7 +88,9 @@ class ModelSection:
 @dataclass
 class DataSection:
     source: Literal["synthetic", "files"] = F("synthetic", "'synthetic' random tokens, or 'files' to read `paths`.")
-    paths: list[str] = F([], "Local .txt or .jsonl files (globs allowed; relative to this file), with source = 'files'.")
+    paths: list[str] = F(
+        [], "Local .txt or .jsonl files (globs allowed; relative to this file), with source = 'files'."
+    )
     text_key: str = F("text", "Field holding the text in .jsonl records.")
     tokenizer: str = F("bytes", "'bytes' (built-in byte-level, no download) or a local HF tokenizer folder.")
     seq_len: int = F(128, "Tokens per sample.")
@@ -129,7 +142,10 @@ class JobSpec:
     train: TrainSection = field(default_factory=TrainSection)
     fsdp: FsdpSection = field(default_factory=FsdpSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
-    env: dict[str, str] = field(default_factory=dict, metadata={"doc": "Extra environment for the workers; overrides everything clusterfsdp sets (NCCL_*, etc.)."})
+    env: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"doc": "Extra environment for the workers; overrides everything clusterfsdp sets (NCCL_*, etc.)."},
+    )
 
     # ---- derived facts (used by validate, the sbatch renderer and the worker)
     @property
@@ -165,12 +181,26 @@ class JobSpec:
         if self.fsdp.sharding == "hybrid" and self.slurm.nodes == 1:
             out.append("fsdp.sharding = 'hybrid' on 1 node: nothing to replicate across nodes, using 'full' sharding.")
         if self.slurm.gpus_per_node == 0 and self.fsdp.mixed_precision != "fp32":
-            out.append(f"no GPUs: mixed_precision = '{self.fsdp.mixed_precision}' runs on CPU (slow); fp32 is usual there.")
+            out.append(
+                f"no GPUs: mixed_precision = '{self.fsdp.mixed_precision}' runs on CPU (slow); fp32 is usual there."
+            )
         return out
 
 
 SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(JobSpec)}  # type: ignore[misc]
-_HINTS = {cls: typing.get_type_hints(cls) for cls in (JobSection, SlurmSection, ModelSection, DataSection, TrainSection, FsdpSection, CheckpointSection, JobSpec)}
+_HINTS = {
+    cls: typing.get_type_hints(cls)
+    for cls in (
+        JobSection,
+        SlurmSection,
+        ModelSection,
+        DataSection,
+        TrainSection,
+        FsdpSection,
+        CheckpointSection,
+        JobSpec,
+    )
+}
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL|PRIVATE)", re.I)
 REDACTED = "<redacted: taken from the submitting environment>"
 
@@ -205,7 +235,9 @@ def type_name(tp: Any) -> str:
 
 
 def _describe(value: Any) -> str:
-    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "table"}.get(type(value), type(value).__name__)
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "table"}.get(
+        type(value), type(value).__name__
+    )
     text = repr(value)
     return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
 
@@ -324,7 +356,9 @@ def check(spec: JobSpec) -> None:
     try:
         minutes = parse_time_minutes(s.time)
         if minutes * 60 <= s.signal_grace_s:
-            errors.append(f"slurm.signal_grace_s: {s.signal_grace_s} s is not shorter than the time limit ({minutes} min)")
+            errors.append(
+                f"slurm.signal_grace_s: {s.signal_grace_s} s is not shorter than the time limit ({minutes} min)"
+            )
     except ValueError as e:
         errors.append(f"slurm.time: {e}")
     if s.gpus_per_node and s.tasks_per_node and s.tasks_per_node != s.gpus_per_node:
@@ -416,8 +450,11 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
 
     out = dataclasses.replace(spec)
     out.job = dataclasses.replace(spec.job, run_root=absolute(spec.job.run_root))
-    out.data = dataclasses.replace(spec.data, paths=[absolute(x) for x in spec.data.paths],
-                                   tokenizer=spec.data.tokenizer if spec.data.tokenizer == "bytes" else absolute(spec.data.tokenizer))
+    out.data = dataclasses.replace(
+        spec.data,
+        paths=[absolute(x) for x in spec.data.paths],
+        tokenizer=spec.data.tokenizer if spec.data.tokenizer == "bytes" else absolute(spec.data.tokenizer),
+    )
     out.checkpoint = dataclasses.replace(spec.checkpoint, dir=absolute(spec.checkpoint.dir))
     if spec.model.name_or_path and (base / spec.model.name_or_path).exists():
         out.model = dataclasses.replace(spec.model, name_or_path=absolute(spec.model.name_or_path))
@@ -480,7 +517,7 @@ def describe_schema(selector: str = "") -> list[str]:
     """Lines documenting every key (or those under `selector`, e.g. 'slurm' or 'train.lr')."""
     lines = []
     for f in dataclasses.fields(JobSpec):
-        if selector and not (f.name == selector.split(".")[0]):
+        if selector and f.name != selector.split(".")[0]:
             continue
         if f.name == "env":
             lines.append(f"[env]  table of strings\n    {f.metadata['doc']}")
@@ -499,8 +536,11 @@ def starter_toml(spec: JobSpec | None = None) -> str:
     """A commented job.toml with every key, its default and its docstring."""
     spec = spec or JobSpec()
     data = to_dict(spec)
-    out = ["# clusterfsdp job spec. Every key is optional; values shown are the defaults.",
-           "# `clusterfsdp schema` documents each key; `clusterfsdp validate` checks the file.", ""]
+    out = [
+        "# clusterfsdp job spec. Every key is optional; values shown are the defaults.",
+        "# `clusterfsdp schema` documents each key; `clusterfsdp validate` checks the file.",
+        "",
+    ]
     for f in dataclasses.fields(JobSpec):
         out.append(f"[{f.name}]")
         if f.name == "env":

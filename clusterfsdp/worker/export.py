@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .spec import JobSpec
+from ..control.spec import JobSpec
 
 
 def export_hf(spec: JobSpec, checkpoint_dir: Path, out: Path) -> Path:

@@ -16,8 +16,9 @@ import traceback
 from pathlib import Path
 from typing import IO
 
-from . import distenv, runs
-from . import spec as specmod
+from ..control import runfolder
+from ..control import spec as specmod
+from . import distenv
 from .stopflags import StopFlags
 
 LOCAL_REQUEUE_EXIT = 144  # submitit's local controller restarts the tasks on this exit code
@@ -43,9 +44,19 @@ class Tee:
         return getattr(self.stream, name)
 
 
-def _event(run: runs.Run, env: distenv.DistEnv, event: str, **fields) -> None:
-    runs.append_jsonl(run.events_file, {"event": event, "job_id": env.job_id, "restart": env.restart, "rank": env.rank,
-                                        "host": socket.gethostname(), "time": __import__("time").time(), **fields})
+def _event(run: runfolder.RunFolder, env: distenv.DistEnv, event: str, **fields) -> None:
+    runfolder.append_jsonl(
+        run.events_file,
+        {
+            "event": event,
+            "job_id": env.job_id,
+            "restart": env.restart,
+            "rank": env.rank,
+            "host": socket.gethostname(),
+            "time": __import__("time").time(),
+            **fields,
+        },
+    )
 
 
 def _apply_env(spec: specmod.JobSpec, chosen: dict[str, str]) -> None:
@@ -62,7 +73,7 @@ def run(run_dir: str) -> str:
 
     from . import metrics, train
 
-    run = runs.Run(Path(run_dir))
+    run = runfolder.RunFolder(Path(run_dir))
     spec = specmod.load(run.job_toml)
     env = distenv.from_environ()
     chosen, facts = distenv.network_env(env, spec.env)
@@ -79,13 +90,15 @@ def run(run_dir: str) -> str:
 
     dist.init_process_group(backend, timeout=timedelta(minutes=10), device_id=device if backend == "nccl" else None)
     if env.launcher == "submitit-local":  # Slurm counts restarts; the local executor does not
-        count = torch.tensor([sum(1 for e in run.events() if e.get("event") == "start" and e.get("job_id") == env.job_id)])
+        count = torch.tensor(
+            [sum(1 for e in run.events() if e.get("event") == "start" and e.get("job_id") == env.job_id)]
+        )
         dist.broadcast(count, 0)
         env = distenv.DistEnv(**{**env.__dict__, "restart": int(count)})
 
     log_path = run.log_path(env.job_id, env.restart, env.rank)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_file = open(log_path, "a", buffering=1)
+    log_file = open(log_path, "a", buffering=1)  # noqa: SIM115 - stays open for the rest of the process
     sys.stdout, sys.stderr = Tee(sys.__stdout__, log_file), Tee(sys.__stderr__, log_file)
 
     every_rank = os.environ.get(ENV_LOG_ALL_RANKS) == "1"
@@ -96,23 +109,39 @@ def run(run_dir: str) -> str:
 
     try:
         if env.local_rank == 0:
-            distenv.write_node_record(run.node_record(env.job_id, env.restart, socket.gethostname()), env, facts, {
-                "backend": backend, "device": str(device), "torch": torch.__version__,
-                "nccl": ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else "",
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-                "python": sys.version.split()[0],
-            })
+            distenv.write_node_record(
+                run.node_record(env.job_id, env.restart, socket.gethostname()),
+                env,
+                facts,
+                {
+                    "backend": backend,
+                    "device": str(device),
+                    "torch": torch.__version__,
+                    "nccl": ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else "",
+                    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                    "python": sys.version.split()[0],
+                },
+            )
         if env.rank == 0:
             if env.launcher == "slurm" and run.state().get("dry_run"):
                 run.ensure_attempt(env.job_id, "slurm")
             _event(run, env, "start", world_size=env.world_size, nodes=env.num_nodes)
-        log(f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
-            f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}")
+        log(
+            f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
+            f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}"
+        )
         outcome = train.train(
-            spec, device, env.rank, env.world_size, run.checkpoints_dir(spec),
-            Path(spec.job.run_root).expanduser() / ".cache" / "tokens", run.job_toml.read_text(), log,
+            spec,
+            device,
+            env.rank,
+            env.world_size,
+            run.checkpoints_dir(spec),
+            Path(spec.job.run_root).expanduser() / ".cache" / "tokens",
+            run.job_toml.read_text(),
+            log,
             metrics.MetricsWriter(run.metrics_file) if env.rank == 0 else None,
-            lambda event, **f: _event(run, env, event, **f) if env.rank == 0 else None, flags,
+            lambda event, **f: _event(run, env, event, **f) if env.rank == 0 else None,
+            flags,
         )
     except BaseException as e:
         print(traceback.format_exc(), file=sys.stderr, flush=True)
@@ -123,33 +152,48 @@ def run(run_dir: str) -> str:
     if outcome.status == "preempted":
         _requeue(run, spec, env)  # exits
     if env.rank == 0:
-        _event(run, env, "completed" if outcome.status == "completed" else "stopped", step=outcome.step,
-               checkpoint=outcome.checkpoint,
-               reason="" if outcome.status == "completed" else f"cancelled (SIGTERM); saved step {outcome.step}")
+        _event(
+            run,
+            env,
+            "completed" if outcome.status == "completed" else "stopped",
+            step=outcome.step,
+            checkpoint=outcome.checkpoint,
+            reason="" if outcome.status == "completed" else f"cancelled (SIGTERM); saved step {outcome.step}",
+        )
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
     return outcome.status
 
 
-def _requeue(run: runs.Run, spec: specmod.JobSpec, env: distenv.DistEnv) -> None:
+def _requeue(run: runfolder.RunFolder, spec: specmod.JobSpec, env: distenv.DistEnv) -> None:
     """After the collective save: rank 0 requeues (Slurm) or all ranks exit 144 (local executor).
     Restarts are bounded by slurm.max_restarts over the whole run."""
     import torch.distributed as dist
 
-    from . import launch, slurmcli
+    from ..control import launch, slurmcli
 
     done = sum(1 for e in run.events() if e.get("event") == "requeued")
     if env.rank == 0:
         if done >= spec.slurm.max_restarts:
-            _event(run, env, "failed", reason=f"interrupted again after {done} restarts (slurm.max_restarts = {spec.slurm.max_restarts})")
+            _event(
+                run,
+                env,
+                "failed",
+                reason=f"interrupted again after {done} restarts (slurm.max_restarts = {spec.slurm.max_restarts})",
+            )
         elif env.launcher == "slurm":
             _event(run, env, "requeued", reason="SIGUSR2 (time limit or preemption)", restarts=done + 1)
             try:
                 slurmcli.requeue(env.job_id)
             except slurmcli.SlurmError as e:  # JobRequeue=0 or a non-batch job: a follow-up job resumes
-                sub = launch.submit(spec, "slurm", run=run, reason=f"follow-up: requeue refused ({e})",
-                                    dependency=f"afterany:{env.job_id}")
+                sub = launch.submit(
+                    spec,
+                    "slurm",
+                    run=run,
+                    reason=f"follow-up: requeue refused ({e})",
+                    dependency=f"afterany:{env.job_id}",
+                )
                 _event(run, env, "follow_up", job_id_next=sub.job_id, reason=str(e))
         else:
             _event(run, env, "requeued", reason="SIGUSR2 (time limit or preemption)", restarts=done + 1)
@@ -160,9 +204,3 @@ def _requeue(run: runs.Run, spec: specmod.JobSpec, env: distenv.DistEnv) -> None
     if done >= spec.slurm.max_restarts:
         sys.exit(1)
     sys.exit(LOCAL_REQUEUE_EXIT if env.launcher == "submitit-local" else 0)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m clusterfsdp.worker RUN_DIR")
-    run(sys.argv[1])

@@ -1,32 +1,18 @@
-"""Sharded checkpoints with torch.distributed.checkpoint (DCP), for FSDP2 and FSDP1 alike.
-
-Layout of one checkpoint (see docs/run-folder.md):
-
-    checkpoints/step-00000100/
-        .metadata  __0_0.distcp ...   DCP: model + optimizer, resharded on load
-        rng/rank<R>.pt                 CPU (and CUDA) RNG state of each rank
-        clusterfsdp.json               step, tokens seen, data position, world size
-        job.toml                       the spec it was made with
-
-A checkpoint is written under `.step-<N>.partial/` and renamed to `step-<N>` only after
-every rank's shards and DCP's `.metadata` are on disk, so a crash, a kill -9 or a full
-disk mid-save leaves a partial folder that resume never picks. `keep_last` deletes old
-ones only after a newer one is complete.
+"""Saving and loading sharded checkpoints with torch.distributed.checkpoint (DCP), for FSDP2
+and FSDP1 alike. The folder layout (what a complete checkpoint is, where it lives) is in
+`clusterfsdp.control.ckptfolder`, which the control plane reads without torch.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-COMPLETE = "clusterfsdp.json"
-_STEP = re.compile(r"^step-(\d+)$")
+from ..control.ckptfolder import COMPLETE, CheckpointInfo, list_checkpoints, step_dir
 
 
 class CheckpointError(RuntimeError):
@@ -43,57 +29,6 @@ def _dcp_call(what: str, fn, *args, **kwargs):
         causes = sorted({f"{type(exc).__name__}: {exc}" for exc, _ in e.failures.values()})
         ranks = ",".join(map(str, sorted(e.failures)))
         raise CheckpointError(f"{what} failed on rank(s) {ranks}: {'; '.join(causes)}") from None
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    path: Path
-    step: int
-    meta: dict[str, Any]
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:08d}"
-
-
-def is_complete(path: Path) -> bool:
-    return (path / ".metadata").is_file() and (path / COMPLETE).is_file()
-
-
-def list_checkpoints(root: Path) -> list[CheckpointInfo]:
-    """Complete checkpoints, oldest first (pure Python: used by status, the TUI and export)."""
-    out = []
-    if root.is_dir():
-        for p in root.iterdir():
-            m = _STEP.match(p.name)
-            if m and is_complete(p):
-                try:
-                    meta = json.loads((p / COMPLETE).read_text())
-                except (OSError, json.JSONDecodeError):
-                    continue
-                out.append(CheckpointInfo(p, int(m.group(1)), meta))
-    return sorted(out, key=lambda c: c.step)
-
-
-def find(root: Path, step: int | None = None) -> CheckpointInfo | None:
-    """The newest complete checkpoint, or the one at `step`."""
-    found = list_checkpoints(root)
-    if step is not None:
-        found = [c for c in found if c.step == step]
-    return found[-1] if found else None
-
-
-def keep_only_up_to(root: Path, step: int) -> list[Path]:
-    """Move complete checkpoints newer than `step` into `set-aside/` (never deleted), so a
-    resume picks `step`. Returns their new paths."""
-    moved = []
-    for info in list_checkpoints(root):
-        if info.step > step:
-            dest = root / "set-aside" / f"{info.path.name}-{int(time.time())}"
-            dest.parent.mkdir(exist_ok=True)
-            os.replace(info.path, dest)
-            moved.append(dest)
-    return moved
 
 
 def _on_cuda(model) -> bool:
@@ -116,8 +51,9 @@ def _pinned_stager():
 class Checkpointer:
     """Saves and loads one run's checkpoints; every method is collective unless noted."""
 
-    def __init__(self, root: Path, model, optimizer, rank: int, world_size: int, spec_text: str, keep_last: int,
-                 async_save: bool):
+    def __init__(
+        self, root: Path, model, optimizer, rank: int, world_size: int, spec_text: str, keep_last: int, async_save: bool
+    ):
         import torch.distributed as dist
 
         self.root, self.model, self.optimizer = root, model, optimizer
@@ -167,8 +103,9 @@ class Checkpointer:
 
         step = meta["step"]
         if self.async_save and not blocking:
-            future = dcp.async_save(self._state(), checkpoint_id=str(partial), process_group=self._pg,
-                                    async_stager=self._stager)
+            future = dcp.async_save(
+                self._state(), checkpoint_id=str(partial), process_group=self._pg, async_stager=self._stager
+            )
             self._pending = (future, partial, final, meta)
         else:
             _dcp_call(f"saving step {step}", dcp.save, self._state(), checkpoint_id=str(partial))
@@ -197,7 +134,7 @@ class Checkpointer:
         os.replace(tmp, partial / COMPLETE)
         os.replace(partial, final)
         _fsync_dir(self.root)
-        for old in list_checkpoints(self.root)[:-self.keep_last]:
+        for old in list_checkpoints(self.root)[: -self.keep_last]:
             shutil.rmtree(old.path, ignore_errors=True)
 
     def load(self, info: CheckpointInfo) -> dict[str, Any]:

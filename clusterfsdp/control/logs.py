@@ -7,22 +7,31 @@ back to submitit's own task logs when the worker never got far enough to open it
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
-from . import runs
+from . import runfolder
 
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREPARED", "BOOT_FAIL",
-         "DEADLINE"}
+FINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREPARED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
-def attempt_keys(run: runs.Run) -> list[str]:
+def attempt_keys(run: runfolder.RunFolder) -> list[str]:
     """Attempt folders under logs/ ('<job id>.<restart>'), oldest first."""
     dirs = [p for p in run.logs_dir.glob("*.*") if p.is_dir()]
     return [p.name for p in sorted(dirs, key=lambda p: p.stat().st_mtime)]
 
 
-def log_file(run: runs.Run, rank: int = 0, attempt: str | None = None) -> Path | None:
+def log_file(run: runfolder.RunFolder, rank: int = 0, attempt: str | None = None) -> Path | None:
     """This rank's log for an attempt (default: the newest), else submitit's task log."""
     keys = attempt_keys(run)
     if attempt is None and keys:
@@ -51,8 +60,9 @@ def tail(path: Path, lines: int = 200, max_bytes: int = 1 << 20) -> str:
     return b"\n".join(data.splitlines()[-lines:]).decode("utf-8", errors="replace")
 
 
-def follow(run: runs.Run, rank: int, is_done: Callable[[], bool], poll_s: float = 0.5,
-           from_start: bool = True) -> Iterator[str]:
+def follow(
+    run: runfolder.RunFolder, rank: int, is_done: Callable[[], bool], poll_s: float = 0.5, from_start: bool = True
+) -> Iterator[str]:
     """Yield new text of the rank's newest log until `is_done()`; switches file on a requeue."""
     current: Path | None = None
     offset = 0

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .presets import PRESETS
-from .spec import ModelSection
+from ..control.presets import PRESETS
+from ..control.spec import ModelSection
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,8 +45,9 @@ def build_meta(cfg: ModelSection, config) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=cfg.attn_implementation,
-                                                 dtype=DTYPES[cfg.dtype])
+        model = AutoModelForCausalLM.from_config(
+            config, attn_implementation=cfg.attn_implementation, dtype=DTYPES[cfg.dtype]
+        )
     return model
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .spec import DataSection
+from ..control.spec import DataSection
 
 BYTE_VOCAB = 260  # 256 bytes + BOS, EOS, PAD (+1 spare)
 BOS, EOS, PAD = 256, 257, 258
@@ -75,9 +75,11 @@ def _documents(path: Path, text_key: str):
 def tokenize_files(cfg: DataSection, cache_dir: Path) -> torch.Tensor:
     """All documents as one int32 token stream (EOS between documents), cached by content key."""
     files = _files(cfg.paths)
-    key = hashlib.sha256(json.dumps(
-        [cfg.tokenizer, cfg.text_key] + [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
-    ).encode()).hexdigest()[:20]
+    key = hashlib.sha256(
+        json.dumps(
+            [cfg.tokenizer, cfg.text_key] + [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+        ).encode()
+    ).hexdigest()[:20]
     cached = cache_dir / f"{key}.pt"
     if cached.is_file():
         return torch.load(cached)
@@ -86,7 +88,7 @@ def tokenize_files(cfg: DataSection, cache_dir: Path) -> torch.Tensor:
     ids: list[int] = []
     for f in files:
         for doc in _documents(f, cfg.text_key):
-            ids += tok.encode(doc) + [eos]
+            ids += [*tok.encode(doc), eos]
     stream = torch.tensor(ids, dtype=torch.int32)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
@@ -121,7 +123,7 @@ class Samples:
             g = torch.Generator().manual_seed(self.seed + 7919 * epoch)
             self._epoch, self._order = epoch, torch.randperm(self.count, generator=g)
         start = int(self._order[pos]) * self.seq_len
-        return self.stream[start:start + self.seq_len + 1].long()
+        return self.stream[start : start + self.seq_len + 1].long()
 
     def batch(self, consumed: int, dp_rank: int, dp_size: int, micro_batch: int) -> torch.Tensor:
         """This rank's micro-batch of the global batch that starts at sample `consumed`."""

@@ -14,8 +14,20 @@ import subprocess
 from dataclasses import dataclass
 
 # Slurm states in which a job still holds or waits for resources.
-ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
-                 "REQUEUE_FED", "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "PREEMPTED"}
+ACTIVE_STATES = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESIZING",
+    "SUSPENDED",
+    "STAGE_OUT",
+    "SIGNALING",
+    "PREEMPTED",
+}
 
 
 class SlurmError(RuntimeError):
@@ -81,7 +93,9 @@ def sacct(job_ids: list[str]) -> dict[str, JobRow]:
     """Accounting rows for finished jobs (the allocation row of each, not its steps). One call."""
     if not job_ids:
         return {}
-    out = run(["sacct", "-n", "-X", "-P", "-o", "JobID,State,Reason,Elapsed,NodeList,ExitCode", "-j", ",".join(job_ids)])
+    out = run(
+        ["sacct", "-n", "-X", "-P", "-o", "JobID,State,Reason,Elapsed,NodeList,ExitCode", "-j", ",".join(job_ids)]
+    )
     rows = {}
     for line in out.splitlines():
         job_id, state, reason, elapsed, nodes, code = (line.split("|") + [""] * 6)[:6]

@@ -15,9 +15,18 @@ from pathlib import Path
 import torch
 
 # Dense bf16 peak FLOP/s by device-name fragment (first match wins).
-PEAK_FLOPS = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989.5e12), ("H200", 989.5e12),
-              ("GH200", 989.5e12), ("B200", 2.25e15), ("B300", 2.25e15), ("A100", 312e12), ("L40S", 362e12),
-              ("A10G", 125e12)]
+PEAK_FLOPS = [
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989.5e12),
+    ("H200", 989.5e12),
+    ("GH200", 989.5e12),
+    ("B200", 2.25e15),
+    ("B300", 2.25e15),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("A10G", 125e12),
+]
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -43,9 +52,14 @@ class Meter:
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
         tps = self.tokens / max(now - self.t0, 1e-9)
-        row = {**values, "tokens_per_s": tps, "tokens_per_s_per_gpu": tps / self.world,
-               "mfu": (self.fpt * tps / self.world / self.peak) if self.peak else None,
-               "time": time.time(), "elapsed_s": time.time() - self.start}
+        row = {
+            **values,
+            "tokens_per_s": tps,
+            "tokens_per_s_per_gpu": tps / self.world,
+            "mfu": (self.fpt * tps / self.world / self.peak) if self.peak else None,
+            "time": time.time(),
+            "elapsed_s": time.time() - self.start,
+        }
         if self.device.type == "cuda":
             row["mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         else:
@@ -58,8 +72,10 @@ class Meter:
 
 def format_row(row: dict, total_steps: int) -> str:
     mfu = f" mfu {100 * row['mfu']:.1f}%" if row.get("mfu") is not None else ""
-    return (f"step {row['step']}/{total_steps} loss {row['loss']:.4f} lr {row['lr']:.2e} "
-            f"grad_norm {row['grad_norm']:.3f} tokens/s {row['tokens_per_s']:,.0f}{mfu} mem {row['mem_peak_gb']:.2f} GB")
+    return (
+        f"step {row['step']}/{total_steps} loss {row['loss']:.4f} lr {row['lr']:.2e} "
+        f"grad_norm {row['grad_norm']:.3f} tokens/s {row['tokens_per_s']:,.0f}{mfu} mem {row['mem_peak_gb']:.2f} GB"
+    )
 
 
 class MetricsWriter:

@@ -48,8 +48,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--local", action="store_true", help="local processes on this machine, even inside an allocation")
     s.add_argument("--no-progress", action="store_true", help="no in-place progress display")
     s.add_argument("--grace", type=float, default=3.0, help="seconds to save after the stop button before SIGKILL")
-    s.add_argument("--srun-arg", action="append", default=[], metavar="OPTION",
-                   help="extra srun option, e.g. --srun-arg=--nodelist=node2 (repeatable)")
+    s.add_argument(
+        "--srun-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="extra srun option, e.g. --srun-arg=--nodelist=node2 (repeatable)",
+    )
     b = sub.add_parser("submit", help="queue a batch job like `clusterfsdp submit` (sbatch, or the local executor)")
     b.add_argument("job", help="job.toml")
     b.add_argument("--executor", choices=["auto", "slurm", "local"], default="auto")
@@ -71,26 +76,37 @@ class ClusterFsdpMagics(Magics):
         if args.command is None:
             print(p.format_help())
             return None
-        from . import spec as specmod
+        from ..control import spec as specmod
 
         try:
             if args.command == "srun":
-                from . import notebook
+                from .. import notebook
 
-                return notebook.srun(args.job, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                                     tasks_per_node=args.tasks_per_node, overrides=args.set, all_ranks=args.all_ranks,
-                                     overlap=args.overlap, launcher="local" if args.local else "auto",
-                                     srun_args=args.srun_arg, progress=False if args.no_progress else None,
-                                     grace_s=args.grace)
-            from . import launch, submit
+                return notebook.srun(
+                    args.job,
+                    nodes=args.nodes,
+                    gpus_per_node=args.gpus_per_node,
+                    tasks_per_node=args.tasks_per_node,
+                    overrides=args.set,
+                    all_ranks=args.all_ranks,
+                    overlap=args.overlap,
+                    launcher="local" if args.local else "auto",
+                    srun_args=args.srun_arg,
+                    progress=False if args.no_progress else None,
+                    grace_s=args.grace,
+                )
+            from .. import submit
+            from ..control import launch
 
             try:
                 sub = submit(args.job, executor=args.executor, overrides=args.set)
             except launch.SubmitError as e:
                 raise UsageError(str(e)) from None
             print(sub.notice, file=sys.stderr)
-            print(f"run {sub.run.id}  job {sub.job_id}  folder {sub.run.path}\n"
-                  f"follow it with: clusterfsdp logs {sub.run.path} -f   (status: clusterfsdp status {sub.run.path})")
+            print(
+                f"run {sub.run.id}  job {sub.job_id}  folder {sub.run.path}\n"
+                f"follow it with: clusterfsdp logs {sub.run.path} -f   (status: clusterfsdp status {sub.run.path})"
+            )
             return sub
         except specmod.SpecError as e:
             raise UsageError("job spec:\n" + str(e)) from None

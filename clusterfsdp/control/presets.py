@@ -11,21 +11,38 @@ from typing import Any
 PRESETS: dict[str, dict[str, Any]] = {
     # A few hundred thousand parameters: trains on 2 CPU cores in seconds.
     "llama-tiny": dict(
-        vocab_size=260, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        vocab_size=260,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
         tie_word_embeddings=True,
     ),
     # ~20M parameters with a 32k vocab: a realistic shape for smoke tests on one GPU.
     "llama-small": dict(
-        vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
         tie_word_embeddings=True,
     ),
     # Llama-3.2-1B's shape (random init): the benchmark configuration.
     "llama-1b": dict(
-        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
-        rope_theta=500000.0, tie_word_embeddings=True, rms_norm_eps=1e-5,
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
     ),
 }
 

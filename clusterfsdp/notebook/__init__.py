@@ -21,7 +21,7 @@ Jupyter's stop button sends to the kernel's process group never reaches it uncon
 KeyboardInterrupt the step is cancelled explicitly (SIGTERM: the ranks save a checkpoint at the
 next step boundary; SIGKILL after `grace_s`), and this waits until every rank is gone.
 
-The run folder is a normal one (`runs.create_run`): `clusterfsdp status/logs` and the TUI see it.
+The run folder is a normal one (`runfolder.create_run`): `clusterfsdp status/logs` and the TUI see it.
 Each rank runs `python -m clusterfsdp.notebook _task RUN_DIR`, a thin wrapper over
 `clusterfsdp.worker.run` that reports its host and exit status on stdout.
 
@@ -44,13 +44,13 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Iterable, Mapping, Sequence
+from typing import IO, Any
 
-from . import checkpoint as ckptmod
-from . import runs, slurmcli
-from . import spec as specmod
-from .worker import ENV_LOG_ALL_RANKS
+from ..control import ckptfolder, runfolder, slurmcli
+from ..control import spec as specmod
+from ..worker.main import ENV_LOG_ALL_RANKS
 
 MARK = "@@clusterfsdp "  # marker lines the tasks print on stdout (never shown in the cell)
 
@@ -61,12 +61,22 @@ _KEEP_SLURM = {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTERS", "S
 # SLURM_STEP_* of a kernel that is itself a step (Open OnDemand), SRUN_*/SALLOC_*/SBATCH_* input variables.
 _DROP_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SALLOC_", "SBATCH_", "SUBMITIT_", "PMI_", "PMIX_", "OMPI_")
 # torchrun-style variables of the kernel itself must not leak into the ranks.
-_DROP_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-               "CLUSTERFSDP_JOB_ID", "CLUSTERFSDP_RESTART", ENV_LOG_ALL_RANKS}
+_DROP_NAMES = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CLUSTERFSDP_JOB_ID",
+    "CLUSTERFSDP_RESTART",
+    ENV_LOG_ALL_RANKS,
+}
 
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 _SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)$")
-_last_result: "SrunResult | None" = None
+_last_result: SrunResult | None = None
 
 
 # ---------------------------------------------------------------- errors
@@ -91,7 +101,7 @@ class StepInterrupted(KeyboardInterrupt):
     A KeyboardInterrupt, so "Run All" stops here as it does for any interrupted cell; IPython
     shows only the message."""
 
-    def __init__(self, message: str, result: "SrunResult"):
+    def __init__(self, message: str, result: SrunResult):
         super().__init__(message)
         self.result = result
 
@@ -102,7 +112,7 @@ class StepInterrupted(KeyboardInterrupt):
 class StepFailed(NotebookError):
     """Raised with `check=True` when a rank failed; `.result` has the exit status per rank."""
 
-    def __init__(self, message: str, result: "SrunResult"):
+    def __init__(self, message: str, result: SrunResult):
         super().__init__(message)
         self.result = result
 
@@ -118,8 +128,9 @@ def _override_list(overrides: Mapping[str, Any] | Iterable[str] | str | None) ->
     return [str(o) for o in overrides]
 
 
-def load_job(job: "str | os.PathLike[str] | specmod.JobSpec",
-             overrides: Mapping[str, Any] | Iterable[str] | str | None = None) -> specmod.JobSpec:
+def load_job(
+    job: str | os.PathLike[str] | specmod.JobSpec, overrides: Mapping[str, Any] | Iterable[str] | str | None = None
+) -> specmod.JobSpec:
     """A JobSpec from a job.toml path, TOML text or a JobSpec, with `--set`-style overrides
     (a list of 'section.key=value' or a dict {'section.key': value}). Relative paths in TOML text
     or a JobSpec are taken relative to the current directory (the notebook's folder)."""
@@ -138,8 +149,9 @@ def load_job(job: "str | os.PathLike[str] | specmod.JobSpec",
     raise TypeError(f"job: expected a path, TOML text or a JobSpec, found {type(job).__name__}")
 
 
-def with_layout(spec: specmod.JobSpec, nodes: int | None = None, gpus_per_node: int | None = None,
-                tasks_per_node: int | None = None) -> specmod.JobSpec:
+def with_layout(
+    spec: specmod.JobSpec, nodes: int | None = None, gpus_per_node: int | None = None, tasks_per_node: int | None = None
+) -> specmod.JobSpec:
     """The spec with the step's layout written into it (the workers build their mesh from it)."""
     s = spec.slurm
     changes: dict[str, int] = {}
@@ -185,29 +197,39 @@ def choose_launcher(launcher: str = "auto", environ: Mapping[str, str] | None = 
     job_id = env.get("SLURM_JOB_ID", "")
     if job_id:
         if shutil.which("srun", path=env.get("PATH")) is None:
-            raise SrunError(f"SLURM_JOB_ID={job_id} is set but there is no `srun` on PATH: load the Slurm module "
-                            "in the kernel's environment, or pass launcher='local' to run on this machine")
+            raise SrunError(
+                f"SLURM_JOB_ID={job_id} is set but there is no `srun` on PATH: load the Slurm module "
+                "in the kernel's environment, or pass launcher='local' to run on this machine"
+            )
         nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "?"
         return "srun", f"launcher: srun into allocation {job_id} (nodes {nodes})"
     if launcher == "srun":
         raise NotInAllocation(outside_allocation_message("SLURM_JOB_ID is not set in this kernel"))
     if slurmcli.available():
-        raise NotInAllocation(outside_allocation_message(
-            "SLURM_JOB_ID is not set in this kernel, and a Slurm controller answers, so work must go through it"))
-    return "local", ("launcher: local processes on this machine (no Slurm allocation and no reachable "
-                     "Slurm controller)")
+        raise NotInAllocation(
+            outside_allocation_message(
+                "SLURM_JOB_ID is not set in this kernel, and a Slurm controller answers, so work must go through it"
+            )
+        )
+    return "local", (
+        "launcher: local processes on this machine (no Slurm allocation and no reachable Slurm controller)"
+    )
 
 
-def launcher_env(mode: str, spec: specmod.JobSpec, environ: Mapping[str, str] | None = None, *,
-                 all_ranks: bool = False) -> dict[str, str]:
+def launcher_env(
+    mode: str, spec: specmod.JobSpec, environ: Mapping[str, str] | None = None, *, all_ranks: bool = False
+) -> dict[str, str]:
     """The environment of the srun process or the local supervisor. The allocation's resource
     variables are scrubbed because srun would read them as options conflicting with the ones on its
     line (only what names the allocation and finds the cluster is kept, and only for srun); the
     [env] secrets are added here because they must never be written to a file (srun passes them
     on with `--export=ALL`)."""
     keep = _KEEP_SLURM if mode == "srun" else set()
-    env = {k: v for k, v in (os.environ if environ is None else environ).items()
-           if k in keep or not (k.startswith(_DROP_PREFIXES) or k in _DROP_NAMES)}
+    env = {
+        k: v
+        for k, v in (os.environ if environ is None else environ).items()
+        if k in keep or not (k.startswith(_DROP_PREFIXES) or k in _DROP_NAMES)
+    }
     env.update(specmod.secret_env(spec))
     env["PYTHONUNBUFFERED"] = "1"
     if all_ranks:
@@ -215,13 +237,23 @@ def launcher_env(mode: str, spec: specmod.JobSpec, environ: Mapping[str, str] | 
     return env
 
 
-def srun_command(spec: specmod.JobSpec, run_dir: str | Path, *, step_name: str, overlap: bool = False,
-                 srun_args: Sequence[str] = ()) -> list[str]:
+def srun_command(
+    spec: specmod.JobSpec, run_dir: str | Path, *, step_name: str, overlap: bool = False, srun_args: Sequence[str] = ()
+) -> list[str]:
     """The srun line: every resource of the step stated explicitly, nothing taken from the environment."""
     s = spec.slurm
-    cmd = ["srun", f"--job-name={step_name}", f"--nodes={s.nodes}", f"--ntasks={spec.world_size}",
-           f"--ntasks-per-node={spec.tasks_per_node}", "--distribution=block", "--kill-on-bad-exit=1",
-           "--label", "--input=none", "--export=ALL"]
+    cmd = [
+        "srun",
+        f"--job-name={step_name}",
+        f"--nodes={s.nodes}",
+        f"--ntasks={spec.world_size}",
+        f"--ntasks-per-node={spec.tasks_per_node}",
+        "--distribution=block",
+        "--kill-on-bad-exit=1",
+        "--label",
+        "--input=none",
+        "--export=ALL",
+    ]
     if s.gpus_per_node:
         cmd.append(f"--gpus-per-node={s.gpus_per_node}")
     if s.cpus_per_task:
@@ -231,7 +263,7 @@ def srun_command(spec: specmod.JobSpec, run_dir: str | Path, *, step_name: str, 
     if overlap:
         cmd.append("--overlap")
     cmd += list(srun_args)
-    return cmd + [sys.executable, "-u", "-m", "clusterfsdp.notebook", "_task", str(run_dir)]
+    return [*cmd, sys.executable, "-u", "-m", "clusterfsdp.notebook", "_task", str(run_dir)]
 
 
 def allocation_nodes(environ: Mapping[str, str] | None = None) -> int | None:
@@ -247,7 +279,7 @@ class SrunResult:
     `final_metrics` the last one; `exit_codes` {rank: code} (negative: killed by that signal,
     None: unknown)."""
 
-    run: runs.Run
+    run: runfolder.RunFolder
     launcher: str  # srun | local
     job_id: str  # the attempt's job id in the run folder: SLURM_JOB_ID of the allocation, or 'nb<pid>'
     step: str  # srun: the job step '<SLURM_JOB_ID>.<step>' (what scancel and `squeue --steps` name); local: ''
@@ -291,8 +323,12 @@ class SrunResult:
 
     def summary(self) -> str:
         m = self.final_metrics
-        parts = [f"run {self.run.id}: {self.status}", self.where,
-                 f"{len(self.exit_codes)} ranks", f"{self.elapsed_s:.1f} s"]
+        parts = [
+            f"run {self.run.id}: {self.status}",
+            self.where,
+            f"{len(self.exit_codes)} ranks",
+            f"{self.elapsed_s:.1f} s",
+        ]
         if m:
             parts.append(f"step {m.get('step')} loss {m.get('loss', float('nan')):.4f}")
         lines = [", ".join(parts), f"folder      {self.run.path}"]
@@ -309,16 +345,29 @@ class SrunResult:
 
     def _repr_html_(self) -> str:
         m = self.final_metrics
-        rows = [("run", self.run.id), ("status", self.status), ("launcher", self.where),
-                ("folder", str(self.run.path)), ("checkpoint", str(self.checkpoint or "-")),
-                ("exit codes", ", ".join(f"rank {r} on {self.hosts.get(r, '?')}: {'?' if c is None else c}"
-                                         for r, c in sorted(self.exit_codes.items()))),
-                ("elapsed", f"{self.elapsed_s:.1f} s")]
+        rows = [
+            ("run", self.run.id),
+            ("status", self.status),
+            ("launcher", self.where),
+            ("folder", str(self.run.path)),
+            ("checkpoint", str(self.checkpoint or "-")),
+            (
+                "exit codes",
+                ", ".join(
+                    f"rank {r} on {self.hosts.get(r, '?')}: {'?' if c is None else c}"
+                    for r, c in sorted(self.exit_codes.items())
+                ),
+            ),
+            ("elapsed", f"{self.elapsed_s:.1f} s"),
+        ]
         for key in ("step", "loss", "tokens_per_s", "mem_peak_gb"):
             if key in m:
                 rows.append((key, f"{m[key]:,.4g}" if isinstance(m[key], float) else str(m[key])))
-        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td style='text-align:left'>"
-                       f"{html.escape(v)}</td></tr>" for k, v in rows)
+        body = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th><td style='text-align:left'>"
+            f"{html.escape(v)}</td></tr>"
+            for k, v in rows
+        )
         return f"<table>{body}</table>"
 
 
@@ -354,15 +403,16 @@ class _Progress:
         loss = f"{self.row['loss']:.4f}" if "loss" in self.row else "-"
         tps = f"{self.row['tokens_per_s']:,.0f}" if "tokens_per_s" in self.row else "-"
         elapsed = time.time() - self.t0
-        text = (f"{self.title}  step {step}/{self.total}  loss {loss}  tokens/s {tps}  {elapsed:.0f} s  "
-                f"[{self.state}]")
+        text = f"{self.title}  step {step}/{self.total}  loss {loss}  tokens/s {tps}  {elapsed:.0f} s  [{self.state}]"
         bar = int(30 * step / max(self.total, 1))
         plain = f"[{'#' * bar}{'.' * (30 - bar)}] {text}"
         color = {"completed": "#2e7d32", "failed": "#c62828", "interrupted": "#ef6c00"}.get(self.state, "#1565c0")
-        markup = (f"<div style='font-family:monospace'><progress value='{step}' max='{self.total}' "
-                  f"style='width:24em;vertical-align:middle'></progress> {html.escape(self.title)} &middot; "
-                  f"step <b>{step}</b>/{self.total} &middot; loss <b>{loss}</b> &middot; {tps} tokens/s "
-                  f"&middot; {elapsed:.0f} s &middot; <span style='color:{color}'>{html.escape(self.state)}</span></div>")
+        markup = (
+            f"<div style='font-family:monospace'><progress value='{step}' max='{self.total}' "
+            f"style='width:24em;vertical-align:middle'></progress> {html.escape(self.title)} &middot; "
+            f"step <b>{step}</b>/{self.total} &middot; loss <b>{loss}</b> &middot; {tps} tokens/s "
+            f"&middot; {elapsed:.0f} s &middot; <span style='color:{color}'>{html.escape(self.state)}</span></div>"
+        )
         return {"text/plain": plain, "text/html": markup}
 
     def update(self, row: dict[str, Any] | None = None, state: str | None = None) -> None:
@@ -411,10 +461,12 @@ def _pdeathsig_shim(cmd: list[str]) -> list[str]:
     signal follows the thread that forked)."""
     if threading.current_thread() is not threading.main_thread() or not sys.platform.startswith("linux"):
         return cmd
-    shim = ("import ctypes,os,signal,sys\n"
-            "try:\n    ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))\nexcept Exception:\n    pass\n"
-            "if os.getppid() != int(sys.argv[1]):\n    sys.exit(143)\n"
-            "os.execvp(sys.argv[2], sys.argv[2:])")
+    shim = (
+        "import ctypes,os,signal,sys\n"
+        "try:\n    ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))\nexcept Exception:\n    pass\n"
+        "if os.getppid() != int(sys.argv[1]):\n    sys.exit(143)\n"
+        "os.execvp(sys.argv[2], sys.argv[2:])"
+    )
     return [sys.executable, "-c", shim, str(os.getpid()), *cmd]
 
 
@@ -435,9 +487,27 @@ def _squeue_steps(allocation: str) -> dict[str, str]:
 class _Launch:
     """One launch: the launcher process, its output stream, the progress display, cancel."""
 
-    def __init__(self, mode: str, spec: specmod.JobSpec, run: runs.Run, *, all_ranks: bool, overlap: bool,
-                 srun_args: Sequence[str], progress: bool, grace_s: float, out: IO[str]):
-        self.mode, self.spec, self.run, self.all_ranks, self.grace_s, self.out = mode, spec, run, all_ranks, grace_s, out
+    def __init__(
+        self,
+        mode: str,
+        spec: specmod.JobSpec,
+        run: runfolder.RunFolder,
+        *,
+        all_ranks: bool,
+        overlap: bool,
+        srun_args: Sequence[str],
+        progress: bool,
+        grace_s: float,
+        out: IO[str],
+    ):
+        self.mode, self.spec, self.run, self.all_ranks, self.grace_s, self.out = (
+            mode,
+            spec,
+            run,
+            all_ranks,
+            grace_s,
+            out,
+        )
         self.world = spec.world_size
         self.allocation = os.environ.get("SLURM_JOB_ID", "")
         self.step_name = f"clusterfsdp-nb-{run.id}"
@@ -457,8 +527,14 @@ class _Launch:
             cmd = [sys.executable, "-u", "-m", "clusterfsdp.notebook", "_local", str(run.path), str(self.world)]
         env = launcher_env(mode, spec, all_ranks=all_ranks)
         try:
-            self.proc = subprocess.Popen(_pdeathsig_shim(cmd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                _pdeathsig_shim(cmd),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         except OSError as e:
             raise SrunError(f"could not start {cmd[0]}: {e}") from None
         self.pgid = self.proc.pid  # its own session: the session leader's pid is the group id
@@ -492,12 +568,14 @@ class _Launch:
             self._print(f"[{self.mode}] {line}")
             if "Requested nodes are busy" in line and not self.hinted_busy:
                 self.hinted_busy = True
-                self._print(f"[{self.mode}] (another job step holds the allocation's resources: wait for it, cancel "
-                            "it, or pass overlap=True to share them)")
+                self._print(
+                    f"[{self.mode}] (another job step holds the allocation's resources: wait for it, cancel "
+                    "it, or pass overlap=True to share them)"
+                )
             return
         rank, text = int(m.group(1)), m.group(2)
         if text.startswith(MARK):
-            self._marker(rank, text[len(MARK):])
+            self._marker(rank, text[len(MARK) :])
             return
         self.tails.setdefault(rank, deque(maxlen=30)).append(text)
         if rank == 0 or self.all_ranks:
@@ -536,8 +614,13 @@ class _Launch:
         extra: dict[str, Any] = {"pgid": self.pgid, "host": socket.gethostname()}
         if self.mode == "srun":
             extra.update(allocation=self.allocation, step_name=self.step_name)
-        self.run.add_attempt(job_id=self.job_id, executor=self.mode, reason="notebook srun" if self.mode == "srun"
-                             else "notebook (local processes)", world_size=self.world, **extra)
+        self.run.add_attempt(
+            job_id=self.job_id,
+            executor=self.mode,
+            reason="notebook srun" if self.mode == "srun" else "notebook (local processes)",
+            world_size=self.world,
+            **extra,
+        )
         start = f"a job step of allocation {self.job_id}" if self.mode == "srun" else self.where
         self._print(f"[{self.mode}] {start}: {self.world} ranks, run folder {self.run.path}")
 
@@ -618,7 +701,7 @@ class _Launch:
             if self.proc.poll() is None:
                 return False
             return not self.step or self.step not in _squeue_steps(self.allocation)
-        from . import launch
+        from ..control import launch
 
         return not launch.local_job_alive({"pgid": self.pgid})
 
@@ -627,8 +710,7 @@ class _Launch:
         returns (seconds until all ranks were gone, how)."""
         t0 = time.time()
         how = "SIGTERM"
-        self._print(f"[{self.mode}] interrupted: cancelling {self.where} (SIGTERM, "
-                    f"SIGKILL after {self.grace_s:g} s)")
+        self._print(f"[{self.mode}] interrupted: cancelling {self.where} (SIGTERM, SIGKILL after {self.grace_s:g} s)")
         try:
             self._signal(signal.SIGTERM)
             self._drain(time.time() + self.grace_s)
@@ -652,8 +734,10 @@ class _Launch:
             self._drain(time.time() + 0.3)
         if not self._gone():
             fix = f"scancel {self.step}" if self.mode == "srun" else f"kill -9 -{self.pgid}"
-            raise SrunError(f"{self.where}: ranks still alive {time.time() - t0:.0f} s after the interrupt; "
-                            f"cancel it by hand: {fix}")
+            raise SrunError(
+                f"{self.where}: ranks still alive {time.time() - t0:.0f} s after the interrupt; "
+                f"cancel it by hand: {fix}"
+            )
         self.proc.wait()
         self._drain(time.time() + 0.5)
         return time.time() - t0, how
@@ -689,15 +773,21 @@ class _Launch:
             if r not in self.codes:
                 self.codes[r] = 0 if rc == 0 and not interrupted else None
         events = [e for e in self.run.events() if str(e.get("job_id")) == self.job_id]
-        end = next((e for e in reversed(events) if e.get("event") in ("completed", "stopped", "failed", "requeued")), None)
-        ck = ckptmod.find(self.run.checkpoints_dir(self.spec))
+        end = next(
+            (e for e in reversed(events) if e.get("event") in ("completed", "stopped", "failed", "requeued")), None
+        )
+        ck = ckptfolder.find(self.run.checkpoints_dir(self.spec))
         rows = self.run.metrics()
         ok = rc == 0 and all(c == 0 for c in self.codes.values())
         if interrupted:
             status = "interrupted"
-            saved = f"; saved step {end['step']}: {end.get('checkpoint')}" if end and end.get("event") == "stopped" else ""
-            message = (f"interrupted: {self.where} cancelled with {how}, all {self.world} ranks "
-                       f"gone {gone_s:.1f} s after the interrupt{saved}")
+            saved = (
+                f"; saved step {end['step']}: {end.get('checkpoint')}" if end and end.get("event") == "stopped" else ""
+            )
+            message = (
+                f"interrupted: {self.where} cancelled with {how}, all {self.world} ranks "
+                f"gone {gone_s:.1f} s after the interrupt{saved}"
+            )
             self.run.update_attempt(self.job_id, cancelled=time.time(), interrupt_to_gone_s=round(gone_s, 2))
         elif ok and (end is None or end.get("event") == "completed"):
             status, message = "completed", ""
@@ -707,11 +797,26 @@ class _Launch:
             status = "failed"
             bad = sorted(r for r, c in self.codes.items() if c != 0)
             reason = (end or {}).get("reason", "")
-            message = f"failed: {self.mode} exit status {rc}; ranks {bad or '?'} exited non-zero" + (f"; {reason}" if reason else "")
-        self.run.update_attempt(self.job_id, ended=time.time(), returncode=rc,
-                                exit_codes={str(r): c for r, c in sorted(self.codes.items())})
-        result = SrunResult(self.run, self.mode, self.job_id, self.step, status, rc, dict(sorted(self.codes.items())),
-                            dict(self.hosts), rows, ck.path if ck else None, time.time() - self.started, message)
+            message = f"failed: {self.mode} exit status {rc}; ranks {bad or '?'} exited non-zero" + (
+                f"; {reason}" if reason else ""
+            )
+        self.run.update_attempt(
+            self.job_id, ended=time.time(), returncode=rc, exit_codes={str(r): c for r, c in sorted(self.codes.items())}
+        )
+        result = SrunResult(
+            self.run,
+            self.mode,
+            self.job_id,
+            self.step,
+            status,
+            rc,
+            dict(sorted(self.codes.items())),
+            dict(self.hosts),
+            rows,
+            ck.path if ck else None,
+            time.time() - self.started,
+            message,
+        )
         if status == "failed":
             self._show_failure()
         return result
@@ -728,20 +833,42 @@ class _Launch:
     def _never_started(self, rc: int | None, interrupted: bool, gone_s: float) -> SrunResult:
         shutil.rmtree(self.run.path, ignore_errors=True)  # nothing half-created is left behind
         if interrupted:
-            result = SrunResult(self.run, self.mode, self.job_id, "", "interrupted", rc, {}, {}, [], None,
-                                time.time() - self.started, f"interrupted before the step started "
-                                f"({gone_s:.1f} s to stop {self.mode}); nothing ran, run folder removed")
+            result = SrunResult(
+                self.run,
+                self.mode,
+                self.job_id,
+                "",
+                "interrupted",
+                rc,
+                {},
+                {},
+                [],
+                None,
+                time.time() - self.started,
+                f"interrupted before the step started "
+                f"({gone_s:.1f} s to stop {self.mode}); nothing ran, run folder removed",
+            )
             return result
         detail = " | ".join(self.srun_lines) or f"exit status {rc}"
         raise SrunError(f"{self.mode} did not start the job (exit status {rc}): {detail}")
 
 
-def srun(job: "str | os.PathLike[str] | specmod.JobSpec", *, nodes: int | None = None,
-         gpus_per_node: int | None = None, tasks_per_node: int | None = None,
-         overrides: Mapping[str, Any] | Iterable[str] | str | None = None, all_ranks: bool = False,
-         overlap: bool = False, launcher: str = "auto", srun_args: Sequence[str] = (),
-         progress: bool | None = None, grace_s: float = 3.0, check: bool = False,
-         out: IO[str] | None = None) -> SrunResult:
+def srun(
+    job: str | os.PathLike[str] | specmod.JobSpec,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    tasks_per_node: int | None = None,
+    overrides: Mapping[str, Any] | Iterable[str] | str | None = None,
+    all_ranks: bool = False,
+    overlap: bool = False,
+    launcher: str = "auto",
+    srun_args: Sequence[str] = (),
+    progress: bool | None = None,
+    grace_s: float = 3.0,
+    check: bool = False,
+    out: IO[str] | None = None,
+) -> SrunResult:
     """Train `job` (a job.toml path, TOML text or a JobSpec) as a job step of the allocation this
     kernel runs in, or as local processes where there is no Slurm at all (see the module doc).
 
@@ -764,20 +891,33 @@ def srun(job: "str | os.PathLike[str] | specmod.JobSpec", *, nodes: int | None =
     if mode == "srun":
         have = allocation_nodes()
         if have is not None and spec.slurm.nodes > have:
-            raise SrunError(f"the step needs {spec.slurm.nodes} nodes but allocation {os.environ['SLURM_JOB_ID']} "
-                            f"has {have}: pass nodes={have} (or salloc more nodes)")
+            raise SrunError(
+                f"the step needs {spec.slurm.nodes} nodes but allocation {os.environ['SLURM_JOB_ID']} "
+                f"has {have}: pass nodes={have} (or salloc more nodes)"
+            )
     elif spec.slurm.nodes > 1:
-        raise SrunError(f"slurm.nodes = {spec.slurm.nodes}: without Slurm the job runs as local processes on this "
-                        "machine; pass nodes=1 (or run the kernel inside `salloc -N{n}`)".replace("{n}", str(spec.slurm.nodes)))
+        raise SrunError(
+            f"slurm.nodes = {spec.slurm.nodes}: without Slurm the job runs as local processes on this "
+            "machine; pass nodes=1 (or run the kernel inside `salloc -N{n}`)".replace("{n}", str(spec.slurm.nodes))
+        )
     show = _in_kernel() if progress is None else progress
-    run = runs.create_run(spec, mode)
+    run = runfolder.create_run(spec, mode)
     out.write(f"{notice}\n")
     for note in spec.notices():
         out.write(f"note: {note}\n")
     out.flush()
     try:
-        launch = _Launch(mode, spec, run, all_ranks=all_ranks, overlap=overlap, srun_args=srun_args,
-                         progress=show, grace_s=grace_s, out=out)
+        launch = _Launch(
+            mode,
+            spec,
+            run,
+            all_ranks=all_ranks,
+            overlap=overlap,
+            srun_args=srun_args,
+            progress=show,
+            grace_s=grace_s,
+            out=out,
+        )
     except BaseException:
         shutil.rmtree(run.path, ignore_errors=True)
         raise
@@ -805,16 +945,18 @@ def _task_main(run_dir: str) -> int:
     the step by its id), run the worker, report the exit status (srun reports only failures)."""
     env = os.environ
     rank = env.get("SLURM_PROCID") or env.get("RANK") or "0"
-    step = f"{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}" if env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID") else "-"
+    step = (
+        f"{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}" if env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID") else "-"
+    )
     _mark(f"task rank={rank} host={socket.gethostname()} pid={os.getpid()} step={step}")
-    from . import worker
+    from ..worker import main as worker
 
     code = 0
     try:
         worker.run(run_dir)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:  # noqa: BLE001 - reported as the exit status
+    except BaseException:
         if not isinstance(sys.stderr, worker.Tee):  # the worker prints its own tracebacks once it logs
             import traceback
 
@@ -858,13 +1000,26 @@ def _local_main(run_dir: str, ntasks: int) -> int:
 
     threads = []
     for rank in range(ntasks):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ntasks),
-                   LOCAL_WORLD_SIZE=str(ntasks), GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   CLUSTERFSDP_JOB_ID=job_id)
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(ntasks),
+            LOCAL_WORLD_SIZE=str(ntasks),
+            GROUP_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            CLUSTERFSDP_JOB_ID=job_id,
+        )
         if stopping.is_set():
             break
-        p = subprocess.Popen([sys.executable, "-u", "-m", "clusterfsdp.notebook", "_task", run_dir], env=env,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(
+            [sys.executable, "-u", "-m", "clusterfsdp.notebook", "_task", run_dir],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         procs.append(p)
         t = threading.Thread(target=pump, args=(rank, p.stdout), daemon=True)
         t.start()
@@ -877,7 +1032,9 @@ def _local_main(run_dir: str, ntasks: int) -> int:
                 codes[rank] = p.returncode
                 if p.returncode != 0 and kill_at is None:  # like srun --kill-on-bad-exit
                     with lock:
-                        out.write(f"local: rank {rank} exited with status {p.returncode}: stopping the others\n".encode())
+                        out.write(
+                            f"local: rank {rank} exited with status {p.returncode}: stopping the others\n".encode()
+                        )
                         out.flush()
                     for q in procs:
                         if q.poll() is None:
@@ -904,8 +1061,11 @@ def main(argv: list[str] | None = None) -> int:
         return _task_main(argv[1])
     if len(argv) == 3 and argv[0] == "_local":
         return _local_main(argv[1], int(argv[2]))
-    print("usage: python -m clusterfsdp.notebook _task RUN_DIR | _local RUN_DIR NTASKS\n"
-          "(internal entry points of clusterfsdp.notebook.srun)", file=sys.stderr)
+    print(
+        "usage: python -m clusterfsdp.notebook _task RUN_DIR | _local RUN_DIR NTASKS\n"
+        "(internal entry points of clusterfsdp.notebook.srun)",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -8,25 +8,27 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from ..control import ckptfolder
+from ..control.spec import JobSpec
 from . import checkpoint as ckpt
 from . import metrics as metricsmod
 from . import model as modelmod
 from . import parallelize
 from .data import BYTE_VOCAB, Samples, load_tokenizer
-from .spec import JobSpec
 from .stopflags import STOP_PREEMPT, StopFlags
 
 
 @dataclass
 class Outcome:
     """How the loop ended: 'completed', 'preempted' (saved, wants requeue) or 'stopped' (cancelled, saved)."""
+
     status: str
     step: int
     checkpoint: str = ""
@@ -60,19 +62,24 @@ def build(spec: JobSpec, device: torch.device, world_size: int, vocab_size: int)
             parallelize.apply_activation_checkpointing(model)
         model = parallelize.fsdp1(model, spec, mesh, device)
     else:
-        model = modelmod.build_meta(spec.model, config)                    # 1. build on meta
+        model = modelmod.build_meta(spec.model, config)  # 1. build on meta
         mesh = parallelize.build_mesh(spec, device.type, world_size)
-        if spec.fsdp.activation_checkpointing:                              # 2. parallelize
+        if spec.fsdp.activation_checkpointing:  # 2. parallelize
             parallelize.apply_activation_checkpointing(model)
         if spec.fsdp.compile:
             parallelize.apply_compile(model)
         parallelize.fsdp2(model, spec, mesh)
         model.to_empty(device="cpu" if spec.fsdp.cpu_offload else device)  # 3. materialize
         modelmod.reset_buffers(model, device)
-        _materialize(model, spec, config)                                   # 4. load / init
+        _materialize(model, spec, config)  # 4. load / init
     n_params = modelmod.param_count(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay,
-                                  betas=(0.9, 0.95), fused=device.type == "cuda" and not spec.fsdp.cpu_offload)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=spec.train.lr,
+        weight_decay=spec.train.weight_decay,
+        betas=(0.9, 0.95),
+        fused=device.type == "cuda" and not spec.fsdp.cpu_offload,
+    )
     return model, optimizer, config, n_params
 
 
@@ -108,31 +115,46 @@ def _loss_fn(spec: JobSpec):
     return loss
 
 
-def train(spec: JobSpec, device: torch.device, rank: int, world_size: int, ckpt_root: Path, cache_dir: Path,
-          spec_text: str, log: Callable[[str], None], metrics_out: metricsmod.MetricsWriter | None,
-          on_event: Callable[..., None], flags: StopFlags) -> Outcome:
+def train(
+    spec: JobSpec,
+    device: torch.device,
+    rank: int,
+    world_size: int,
+    ckpt_root: Path,
+    cache_dir: Path,
+    spec_text: str,
+    log: Callable[[str], None],
+    metrics_out: metricsmod.MetricsWriter | None,
+    on_event: Callable[..., None],
+    flags: StopFlags,
+) -> Outcome:
     flag_group = dist.new_group(backend="gloo") if dist.is_initialized() else None
     torch.manual_seed(spec.job.seed)
     t_build = time.perf_counter()
     model, optimizer, config, n_params = build(spec, device, world_size, _data_vocab(spec))
     samples = Samples(spec.data, config.vocab_size, spec.job.seed, cache_dir)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec))
-    saver = ckpt.Checkpointer(ckpt_root, model, optimizer, rank, world_size, spec_text, spec.checkpoint.keep_last,
-                              spec.checkpoint.async_)
+    saver = ckpt.Checkpointer(
+        ckpt_root, model, optimizer, rank, world_size, spec_text, spec.checkpoint.keep_last, spec.checkpoint.async_
+    )
     step, consumed, tokens_seen = 0, 0, 0
-    latest = ckpt.find(ckpt_root)
+    latest = ckptfolder.find(ckpt_root)
     if latest is not None:
         t0 = time.perf_counter()
         meta = saver.load(latest)
         step, consumed, tokens_seen = meta["step"], meta["consumed"], meta["tokens_seen"]
         scheduler.last_epoch = step
-        for group, lr in zip(optimizer.param_groups, scheduler.get_lr()):
+        for group, lr in zip(optimizer.param_groups, scheduler.get_lr(), strict=False):
             group["lr"] = lr
-        log(f"resumed from {latest.path.name} (step {step}, {consumed} samples seen, "
-            f"saved by {meta['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s")
+        log(
+            f"resumed from {latest.path.name} (step {step}, {consumed} samples seen, "
+            f"saved by {meta['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
+        )
         on_event("resumed", step=step, checkpoint=str(latest.path))
-    log(f"model: {n_params / 1e6:.2f}M params, vocab {config.vocab_size}, mesh {spec.mesh_shape} "
-        f"({spec.effective_sharding}, FSDP{spec.fsdp.version}), built in {time.perf_counter() - t_build:.2f} s")
+    log(
+        f"model: {n_params / 1e6:.2f}M params, vocab {config.vocab_size}, mesh {spec.mesh_shape} "
+        f"({spec.effective_sharding}, FSDP{spec.fsdp.version}), built in {time.perf_counter() - t_build:.2f} s"
+    )
     meter = metricsmod.Meter(modelmod.flops_per_token(config, n_params, spec.data.seq_len), device, world_size)
     loss_fn = _loss_fn(spec)
     t = spec.train
@@ -148,7 +170,7 @@ def train(spec: JobSpec, device: torch.device, rank: int, world_size: int, ckpt_
             secs = saver.save(step, meta(), blocking=True)
             kind = "preempted" if stop == STOP_PREEMPT else "stopped"
             log(f"{'SIGUSR2' if stop == STOP_PREEMPT else 'SIGTERM'}: saved step {step} in {secs:.2f} s")
-            return Outcome(kind, step, str(ckpt.step_dir(ckpt_root, step)))
+            return Outcome(kind, step, str(ckptfolder.step_dir(ckpt_root, step)))
         loss_sum = torch.zeros((), device=device)
         for micro in range(t.grad_accum):
             batch = samples.batch(consumed, rank, world_size, t.micro_batch_size).to(device, non_blocking=True)
@@ -170,17 +192,23 @@ def train(spec: JobSpec, device: torch.device, rank: int, world_size: int, ckpt_
         if step % t.log_every == 0 or step == t.steps:
             if dist.is_initialized():
                 dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
-            row = meter.row(step=step, loss=float(loss_sum), lr=scheduler.get_last_lr()[0],
-                            grad_norm=float(grad_norm), tokens_seen=tokens_seen)
+            row = meter.row(
+                step=step,
+                loss=float(loss_sum),
+                lr=scheduler.get_last_lr()[0],
+                grad_norm=float(grad_norm),
+                tokens_seen=tokens_seen,
+            )
             log(metricsmod.format_row(row, t.steps))
             if metrics_out is not None:
                 metrics_out.write(row)
         if spec.checkpoint.every_steps and step % spec.checkpoint.every_steps == 0 and step < t.steps:
             blocked = saver.save(step, meta())
-            log(f"checkpoint step {step}: training blocked {blocked:.3f} s ({'async' if spec.checkpoint.async_ else 'sync'})")
+            mode = "async" if spec.checkpoint.async_ else "sync"
+            log(f"checkpoint step {step}: training blocked {blocked:.3f} s ({mode})")
     saver.save(step, meta(), blocking=True)  # the last step always saves synchronously
     saver.wait()
-    return Outcome("completed", step, str(ckpt.step_dir(ckpt_root, step)))
+    return Outcome("completed", step, str(ckptfolder.step_dir(ckpt_root, step)))
 
 
 def _clip(model, max_norm: float) -> torch.Tensor:

@@ -100,9 +100,15 @@ class DistEnv:
 
     def export(self) -> dict[str, str]:
         """The variables torch.distributed's env:// rendezvous reads."""
-        return {"RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank), "WORLD_SIZE": str(self.world_size),
-                "LOCAL_WORLD_SIZE": str(self.local_world_size), "MASTER_ADDR": self.master_addr,
-                "MASTER_PORT": str(self.master_port), "GROUP_RANK": str(self.node_rank)}
+        return {
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "GROUP_RANK": str(self.node_rank),
+        }
 
 
 def derive_port(job_id: str, restart: int, step: str = "") -> int:
@@ -113,7 +119,7 @@ def derive_port(job_id: str, restart: int, step: str = "") -> int:
 def from_environ(env: dict[str, str] | None = None) -> DistEnv:
     """Ranks from Slurm (srun tasks), submitit's local executor, torchrun, or a single process."""
     env = dict(os.environ if env is None else env)
-    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env or env.get("SUBMITIT_EXECUTOR") == "slurm":
+    if ("SLURM_PROCID" in env and "SLURM_STEP_ID" in env) or env.get("SUBMITIT_EXECUTOR") == "slurm":
         nodelist = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
         hosts = expand_hostlist(nodelist)
         counts = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1")
@@ -121,25 +127,49 @@ def from_environ(env: dict[str, str] | None = None) -> DistEnv:
         job_id = env.get("SLURM_JOB_ID", "0")
         restart = int(env.get("SLURM_RESTART_COUNT", "0"))
         return DistEnv(
-            rank=int(env["SLURM_PROCID"]), local_rank=int(env.get("SLURM_LOCALID", "0")),
+            rank=int(env["SLURM_PROCID"]),
+            local_rank=int(env.get("SLURM_LOCALID", "0")),
             world_size=int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS", "1")),
-            local_world_size=counts[min(node, len(counts) - 1)], node_rank=node, num_nodes=len(hosts),
+            local_world_size=counts[min(node, len(counts) - 1)],
+            node_rank=node,
+            num_nodes=len(hosts),
             master_addr=hosts[0],
             master_port=int(env.get("MASTER_PORT") or derive_port(job_id, restart, env.get("SLURM_STEP_ID", ""))),
-            job_id=job_id, restart=restart, launcher="slurm",
+            job_id=job_id,
+            restart=restart,
+            launcher="slurm",
         )
     if env.get("SUBMITIT_EXECUTOR") == "local":
         n = int(env["SUBMITIT_LOCAL_NTASKS"])
         job_id = env["SUBMITIT_LOCAL_JOB_ID"]
         restart = int(env.get("CLUSTERFSDP_RESTART", "0"))
-        return DistEnv(int(env["SUBMITIT_LOCAL_GLOBALID"]), int(env["SUBMITIT_LOCAL_LOCALID"]), n, n, 0, 1,
-                       "127.0.0.1", int(env.get("MASTER_PORT") or derive_port(job_id, restart)), job_id, restart,
-                       "submitit-local")
+        return DistEnv(
+            int(env["SUBMITIT_LOCAL_GLOBALID"]),
+            int(env["SUBMITIT_LOCAL_LOCALID"]),
+            n,
+            n,
+            0,
+            1,
+            "127.0.0.1",
+            int(env.get("MASTER_PORT") or derive_port(job_id, restart)),
+            job_id,
+            restart,
+            "submitit-local",
+        )
     if "RANK" in env and "WORLD_SIZE" in env:
-        return DistEnv(int(env["RANK"]), int(env.get("LOCAL_RANK", "0")), int(env["WORLD_SIZE"]),
-                       int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])), int(env.get("GROUP_RANK", "0")), 1,
-                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29500")),
-                       env.get("CLUSTERFSDP_JOB_ID", "torchrun"), 0, "torchrun")
+        return DistEnv(
+            int(env["RANK"]),
+            int(env.get("LOCAL_RANK", "0")),
+            int(env["WORLD_SIZE"]),
+            int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+            int(env.get("GROUP_RANK", "0")),
+            1,
+            env.get("MASTER_ADDR", "127.0.0.1"),
+            int(env.get("MASTER_PORT", "29500")),
+            env.get("CLUSTERFSDP_JOB_ID", "torchrun"),
+            0,
+            "torchrun",
+        )
     port = int(env.get("MASTER_PORT") or derive_port(str(os.getpid()), 0))
     return DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", port, env.get("CLUSTERFSDP_JOB_ID", f"pid{os.getpid()}"), 0, "single")
 
@@ -184,16 +214,22 @@ def infiniband_hcas(root: str = "/sys/class/infiniband") -> list[str]:
     return out
 
 
-def network_env(dist: DistEnv, user_env: dict[str, str], environ: dict[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+def network_env(
+    dist: DistEnv, user_env: dict[str, str], environ: dict[str, str] | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
     """Variables for NCCL/gloo on this node: (to set, facts for the node record).
 
     Precedence: what clusterfsdp detects < what the environment already has < the job's [env].
     """
     environ = dict(os.environ if environ is None else environ)
     facts: dict[str, str] = {}
-    chosen: dict[str, str] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-                              "PYTORCH_ALLOC_CONF": "expandable_segments:True", "TOKENIZERS_PARALLELISM": "false",
-                              "HF_HUB_OFFLINE": "1"}
+    chosen: dict[str, str] = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+    }
     if dist.num_nodes > 1:
         master_ip = resolve(dist.master_addr)
         if ipaddress.ip_address(master_ip).is_loopback:
@@ -218,9 +254,15 @@ def network_env(dist: DistEnv, user_env: dict[str, str], environ: dict[str, str]
 
 def write_node_record(path: Path, dist: DistEnv, facts: dict[str, str], extra: dict) -> None:
     """What this node chose, for diagnosing a failed multi-node start (no secrets: only known prefixes)."""
-    safe = {k: v for k, v in os.environ.items()
-            if re.match(r"(NCCL_|GLOO_|TORCH_|CUDA_VISIBLE|SLURM_(JOB_ID|NODEID|PROCID|STEP_NODELIST|JOB_NODELIST|RESTART_COUNT|TASKS_PER_NODE)|MASTER_|OMP_NUM)", k)
-            and not re.search(r"TOKEN|KEY|SECRET|PASSWORD", k)}
+    safe = {
+        k: v
+        for k, v in os.environ.items()
+        if re.match(
+            r"(NCCL_|GLOO_|TORCH_|CUDA_VISIBLE|SLURM_(JOB_ID|NODEID|PROCID|STEP_NODELIST|JOB_NODELIST|RESTART_COUNT|TASKS_PER_NODE)|MASTER_|OMP_NUM)",
+            k,
+        )
+        and not re.search(r"TOKEN|KEY|SECRET|PASSWORD", k)
+    }
     record = {"hostname": socket.gethostname(), "dist": asdict(dist), **facts, "env": safe, **extra}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

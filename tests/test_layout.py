@@ -1,0 +1,63 @@
+"""The package layout carries the architecture: the control plane (and every front-end that runs
+on a login node) never imports torch, transformers or the worker; checked statically on every
+import statement (also those inside functions) and at run time for the commands people type."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "transformers", "safetensors", "datasets", "tokenizers", "numpy", "pandas")
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in a file, relative ones resolved."""
+    parts = list(path.relative_to(REPO).parts[:-1])
+    package = ".".join(["clusterfsdp", *parts] if parts[:1] == ["tui"] else parts)
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            out += [(node.lineno, f"{base}.{a.name}" if not node.module else base) for a in node.names]
+    return out
+
+
+def files(*roots: str) -> list[Path]:
+    return sorted(p for r in roots for p in (REPO / r).rglob("*.py")) if roots else []
+
+
+def offending(paths: list[Path], banned: tuple[str, ...]) -> list[str]:
+    return [
+        f"{p.relative_to(REPO)}:{line} imports {name}"
+        for p in paths
+        for line, name in imports(p)
+        if any(name == b or name.startswith(b + ".") for b in banned)
+    ]
+
+
+def test_control_plane_never_imports_torch_or_the_worker():
+    assert not offending(files("clusterfsdp/control"), (*HEAVY, "clusterfsdp.worker", "clusterfsdp.notebook"))
+
+
+def test_front_ends_never_import_torch_and_the_tui_never_imports_the_cli():
+    front = [REPO / "clusterfsdp" / "cli.py", REPO / "clusterfsdp" / "__init__.py", *files("tui")]
+    assert not offending(front, HEAVY)
+    assert not offending(files("tui"), ("clusterfsdp.cli",))
+
+
+@pytest.mark.parametrize("package", ["control", "worker", "notebook"])
+def test_importing_a_package_is_cheap(package):
+    """Importing any subpackage (what submitit's unpickling and `python -m` do first) loads no torch."""
+    code = f"import sys, clusterfsdp.{package}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
