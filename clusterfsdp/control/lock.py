@@ -1,0 +1,156 @@
+"""A lock file that works on NFS, for runs (resume, cancel, submit into a run) and for preparing
+a dataset once for all ranks and jobs.
+
+`flock`/`fcntl` locks are unreliable across NFS clients (and vanish with a dead client's lease);
+creating a file with O_CREAT|O_EXCL is atomic on NFSv3+ and local filesystems alike. The file
+holds its owner (host, pid, process start time, boot id). A lock is stale, and is broken, when
+its owner is on this machine and provably dead, or when its holder stopped refreshing it:
+long holders (a dataset prepare) touch the file every `heartbeat_s` from a thread, and a lock
+not touched for `stale_after_s` belongs to a dead host. Breaking renames the file to a unique
+name first, so two processes that find the same stale lock cannot both take it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .procs import ProcessId
+
+
+class LockHeld(RuntimeError):
+    """The lock belongs to a live owner; `owner` says who (None if unreadable)."""
+
+    def __init__(self, path: Path, owner: LockOwner | None):
+        self.path, self.owner = path, owner
+        who = owner.describe() if owner else "an unknown owner"
+        super().__init__(f"{path} is held by {who}")
+
+
+@dataclass(frozen=True)
+class LockOwner:
+    process: ProcessId
+    acquired: float
+    purpose: str
+
+    def describe(self) -> str:
+        age = time.time() - self.acquired
+        return f"pid {self.process.pid} on {self.process.host} ({self.purpose}, for {age:.0f} s)"
+
+
+class FileLock:
+    """`with FileLock(path, purpose="resume"):` — non-blocking by default (`timeout_s=0`)."""
+
+    def __init__(
+        self, path: Path, purpose: str = "", *, stale_after_s: float = 120.0, heartbeat_s: float | None = None
+    ):
+        self.path, self.purpose = path, purpose
+        self.stale_after_s, self.heartbeat_s = stale_after_s, heartbeat_s
+        self._token = ""
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    # ---- owner record
+    def owner(self) -> LockOwner | None:
+        try:
+            data = json.loads(self.path.read_text())
+            process = ProcessId.from_record(data)
+            return LockOwner(process, float(data["acquired"]), str(data.get("purpose", ""))) if process else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _stale(self) -> bool:
+        owner = self.owner()
+        try:
+            idle = time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:
+            return False  # released meanwhile: just try again
+        if owner is not None and owner.process.here:
+            return not owner.process.alive()
+        return idle > self.stale_after_s  # another host (or unreadable): judged by the heartbeat
+
+    # ---- acquire / release
+    def _try_create(self) -> bool:
+        self._token = secrets.token_hex(8)
+        record = {
+            **ProcessId.of(os.getpid()).record(),
+            "acquired": time.time(),
+            "purpose": self.purpose,
+            "token": self._token,
+        }
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record) + "\n")
+        return True
+
+    def _break_stale(self) -> None:
+        """Move a stale lock aside under a unique name; only one breaker's rename succeeds."""
+        aside = self.path.with_name(f"{self.path.name}.stale-{secrets.token_hex(4)}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        aside.unlink(missing_ok=True)
+
+    def acquire(self, timeout_s: float = 0.0, poll_s: float = 0.2) -> FileLock:
+        """Take the lock, waiting up to `timeout_s` (None: forever); raises LockHeld."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._try_create():
+            if self._stale():
+                self._break_stale()
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                raise LockHeld(self.path, self.owner())
+            time.sleep(poll_s)
+        if self.heartbeat_s:
+            self._stop.clear()
+            self._beat = threading.Thread(target=self._heartbeat, name=f"lock-heartbeat {self.path.name}", daemon=True)
+            self._beat.start()
+        return self
+
+    def _heartbeat(self) -> None:
+        assert self.heartbeat_s
+        while not self._stop.wait(self.heartbeat_s):
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
+
+    def held_by_me(self) -> bool:
+        try:
+            return json.loads(self.path.read_text()).get("token") == self._token != ""
+        except (OSError, ValueError):
+            return False
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+            self._beat = None
+        if self.held_by_me():  # never remove a lock that was broken and re-taken by someone else
+            self.path.unlink(missing_ok=True)
+        self._token = ""
+
+    def __enter__(self) -> FileLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@contextlib.contextmanager
+def held(path: Path, purpose: str, timeout_s: float = 0.0, **kwargs) -> Iterator[FileLock]:
+    lock = FileLock(path, purpose, **kwargs).acquire(timeout_s)
+    try:
+        yield lock
+    finally:
+        lock.release()

@@ -1,0 +1,103 @@
+"""The NFS-safe lock file and process identity: exclusive under real concurrent processes, stale
+locks of dead owners broken exactly once, PID reuse never mistaken for the recorded process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterfsdp.control import lock, procs
+
+RACE = """
+import sys, time
+from pathlib import Path
+from clusterfsdp.control.lock import FileLock, LockHeld
+path, start = Path(sys.argv[1]), float(sys.argv[2])
+while time.time() < start:
+    pass
+try:
+    FileLock(path, "race").acquire()
+    print("got", flush=True)
+    time.sleep(1.5)
+except LockHeld as e:
+    print("held", e.owner.purpose if e.owner else None, flush=True)
+"""
+
+
+def test_of_many_concurrent_processes_exactly_one_gets_the_lock(tmp_path: Path):
+    path = tmp_path / "run.lock"
+    start = time.time() + 1.0
+    ps = [
+        subprocess.Popen([sys.executable, "-c", RACE, str(path), str(start)], stdout=subprocess.PIPE, text=True)
+        for _ in range(6)
+    ]
+    outs = [p.communicate(timeout=60)[0].strip() for p in ps]
+    assert sorted(outs) == ["got"] + ["held race"] * 5, outs
+
+
+def test_a_dead_owners_lock_is_broken_and_a_live_owners_is_not(tmp_path: Path):
+    path = tmp_path / "run.lock"
+    holder = subprocess.Popen([sys.executable, "-c", RACE, str(path), "0"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "got"
+    with pytest.raises(lock.LockHeld) as e:
+        lock.FileLock(path, "second").acquire()
+    assert e.value.owner is not None and e.value.owner.process.pid == holder.pid
+    holder.send_signal(signal.SIGKILL)  # dies holding it: no release
+    holder.wait()
+    assert path.exists()
+    with lock.held(path, "after") as mine:
+        assert mine.held_by_me() and json.loads(path.read_text())["purpose"] == "after"
+    assert not path.exists()
+
+
+def test_another_hosts_lock_is_stale_only_once_its_heartbeat_stops(tmp_path: Path):
+    path = tmp_path / "data.lock"
+    record = {"pid": 1, "start": 1, "host": "other-node", "boot": "x", "acquired": time.time(), "purpose": "prepare"}
+    path.write_text(json.dumps(record))
+    with pytest.raises(lock.LockHeld, match="other-node"):
+        lock.FileLock(path, stale_after_s=60).acquire()
+    old = time.time() - 120
+    os.utime(path, (old, old))
+    with lock.held(path, "mine", stale_after_s=60):
+        assert json.loads(path.read_text())["host"] != "other-node"
+
+
+def test_a_heartbeat_keeps_a_long_hold_fresh(tmp_path: Path):
+    path = tmp_path / "data.lock"
+    with lock.held(path, "prepare", heartbeat_s=0.1):
+        old = time.time() - 1000
+        os.utime(path, (old, old))
+        time.sleep(0.5)
+        assert time.time() - path.stat().st_mtime < 5
+
+
+def test_waiting_acquire_gets_the_lock_when_released(tmp_path: Path):
+    path = tmp_path / "x.lock"
+    holder = subprocess.Popen([sys.executable, "-c", RACE, str(path), "0"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "got"
+    t0 = time.monotonic()
+    with lock.held(path, "waiter", timeout_s=30):
+        waited = time.monotonic() - t0
+    holder.wait()
+    assert waited > 0.5  # it really waited for the holder (which held 1.5 s) instead of breaking its lock
+
+
+def test_process_identity_survives_pid_reuse():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    me = procs.ProcessId.of(child.pid)
+    assert me.alive() and procs.group_alive(me)
+    reused = procs.ProcessId(child.pid, me.start - 1, me.host, me.boot)  # same pid, another process's start
+    assert not reused.alive() and not procs.group_alive(reused)
+    assert not procs.signal_group(reused, signal.SIGTERM) and child.poll() is None
+    assert procs.signal_group(me, signal.SIGTERM)
+    child.wait(timeout=10)
+    assert not me.alive() and not procs.group_alive(me)
+    elsewhere = procs.ProcessId(os.getpid(), procs.start_ticks(os.getpid()) or 0, "other-node", me.boot)
+    assert not elsewhere.alive()  # never judged (or signalled) from another host
