@@ -48,8 +48,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ..control import ckptfolder, runfolder, slurmcli
+from ..control import ckptfolder, procs, runfolder, slurmcli
 from ..control import spec as specmod
+from ..control.records import EventKind, Executor
 from ..worker.main import ENV_LOG_ALL_RANKS
 
 MARK = "@@clusterfsdp "  # marker lines the tasks print on stdout (never shown in the cell)
@@ -538,6 +539,7 @@ class _Launch:
         except OSError as e:
             raise SrunError(f"could not start {cmd[0]}: {e}") from None
         self.pgid = self.proc.pid  # its own session: the session leader's pid is the group id
+        self.leader = procs.ProcessId.of(self.pgid)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True, name="clusterfsdp-notebook-reader")
         self.reader.start()
@@ -611,13 +613,13 @@ class _Launch:
     def _record_attempt(self) -> None:
         """The attempt goes into state.json at once, with the launcher's process group, so
         `clusterfsdp status` shows the run PENDING/RUNNING while it lives."""
-        extra: dict[str, Any] = {"pgid": self.pgid, "host": socket.gethostname()}
+        extra: dict[str, Any] = {"leader": self.leader}
         if self.mode == "srun":
             extra.update(allocation=self.allocation, step_name=self.step_name)
         self.run.add_attempt(
-            job_id=self.job_id,
-            executor=self.mode,
-            reason="notebook srun" if self.mode == "srun" else "notebook (local processes)",
+            self.job_id,
+            Executor(self.mode),
+            "notebook srun" if self.mode == "srun" else "notebook (local processes)",
             world_size=self.world,
             **extra,
         )
@@ -701,9 +703,7 @@ class _Launch:
             if self.proc.poll() is None:
                 return False
             return not self.step or self.step not in _squeue_steps(self.allocation)
-        from ..control import launch
-
-        return not launch.local_job_alive({"pgid": self.pgid})
+        return not procs.group_alive(self.leader)
 
     def cancel(self) -> tuple[float, str]:
         """SIGTERM every rank (they save at the next step boundary), SIGKILL after grace_s;
@@ -772,31 +772,26 @@ class _Launch:
         for r in range(self.world):
             if r not in self.codes:
                 self.codes[r] = 0 if rc == 0 and not interrupted else None
-        events = [e for e in self.run.events() if str(e.get("job_id")) == self.job_id]
-        end = next(
-            (e for e in reversed(events) if e.get("event") in ("completed", "stopped", "failed", "requeued")), None
-        )
+        end = next((e for e in reversed(self.run.events(self.job_id)) if e.event.ends_attempt), None)
         ck = ckptfolder.find(self.run.checkpoints_dir(self.spec))
         rows = self.run.metrics()
         ok = rc == 0 and all(c == 0 for c in self.codes.values())
         if interrupted:
             status = "interrupted"
-            saved = (
-                f"; saved step {end['step']}: {end.get('checkpoint')}" if end and end.get("event") == "stopped" else ""
-            )
+            saved = f"; saved step {end.step}: {end.checkpoint}" if end and end.event is EventKind.STOPPED else ""
             message = (
                 f"interrupted: {self.where} cancelled with {how}, all {self.world} ranks "
                 f"gone {gone_s:.1f} s after the interrupt{saved}"
             )
             self.run.update_attempt(self.job_id, cancelled=time.time(), interrupt_to_gone_s=round(gone_s, 2))
-        elif ok and (end is None or end.get("event") == "completed"):
+        elif ok and (end is None or end.event is EventKind.COMPLETED):
             status, message = "completed", ""
-        elif ok and end is not None and end.get("event") == "stopped":
-            status, message = "stopped", f"stopped from outside: {end.get('reason', '')}"
+        elif ok and end is not None and end.event is EventKind.STOPPED:
+            status, message = "stopped", f"stopped from outside: {end.reason}"
         else:
             status = "failed"
             bad = sorted(r for r, c in self.codes.items() if c != 0)
-            reason = (end or {}).get("reason", "")
+            reason = end.reason if end else ""
             message = f"failed: {self.mode} exit status {rc}; ranks {bad or '?'} exited non-zero" + (
                 f"; {reason}" if reason else ""
             )
@@ -901,7 +896,7 @@ def srun(
             "machine; pass nodes=1 (or run the kernel inside `salloc -N{n}`)".replace("{n}", str(spec.slurm.nodes))
         )
     show = _in_kernel() if progress is None else progress
-    run = runfolder.create_run(spec, mode)
+    run = runfolder.create_run(spec, Executor(mode))
     out.write(f"{notice}\n")
     for note in spec.notices():
         out.write(f"note: {note}\n")
