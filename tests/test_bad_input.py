@@ -64,7 +64,7 @@ def corpus() -> list[tuple[str, bytes]]:
         "env-bad-name": b'[env]\n"1 A" = "x"\n',
         "deep-array": b"[model]\nfrom_config = { a = " + b"[" * 3000 + b"]" * 3000 + b" }\n",
         "deep-table": b"[model]\nfrom_config = " + b"{ a = " * 2000 + b"1" + b" }" * 2000 + b"\n",
-        "not-utf8": b"[job]\nname = \"\xff\xfe\"\n",
+        "not-utf8": b'[job]\nname = "\xff\xfe"\n',
         "nul-bytes": b"[job]\x00name = 1\n",
         "empty": b"",
         "only-comment": b"# nothing\n",
