@@ -259,6 +259,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     specmod.check(spec)
     run.job_toml.write_text(specmod.dumps(spec, redact=True))  # the new attempt runs with the overrides
     executor = args.executor or run.executor
+    if executor not in ("auto", "slurm", "local"):  # state.json is a file: never trust it blindly
+        raise CliError(f"executor: {executor!r} in {run.state_file} is not auto, slurm or local")
     try:
         sub = launch.submit(
             spec,
@@ -376,8 +378,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("tui", help="the terminal UI")
     s.add_argument("--run-root", default="./runs")
-    s.add_argument("--serve", action="store_true", help="serve it to a browser on localhost")
+    s.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve it to a browser on 127.0.0.1, behind a token (printed; or $CLUSTERFSDP_TUI_TOKEN)",
+    )
     s.add_argument("--port", type=int, default=8000)
+    s.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="with --serve: also accept this origin, e.g. https://tui.example.org behind a reverse proxy",
+    )
     s.add_argument(
         "--refresh",
         type=float,
