@@ -295,6 +295,8 @@ def test_serve_refuses_without_token_foreign_host_or_origin(tmp_path):
     with serving(tmp_path, "--allow-origin", "https://TUI.example.org:443", token=token) as served:
         assert served.token == token
         asyncio.run(_probe(served))
+        printed = (tmp_path / "serve.out").read_text()  # aiohttp's access log would add `GET /?token=...`
+        assert printed.count(token) == 1 and "GET" not in printed, printed
 
 
 async def _probe(served: Served) -> None:
