@@ -340,8 +340,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("tui", help="the terminal UI")
     _add_run_root(s)
-    s.add_argument("--serve", action="store_true", help="serve it to a browser on localhost")
+    s.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve it to a browser on 127.0.0.1, behind a token (printed; or $CLUSTERFSDP_TUI_TOKEN)",
+    )
     s.add_argument("--port", type=int, default=8000, help="port for --serve (default 8000)")
+    s.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="with --serve: also accept this origin, e.g. https://tui.example.org behind a reverse proxy",
+    )
     s.add_argument(
         "--refresh",
         type=float,
