@@ -4,7 +4,7 @@ its attempts, and its checkpoints, from which it can be resumed as a new attempt
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from textual import work
 from textual.app import ComposeResult
@@ -15,7 +15,7 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Sparkline, Static
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.control import runfolder, status
 from clusterfsdp.control import spec as specmod
 from clusterfsdp.control.records import Attempt
 from clusterfsdp.control.run import Run
@@ -39,6 +39,7 @@ class RunFacts:
     nodes: int
     checkpoints: list[CheckpointRow]
     points: list[Point] | None  # None: metrics unchanged since the last pass
+    ends: dict[str, str] = field(default_factory=dict)  # job id -> how its last incarnation ended (classified)
 
 
 def latest_text(points: list[Point]) -> str:
@@ -147,7 +148,9 @@ class RunScreen(Screen):
                 root, nodes = run.path / "checkpoints", 1
             changed = tail.read_new()
             record = run.record()
-            facts = RunFacts(record.attempts, record.executor, nodes, scan(root), tail.points() if changed else None)
+            ends = {e.job_id: e.describe() for e in status.attempt_ends(run.events())}
+            points = tail.points() if changed else None
+            facts = RunFacts(record.attempts, record.executor, nodes, scan(root), points, ends)
         finally:
             self.app.call_from_thread(setattr, self, "_reading", False)
         self.app.call_from_thread(self._show_facts, run, facts)
@@ -190,7 +193,11 @@ class RunScreen(Screen):
         row = self.app.current_row
         state = f"{row.state}{' - ' + row.reason if row.reason else ''}" if row else "…"
         attempts = self.facts.attempts if self.facts else []
-        tries = "  ".join(f"#{a.attempt} {a.executor}:{a.job_id} ({a.reason})" for a in attempts)
+        ends = self.facts.ends if self.facts else {}
+        tries = "  ".join(
+            f"#{a.attempt} {a.executor}:{a.job_id} ({a.reason})" + (f" -> {ends[a.job_id]}" if a.job_id in ends else "")
+            for a in attempts
+        )
         header.update(
             Content.from_markup(
                 "[b]$id[/] ($name)  $state\nattempts: $tries",
