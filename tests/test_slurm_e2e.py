@@ -382,7 +382,7 @@ def test_a_failed_node_is_left_out_and_the_run_resumes_on_the_remaining_node(slu
     job step then submits the next attempt without node2, on 1 node with twice the gradient
     accumulation (the same global batch), which resumes and completes (4 ranks -> 2)."""
     r = cli("submit", str(tiny_job), "--executor", "slurm", *TWO_NODES, "--set", "fsdp.sharding=hybrid",
-            "--set", "train.steps=300", "--set", "train.log_every=5", "--set", "checkpoint.every_steps=10")  # fmt: skip
+            "--set", "train.steps=100", "--set", "train.log_every=5", "--set", "checkpoint.every_steps=10")  # fmt: skip
     assert r.returncode == 0, r.stderr
     run = only_run(tmp_path / "runs")
     job_id = run.attempts[-1].job_id
