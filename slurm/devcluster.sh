@@ -72,7 +72,7 @@ secs() { # secs START_US -> "1.23"
 }
 
 usage() {
-    echo "usage: devcluster.sh up|down|status|restart   (env: NODES=2 CFDC_STATE=$STATE; see docs/devcluster.md)"
+    echo "usage: devcluster.sh up|down|status|restart|fault WHAT [NODE]   (env: NODES=2 CFDC_STATE=$STATE; see docs/devcluster.md)"
 }
 
 need_root() {

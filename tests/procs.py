@@ -6,9 +6,10 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.control import ckptfolder, runfolder
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Executor
 
@@ -47,7 +48,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_run(job_text: str, run_root: Path, overrides: list[str] = ()) -> runfolder.RunFolder:
+def make_run(job_text: str, run_root: Path, overrides: Sequence[str] = ()) -> runfolder.RunFolder:
     spec = S.loads(job_text, [f"job.run_root={str(run_root)!r}", *overrides])
     return runfolder.create_run(spec, Executor.LOCAL)
 
@@ -77,7 +78,7 @@ def launch(argv: list[str], world: int, job_id: str = "t1", extra_env: dict | No
 
 
 def wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int, str]]:
-    return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
+    return [(p.wait(timeout=timeout), p.stdout.read() if p.stdout else "") for p in procs]
 
 
 def run_workers(run: runfolder.RunFolder, world: int, job_id: str = "t1") -> list[tuple[int, str]]:
@@ -89,3 +90,9 @@ def run_workers(run: runfolder.RunFolder, world: int, job_id: str = "t1") -> lis
 
 def losses(run: runfolder.RunFolder, job_id: str | None = None) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in run.metrics()}
+
+
+def newest_step(run: runfolder.RunFolder) -> int:
+    """The step of the run's newest complete checkpoint; -1 when there is none."""
+    info = ckptfolder.find(run.checkpoints_dir())
+    return info.step if info is not None else -1

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import newest_step
 
 from clusterfsdp.control import ckptfolder, runfolder, status
 
@@ -73,7 +74,7 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
     assert node_hosts(run) == {"node1", "node2"}
     rows = run.metrics()
     assert rows[-1]["step"] == 40 and rows[0]["loss"] - rows[-1]["loss"] > 0.8
-    assert ckptfolder.find(run.checkpoints_dir()).step == 40
+    assert newest_step(run) == 40
     job_id = run.attempts[-1].job_id
     assert slurm_cluster.wait_sacct(int(job_id), "COMPLETED")
     st = cli("status", str(run.path))
@@ -88,7 +89,7 @@ def test_dry_run_script_submitted_by_hand_behaves_like_submit(slurm_cluster, tin
     job_id = slurm_cluster.sbatch([str(run.path / "sbatch.sh")])
     wait_for(lambda: status.run_status(run).state == "COMPLETED", 300, "the hand-submitted job")
     assert run.attempts[-1].job_id == str(job_id) and node_hosts(run) == {"node1", "node2"}
-    assert ckptfolder.find(run.checkpoints_dir()).step == 20
+    assert newest_step(run) == 20
     assert slurm_cluster.wait_sacct(job_id, "COMPLETED")
 
 
@@ -120,7 +121,7 @@ def test_time_limit_signal_save_requeue_resume(slurm_cluster, tiny_job, tmp_path
     resumes = [e for e in events if e.event == "resumed"]
     assert requeues and len(resumes) == len(requeues)
     assert [e.restart for e in resumes] == list(range(1, len(resumes) + 1))
-    assert ckptfolder.find(run.checkpoints_dir()).step == 300
+    assert newest_step(run) == 300
     assert len({p.name for p in run.logs_dir.iterdir()}) == len(requeues) + 1  # one log folder per attempt
     st = cli("status", str(run.path))
     assert "requeued" in st.stdout and "state      COMPLETED" in st.stdout
@@ -151,9 +152,9 @@ def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, 
     assert second.reason.startswith("follow-up: requeue refused")
     wait_for(lambda: status.run_status(run).state == "COMPLETED", 600, "the follow-up to complete")
     resumed = next(e for e in run.events() if e.event == "resumed")
-    assert resumed.job_id == second.job_id and resumed.step >= 20
+    assert resumed.job_id == second.job_id and (resumed.step or 0) >= 20
     assert any(e.event == "follow_up" and e.job_id_next == second.job_id for e in run.events())
-    assert ckptfolder.find(run.checkpoints_dir()).step == 150
+    assert newest_step(run) == 150
 
 
 def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
@@ -289,7 +290,7 @@ def test_preemption_by_a_high_priority_job_saves_requeues_and_resumes(slurm_clus
     high = slurm_cluster.sbatch(["-p", "high", "-N1", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 3"])
     wait_for(lambda: status.run_status(run).state == "COMPLETED", 600, "completion after the preemption")
     (requeued,) = [e for e in run.events() if e.event == "requeued"]
-    assert requeued.cause == "preempted" and requeued.step >= 10 and "(SIGTERM)" in requeued.reason
+    assert requeued.cause == "preempted" and (requeued.step or 0) >= 10 and "(SIGTERM)" in requeued.reason
     (resumed,) = [e for e in run.events() if e.event == "resumed"]
     assert (resumed.job_id, resumed.restart, resumed.step) == (job_id, 1, requeued.step)
     assert logged_steps(run) == list(range(5, 101, 5))  # saved at the preemption: no step lost, none redone
@@ -335,7 +336,7 @@ def test_controller_outages_and_a_killed_rank_are_survived(slurm_cluster, tiny_j
     (requeued,) = [e for e in run.events() if e.event == "requeued"]
     assert requeued.cause == "time_limit" and requeued.job_id == job_id
 
-    wait_for(lambda: ckptfolder.find(run.checkpoints_dir()).step >= requeued.step + 20, 300, "a new checkpoint")
+    wait_for(lambda: newest_step(run) >= (requeued.step or 0) + 20, 300, "a new checkpoint")
     (victim,) = worker_pids(run, job_id, rank=1)
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: status.run_status(run).state == "COMPLETED", 600, "completion after the automatic restart")

@@ -84,9 +84,7 @@ def before(run: runfolder.RunFolder, job: SlurmJob) -> int:
 def _requeued_by_slurm(job: SlurmJob) -> tuple[Cause, str]:
     """Why Slurm requeued the previous incarnation: its row in `sacct --duplicates`."""
     try:
-        out = slurmcli.run(
-            ["sacct", "-n", "-X", "-P", "-D", "-j", job.job_id, "-o", "State,NodeList"], retry_s=slurmcli.QUERY_RETRY_S
-        )
+        out = slurmcli.run(["sacct", "-n", "-X", "-P", "-D", "-j", job.job_id, "-o", "State,NodeList"])
     except slurmcli.SlurmError as e:
         return Cause.REQUEUED_BY_SLURM, f"requeued by Slurm before the workers recorded anything (sacct: {e})"
     rows = [line.split("|") for line in out.splitlines() if "|" in line]

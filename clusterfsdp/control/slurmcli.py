@@ -181,12 +181,13 @@ def retrying(what: str, attempt: Callable[[], T], budget_s: float | None = None)
 
 
 def run(cmd: list[str], timeout: float = 30, retry_s: float | None = None) -> str:
-    """Run a Slurm command, retried on transient errors; stdout or SlurmError."""
+    """Run a Slurm command, retried on transient errors (a query for at most QUERY_RETRY_S, so
+    `status` and the TUI answer; a command that changes something for the whole budget); stdout
+    or SlurmError."""
+    if retry_s is None:
+        query = cmd[0] in ("squeue", "sacct", "sinfo") or cmd[:2] in (["scontrol", "show"], ["scontrol", "-o"])
+        retry_s = min(QUERY_RETRY_S, retry_budget_s()) if query else None
     return retrying(cmd[0], lambda: _once(cmd, timeout), retry_s)
-
-
-def _query(cmd: list[str]) -> str:
-    return run(cmd, retry_s=min(QUERY_RETRY_S, retry_budget_s()))
 
 
 def available() -> bool:
@@ -229,7 +230,7 @@ def squeue(job_ids: list[str] | None = None) -> dict[str, JobRow]:
     else:
         cmd += ["-u", _user()]
     try:
-        out = _query(cmd)
+        out = run(cmd)
     except SlurmError as e:
         if "Invalid job id" in str(e):  # every listed job has left squeue
             return {}
@@ -245,7 +246,7 @@ def sacct(job_ids: list[str]) -> dict[str, JobRow]:
     """Accounting rows for finished jobs (the allocation row of each, not its steps). One call."""
     if not job_ids:
         return {}
-    out = _query(
+    out = run(
         ["sacct", "-n", "-X", "-P", "-o", "JobID,State,Reason,Elapsed,NodeList,ExitCode", "-j", ",".join(job_ids)]
     )
     rows = {}
@@ -284,16 +285,16 @@ def node_states(nodes: list[str]) -> dict[str, str]:
     means the node does not respond)."""
     if not nodes:
         return {}
-    out = _query(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%T"])
+    out = run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%T"])
     return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
 
 
 def partition_nodes(partition: str = "") -> dict[str, str]:
     """{node: state} of a partition (default: the cluster's default partition)."""
     if not partition:
-        names = _query(["sinfo", "-h", "-o", "%P"]).split()
+        names = run(["sinfo", "-h", "-o", "%P"]).split()
         partition = next((p.rstrip("*") for p in names if p.endswith("*")), names[0].rstrip("*") if names else "")
-    out = _query(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%T"])
+    out = run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%T"])
     return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
 
 
@@ -311,7 +312,7 @@ def _user() -> str:
 
 def jobs_with_token(token: str) -> list[str]:
     """Ids of this user's queued jobs whose --comment holds `token` (oldest first)."""
-    out = _query(["squeue", "-h", "-u", _user(), "-o", "%i|%k"])
+    out = run(["squeue", "-h", "-u", _user(), "-o", "%i|%k"])
     found = [line.split("|", 1)[0] for line in out.splitlines() if "|" in line and token in line.split("|", 1)[1]]
     return sorted(found, key=lambda j: int(j) if j.isdigit() else 0)
 

@@ -16,6 +16,7 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -481,7 +482,8 @@ def parse_time_minutes(value: int | str) -> int:
     m = _TIME.match(value.strip())
     if not m:
         raise ValueError(f"expected minutes or 'D-HH:MM:SS' (or MM:SS, HH:MM:SS, D-HH, D-HH:MM), found {value!r}")
-    d, a, b, c = (int(x) if x else None for x in m.group("d", "a", "b", "c"))
+    a = int(m.group("a"))
+    d, b, c = (int(x) if x else None for x in m.group("d", "b", "c"))
     if d is None:  # MM | MM:SS | HH:MM:SS
         if b is None:
             secs = a * 60
@@ -497,7 +499,7 @@ def parse_time_minutes(value: int | str) -> int:
 
 
 # ---------------------------------------------------------------- files, text, overrides
-def loads(text: str, overrides: list[str] = ()) -> JobSpec:
+def loads(text: str, overrides: Sequence[str] = ()) -> JobSpec:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -508,7 +510,7 @@ def loads(text: str, overrides: list[str] = ()) -> JobSpec:
     return from_dict(data)
 
 
-def load(path: str | Path, overrides: list[str] = ()) -> JobSpec:
+def load(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
     p = Path(path)
     try:
         text = p.read_text()
@@ -558,7 +560,7 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
     return out
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:
     """Apply `section.key=value` overrides in place; values are TOML literals, bare words are strings."""
     errors = []
     for item in overrides:

@@ -130,23 +130,19 @@ class Checkpointer:
         writer_threads: int = 1,
         async_mode: str = "thread",
     ):
-        import torch.distributed as dist
-
         self.root, self.model, self.optimizer = root, model, optimizer
         self.rank, self.world_size, self.spec_text, self.keep_last = rank, world_size, spec_text, keep_last
         self.async_save, self.writer_threads, self.async_mode = async_save, writer_threads, async_mode
         self._pending: tuple[Any, Path, Path, dict, float] | None = None
         self.last_save_s = 0.0  # wall time of the last completed save, async or not (the grace check)
         # Async saves coordinate over their own gloo group so they never queue behind NCCL work.
-        self._pg = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        self._pg = _gloo_group() if async_save else None
         self._stager = (
-            _prewarmed_stager(self._state(), pin=_on_cuda(model), share=async_mode == "process")
-            if async_save
-            else None
+            _prewarmed_stager(self._state(), pin=_on_cuda(model), share=async_mode == "process") if async_save else None
         )
         # Whether a checkpoint loaded is decided by all ranks together (a truncated shard fails on
         # the ranks that read it), over gloo so it needs no device tensor.
-        self._agree_pg = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self._agree_pg = _gloo_group()
         if rank == 0:
             root.mkdir(parents=True, exist_ok=True)
         self._pruner = _Pruner(root) if rank == 0 else None
@@ -158,7 +154,7 @@ class Checkpointer:
         return {"model": model_sd, "optim": optim_sd}
 
     def _writer(self, path: Path):
-        from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
         return FileSystemWriter(str(path), thread_count=self.writer_threads)
 
@@ -189,13 +185,12 @@ class Checkpointer:
         return time.perf_counter() - t0
 
     def _write(self, partial: Path, final: Path, meta: dict[str, Any], blocking: bool, t0: float) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, async_save, save
 
         step = meta["step"]
         if self.async_save and not blocking:
             kind = AsyncCheckpointerType.PROCESS if self.async_mode == "process" else AsyncCheckpointerType.THREAD
-            future = dcp.async_save(
+            future = async_save(
                 self._state(),
                 storage_writer=self._writer(partial),
                 process_group=self._pg,
@@ -204,7 +199,7 @@ class Checkpointer:
             )
             self._pending = (future, partial, final, meta, t0)
         else:
-            _dcp_call(f"saving step {step}", dcp.save, self._state(), storage_writer=self._writer(partial))
+            _dcp_call(f"saving step {step}", save, self._state(), storage_writer=self._writer(partial))
             self._finalize(partial, final, meta, t0)
 
     def poll(self) -> bool:
@@ -246,11 +241,11 @@ class Checkpointer:
     def load(self, info: CheckpointInfo) -> dict[str, Any]:
         """Load model + optimizer (resharding to this world size) and this rank's RNG; returns the meta."""
         import torch
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict_loader import load
 
         state = self._state()
-        _dcp_call(f"loading {info.path.name}", dcp.load, state, checkpoint_id=str(info.path))
+        _dcp_call(f"loading {info.path.name}", load, state, checkpoint_id=str(info.path))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rng_file = info.path / "rng" / f"rank{self.rank}.pt"
         if info.meta.get("world_size") == self.world_size and rng_file.is_file():
@@ -299,6 +294,17 @@ def _free_space(root: Path) -> str:
     free = shutil.disk_usage(root).free
     note = " - disk full?" if free < 64 * 2**20 else ""
     return f"{free / 2**20:.1f} MiB free on {root}{note}"
+
+
+def _gloo_group():
+    """A new gloo process group over all ranks (None without torch.distributed)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    group = dist.new_group(backend="gloo")
+    assert isinstance(group, dist.ProcessGroup)
+    return group
 
 
 def _barrier() -> None:

@@ -172,7 +172,7 @@ def _train(attempt: _Attempt, flags: StopFlags) -> str:
     log_path = run.log_path(env.job_id, env.restart, env.rank)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "a", buffering=1)  # noqa: SIM115 - stays open for the rest of the process
-    sys.stdout, sys.stderr = Tee(sys.__stdout__, log_file), Tee(sys.__stderr__, log_file)
+    sys.stdout, sys.stderr = Tee(sys.__stdout__ or log_file, log_file), Tee(sys.__stderr__ or log_file, log_file)
 
     every_rank = os.environ.get(ENV_LOG_ALL_RANKS) == "1"
 
@@ -203,7 +203,7 @@ def _train(attempt: _Attempt, flags: StopFlags) -> str:
                 "backend": backend,
                 "device": str(device),
                 "torch": torch.__version__,
-                "nccl": ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else "",
+                "nccl": _nccl_version() if backend == "nccl" else "",
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                 "python": sys.version.split()[0],
             },
@@ -240,6 +240,12 @@ def _train(attempt: _Attempt, flags: StopFlags) -> str:
     return status
 
 
+def _nccl_version() -> str:
+    import torch.cuda.nccl as nccl
+
+    return ".".join(map(str, nccl.version()))
+
+
 def _finish(attempt: _Attempt) -> None:
     import torch.distributed as dist
 
@@ -264,7 +270,7 @@ def _verdict(attempt: _Attempt, signal_name: str) -> outcomes.StopVerdict:
     last = attempt.run.record().attempt(env.job_id)
     cancel_asked = last is not None and last.cancelled is not None
     try:
-        job = slurmcli.show_job(env.job_id)
+        job = slurmcli.show_job(env.job_id, retry_s=slurmcli.retry_budget_s())  # worth waiting for
     except slurmcli.SlurmError:
         job = None
     return outcomes.classify_stop(signal_name, job, env.restart, cancel_asked)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -84,11 +85,11 @@ def lr_lambda(spec: JobSpec) -> Callable[[int], float]:
     return factor
 
 
-def build(spec: JobSpec, device: torch.device, world_size: int, vocab_size: int):
+def build(spec: JobSpec, device: torch.device, world_size: int, vocab_size: int | None):
     """Model and optimizer, in the one order that works for every option."""
     config = modelmod.build_config(spec.model, vocab_size)
     if spec.fsdp.version == 1:  # FSDP1 shards a materialized model
-        model = modelmod.build_meta(spec.model, config).to_empty(device=device)
+        model: Any = modelmod.build_meta(spec.model, config).to_empty(device=device)
         model.tie_weights()  # to_empty gives each tied occurrence its own tensor; FSDP2 keeps them shared
         modelmod.reset_buffers(model, device)
         _materialize(model, spec, config)
@@ -123,7 +124,7 @@ def _materialize(model, spec: JobSpec, config) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         state = modelmod.load_pretrained_state(spec.model.name_or_path)
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        set_model_state_dict(model, cast(Any, state), options=StateDictOptions(full_state_dict=True, strict=False))
     else:
         modelmod.init_weights(model, spec.job.seed, config.initializer_range)
     if getattr(config, "tie_word_embeddings", False):
@@ -136,7 +137,7 @@ def _data_vocab(spec: JobSpec) -> int | None:
     """Token ids the data can contain (the model's vocab is grown to fit); None for synthetic data."""
     if spec.data.source != "files":
         return None
-    return BYTE_VOCAB if spec.data.tokenizer == "bytes" else len(load_tokenizer(spec.data.tokenizer))
+    return BYTE_VOCAB if spec.data.tokenizer == "bytes" else len(cast(Any, load_tokenizer(spec.data.tokenizer)))
 
 
 def _loss_fn(spec: JobSpec):
@@ -209,7 +210,7 @@ def train(
     t = spec.train
     micro_tokens = t.micro_batch_size * spec.data.seq_len
 
-    def meta() -> dict:
+    def position() -> dict:
         return {"consumed": consumed, "tokens_seen": tokens_seen}
 
     model.train()
@@ -217,7 +218,7 @@ def train(
     while step < t.steps:
         stop = flags.agree(flag_group, step, spec.slurm.signal_grace_s) if flags.due(step) else 0
         if stop:
-            secs = saver.save(step, meta(), blocking=True)
+            secs = saver.save(step, position(), blocking=True)
             saver.close()
             log(f"{SIGNAL_NAMES[stop]}: saved step {step} in {secs:.2f} s")
             return Outcome("interrupted", step, str(ckptfolder.step_dir(ckpt_root, step)), SIGNAL_NAMES[stop])
@@ -227,7 +228,7 @@ def train(
             consumed += world_size * t.micro_batch_size
             last = micro == t.grad_accum - 1
             if hasattr(model, "set_requires_gradient_sync"):
-                model.set_requires_gradient_sync(last)
+                cast(Any, model).set_requires_gradient_sync(last)
             loss = loss_fn(model, batch[:, :-1], batch[:, 1:]) / t.grad_accum
             loss.backward()
             loss_sum += loss.detach()
@@ -256,12 +257,12 @@ def train(
             if metrics_out is not None:
                 metrics_out.write(row)
         if c.every_steps and step % c.every_steps == 0 and step < t.steps:
-            blocked = saver.save(step, meta())
+            blocked = saver.save(step, position())
             flags.pause()
             log(f"checkpoint step {step}: training blocked {blocked:.3f} s ({'async' if c.async_ else 'sync'})")
             if not c.async_:
                 grace(saver.last_save_s, flags.latency_s(), step)
-    saver.save(step, meta(), blocking=True)  # the last step always saves synchronously
+    saver.save(step, position(), blocking=True)  # the last step always saves synchronously
     saver.close()
     return Outcome("completed", step, str(ckptfolder.step_dir(ckpt_root, step)))
 
@@ -271,4 +272,4 @@ def _clip(model, max_norm: float) -> torch.Tensor:
     if hasattr(model, "clip_grad_norm_"):  # FSDP1
         return model.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"))
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    return cast(Any, norm).full_tensor() if hasattr(norm, "full_tensor") else norm
