@@ -68,15 +68,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def summary(spec: specmod.JobSpec, executor: str) -> str:
-    from .control.presets import PRESETS, llama_param_count
+    from .control import modelsource
 
     s, t = spec.slurm, spec.train
-    model = spec.model.name_or_path or f"{spec.model.preset} (random init)"
-    params = (
-        ""
-        if spec.model.name_or_path
-        else f", ~{llama_param_count({**PRESETS[spec.model.preset], **spec.model.from_config}) / 1e6:.1f}M params"
-    )
     gpus = f"{s.gpus_per_node} GPU(s)" if s.gpus_per_node else "CPU"
     lines = [
         f"job        {spec.job.name} -> {spec.job.run_root}/{spec.job.name}/<run id>/",
@@ -85,7 +79,7 @@ def summary(spec: specmod.JobSpec, executor: str) -> str:
         f"mesh       {' x '.join(map(str, spec.mesh_shape))} "
         f"({'replicate x shard' if len(spec.mesh_shape) == 2 else 'shard'}), sharding {spec.effective_sharding}, "
         f"FSDP{spec.fsdp.version}, {spec.fsdp.mixed_precision}",
-        f"model      {model}{params}",
+        f"model      {modelsource.describe(spec)}",
         f"data       {spec.data.source}{' ' + ', '.join(spec.data.paths) if spec.data.paths else ''}, "
         f"seq {spec.data.seq_len}",
         f"train      {t.steps} steps x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
@@ -98,15 +92,18 @@ def summary(spec: specmod.JobSpec, executor: str) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .control import slurmcli
+    from .control import modelsource, slurmcli
 
-    spec = _load(args)
+    prepared = modelsource.prepare(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
+    spec = prepared.spec
     where = (
         "Slurm (controller answers)" if slurmcli.available() else "this machine (local executor; no reachable Slurm)"
     )
     if not slurmcli.available() and spec.slurm.nodes > 1:
         where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"
     print(summary(spec, where))
+    for note in prepared.notes:
+        print(f"note       {note}")
     print("ok")
     return 0
 
@@ -131,7 +128,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except launch.SubmitError as e:
         raise CliError(str(e)) from None
     print(sub.notice, file=sys.stderr)
-    for n in spec.notices():
+    for n in [*spec.notices(), *sub.notes]:
         print(f"note: {n}", file=sys.stderr)
     print(f"run {sub.run.id}  job {sub.job_id}  folder {sub.run.path}")
     if args.follow:
@@ -277,20 +274,35 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    """Runs `python -m clusterfsdp.worker.export` (torch and transformers stay out of this process)."""
+    import subprocess
+
     from .control import ckptfolder
 
     run = _find(args)
-    spec = run.spec()
-    info = ckptfolder.find(run.checkpoints_dir(spec), args.step)
+    info = ckptfolder.find(run.checkpoints_dir(run.spec()), args.step)
     if info is None:
         raise CliError(
             f"run {run.id}: no complete checkpoint{' at step ' + str(args.step) if args.step is not None else ''}"
         )
-    from .worker.export import export_hf
-
-    out = export_hf(spec, info.path, Path(args.to))
-    print(f"exported step {info.step} to {out} (load with AutoModelForCausalLM.from_pretrained)")
-    return 0
+    out = Path(args.to).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--to {out}: not a folder")
+    if out.exists() and any(out.iterdir()) and not args.force:
+        raise CliError(f"--to {out}: not empty (use --force to replace it)")
+    argv = [
+        sys.executable,
+        "-m",
+        "clusterfsdp.worker.export",
+        str(run.path),
+        "--step",
+        str(info.step),
+        "--to",
+        str(out),
+    ]
+    argv += ["--dtype", args.dtype] if args.dtype else []
+    argv += ["--force"] if args.force else []
+    return subprocess.run(argv).returncode
 
 
 def cmd_devcluster(args: argparse.Namespace) -> int:
@@ -364,10 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-f", "--follow", action="store_true")
     s.set_defaults(fn=cmd_resume)
 
-    s = sub.add_parser("export", help="write a checkpoint as a HuggingFace model folder")
+    s = sub.add_parser("export", help="write a checkpoint as a HuggingFace model folder (weights, tokenizer)")
     _add_run(s)
     s.add_argument("--step", type=int)
-    s.add_argument("--to", required=True, help="output folder")
+    s.add_argument("--to", required=True, help="output folder (created; a non-empty one only with --force)")
+    s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: model.dtype)")
+    s.add_argument("--force", action="store_true", help="replace a non-empty --to folder")
     s.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("devcluster", help="a real multi-node Slurm on this machine (root)")

@@ -17,7 +17,7 @@ def _tiny_llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(**PRESETS["llama-tiny"])
+    config = LlamaConfig(**{k: v for k, v in PRESETS["llama-tiny"].items() if k != "model_type"})
     config._attn_implementation = "sdpa"
     config.use_cache = False
     return LlamaForCausalLM(config).float()

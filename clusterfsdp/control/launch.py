@@ -18,11 +18,11 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from . import runfolder, slurmcli
+from . import modelsource, runfolder, slurmcli
 from . import spec as specmod
 
 Executor = Literal["auto", "slurm", "local"]
@@ -55,6 +55,7 @@ class Submission:
     executor: str
     job_id: str
     notice: str
+    notes: list[str] = field(default_factory=list)  # from modelsource.prepare (hub downloads, tokenizer)
 
 
 def choose_executor(requested: Executor) -> tuple[str, str]:
@@ -214,7 +215,10 @@ def submit(
     resume_step: int | None = None,
     dependency: str | None = None,
 ) -> Submission:
-    """Create the run folder (or reuse `run` for a resume) and queue one attempt."""
+    """Create the run folder (or reuse `run` for a resume) and queue one attempt.
+
+    A new run's hub ids are resolved (downloaded if needed) and its model and tokenizer folders
+    checked first (SpecError); the small files export needs are copied into <run>/model/."""
     chosen, notice = choose_executor(executor)
     _check_run_root(spec)
     if chosen == "local" and spec.slurm.nodes > 1:
@@ -225,8 +229,12 @@ def submit(
     if chosen == "slurm":
         slurm_parameters(spec, dependency)  # reject bad values before making folders
     new = run is None
+    prepared = modelsource.prepare(spec) if new else None
+    spec = prepared.spec if prepared else spec
     run = run or runfolder.create_run(spec, chosen)
     try:
+        if prepared:
+            modelsource.keep(prepared, run.model_dir)
         with _submission_env(spec):
             if chosen == "slurm":
                 job_id, extra = _submit_slurm(spec, run, dependency), {}
@@ -240,13 +248,16 @@ def submit(
             shutil.rmtree(run.path, ignore_errors=True)
         raise
     run.add_attempt(job_id=job_id, executor=chosen, reason=reason, resume_step=resume_step, **extra)
-    return Submission(run, chosen, job_id, notice)
+    return Submission(run, chosen, job_id, notice, prepared.notes if prepared else [])
 
 
 def dry_run(spec: specmod.JobSpec) -> tuple[runfolder.RunFolder, str]:
     """Prepare a run folder and return the exact sbatch script for it (nothing is queued)."""
     _check_run_root(spec)
-    run = runfolder.create_run(spec, "slurm")
+    prepared = modelsource.prepare(spec)
+    run = runfolder.create_run(prepared.spec, "slurm")
+    modelsource.keep(prepared, run.model_dir)
+    spec = prepared.spec
     run.write_state({**run.state(), "dry_run": True})  # the worker records the hand-submitted job
     script = render_sbatch(spec, run)
     (run.path / "sbatch.sh").write_text(script)

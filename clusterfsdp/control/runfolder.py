@@ -8,6 +8,8 @@
         submitit/                submitit's folder (pickles, <job id>_<task>_log.out/err)
         logs/<job id>.<restart>/rank<R>.log      per-rank log of one attempt
         nodes/<job id>.<restart>/<host>.json     what each node chose (interface, HCAs, versions)
+        model/                   copies of the model's config.json, generation_config.json and the
+                                 tokenizer's files (never weights), sources.json: what hub ids resolved to
         checkpoints/step-<N>/    DCP checkpoints
 
 Every path is derived from the run folder and a job id, so nothing needs a database.
@@ -83,6 +85,7 @@ class RunFolder:
     submitit_dir = property(lambda self: self.path / "submitit")
     logs_dir = property(lambda self: self.path / "logs")
     nodes_dir = property(lambda self: self.path / "nodes")
+    model_dir = property(lambda self: self.path / "model")  # what export/resume need from the sources
 
     def checkpoints_dir(self, spec: specmod.JobSpec | None = None) -> Path:
         spec = spec or self.spec()

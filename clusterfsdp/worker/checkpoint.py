@@ -20,7 +20,7 @@ class CheckpointError(RuntimeError):
     CheckpointException is a BaseException carrying full tracebacks)."""
 
 
-def _dcp_call(what: str, fn, *args, **kwargs):
+def dcp_call(what: str, fn, *args, **kwargs):
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
@@ -108,7 +108,7 @@ class Checkpointer:
             )
             self._pending = (future, partial, final, meta)
         else:
-            _dcp_call(f"saving step {step}", dcp.save, self._state(), checkpoint_id=str(partial))
+            dcp_call(f"saving step {step}", dcp.save, self._state(), checkpoint_id=str(partial))
             self._finalize(partial, final, meta)
 
     def poll(self) -> None:
@@ -121,7 +121,7 @@ class Checkpointer:
             return
         future, partial, final, meta = self._pending
         self._pending = None
-        _dcp_call(f"saving step {meta['step']} (async)", future.result)
+        dcp_call(f"saving step {meta['step']} (async)", future.result)
         self._finalize(partial, final, meta)
 
     def _finalize(self, partial: Path, final: Path, meta: dict[str, Any]) -> None:
@@ -144,7 +144,7 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         state = self._state()
-        _dcp_call(f"loading {info.path.name}", dcp.load, state, checkpoint_id=str(info.path))
+        dcp_call(f"loading {info.path.name}", dcp.load, state, checkpoint_id=str(info.path))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rng_file = info.path / "rng" / f"rank{self.rank}.pt"
         if info.meta.get("world_size") == self.world_size and rng_file.is_file():

@@ -16,7 +16,8 @@ no bias, no logit scaling or soft-capping) a `clusterfsdp_loss(input_ids, labels
 method; under FSDP2 it is registered as a forward method, so the root unit's parameters
 (the tied embedding / lm_head) are gathered around it exactly as around `forward`.
 `causal_lm_loss` uses that method when present and otherwise falls back to
-`model(input_ids).logits` + cross-entropy (FSDP1, other architectures).
+`model(input_ids).logits` + cross-entropy (FSDP1, other architectures), plus the router's
+auxiliary loss for a mixture of experts that asks for it.
 """
 
 from __future__ import annotations
@@ -173,14 +174,22 @@ _compiled_logits_loss: Callable | None = None
 def causal_lm_loss(
     model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, *, compile: bool = False
 ) -> torch.Tensor:
-    """Mean next-token cross-entropy; `labels` are the already shifted targets of `input_ids`."""
+    """Mean next-token cross-entropy; `labels` are the already shifted targets of `input_ids`.
+
+    A mixture of experts whose config asks for router logits (`output_router_logits`) also gets
+    its load-balancing loss, weighted by `router_aux_loss_coef`, as transformers adds it."""
     global _compiled_logits_loss
     fused = getattr(model, "clusterfsdp_loss", None)
     if fused is not None:
         return fused(input_ids, labels)
-    logits = model(input_ids=input_ids).logits
+    out = model(input_ids=input_ids)
     if compile:
         if _compiled_logits_loss is None:
             _compiled_logits_loss = torch.compile(_logits_loss)
-        return _compiled_logits_loss(logits, labels)
-    return _logits_loss(logits, labels)
+        loss = _compiled_logits_loss(out.logits, labels)
+    else:
+        loss = _logits_loss(out.logits, labels)
+    aux = getattr(out, "aux_loss", None)
+    if aux is not None:
+        loss = loss + model.config.router_aux_loss_coef * aux.to(loss.device)
+    return loss

@@ -142,6 +142,7 @@ def run(run_dir: str) -> str:
             metrics.MetricsWriter(run.metrics_file) if env.rank == 0 else None,
             lambda event, **f: _event(run, env, event, **f) if env.rank == 0 else None,
             flags,
+            run.model_dir,
         )
     except BaseException as e:
         print(traceback.format_exc(), file=sys.stderr, flush=True)
