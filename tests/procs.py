@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 from clusterfsdp.control import runfolder
+from clusterfsdp.control.presets import PRESETS
 from clusterfsdp.control import spec as S
 
 CORPUS = Path(__file__).resolve().parents[1] / "jobs" / "data" / "corpus.txt"
@@ -88,3 +91,26 @@ def run_workers(run: runfolder.RunFolder, world: int, job_id: str = "t1") -> lis
 
 def losses(run: runfolder.RunFolder, job_id: str | None = None) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in run.metrics()}
+
+
+def write_safetensors(path: Path, tensors: dict[str, list[int]], truncate: int = 0) -> None:
+    """A zero-filled float32 safetensors file written without torch (8-byte header length, JSON
+    header, data); `truncate` drops bytes from the end, like an interrupted download."""
+    header, offset = {}, 0
+    for name, shape in tensors.items():
+        size = 4
+        for n in shape:
+            size *= n
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * (offset - truncate))
+
+
+def weights_folder(path: Path) -> Path:
+    """A folder that passes the pre-queue checks of a pretrained model (config.json + safetensors),
+    for tests where the job must fail later, on the compute node."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(PRESETS["llama-tiny"]))
+    write_safetensors(path / "model.safetensors", {"w": [2, 4]})
+    return path

@@ -226,4 +226,3 @@ def test_models_that_cannot_be_loaded_stop_with_one_line_naming_the_model_type(r
     assert t5.startswith("model type 't5':") and "\n" not in t5
     (unknown,) = errors["unknown-type"]
     assert unknown.startswith("model.from_config:") and "no_such_family" in unknown
-

@@ -42,4 +42,3 @@ def test_matches_single_process_reference(reference, tmp_path, name, overrides):
         assert got[step] == pytest.approx(reference[step], abs=2e-4), (name, step, got, reference)
     if "hybrid" in name:
         assert "mesh (2, 2) (hybrid" in out[0][1]
-

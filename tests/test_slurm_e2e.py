@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import weights_folder
 
 from clusterfsdp.control import ckptfolder, runfolder, status
 
@@ -188,9 +190,8 @@ def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
     assert r.returncode == 0, r.stderr
     pending = only_run(tmp_path / "runs")
     assert status.run_status(pending).state == "PENDING"
-    # failed: a model folder that disappears before the job starts
-    missing = tmp_path / "gone"
-    missing.mkdir()
+    # failed: a model folder that passes the checks at submit and disappears before the job starts
+    missing = weights_folder(tmp_path / "gone")
     r = cli(
         "submit",
         str(tiny_job),
@@ -201,7 +202,7 @@ def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
         "--set",
         "model.from_config={}",
     )
-    missing.rmdir()
+    shutil.rmtree(missing)
     failed = next(x for x in runfolder.list_runs(root) if x.id != pending.id)
     # running, followed with `logs -f` until it ends
     r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", "train.steps=60")

@@ -139,6 +139,22 @@ def test_review_reports_validates_messages_by_field():
     assert r.errors == [] and r.spec.slurm.nodes == 2 and r.spec.slurm.time == "01:00:00"
 
 
+def test_review_checks_the_model_and_tokenizer_folders_like_submit(tmp_path):
+    """Relative to the job's folder; field-level messages; no network (the HF cache only)."""
+    (tmp_path / "tok").mkdir()
+    raw = {f.path: form.display(f, f.default) for f in form.FIELDS}
+    raw.update({"model.name_or_path": "./no-model", "data.tokenizer": "tok"})
+    r = form.check_sources(form.review(raw), tmp_path)
+    assert r.spec is None
+    assert r.for_field("model.name_or_path") == [f"model.name_or_path: '{tmp_path / 'no-model'}': no such folder"]
+    assert r.for_field("data.tokenizer") == [
+        f"data.tokenizer: {tmp_path / 'tok'} has no tokenizer files "
+        "(tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt)"
+    ]
+    raw.update({"model.name_or_path": "", "data.tokenizer": "bytes"})
+    assert form.check_sources(form.review(raw), tmp_path).errors == []
+
+
 def test_from_toml_round_trips_values_and_keeps_short_files_short(tmp_path):
     text = '[slurm]\nnodes = 2\ntime = "1-00:00:00"\nbogus = 1\n[train]\nlr = 3e-3\n[env]\nNCCL_DEBUG = "WARN"\n'
     values, present, problems = form.from_toml(text)
@@ -176,6 +192,24 @@ def test_memory_estimate_shards_state_over_the_shard_group():
     )
     assert grad_op.gathered_bytes == pytest.approx(2 * m.params)  # whole model in bf16
     assert estimate(S.loads('[model]\nname_or_path = "org/some-hub-model"\n')) is None
+
+
+def test_memory_estimate_works_for_any_family(tmp_path):
+    """From the config, not a Llama formula: a preset of another family, model_type + keys (a
+    mixture of experts counts every expert: they all live in memory), a config folder."""
+    assert 90_000 < estimate(S.loads('[model]\npreset = "gpt-neox-tiny"\n')).params < 150_000
+    mixtral_8x7b = (
+        '[model]\npreset = ""\nfrom_config = { model_type = "mixtral", hidden_size = 4096, intermediate_size = 14336, '
+        "num_hidden_layers = 32, num_attention_heads = 32, num_key_value_heads = 8, vocab_size = 32000, "
+        "num_local_experts = 8, num_experts_per_tok = 2 }\n[slurm]\ngpus_per_node = 8\n"
+    )
+    m = estimate(S.loads(mixtral_8x7b))
+    assert 46.6e9 < m.params < 46.8e9 and m.state_bytes == pytest.approx(16 * m.params / 8)
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}'
+    )
+    gpt2 = estimate(S.loads(f'[model]\nconfig = "{tmp_path}"\n'))
+    assert gpt2.params == 124_439_808  # GPT-2 small, exactly
 
 
 def test_chart_draws_a_falling_curve_with_labels():

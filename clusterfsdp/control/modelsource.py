@@ -380,23 +380,24 @@ def model_config(spec: specmod.JobSpec) -> dict[str, Any] | None:
 
 
 def estimate(spec: specmod.JobSpec) -> ParamEstimate | None:
-    """Parameter count of the job's model: exact from a weights folder, else from the config."""
+    """Parameter count of the job's model: exact from a weights folder's headers, else from the config."""
     cfg = model_config(spec)
     if cfg is None:
         return None
     try:
         est = param_estimate(cfg)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None
+        est = None
     folder = _local_folder(spec.model.name_or_path, spec.model.revision)
-    if folder is not None:
-        try:
-            total = weights_param_count(folder)
-        except (OSError, ValueError, KeyError, AttributeError):
-            return est
-        active = total - (est.total - est.active)
-        return ParamEstimate(total, active, est.layers, True, est.model_type)
-    return est
+    if folder is None:
+        return est
+    try:
+        total = weights_param_count(folder)
+    except (OSError, ValueError, KeyError, AttributeError):
+        return est
+    idle = est.total - est.active if est else 0  # experts a token is not routed to
+    layers = est.layers if est else int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers", default=0))
+    return ParamEstimate(total, total - idle, layers, True, str(cfg.get("model_type", "")))
 
 
 def _local_folder(value: str, revision: str) -> Path | None:

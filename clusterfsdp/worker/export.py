@@ -17,6 +17,7 @@ import dataclasses
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 from ..control import runfolder
@@ -55,11 +56,15 @@ def byte_tokenizer():
 def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: str | None, force: bool) -> Path:
     import torch.distributed.checkpoint as dcp
     from transformers import AutoTokenizer, GenerationConfig
+    from transformers.utils import logging as hf_logging
 
     from . import model as modelmod
     from .checkpoint import dcp_call
     from .train import token_ids
     from .weights import compute_buffers
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
 
     spec = sources(run.spec(), run)
     kept = run.model_dir if (run.model_dir / "config.json").is_file() else None
@@ -122,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace a non-empty --to folder")
     args = p.parse_args(argv)
     from ..control import ckptfolder
+
+    warnings.simplefilter("ignore")  # torch/transformers warnings would bury the one-line result
 
     run = runfolder.RunFolder(Path(args.run_dir))
     out = Path(args.to).expanduser().absolute()

@@ -78,7 +78,7 @@ def build_config(cfg: ModelSection, tokens: TokenIds | None = None, kept: Path |
         else:
             keys = {**(PRESETS[cfg.preset] if cfg.preset else {}), **cfg.from_config}
             config = AutoConfig.for_model(keys.pop("model_type"), **keys)
-    except (ValueError, KeyError) as e:
+    except Exception as e:  # ValueError, KeyError, huggingface_hub's config validation errors, ...
         key = "model.name_or_path" if cfg.name_or_path else "model.config" if cfg.config else "model.from_config"
         raise ModelError(
             f"{key}: transformers {_transformers_version()} cannot build this config ({_one_line(e)})"
