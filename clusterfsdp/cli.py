@@ -10,6 +10,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 from . import __version__
 from .control import spec as specmod
@@ -255,7 +256,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         ckptfolder.keep_only_up_to(root, target.step)
     specmod.check(spec)
     run.job_toml.write_text(specmod.dumps(spec, redact=True))  # the new attempt runs with the overrides
-    executor = args.executor or run.executor
+    executor = cast("launch.Executor", args.executor or run.executor)
     try:
         sub = launch.submit(
             spec,

@@ -8,11 +8,12 @@ import socket
 import struct
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from clusterfsdp.control import runfolder
-from clusterfsdp.control.presets import PRESETS
+from clusterfsdp.control import ckptfolder, runfolder
 from clusterfsdp.control import spec as S
+from clusterfsdp.control.presets import PRESETS
 
 CORPUS = Path(__file__).resolve().parents[1] / "jobs" / "data" / "corpus.txt"
 
@@ -49,7 +50,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_run(job_text: str, run_root: Path, overrides: list[str] = ()) -> runfolder.RunFolder:
+def make_run(job_text: str, run_root: Path, overrides: Sequence[str] = ()) -> runfolder.RunFolder:
     spec = S.loads(job_text, [f"job.run_root={str(run_root)!r}", *overrides])
     return runfolder.create_run(spec, "test")
 
@@ -79,7 +80,7 @@ def launch(argv: list[str], world: int, job_id: str = "t1", extra_env: dict | No
 
 
 def wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int, str]]:
-    return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
+    return [(p.wait(timeout=timeout), p.stdout.read() if p.stdout else "") for p in procs]
 
 
 def run_workers(run: runfolder.RunFolder, world: int, job_id: str = "t1") -> list[tuple[int, str]]:
@@ -114,3 +115,10 @@ def weights_folder(path: Path) -> Path:
     (path / "config.json").write_text(json.dumps(PRESETS["llama-tiny"]))
     write_safetensors(path / "model.safetensors", {"w": [2, 4]})
     return path
+
+
+def newest_checkpoint(root: Path) -> ckptfolder.CheckpointInfo:
+    """The newest complete checkpoint under `root` (the test fails if there is none)."""
+    info = ckptfolder.find(root)
+    assert info is not None, f"no complete checkpoint in {root}"
+    return info

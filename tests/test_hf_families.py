@@ -226,3 +226,25 @@ def test_models_that_cannot_be_loaded_stop_with_one_line_naming_the_model_type(r
     assert t5.startswith("model type 't5':") and "\n" not in t5
     (unknown,) = errors["unknown-type"]
     assert unknown.startswith("model.from_config:") and "no_such_family" in unknown
+
+
+def test_fused_experts_are_sharded_only_along_dims_that_read_exactly():
+    """Mixtral's gate_up_proj [experts, 2*I, H] is w1 and w3 joined along dim 1: sharding that dim
+    would give rank r [w1_r; w3_r] (silently wrong). Experts (dim 0) split when every rank gets one,
+    else H (dim 2) when it divides, else a clear error."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from clusterfsdp.worker import weights
+    from clusterfsdp.worker.model import ModelError
+
+    config = AutoConfig.for_model("mixtral", vocab_size=256, **FAMILIES["mixtral"])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    plan = weights.plan(model, torch.float32)
+    gate_up = model.get_parameter("model.layers.0.mlp.experts.gate_up_proj")
+    assert tuple(gate_up.shape) == (4, 192, 64) and plan.touched["model.layers.0.mlp.experts.gate_up_proj"] == {1}
+    assert gate_up not in weights.shard_dims(model, plan, 2)  # 2 experts per rank: the default dim 0
+    assert weights.shard_dims(model, plan, 8)[gate_up] == 2  # 4 experts on 8 ranks: along H
+    with pytest.raises(ModelError, match=r"experts.gate_up_proj \(4, 192, 64\) cannot be sharded over 3 ranks"):
+        weights.shard_dims(model, plan, 3)

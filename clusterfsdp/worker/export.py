@@ -19,6 +19,7 @@ import shutil
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 from ..control import runfolder
 from ..control.spec import JobSpec
@@ -54,7 +55,7 @@ def byte_tokenizer():
 
 
 def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: str | None, force: bool) -> Path:
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_loader import load
     from transformers import AutoTokenizer, GenerationConfig
     from transformers.utils import logging as hf_logging
 
@@ -71,10 +72,10 @@ def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: 
     trained = token_ids(spec)  # what the training config was built with (None for synthetic data)
     config = modelmod.build_config(spec.model, trained, kept)
     tokens = trained or token_ids(dataclasses.replace(spec, data=dataclasses.replace(spec.data, source="files")))
-    model = modelmod.build_meta(spec.model, config).to_empty(device="cpu")
+    model: Any = modelmod.build_meta(spec.model, config).to_empty(device="cpu")  # a transformers model
     compute_buffers(model)
     state = {"model": model.state_dict()}
-    dcp_call(f"loading {checkpoint_dir.name}", dcp.load, state, checkpoint_id=str(checkpoint_dir), no_dist=True)
+    dcp_call(f"loading {checkpoint_dir.name}", load, state, checkpoint_id=str(checkpoint_dir), no_dist=True)
     model.load_state_dict(state["model"])
     model.tie_weights()
 
@@ -119,7 +120,7 @@ def _replace(tmp: Path, out: Path, force: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m clusterfsdp.worker.export", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m clusterfsdp.worker.export", description=(__doc__ or "").split("\n")[0])
     p.add_argument("run_dir")
     p.add_argument("--step", type=int, help="checkpoint step (default: the newest complete one)")
     p.add_argument("--to", required=True)

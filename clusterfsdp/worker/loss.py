@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
+from typing import Any  # models: transformers PreTrainedModels, possibly FSDP-wrapped
 
 import torch
 import torch.nn.functional as F
@@ -95,9 +96,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss, g = ce(logits, y, ignore_index, hidden.dtype)
             del logits
             total += loss
-            if need_h:
+            if grad_h is not None:
                 torch.mm(g, weight, out=grad_h[start : start + chunk])
-            if need_w:
+            if grad_w is not None:
                 grad_w = _accumulate(grad_w, g.t(), h)
         count = (labels != ignore_index).sum()
         ctx.weight_dtype = weight.dtype
@@ -142,7 +143,7 @@ def _fused_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Te
     )
 
 
-def supports_fused(model: torch.nn.Module) -> bool:
+def supports_fused(model: Any) -> bool:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return (
         type(model).__name__ in FUSED_ARCHITECTURES
@@ -152,7 +153,7 @@ def supports_fused(model: torch.nn.Module) -> bool:
     )
 
 
-def attach(model: torch.nn.Module, *, compile: bool) -> bool:
+def attach(model: Any, *, compile: bool) -> bool:
     """Give `model` the fused `clusterfsdp_loss` method (an FSDP2 forward method when sharded)."""
     if not supports_fused(model):
         return False
@@ -171,9 +172,7 @@ def _logits_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 _compiled_logits_loss: Callable | None = None
 
 
-def causal_lm_loss(
-    model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, *, compile: bool = False
-) -> torch.Tensor:
+def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *, compile: bool = False) -> torch.Tensor:
     """Mean next-token cross-entropy; `labels` are the already shifted targets of `input_ids`.
 
     A mixture of experts whose config asks for router logits (`output_router_logits`) also gets

@@ -14,7 +14,7 @@ import socket
 import sys
 import traceback
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from ..control import runfolder
 from ..control import spec as specmod
@@ -99,7 +99,8 @@ def run(run_dir: str) -> str:
     log_path = run.log_path(env.job_id, env.restart, env.rank)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "a", buffering=1)  # noqa: SIM115 - stays open for the rest of the process
-    sys.stdout, sys.stderr = Tee(sys.__stdout__, log_file), Tee(sys.__stderr__, log_file)
+    sys.stdout = Tee(cast(IO[str], sys.__stdout__), log_file)
+    sys.stderr = Tee(cast(IO[str], sys.__stderr__), log_file)
 
     every_rank = os.environ.get(ENV_LOG_ALL_RANKS) == "1"
 
@@ -117,7 +118,7 @@ def run(run_dir: str) -> str:
                     "backend": backend,
                     "device": str(device),
                     "torch": torch.__version__,
-                    "nccl": ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else "",
+                    "nccl": _nccl_version() if backend == "nccl" else "",
                     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                     "python": sys.version.split()[0],
                 },
@@ -165,6 +166,12 @@ def run(run_dir: str) -> str:
         dist.barrier()
         dist.destroy_process_group()
     return outcome.status
+
+
+def _nccl_version() -> str:
+    from torch.cuda import nccl
+
+    return ".".join(map(str, nccl.version()))
 
 
 def _requeue(run: runfolder.RunFolder, spec: specmod.JobSpec, env: distenv.DistEnv) -> None:

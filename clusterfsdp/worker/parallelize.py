@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -66,7 +67,7 @@ def fsdp2(model: nn.Module, spec: JobSpec, mesh: DeviceMesh, shard_dims: dict[nn
     from torch.distributed.tensor import Shard
 
     f = spec.fsdp
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=MP_DTYPES[f.mixed_precision], reduce_dtype=torch.float32)
     )
     if f.cpu_offload:

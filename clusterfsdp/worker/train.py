@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any  # models: transformers PreTrainedModels wrapped by FSDP
 
 import torch
 import torch.distributed as dist
@@ -57,7 +58,7 @@ def build(
     *,
     kept: Path | None = None,
     resume: bool = False,
-):
+) -> tuple[Any, torch.optim.Optimizer, Any, modelmod.ParamCount]:
     """Model and optimizer, in the one order that works for every option: build on meta ->
     shard -> fill (pretrained load, random init, or only buffers when a checkpoint follows).
 
@@ -79,9 +80,10 @@ def build(
     mesh = parallelize.build_mesh(spec, device.type, world_size)
     if spec.fsdp.activation_checkpointing:  # 2. parallelize
         parallelize.apply_activation_checkpointing(meta)
-    if spec.fsdp.version == 1:  # FSDP1 materializes each unit as it wraps it
-        model = parallelize.fsdp1(meta, spec, mesh, device, filler.fsdp1_init_fn(meta))
-        filler.fsdp1(model, lambda: modelmod.build_meta(spec.model, config))  # 3. fill
+    if spec.fsdp.version == 1:  # FSDP1 materializes and fills (3.) each unit as it wraps it
+        init_fn = filler.fsdp1_init_fn(meta, lambda: modelmod.build_meta(spec.model, config))
+        model = parallelize.fsdp1(meta, spec, mesh, device, init_fn)
+        weights.check_materialized(model, filler.plan.model_type)
     else:
         if spec.fsdp.compile:
             parallelize.apply_compile(meta)
@@ -112,7 +114,7 @@ def token_ids(spec: JobSpec) -> modelmod.TokenIds | None:
         return None
     if spec.data.tokenizer == "bytes":
         return modelmod.TokenIds(BYTE_VOCAB, BOS, EOS, PAD)
-    tok = load_tokenizer(spec.data.tokenizer)
+    tok: Any = load_tokenizer(spec.data.tokenizer)  # a transformers tokenizer
     return modelmod.TokenIds(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
 
 
@@ -156,14 +158,14 @@ def train(
     step, consumed, tokens_seen = 0, 0, 0
     if latest is not None:
         t0 = time.perf_counter()
-        meta = saver.load(latest)
-        step, consumed, tokens_seen = meta["step"], meta["consumed"], meta["tokens_seen"]
+        saved = saver.load(latest)
+        step, consumed, tokens_seen = saved["step"], saved["consumed"], saved["tokens_seen"]
         scheduler.last_epoch = step
         for group, lr in zip(optimizer.param_groups, scheduler.get_lr(), strict=False):
             group["lr"] = lr
         log(
             f"resumed from {latest.path.name} (step {step}, {consumed} samples seen, "
-            f"saved by {meta['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
+            f"saved by {saved['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
         )
         on_event("resumed", step=step, checkpoint=str(latest.path))
     active = f" ({counts.active / 1e6:.2f}M active per token)" if counts.active != counts.total else ""
@@ -232,5 +234,7 @@ def _clip(model, max_norm: float) -> torch.Tensor:
     """Global grad norm over all shards (DTensor-aware for FSDP2, FSDP1's own for FSDP1)."""
     if hasattr(model, "clip_grad_norm_"):  # FSDP1
         return model.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"))
+    from torch.distributed.tensor import DTensor
+
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm

@@ -7,9 +7,11 @@ Three ways, chosen by `train.build`:
   renames and weight fusions (`get_model_conversion_mapping`, taken before sharding because it is
   looked up by class name), reads only this rank's slice of every tensor (safetensors `get_slice`),
   computes non-persistent buffers and re-ties embeddings. No rank ever holds the whole model.
-  FSDP1 flattens parameters, so there rank 0 reads the folder (memory-mapped) and broadcasts it
-  tensor by tensor into the wrapped model. Either way the verdict is collective: a weight the
-  files lack, a shape that does not match or a tensor left unset stops every rank with one line.
+  FSDP1 flattens parameters, which that loader cannot fill: a second copy of the model is sharded
+  with FSDP2 and loaded as above, then FSDP1's `param_init_fn` gathers it one unit (decoder layer)
+  at a time, just before FSDP1 flattens and shards that unit. Either way the verdict is
+  collective: a weight the files lack, a shape that does not match or a tensor left unset stops
+  every rank with one line.
 - **init** (random): each unit (a decoder layer, or the rest of the model) is initialized by the
   family's own `_init_weights`, on full-size temporaries generated from a seed derived from
   (job seed, unit name); each rank keeps its shard. The weights are the same for every world size
@@ -30,7 +32,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -62,7 +64,8 @@ class Plan:
     merged: dict[str, set[int]] = field(default_factory=dict)  # param name -> dims experts are stacked along
 
 
-def plan(model: nn.Module, dtype: torch.dtype) -> Plan:
+def plan(model: Any, dtype: torch.dtype) -> Plan:
+    """`model`: the transformers model on the meta device, before sharding."""
     from transformers.conversion_mapping import get_model_conversion_mapping
 
     layers = decoder_layers(model)
@@ -149,11 +152,11 @@ def shard_dims(model: nn.Module, p: Plan, shard_size: int) -> dict[nn.Parameter,
 
 
 # ---------------------------------------------------------------- the family's own init
-def _owners(model: nn.Module) -> dict[int, nn.Module]:
+def _owners(model: nn.Module) -> dict[int, Any]:
     """Module id -> the innermost transformers PreTrainedModel containing it (whose _init_weights applies)."""
     from transformers import PreTrainedModel
 
-    owners: dict[int, nn.Module] = {}
+    owners: dict[int, Any] = {}
 
     def visit(module: nn.Module, owner: nn.Module) -> None:
         owner = module if isinstance(module, PreTrainedModel) else owner
@@ -182,7 +185,7 @@ def _post_order(module: nn.Module, skip: frozenset[int]) -> Iterator[nn.Module]:
     yield module
 
 
-def _run_init(modules: list[nn.Module], owners: dict[int, nn.Module]) -> None:
+def _run_init(modules: list[nn.Module], owners: dict[int, Any]) -> None:
     """The family's `_init_weights` on each module (it skips tensors flagged `_is_hf_initialized`)."""
     from transformers import initialization
 
@@ -205,7 +208,7 @@ def _float_buffers(modules: list[nn.Module]) -> Iterator[tuple[nn.Module, str, t
 
 
 @torch.no_grad()
-def init_unit(unit: Unit, owners: dict[int, nn.Module], seed: int, device: torch.device, *, keep: bool) -> None:
+def init_unit(unit: Unit, owners: dict[int, Any], seed: int, device: torch.device, *, keep: bool) -> None:
     """Initialize one unit on full-size tensors, generated from (seed, unit name) on `device`.
 
     keep=True (FSDP1's param_init_fn, before flattening): the full tensors replace the meta
@@ -267,43 +270,98 @@ def compute_buffers(model: nn.Module) -> None:
     """Compute non-persistent buffers (rotary tables, embed scales, masks) of a model whose
     parameters are materialized: flag every parameter and persistent buffer as set, then run the
     family's init, which skips flagged tensors."""
-    for p in model.parameters():
-        p._is_hf_initialized = True  # type: ignore[attr-defined]
-    for m in model.modules():  # (not state_dict(): under FSDP1 that gathers the whole model)
+    _compute_buffers(list(_post_order(model, frozenset())), _owners(model))
+
+
+def _compute_buffers(modules: list[nn.Module], owners: dict[int, Any]) -> None:
+    for m in modules:  # (not state_dict(): under FSDP1 that gathers the whole model)
+        for p in m._parameters.values():
+            if p is not None:
+                p._is_hf_initialized = True  # type: ignore[attr-defined]
         for key, b in m._buffers.items():
             if b is not None and key not in m._non_persistent_buffers_set:
                 b._is_hf_initialized = True  # type: ignore[attr-defined]
-    modules = list(_post_order(model, frozenset()))
-    _run_init(modules, _owners(model))
+    _run_init(modules, owners)
 
 
 # ---------------------------------------------------------------- FSDP1: one unit at a time
-class Fsdp1Materializer:
-    """FSDP1's `param_init_fn`: FSDP1 calls it for every module of a unit it is about to wrap (the
-    unit's root first); the first call of a unit materializes the whole unit and, for random init,
-    initializes it, so a GPU never holds more than one unit unsharded."""
+def release_host_memory() -> None:
+    """Return freed heap memory to the OS (glibc keeps freed blocks of mid-size tensors otherwise,
+    and a CPU run would carry every unit's unsharded copy in its RSS)."""
+    import ctypes
 
-    def __init__(self, model: nn.Module, p: Plan, mode: Mode, seed: int, device: torch.device):
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+class Fsdp1Materializer:
+    """FSDP1's `param_init_fn`. FSDP1 calls it for every module of a unit it is about to flatten
+    and shard, the unit's root first; that first call materializes the whole unit and fills it:
+    random init, or the unit's weights gathered from `source` (a copy of the model sharded over
+    all ranks as DTensors, loaded by `load_pretrained`), then its non-persistent buffers. A rank
+    never holds more than one unit unsharded; each gathered unit is dropped from `source`."""
+
+    def __init__(self, model: nn.Module, p: Plan, mode: Mode, seed: int, device: torch.device, source=None):
         self.units = {id(u.module): u for u in p.units}
         self.owners = _owners(model)
-        self.mode, self.seed, self.device = mode, seed, device
+        self.names = {id(m): canonical(n) for n, m in model.named_modules()}
+        self.mode, self.seed, self.device, self.source = mode, seed, device, source
 
+    @torch.no_grad()
     def __call__(self, module: nn.Module) -> None:
         unit = self.units.get(id(module))
         if unit is not None and self.mode == "init":
             init_unit(unit, self.owners, self.seed, self.device, keep=True)
             return
-        targets = list(_post_order(unit.module, unit.skip)) if unit is not None else [module]
-        memo: dict[int, nn.Parameter] = {}
-        for m in targets:
-            for key, t in m._parameters.items():
-                if t is not None and t.is_meta:
-                    if id(t) not in memo:
-                        memo[id(t)] = nn.Parameter(torch.empty_like(t, device=self.device), t.requires_grad)
-                    m._parameters[key] = memo[id(t)]
-            for key, t in m._buffers.items():
-                if t is not None and t.is_meta:
-                    m._buffers[key] = torch.empty_like(t, device=self.device)
+        modules = list(_post_order(unit.module, unit.skip)) if unit is not None else [module]
+        tensors = self._materialize(modules)
+        if self.source is not None:
+            self._gather(tensors)
+        if unit is not None:
+            _compute_buffers(modules, self.owners)
+        if self.device.type == "cpu":
+            release_host_memory()  # FSDP1 has freed the previous unit's unsharded copy: give it back
+
+    def _materialize(self, modules: list[nn.Module]) -> dict[int, tuple[torch.Tensor, list[str]]]:
+        """Empty full-size tensors on the device for every meta parameter and buffer; returns
+        id -> (tensor, its names), one entry per tensor (tied weights share one)."""
+        out: dict[int, tuple[torch.Tensor, list[str]]] = {}
+        for m in modules:
+            stores: list[tuple[dict[str, Any], bool]] = [(m._parameters, True), (m._buffers, False)]
+            for store, persistent in stores:
+                for key, t in list(store.items()):
+                    if t is None or not t.is_meta:
+                        continue
+                    if id(t) not in out:
+                        new = torch.empty_like(t, device=self.device)
+                        if store is m._parameters:
+                            new = nn.Parameter(new, t.requires_grad)
+                        out[id(t)] = (new, [])
+                    store[key] = out[id(t)][0]
+                    if persistent or key not in m._non_persistent_buffers_set:
+                        out[id(t)][1].append(f"{self.names[id(m)]}.{key}".lstrip("."))
+        return out
+
+    def _gather(self, tensors: dict[int, tuple[torch.Tensor, list[str]]]) -> None:
+        """Copy each tensor from `source` (all-gathering its shards; every rank walks the same
+        tensors in the same order) and drop it there."""
+        from torch.distributed.tensor import DTensor
+
+        source = self.source
+        assert source is not None
+        for tensor, names in tensors.values():
+            if not names:
+                continue  # a non-persistent buffer: computed, not loaded
+            owner, _, key = names[0].rpartition(".")
+            value = getattr(source.get_submodule(owner), key)
+            tensor.copy_(value.full_tensor() if isinstance(value, DTensor) else value)
+            for name in names:
+                owner, _, key = name.rpartition(".")
+                module = source.get_submodule(owner)
+                store = module._parameters if key in module._parameters else module._buffers
+                store[key] = None
 
 
 # ---------------------------------------------------------------- pretrained
@@ -352,28 +410,31 @@ def load_pretrained(model: nn.Module, folder: Path, p: Plan, device: torch.devic
         )
 
 
-def load_pretrained_fsdp1(
-    model: nn.Module, folder: Path, p: Plan, build: Callable[[], nn.Module], dtype: torch.dtype
-) -> None:
-    """FSDP1: rank 0 loads an unsharded copy on the CPU (its tensors memory-mapped from the files
-    where no conversion copies them) and broadcasts it, one tensor at a time, into the wrapped
-    model; then the non-persistent buffers are computed on every rank."""
+def staged_source(
+    build: Callable[[], nn.Module], folder: Path, p: Plan, device: torch.device, dtype: torch.dtype
+) -> nn.Module:
+    """For FSDP1: a second copy of the model, sharded over all ranks with FSDP2 on a 1-D mesh and
+    loaded like an FSDP2 model (every rank reads only its slices); FSDP1 gathers it unit by unit."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
 
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    state: dict = {}
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    staging = build()
+    dims = shard_dims(staging, p, world)
+    fully_shard(
+        staging,
+        mesh=init_device_mesh(device.type, (world,)),
+        shard_placement_fn=lambda param: Shard(dims.get(param, 0)),
+    )
     error = None
-    if rank == 0:
-        try:
-            full = build()
-            load_pretrained(full, folder, p, "cpu", dtype)
-            state = full.state_dict()
-        except (ModelError, FileNotFoundError) as e:
-            error = e
+    try:
+        load_pretrained(staging, folder, p, device, dtype)
+    except (ModelError, FileNotFoundError) as e:
+        error = e
     agree(error)
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    compute_buffers(model)
+    return staging
 
 
 def agree(error: BaseException | None) -> None:
@@ -439,22 +500,16 @@ class Filler:
         check_materialized(model, self.plan.model_type)
         return time.perf_counter() - t0
 
-    def fsdp1_init_fn(self, model: nn.Module) -> Fsdp1Materializer:
-        return Fsdp1Materializer(model, self.plan, self.mode, self.seed, self.device)
-
-    def fsdp1(self, model: nn.Module, build: Callable[[], nn.Module]) -> float:
-        """After FSDP1 wrapped (and materialized) the model: load or compute buffers."""
-        t0 = time.perf_counter()
+    def fsdp1_init_fn(self, model: nn.Module, build: Callable[[], nn.Module]) -> Fsdp1Materializer:
+        """FSDP1's param_init_fn (for pretrained weights, after loading the sharded staging copy)."""
+        source = None
         if self.mode == "pretrained":
             assert self.folder is not None
             import torch.distributed as dist
 
             _quiet_transformers(dist.get_rank() if dist.is_initialized() else 0)
-            load_pretrained_fsdp1(model, self.folder, self.plan, build, self.dtype)
-        elif self.mode == "buffers":
-            compute_buffers(model)
-        check_materialized(model, self.plan.model_type)
-        return time.perf_counter() - t0
+            source = staged_source(build, self.folder, self.plan, self.device, self.dtype)
+        return Fsdp1Materializer(model, self.plan, self.mode, self.seed, self.device, source)
 
 
 def check_materialized(model: nn.Module, model_type: str) -> None:
