@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, result
+
+sys.path.insert(0, str(ROOT / "tests"))
+from procs import launch, wait  # the tests' torchrun-style local launcher
 
 SHAPES = {
     # 302M parameters, 1.21 GB in fp32
@@ -123,12 +125,6 @@ dist.destroy_process_group()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def files_of(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.safetensors"))
 
@@ -144,35 +140,10 @@ def drop_cache(files: list[Path]) -> None:
 
 
 def run_ranks(approach: str, folder: Path, world: int) -> list[dict]:
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-c", RANK, approach, str(folder)],
-                env=env,
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    rows = []
-    for p in procs:
-        out, _ = p.communicate(timeout=1800)
-        if p.returncode != 0:
-            raise SystemExit(f"{approach}: a rank failed:\n{out[-4000:]}")
-        rows += [json.loads(line[5:]) for line in out.splitlines() if line.startswith("RANK ")]
+    out = wait(launch(["-c", RANK, approach, str(folder)], world), timeout=1800)
+    if any(code != 0 for code, _ in out):
+        raise SystemExit(f"{approach}: a rank failed:\n" + "\n".join(text[-3000:] for _, text in out))
+    rows = [json.loads(line[5:]) for _, text in out for line in text.splitlines() if line.startswith("RANK ")]
     return sorted(rows, key=lambda r: r["rank"])
 
 
@@ -208,8 +179,10 @@ def main() -> None:
             else:
                 rows.setdefault(approach, []).append(run_ranks(approach, folder, a.world))
     cat_s = statistics.median(rows["cat"]) if "cat" in rows else None
-    print(f"\nmodel {a.family}: {size / 1e9:.2f} GB in {len(files)} file(s); {a.world} ranks; "
-          f"page cache {'dropped' if a.cold else 'warm'}; load 1: {os.getloadavg()[0]:.1f}")
+    print(
+        f"\nmodel {a.family}: {size / 1e9:.2f} GB in {len(files)} file(s); {a.world} ranks; "
+        f"page cache {'dropped' if a.cold else 'warm'}; load 1: {os.getloadavg()[0]:.1f}"
+    )
     if cat_s:
         print(f"{'cat > /dev/null':<12} {cat_s:8.2f} s  {size / 1e9 / cat_s:6.2f} GB/s")
     for approach, runs in rows.items():

@@ -1,6 +1,7 @@
 """Any AutoModelForCausalLM family, loaded exactly and initialized deterministically.
 
-Tiny models of six families (Llama, Qwen2, Gemma, GPT-2, GPT-NeoX, Mixtral) are saved by
+Tiny models of six families (Llama, Qwen2, Gemma, GPT-2, GPT-NeoX, Mixtral), and HRM-text (whose
+files hold dense fused weights that transformers splits while loading), are saved by
 `save_pretrained` (every weight perturbed, so a weight that is not loaded cannot pass), plus
 GPT-2 as published on the hub (no `transformer.` prefix, old `attn.bias` buffers, no lm_head)
 and a Llama folder missing one tensor. One 1-rank and one 4-rank launch build every family
@@ -30,8 +31,19 @@ FAMILIES = {
     "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64),
     "gpt_neox": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
     "mixtral": {**B, "num_local_experts": 4, "num_experts_per_tok": 2},
+    # Its files hold fused gate_up_proj / gqkv_proj that transformers chunks along dim 0 while loading:
+    # sharded along dim 0, every rank would read the wrong rows (silently); these load along dim 1.
+    "hrm_text": {
+        **{k: v for k, v in B.items() if k != "num_hidden_layers"},  # (layers come from the stacks)
+        "num_key_value_heads": 4,
+        "head_dim": 16,
+        "num_layers_per_stack": 2,
+        "H_cycles": 1,
+        "L_cycles": 1,
+        "L_bp_cycles": [1],
+    },
 }
-HSDP = {"llama", "gemma", "mixtral"}  # also loaded on a 2x2 (replicate x shard) mesh
+HSDP = {"llama", "gemma", "mixtral"}  # also loaded on a 2x2 (replicate x shard) mesh (pretrained only)
 
 MAKE = r"""
 import json, sys, torch
@@ -99,9 +111,9 @@ for fam in [*families, "gpt2-hub"]:
         expected = ref(input_ids=ids).logits
     ref_buffers = dict(ref.named_buffers())
     layouts = [(2, "full"), (1, "full")] + ([(2, "hybrid"), (1, "hybrid")] if fam in hsdp and world == 4 else [])
-    sources = ["name_or_path"] + (["config"] if fam in families else [])
     for version, sharding in layouts:
-        for source in sources:
+        random_init = fam in families and sharding == "full"
+        for source in ["name_or_path"] + (["config"] if random_init else []):
             model, config, counts = build(job(f'{source} = "{folder}"', version, sharding))
             full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
             digest = hashlib.sha256(b"".join(full[k].numpy().tobytes() for k in sorted(full))).hexdigest()[:16]
