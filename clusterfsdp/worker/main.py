@@ -68,6 +68,9 @@ def _apply_env(spec: specmod.JobSpec, chosen: dict[str, str]) -> None:
 def run(run_dir: str) -> str:
     """Train on this rank; returns the outcome ('completed', 'stopped') or exits for a requeue."""
     flags = StopFlags()  # first: a signal during the imports below must not be lost
+    # Compute nodes never download: submit resolved every hub id to a local snapshot folder
+    # (set before huggingface_hub is imported; [env] may still override it).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     import torch.distributed as dist
 
