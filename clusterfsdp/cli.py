@@ -275,32 +275,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Runs `python -m clusterfsdp.worker.export` (torch and transformers stay out of this process)."""
+    """Runs `python -m clusterfsdp.worker.export` (torch and transformers stay out of this process);
+    it checks --to and the checkpoint before importing them, and prints one line on failure."""
     import subprocess
 
-    from .control import ckptfolder
-
     run = _find(args)
-    info = ckptfolder.find(run.checkpoints_dir(run.spec()), args.step)
-    if info is None:
-        raise CliError(
-            f"run {run.id}: no complete checkpoint{' at step ' + str(args.step) if args.step is not None else ''}"
-        )
-    out = Path(args.to).expanduser().absolute()
-    if out.exists() and not out.is_dir():
-        raise CliError(f"--to {out}: not a folder")
-    if out.exists() and any(out.iterdir()) and not args.force:
-        raise CliError(f"--to {out}: not empty (use --force to replace it)")
-    argv = [
-        sys.executable,
-        "-m",
-        "clusterfsdp.worker.export",
-        str(run.path),
-        "--step",
-        str(info.step),
-        "--to",
-        str(out),
-    ]
+    argv = [sys.executable, "-m", "clusterfsdp.worker.export", str(run.path), "--to", str(Path(args.to).expanduser())]
+    argv += ["--step", str(args.step)] if args.step is not None else []
     argv += ["--dtype", args.dtype] if args.dtype else []
     argv += ["--force"] if args.force else []
     return subprocess.run(argv).returncode

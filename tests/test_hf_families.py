@@ -5,7 +5,7 @@ files hold dense fused weights that transformers splits while loading), are save
 `save_pretrained` (every weight perturbed, so a weight that is not loaded cannot pass), plus
 GPT-2 as published on the hub (no `transformer.` prefix, old `attn.bias` buffers, no lm_head)
 and a Llama folder missing one tensor. One 1-rank and one 4-rank launch build every family
-through `train.build` with FSDP2 and FSDP1 (and HSDP 2x2 for three of them) and report, per rank:
+through `train.build` with FSDP2 and FSDP1 (and HSDP 2x2 for two of them) and report, per rank:
 the max |logits - AutoModelForCausalLM.from_pretrained(folder) logits| in fp32, a digest of the
 random-init weights, the parameter counts, buffers against transformers' own, and the one-line
 errors of models that cannot be loaded. The assertions compare across ranks, world sizes and
@@ -43,7 +43,21 @@ FAMILIES = {
         "L_bp_cycles": [1],
     },
 }
-HSDP = {"llama", "gemma", "mixtral"}  # also loaded on a 2x2 (replicate x shard) mesh (pretrained only)
+# Loaded on a 2x2 (replicate x shard) mesh too: (family, FSDP version)
+HSDP = {("llama", 2), ("llama", 1), ("mixtral", 2)}
+
+
+def builds(world: int) -> list[tuple[str, int, str, str]]:
+    """(family, FSDP version, sharding, source) of every model one launch builds: every family
+    pretrained with FSDP2 and FSDP1 and random init with FSDP2 (and on 4 ranks FSDP1 for three of
+    them, enough to show both versions init alike); on 4 ranks the HSDP layouts."""
+    out = [(f, v, "full", "name_or_path") for f in [*FAMILIES, "gpt2-hub"] for v in (2, 1)]
+    out += [(f, 2, "full", "config") for f in FAMILIES]
+    if world == 4:
+        out += [(f, 1, "full", "config") for f in ("llama", "gpt_neox", "mixtral")]
+        out += [(f, v, "hybrid", "name_or_path") for f, v in sorted(HSDP)]
+    return out
+
 
 MAKE = r"""
 import json, sys, torch
@@ -88,7 +102,7 @@ from clusterfsdp.worker.model import ModelError, canonical
 
 os.environ.update(distenv.from_environ().export())
 dist.init_process_group("gloo")
-root, families, hsdp = Path(sys.argv[1]), json.loads(sys.argv[2]), set(json.loads(sys.argv[3]))
+root, plan = Path(sys.argv[1]), json.loads(sys.argv[2])
 rank, world = dist.get_rank(), dist.get_world_size()
 ids = torch.tensor([[3, 17, 99, 5, 200, 42, 7, 1, 250, 0, 13, 77]])
 
@@ -104,39 +118,38 @@ def build(text):
     model, _, config, counts = train.build(S.loads(text), torch.device("cpu"), world, None)
     return model, config, counts
 
-for fam in [*families, "gpt2-hub"]:
-    folder = root / fam
-    ref = AutoModelForCausalLM.from_pretrained(root / fam.removesuffix("-hub"))  # eval mode, fp32
+references = {}
+for fam, version, sharding, source in plan:
+    if fam not in references:
+        ref = AutoModelForCausalLM.from_pretrained(root / fam.removesuffix("-hub"))  # eval mode, fp32
+        with torch.no_grad():
+            references[fam] = (ref(input_ids=ids).logits, dict(ref.named_buffers()))
+    expected, ref_buffers = references[fam]
+    model, config, counts = build(job(f'{source} = "{root / fam}"', version, sharding))
+    digest = None
+    if source == "config":  # random init: a digest of the full weights
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        digest = hashlib.sha256(b"".join(full[k].numpy().tobytes() for k in sorted(full))).hexdigest()[:16]
+    buffers = {canonical(n): b for n, b in model.named_buffers()}
+    model.eval()
     with torch.no_grad():
-        expected = ref(input_ids=ids).logits
-    ref_buffers = dict(ref.named_buffers())
-    layouts = [(2, "full"), (1, "full")] + ([(2, "hybrid"), (1, "hybrid")] if fam in hsdp and world == 4 else [])
-    for version, sharding in layouts:
-        random_init = fam in families and sharding == "full"
-        for source in ["name_or_path"] + (["config"] if random_init else []):
-            model, config, counts = build(job(f'{source} = "{folder}"', version, sharding))
-            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-            digest = hashlib.sha256(b"".join(full[k].numpy().tobytes() for k in sorted(full))).hexdigest()[:16]
-            buffers = {canonical(n): b for n, b in model.named_buffers()}
-            model.eval()
-            with torch.no_grad():
-                logits = model(input_ids=ids).logits
-            tied = config.tie_word_embeddings
-            report(fam=fam, version=version, sharding=sharding, source=source, digest=digest,
-                   diff=float((logits - expected).abs().max()), total=counts.total, active=counts.active,
-                   buffers_equal=all(torch.equal(buffers[n], b) for n, b in ref_buffers.items() if n in buffers),
-                   tie_kept=(not tied) or model.get_output_embeddings().weight is model.get_input_embeddings().weight)
-            if world == 1 and version == 2 and source == "config":  # random init is the family's own init
-                own = AutoModelForCausalLM.from_config(config).state_dict()
-                worst = 0.0
-                for k, t in own.items():
-                    mine = full[k]
-                    if t.numel() > 1 and bool((t == t.flatten()[0]).all()):
-                        worst = max(worst, float((mine != t).any()))          # ones, zeros: identical
-                    elif t.numel() >= 1000:
-                        worst = max(worst, abs(float(mine.std() / t.std()) - 1))  # same distribution
-                report(fam=fam, init_worst=worst)
-            del model, full
+        logits = model(input_ids=ids).logits
+    tied = config.tie_word_embeddings
+    report(fam=fam, version=version, sharding=sharding, source=source, digest=digest,
+           diff=float((logits - expected).abs().max()), total=counts.total, active=counts.active,
+           buffers_equal=all(torch.equal(buffers[n], b) for n, b in ref_buffers.items() if n in buffers),
+           tie_kept=(not tied) or model.get_output_embeddings().weight is model.get_input_embeddings().weight)
+    if world == 1 and source == "config":  # random init is the family's own init
+        own = AutoModelForCausalLM.from_config(config).state_dict()
+        worst = 0.0
+        for k, t in own.items():
+            mine = full[k]
+            if t.numel() > 1 and bool((t == t.flatten()[0]).all()):
+                worst = max(worst, float((mine != t).any()))          # ones, zeros: identical
+            elif t.numel() >= 1000:
+                worst = max(worst, abs(float(mine.std() / t.std()) - 1))  # same distribution
+        report(fam=fam, init_worst=worst)
+    del model
 
 cases = {
     "missing-tensor": f'name_or_path = "{root / "llama-missing"}"',
@@ -168,7 +181,7 @@ def results(folders) -> list[dict]:
     """RESULT records of a 1-rank and a 4-rank launch (run one after the other: 2 cores)."""
     rows = []
     for world in (1, 4):
-        out = wait(launch(["-c", CHECK, str(folders), json.dumps(FAMILIES), json.dumps(sorted(HSDP))], world))
+        out = wait(launch(["-c", CHECK, str(folders), json.dumps(builds(world))], world))
         assert all(code == 0 for code, _ in out), "\n".join(text[-4000:] for _, text in out)
         for _, text in out:
             rows += [json.loads(line[7:]) for line in text.splitlines() if line.startswith("RESULT ")]
@@ -188,23 +201,22 @@ def test_every_family_loads_exactly_on_1_and_4_ranks_with_fsdp2_and_fsdp1(result
         for world in (1, 4):
             for version in (1, 2):
                 assert (fam, world, version, "full") in seen, (fam, world, version)
-    assert {(r["fam"], r["version"]) for r in pretrained if r["sharding"] == "hybrid"} == {
-        (f, v) for f in HSDP for v in (1, 2)
-    }
+    assert {(r["fam"], r["version"]) for r in pretrained if r["sharding"] == "hybrid"} == HSDP
     bad = [r for r in pretrained if r["diff"] > 1e-5]
     assert not bad, bad
     assert all(r["buffers_equal"] and r["tie_kept"] for r in loads(results))
 
 
-def test_random_init_is_identical_for_every_world_size_layout_and_fsdp_version(results):
+def test_random_init_is_identical_for_every_world_size_and_fsdp_version(results):
+    """FSDP2 on 1 rank, FSDP2 (and FSDP1) on 4 ranks: the same weights, bit for bit."""
     digests = defaultdict(set)
     for r in loads(results):
         if r["source"] == "config":
             digests[r["fam"]].add(r["digest"])
-    assert set(digests) == set(FAMILIES)
+    assert {(r["fam"], r["world"], r["version"]) for r in loads(results) if r["source"] == "config"} == {
+        (f, w, v) for f in FAMILIES for w, v in ((1, 2), (4, 2))
+    } | {("llama", 4, 1), ("gpt_neox", 4, 1), ("mixtral", 4, 1)}
     assert all(len(d) == 1 for d in digests.values()), digests
-    pretrained = {r["fam"]: r["digest"] for r in loads(results) if r["source"] == "name_or_path"}
-    assert all(pretrained[f] not in digests[f] for f in FAMILIES)  # init is not the loaded weights
 
 
 def test_random_init_is_each_family_own_init(results):

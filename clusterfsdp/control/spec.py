@@ -94,7 +94,8 @@ class ModelSection:
     )
     preset: str = F(
         "llama-tiny",
-        "Built-in config for random init: llama-tiny, llama-small, llama-1b, qwen2-tiny, gpt-neox-tiny, "
+        "Built-in config for random init (when name_or_path and config are empty): llama-tiny, llama-small, "
+        "llama-1b, qwen2-tiny, gpt-neox-tiny, "
         'mixtral-tiny; "" to build from from_config alone (it must then name a model_type).',
     )
     from_config: dict[str, Any] = F(
@@ -118,7 +119,7 @@ class DataSection:
     tokenizer: str = F(
         "bytes",
         "'bytes' (built-in byte-level, no download), a local HF tokenizer folder or a hub id "
-        "(resolved on the submitting host like model.name_or_path).",
+        "(resolved on the submitting host like model.name_or_path, at model.revision when it is the model's id).",
     )
     seq_len: int = F(128, "Tokens per sample.")
 

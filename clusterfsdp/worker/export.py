@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..control import runfolder
-from ..control.spec import JobSpec
+from ..control.spec import JobSpec, SpecError
 
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 BYTE_SPECIALS = ("<bos>", "<eos>", "<pad>")  # ids 256, 257, 258 (worker/data.py)
@@ -137,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         problem = "not a folder" if not out.is_dir() else "not empty (use --force to replace it)"
         print(f"error: --to {out}: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    info = ckptfolder.find(run.checkpoints_dir(), args.step)
+    try:
+        info = ckptfolder.find(run.checkpoints_dir(), args.step)
+    except SpecError as e:
+        print(f"error: {run.job_toml}: {e.errors[0]}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if info is None:
         at = f" at step {args.step}" if args.step is not None else ""
         print(f"error: run {run.id}: no complete checkpoint{at}", file=sys.stderr)

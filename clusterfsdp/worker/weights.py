@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -468,11 +467,10 @@ class Filler:
     folder: Path | None = None
     dtype: torch.dtype = torch.float32
 
-    def fsdp2(self, model: nn.Module, offload: bool) -> float:
-        """Fill an FSDP2 (or unsharded) model; returns the seconds it took."""
+    def fsdp2(self, model: nn.Module, offload: bool) -> None:
+        """Fill an FSDP2 (or unsharded) model."""
         import torch.distributed as dist
 
-        t0 = time.perf_counter()
         _quiet_transformers(dist.get_rank() if dist.is_initialized() else 0)
         if self.mode == "pretrained":
             assert self.folder is not None
@@ -498,7 +496,6 @@ class Filler:
                     if b is not None:
                         m._buffers[key] = b.to(self.device)
         check_materialized(model, self.plan.model_type)
-        return time.perf_counter() - t0
 
     def fsdp1_init_fn(self, model: nn.Module, build: Callable[[], nn.Module]) -> Fsdp1Materializer:
         """FSDP1's param_init_fn (for pretrained weights, after loading the sharded staging copy)."""
