@@ -62,15 +62,18 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .control import slurmcli
+    from .control import modelsource, slurmcli
     from .control.summary import summary
 
-    spec = _load(args)
+    prepared = modelsource.prepare(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
+    spec = prepared.spec
     reachable = slurmcli.available()
     where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
     if not reachable and spec.slurm.nodes > 1:
         where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"
     print(summary(spec, where))
+    for note in prepared.notes:
+        print(f"note       {note}")
     print("ok")
     return 0
 
@@ -89,7 +92,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 0
     sub = Run.submit(spec, args.executor)
     print(sub.notice, file=sys.stderr)
-    for n in spec.notices():
+    for n in [*spec.notices(), *sub.notes]:
         print(f"note: {n}", file=sys.stderr)
     print(f"run {sub.run.id}  job {sub.job_id}  folder {sub.run.path}", flush=True)
     if args.follow:
@@ -213,7 +216,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    return _find(args).export(Path(args.to), args.step)
+    return _find(args).export(Path(args.to), args.step, args.dtype, args.force)
 
 
 def cmd_devcluster(args: argparse.Namespace) -> int:
@@ -328,10 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-f", "--follow", action="store_true", help="stream rank-0 output until the run ends")
     s.set_defaults(fn=cmd_resume)
 
-    s = sub.add_parser("export", help="write a checkpoint as a HuggingFace model folder")
+    s = sub.add_parser("export", help="write a checkpoint as a HuggingFace model folder (weights, tokenizer)")
     _add_run(s)
     s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
-    s.add_argument("--to", required=True, help="output folder")
+    s.add_argument("--to", required=True, help="output folder (created; a non-empty one only with --force)")
+    s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: model.dtype)")
+    s.add_argument("--force", action="store_true", help="replace a non-empty --to folder")
     s.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("devcluster", help="a real multi-node Slurm on this machine (root)")

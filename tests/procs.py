@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import struct
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.control import ckptfolder, runfolder
 from clusterfsdp.control import spec as S
+from clusterfsdp.control.presets import PRESETS
 from clusterfsdp.control.records import Executor
 
 CORPUS = Path(__file__).resolve().parents[1] / "jobs" / "data" / "corpus.txt"
@@ -47,7 +51,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_run(job_text: str, run_root: Path, overrides: list[str] = ()) -> runfolder.RunFolder:
+def make_run(job_text: str, run_root: Path, overrides: Sequence[str] = ()) -> runfolder.RunFolder:
     spec = S.loads(job_text, [f"job.run_root={str(run_root)!r}", *overrides])
     return runfolder.create_run(spec, Executor.LOCAL)
 
@@ -77,7 +81,7 @@ def launch(argv: list[str], world: int, job_id: str = "t1", extra_env: dict | No
 
 
 def wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int, str]]:
-    return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
+    return [(p.wait(timeout=timeout), p.stdout.read() if p.stdout else "") for p in procs]
 
 
 def run_workers(run: runfolder.RunFolder, world: int, job_id: str = "t1") -> list[tuple[int, str]]:
@@ -89,3 +93,33 @@ def run_workers(run: runfolder.RunFolder, world: int, job_id: str = "t1") -> lis
 
 def losses(run: runfolder.RunFolder, job_id: str | None = None) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in run.metrics()}
+
+
+def write_safetensors(path: Path, tensors: dict[str, list[int]], truncate: int = 0) -> None:
+    """A zero-filled float32 safetensors file written without torch (8-byte header length, JSON
+    header, data); `truncate` drops bytes from the end, like an interrupted download."""
+    header, offset = {}, 0
+    for name, shape in tensors.items():
+        size = 4
+        for n in shape:
+            size *= n
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * (offset - truncate))
+
+
+def weights_folder(path: Path) -> Path:
+    """A folder that passes the pre-queue checks of a pretrained model (config.json + safetensors),
+    for tests where the job must fail later, on the compute node."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(PRESETS["llama-tiny"]))
+    write_safetensors(path / "model.safetensors", {"w": [2, 4]})
+    return path
+
+
+def newest_checkpoint(root: Path) -> ckptfolder.CheckpointInfo:
+    """The newest complete checkpoint under `root` (the test fails if there is none)."""
+    info = ckptfolder.find(root)
+    assert info is not None, f"no complete checkpoint in {root}"
+    return info

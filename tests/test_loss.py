@@ -17,7 +17,7 @@ def _tiny_llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(**PRESETS["llama-tiny"])
+    config = LlamaConfig(**{k: v for k, v in PRESETS["llama-tiny"].items() if k != "model_type"})
     config._attn_implementation = "sdpa"
     config.use_cache = False
     return LlamaForCausalLM(config).float()
@@ -85,3 +85,23 @@ def test_unsupported_head_keeps_forward() -> None:
     model = _tiny_llama()
     model.lm_head = torch.nn.Linear(64, 260, bias=True)
     assert not lossmod.supports_fused(model) and not lossmod.attach(model, compile=False)
+
+
+def test_moe_loss_adds_the_router_aux_loss_when_the_config_asks_for_it() -> None:
+    """Mixtral with output_router_logits: our loss equals transformers' own (cross-entropy plus
+    router_aux_loss_coef x load-balancing loss); without it, plain cross-entropy."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    keys = dict(PRESETS["mixtral-tiny"])
+    config = AutoConfig.for_model(keys.pop("model_type"), **keys)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).float()
+    batch = _batch(config.vocab_size)
+    x, y = batch[:, :-1], batch[:, 1:].contiguous()
+    ours = lossmod.causal_lm_loss(model, x, y)
+    theirs = model(input_ids=x, labels=y, shift_labels=y).loss  # labels already shifted
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    plain = F.cross_entropy(model(input_ids=x).logits.flatten(0, 1), y.flatten())
+    assert float(ours - plain) > 1e-4  # the auxiliary loss is in there
+    model.config.output_router_logits = False
+    torch.testing.assert_close(lossmod.causal_lm_loss(model, x, y), plain)

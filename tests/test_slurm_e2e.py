@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import newest_checkpoint, weights_folder
 
 from clusterfsdp.control import ckptfolder, runfolder, status
 
@@ -72,7 +74,7 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
     assert node_hosts(run) == {"node1", "node2"}
     rows = run.metrics()
     assert rows[-1]["step"] == 40 and rows[0]["loss"] - rows[-1]["loss"] > 0.8
-    assert ckptfolder.find(run.checkpoints_dir()).step == 40
+    assert newest_checkpoint(run.checkpoints_dir()).step == 40
     job_id = run.attempts[-1].job_id
     assert slurm_cluster.wait_sacct(int(job_id), "COMPLETED")
     st = cli("status", str(run.path))
@@ -87,7 +89,7 @@ def test_dry_run_script_submitted_by_hand_behaves_like_submit(slurm_cluster, tin
     job_id = slurm_cluster.sbatch([str(run.path / "sbatch.sh")])
     wait_for(lambda: status.run_status(run).state == "COMPLETED", 300, "the hand-submitted job")
     assert run.attempts[-1].job_id == str(job_id) and node_hosts(run) == {"node1", "node2"}
-    assert ckptfolder.find(run.checkpoints_dir()).step == 20
+    assert newest_checkpoint(run.checkpoints_dir()).step == 20
     assert slurm_cluster.wait_sacct(job_id, "COMPLETED")
 
 
@@ -119,7 +121,7 @@ def test_time_limit_signal_save_requeue_resume(slurm_cluster, tiny_job, tmp_path
     resumes = [e for e in events if e.event == "resumed"]
     assert requeues and len(resumes) == len(requeues)
     assert [e.restart for e in resumes] == list(range(1, len(resumes) + 1))
-    assert ckptfolder.find(run.checkpoints_dir()).step == 300
+    assert newest_checkpoint(run.checkpoints_dir()).step == 300
     assert len({p.name for p in run.logs_dir.iterdir()}) == len(requeues) + 1  # one log folder per attempt
     st = cli("status", str(run.path))
     assert "requeued" in st.stdout and "state      COMPLETED" in st.stdout
@@ -179,7 +181,7 @@ def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, 
     resumed = next(e for e in run.events() if e.event == "resumed")
     assert resumed.job_id == second.job_id and resumed.step >= 20
     assert any(e.event == "follow_up" and e.job_id_next == second.job_id for e in run.events())
-    assert ckptfolder.find(run.checkpoints_dir()).step == 150
+    assert newest_checkpoint(run.checkpoints_dir()).step == 150
 
 
 def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
@@ -189,9 +191,8 @@ def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
     assert r.returncode == 0, r.stderr
     pending = only_run(tmp_path / "runs")
     assert status.run_status(pending).state == "PENDING"
-    # failed: a model folder that disappears before the job starts
-    missing = tmp_path / "gone"
-    missing.mkdir()
+    # failed: a model folder that passes the checks at submit and disappears before the job starts
+    missing = weights_folder(tmp_path / "gone")
     r = cli(
         "submit",
         str(tiny_job),
@@ -202,7 +203,7 @@ def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
         "--set",
         "model.from_config={}",
     )
-    missing.rmdir()
+    shutil.rmtree(missing)
     failed = next(x for x in runfolder.list_runs(root) if x.id != pending.id)
     # running, followed with `logs -f` until it ends
     r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", "train.steps=60")
@@ -303,7 +304,7 @@ def test_node_failure_then_resume_on_the_remaining_node(slurm_cluster, tiny_job,
             os.kill(pid, signal.SIGKILL)
         st = wait_for(lambda: (s := status.run_status(run)).state in ("FAILED", "NODE_FAIL") and s, 300, "the failure")
         assert st.reason, st
-        saved = ckptfolder.find(run.checkpoints_dir()).step
+        saved = newest_checkpoint(run.checkpoints_dir()).step
         res = cli(
             "resume",
             run.id,
@@ -317,6 +318,6 @@ def test_node_failure_then_resume_on_the_remaining_node(slurm_cluster, tiny_job,
         )
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr
         assert f"resumes from step {saved}" in res.stdout and "saved by 4 ranks, now 2" in res.stdout
-        assert ckptfolder.find(run.checkpoints_dir()).step == 150
+        assert newest_checkpoint(run.checkpoints_dir()).step == 150
     finally:
         subprocess.run(["bash", str(REPO / "slurm" / "devcluster.sh"), "restart"], capture_output=True, timeout=300)

@@ -13,7 +13,8 @@ from clusterfsdp.control import slurmcli
 from clusterfsdp.control import spec as S
 from clusterfsdp.tui import form
 from clusterfsdp.tui.checkpoints import scan
-from clusterfsdp.tui.estimate import estimate
+from clusterfsdp.tui.estimate import Memory
+from clusterfsdp.tui.estimate import estimate as estimate_or_none
 from clusterfsdp.tui.logtail import ERRORS, LogFile, compile_query
 from clusterfsdp.tui.metrics_tail import MetricsTail
 from clusterfsdp.tui.plot import chart
@@ -69,11 +70,17 @@ def test_read_new_resets_when_the_file_shrinks_or_floods(log):
     assert f.read_new(max_bytes=50).reset
 
 
+def at(offset: int | None) -> int:
+    """A search result that must be a hit."""
+    assert offset is not None
+    return offset
+
+
 def test_search_forward_and_backward_cross_chunk_boundaries(log):
     path, lines = log
     f = LogFile(path, chunk_bytes=65536)
     size = path.stat().st_size
-    hit = f.search_forward(ERRORS, 0)
+    hit = at(f.search_forward(ERRORS, 0))
     assert f.after(hit, 100).lines[0] == lines[31_234]
     assert f.search_backward(ERRORS, size) == hit
     assert f.search_forward(ERRORS, hit + 1 + len(lines[31_234])) is None
@@ -81,8 +88,8 @@ def test_search_forward_and_backward_cross_chunk_boundaries(log):
     q = compile_query("LINE 000007 ")  # capitals: case-sensitive, so no match
     assert f.search_forward(q, 0) is None
     q = compile_query("line 059999 ")
-    assert f.after(f.search_forward(q, 0), 100).lines[0] == lines[59_999]
-    assert f.before(f.search_backward(compile_query("line 000000"), size), 10**6).lines == []
+    assert f.after(at(f.search_forward(q, 0)), 100).lines[0] == lines[59_999]
+    assert f.before(at(f.search_backward(compile_query("line 000000"), size)), 10**6).lines == []
 
 
 def test_search_checks_every_candidate_line_with_the_pattern(tmp_path):
@@ -103,7 +110,7 @@ def test_search_checks_every_candidate_line_with_the_pattern(tmp_path):
 def test_before_after_and_around_give_adjacent_windows(log):
     path, lines = log
     f = LogFile(path)
-    mid = f.search_forward(compile_query("line 030000 "), 0)
+    mid = at(f.search_forward(compile_query("line 030000 "), 0))
     above, below = f.before(mid, 2000), f.after(mid, 2000)
     assert above.lines[-1] == lines[29_999] and below.lines[0] == lines[30_000]
     assert above.end == mid == below.start
@@ -136,7 +143,24 @@ def test_review_reports_validates_messages_by_field():
     assert form.review(raw).errors == ["slurm.nodes: must be >= 1, found 0"]
     raw.update({"slurm.nodes": "2", "train.lr": "3e-4", "data.paths": "[]", "slurm.time": "01:00:00"})
     r = form.review(raw)
-    assert r.errors == [] and r.spec.slurm.nodes == 2 and r.spec.slurm.time == "01:00:00"
+    assert r.errors == [] and r.spec is not None
+    assert r.spec.slurm.nodes == 2 and r.spec.slurm.time == "01:00:00"
+
+
+def test_review_checks_the_model_and_tokenizer_folders_like_submit(tmp_path):
+    """Relative to the job's folder; field-level messages; no network (the HF cache only)."""
+    (tmp_path / "tok").mkdir()
+    raw = {f.path: form.display(f, f.default) for f in form.FIELDS}
+    raw.update({"model.name_or_path": "./no-model", "data.tokenizer": "tok"})
+    r = form.check_sources(form.review(raw), tmp_path)
+    assert r.spec is None
+    assert r.for_field("model.name_or_path") == [f"model.name_or_path: '{tmp_path / 'no-model'}': no such folder"]
+    assert r.for_field("data.tokenizer") == [
+        f"data.tokenizer: {tmp_path / 'tok'} has no tokenizer files "
+        "(tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt)"
+    ]
+    raw.update({"model.name_or_path": "", "data.tokenizer": "bytes"})
+    assert form.check_sources(form.review(raw), tmp_path).errors == []
 
 
 def test_from_toml_round_trips_values_and_keeps_short_files_short(tmp_path):
@@ -164,6 +188,12 @@ def test_errors_map_to_the_longest_field_path():
 
 
 # ---------------------------------------------------------------- estimate, plot, metrics
+def estimate(spec: S.JobSpec) -> Memory:
+    m = estimate_or_none(spec)
+    assert m is not None
+    return m
+
+
 def test_memory_estimate_shards_state_over_the_shard_group():
     spec = S.loads('[model]\npreset = "llama-1b"\n[slurm]\nnodes = 2\ngpus_per_node = 8\n[fsdp]\nsharding = "full"\n')
     m = estimate(spec)
@@ -175,7 +205,25 @@ def test_memory_estimate_shards_state_over_the_shard_group():
         S.loads('[model]\npreset = "llama-1b"\n[slurm]\ngpus_per_node = 8\n[fsdp]\nsharding = "grad_op"\n')
     )
     assert grad_op.gathered_bytes == pytest.approx(2 * m.params)  # whole model in bf16
-    assert estimate(S.loads('[model]\nname_or_path = "org/some-hub-model"\n')) is None
+    assert estimate_or_none(S.loads('[model]\nname_or_path = "org/some-hub-model"\n')) is None
+
+
+def test_memory_estimate_works_for_any_family(tmp_path):
+    """From the config, not a Llama formula: a preset of another family, model_type + keys (a
+    mixture of experts counts every expert: they all live in memory), a config folder."""
+    assert 90_000 < estimate(S.loads('[model]\npreset = "gpt-neox-tiny"\n')).params < 150_000
+    mixtral_8x7b = (
+        '[model]\npreset = ""\nfrom_config = { model_type = "mixtral", hidden_size = 4096, intermediate_size = 14336, '
+        "num_hidden_layers = 32, num_attention_heads = 32, num_key_value_heads = 8, vocab_size = 32000, "
+        "num_local_experts = 8, num_experts_per_tok = 2 }\n[slurm]\ngpus_per_node = 8\n"
+    )
+    m = estimate(S.loads(mixtral_8x7b))
+    assert 46.6e9 < m.params < 46.8e9 and m.state_bytes == pytest.approx(16 * m.params / 8)
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}'
+    )
+    gpt2 = estimate(S.loads(f'[model]\nconfig = "{tmp_path}"\n'))
+    assert gpt2.params == 124_439_808  # GPT-2 small, exactly
 
 
 def test_chart_draws_a_falling_curve_with_labels():

@@ -115,7 +115,7 @@ class ComposeScreen(Screen):
 
     @work(thread=True, exclusive=True, group="review", exit_on_error=False)
     def _review(self, raw: dict[str, Any], base: Path, executor: str, slurm_available: bool | None) -> None:
-        review = form.review(raw)
+        review = form.check_sources(form.review(raw), base)
         summary = summarize(review.spec, base, executor, slurm_available) if review.spec else None
         self.app.call_from_thread(self._show_review, review, summary)
 

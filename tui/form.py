@@ -13,10 +13,12 @@ import tomllib
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import tomli_w
 
+from clusterfsdp.control import modelsource
 from clusterfsdp.control import spec as specmod
 
 Kind = Literal["bool", "choice", "text", "number", "time", "toml"]
@@ -156,6 +158,18 @@ def review(raw: dict[str, Any]) -> Review:
     except specmod.SpecError as e:
         return Review(values, None, errors + e.errors)
     return Review(values, None if errors else spec, errors)
+
+
+def check_sources(review: Review, base: Path) -> Review:
+    """`review` plus the model and tokenizer checks `submit` makes before queueing (folders and the
+    local HF cache only: no network on a keystroke). Paths are relative to `base`, the job's folder."""
+    if review.spec is None:
+        return review
+    try:
+        modelsource.prepare(specmod.with_absolute_paths(review.spec, base), mode="cache")
+    except specmod.SpecError as e:
+        return Review(review.values, None, review.errors + e.errors)
+    return review
 
 
 def field_of(error: str) -> str | None:

@@ -9,6 +9,8 @@ TUI and the notebook (docs/run-folder.md lists every file and key).
         submitit/                submitit's folder (pickles, <job id>_<task>_log.out/err)
         logs/<job id>.<restart>/rank<R>.log      per-rank log of one attempt
         nodes/<job id>.<restart>/<host>.json     what each node chose (interface, HCAs, versions)
+        model/                   copies of the model's config.json, generation_config.json and the
+                                 tokenizer's files (never weights), sources.json: what hub ids resolved to
         checkpoints/step-<N>/    DCP checkpoints (control.ckptfolder)
         .lock                    held while a command changes the run (resume, cancel)
         .attempt.lock            held by rank 0 of the attempt that is training
@@ -96,6 +98,7 @@ class RunFolder:
     lock_file = property(lambda self: self.path / ".lock")
     attempt_lock_file = property(lambda self: self.path / ".attempt.lock")
     sbatch_script = property(lambda self: self.path / "sbatch.sh")
+    model_dir = property(lambda self: self.path / "model")  # what export/resume need from the sources
 
     def checkpoints_dir(self, spec: specmod.JobSpec | None = None) -> Path:
         spec = spec or self.spec()

@@ -16,8 +16,8 @@ import re
 import tomllib
 import types
 import typing
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -84,10 +84,33 @@ class SlurmSection:
 @dataclass
 class ModelSection:
     name_or_path: str = F(
-        "", "A HuggingFace model id or a local model folder to load weights from (empty: use `preset`)."
+        "",
+        "Pretrained weights: a local HF model folder (config.json + *.safetensors) or a hub id (org/name), "
+        "resolved on the submitting host to a snapshot in the HF cache (HF_HOME), downloaded there if missing; "
+        "compute nodes never download. Any AutoModelForCausalLM family. Empty: random init (`config`, `preset`).",
     )
-    preset: str = F("llama-tiny", "Built-in architecture for a random-init model: llama-tiny, llama-small, llama-1b.")
-    from_config: dict[str, Any] = F({}, "Overrides of the preset's HF config, e.g. { num_hidden_layers = 4 }.")
+    revision: str = F(
+        "",
+        "Hub revision (branch, tag or commit) of a hub id in name_or_path or config (empty: the default branch); "
+        "the run's job.toml records the commit it resolved to.",
+    )
+    config: str = F(
+        "",
+        "Random init from a config: a folder with a config.json (or a hub id), any AutoModelForCausalLM family.",
+    )
+    preset: str = F(
+        "llama-tiny",
+        "Built-in config for random init (when name_or_path and config are empty): llama-tiny, llama-small, "
+        "llama-1b, qwen2-tiny, gpt-neox-tiny, "
+        'mixtral-tiny; "" to build from from_config alone (it must then name a model_type).',
+    )
+    from_config: dict[str, Any] = F(
+        {},
+        "Config keys over the preset's, the config folder's or the pretrained model's, e.g. "
+        '{ num_hidden_layers = 4 } or { output_router_logits = true }; with preset = "", a model_type and its '
+        'keys, e.g. { model_type = "qwen2", hidden_size = 256, ... } (transformers\' defaults fill the rest). '
+        "With pretrained weights, keys that change shapes fail when the weights load.",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = F("float32", "dtype of the master weights.")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = F("sdpa", "HF attention kernel.")
 
@@ -99,7 +122,11 @@ class DataSection:
         [], "Local .txt or .jsonl files (globs allowed; relative to this file), with source = 'files'."
     )
     text_key: str = F("text", "Field holding the text in .jsonl records.")
-    tokenizer: str = F("bytes", "'bytes' (built-in byte-level, no download) or a local HF tokenizer folder.")
+    tokenizer: str = F(
+        "bytes",
+        "'bytes' (built-in byte-level, no download), a local HF tokenizer folder or a hub id "
+        "(resolved on the submitting host like model.name_or_path, at model.revision when it is the model's id).",
+    )
     seq_len: int = F(128, "Tokens per sample.")
 
 
@@ -387,16 +414,7 @@ def check(spec: JobSpec) -> None:
         errors.append("data.paths: source = 'files' needs at least one path")
     if d.source == "synthetic" and d.paths:
         errors.append("data.paths: set data.source = 'files' to read these paths")
-    from .presets import PRESETS  # pure-Python table, no torch
-
-    if not spec.model.name_or_path and spec.model.preset not in PRESETS:
-        close = difflib.get_close_matches(spec.model.preset, list(PRESETS), n=1)
-        hint = f"did you mean {close[0]}?" if close else f"valid presets: {', '.join(PRESETS)}"
-        errors.append(f"model.preset: unknown preset {spec.model.preset!r}; {hint}")
-    if spec.model.name_or_path and spec.model.from_config:
-        errors.append("model.from_config: only applies to random-init presets; remove it or model.name_or_path")
-    elif spec.model.preset in PRESETS:
-        errors += _config_override_errors(PRESETS[spec.model.preset], spec.model.from_config)
+    errors += _model_errors(spec.model)
     if spec.fsdp.version == 1 and spec.fsdp.compile:
         errors.append("fsdp.compile: supported with fsdp.version = 2 only")
     for key in spec.env:
@@ -459,6 +477,33 @@ def _sbatch_value_errors(s: SlurmSection) -> list[str]:
                 "_ . , : = @ % / + * & | ( ) [ ] -"
             )
     return errors
+
+
+def _model_errors(m: ModelSection) -> list[str]:
+    """Which model source the [model] keys name, and whether they agree (files are checked by
+    `modelsource.prepare` before queueing)."""
+    from .presets import PRESETS  # pure-Python table, no torch
+
+    given_type = m.from_config.get("model_type")
+    if m.name_or_path and m.config:
+        return ["model.config: random init from a config and model.name_or_path (pretrained) exclude each other"]
+    if m.name_or_path or m.config:
+        return []
+    if not m.preset:
+        if not isinstance(given_type, str) or not given_type:
+            return ['model.preset: "" needs model.from_config.model_type (or model.config, or model.name_or_path)']
+        return []
+    if m.preset not in PRESETS:
+        close = difflib.get_close_matches(m.preset, list(PRESETS), n=1)
+        hint = f"did you mean {close[0]}?" if close else f"valid presets: {', '.join(PRESETS)}"
+        return [f"model.preset: unknown preset {m.preset!r}; {hint}"]
+    preset_type = PRESETS[m.preset]["model_type"]
+    if given_type is not None and given_type != preset_type:
+        return [
+            f"model.from_config.model_type: {given_type!r} differs from preset {m.preset!r} ({preset_type}); "
+            f'set model.preset = "" to build a {given_type} model from from_config alone'
+        ]
+    return _config_override_errors(PRESETS[m.preset], m.from_config)
 
 
 _TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
@@ -532,6 +577,16 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
             errors.append(f"{key}: {_short(path)} is longer than a path may be (255 bytes a name, 4095 in all)")
         return str(full)
 
+    def source(key: str, value: str) -> str:
+        """A folder relative to the job file becomes absolute; a hub id (org/name) stays as written."""
+        if not value:
+            return value
+        try:
+            local = value.startswith((".", "/", "~")) or (base / value).exists()
+        except (OSError, ValueError):  # too long for a path: not a folder here
+            local = False
+        return absolute(key, value) if local else value
+
     out = dataclasses.replace(spec)
     run_root = absolute("job.run_root", spec.job.run_root) if spec.job.run_root else str(default_run_root(base))
     out.job = dataclasses.replace(spec.job, run_root=run_root)
@@ -540,12 +595,14 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
         paths=[absolute(f"data.paths[{i}]", x) for i, x in enumerate(spec.data.paths)],
         tokenizer=spec.data.tokenizer
         if spec.data.tokenizer == "bytes"
-        else absolute("data.tokenizer", spec.data.tokenizer),
+        else source("data.tokenizer", spec.data.tokenizer),
     )
     out.checkpoint = dataclasses.replace(spec.checkpoint, dir=absolute("checkpoint.dir", spec.checkpoint.dir))
-    local = Path(absolute("model.name_or_path", spec.model.name_or_path)) if spec.model.name_or_path else None
-    if local is not None and not errors and local.exists():
-        out.model = dataclasses.replace(spec.model, name_or_path=str(local))
+    out.model = dataclasses.replace(
+        spec.model,
+        name_or_path=source("model.name_or_path", spec.model.name_or_path),
+        config=source("model.config", spec.model.config),
+    )
     if errors:
         raise SpecError(errors)
     return out

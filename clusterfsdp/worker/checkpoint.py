@@ -10,7 +10,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..control.ckptfolder import COMPLETE, CheckpointInfo, list_checkpoints, step_dir
 
@@ -20,7 +20,7 @@ class CheckpointError(RuntimeError):
     CheckpointException is a BaseException carrying full tracebacks)."""
 
 
-def _dcp_call(what: str, fn, *args, **kwargs):
+def dcp_call(what: str, fn, *args, **kwargs):
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
@@ -61,7 +61,9 @@ class Checkpointer:
         self.async_save = async_save
         self._pending: tuple[Any, Path, Path, dict] | None = None
         # Async saves coordinate over their own gloo group so they never queue behind NCCL work.
-        self._pg = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        self._pg = (
+            cast("dist.ProcessGroup", dist.new_group(backend="gloo")) if async_save and dist.is_initialized() else None
+        )
         self._stager = _pinned_stager() if async_save and _on_cuda(model) else None
         # Whether a checkpoint loaded is decided by all ranks together (a truncated shard fails on
         # the ranks that read it), over gloo so it needs no device tensor.
@@ -102,16 +104,16 @@ class Checkpointer:
         return time.perf_counter() - t0
 
     def _write(self, partial: Path, final: Path, meta: dict[str, Any], blocking: bool) -> None:
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import async_save, save
 
         step = meta["step"]
         if self.async_save and not blocking:
-            future = dcp.async_save(
+            future = async_save(
                 self._state(), checkpoint_id=str(partial), process_group=self._pg, async_stager=self._stager
             )
             self._pending = (future, partial, final, meta)
         else:
-            _dcp_call(f"saving step {step}", dcp.save, self._state(), checkpoint_id=str(partial))
+            dcp_call(f"saving step {step}", save, self._state(), checkpoint_id=str(partial))
             self._finalize(partial, final, meta)
 
     def poll(self) -> None:
@@ -124,7 +126,7 @@ class Checkpointer:
             return
         future, partial, final, meta = self._pending
         self._pending = None
-        _dcp_call(f"saving step {meta['step']} (async)", future.result)
+        dcp_call(f"saving step {meta['step']} (async)", future.result)
         self._finalize(partial, final, meta)
 
     def _finalize(self, partial: Path, final: Path, meta: dict[str, Any]) -> None:
@@ -143,11 +145,11 @@ class Checkpointer:
     def load(self, info: CheckpointInfo) -> dict[str, Any]:
         """Load model + optimizer (resharding to this world size) and this rank's RNG; returns the meta."""
         import torch
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict_loader import load
 
         state = self._state()
-        _dcp_call(f"loading {info.path.name}", dcp.load, state, checkpoint_id=str(info.path))
+        dcp_call(f"loading {info.path.name}", load, state, checkpoint_id=str(info.path))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rng_file = info.path / "rng" / f"rank{self.rank}.pt"
         if info.meta.get("world_size") == self.world_size and rng_file.is_file():

@@ -16,13 +16,15 @@ no bias, no logit scaling or soft-capping) a `clusterfsdp_loss(input_ids, labels
 method; under FSDP2 it is registered as a forward method, so the root unit's parameters
 (the tied embedding / lm_head) are gathered around it exactly as around `forward`.
 `causal_lm_loss` uses that method when present and otherwise falls back to
-`model(input_ids).logits` + cross-entropy (FSDP1, other architectures).
+`model(input_ids).logits` + cross-entropy (FSDP1, other architectures), plus the router's
+auxiliary loss for a mixture of experts that asks for it.
 """
 
 from __future__ import annotations
 
 import types
 from collections.abc import Callable
+from typing import Any  # models: transformers PreTrainedModels, possibly FSDP-wrapped
 
 import torch
 import torch.nn.functional as F
@@ -94,9 +96,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss, g = ce(logits, y, ignore_index, hidden.dtype)
             del logits
             total += loss
-            if need_h:
+            if grad_h is not None:
                 torch.mm(g, weight, out=grad_h[start : start + chunk])
-            if need_w:
+            if grad_w is not None:
                 grad_w = _accumulate(grad_w, g.t(), h)
         count = (labels != ignore_index).sum()
         ctx.weight_dtype = weight.dtype
@@ -141,7 +143,7 @@ def _fused_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Te
     )
 
 
-def supports_fused(model: torch.nn.Module) -> bool:
+def supports_fused(model: Any) -> bool:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return (
         type(model).__name__ in FUSED_ARCHITECTURES
@@ -151,7 +153,7 @@ def supports_fused(model: torch.nn.Module) -> bool:
     )
 
 
-def attach(model: torch.nn.Module, *, compile: bool) -> bool:
+def attach(model: Any, *, compile: bool) -> bool:
     """Give `model` the fused `clusterfsdp_loss` method (an FSDP2 forward method when sharded)."""
     if not supports_fused(model):
         return False
@@ -170,17 +172,23 @@ def _logits_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 _compiled_logits_loss: Callable | None = None
 
 
-def causal_lm_loss(
-    model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, *, compile: bool = False
-) -> torch.Tensor:
-    """Mean next-token cross-entropy; `labels` are the already shifted targets of `input_ids`."""
+def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *, compile: bool = False) -> torch.Tensor:
+    """Mean next-token cross-entropy; `labels` are the already shifted targets of `input_ids`.
+
+    A mixture of experts whose config asks for router logits (`output_router_logits`) also gets
+    its load-balancing loss, weighted by `router_aux_loss_coef`, as transformers adds it."""
     global _compiled_logits_loss
     fused = getattr(model, "clusterfsdp_loss", None)
     if fused is not None:
         return fused(input_ids, labels)
-    logits = model(input_ids=input_ids).logits
+    out = model(input_ids=input_ids)
     if compile:
         if _compiled_logits_loss is None:
             _compiled_logits_loss = torch.compile(_logits_loss)
-        return _compiled_logits_loss(logits, labels)
-    return _logits_loss(logits, labels)
+        loss = _compiled_logits_loss(out.logits, labels)
+    else:
+        loss = _logits_loss(out.logits, labels)
+    aux = getattr(out, "aux_loss", None)
+    if aux is not None:
+        loss = loss + model.config.router_aux_loss_coef * aux.to(loss.device)
+    return loss

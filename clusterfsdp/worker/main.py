@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from ..control import lock, runfolder, secretenv
 from ..control import spec as specmod
@@ -83,6 +83,9 @@ def _apply_env(spec: specmod.JobSpec, chosen: dict[str, str]) -> None:
 def run(run_dir: str) -> str:
     """Train on this rank; returns the outcome ('completed', 'stopped') or exits for a requeue."""
     flags = StopFlags()  # first: a signal during the imports below must not be lost
+    # Compute nodes never download: submit resolved every hub id to a local snapshot folder
+    # (set before huggingface_hub is imported; [env] may still override it).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     import torch.distributed as dist
 
@@ -112,7 +115,8 @@ def run(run_dir: str) -> str:
     log_path = run.log_path(env.job_id, env.restart, env.rank)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "a", buffering=1)  # noqa: SIM115 - stays open for the rest of the process
-    sys.stdout, sys.stderr = Tee(sys.__stdout__, log_file), Tee(sys.__stderr__, log_file)
+    sys.stdout = Tee(cast(IO[str], sys.__stdout__), log_file)
+    sys.stderr = Tee(cast(IO[str], sys.__stderr__), log_file)
 
     every_rank = os.environ.get(ENV_LOG_ALL_RANKS) == "1"
 
@@ -144,7 +148,7 @@ def run(run_dir: str) -> str:
                     "backend": backend,
                     "device": str(device),
                     "torch": torch.__version__,
-                    "nccl": ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else "",
+                    "nccl": _nccl_version() if backend == "nccl" else "",
                     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                     "python": sys.version.split()[0],
                 },
@@ -170,6 +174,7 @@ def run(run_dir: str) -> str:
             metrics.MetricsWriter(run.metrics_file) if env.rank == 0 else None,
             lambda event, **f: _event(run, env, event, **f) if env.rank == 0 else None,
             flags,
+            run.model_dir,
         )
     except BaseException as e:
         print(traceback.format_exc(), file=sys.stderr, flush=True)
@@ -197,6 +202,12 @@ def run(run_dir: str) -> str:
         dist.barrier()
         dist.destroy_process_group()
     return outcome.status
+
+
+def _nccl_version() -> str:
+    from torch.cuda import nccl
+
+    return ".".join(map(str, nccl.version()))
 
 
 def _requeue(

@@ -1,9 +1,10 @@
 """Throughput, MFU and memory, and the metrics.jsonl writer.
 
 MFU = flops_per_token × tokens/s per GPU / peak, where flops_per_token = 6·N + 12·L·H·Dh·T
-(N = parameters with a tied lm_head counted once; the attention term counts QKᵀ and AV
-forward and backward without the causal discount), and peak is the dense bf16 peak of the
-detected GPU. CPU runs report no MFU.
+(N = parameters a token uses, tied lm_head counted once: for a mixture of experts the routed
+experts count num_experts_per_tok / num_experts of their size, routers and shared experts fully
+(model.param_count); the attention term counts QKᵀ and AV forward and backward without the
+causal discount), and peak is the dense bf16 peak of the detected GPU. CPU runs report no MFU.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any  # models: transformers PreTrainedModels wrapped by FSDP
 
 import torch
 import torch.distributed as dist
@@ -21,8 +22,8 @@ from ..control.spec import JobSpec
 from . import checkpoint as ckpt
 from . import metrics as metricsmod
 from . import model as modelmod
-from . import parallelize
-from .data import BYTE_VOCAB, Samples, load_tokenizer
+from . import parallelize, weights
+from .data import BOS, BYTE_VOCAB, EOS, PAD, Samples, load_tokenizer
 from .stopflags import STOP_PREEMPT, StopFlags
 
 
@@ -50,30 +51,47 @@ def lr_lambda(spec: JobSpec) -> Callable[[int], float]:
     return factor
 
 
-def build(spec: JobSpec, device: torch.device, world_size: int, vocab_size: int):
-    """Model and optimizer, in the one order that works for every option."""
-    config = modelmod.build_config(spec.model, vocab_size)
-    if spec.fsdp.version == 1:  # FSDP1 shards a materialized model
-        model = modelmod.build_meta(spec.model, config).to_empty(device=device)
-        model.tie_weights()  # to_empty gives each tied occurrence its own tensor; FSDP2 keeps them shared
-        modelmod.reset_buffers(model, device)
-        _materialize(model, spec, config)
-        mesh = parallelize.build_mesh(spec, device.type, world_size)
-        if spec.fsdp.activation_checkpointing:
-            parallelize.apply_activation_checkpointing(model)
-        model = parallelize.fsdp1(model, spec, mesh, device)
+def build(
+    spec: JobSpec,
+    device: torch.device,
+    world_size: int,
+    tokens: modelmod.TokenIds | None,
+    *,
+    kept: Path | None = None,
+    resume: bool = False,
+) -> tuple[Any, torch.optim.Optimizer, Any, modelmod.ParamCount]:
+    """Model and optimizer, in the one order that works for every option: build on meta ->
+    shard -> fill (pretrained load, random init, or only buffers when a checkpoint follows).
+
+    `kept`: the run's copy of the model's config (<run>/model), used when present so that a
+    resume does not need the original folder. Returns (model, optimizer, config, ParamCount)."""
+    config = modelmod.build_config(spec.model, tokens, kept)
+    meta = modelmod.build_meta(spec.model, config)  # 1. build on meta
+    counts = modelmod.param_count(meta, config)  # (unsharded: the same on every world size)
+    dtype = modelmod.DTYPES[spec.model.dtype]
+    mode = "buffers" if resume else "pretrained" if spec.model.name_or_path else "init"
+    filler = weights.Filler(
+        weights.plan(meta, dtype),  # (conversion mapping: before sharding renames the class)
+        mode,
+        spec.job.seed,
+        device,
+        Path(spec.model.name_or_path) if spec.model.name_or_path else None,
+        dtype,
+    )
+    mesh = parallelize.build_mesh(spec, device.type, world_size)
+    if spec.fsdp.activation_checkpointing:  # 2. parallelize
+        parallelize.apply_activation_checkpointing(meta)
+    if spec.fsdp.version == 1:  # FSDP1 materializes and fills (3.) each unit as it wraps it
+        init_fn = filler.fsdp1_init_fn(meta, lambda: modelmod.build_meta(spec.model, config))
+        model = parallelize.fsdp1(meta, spec, mesh, device, init_fn)
+        weights.check_materialized(model, filler.plan.model_type)
     else:
-        model = modelmod.build_meta(spec.model, config)  # 1. build on meta
-        mesh = parallelize.build_mesh(spec, device.type, world_size)
-        if spec.fsdp.activation_checkpointing:  # 2. parallelize
-            parallelize.apply_activation_checkpointing(model)
         if spec.fsdp.compile:
-            parallelize.apply_compile(model)
-        parallelize.fsdp2(model, spec, mesh)
-        model.to_empty(device="cpu" if spec.fsdp.cpu_offload else device)  # 3. materialize
-        modelmod.reset_buffers(model, device)
-        _materialize(model, spec, config)  # 4. load / init
-    n_params = modelmod.param_count(model)
+            parallelize.apply_compile(meta)
+        dims = weights.shard_dims(meta, filler.plan, parallelize.shard_group_size(spec, mesh))
+        model = parallelize.fsdp2(meta, spec, mesh, dims)
+        filler.fsdp2(model, spec.fsdp.cpu_offload)  # 3. fill
+    _check_tied(model, config)
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=spec.train.lr,
@@ -81,28 +99,24 @@ def build(spec: JobSpec, device: torch.device, world_size: int, vocab_size: int)
         betas=(0.9, 0.95),
         fused=device.type == "cuda" and not spec.fsdp.cpu_offload,
     )
-    return model, optimizer, config, n_params
+    return model, optimizer, config, counts
 
 
-def _materialize(model, spec: JobSpec, config) -> None:
-    if spec.model.name_or_path:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-        state = modelmod.load_pretrained_state(spec.model.name_or_path)
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
-    else:
-        modelmod.init_weights(model, spec.job.seed, config.initializer_range)
+def _check_tied(model, config) -> None:
     if getattr(config, "tie_word_embeddings", False):
         out, inp = model.get_output_embeddings(), model.get_input_embeddings()
         if out is not None and out.weight is not inp.weight:
             raise RuntimeError("tied embeddings came apart during sharding")
 
 
-def _data_vocab(spec: JobSpec) -> int | None:
-    """Token ids the data can contain (the model's vocab is grown to fit); None for synthetic data."""
+def token_ids(spec: JobSpec) -> modelmod.TokenIds | None:
+    """What the data's tokenizer needs from the model config (vocab, special ids); None for synthetic data."""
     if spec.data.source != "files":
         return None
-    return BYTE_VOCAB if spec.data.tokenizer == "bytes" else len(load_tokenizer(spec.data.tokenizer))
+    if spec.data.tokenizer == "bytes":
+        return modelmod.TokenIds(BYTE_VOCAB, BOS, EOS, PAD)
+    tok: Any = load_tokenizer(spec.data.tokenizer)  # a transformers tokenizer
+    return modelmod.TokenIds(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
 
 
 def _loss_fn(spec: JobSpec):
@@ -128,11 +142,15 @@ def train(
     metrics_out: metricsmod.MetricsWriter | None,
     on_event: Callable[..., None],
     flags: StopFlags,
+    model_dir: Path | None = None,
 ) -> Outcome:
     flag_group = dist.new_group(backend="gloo") if dist.is_initialized() else None
     torch.manual_seed(spec.job.seed)
     t_build = time.perf_counter()
-    model, optimizer, config, n_params = build(spec, device, world_size, _data_vocab(spec))
+    latest = ckptfolder.find(ckpt_root)
+    model, optimizer, config, counts = build(
+        spec, device, world_size, token_ids(spec), kept=model_dir, resume=latest is not None
+    )
     samples = Samples(spec.data, config.vocab_size, spec.job.seed, cache_dir)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec))
     saver = ckpt.Checkpointer(
@@ -140,25 +158,27 @@ def train(
     )
     step, consumed, tokens_seen = 0, 0, 0
     t0 = time.perf_counter()
-    latest, meta, unreadable = saver.load_newest()
+    latest, saved, unreadable = saver.load_newest()
     for bad_step, reason in unreadable:
         log(f"checkpoint step {bad_step} did not load, set aside: {reason}")
         on_event(EventKind.CHECKPOINT_FALLBACK, step=bad_step, reason=f"did not load, set aside: {reason}")
     if latest is not None:
-        step, consumed, tokens_seen = meta["step"], meta["consumed"], meta["tokens_seen"]
+        step, consumed, tokens_seen = saved["step"], saved["consumed"], saved["tokens_seen"]
         scheduler.last_epoch = step
         for group, lr in zip(optimizer.param_groups, scheduler.get_lr(), strict=False):
             group["lr"] = lr
         log(
             f"resumed from {latest.path.name} (step {step}, {consumed} samples seen, "
-            f"saved by {meta['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
+            f"saved by {saved['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
         )
         on_event(EventKind.RESUMED, step=step, checkpoint=str(latest.path))
+    active = f" ({counts.active / 1e6:.2f}M active per token)" if counts.active != counts.total else ""
     log(
-        f"model: {n_params / 1e6:.2f}M params, vocab {config.vocab_size}, mesh {spec.mesh_shape} "
+        f"model: {config.model_type}, {counts.total / 1e6:.2f}M params{active}, vocab {config.vocab_size}, "
+        f"mesh {spec.mesh_shape} "
         f"({spec.effective_sharding}, FSDP{spec.fsdp.version}), built in {time.perf_counter() - t_build:.2f} s"
     )
-    meter = metricsmod.Meter(modelmod.flops_per_token(config, n_params, spec.data.seq_len), device, world_size)
+    meter = metricsmod.Meter(modelmod.flops_per_token(config, counts.active, spec.data.seq_len), device, world_size)
     loss_fn = _loss_fn(spec)
     t = spec.train
     micro_tokens = t.micro_batch_size * spec.data.seq_len
@@ -218,5 +238,7 @@ def _clip(model, max_norm: float) -> torch.Tensor:
     """Global grad norm over all shards (DTensor-aware for FSDP2, FSDP1's own for FSDP1)."""
     if hasattr(model, "clip_grad_norm_"):  # FSDP1
         return model.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"))
+    from torch.distributed.tensor import DTensor
+
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
