@@ -135,10 +135,10 @@ def test_slurm_error_lines_name_the_command_once(tmp_path, monkeypatch):
 
 @pytest.mark.slurm
 def test_sinfo_against_the_devcluster(slurm_cluster, monkeypatch):
-    """The real sinfo of the test cluster (Slurm 22.05, CPU-only nodes): the format is accepted
-    and every partition and node is accounted for."""
+    """The real sinfo of the test cluster (Slurm 22.05): the format is accepted and every
+    partition, node, CPU and (configured, fake) GPU is accounted for."""
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.slurm_conf))
     found = P.query_partitions()
-    assert found and any(p.default for p in found)
+    assert found and sum(p.default for p in found) == 1
     for p in found:
-        assert p.nodes_total >= 1 and p.cpus_total >= p.cpus_free >= 0 and p.gpus_total == 0
+        assert p.up and p.nodes_total >= 1 and p.cpus_total >= p.cpus_free >= 0 and p.gpus_total >= p.gpus_free >= 0

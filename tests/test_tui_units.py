@@ -19,7 +19,7 @@ from clusterfsdp.tui.logtail import ERRORS, LogFile, compile_query
 from clusterfsdp.tui.metrics_tail import MetricsTail
 from clusterfsdp.tui.plot import Series, chart, labels, plain
 from clusterfsdp.tui.queue_rows import collect
-from clusterfsdp.tui.run_metrics import charts, smooth
+from clusterfsdp.tui.run_metrics import charts, decimate, smooth
 
 
 def found(offset: int | None) -> int:
@@ -220,30 +220,53 @@ def test_chart_tags_each_cell_with_the_series_drawn_last_in_it():
     assert bottom[-1][1] == "eval" and bottom[-1][0][-1] != "\u2800"
 
 
+def test_decimation_keeps_spikes_and_the_ends():
+    xs = list(range(1, 100_001))
+    ys = [2.0 + (i % 7) / 100 for i in range(100_000)]
+    ys[54_321] = 9.0  # one loss spike
+    dx, dy = decimate(xs, ys)
+    assert len(dx) <= 2000 and dx == sorted(dx) and (dx[0], dx[-1]) == (1, 100_000)
+    assert 9.0 in dy and dx[dy.index(9.0)] == 54_322 and min(dy) == 2.0
+    assert decimate(xs[:50], ys[:50]) == (xs[:50], ys[:50])
+
+
 def test_smoothing_is_tensorboards_debiased_moving_average():
     assert smooth([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # no pull towards 0
     assert smooth([0.0, 10.0], 0.5) == pytest.approx([0.0, 5.0 / 0.75])
     assert smooth([1.0, 3.0], 0.0) == [1.0, 3.0]
 
 
+def rows_of(tail: MetricsTail, *keys: str) -> list[tuple]:
+    """(step, value of each key or None) per step, from the tail's columns."""
+    m = tail.snapshot()
+    return [(s, *(None if (v := m.columns[k][i]) != v else v for k in keys)) for i, s in enumerate(m.steps)]
+
+
 def test_metrics_tail_reads_appended_rows_and_merges_eval_rows(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 10, "loss": 4.0}\n{"step": 20, "loss": 3.0}\n{"step": 30, "lo')
     tail = MetricsTail(path)
-    assert tail.read_new() and [p.step for p in tail.points()] == [10, 20]
+    assert tail.read_new() and rows_of(tail, "loss") == [(10, 4.0), (20, 3.0)]
     assert not tail.read_new()
     with open(path, "a") as f:  # the torn row completes; an eval row of its own for step 20
         f.write('ss": 2.0, "mfu": 0.41}\n{"step": 20, "eval_loss": 3.2, "eval_ppl": 24.5}\n')
     assert tail.read_new()
-    p20 = tail.points()[1]
-    assert (p20.loss, p20.eval_loss, p20.eval_ppl) == (3.0, 3.2, 24.5)  # the eval row keeps the train numbers
-    assert tail.points()[2].mfu == 0.41
-    with open(path, "a") as f:  # eval before the step's training row, then a training row with eval keys
+    assert rows_of(tail, "loss", "eval_loss", "eval_ppl", "mfu") == [
+        (10, 4.0, None, None, None),
+        (20, 3.0, 3.2, 24.5, None),  # the eval row keeps the step's training numbers
+        (30, 2.0, None, None, 0.41),
+    ]
+    with open(path, "a") as f:  # eval before its step's training row; a training row with eval keys; junk
         f.write(
             '{"step": 40, "eval_loss": 2.5}\n{"step": 40, "loss": 1.9}\n{"step": 50, "loss": 1.8, "eval_loss": 2.4}\n'
         )
-    tail.read_new()
-    assert [(p.step, p.loss, p.eval_loss) for p in tail.points()[-2:]] == [(40, 1.9, 2.5), (50, 1.8, 2.4)]
+        f.write('{"step": 60, "loss": "nan?", "lr": true}\n{"no step": 1}\nnot json\n')
+    assert tail.read_new()
+    assert rows_of(tail, "loss", "eval_loss")[-2:] == [(40, 1.9, 2.5), (50, 1.8, 2.4)]
+    m = tail.snapshot()
+    assert (
+        m.last_step == 50 and m.latest("eval_loss") == 2.4 and m.series("eval_loss") == ([20, 40, 50], [3.2, 2.5, 2.4])
+    )
 
 
 def test_metrics_tail_drops_the_steps_a_resumed_attempt_logs_again(tmp_path):
@@ -257,21 +280,31 @@ def test_metrics_tail_drops_the_steps_a_resumed_attempt_logs_again(tmp_path):
     with open(path, "a") as f:
         f.write('{"step": 30, "loss": 4.5}\n')
     tail.read_new()
-    assert [(p.step, p.loss, p.eval_loss) for p in tail.points()] == [(10, 4.9, None), (20, 4.8, None), (30, 4.5, None)]
+    assert rows_of(tail, "loss", "eval_loss") == [(10, 4.9, None), (20, 4.8, None), (30, 4.5, None)]
+
+
+def test_metrics_tail_thins_the_oldest_half_past_its_limit(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(f'{{"step": {s}, "loss": 1.0}}\n' for s in range(1, 1001)))
+    tail = MetricsTail(path, max_points=800)
+    tail.read_new()
+    steps = list(tail.snapshot().steps)
+    assert len(steps) == 750 and steps[-500:] == list(range(501, 1001)) and steps[:3] == [2, 4, 6]
 
 
 def test_charts_title_latest_values_and_say_per_rank_without_gpus(tmp_path):
     run = make_run(tmp_path / "runs", eval_every=20)
     tail = MetricsTail(run.metrics_file)
     tail.read_new()
-    loss, lr, grad_norm, tokens = charts(tail.points(), 0.6, "rank")
+    metrics = tail.snapshot()
+    loss, lr, grad_norm, tokens = charts(metrics, 0.6, "rank")
     assert loss.title.plain == "loss 2.5000  eval 2.8000"
     assert [s.tag for s in loss.series] == ["raw", "main", "eval"] and list(loss.series[2].xs) == [20, 40]
     assert lr.title.plain == "lr 3.00e-04" and [s.tag for s in lr.series] == ["main"]  # lr is never smoothed
     assert grad_norm.title.plain == "grad norm 0.500"
     assert tokens.title.plain == "tokens/s 24,000  12,000 per rank"
-    assert charts(tail.points(), 0.0, "GPU")[3].title.plain.endswith("per GPU")
-    assert [s.tag for s in charts(tail.points(), 0.0, "GPU")[0].series] == ["main", "eval"]
+    assert charts(metrics, 0.0, "GPU")[3].title.plain.endswith("per GPU")
+    assert [s.tag for s in charts(metrics, 0.0, "GPU")[0].series] == ["main", "eval"]
 
 
 # ---------------------------------------------------------------- checkpoints, queue

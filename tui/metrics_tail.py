@@ -1,56 +1,85 @@
 """metrics.jsonl read incrementally, for the run screen's charts.
 
-Each poll reads only the bytes appended since the last one, and keeps a few numbers per step
-(not the whole JSON objects), so a week-long run's metrics stay small in memory.
+Each poll reads only the bytes appended since the last one, and keeps the numbers in columns
+(one array of 8-byte floats per key, NaN where a row had none), not the JSON objects, so a run
+of a hundred thousand logged steps costs about 8 MB; past `max_points` the older half is thinned.
 
 Rows come in two kinds, both keyed by step: training rows (`loss`, `lr`, ...) and eval rows
 (`eval_loss`, `eval_ppl`), which may be rows of their own or keys of a training row. An eval row
-adds to the step's point; it never erases its training numbers. A training row for a step at or
-before the newest one seen is a resumed attempt logging again from its checkpoint: the points
-after it are dropped, so the charts show the history the current weights actually have.
+adds to its step; it never erases the step's training numbers. A training row for a step at or
+before the newest training step seen is a resumed attempt logging again from its checkpoint:
+the steps from it on are dropped, so the charts show the history the current weights have.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import bisect
 import json
+import math
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
 TRAIN_KEYS = ("loss", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_gb", "lr", "grad_norm")
 EVAL_KEYS = ("eval_loss", "eval_ppl")
+KEYS = TRAIN_KEYS + EVAL_KEYS
+NAN = math.nan
+
+
+def _rows(lines: list[bytes]) -> list[object]:
+    """The JSON values of `lines`: parsed as one array (one call, not one per line), or line by
+    line when some line is not JSON (a torn or foreign line is skipped, not fatal)."""
+    try:
+        return json.loads(b"[" + b",".join(lines) + b"]")
+    except ValueError:
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
 
 
 @dataclass(frozen=True)
-class Point:
-    step: int
-    loss: float | None = None
-    tokens_per_s: float | None = None
-    tokens_per_s_per_gpu: float | None = None
-    mfu: float | None = None
-    mem_peak_gb: float | None = None
-    lr: float | None = None
-    grad_norm: float | None = None
-    eval_loss: float | None = None
-    eval_ppl: float | None = None
+class Metrics:
+    """A copy of the columns at one moment: steps in increasing order, one array per key."""
+
+    steps: array
+    columns: dict[str, array]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def last_step(self) -> int | None:
+        return self.steps[-1] if self.steps else None
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """The steps that have `key`, and its values there."""
+        pairs = [(s, v) for s, v in zip(self.steps, self.columns[key], strict=True) if v == v]  # v == v: not NaN
+        return [s for s, _ in pairs], [v for _, v in pairs]
+
+    def latest(self, key: str) -> float | None:
+        column = self.columns[key]
+        return next((v for v in reversed(column) if v == v), None)
 
 
-def numbers(row: dict, keys: tuple[str, ...]) -> dict[str, float]:
-    """The keys of `row` that hold numbers (a bool, a string or null is not one)."""
-    return {k: float(v) for k in keys if isinstance(v := row.get(k), (int, float)) and not isinstance(v, bool)}
+EMPTY = Metrics(array("q"), {k: array("d") for k in KEYS})
 
 
 class MetricsTail:
-    """The points of one metrics.jsonl, by step; `read_new()` consumes appended lines only."""
+    """The columns of one metrics.jsonl; `read_new()` consumes appended lines only."""
 
     def __init__(self, path: Path, max_points: int = 200_000) -> None:
         self.path, self.max_points = path, max_points
         self.offset = 0
-        self.by_step: dict[int, Point] = {}
+        self.steps = array("q")
+        self.columns = {k: array("d") for k in KEYS}
         self.last_train_step: int | None = None
 
     def read_new(self) -> bool:
-        """Read complete lines appended since the last call; True if any point changed."""
+        """Read complete lines appended since the last call; True if any value changed."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
@@ -60,33 +89,50 @@ class MetricsTail:
         end = data.rfind(b"\n") + 1  # a torn last line is read again next time
         self.offset += end
         changed = False
-        for line in data[:end].splitlines():
-            try:
-                row = json.loads(line)
-                step = int(row["step"])
-            except (ValueError, KeyError, TypeError):
+        for row in _rows([line for line in data[:end].splitlines() if line.strip()]):
+            if not isinstance(row, dict) or type(step := row.get("step")) is not int:
                 continue
-            changed = self._add(step, numbers(row, TRAIN_KEYS), numbers(row, EVAL_KEYS)) or changed
-        if len(self.by_step) > self.max_points:  # thin the oldest half, keep the recent detail
-            steps = sorted(self.by_step)
-            for step in steps[: len(steps) // 2 : 2]:
-                del self.by_step[step]
+            # a number, else NaN (true and false are bools, not numbers); inline: it runs per key per row
+            values = [
+                float(v) if isinstance(v := row.get(k), (int, float)) and not isinstance(v, bool) else NAN for k in KEYS
+            ]
+            changed = self._add(step, values) or changed
+        if len(self.steps) > self.max_points:  # thin the oldest half, keep the recent detail
+            half = len(self.steps) // 2
+            self._keep([i for i in range(len(self.steps)) if i >= half or i % 2])
         return changed
 
-    def _add(self, step: int, train: dict[str, float], evals: dict[str, float]) -> bool:
-        if not train and not evals:
+    def _add(self, step: int, values: list[float]) -> bool:
+        present = [v == v for v in values]  # not NaN
+        train = True in present[: len(TRAIN_KEYS)]
+        if not train and True not in present:
             return False
         if train:
             if self.last_train_step is not None and step <= self.last_train_step:  # a resumed attempt
-                for later in [s for s in self.by_step if s >= step]:
-                    del self.by_step[later]
+                cut = bisect.bisect_left(self.steps, step)
+                del self.steps[cut:]
+                for column in self.columns.values():
+                    del column[cut:]
             self.last_train_step = step
-            earlier = self.by_step.get(step)  # an eval row logged before this step's training row
-            kept = {k: v for k in EVAL_KEYS if earlier and (v := getattr(earlier, k)) is not None}
-            self.by_step[step] = Point(step, **{**kept, **train, **evals})
-        else:
-            self.by_step[step] = dataclasses.replace(self.by_step.get(step, Point(step)), **evals)
+        if not self.steps or step > self.steps[-1]:  # the usual case: a new step at the end
+            self.steps.append(step)
+            for column, value in zip(self.columns.values(), values, strict=True):
+                column.append(value)
+            return True
+        at = bisect.bisect_left(self.steps, step)
+        if self.steps[at] != step:
+            self.steps.insert(at, step)
+            for column in self.columns.values():
+                column.insert(at, NAN)
+        for column, value, there in zip(self.columns.values(), values, present, strict=True):
+            if there:
+                column[at] = value
         return True
 
-    def points(self) -> list[Point]:
-        return [self.by_step[s] for s in sorted(self.by_step)]
+    def _keep(self, indices: list[int]) -> None:
+        self.steps = array("q", (self.steps[i] for i in indices))
+        self.columns = {k: array("d", (c[i] for i in indices)) for k, c in self.columns.items()}
+
+    def snapshot(self) -> Metrics:
+        """A copy the UI thread can hold while this tail reads on (arrays copy as memory)."""
+        return Metrics(array("q", self.steps), {k: array("d", c) for k, c in self.columns.items()})

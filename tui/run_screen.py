@@ -26,7 +26,7 @@ from clusterfsdp.control.run import Run
 from . import actions
 from .checkpoints import CheckpointRow, scan
 from .metric_chart import MetricChart
-from .metrics_tail import MetricsTail, Point
+from .metrics_tail import EMPTY, Metrics, MetricsTail
 from .nav_bar import NavBar
 from .resume_screen import ResumeRequest, ResumeScreen
 from .run_metrics import DEFAULT_SMOOTHING, SMOOTHING, ChartData, charts
@@ -54,18 +54,15 @@ class RunFacts:
     steps: int | None
     per: str  # what tokens_per_s_per_gpu is per: "GPU", or "rank" for a CPU job
     checkpoints: list[CheckpointRow]
-    points: list[Point] | None  # None: metrics unchanged since the last pass
-    charts: list[ChartData] | None  # with the smoothing asked for when the pass started
+    metrics: Metrics | None  # None: metrics unchanged since the last pass
 
 
-def progress_text(points: list[Point], steps: int | None, per: str, smoothing: float) -> str:
+def progress_text(metrics: Metrics, steps: int | None, per: str, smoothing: float) -> str:
     """The header's second line: where the run is and what it costs."""
-    p = points[-1] if points else None
-    mfu = next((q.mfu for q in reversed(points) if q.mfu is not None), None)
-    memory = next((q.mem_peak_gb for q in reversed(points) if q.mem_peak_gb is not None), None)
+    mfu, memory = metrics.latest("mfu"), metrics.latest("mem_peak_gb")
     return " · ".join(
         [
-            f"step {p.step if p else 0}/{steps or '?'}",
+            f"step {metrics.last_step or 0}/{steps or '?'}",
             f"MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'}",
             f"peak memory {'-' if memory is None else f'{memory:.2f} GB'} per {per}",
             f"smoothing {smoothing:g} (s)",
@@ -101,11 +98,13 @@ class RunScreen(Screen):
         self.run: runfolder.RunFolder | None = None
         self.tail: MetricsTail | None = None
         self.facts: RunFacts | None = None
-        self.points: list[Point] = []
+        self.metrics = EMPTY
         self.smoothing = DEFAULT_SMOOTHING
         self._typed: dict[str, ResumeRequest] = {}  # by run id: a resume that failed, as typed
         self._poller: Timer | None = None
         self._reading = False
+        self._next_read = 0.0  # monotonic time before which the 2 s timer does not read again
+        self._chart_cost = 0.0
 
     def compose(self) -> ComposeResult:
         yield NavBar("run")
@@ -128,7 +127,7 @@ class RunScreen(Screen):
             ("path", "FOLDER"),
         ):
             table.add_column(label, key=key)
-        self._show_charts(charts([], self.smoothing, "GPU"))
+        self._show_charts(charts(EMPTY, self.smoothing, "GPU"))
         self._poller = self.set_interval(2.0, self._read)
         self.watch(self.app, "current_key", self._run_changed)
         self.watch(self.app, "rows", self._show_header, init=False)
@@ -146,19 +145,22 @@ class RunScreen(Screen):
         run = self.app.current_run
         if run != self.run:
             self.run, self.tail, self.facts = run, MetricsTail(run.metrics_file) if run else None, None
-            self.points = []
-            self._show_charts(charts([], self.smoothing, "GPU"))
+            self._next_read = 0.0
+            self.metrics = EMPTY
+            self._show_charts(charts(EMPTY, self.smoothing, "GPU"))
             self.query_one("#checkpoints", DataTable).clear()
         self._show_header()
         self._read()
 
     def _read(self) -> None:
-        if self.run is not None and self.tail is not None and not self._reading:
-            self._reading = True
-            self._read_facts(self.run, self.tail, self.smoothing)
+        if self.run is None or self.tail is None or self._reading or time.monotonic() < self._next_read:
+            return
+        self._reading = True
+        self._read_facts(self.run, self.tail)
 
     @work(thread=True, group="read", exit_on_error=False)
-    def _read_facts(self, run: runfolder.RunFolder, tail: MetricsTail, smoothing: float) -> None:
+    def _read_facts(self, run: runfolder.RunFolder, tail: MetricsTail) -> None:
+        started = time.monotonic()
         try:
             try:
                 spec = run.spec()
@@ -166,39 +168,47 @@ class RunScreen(Screen):
                 per = "GPU" if spec.slurm.gpus_per_node else "rank"
             except specmod.SpecError:
                 root, nodes, steps, per = run.path / "checkpoints", 1, None, "rank"
-            changed = tail.read_new()
-            points = tail.points() if changed else None
+            metrics = tail.snapshot() if tail.read_new() else None
             record = run.record()
-            facts = RunFacts(
-                record.attempts,
-                record.executor,
-                nodes,
-                steps,
-                per,
-                scan(root),
-                points,
-                charts(points, smoothing, per) if points is not None else None,
-            )
+            facts = RunFacts(record.attempts, record.executor, nodes, steps, per, scan(root), metrics)
         finally:
-            self.app.call_from_thread(setattr, self, "_reading", False)
-        self.app.call_from_thread(self._show_facts, run, facts, smoothing)
+            self.app.call_from_thread(self._read_done, time.monotonic() - started)
+        self.app.call_from_thread(self._show_facts, run, facts)
 
-    def _show_facts(self, run: runfolder.RunFolder, facts: RunFacts, smoothing: float) -> None:
+    def _read_done(self, cost: float) -> None:
+        """A long metrics.jsonl makes each pass cost more: wait 9× what the last reading and
+        charting cost, so following a run never takes more than a tenth of a core."""
+        self._reading = False
+        self._next_read = time.monotonic() + 9 * (cost + self._chart_cost)
+
+    def _show_facts(self, run: runfolder.RunFolder, facts: RunFacts) -> None:
         if run != self.run:
             return
         old = self.facts
         self.facts = facts
-        if facts.points is not None:
-            self.points = facts.points
-            if facts.charts is not None and smoothing == self.smoothing:
-                self._show_charts(facts.charts)
-            else:  # s was pressed while reading
-                self._show_charts(charts(self.points, self.smoothing, facts.per))
+        if facts.metrics is not None:
+            self.metrics = facts.metrics
+            self._redraw()
         elif old is None or old.per != facts.per:
-            self._show_charts(charts(self.points, self.smoothing, facts.per))
+            self._redraw()
         if old is None or old.checkpoints != facts.checkpoints:
             self._show_checkpoints(facts.checkpoints)
         self._show_header()
+
+    def _redraw(self) -> None:
+        self._chart(self.metrics, self.smoothing, self._per)
+
+    @work(thread=True, exclusive=True, group="charts", exit_on_error=False)
+    def _chart(self, metrics: Metrics, smoothing: float, per: str) -> None:
+        """Series, smoothing and decimation over every point: O(points), so in a worker."""
+        started = time.monotonic()
+        data = charts(metrics, smoothing, per)
+        self.app.call_from_thread(self._charted, metrics, smoothing, data, time.monotonic() - started)
+
+    def _charted(self, metrics: Metrics, smoothing: float, data: list[ChartData], cost: float) -> None:
+        self._chart_cost = cost
+        if metrics is self.metrics and smoothing == self.smoothing:  # else a newer one is on its way
+            self._show_charts(data)
 
     def _show_charts(self, data: list[ChartData]) -> None:
         for chart in data:
@@ -212,7 +222,7 @@ class RunScreen(Screen):
 
     def action_smoothing(self) -> None:
         self.smoothing = SMOOTHING[(SMOOTHING.index(self.smoothing) + 1) % len(SMOOTHING)]
-        self._show_charts(charts(self.points, self.smoothing, self._per))
+        self._redraw()
         self._show_header()
 
     def action_zoom(self) -> None:
@@ -249,7 +259,7 @@ class RunScreen(Screen):
         row = self.app.current_row
         state = f"{row.state}{' - ' + row.reason if row.reason else ''}" if row else "…"
         facts = self.facts
-        progress = progress_text(self.points, facts.steps if facts else None, self._per, self.smoothing)
+        progress = progress_text(self.metrics, facts.steps if facts else None, self._per, self.smoothing)
         header.update(
             Content.from_markup(
                 "[b]$id[/] ($name)  $state\n$progress",
