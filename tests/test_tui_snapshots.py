@@ -92,18 +92,18 @@ def test_compose_screen_with_an_error(root, snap_compare):
     assert snap_compare(_app(root), terminal_size=SIZE, run_before=run_before)
 
 
+async def _logs_screen(pilot) -> None:
+    await _refreshed(pilot)
+    await pilot.press("3")
+    screen = pilot.app.screen
+    assert isinstance(screen, LogsScreen)
+    await until(pilot, lambda: screen.view.lines[-1:] == ["[rank0] line 29: step 29 loss 2.1000"], "the log")
+    await _drained(pilot)
+
+
 def test_logs_screen(root, snap_compare):
     """The newest run's rank-0 log, opened at its end, following."""
-
-    async def run_before(pilot) -> None:
-        await _refreshed(pilot)
-        await pilot.press("3")
-        screen = pilot.app.screen
-        assert isinstance(screen, LogsScreen)
-        await until(pilot, lambda: screen.view.lines[-1:] == ["[rank0] line 29: step 29 loss 2.1000"], "the log")
-        await _drained(pilot)
-
-    assert snap_compare(_app(root), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(_app(root), terminal_size=SIZE, run_before=_logs_screen)
 
 
 async def _run_screen(pilot) -> None:
@@ -145,16 +145,7 @@ def test_cluster_screen(root, snap_compare):
 
 def test_logs_screen_at_80x24(root, snap_compare):
     """Every key of the Logs screen in the footer at 80 columns."""
-
-    async def run_before(pilot) -> None:
-        await _refreshed(pilot)
-        await pilot.press("3")
-        screen = pilot.app.screen
-        assert isinstance(screen, LogsScreen)
-        await until(pilot, lambda: screen.view.lines[-1:] == ["[rank0] line 29: step 29 loss 2.1000"], "the log")
-        await _drained(pilot)
-
-    assert snap_compare(_app(root), terminal_size=SMALL, run_before=run_before)
+    assert snap_compare(_app(root), terminal_size=SMALL, run_before=_logs_screen)
 
 
 def test_help_screen(root, snap_compare):

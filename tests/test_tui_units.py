@@ -283,6 +283,18 @@ def test_metrics_tail_drops_the_steps_a_resumed_attempt_logs_again(tmp_path):
     assert rows_of(tail, "loss", "eval_loss") == [(10, 4.9, None), (20, 4.8, None), (30, 4.5, None)]
 
 
+def test_metrics_tail_reads_a_long_file_a_chunk_at_a_time(tmp_path):
+    """Chunks far smaller than the file, and a line longer than a chunk (not a metrics row:
+    skipped); every row around it is read once."""
+    path = tmp_path / "metrics.jsonl"
+    rows = [f'{{"step": {s}, "loss": {s / 10}}}' for s in range(1, 41)]
+    rows.insert(20, '{"step": 999, "junk": "' + "x" * 200 + '"}')
+    path.write_text("\n".join(rows) + "\n")
+    tail = MetricsTail(path)
+    assert tail.read_new(chunk_bytes=64)
+    assert rows_of(tail, "loss") == [(s, s / 10) for s in range(1, 41)] and tail.offset == path.stat().st_size
+
+
 def test_metrics_tail_thins_the_oldest_half_past_its_limit(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(f'{{"step": {s}, "loss": 1.0}}\n' for s in range(1, 1001)))

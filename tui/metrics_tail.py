@@ -78,18 +78,33 @@ class MetricsTail:
         self.columns = {k: array("d") for k in KEYS}
         self.last_train_step: int | None = None
 
-    def read_new(self) -> bool:
-        """Read complete lines appended since the last call; True if any value changed."""
+    def read_new(self, chunk_bytes: int = 1 << 20) -> bool:
+        """Read complete lines appended since the last call; True if any value changed. A
+        megabyte at a time, so a long file read for the first time never holds more than a
+        megabyte of parsed rows at once."""
+        changed = False
         try:
             with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
+                while True:
+                    f.seek(self.offset)
+                    data = f.read(chunk_bytes)
+                    end = data.rfind(b"\n") + 1  # a torn last line is read again next time
+                    if end == 0:
+                        if len(data) < chunk_bytes:
+                            break
+                        end = len(data)  # a line longer than a chunk is not a metrics row: skipped
+                    self.offset += end
+                    changed = self._parse(data[:end]) or changed
         except FileNotFoundError:
             return False
-        end = data.rfind(b"\n") + 1  # a torn last line is read again next time
-        self.offset += end
+        if len(self.steps) > self.max_points:  # thin the oldest half, keep the recent detail
+            half = len(self.steps) // 2
+            self._keep([i for i in range(len(self.steps)) if i >= half or i % 2])
+        return changed
+
+    def _parse(self, data: bytes) -> bool:
         changed = False
-        for row in _rows([line for line in data[:end].splitlines() if line.strip()]):
+        for row in _rows([line for line in data.splitlines() if line.strip()]):
             if not isinstance(row, dict) or type(step := row.get("step")) is not int:
                 continue
             # a number, else NaN (true and false are bools, not numbers); inline: it runs per key per row
@@ -97,9 +112,6 @@ class MetricsTail:
                 float(v) if isinstance(v := row.get(k), (int, float)) and not isinstance(v, bool) else NAN for k in KEYS
             ]
             changed = self._add(step, values) or changed
-        if len(self.steps) > self.max_points:  # thin the oldest half, keep the recent detail
-            half = len(self.steps) // 2
-            self._keep([i for i in range(len(self.steps)) if i >= half or i % 2])
         return changed
 
     def _add(self, step: int, values: list[float]) -> bool:
