@@ -165,7 +165,7 @@ def test_help_lists_the_screens_keys(root):
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
         text = rendered(app.screen.query_one(".dialog"))
-        assert "Refresh" in text and "Cancel job" in text and "squeue" in text
+        assert "Refresh" in text and "Cancel" in text and "squeue" in text
         await pilot.press("escape")
         await pilot.press("1")
         app.screen.query_one("#f-job-name Input").focus()

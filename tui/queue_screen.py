@@ -74,7 +74,7 @@ def widths(rows: list[dict[str, str | Text]], columns: tuple[str, ...], width: i
     labels = dict(COLUMNS)
     out = {c: max([len(labels[c]), *(len(str(r[c])) for r in rows)]) for c in columns}
     if width > 0:  # 0: not laid out yet; the resize that follows fits them
-        room = width - sum(out[c] + 2 for c in columns if c != "reason") - 2 - 2
+        room = width - sum(out[c] + 2 for c in columns if c != "reason") - 2
         out["reason"] = max(len(labels["reason"]), min(out["reason"], room))
     for r in rows:
         reason = str(r["reason"])
@@ -88,16 +88,17 @@ class QueueScreen(Screen):
 
     HELP = (
         "Runs under the run root (newest first) and your other Slurm jobs. The list refreshes in the "
-        "background with one squeue call (plus sacct for runs that left the queue); finished runs "
+        "background with one squeue call (plus sacct for runs that left the queue, and sinfo for "
+        "the Cluster screen); finished runs "
         "stay, read from their folders. Select a row to make it the run that Logs and Run show."
     )
     BINDINGS = [
         Binding("r", "app.refresh_queue", "Refresh"),
-        Binding("c", "cancel", "Cancel job"),
+        Binding("c", "cancel", "Cancel"),
         Binding("l", "open('logs')", "Logs"),
         Binding("m", "open('run')", "Metrics"),
-        Binding("e", "edit", "Edit job.toml"),
-        Binding("n", "app.switch_mode('compose')", "New job"),
+        Binding("e", "edit", "Copy job"),
+        Binding("n", "app.switch_mode('compose')", "New"),
         Binding("q", "app.quit", "Quit"),
     ]
 
