@@ -17,6 +17,7 @@ import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -473,6 +474,7 @@ def parse_time_minutes(value: int | str) -> int:
     if not m:
         raise ValueError(f"expected minutes or 'D-HH:MM:SS' (or MM:SS, HH:MM:SS, D-HH, D-HH:MM), found {value!r}")
     d, a, b, c = (int(x) if x else None for x in m.group("d", "a", "b", "c"))
+    assert a is not None  # the pattern requires it
     if d is None:  # MM | MM:SS | HH:MM:SS
         if b is None:
             secs = a * 60
@@ -488,7 +490,7 @@ def parse_time_minutes(value: int | str) -> int:
 
 
 # ---------------------------------------------------------------- files, text, overrides
-def loads(text: str, overrides: list[str] = ()) -> JobSpec:
+def loads(text: str, overrides: Sequence[str] = ()) -> JobSpec:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -499,7 +501,7 @@ def loads(text: str, overrides: list[str] = ()) -> JobSpec:
     return from_dict(data)
 
 
-def load(path: str | Path, overrides: list[str] = ()) -> JobSpec:
+def load(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
     p = Path(path)
     try:
         text = p.read_text()
@@ -549,7 +551,7 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
     return out
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:
     """Apply `section.key=value` overrides in place; values are TOML literals, bare words are strings."""
     errors = []
     for item in overrides:
