@@ -16,8 +16,8 @@ import re
 import tomllib
 import types
 import typing
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
