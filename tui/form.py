@@ -20,8 +20,14 @@ import tomli_w
 
 from clusterfsdp.control import modelsource
 from clusterfsdp.control import spec as specmod
+from clusterfsdp.control.presets import PRESETS
 
 Kind = Literal["bool", "choice", "text", "number", "time", "toml"]
+
+
+# Text keys whose valid values are a table's keys: offered as a choice list, read from the table
+# each time, so a preset added to presets.PRESETS appears without touching the form.
+TABLE_CHOICES = {"model.preset": lambda: tuple(PRESETS)}
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,7 @@ class FormField:
         tp, origin = self.annotation, get_origin(self.annotation)
         if tp is bool:
             return "bool"
-        if origin is Literal:
+        if origin is Literal or self.path in TABLE_CHOICES:
             return "choice"
         if tp is str:
             return "text"
@@ -53,6 +59,8 @@ class FormField:
 
     @property
     def choices(self) -> tuple[Any, ...]:
+        if self.path in TABLE_CHOICES:
+            return TABLE_CHOICES[self.path]()
         return get_args(self.annotation) if self.kind == "choice" else ()
 
     @property

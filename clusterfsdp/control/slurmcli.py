@@ -65,7 +65,8 @@ def run(cmd: list[str], timeout: float = 30) -> str:
         raise SlurmError(f"{cmd[0]}: no answer within {timeout:.0f} s (is slurmctld up?)") from None
     if proc.returncode != 0:
         msg = " ".join((proc.stderr or proc.stdout).split()) or f"exit status {proc.returncode}"
-        raise SlurmError(f"{cmd[0]}: {msg}")
+        # Slurm's own messages start with the command's name ("squeue: error: ..."): name it once.
+        raise SlurmError(msg if msg.startswith(f"{cmd[0]}: ") else f"{cmd[0]}: {msg}")
     return proc.stdout
 
 
