@@ -17,6 +17,7 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -247,7 +248,7 @@ class JobSpec:
 
 
 SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(JobSpec)}  # type: ignore[misc]
-_HINTS = {
+_HINTS: dict[type, dict[str, Any]] = {
     cls: typing.get_type_hints(cls)
     for cls in (
         JobSection,
@@ -604,7 +605,8 @@ def parse_time_minutes(value: int | str) -> int:
     m = _TIME.match(value.strip())
     if not m:
         raise ValueError(f"expected minutes or 'D-HH:MM:SS' (or MM:SS, HH:MM:SS, D-HH, D-HH:MM), found {value!r}")
-    d, a, b, c = (int(x) if x else None for x in m.group("d", "a", "b", "c"))
+    d, b, c = (int(x) if x else None for x in m.group("d", "b", "c"))
+    a = int(m.group("a"))
     if d is None:  # MM | MM:SS | HH:MM:SS
         if b is None:
             secs = a * 60
@@ -620,7 +622,7 @@ def parse_time_minutes(value: int | str) -> int:
 
 
 # ---------------------------------------------------------------- files, text, overrides
-def loads(text: str, overrides: list[str] = ()) -> JobSpec:
+def loads(text: str, overrides: Sequence[str] = ()) -> JobSpec:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -631,7 +633,7 @@ def loads(text: str, overrides: list[str] = ()) -> JobSpec:
     return from_dict(data)
 
 
-def load(path: str | Path, overrides: list[str] = ()) -> JobSpec:
+def load(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
     p = Path(path)
     try:
         text = p.read_text()
@@ -681,7 +683,7 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
     return out
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:
     """Apply `section.key=value` overrides in place; values are TOML literals, bare words are strings."""
     errors = []
     for item in overrides:

@@ -50,12 +50,12 @@ def lr_lambda(spec: JobSpec) -> Callable[[int], float]:
     return factor
 
 
-def build(spec: JobSpec, device: torch.device, world_size: int, vocab_size: int):
+def build(spec: JobSpec, device: torch.device, world_size: int, vocab_size: int | None):
     """Model and optimizer, in the one order that works for every option."""
     config = modelmod.build_config(spec.model, vocab_size)
     if spec.fsdp.version == 1:  # FSDP1 shards a materialized model
         model = modelmod.build_meta(spec.model, config).to_empty(device=device)
-        model.tie_weights()  # to_empty gives each tied occurrence its own tensor; FSDP2 keeps them shared
+        model.tie_weights()  # pyright: ignore[reportCallIssue]  # to_empty gives each tied occurrence its own tensor; FSDP2 keeps them shared
         modelmod.reset_buffers(model, device)
         _materialize(model, spec, config)
         mesh = parallelize.build_mesh(spec, device.type, world_size)
@@ -89,7 +89,8 @@ def _materialize(model, spec: JobSpec, config) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         state = modelmod.load_pretrained_state(spec.model.name_or_path)
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(model, state, options=options)  # pyright: ignore[reportArgumentType]
     else:
         modelmod.init_weights(model, spec.job.seed, config.initializer_range)
     if getattr(config, "tie_word_embeddings", False):
@@ -102,7 +103,7 @@ def _data_vocab(spec: JobSpec) -> int | None:
     """Token ids the data can contain (the model's vocab is grown to fit); None for synthetic data."""
     if spec.data.source != "files":
         return None
-    return BYTE_VOCAB if spec.data.tokenizer == "bytes" else len(load_tokenizer(spec.data.tokenizer))
+    return BYTE_VOCAB if spec.data.tokenizer == "bytes" else len(load_tokenizer(spec.data.tokenizer))  # pyright: ignore[reportArgumentType]
 
 
 def _loss_fn(spec: JobSpec):
@@ -138,33 +139,37 @@ def train(
     saver = ckpt.Checkpointer(
         ckpt_root, model, optimizer, rank, world_size, spec_text, spec.checkpoint.keep_last, spec.checkpoint.async_
     )
-    step, consumed, tokens_seen = 0, 0, 0
+    step, consumed, tokens_seen, elapsed_before = 0, 0, 0, 0.0
     t0 = time.perf_counter()
-    latest, meta, unreadable = saver.load_newest()
+    latest, saved, unreadable = saver.load_newest()
     for bad_step, reason in unreadable:
         log(f"checkpoint step {bad_step} did not load, set aside: {reason}")
         on_event(EventKind.CHECKPOINT_FALLBACK, step=bad_step, reason=f"did not load, set aside: {reason}")
     if latest is not None:
-        step, consumed, tokens_seen = meta["step"], meta["consumed"], meta["tokens_seen"]
+        step, consumed, tokens_seen = saved["step"], saved["consumed"], saved["tokens_seen"]
+        elapsed_before = float(saved.get("elapsed_s", 0.0))  # older checkpoints did not record it
         scheduler.last_epoch = step
         for group, lr in zip(optimizer.param_groups, scheduler.get_lr(), strict=False):
             group["lr"] = lr
         log(
             f"resumed from {latest.path.name} (step {step}, {consumed} samples seen, "
-            f"saved by {meta['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
+            f"saved by {saved['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
         )
         on_event(EventKind.RESUMED, step=step, checkpoint=str(latest.path))
     log(
         f"model: {n_params / 1e6:.2f}M params, vocab {config.vocab_size}, mesh {spec.mesh_shape} "
         f"({spec.effective_sharding}, FSDP{spec.fsdp.version}), built in {time.perf_counter() - t_build:.2f} s"
     )
-    meter = metricsmod.Meter(modelmod.flops_per_token(config, n_params, spec.data.seq_len), device, world_size)
+    fpt = modelmod.flops_per_token(config, n_params, spec.data.seq_len)
+    meter = metricsmod.Meter(fpt, device, world_size, elapsed_before)
+    if metrics_out is not None:
+        metrics_out.begin(step)
     loss_fn = _loss_fn(spec)
     t = spec.train
     micro_tokens = t.micro_batch_size * spec.data.seq_len
 
     def meta() -> dict:
-        return {"consumed": consumed, "tokens_seen": tokens_seen}
+        return {"consumed": consumed, "tokens_seen": tokens_seen, "elapsed_s": meter.elapsed()}
 
     model.train()
     while step < t.steps:
@@ -180,7 +185,7 @@ def train(
             consumed += world_size * t.micro_batch_size
             last = micro == t.grad_accum - 1
             if hasattr(model, "set_requires_gradient_sync"):
-                model.set_requires_gradient_sync(last)
+                model.set_requires_gradient_sync(last)  # pyright: ignore[reportCallIssue]
             loss = loss_fn(model, batch[:, :-1], batch[:, 1:]) / t.grad_accum
             loss.backward()
             loss_sum += loss.detach()
@@ -219,4 +224,4 @@ def _clip(model, max_norm: float) -> torch.Tensor:
     if hasattr(model, "clip_grad_norm_"):  # FSDP1
         return model.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"))
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # pyright: ignore[reportAttributeAccessIssue]
