@@ -102,7 +102,7 @@ def _wandb_records(path: str) -> list:
         chunks += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST
-            record = pb.Record()
+            record = pb.Record()  # pyright: ignore[reportAttributeAccessIssue]  (generated protobuf)
             record.ParseFromString(chunks)
             out.append(record)
             chunks = b""
