@@ -51,7 +51,8 @@ def test_resume_is_bitwise_exact_on_the_same_world_size(tmp_path):
     root = run.checkpoints_dir()
     assert [c.step for c in ckptfolder.list_checkpoints(root)] == [4, 8]
     moved = ckptfolder.keep_only_up_to(root, 4)  # what `clusterfsdp resume --step 4` does
-    assert len(moved) == 1 and moved[0].parent.name == "set-aside"
+    ((original, aside),) = moved
+    assert original == root / "step-00000008" and aside.parent.name == "set-aside" and not original.exists()
     run_workers(run, 2, job_id="a2")
     first, resumed = rows_by_attempt(run)
     assert sorted(resumed) == [5, 6, 7, 8]

@@ -537,8 +537,8 @@ def _sbatch_value_errors(s: SlurmSection) -> list[str]:
 # values are shell-quoted there too; these keep them to what each launcher parses as one value
 # (pyxis and apptainer split mount lists at ',' and ':').
 _IMAGE = re.compile(r"[A-Za-z0-9._/:@#+~-]+")
-_ABS_PATH = re.compile(r"/[A-Za-z0-9._/+@%=~-]*")
-_MOUNT = re.compile(r"(/[A-Za-z0-9._/+@%=~-]*):(/[A-Za-z0-9._/+@%=~-]*)(?::[a-z+]+)?")
+MOUNT_PATH = re.compile(r"/[A-Za-z0-9._/+@%=~-]*")  # no ',' or ':' (they separate mounts and their parts)
+_MOUNT = re.compile(rf"({MOUNT_PATH.pattern}):({MOUNT_PATH.pattern})(?::[a-z+]+)?")
 _OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9._/:@+,=-]*)?")
 
 
@@ -552,7 +552,7 @@ def _container_errors(c: ContainerSection) -> list[str]:
         errors.append(
             f"{key}.image: kind = {c.kind!r} needs an image" + (" (the bundle folder)" if c.kind == "oci" else "")
         )
-    elif not (_ABS_PATH if c.kind == "oci" else _IMAGE).fullmatch(c.image):
+    elif not (MOUNT_PATH if c.kind == "oci" else _IMAGE).fullmatch(c.image):
         want = (
             "an absolute path of letters, digits and . _ / + @ % = ~ -"
             if c.kind == "oci"
@@ -567,7 +567,7 @@ def _container_errors(c: ContainerSection) -> list[str]:
                 f"{key}.mounts[{i}]: {_short(mount)} must be '/SRC:/DST' or '/SRC:/DST:FLAGS' (absolute "
                 "paths without ',' or ':'; flags like ro)"
             )
-    if c.workdir and not _ABS_PATH.fullmatch(c.workdir):
+    if c.workdir and not MOUNT_PATH.fullmatch(c.workdir):
         errors.append(f"{key}.workdir: {_short(c.workdir)} must be an absolute path of letters, digits and . _ / + -")
     for i, option in enumerate(c.options):
         if not _OPTION.fullmatch(option):
