@@ -767,6 +767,20 @@ def describe_schema(selector: str = "") -> list[str]:
     return lines
 
 
+def key_paths() -> list[str]:
+    """Every key as it is written with --set: `section.key`, nested tables' as `slurm.container.kind`."""
+
+    def walk(cls: type, prefix: str) -> list[str]:
+        out = []
+        for f in dataclasses.fields(cls):
+            tp = _HINTS[cls][f.name]
+            nested = dataclasses.is_dataclass(tp) and isinstance(tp, type)
+            out += walk(tp, f"{prefix}{toml_key(f)}.") if nested else [prefix + toml_key(f)]
+        return out
+
+    return [k for name in SECTIONS if name != "env" for k in walk(_section_class(name), f"{name}.")]
+
+
 def _describe_table(cls: type, prefix: str, selector: str) -> list[str]:
     """Schema lines of one table's keys (nested tables' keys as `table.key`) under `selector`."""
     lines = []
