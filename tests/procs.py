@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import pty
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from clusterfsdp.control import runfolder
@@ -47,7 +49,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_run(job_text: str, run_root: Path, overrides: list[str] = ()) -> runfolder.RunFolder:
+def make_run(job_text: str, run_root: Path, overrides: Sequence[str] = ()) -> runfolder.RunFolder:
     spec = S.loads(job_text, [f"job.run_root={str(run_root)!r}", *overrides])
     return runfolder.create_run(spec, Executor.LOCAL)
 
@@ -77,7 +79,7 @@ def launch(argv: list[str], world: int, job_id: str = "t1", extra_env: dict | No
 
 
 def wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int, str]]:
-    return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
+    return [(p.wait(timeout=timeout), p.stdout.read() if p.stdout else "") for p in procs]
 
 
 def run_workers(run: runfolder.RunFolder, world: int, job_id: str = "t1") -> list[tuple[int, str]]:
@@ -89,3 +91,23 @@ def run_workers(run: runfolder.RunFolder, world: int, job_id: str = "t1") -> lis
 
 def losses(run: runfolder.RunFolder, job_id: str | None = None) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in run.metrics()}
+
+
+def on_a_tty(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> str:
+    """`python -m clusterfsdp ARGS` with stdout and stderr on a pseudo-terminal (as a person runs
+    it); everything it wrote there."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "clusterfsdp", *args], stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the command closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=timeout)
+    os.close(leader)
+    return out.decode(errors="replace")

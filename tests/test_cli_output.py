@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import stat
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import on_a_tty
 
 from clusterfsdp.control import runfolder
 from clusterfsdp.control import spec as S
@@ -85,32 +85,13 @@ def test_submit_json_and_parsable_print_what_scripts_need(tmp_path):
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
 
 
-def _on_a_tty(*args: str, env: dict[str, str]) -> str:
-    """The command's output with its stdout and stderr on a pseudo-terminal."""
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "clusterfsdp", *args], stdout=follower, stderr=follower, env=env)
-    os.close(follower)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO: the command closed the terminal
-            break
-        if not chunk:
-            break
-        out += chunk
-    proc.wait(timeout=60)
-    os.close(leader)
-    return out.decode()
-
-
 def test_colour_only_on_a_tty_and_never_with_no_color(finished_run, tmp_path):
     root = str(tmp_path / "runs")
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
-    assert "\x1b[32mCOMPLETED\x1b[0m" in _on_a_tty("runs", "--run-root", root, env=env)
-    assert "\x1b[" not in _on_a_tty("runs", "--run-root", root, env={**env, "NO_COLOR": "1"})
+    assert "\x1b[32mCOMPLETED\x1b[0m" in on_a_tty("runs", "--run-root", root, env=env)
+    assert "\x1b[" not in on_a_tty("runs", "--run-root", root, env={**env, "NO_COLOR": "1"})
     assert "\x1b[" not in cli("runs", "--run-root", root, env=env).stdout  # a pipe
-    assert "\x1b[31merror:\x1b[0m" in _on_a_tty("status", "nope", "--run-root", root, env=env)
+    assert "\x1b[31merror:\x1b[0m" in on_a_tty("status", "nope", "--run-root", root, env=env)
 
 
 def _complete(shell: str, script: str, words: list[str], env: dict[str, str]) -> list[str]:

@@ -3,26 +3,31 @@ that `from_pretrained` loads on one machine without FSDP or torch.distributed.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from ..control.spec import JobSpec
 
 
-def export_hf(spec: JobSpec, checkpoint_dir: Path, out: Path) -> Path:
+def export_hf(spec: JobSpec, checkpoint_dir: Path, out: Path, log: Callable[[str], None] = print) -> Path:
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
 
     from .model import DTYPES, build_config
+    from .progress import task
     from .train import _data_vocab
 
-    config = build_config(spec.model, _data_vocab(spec))
-    model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[spec.model.dtype])
-    state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(checkpoint_dir), no_dist=True)
-    model.load_state_dict(state["model"])
-    model.tie_weights()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    with task("building the model", log=log):
+        config = build_config(spec.model, _data_vocab(spec))
+        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[spec.model.dtype])
+    with task(f"loading checkpoint {checkpoint_dir.name}", log=log):
+        state = {"model": model.state_dict()}
+        dcp.load(state, checkpoint_id=str(checkpoint_dir), no_dist=True)  # pyright: ignore[reportPrivateImportUsage]
+        model.load_state_dict(state["model"])
+        model.tie_weights()
+    with task(f"writing safetensors to {out}", log=log):
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out, safe_serialization=True)
     return out
 
 

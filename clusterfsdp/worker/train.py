@@ -133,14 +133,19 @@ def train(
     flag_group = dist.new_group(backend="gloo") if dist.is_initialized() else None
     torch.manual_seed(spec.job.seed)
     t_build = time.perf_counter()
+    what = spec.model.name_or_path or f"preset {spec.model.preset}"
+    log(f"building the model ({what}): meta -> shard -> materialize -> {'load' if spec.model.name_or_path else 'init'}")
     model, optimizer, config, n_params = build(spec, device, world_size, _data_vocab(spec))
-    samples = Samples(spec.data, config.vocab_size, spec.job.seed, cache_dir)
+    samples = Samples(spec.data, config.vocab_size, spec.job.seed, cache_dir, log if rank == 0 else None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec))
     saver = ckpt.Checkpointer(
         ckpt_root, model, optimizer, rank, world_size, spec_text, spec.checkpoint.keep_last, spec.checkpoint.async_
     )
     step, consumed, tokens_seen, elapsed_before = 0, 0, 0, 0.0
     t0 = time.perf_counter()
+    newest = ckptfolder.find(ckpt_root)
+    if newest is not None:
+        log(f"loading checkpoint {newest.path.name} (saved by {newest.meta.get('world_size', '?')} ranks) ...")
     latest, saved, unreadable = saver.load_newest()
     for bad_step, reason in unreadable:
         log(f"checkpoint step {bad_step} did not load, set aside: {reason}")
@@ -214,8 +219,10 @@ def train(
             blocked = saver.save(step, meta())
             mode = "async" if spec.checkpoint.async_ else "sync"
             log(f"checkpoint step {step}: training blocked {blocked:.3f} s ({mode})")
-    saver.save(step, meta(), blocking=True)  # the last step always saves synchronously
+    log(f"saving the final checkpoint (step {step}) ...")
+    secs = saver.save(step, meta(), blocking=True)  # the last step always saves synchronously
     saver.wait()
+    log(f"saved step {step} in {secs:.2f} s")
     return Outcome("completed", step, str(ckptfolder.step_dir(ckpt_root, step)))
 
 
