@@ -46,6 +46,7 @@ def build_bundle(folder: Path, shared: Path) -> Path:
     config["root"] = {"path": "rootfs", "readonly": False}
     config["process"]["cwd"] = "/"
     config["process"]["terminal"] = False
+    config["process"]["env"] = []  # Slurm appends the job's environment; no duplicate PATH before it
     binds = [("/usr", "ro"), (sys.base_prefix, "ro"), ("/etc", "ro"), (str(REPO), "ro"), (str(shared), "rw"),
              ("/dev/shm", "rw")]  # fmt: skip
     for path in dict.fromkeys(str(Path(p).resolve()) for p, _ in binds):
