@@ -774,8 +774,10 @@ def key_paths() -> list[str]:
         out = []
         for f in dataclasses.fields(cls):
             tp = _HINTS[cls][f.name]
-            nested = dataclasses.is_dataclass(tp) and isinstance(tp, type)
-            out += walk(tp, f"{prefix}{toml_key(f)}.") if nested else [prefix + toml_key(f)]
+            if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+                out += walk(tp, f"{prefix}{toml_key(f)}.")
+            else:
+                out.append(prefix + toml_key(f))
         return out
 
     return [k for name in SECTIONS if name != "env" for k in walk(_section_class(name), f"{name}.")]
