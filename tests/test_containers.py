@@ -182,3 +182,20 @@ def test_set_reaches_nested_container_keys_typed_by_the_schema():
     spec = S.loads("", ["slurm.container.kind=apptainer", "slurm.container.image=/i.sif", "slurm.container.python=3"])
     assert (spec.slurm.container.kind, spec.slurm.container.python) == ("apptainer", "3")
     assert S.loads(S.dumps(spec)) == spec  # the nested table round-trips through job.toml
+
+
+def test_notebook_srun_steps_start_the_images_python_too(tmp_path):
+    from clusterfsdp.notebook.placement import srun_command
+
+    spec = S.loads((JOB + PYXIS).replace("RUNROOT", str(tmp_path / "runs")))
+    cmd = srun_command(spec, tmp_path / "run", step_name="s")
+    python = cmd.index("/opt/venv/bin/python")
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in cmd[:python]
+    assert cmd[python:] == [
+        "/opt/venv/bin/python",
+        "-u",
+        "-m",
+        "clusterfsdp.notebook.tasks",
+        "_task",
+        str(tmp_path / "run"),
+    ]
