@@ -308,3 +308,23 @@ def test_old_state_files_still_read(tmp_path):
     (attempt,) = run.attempts
     assert attempt.job_id == "77" and attempt.leader is None
     assert status.run_status(run).state is RunState.FAILED
+
+
+def test_a_resume_whose_queueing_fails_puts_everything_back(tmp_path):
+    """Checkpoints set aside for `resume --step` and the rewritten job.toml are restored when
+    the attempt cannot be queued (here: submitit/ is a file, so submitit cannot write there)."""
+    run = make_run(tiny_job_toml("undo", 0, 8), tmp_path)
+    root = run.checkpoints_dir()
+    for step in (2, 4, 6):  # complete checkpoints as the folder layout defines them
+        folder = ckptfolder.step_dir(root, step)
+        folder.mkdir(parents=True)
+        (folder / ".metadata").write_bytes(b"x")
+        (folder / ckptfolder.COMPLETE).write_text(json.dumps({"step": step}))
+    job_before = run.job_toml.read_text()
+    run.submitit_dir.rmdir()
+    run.submitit_dir.write_text("not a folder")
+    r = cli("resume", str(run.path), "--step", "2", "--set", "train.steps=9", "--executor", "local")
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+    assert [c.step for c in ckptfolder.list_checkpoints(root)] == [2, 4, 6]
+    assert not list((root / "set-aside").iterdir()) if (root / "set-aside").exists() else True
+    assert run.job_toml.read_text() == job_before and run.attempts == []

@@ -127,7 +127,7 @@ def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.Mon
         await pilot.click("#resume")
         await until(pilot, lambda: len(run[0].attempts) == 2, "a second attempt")
         second = run[0].attempts[1]
-        assert second["resume_step"] == 10 and second["executor"] == "local"
+        assert second.resume_step == 10 and second.executor == "local"
         await until(pilot, lambda: _events(run[0], "completed")[1:], "the resumed attempt's end", 180)
         (resumed,) = _events(run[0], "resumed")
         assert resumed.step == 10 and str(resumed.job_id) == str(second.job_id)
@@ -147,7 +147,7 @@ def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.Mon
         await pilot.press("3")
         await until(
             pilot,
-            lambda: logs.file is not None and logs.file.path.parent.name == f"{second['job_id']}.0",
+            lambda: logs.file is not None and logs.file.path.parent.name == f"{second.job_id}.0",
             "the new attempt's log",
             30,
         )

@@ -67,8 +67,8 @@ def find(root: Path, step: int | None = None) -> CheckpointInfo | None:
 
 def keep_only_up_to(root: Path, step: int) -> list[tuple[Path, Path]]:
     """Move complete checkpoints newer than `step` into `set-aside/` (never deleted), so a
-    resume picks `step`. Returns (old path, new path) of each, so a failed resume can undo it."""
-    moved = []
+    resume picks `step`. Returns (original, new) paths, so that the move can be undone."""
+    moved: list[tuple[Path, Path]] = []
     for info in list_checkpoints(root):
         if info.step > step:
             dest = root / "set-aside" / f"{info.path.name}-{int(time.time())}"

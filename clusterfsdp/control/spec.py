@@ -605,8 +605,8 @@ def parse_time_minutes(value: int | str) -> int:
     m = _TIME.match(value.strip())
     if not m:
         raise ValueError(f"expected minutes or 'D-HH:MM:SS' (or MM:SS, HH:MM:SS, D-HH, D-HH:MM), found {value!r}")
-    d, b, c = (int(x) if x else None for x in m.group("d", "b", "c"))
-    a = int(m.group("a"))
+    d, a, b, c = (int(x) if x else None for x in m.group("d", "a", "b", "c"))
+    assert a is not None  # the pattern requires it
     if d is None:  # MM | MM:SS | HH:MM:SS
         if b is None:
             secs = a * 60
