@@ -22,7 +22,7 @@ from ..control.records import EventKind, Executor
 from .errors import SrunError, StepFailed, StepInterrupted
 from .job import load_job, with_layout
 from .placement import allocation_nodes, choose_launcher, launcher_env, srun_command
-from .progress import in_kernel, MetricsTail, Progress
+from .progress import MetricsTail, Progress, in_kernel
 from .result import SrunResult, remember
 from .tasks import MARK
 
