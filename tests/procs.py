@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import socket
 import struct
 import subprocess
@@ -123,3 +124,23 @@ def newest_checkpoint(root: Path) -> ckptfolder.CheckpointInfo:
     info = ckptfolder.find(root)
     assert info is not None, f"no complete checkpoint in {root}"
     return info
+
+
+def on_a_tty(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> str:
+    """`python -m clusterfsdp ARGS` with stdout and stderr on a pseudo-terminal (as a person runs
+    it); everything it wrote there."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "clusterfsdp", *args], stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the command closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=timeout)
+    os.close(leader)
+    return out.decode(errors="replace")

@@ -16,6 +16,7 @@ from procs import launch, make_run, newest_checkpoint, run_workers, tiny_job_tom
 
 from clusterfsdp.control import ckptfolder, runfolder, status
 from clusterfsdp.control import spec as S
+from clusterfsdp.control.records import EventKind
 from clusterfsdp.control.run import Run
 
 JOB = tiny_job_toml(
@@ -31,6 +32,12 @@ every_steps = 4
 keep_last = 5
 """,
 )
+
+
+def newest(run: runfolder.RunFolder) -> ckptfolder.CheckpointInfo:
+    info = ckptfolder.find(run.checkpoints_dir())
+    assert info is not None, f"no complete checkpoint in {run.checkpoints_dir()}"
+    return info
 
 
 def rows_by_attempt(run: runfolder.RunFolder) -> list[dict[int, float]]:
@@ -57,7 +64,8 @@ def test_resume_is_bitwise_exact_on_the_same_world_size(tmp_path, preset):
     root = run.checkpoints_dir()
     assert [c.step for c in ckptfolder.list_checkpoints(root)] == [4, 8]
     moved = ckptfolder.keep_only_up_to(root, 4)  # what `clusterfsdp resume --step 4` does
-    assert len(moved) == 1 and moved[0][1].parent.name == "set-aside"
+    ((original, aside),) = moved
+    assert original == root / "step-00000008" and aside.parent.name == "set-aside" and not original.exists()
     run_workers(run, 2, job_id="a2")
     first, resumed = rows_by_attempt(run)
     assert sorted(resumed) == [5, 6, 7, 8]
@@ -155,9 +163,9 @@ def test_sigusr2_saves_requeues_and_resumes_on_the_local_executor(tmp_path):
         os.kill(pid, signal.SIGUSR2)
     _wait_for(lambda: status.run_status(run).state == "COMPLETED", 600, "completion")
     events = [e.event for e in run.events()]
-    assert events.index("requeued") < events.index("resumed") < events.index("completed")
+    assert events.index(EventKind.REQUEUED) < events.index(EventKind.RESUMED) < events.index(EventKind.COMPLETED)
     resumed = next(e for e in run.events() if e.event == "resumed")
-    assert resumed.restart == 1 and resumed.step >= 20
+    assert resumed.restart == 1 and resumed.step is not None and resumed.step >= 20
     assert sorted(p.name for p in run.logs_dir.iterdir()) == [f"{job_id}.0", f"{job_id}.1"]
     assert newest_checkpoint(run.checkpoints_dir()).step == 400
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from procs import on_a_tty
+
 from clusterfsdp.control import ckptfolder, runfolder
 
 
@@ -51,6 +53,12 @@ def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
     out = tmp_path / "hf"
     ex = cli("export", str(run.path), "--to", str(out), cwd=tmp_path)
     assert ex.returncode == 0, ex.stderr
+    assert "loading checkpoint step-00000150: done in" in ex.stdout  # progress as lines in a pipe
+    shown = on_a_tty("export", str(run.path), "--to", str(tmp_path / "hf2"))  # a progress bar on a terminal
+    assert "loading checkpoint step-00000150" in shown and "\r" in shown and ": done in" not in shown
+    log = (run.logs_dir / f"{attempt.job_id}.0" / "rank0.log").read_text()
+    assert "building the model (preset llama-tiny)" in log  # (tokenizing: whichever rank gets there first)
+    assert "saving the final checkpoint (step 150) ..." in log
     check = f"""
 import torch, torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer

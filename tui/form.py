@@ -80,7 +80,8 @@ def form_fields() -> list[FormField]:
         hints = typing.get_type_hints(cls)
         defaults = cls()
         for key, f in specmod.section_fields(sf.name).items():
-            out.append(FormField(sf.name, key, hints[f.name], f.metadata["doc"], getattr(defaults, f.name)))
+            default = specmod.plain(getattr(defaults, f.name))  # nested tables ([slurm.container]) as dicts
+            out.append(FormField(sf.name, key, hints[f.name], f.metadata["doc"], default))
     return out
 
 

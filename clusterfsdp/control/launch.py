@@ -66,6 +66,92 @@ def choose_executor(requested: Requested) -> tuple[Executor, str]:
     return Executor.LOCAL, "executor: local (no reachable Slurm): runs on this machine with submitit's local executor"
 
 
+@dataclass(frozen=True)
+class TaskLaunch:
+    """How each srun task starts the worker: options for srun, and the Python that runs
+    `-m clusterfsdp.worker` (or submitit's `_submit`), maybe inside a container.
+
+    - none: this Python (`sys.executable`), which must exist at the same path on every node.
+    - pyxis: `srun --container-image=IMAGE --container-mounts=... --container-workdir=...`, then the
+      image's Python. Host environment variables reach the container (the image's own win).
+    - apptainer: `apptainer exec [--nv] --bind ... [--pwd DIR] IMAGE PYTHON`: the task is apptainer,
+      which stays in the step's process tree, so Slurm's signals reach the worker.
+    - oci: `srun --container=BUNDLE` (Slurm's oci.conf runtime; the bundle's config.json has the
+      mounts, and Slurm 22.05 runs one task per node per step inside it).
+
+    The run root and checkpoint.dir are mounted at their own paths, so the run folder has one path
+    everywhere. Every value is held to an allowlist by `spec.check` and shell-quoted here."""
+
+    srun_args: tuple[str, ...]
+    python: tuple[str, ...]
+
+    def command(self, *args: str) -> str:
+        return shlex.join([*self.python, *args])
+
+
+def task_launch(spec: specmod.JobSpec) -> TaskLaunch:
+    c = spec.slurm.container
+    if c.kind == "none":
+        return TaskLaunch((), (sys.executable,))
+    if c.kind == "oci":
+        return TaskLaunch((f"--container={c.image}",), (c.python,))
+    mounts = _container_mounts(spec)
+    if c.kind == "pyxis":
+        args = [f"--container-image={c.image}", f"--container-mounts={','.join(mounts)}"]
+        args += [f"--container-workdir={c.workdir}"] if c.workdir else []
+        return TaskLaunch((*args, *c.options), (c.python,))
+    python = ["apptainer", "exec", *(["--nv"] if spec.slurm.gpus_per_node else []), "--bind", ",".join(mounts)]
+    python += ["--pwd", c.workdir] if c.workdir else []
+    return TaskLaunch((), (*python, *c.options, c.image, c.python))
+
+
+def _container_mounts(spec: specmod.JobSpec) -> list[str]:
+    """The run root and checkpoint.dir at their own paths, then the job's own mounts."""
+    own = [str(Path(p).expanduser().resolve()) for p in (spec.job.run_root, spec.checkpoint.dir) if p]
+    return list(dict.fromkeys([f"{p}:{p}" for p in own] + spec.slurm.container.mounts))
+
+
+def check_container(spec: specmod.JobSpec, executor: Executor) -> None:
+    """What the job file cannot say about itself: where the container can run."""
+    c = spec.slurm.container
+    if c.kind == "none":
+        return
+    if executor is not Executor.SLURM:
+        raise SubmitError(
+            f"slurm.container.kind = {c.kind!r}: containers are started by srun; the local executor runs "
+            "this machine's Python (--set slurm.container.kind=none to run here)"
+        )
+    for path in (spec.job.run_root, spec.checkpoint.dir):
+        resolved = str(Path(path).expanduser().resolve()) if path else ""
+        if resolved and not specmod.MOUNT_PATH.fullmatch(resolved):
+            raise SubmitError(f"slurm.container: {resolved!r} cannot be mounted (',' or ':' in the path)")
+    version = slurmcli.version() if c.kind == "oci" and spec.tasks_per_node > 1 else None
+    if version is not None and version < (23, 2):
+        raise SubmitError(
+            f"slurm.container.kind = 'oci': Slurm {version[0]}.{version[1]:02d} runs one task per node in an OCI "
+            f"container, and this job has {spec.tasks_per_node} per node; use pyxis or apptainer, or one "
+            "GPU/task per node (Slurm 23.02 lifts the limit)"
+        )
+
+
+_TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def check_trackers(spec: specmod.JobSpec) -> None:
+    """The workers run this Python (no container): the tracker packages must be importable here,
+    or the run would fail after queueing. Looked up without importing them."""
+    if spec.slurm.container.kind != "none":
+        return  # the image's Python: only the worker can tell
+    import importlib.util
+
+    for name in spec.log.trackers:
+        if importlib.util.find_spec(_TRACKER_MODULES[name]) is None:
+            raise SubmitError(
+                f"log.trackers: {name!r} is not installed in {sys.executable} (the workers' Python); "
+                "pip install 'clusterfsdp[trackers]'"
+            )
+
+
 def slurm_parameters(spec: specmod.JobSpec, dependency: str | None = None) -> dict[str, Any]:
     """Keyword arguments for submitit's SlurmExecutor / _make_sbatch_string. Every string value
     from the job file was held to an allowlist by `spec.check` (the `#SBATCH` parser honours
@@ -96,6 +182,9 @@ def slurm_parameters(spec: specmod.JobSpec, dependency: str | None = None) -> di
         extra["dependency"] = dependency
     extra.update(s.extra)
     params["additional_parameters"] = extra
+    srun_args = task_launch(spec).srun_args
+    if srun_args:
+        params["srun_args"] = list(srun_args)
     return params
 
 
@@ -114,8 +203,8 @@ def check_run_root(spec: specmod.JobSpec) -> None:
         raise SubmitError(f"job.run_root: {existing} is not writable by you")
 
 
-def worker_command(run: RunFolder) -> str:
-    return shlex.join([sys.executable, "-u", "-m", "clusterfsdp.worker", str(run.path)])
+def worker_command(spec: specmod.JobSpec, run: RunFolder) -> str:
+    return task_launch(spec).command("-u", "-m", "clusterfsdp.worker", str(run.path))
 
 
 def render_sbatch(spec: specmod.JobSpec, run: RunFolder) -> str:
@@ -126,7 +215,7 @@ def render_sbatch(spec: specmod.JobSpec, run: RunFolder) -> str:
     `submitit/<job id>/` for a script that is submitted by hand (the job fails with exit 53)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    return _make_sbatch_string(command=worker_command(run), folder=run.submitit_dir, **slurm_parameters(spec))
+    return _make_sbatch_string(command=worker_command(spec, run), folder=run.submitit_dir, **slurm_parameters(spec))
 
 
 @contextlib.contextmanager
@@ -169,7 +258,11 @@ def _queue_slurm(spec: specmod.JobSpec, run: RunFolder, dependency: str | None) 
     import submitit
     from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-    executor = submitit.SlurmExecutor(folder=run.submitit_dir / "%j", max_num_timeout=spec.slurm.max_restarts)
+    executor = submitit.SlurmExecutor(
+        folder=run.submitit_dir / "%j",
+        max_num_timeout=spec.slurm.max_restarts,
+        python=task_launch(spec).command(),  # the image's Python runs submitit's `_submit` in a container
+    )
     executor.update_parameters(**slurm_parameters(spec, dependency))
     try:  # submitit also prints sbatch's stderr on failure; the exception carries it, shown once below
         with contextlib.redirect_stderr(io.StringIO()):

@@ -303,6 +303,8 @@ def _check_submittable(spec: specmod.JobSpec, executor: Executor) -> None:
     """Everything that can be checked before a folder is made or anything is queued."""
     specmod.check(spec)
     launch.check_run_root(spec)
+    launch.check_container(spec, executor)
+    launch.check_trackers(spec)
     if executor is Executor.LOCAL and spec.slurm.nodes > 1:
         raise launch.SubmitError(
             f"slurm.nodes = {spec.slurm.nodes}: the local executor runs on one machine; "

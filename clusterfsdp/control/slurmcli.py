@@ -55,6 +55,16 @@ def available() -> bool:
     return proc.returncode == 0 and "UP" in proc.stdout
 
 
+def version() -> tuple[int, int] | None:
+    """(major, minor) of the installed Slurm (`sbatch --version`: 'slurm 22.05.8'); None if unknown."""
+    try:
+        words = run(["sbatch", "--version"], timeout=10).split()
+        major, minor = words[1].split(".")[:2]
+        return int(major), int(minor)
+    except (SlurmError, IndexError, ValueError):
+        return None
+
+
 def run(cmd: list[str], timeout: float = 30) -> str:
     """Run a Slurm command; return stdout or raise SlurmError with Slurm's own message."""
     if shutil.which(cmd[0]) is None:

@@ -9,6 +9,7 @@ generated from it, so the documentation cannot drift from the code.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -38,8 +39,8 @@ class SpecError(ValueError):
 def F(default: Any, doc: str, *, key: str | None = None, secret: bool = False) -> Any:
     """A schema field with its docstring (and TOML key when it is not a valid Python name)."""
     meta = {"doc": doc, "key": key}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -53,6 +54,35 @@ class JobSection:
         "this file (the same default `runs`, `status` and the TUI use).",
     )
     seed: int = F(0, "Seed for model init, data order and dropout; same seed + same world size = same losses.")
+
+
+@dataclass
+class ContainerSection:
+    kind: Literal["none", "pyxis", "apptainer", "oci"] = F(
+        "none",
+        "Run the workers in a container: 'pyxis' (srun --container-image, NVIDIA clusters with pyxis/enroot), "
+        "'apptainer' (apptainer exec), 'oci' (Slurm's own srun --container=BUNDLE through oci.conf); 'none': "
+        "the Python that submits.",
+    )
+    image: str = F(
+        "",
+        "pyxis: an image ('nvcr.io#nvidia/pytorch:24.05-py3') or a .sqsh file; apptainer: a .sif file (or "
+        "'docker://...'); oci: the bundle folder (config.json + rootfs/), an absolute path that every node sees.",
+    )
+    python: str = F(
+        "python3",
+        "The Python inside the image that runs the workers; it needs clusterfsdp (same version) and torch installed.",
+    )
+    mounts: list[str] = F(
+        [],
+        "Host folders to mount, 'SRC:DST' or 'SRC:DST:ro' (pyxis --container-mounts, apptainer --bind). The run "
+        "root and checkpoint.dir are always mounted at their own paths. oci: the bundle's config.json mounts.",
+    )
+    workdir: str = F("", "Working directory inside the container (empty: the image's default). pyxis and apptainer.")
+    options: list[str] = F(
+        [],
+        "Further launcher options, e.g. ['--no-container-mount-home'] (pyxis) or ['--cleanenv'] (apptainer).",
+    )
 
 
 @dataclass
@@ -78,6 +108,9 @@ class SlurmSection:
     )
     setup: list[str] = F(
         [], "Shell lines run once on the batch host before the workers start (module load, venv activation)."
+    )
+    container: ContainerSection = F(
+        ContainerSection(), "The container the workers run in ([slurm.container]; Slurm jobs only)."
     )
 
 
@@ -167,6 +200,25 @@ class CheckpointSection:
     async_: bool = F(False, "Save in the background (DCP async_save) while training continues.", key="async")
 
 
+Tracker = Literal["tensorboard", "wandb", "mlflow"]
+
+
+@dataclass
+class LogSection:
+    trackers: list[Tracker] = F(
+        [],
+        "Experiment trackers rank 0 logs to, any of 'tensorboard' (<run folder>/tensorboard/), 'wandb' "
+        "(files in <run folder>/wandb/), 'mlflow'; one tracker run per clusterfsdp run, across requeues and "
+        "resumes. Needs `pip install 'clusterfsdp[trackers]'` where the workers run.",
+    )
+    project: str = F("", "W&B project and MLflow experiment (empty: job.name). W&B's entity: $WANDB_ENTITY.")
+    mlflow_tracking_uri: str = F(
+        "",
+        "MLflow server or store (empty: $MLFLOW_TRACKING_URI, else a file store in <run folder>/mlruns). "
+        "Credentials belong in [env] MLFLOW_TRACKING_PASSWORD/TOKEN, never in this URI.",
+    )
+
+
 @dataclass
 class JobSpec:
     job: JobSection = field(default_factory=JobSection)
@@ -176,6 +228,7 @@ class JobSpec:
     train: TrainSection = field(default_factory=TrainSection)
     fsdp: FsdpSection = field(default_factory=FsdpSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    log: LogSection = field(default_factory=LogSection)
     env: dict[str, str] = field(
         default_factory=dict,
         metadata={"doc": "Extra environment for the workers; overrides everything clusterfsdp sets (NCCL_*, etc.)."},
@@ -222,7 +275,7 @@ class JobSpec:
 
 
 SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(JobSpec)}  # type: ignore[misc]
-_HINTS = {
+_HINTS: dict[type, dict[str, Any]] = {
     cls: typing.get_type_hints(cls)
     for cls in (
         JobSection,
@@ -232,6 +285,8 @@ _HINTS = {
         TrainSection,
         FsdpSection,
         CheckpointSection,
+        LogSection,
+        ContainerSection,
         JobSpec,
     )
 }
@@ -259,7 +314,7 @@ def type_name(tp: Any) -> str:
         return " or ".join(type_name(a) for a in get_args(tp))
     if origin is list:
         return f"list of {type_name(get_args(tp)[0])}"
-    if origin is dict:
+    if origin is dict or dataclasses.is_dataclass(tp):
         return "table"
     if tp is Any:
         return "any value"
@@ -279,6 +334,14 @@ def coerce(path: str, tp: Any, value: Any) -> Any:
     origin = get_origin(tp)
     if tp is Any:
         return value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, dict):
+            raise SpecError([f"{path}: expected a table, found {_describe(value)}"])
+        errors: list[str] = []
+        table = _table(path, tp, value, errors)
+        if errors:
+            raise SpecError(errors)
+        return table
     if origin is Literal:
         choices = get_args(tp)
         if value in choices and type(value) is type(choices[0]):
@@ -339,22 +402,29 @@ def from_dict(data: dict[str, Any]) -> JobSpec:
         if not isinstance(value, dict):
             errors.append(f"{name}: expected a table [{name}], found {_describe(value)}")
             continue
-        fields = section_fields(name)
-        hints = _HINTS[_section_class(name)]
-        section = getattr(spec, name)
-        for key, v in value.items():
-            path = f"{name}.{key}"
-            if key not in fields:
-                errors.append(_unknown(path, key, list(fields)))
-                continue
-            try:
-                setattr(section, fields[key].name, coerce(path, hints[fields[key].name], v))
-            except SpecError as e:
-                errors += e.errors
+        setattr(spec, name, _table(name, _section_class(name), value, errors))
     if errors:
         raise SpecError(errors)
     check(spec)
     return spec
+
+
+def _table(path: str, cls: type, value: dict[str, Any], errors: list[str]) -> Any:
+    """An instance of the dataclass `cls` (a section or a nested table like [slurm.container])
+    from a TOML table: defaults for missing keys, one error per unknown or mistyped key."""
+    fields = {toml_key(f): f for f in dataclasses.fields(cls)}
+    hints = _HINTS[cls]
+    table = cls()
+    for key, v in value.items():
+        here = f"{path}.{key}"
+        if key not in fields:
+            errors.append(_unknown(here, key, list(fields)))
+            continue
+        try:
+            setattr(table, fields[key].name, coerce(here, hints[fields[key].name], v))
+        except SpecError as e:
+            errors += e.errors
+    return table
 
 
 def check(spec: JobSpec) -> None:
@@ -393,6 +463,8 @@ def check(spec: JobSpec) -> None:
     if s.mem_gb > 1e6:
         errors.append(f"slurm.mem_gb: {s.mem_gb!r} GB per node is more than any node has")
     errors += _sbatch_value_errors(s)
+    errors += _container_errors(s.container)
+    errors += _log_errors(spec.log)
     if not 0 < t.lr < 1:
         errors.append(f"train.lr: expected a number in (0, 1), found {t.lr!r}")
     if not 0 <= t.min_lr_ratio <= 1:
@@ -504,6 +576,66 @@ def _model_errors(m: ModelSection) -> list[str]:
             f'set model.preset = "" to build a {given_type} model from from_config alone'
         ]
     return _config_override_errors(PRESETS[m.preset], m.from_config)
+
+
+# What may reach the srun line (or the command inside the container) from [slurm.container]. The
+# values are shell-quoted there too; these keep them to what each launcher parses as one value
+# (pyxis and apptainer split mount lists at ',' and ':').
+_IMAGE = re.compile(r"[A-Za-z0-9._/:@#+~-]+")
+MOUNT_PATH = re.compile(r"/[A-Za-z0-9._/+@%=~-]*")  # no ',' or ':' (they separate mounts and their parts)
+_MOUNT = re.compile(rf"({MOUNT_PATH.pattern}):({MOUNT_PATH.pattern})(?::[a-z+]+)?")
+_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9._/:@+,=-]*)?")
+
+
+def _container_errors(c: ContainerSection) -> list[str]:
+    key = "slurm.container"
+    if c.kind == "none":
+        given = [k for k in ("image", "mounts", "workdir", "options") if getattr(c, k)]
+        return [f"{key}.{k}: set {key}.kind to run in a container" for k in given]
+    errors = []
+    if not c.image:
+        errors.append(
+            f"{key}.image: kind = {c.kind!r} needs an image" + (" (the bundle folder)" if c.kind == "oci" else "")
+        )
+    elif not (MOUNT_PATH if c.kind == "oci" else _IMAGE).fullmatch(c.image):
+        want = (
+            "an absolute path of letters, digits and . _ / + @ % = ~ -"
+            if c.kind == "oci"
+            else ("letters, digits and . _ / : @ # + ~ -")
+        )
+        errors.append(f"{key}.image: {_short(c.image)} must be {want}")
+    if not re.fullmatch(r"[A-Za-z0-9._/+-]+", c.python):
+        errors.append(f"{key}.python: {_short(c.python)} must be a program name or path (letters, digits, . _ / + -)")
+    for i, mount in enumerate(c.mounts):
+        if not _MOUNT.fullmatch(mount):
+            errors.append(
+                f"{key}.mounts[{i}]: {_short(mount)} must be '/SRC:/DST' or '/SRC:/DST:FLAGS' (absolute "
+                "paths without ',' or ':'; flags like ro)"
+            )
+    if c.workdir and not MOUNT_PATH.fullmatch(c.workdir):
+        errors.append(f"{key}.workdir: {_short(c.workdir)} must be an absolute path of letters, digits and . _ / + -")
+    for i, option in enumerate(c.options):
+        if not _OPTION.fullmatch(option):
+            errors.append(f"{key}.options[{i}]: {_short(option)} must be one --option or --option=value")
+    if c.kind == "oci":
+        errors += [
+            f"{key}.{k}: not used with kind = 'oci' (the bundle's config.json sets it)"
+            for k in ("mounts", "workdir", "options")
+            if getattr(c, k)
+        ]
+    return errors
+
+
+def _log_errors(log: LogSection) -> list[str]:
+    errors = [f"log.trackers: {t!r} is named twice" for t in dict.fromkeys(log.trackers) if log.trackers.count(t) > 1]
+    if re.search(r"://[^/@]*@", log.mlflow_tracking_uri):
+        errors.append(
+            "log.mlflow_tracking_uri: has credentials (user:password@); put them in [env] "
+            "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, which never reach a file"
+        )
+    if re.search(r"\s", log.mlflow_tracking_uri):
+        errors.append(f"log.mlflow_tracking_uri: {_short(log.mlflow_tracking_uri)} contains whitespace")
+    return errors
 
 
 _TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
@@ -628,16 +760,28 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:
                 errors.append(f"--set {item!r}: {part} is not a table")
                 break
         else:
-            section = parts[0]
-            if section in SECTIONS and section != "env" and len(parts) == 2:
-                f = section_fields(section).get(parts[1])
-                if f is not None and _HINTS[_section_class(section)][f.name] is str and not isinstance(value, str):
-                    value = raw  # a str field given 123 or true means the text
-            elif section == "env" and not isinstance(value, str):
-                value = raw
+            if _field_type(parts) is str and not isinstance(value, str):
+                value = raw  # a str field (or an [env] value) given 123 or true means the text
             target[parts[-1]] = value
     if errors:
         raise SpecError(errors)
+
+
+def _field_type(parts: list[str]) -> Any:
+    """The annotation of the key at `parts` (section, key, nested key...), or None if unknown."""
+    if parts[0] == "env":
+        return str if len(parts) == 2 else None
+    if parts[0] not in SECTIONS:
+        return None
+    tp: Any = _section_class(parts[0])
+    for part in parts[1:]:
+        if not (dataclasses.is_dataclass(tp) and isinstance(tp, type)):
+            return None
+        f = {toml_key(f): f for f in dataclasses.fields(tp)}.get(part)
+        if f is None:
+            return None
+        tp = _HINTS[tp][f.name]
+    return tp
 
 
 def to_dict(spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
@@ -646,9 +790,15 @@ def to_dict(spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
         if f.name == "env":
             out["env"] = secretenv.redacted(spec.env) if redact else dict(spec.env)
             continue
-        section = getattr(spec, f.name)
-        out[f.name] = {toml_key(sf): getattr(section, sf.name) for sf in dataclasses.fields(section)}
+        out[f.name] = plain(getattr(spec, f.name))
     return out
+
+
+def plain(value: Any) -> Any:
+    """A section or nested table as TOML data (dataclasses become tables keyed by TOML key)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {toml_key(f): plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return copy.deepcopy(value)
 
 
 def dumps(spec: JobSpec, *, redact: bool = False) -> str:
@@ -670,12 +820,42 @@ def describe_schema(selector: str = "") -> list[str]:
             lines.append(f"[env]  table of strings\n    {f.metadata['doc']}")
             continue
         lines.append(f"[{f.name}]")
-        hints = _HINTS[_section_class(f.name)]
-        for key, sf in section_fields(f.name).items():
-            if "." in selector and selector.split(".", 1)[1] != key:
-                continue
-            default = _inline(getattr(_section_class(f.name)(), sf.name))
-            lines.append(f"  {key} = {default}    ({type_name(hints[sf.name])})\n      {sf.metadata['doc']}")
+        lines += _describe_table(_section_class(f.name), "", selector.split(".", 1)[1] if "." in selector else "")
+    return lines
+
+
+def key_paths() -> list[str]:
+    """Every key as it is written with --set: `section.key`, nested tables' as `slurm.container.kind`."""
+
+    def walk(cls: type, prefix: str) -> list[str]:
+        out = []
+        for f in dataclasses.fields(cls):
+            tp = _HINTS[cls][f.name]
+            if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+                out += walk(tp, f"{prefix}{toml_key(f)}.")
+            else:
+                out.append(prefix + toml_key(f))
+        return out
+
+    return [k for name in SECTIONS if name != "env" for k in walk(_section_class(name), f"{name}.")]
+
+
+def _describe_table(cls: type, prefix: str, selector: str) -> list[str]:
+    """Schema lines of one table's keys (nested tables' keys as `table.key`) under `selector`."""
+    lines = []
+    for sf in dataclasses.fields(cls):
+        key = prefix + toml_key(sf)
+        if selector and not (key == selector or key.startswith(selector + ".") or selector.startswith(key + ".")):
+            continue
+        tp = _HINTS[cls][sf.name]
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            if not selector or selector == key or key.startswith(selector + "."):
+                lines.append(f"  {key}    (table)\n      {sf.metadata['doc']}")
+            lines += _describe_table(tp, key + ".", selector)
+            continue
+        lines.append(
+            f"  {key} = {_inline(plain(getattr(cls(), sf.name)))}    ({type_name(tp)})\n      {sf.metadata['doc']}"
+        )
     return lines
 
 

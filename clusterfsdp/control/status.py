@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import procs, slurmcli
-from .records import Attempt, Event, EventKind, Executor, RunState
+from . import ckptfolder, procs, slurmcli
+from . import spec as specmod
+from .records import Attempt, Event, EventKind, Executor, RunState, TrackerIds
 from .runfolder import RunFolder
 
 # The worker's final event of an attempt -> the run state it means.
@@ -32,6 +33,9 @@ class RunStatus:
     loss: float | None = None
     attempts: list[Attempt] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # e.g. a checkpoint that did not load and was set aside
+    events: list[Event] = field(default_factory=list)
+    checkpoints: list[int] = field(default_factory=list)  # steps of the complete checkpoints
+    trackers: TrackerIds = field(default_factory=TrackerIds)
 
 
 def attempt_alive(attempt: Attempt) -> bool:
@@ -46,6 +50,13 @@ def _progress(run: RunFolder) -> tuple[int | None, float | None]:
     return rows[-1].get("step"), rows[-1].get("loss")
 
 
+def _checkpoint_steps(run: RunFolder) -> list[int]:
+    try:
+        return [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_dir())]
+    except specmod.SpecError:  # a hand-edited job.toml must not break listing
+        return []
+
+
 def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) -> RunStatus:
     """State of one run. `queue` is a pre-fetched {job id: row} (see `statuses`)."""
     record = run.record()
@@ -57,6 +68,7 @@ def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) 
     st = RunStatus(run, RunState.PREPARED, executor=record.executor, step=step, steps=steps, loss=loss,
                    attempts=record.attempts)  # fmt: skip
     events = run.events()
+    st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run), run.tracker_ids()
     st.notes = [f"step {e.step}: {e.reason}" for e in events if e.event is EventKind.CHECKPOINT_FALLBACK and e.reason]
     last = record.last
     if last is None:

@@ -13,6 +13,7 @@ import glob
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -72,8 +73,11 @@ def _documents(path: Path, text_key: str):
         yield path.read_text(encoding="utf-8", errors="replace")
 
 
-def tokenize_files(cfg: DataSection, cache_dir: Path) -> torch.Tensor:
-    """All documents as one int32 token stream (EOS between documents), cached by content key."""
+def tokenize_files(cfg: DataSection, cache_dir: Path, log: Callable[[str], None] | None = None) -> torch.Tensor:
+    """All documents as one int32 token stream (EOS between documents), cached by content key.
+    `log`: where progress goes (rank 0's log); None: quietly (the other ranks)."""
+    from .progress import task
+
     files = _files(cfg.paths)
     key = hashlib.sha256(
         json.dumps(
@@ -86,9 +90,13 @@ def tokenize_files(cfg: DataSection, cache_dir: Path) -> torch.Tensor:
     tok = load_tokenizer(cfg.tokenizer)
     eos = tok.eos_token_id if tok.eos_token_id is not None else 0
     ids: list[int] = []
-    for f in files:
-        for doc in _documents(f, cfg.text_key):
-            ids += [*tok.encode(doc), eos]
+    total = sum(f.stat().st_size for f in files)
+    label = f"tokenizing {len(files)} file(s), {total / 2**20:.1f} MB"
+    with task(label, total, log, every_s=30.0) as progress:
+        for f in files:
+            for doc in _documents(f, cfg.text_key):
+                ids += [*tok.encode(doc), eos]
+                progress.advance(len(doc.encode("utf-8", errors="replace")) + 1)
     stream = torch.tensor(ids, dtype=torch.int32)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
@@ -100,9 +108,11 @@ def tokenize_files(cfg: DataSection, cache_dir: Path) -> torch.Tensor:
 class Samples:
     """Fixed-length samples (seq_len + 1 tokens: inputs and shifted labels) in a seeded global order."""
 
-    def __init__(self, cfg: DataSection, vocab_size: int, seed: int, cache_dir: Path):
+    def __init__(
+        self, cfg: DataSection, vocab_size: int, seed: int, cache_dir: Path, log: Callable[[str], None] | None = None
+    ):
         self.seq_len, self.seed, self.vocab = cfg.seq_len, seed, vocab_size
-        self.stream = tokenize_files(cfg, cache_dir) if cfg.source == "files" else None
+        self.stream = tokenize_files(cfg, cache_dir, log) if cfg.source == "files" else None
         if self.stream is not None:
             self.count = (len(self.stream) - 1) // self.seq_len
             if self.count < 1:

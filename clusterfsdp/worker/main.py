@@ -14,14 +14,19 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, TYPE_CHECKING, cast
 
 from ..control import lock, runfolder, secretenv
 from ..control import spec as specmod
 from ..control.records import Event, EventKind, Executor
 from . import distenv
 from .stopflags import StopFlags
+
+if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed the signal flags
+    from .metrics import MetricsWriter
+    from .trackers import Trackers
 
 LOCAL_REQUEUE_EXIT = 144  # submitit's local controller restarts the tasks on this exit code
 ENV_LOG_ALL_RANKS = "CLUSTERFSDP_LOG_ALL_RANKS"  # "1": every rank prints progress (notebook all_ranks=True)
@@ -125,12 +130,15 @@ def run(run_dir: str) -> str:
             print(f"[rank{env.rank}] {msg}", flush=True)
 
     attempt_lock: lock.FileLock | None = None
+    sink: MetricsWriter | None = None
     try:
-        verdict = torch.zeros(1)
+        verdict = torch.zeros(1)  # rank 0 tells the others whether this attempt may train
         if env.rank == 0:
             try:
                 attempt_lock = _attempt_lock(run, env)
-            except RuntimeError:
+                attempt = sum(1 for e in run.events() if e.event is EventKind.START)
+                sink = metrics.MetricsWriter(run.metrics_file, attempt, _trackers(run, spec, attempt, log))
+            except BaseException:
                 verdict.fill_(1)
                 raise
             finally:
@@ -138,7 +146,7 @@ def run(run_dir: str) -> str:
         else:
             dist.broadcast(verdict, 0)
             if verdict.item():
-                raise RuntimeError("rank 0 found another attempt training in this run folder; not starting")
+                raise RuntimeError("rank 0 did not start this attempt (see its log); not starting")
         if env.local_rank == 0:
             distenv.write_node_record(
                 run.node_record(env.job_id, env.restart, socket.gethostname()),
@@ -157,7 +165,9 @@ def run(run_dir: str) -> str:
             record = run.record()
             if env.launcher == "slurm" and record.dry_run and record.attempt(env.job_id) is None:
                 run.add_attempt(env.job_id, Executor.SLURM, "submitted by hand (sbatch)")
-            _event(run, env, EventKind.START, world_size=env.world_size, nodes=env.num_nodes)
+            _event(
+                run, env, EventKind.START, world_size=env.world_size, nodes=env.num_nodes, attempt=sink and sink.attempt
+            )
         log(
             f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
             f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}"
@@ -171,7 +181,7 @@ def run(run_dir: str) -> str:
             Path(spec.job.run_root).expanduser() / ".cache" / "tokens",
             run.job_toml.read_text(),
             log,
-            metrics.MetricsWriter(run.metrics_file) if env.rank == 0 else None,
+            sink,
             lambda event, **f: _event(run, env, event, **f) if env.rank == 0 else None,
             flags,
             run.model_dir,
@@ -180,11 +190,13 @@ def run(run_dir: str) -> str:
         print(traceback.format_exc(), file=sys.stderr, flush=True)
         reason = f"rank {env.rank} on {socket.gethostname()}: {type(e).__name__}: {e}"
         _event(run, env, EventKind.FAILED, reason=reason[:500])
+        _finish(sink, "failed")
         if attempt_lock is not None:
             attempt_lock.release()
         raise
     finally:
         sys.stdout.flush()
+    _finish(sink, outcome.status)
     if outcome.status == "preempted":
         _requeue(run, spec, env, attempt_lock)  # exits
     if env.rank == 0:
@@ -208,6 +220,22 @@ def _nccl_version() -> str:
     from torch.cuda import nccl
 
     return ".".join(map(str, nccl.version()))
+
+
+def _trackers(
+    run: runfolder.RunFolder, spec: specmod.JobSpec, attempt: int, log: Callable[[str], None]
+) -> Trackers | None:
+    """Rank 0's experiment trackers (none configured: None, and no tracker package is imported)."""
+    if not spec.log.trackers:
+        return None
+    from .trackers import Trackers
+
+    return Trackers.open(run, spec, attempt, log)
+
+
+def _finish(sink: MetricsWriter | None, outcome: str) -> None:
+    if sink is not None and sink.trackers is not None:
+        sink.trackers.finish(outcome)
 
 
 def _requeue(

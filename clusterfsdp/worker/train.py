@@ -148,22 +148,28 @@ def train(
     torch.manual_seed(spec.job.seed)
     t_build = time.perf_counter()
     latest = ckptfolder.find(ckpt_root)
+    what = spec.model.name_or_path or spec.model.config or f"preset {spec.model.preset}"
+    fill = "checkpoint" if latest else "load" if spec.model.name_or_path else "init"
+    log(f"building the model ({what}): meta -> shard -> {fill}")
     model, optimizer, config, counts = build(
         spec, device, world_size, token_ids(spec), kept=model_dir, resume=latest is not None
     )
-    samples = Samples(spec.data, config.vocab_size, spec.job.seed, cache_dir)
+    samples = Samples(spec.data, config.vocab_size, spec.job.seed, cache_dir, log if rank == 0 else None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec))
     saver = ckpt.Checkpointer(
         ckpt_root, model, optimizer, rank, world_size, spec_text, spec.checkpoint.keep_last, spec.checkpoint.async_
     )
-    step, consumed, tokens_seen = 0, 0, 0
+    step, consumed, tokens_seen, elapsed_before = 0, 0, 0, 0.0
     t0 = time.perf_counter()
+    if latest is not None:
+        log(f"loading checkpoint {latest.path.name} (saved by {latest.meta.get('world_size', '?')} ranks) ...")
     latest, saved, unreadable = saver.load_newest()
     for bad_step, reason in unreadable:
         log(f"checkpoint step {bad_step} did not load, set aside: {reason}")
         on_event(EventKind.CHECKPOINT_FALLBACK, step=bad_step, reason=f"did not load, set aside: {reason}")
     if latest is not None:
         step, consumed, tokens_seen = saved["step"], saved["consumed"], saved["tokens_seen"]
+        elapsed_before = float(saved.get("elapsed_s", 0.0))  # older checkpoints did not record it
         scheduler.last_epoch = step
         for group, lr in zip(optimizer.param_groups, scheduler.get_lr(), strict=False):
             group["lr"] = lr
@@ -178,13 +184,16 @@ def train(
         f"mesh {spec.mesh_shape} "
         f"({spec.effective_sharding}, FSDP{spec.fsdp.version}), built in {time.perf_counter() - t_build:.2f} s"
     )
-    meter = metricsmod.Meter(modelmod.flops_per_token(config, counts.active, spec.data.seq_len), device, world_size)
+    fpt = modelmod.flops_per_token(config, counts.active, spec.data.seq_len)
+    meter = metricsmod.Meter(fpt, device, world_size, elapsed_before)
+    if metrics_out is not None:
+        metrics_out.begin(step)
     loss_fn = _loss_fn(spec)
     t = spec.train
     micro_tokens = t.micro_batch_size * spec.data.seq_len
 
     def meta() -> dict:
-        return {"consumed": consumed, "tokens_seen": tokens_seen}
+        return {"consumed": consumed, "tokens_seen": tokens_seen, "elapsed_s": meter.elapsed()}
 
     model.train()
     while step < t.steps:
@@ -200,7 +209,7 @@ def train(
             consumed += world_size * t.micro_batch_size
             last = micro == t.grad_accum - 1
             if hasattr(model, "set_requires_gradient_sync"):
-                model.set_requires_gradient_sync(last)
+                model.set_requires_gradient_sync(last)  # pyright: ignore[reportCallIssue]
             loss = loss_fn(model, batch[:, :-1], batch[:, 1:]) / t.grad_accum
             loss.backward()
             loss_sum += loss.detach()
@@ -229,8 +238,10 @@ def train(
             blocked = saver.save(step, meta())
             mode = "async" if spec.checkpoint.async_ else "sync"
             log(f"checkpoint step {step}: training blocked {blocked:.3f} s ({mode})")
-    saver.save(step, meta(), blocking=True)  # the last step always saves synchronously
+    log(f"saving the final checkpoint (step {step}) ...")
+    secs = saver.save(step, meta(), blocking=True)  # the last step always saves synchronously
     saver.wait()
+    log(f"saved step {step} in {secs:.2f} s")
     return Outcome("completed", step, str(ckptfolder.step_dir(ckpt_root, step)))
 
 

@@ -1,0 +1,19 @@
+#!/bin/bash
+
+# Parameters
+#SBATCH --error=<TMP>/runs/llm/RUNID/submitit/%j_0_log.err
+#SBATCH --gpus-per-node=4
+#SBATCH --job-name=llm
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=4
+#SBATCH --open-mode=append
+#SBATCH --output=<TMP>/runs/llm/RUNID/submitit/%j_0_log.out
+#SBATCH --partition=gpu
+#SBATCH --requeue
+#SBATCH --signal=USR2@120
+#SBATCH --time=60
+#SBATCH --wckey=submitit
+
+# command
+export SUBMITIT_EXECUTOR=slurm
+srun --unbuffered --output <TMP>/runs/llm/RUNID/submitit/%j_%t_log.out --error <TMP>/runs/llm/RUNID/submitit/%j_%t_log.err apptainer exec --nv --bind <TMP>/runs:<TMP>/runs,/shared/data:/data:ro --pwd /shared/proj --cleanenv /shared/images/torch.sif python3 -u -m clusterfsdp.worker <TMP>/runs/llm/RUNID
