@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 the job/run failed, 2 bad input (spec errors, unknown run, S
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from datetime import datetime
@@ -87,7 +88,7 @@ def summary(spec: specmod.JobSpec, executor: str) -> str:
         f"FSDP{spec.fsdp.version}, {spec.fsdp.mixed_precision}",
         f"model      {model}{params}",
         f"data       {spec.data.source}{' ' + ', '.join(spec.data.paths) if spec.data.paths else ''}, "
-        f"seq {spec.data.seq_len}",
+        f"seq {spec.data.seq_len}" + (f", {spec.data.format}, {spec.packing} packing" if spec.data.paths else ""),
         f"train      {t.steps} steps x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
         f"({t.micro_batch_size}/rank x {t.grad_accum} accum), lr {t.lr:g} {t.schedule}",
         f"checkpoint {f'every {spec.checkpoint.every_steps} steps' if spec.checkpoint.every_steps else 'at the end'}"
@@ -98,17 +99,33 @@ def summary(spec: specmod.JobSpec, executor: str) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .control import slurmcli
+    from .control import datasource, slurmcli
 
     spec = _load(args)
+    errors = datasource.check(spec)
+    if errors:
+        raise specmod.SpecError(errors)
     where = (
         "Slurm (controller answers)" if slurmcli.available() else "this machine (local executor; no reachable Slurm)"
     )
     if not slurmcli.available() and spec.slurm.nodes > 1:
         where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"
     print(summary(spec, where))
+    for line in datasource.prepared_state(spec):
+        print(f"prepared   {line}")
     print("ok")
     return 0
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    """Tokenize the job's data now (with a progress bar), in a worker process: the CLI itself
+    never imports transformers or datasets."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "clusterfsdp.worker.dataprep", args.job, "--workers", str(args.workers)]
+    for item in args.set or []:
+        argv += ["--set", item]
+    return subprocess.call(argv)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -199,6 +216,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(
         f"progress   step {st.step or 0}/{st.steps or '?'}" + (f", loss {st.loss:.4f}" if st.loss is not None else "")
     )
+    if st.eval_loss is not None:
+        ppl = math.exp(min(st.eval_loss, 700))
+        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {ppl:.2f}")
     for a in run.attempts:
         when = datetime.fromtimestamp(a.get("submitted", 0)).strftime("%Y-%m-%d %H:%M:%S")
         print(f"attempt {a['attempt']}  {a['executor']} job {a['job_id']}  {when}  {a.get('reason', '')}")
@@ -258,7 +278,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         ckptfolder.keep_only_up_to(root, target.step)
     specmod.check(spec)
     run.job_toml.write_text(specmod.dumps(spec, redact=True))  # the new attempt runs with the overrides
-    executor = args.executor or run.executor
+    executor: launch.Executor = args.executor or ("slurm" if run.executor == "slurm" else "local")
     try:
         sub = launch.submit(
             spec,
@@ -325,6 +345,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("validate", help="check a job and print what it will do")
     _add_job(s)
     s.set_defaults(fn=cmd_validate)
+
+    s = sub.add_parser("data", help="prepare (tokenize) a job's data before it runs")
+    data_sub = s.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    s = data_sub.add_parser("prepare", help="tokenize the job's data into its shared cache, once for all jobs")
+    _add_job(s)
+    s.add_argument("--workers", type=int, default=0, help="tokenizing processes (default: data.prepare_workers)")
+    s.set_defaults(fn=cmd_data_prepare)
 
     s = sub.add_parser("submit", help="queue a job (Slurm, or locally without Slurm) and return")
     _add_job(s)

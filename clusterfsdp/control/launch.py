@@ -224,6 +224,11 @@ def submit(
         )
     if chosen == "slurm":
         slurm_parameters(spec, dependency)  # reject bad values before making folders
+    from . import datasource
+
+    problems = datasource.check(spec)
+    if problems:
+        raise SubmitError("; ".join(problems))
     new = run is None
     run = run or runfolder.create_run(spec, chosen)
     try:

@@ -23,20 +23,33 @@ class RunStatus:
     steps: int | None = None
     loss: float | None = None
     attempts: int = 0
+    eval_loss: float | None = None
+    eval_step: int | None = None
 
 
-def _progress(run: runfolder.RunFolder) -> tuple[int | None, float | None]:
+@dataclass(frozen=True)
+class Progress:
+    step: int | None = None
+    loss: float | None = None
+    eval_step: int | None = None
+    eval_loss: float | None = None
+
+
+def _progress(run: runfolder.RunFolder) -> Progress:
+    """The last row's step and loss, and the last evaluation's."""
     rows = run.metrics()
     if not rows:
-        return None, None
-    return rows[-1].get("step"), rows[-1].get("loss")
+        return Progress()
+    evals = [r for r in rows if r.get("eval_loss") is not None]
+    last_eval = evals[-1] if evals else {}
+    return Progress(rows[-1].get("step"), rows[-1].get("loss"), last_eval.get("step"), last_eval.get("eval_loss"))
 
 
 def run_status(run: runfolder.RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) -> RunStatus:
     """State of one run. `queue` is a pre-fetched {job id: row} (see `statuses`)."""
     state_file = run.state()
     attempts = state_file.get("attempts", [])
-    step, loss = _progress(run)
+    progress = _progress(run)
     try:
         steps = run.spec().train.steps
     except Exception:
@@ -45,10 +58,12 @@ def run_status(run: runfolder.RunFolder, queue: dict[str, slurmcli.JobRow] | Non
         run,
         "PREPARED",
         executor=state_file.get("executor", ""),
-        step=step,
+        step=progress.step,
         steps=steps,
-        loss=loss,
+        loss=progress.loss,
         attempts=len(attempts),
+        eval_loss=progress.eval_loss,
+        eval_step=progress.eval_step,
     )
     if not attempts:
         st.reason = "not submitted (dry run): sbatch " + str(run.path / "sbatch.sh")

@@ -12,10 +12,10 @@ def export_hf(spec: JobSpec, checkpoint_dir: Path, out: Path) -> Path:
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
 
+    from .data import data_vocab
     from .model import DTYPES, build_config
-    from .train import _data_vocab
 
-    config = build_config(spec.model, _data_vocab(spec))
+    config = build_config(spec.model, data_vocab(spec))
     model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[spec.model.dtype])
     state = {"model": model.state_dict()}
     dcp.load(state, checkpoint_id=str(checkpoint_dir), no_dist=True)
