@@ -34,6 +34,12 @@ keep_last = 5
 )
 
 
+def newest(run: runfolder.RunFolder) -> ckptfolder.CheckpointInfo:
+    found = ckptfolder.find(run.checkpoints_dir())
+    assert found is not None, f"no complete checkpoint in {run.checkpoints_dir()}"
+    return found
+
+
 def rows_by_attempt(run: runfolder.RunFolder, key: str = "loss") -> list[dict[int, float]]:
     """metrics.jsonl split where the step goes backwards (a new attempt resumed): step -> `key`."""
     out: list[dict[int, float]] = [{}]
@@ -73,7 +79,7 @@ def test_resume_on_another_world_size_reshards_and_keeps_the_data_position(tmp_p
     for step in (5, 6, 7, 8):
         assert resumed[step] == pytest.approx(first[step], abs=2e-4)
     assert "saved by 2 ranks, now 1" in out[0][1]
-    final = ckptfolder.find(run.checkpoints_dir())
+    final = newest(run)
     assert final.step == 8 and final.meta["consumed"] == 8 * 4 and final.meta["world_size"] == 1
 
 
@@ -203,7 +209,7 @@ def test_sigusr2_saves_requeues_and_resumes_on_the_local_executor(tmp_path):
     resumed = next(e for e in run.events() if e["event"] == "resumed")
     assert resumed["restart"] == 1 and resumed["step"] >= 20
     assert sorted(p.name for p in run.logs_dir.iterdir()) == [f"{job_id}.0", f"{job_id}.1"]
-    assert ckptfolder.find(run.checkpoints_dir()).step == 400
+    assert newest(run).step == 400
 
 
 def _catches_sigusr2(pid: int) -> bool:
@@ -228,10 +234,10 @@ def test_sigusr2_during_start_up_is_kept_and_acted_on_at_the_first_step(tmp_path
     assert all(code == 0 for code, _ in out), "\n".join(text[-2000:] for _, text in out)
     assert "SIGUSR2: saved step 0" in out[0][1]
     assert [e["event"] for e in run.events()] == ["start", "requeued"]
-    assert ckptfolder.find(run.checkpoints_dir()).step == 0
+    assert newest(run).step == 0
     run_workers(run, 2, job_id="early2")
     assert [e["event"] for e in run.events()][-2:] == ["resumed", "completed"]
-    assert ckptfolder.find(run.checkpoints_dir()).step == 8
+    assert newest(run).step == 8
 
 
 def test_cancel_saves_then_resume_finishes(tmp_path):
@@ -243,7 +249,7 @@ def test_cancel_saves_then_resume_finishes(tmp_path):
     assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr
     st = status.run_status(run)
     assert st.state == "CANCELLED" and "saved step" in st.reason
-    saved = ckptfolder.find(run.checkpoints_dir()).step
+    saved = newest(run).step
     assert saved >= 10
     r = subprocess.run(
         [
@@ -265,7 +271,7 @@ def test_cancel_saves_then_resume_finishes(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"resumes from step {saved}" in r.stdout
     assert len(run.attempts) == 2 and status.run_status(run).state == "COMPLETED"
-    assert ckptfolder.find(run.checkpoints_dir()).step == saved + 10
+    assert newest(run).step == saved + 10
 
 
 def test_full_disk_mid_save_fails_clearly_and_resume_uses_the_last_complete_checkpoint(tmp_path):
@@ -308,4 +314,4 @@ def test_max_restarts_bounds_requeues(tmp_path):
         os.kill(pid, signal.SIGUSR2)
     _wait_for(lambda: status.run_status(run).state == "FAILED", 300, "FAILED")
     assert "max_restarts = 0" in status.run_status(run).reason
-    assert ckptfolder.find(run.checkpoints_dir()).step >= 10  # the state was saved all the same
+    assert newest(run).step >= 10  # the state was saved all the same

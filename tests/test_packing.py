@@ -5,6 +5,7 @@ disjoint, and the read order is a seeded bijection. One process, CPU, real files
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -48,11 +49,12 @@ def test_documents_packing_keeps_every_sample_inside_its_documents(tmp_path):
     eos = samples.pad
     texts = {d.encode() for d in docs}
     trained = 0
-    for ids, labels, positions in all_samples(samples):
-        assert len(ids) == len(labels) == len(positions) == SEQ
+    for sample in all_samples(samples):
+        ids, labels, positions = sample.input_ids, sample.labels, sample.positions
+        assert positions is not None and len(ids) == len(labels) == len(positions) == SEQ
         # split the sample where the positions restart: every part is one document (or one piece of one)
         starts = [i for i in range(SEQ) if positions[i] == 0] + [SEQ]
-        for a, b in zip(starts, starts[1:], strict=False):
+        for a, b in itertools.pairwise(starts):
             seg_ids, seg_labels = ids[a:b], labels[a:b]
             assert list(positions[a:b]) == list(range(b - a))
             real = seg_labels != IGNORE_INDEX
@@ -74,12 +76,12 @@ def test_an_overlong_document_becomes_pieces_of_seq_len(tmp_path):
     assert isinstance(samples, datamod.PreparedSamples)
     got = all_samples(samples)
     assert samples.count == 5
-    full = [g for g in got if (g[1] != IGNORE_INDEX).sum() == SEQ]
-    assert len(full) == 4 and all(list(p) == list(range(SEQ)) for _, _, p in full)
-    text = b"".join(bytes(ids.astype(np.uint8)) for ids, _, _ in full)
+    full = [g for g in got if (g.labels != IGNORE_INDEX).sum() == SEQ]
+    assert len(full) == 4 and all(g.positions is not None and list(g.positions) == list(range(SEQ)) for g in full)
+    text = b"".join(bytes(g.input_ids.astype(np.uint8)) for g in full)
     assert text == long_doc.encode()[: 4 * SEQ]
-    last = got[-1]
-    assert list(last[2][:44]) == list(range(44)) and last[2][44] == 0  # remainder, then "short one" packed after
+    last = got[-1].positions
+    assert last is not None and list(last[:44]) == list(range(44)) and last[44] == 0  # remainder, then "short one"
 
 
 def test_concat_without_holdout_is_todays_windows(tmp_path):
@@ -88,9 +90,11 @@ def test_concat_without_holdout_is_todays_windows(tmp_path):
     assert isinstance(samples, datamod.PreparedSamples) and not samples.table and samples.all_labels_trained
     stream = np.concatenate([samples.tokens.read(0, samples.manifest["tokens"])])
     for k in (0, 5, samples.count - 1):
-        ids, labels, positions = samples.sample(k)
-        assert positions is None
-        assert np.array_equal(ids, stream[k * SEQ : k * SEQ + SEQ]) and np.array_equal(labels, stream[k * SEQ + 1 : k * SEQ + SEQ + 1])
+        sample = samples.sample(k)
+        assert sample.positions is None
+        ids, labels = sample.input_ids, sample.labels
+        window = stream[k * SEQ : k * SEQ + SEQ + 1]
+        assert np.array_equal(ids, window[:-1]) and np.array_equal(labels, window[1:])
 
 
 @pytest.mark.parametrize("packing", ["concat", "documents"])
@@ -101,7 +105,8 @@ def test_held_out_documents_are_never_trained_on(tmp_path, packing):
     seen = {"train": set(), "eval": set()}
     for role, samples in (("train", data.train), ("eval", data.eval)):
         assert isinstance(samples, datamod.PreparedSamples)
-        for ids, _, _ in all_samples(samples):
+        for sample in all_samples(samples):
+            ids = sample.input_ids
             text = bytes(ids[ids < 256].astype(np.uint8)).decode()
             seen[role] |= {int(m) for m in re.findall(r"<(\d{3})>", text)}
     assert seen["train"] and seen["eval"] and not (seen["train"] & seen["eval"])
@@ -149,7 +154,9 @@ def test_packed_documents_do_not_attend_to_each_other(attn):
     ids = torch.cat([a1, b])
     labels = torch.cat([a1[1:], torch.tensor([IGNORE_INDEX]), b[1:], torch.tensor([IGNORE_INDEX])])
     with torch.no_grad():
-        packed_sum = lossmod.causal_lm_loss(model, ids[None, :-1], labels[None, :-1], position_ids=pos[:, :-1], reduction="sum")
+        packed_sum = lossmod.causal_lm_loss(
+            model, ids[None, :-1], labels[None, :-1], position_ids=pos[:, :-1], reduction="sum"
+        )
         sep = sum(lossmod.causal_lm_loss(model, x[None, :-1], x[None, 1:], reduction="sum") for x in (a1, b))
     torch.testing.assert_close(packed_sum, sep, rtol=1e-5, atol=1e-4)
 

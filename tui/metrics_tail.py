@@ -23,6 +23,7 @@ class Point:
     mem_peak_gb: float | None
     lr: float | None
     grad_norm: float | None
+    eval_loss: float | None = None
 
     @classmethod
     def from_row(cls, row: dict) -> Point:
@@ -39,6 +40,7 @@ class Point:
             num("mem_peak_gb"),
             num("lr"),
             num("grad_norm"),
+            num("eval_loss"),
         )
 
 

@@ -207,7 +207,7 @@ def check_messages(value: Any, key: str, where: str) -> list[dict[str, str]]:
 def parse_json_line(line: bytes, data: specmod.DataSection, file: str, line_no: int) -> str | list[dict[str, str]]:
     """The text or messages of one .jsonl line; DataError naming file:line otherwise."""
     try:
-        record = json.loads(line)
+        record = json.loads(line.rstrip(b"\r\n"))
     except UnicodeDecodeError:
         raise DataError(utf8_error(line, file, line_no) or f"{file}:{line_no}: not UTF-8") from None
     except json.JSONDecodeError as e:

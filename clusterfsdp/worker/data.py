@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -44,12 +44,23 @@ class Batch:
     position_ids: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
-        move = lambda t: None if t is None else t.to(device, non_blocking=True)
-        return Batch(move(self.input_ids), move(self.labels), move(self.position_ids))
+        positions = self.position_ids
+        return Batch(
+            self.input_ids.to(device, non_blocking=True),
+            self.labels.to(device, non_blocking=True),
+            None if positions is None else positions.to(device, non_blocking=True),
+        )
 
     @property
     def label_count(self) -> int:
         return int((self.labels != IGNORE_INDEX).sum())
+
+
+@dataclass
+class Sample:
+    input_ids: np.ndarray
+    labels: np.ndarray
+    positions: np.ndarray | None = None
 
 
 class _Reader:
@@ -139,8 +150,8 @@ class PreparedSamples:
             labels[self.mask.read(start + 1, length - 1) == 0] = IGNORE_INDEX
         return labels
 
-    def sample(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(input ids, labels, position ids or None) of sample k, each seq_len long."""
+    def sample(self, k: int) -> Sample:
+        """Sample k: input ids, labels and (packing 'documents') position ids, each seq_len long."""
         ranges = self._ranges(k)
         seq = self.seq_len
         if not self.documents:  # one window of seq + 1 tokens, maybe in several ranges
@@ -149,7 +160,7 @@ class PreparedSamples:
             if self.mask is not None:
                 mask = np.concatenate([self.mask.read(s, n) for s, n in ranges])
                 labels[mask[1:] == 0] = IGNORE_INDEX
-            return ids[:-1], labels, None
+            return Sample(ids[:-1], labels)
         ids = np.full(seq, self.pad, np.int64)
         labels = np.full(seq, IGNORE_INDEX, np.int64)
         positions = np.zeros(seq, np.int64)
@@ -159,7 +170,7 @@ class PreparedSamples:
             labels[at : at + n - 1] = self._labels(s, n)
             positions[at : at + n - 1] = np.arange(n - 1)
             at += n - 1
-        return ids, labels, positions
+        return Sample(ids, labels, positions)
 
     def index_of(self, position: int) -> int:
         """The sample at a position of the read order: training epochs reshuffle; eval is fixed."""
@@ -172,11 +183,11 @@ class PreparedSamples:
         """This rank's micro-batch of the global batch that starts at sample `consumed`."""
         first = consumed + dp_rank * micro_batch
         parts = [self.sample(self.index_of(first + i)) for i in range(micro_batch)]
-        positions = torch.from_numpy(np.stack([p for _, _, p in parts])) if self.documents else None
+        positions = [p.positions for p in parts if p.positions is not None]
         return Batch(
-            torch.from_numpy(np.stack([i for i, _, _ in parts])),
-            torch.from_numpy(np.stack([lab for _, lab, _ in parts])),
-            positions,  # type: ignore[arg-type]
+            torch.from_numpy(np.stack([p.input_ids for p in parts])),
+            torch.from_numpy(np.stack([p.labels for p in parts])),
+            torch.from_numpy(np.stack(positions)) if positions else None,
         )
 
 
@@ -223,7 +234,9 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
     A DataError on rank 0 reaches every rank, so they all stop with the same message."""
     if spec.data.source != "files":
         return TrainingData(None, None, None)
-    group = dist.new_group(backend="gloo", timeout=PREPARE_WAIT) if dist.is_initialized() else None
+    group = (
+        cast(dist.ProcessGroup, dist.new_group(backend="gloo", timeout=PREPARE_WAIT)) if dist.is_initialized() else None
+    )
     answer: list[Any] = [None]
     if rank == 0:
         from . import dataprep

@@ -53,6 +53,13 @@ UNIT_BYTES = 16 << 20  # source bytes per shard (and per task of the pool)
 PIECE_BYTES = 1 << 20  # text per encode call of a long .txt document
 BATCH_BYTES = 1 << 20  # records' text per encode call
 ROWS_PER_READ = 1024  # parquet / dataset rows read at once
+PRELOAD = [
+    "torch",
+    "transformers",
+    "transformers.models.auto.tokenization_auto",
+    "transformers.tokenization_utils_tokenizers",
+    "clusterfsdp.worker.tokens",
+]
 
 Log = Callable[[str], None]
 
@@ -76,6 +83,9 @@ class Unit:
 @dataclass
 class ShardStats:
     shard: int
+    vocab_size: int  # the tokenizer's, recorded with every shard so the manifest needs no tokenizer
+    eos: int
+    dtype: str
     tokens: int = 0
     documents: int = 0
     skipped: int = 0  # empty records
@@ -86,10 +96,10 @@ class ShardStats:
 class ShardWriter:
     """Token ids (and mask) appended to temporary files; renamed and recorded by `finish`."""
 
-    def __init__(self, folder: Path, shard: int, dtype: np.dtype, chat: bool):
+    def __init__(self, folder: Path, shard: int, encoder: DocumentEncoder, chat: bool):
         self.base = folder / f"{shard:05d}"
-        self.stats = ShardStats(shard)
-        self.dtype = dtype
+        self.dtype = encoder.dtype
+        self.stats = ShardStats(shard, encoder.vocab_size, encoder.eos, encoder.dtype.name)
         self.tok = open(self._tmp(".tok"), "wb")  # noqa: SIM115 - closed in finish
         self.msk = open(self._tmp(".msk"), "wb") if chat else None  # noqa: SIM115
         self.starts: list[int] = []
@@ -312,7 +322,7 @@ class UnitReader:
 
     def run(self, unit: Unit) -> ShardStats:
         src = self.task.sources[unit.source]
-        writer = ShardWriter(Path(self.task.shards), unit.shard, self.encoder.dtype, self.chat)
+        writer = ShardWriter(Path(self.task.shards), unit.shard, self.encoder, self.chat)
         if src.kind == "txt":
             self._txt(src, unit, writer)
         elif src.kind == "jsonl":
@@ -520,7 +530,11 @@ def _tokenize(task: Task, units: Iterator[Unit], done: set[int], workers: int, p
         for unit in todo:
             progress.advance(reader.run(unit).weight)
         return
-    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (rich, torch)
+    # Forked from a fresh server process that imported torch and transformers once (loading a
+    # tokenizer imports both: 3 CPU seconds) rather than from this process, which may hold threads
+    # (rich's, torch's), so a worker is ready in a fraction of a second.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
     with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_pool_process, initargs=(task,)) as ex:
         try:
             for stats in _bounded(ex, todo, 2 * workers):
@@ -556,7 +570,6 @@ def build(
     if all(s.kind in ("txt", "jsonl") and not s.compression for s in ref.sources):
         workers = min(workers, -(-total // unit_bytes))
     task = Task(spec.data, ref.sources, str(shards), str(ref.root))
-    encoder = DocumentEncoder(spec.data.tokenizer)
     log(
         f"data: preparing {ref.role} data ({len(ref.sources)} source(s), {total / 1e6:,.1f} MB) with "
         f"{max(1, workers)} process(es) into {ref.folder}" + (f" ({len(done)} shards kept)" if done else "")
@@ -580,9 +593,9 @@ def build(
         "key": ref.key,
         "created": time.time(),
         "tokenizer": spec.data.tokenizer,
-        "vocab_size": encoder.vocab_size,
-        "eos": encoder.eos,
-        "dtype": encoder.dtype.name,
+        "vocab_size": stats[0]["vocab_size"],
+        "eos": stats[0]["eos"],
+        "dtype": stats[0]["dtype"],
         "format": spec.data.format,
         "mask": spec.data.format == "chat",
         "tokens": tokens,

@@ -9,7 +9,7 @@ from ..control.spec import JobSpec
 
 
 def export_hf(spec: JobSpec, checkpoint_dir: Path, out: Path) -> Path:
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
     from transformers import AutoModelForCausalLM
 
     from .data import data_vocab
@@ -18,7 +18,7 @@ def export_hf(spec: JobSpec, checkpoint_dir: Path, out: Path) -> Path:
     config = build_config(spec.model, data_vocab(spec))
     model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[spec.model.dtype])
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(checkpoint_dir), no_dist=True)
+    dcp_load(state, checkpoint_id=str(checkpoint_dir), no_dist=True)
     model.load_state_dict(state["model"])
     model.tie_weights()
     out.mkdir(parents=True, exist_ok=True)

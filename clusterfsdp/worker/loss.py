@@ -98,9 +98,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss, g = ce(logits, y, ignore_index, hidden.dtype)
             del logits
             total += loss
-            if need_h:
+            if grad_h is not None:
                 torch.mm(g, weight, out=grad_h[start : start + chunk])
-            if need_w:
+            if grad_w is not None:
                 grad_w = _accumulate(grad_w, g.t(), h)
         count = (labels != ignore_index).sum() if mean else torch.ones((), device=hidden.device)
         ctx.weight_dtype = weight.dtype
@@ -156,7 +156,8 @@ def _fused_loss(
 
 
 def supports_fused(model: torch.nn.Module) -> bool:
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    get_head: Callable[[], object] | None = getattr(model, "get_output_embeddings", None)  # HF models have it
+    head = get_head() if get_head is not None else None
     return (
         type(model).__name__ in FUSED_ARCHITECTURES
         and isinstance(head, torch.nn.Linear)
@@ -171,8 +172,9 @@ def attach(model: torch.nn.Module, *, compile: bool) -> bool:
         return False
     from torch.distributed.fsdp import register_fsdp_forward_method
 
-    model._clusterfsdp_compile_loss = compile
-    model.clusterfsdp_loss = types.MethodType(_fused_loss, model)
+    # plain attributes (not parameters or submodules), set past nn.Module's typed __setattr__
+    object.__setattr__(model, "_clusterfsdp_compile_loss", compile)
+    object.__setattr__(model, "clusterfsdp_loss", types.MethodType(_fused_loss, model))
     register_fsdp_forward_method(model, "clusterfsdp_loss")
     return True
 
@@ -199,7 +201,7 @@ def causal_lm_loss(
     are the already shifted targets of `input_ids`. `position_ids` that restart inside a row
     mark packed documents (the attention kernels keep them apart, see data.py)."""
     global _compiled_logits_loss
-    fused = getattr(model, "clusterfsdp_loss", None)
+    fused: Callable[..., torch.Tensor] | None = getattr(model, "clusterfsdp_loss", None)
     if fused is not None:
         return fused(input_ids, labels, position_ids, reduction)
     logits = model(input_ids=input_ids, position_ids=position_ids).logits

@@ -14,7 +14,7 @@ import socket
 import sys
 import traceback
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from ..control import runfolder
 from ..control import spec as specmod
@@ -70,6 +70,7 @@ def run(run_dir: str) -> str:
     flags = StopFlags()  # first: a signal during the imports below must not be lost
     import torch
     import torch.distributed as dist
+    from torch.cuda import nccl
 
     from . import metrics, train
 
@@ -99,7 +100,8 @@ def run(run_dir: str) -> str:
     log_path = run.log_path(env.job_id, env.restart, env.rank)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "a", buffering=1)  # noqa: SIM115 - stays open for the rest of the process
-    sys.stdout, sys.stderr = Tee(sys.__stdout__, log_file), Tee(sys.__stderr__, log_file)
+    sys.stdout = Tee(cast(IO[str], sys.__stdout__), log_file)
+    sys.stderr = Tee(cast(IO[str], sys.__stderr__), log_file)
 
     every_rank = os.environ.get(ENV_LOG_ALL_RANKS) == "1"
 
@@ -117,7 +119,7 @@ def run(run_dir: str) -> str:
                     "backend": backend,
                     "device": str(device),
                     "torch": torch.__version__,
-                    "nccl": ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else "",
+                    "nccl": ".".join(map(str, nccl.version())) if backend == "nccl" else "",
                     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                     "python": sys.version.split()[0],
                 },

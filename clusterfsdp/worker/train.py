@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -49,11 +50,11 @@ def lr_lambda(spec: JobSpec) -> Callable[[int], float]:
     return factor
 
 
-def build(spec: JobSpec, device: torch.device, world_size: int, vocab_size: int):
+def build(spec: JobSpec, device: torch.device, world_size: int, vocab_size: int | None):
     """Model and optimizer, in the one order that works for every option."""
     config = modelmod.build_config(spec.model, vocab_size)
     if spec.fsdp.version == 1:  # FSDP1 shards a materialized model
-        model = modelmod.build_meta(spec.model, config).to_empty(device=device)
+        model: Any = modelmod.build_meta(spec.model, config).to_empty(device=device)  # a HF PreTrainedModel
         model.tie_weights()  # to_empty gives each tied occurrence its own tensor; FSDP2 keeps them shared
         modelmod.reset_buffers(model, device)
         _materialize(model, spec, config)
@@ -87,7 +88,7 @@ def _materialize(model, spec: JobSpec, config) -> None:
     if spec.model.name_or_path:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        state = modelmod.load_pretrained_state(spec.model.name_or_path)
+        state: dict[str, Any] = dict(modelmod.load_pretrained_state(spec.model.name_or_path))
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
     else:
         modelmod.init_weights(model, spec.job.seed, config.initializer_range)
@@ -179,14 +180,14 @@ def train(
     latest = ckptfolder.find(ckpt_root)
     if latest is not None:
         t0 = time.perf_counter()
-        meta = saver.load(latest)
-        step, consumed, tokens_seen = meta["step"], meta["consumed"], meta["tokens_seen"]
+        saved = saver.load(latest)
+        step, consumed, tokens_seen = saved["step"], saved["consumed"], saved["tokens_seen"]
         scheduler.last_epoch = step
         for group, lr in zip(optimizer.param_groups, scheduler.get_lr(), strict=False):
             group["lr"] = lr
         log(
             f"resumed from {latest.path.name} (step {step}, {consumed} samples seen, "
-            f"saved by {meta['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
+            f"saved by {saved['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
         )
         on_event("resumed", step=step, checkpoint=str(latest.path))
     t_model = time.perf_counter()
@@ -203,6 +204,7 @@ def train(
     def meta() -> dict:
         return {"consumed": consumed, "tokens_seen": tokens_seen}
 
+    gradient_sync: Callable[[bool], None] | None = getattr(model, "set_requires_gradient_sync", None)  # FSDP2
     model.train()
     first_step = step
     while step < t.steps:
@@ -218,8 +220,8 @@ def train(
         for micro, batch in enumerate(batches):
             consumed += world_size * mb
             last = micro == t.grad_accum - 1
-            if hasattr(model, "set_requires_gradient_sync"):
-                model.set_requires_gradient_sync(last)
+            if gradient_sync is not None:
+                gradient_sync(last)
             loss = loss_fn(model, batch.to(device)) * scale
             loss.backward()
             loss_sum += loss.detach()
@@ -272,4 +274,5 @@ def _clip(model, max_norm: float) -> torch.Tensor:
     if hasattr(model, "clip_grad_norm_"):  # FSDP1
         return model.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"))
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    full: Callable[[], torch.Tensor] | None = getattr(norm, "full_tensor", None)  # a DTensor under FSDP2
+    return full() if full is not None else norm
