@@ -140,23 +140,25 @@ def test_the_same_content_elsewhere_is_the_same_dataset_and_any_edit_is_a_new_on
     assert other.key != first.key
 
 
+def _jsonl_with_line(path: Path, records: list[dict], line: int, raw: bytes) -> Path:
+    """A .jsonl of `records` whose line number `line` is replaced by `raw`."""
+    lines = write_jsonl(path, records).read_bytes().split(b"\n")
+    lines[line - 1] = raw
+    path.write_bytes(b"\n".join(lines))
+    return path
+
+
 def _bad(kind: str, folder: Path) -> tuple[Path, str]:
     """A source with one defect deep inside (not in its first record) and the message it must give."""
     good = [{"text": d} for d in DOCS[:30]]
     if kind == "json":
-        path = write_jsonl(folder / "d.jsonl", good)
-        lines = path.read_bytes().split(b"\n")
-        lines[24] = b'{"text": "unterminated'
-        path.write_bytes(b"\n".join(lines))
+        path = _jsonl_with_line(folder / "d.jsonl", good, 25, b'{"text": "unterminated')
         return path, f"{path}:25: not valid JSON"
     if kind == "key":
         path = write_jsonl(folder / "d.jsonl.gz", [*good[:20], {"body": "x"}, *good[20:]])
         return path, f"{path}:21: no 'text' key (data.text_key; the record has: body)"
     if kind == "utf8-jsonl":
-        path = write_jsonl(folder / "d.jsonl", good)
-        lines = path.read_bytes().split(b"\n")
-        lines[27] = b'{"text": "caf\xe9"}'
-        path.write_bytes(b"\n".join(lines))
+        path = _jsonl_with_line(folder / "d.jsonl", good, 28, b'{"text": "caf\xe9"}')
         return path, f"{path}:28: not UTF-8"
     if kind == "utf8-txt":
         path = folder / "d.txt"

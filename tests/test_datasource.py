@@ -49,8 +49,8 @@ def test_validate_names_every_bad_source_and_exits_2(tmp_path):
         f"error: data.paths[4]: '{tmp_path}/nothing/*.jsonl' matches no file or folder",
         "error: data.paths[5]: 'someorg/somedata' is not a local path; hub dataset ids are resolved to a local folder "
         "on the submitting host at submit (give the local path here)",
-        f"error: data.paths[6]: {tmp_path}/notes.csv: not a data source (.txt, .jsonl, .jsonl.gz, .jsonl.zst, "
-        ".parquet, or a dataset folder)",
+        f"error: data.paths[6]: {tmp_path}/notes.csv: not a data source (.txt or .jsonl, either maybe .gz or .zst; "
+        ".parquet; or a dataset folder)",
         f"error: data.paths[0]: {tmp_path}/empty.jsonl: empty file",
         f"error: data.paths[1]: {tmp_path}/broken.jsonl:2: not valid JSON (Expecting ',' delimiter at column 13)",
         f"error: data.paths[2]: {tmp_path}/nokey.jsonl.gz:1: no 'text' key (data.text_key; the record has: body, id)",

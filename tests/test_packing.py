@@ -170,3 +170,22 @@ def test_batches_carry_position_ids_only_for_documents_packing(tmp_path):
     assert concat.batch(0, 1, 2, 2).position_ids is None
     meta = json.loads(next((tmp_path / "d").rglob("meta.json")).read_text())
     assert meta["packing"] == "documents" and 0 < meta["padding"] < 0.5
+
+
+def test_reads_across_many_shards_keep_few_files_open(tmp_path, monkeypatch):
+    """A corpus of many shards read at random: every range equals the stream, and the reader
+    never holds more than MAX_OPEN shard files open."""
+    text = "".join(documents(80)) * 2
+    (tmp_path / "t.txt").write_text(text)
+    spec = S.loads(
+        f'[job]\nrun_root = "{tmp_path}"\n[data]\nsource = "files"\npaths = ["{tmp_path / "t.txt"}"]\nseq_len = {SEQ}\n'
+    )
+    dataprep.ensure(spec, workers=1, unit_bytes=700)
+    monkeypatch.setattr(datamod._Reader, "MAX_OPEN", 3)
+    samples = datamod.open_for_training(spec, 0, print).train
+    assert isinstance(samples, datamod.PreparedSamples) and len(samples.manifest["shards"]) > 20
+    stream = np.frombuffer(text.encode(), np.uint8)
+    rng = np.random.default_rng(0)
+    for start in rng.integers(0, len(stream) - 2000, 200).tolist():
+        assert np.array_equal(samples.tokens.read(start, 1500), stream[start : start + 1500])
+        assert len(samples.tokens.fds) <= 3

@@ -139,7 +139,7 @@ def local_sources(field: str, patterns: list[str]) -> tuple[list[Source], list[s
             kind = _kind(path)
             if kind is None:
                 errors.append(
-                    f"{key}: {path}: not a data source (.txt, .jsonl, .jsonl.gz, .jsonl.zst, .parquet, "
+                    f"{key}: {path}: not a data source (.txt or .jsonl, either maybe .gz or .zst; .parquet; "
                     "or a dataset folder)"
                 )
                 continue

@@ -105,15 +105,20 @@ class DataSection:
     text_key: str = F("text", "Field holding the text of .jsonl, parquet and dataset records (format = 'text').")
     messages_key: str = F("messages", "Field holding the list of {role, content} messages (format = 'chat').")
     split: str = F("train", "Split to read from a dataset folder that holds several (save_to_disk or load_dataset).")
-    tokenizer: str = F("bytes", "'bytes' (built-in byte-level, no download) or a local HF tokenizer folder.")
+    tokenizer: str = F(
+        "bytes",
+        "'bytes' (built-in byte-level, no download) or a local HF tokenizer folder (with a chat template for "
+        "format = 'chat').",
+    )
     seq_len: int = F(128, "Tokens per sample.")
     packing: Literal["auto", "concat", "documents"] = F(
         "auto",
-        "How documents become samples. 'concat': one token stream (EOS after each text document), cut into "
-        "seq_len windows that cross document boundaries. 'documents': whole documents packed into samples "
-        "(the rest padded, padding never trained); position ids restart and attention stays inside each "
-        "document (sdpa, eager, flash_attention_2); a document longer than seq_len is cut into seq_len-token "
-        "pieces, each its own context. 'auto': 'documents' for format = 'chat', else 'concat'.",
+        "How documents become samples. 'concat': one token stream (EOS after each text document) cut into "
+        "seq_len windows that cross document boundaries. 'documents': whole documents packed into samples, the "
+        "rest padded (never trained on); position ids restart at each document and attention stays inside it "
+        "(sdpa and eager: a block-diagonal mask; flash_attention_2: its variable-length kernel); a document "
+        "longer than seq_len is cut into seq_len-token pieces, each its own context. 'auto': 'documents' for "
+        "format = 'chat', else 'concat'.",
     )
     cache_dir: str = F(
         "",
@@ -138,8 +143,9 @@ class EvalSection:
     every_steps: int = F(0, "Evaluate every N steps (0: only after the last step); with fraction or paths.")
     batches: int = F(
         10,
-        "Micro-batches each rank evaluates (train.micro_batch_size samples each); the same samples every time. "
-        "eval_loss and eval_ppl go into metrics.jsonl.",
+        "Micro-batches each rank evaluates (train.micro_batch_size samples each): the first batches x ranks x "
+        "micro_batch_size samples of a fixed order, the same every time. eval_loss and eval_ppl go into "
+        "metrics.jsonl.",
     )
 
 

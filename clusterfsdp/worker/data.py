@@ -15,6 +15,7 @@ wait for it on a gloo group with a long timeout; none of them ever tokenizes on 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -64,14 +65,21 @@ class Sample:
 
 
 class _Reader:
-    """Reads ranges of one flat array spread over shard files, with pread (O(1) memory)."""
+    """Reads ranges of one flat array spread over shard files, with pread (O(1) memory); at most
+    MAX_OPEN shard files are open at a time (a 1 TB corpus has tens of thousands of shards)."""
+
+    MAX_OPEN = 64
 
     def __init__(self, paths: list[Path], offsets: np.ndarray, dtype: np.dtype):
         self.paths, self.offsets, self.dtype = paths, offsets, dtype
-        self.fds: dict[int, int] = {}
+        self.fds: OrderedDict[int, int] = OrderedDict()
 
     def _fd(self, i: int) -> int:
-        if i not in self.fds:
+        if i in self.fds:
+            self.fds.move_to_end(i)
+        else:
+            if len(self.fds) >= self.MAX_OPEN:
+                os.close(self.fds.popitem(last=False)[1])
             self.fds[i] = os.open(self.paths[i], os.O_RDONLY)
         return self.fds[i]
 
@@ -219,6 +227,7 @@ class TrainingData:
     eval: PreparedSamples | None
     vocab_size: int | None
     max_id: int = -1
+    key: str = ""  # the prepared training dataset's key (recorded in checkpoints)
 
 
 def data_vocab(spec: JobSpec) -> int | None:
@@ -238,17 +247,21 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
         cast(dist.ProcessGroup, dist.new_group(backend="gloo", timeout=PREPARE_WAIT)) if dist.is_initialized() else None
     )
     answer: list[Any] = [None]
+    failure: BaseException | None = None
     if rank == 0:
         from . import dataprep
 
         try:
             refs = dataprep.ensure(spec, log)
             answer = [{r.role: str(r.folder) for r in refs}]
-        except DataError as e:
-            answer = [f"{e}"]
+        except Exception as e:  # every rank must hear of it, or they would wait for days
+            failure = e
+            answer = [str(e) if isinstance(e, DataError) else f"rank 0 could not prepare the data: {e!r}"]
     if group is not None:
         dist.broadcast_object_list(answer, src=0, group=group)
         dist.destroy_process_group(group)
+    if failure is not None and not isinstance(failure, DataError):
+        raise failure
     if isinstance(answer[0], str):
         raise DataError(answer[0])
     folders: dict[str, str] = answer[0]
@@ -258,4 +271,4 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
         opened[role] = PreparedSamples(Path(folders[data_role]), index, spec.data.seq_len, spec.job.seed, role)
     train, held = opened["train"], opened.get("eval")
     max_id = max(int(s.manifest["max_id"]) for s in opened.values())
-    return TrainingData(train, held, int(train.manifest["vocab_size"]), max_id)
+    return TrainingData(train, held, int(train.manifest["vocab_size"]), max_id, Path(folders["train"]).name)

@@ -91,6 +91,7 @@ class ShardStats:
     skipped: int = 0  # empty records
     max_id: int = -1
     weight: int = 0
+    cpu_s: float = 0.0  # CPU time the unit took in its process
 
 
 class ShardWriter:
@@ -321,6 +322,7 @@ class UnitReader:
         self._datasets: dict[int, Any] = {}
 
     def run(self, unit: Unit) -> ShardStats:
+        cpu = time.process_time()
         src = self.task.sources[unit.source]
         writer = ShardWriter(Path(self.task.shards), unit.shard, self.encoder, self.chat)
         if src.kind == "txt":
@@ -331,6 +333,7 @@ class UnitReader:
             self._records(self._parquet(src, unit), writer)
         else:
             self._records(self._dataset(src, unit), writer)
+        writer.stats.cpu_s = time.process_time() - cpu
         return writer.finish(unit.weight)
 
     # ---- reading
@@ -446,6 +449,7 @@ def _init_pool_process(task: Task) -> None:
     global _READER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # the parent shows the progress
     _READER = UnitReader(task)
 
 
@@ -606,6 +610,7 @@ def build(
         "sources": [{"path": s.path, "kind": s.kind, "size": s.size()} for s in ref.sources],
         "bytes": total,
         "seconds": seconds,
+        "cpu_seconds": sum(s["cpu_s"] for s in stats),  # tokenizing units, all processes
         "workers": max(1, workers),
     }
     runfolder.atomic_write(partial / "manifest.json", json.dumps(manifest, indent=1))
@@ -618,7 +623,8 @@ def build(
     skipped = f", {manifest['skipped']:,} empty records skipped" if manifest["skipped"] else ""
     log(
         f"data: prepared {tokens:,} tokens in {manifest['documents']:,} documents, {len(stats)} shards, "
-        f"in {seconds:.1f} s ({total / 1e6 / max(seconds, 1e-9):.1f} MB/s){skipped}"
+        f"in {seconds:.1f} s ({total / 1e6 / max(seconds, 1e-9):.1f} MB/s, {manifest['cpu_seconds']:.1f} CPU-s "
+        f"tokenizing){skipped}"
     )
     return manifest
 

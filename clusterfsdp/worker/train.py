@@ -190,6 +190,12 @@ def train(
             f"saved by {saved['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
         )
         on_event("resumed", step=step, checkpoint=str(latest.path))
+        if saved.get("data", data.key) != data.key:
+            log(
+                f"data: this checkpoint was trained on prepared dataset {saved['data']}, this attempt reads "
+                f"{data.key} (the sources, tokenizer or format changed): the data position ({consumed} samples) "
+                "continues in the new data"
+            )
     t_model = time.perf_counter()
     log(
         f"model: {n_params / 1e6:.2f}M params, vocab {config.vocab_size}, mesh {spec.mesh_shape} "
@@ -202,7 +208,7 @@ def train(
     micro_tokens = mb * spec.data.seq_len
 
     def meta() -> dict:
-        return {"consumed": consumed, "tokens_seen": tokens_seen}
+        return {"consumed": consumed, "tokens_seen": tokens_seen, "data": data.key}
 
     gradient_sync: Callable[[bool], None] | None = getattr(model, "set_requires_gradient_sync", None)  # FSDP2
     model.train()
