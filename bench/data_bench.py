@@ -134,8 +134,8 @@ def raw_speed(tokenizer: Path, corpus: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def job_text(name: str, run_root: Path, corpus: Path, tokenizer: str, packing: str = "") -> str:
-    """A 2-rank llama-tiny job on `corpus` (keys an older checkout also reads, unless packing)."""
+def job_text(name: str, run_root: Path, corpus: Path, tokenizer: str, packing: str = "", cache: str = "") -> str:
+    """A 2-rank llama-tiny job on `corpus` (keys an older checkout also reads, unless packing or cache)."""
     return f"""
 [job]
 name = "{name}"
@@ -150,6 +150,7 @@ paths = ["{corpus}"]
 tokenizer = "{tokenizer}"
 seq_len = 256
 {f'packing = "{packing}"' if packing else ""}
+{f'cache_dir = "{cache}"' if cache else ""}
 [train]
 steps = 30
 micro_batch_size = 8
@@ -198,8 +199,8 @@ def prepare(job_file: Path, workers: int) -> dict:
     wall, out = time.perf_counter() - t0, proc.stdout.read() if proc.stdout else ""
     if proc.returncode != 0:
         raise RuntimeError(out)
-    cpu_units = float(re.search(r"([\d.]+) CPU-s tokenizing", out).group(1))  # type: ignore[union-attr]
-    return {"wall_s": wall, "cpu_s": sum(last.values()), "cpu_units_s": cpu_units, "log": out}
+    units = re.search(r"([\d.]+) CPU-s tokenizing", out)  # absent when only an index was built
+    return {"wall_s": wall, "cpu_s": sum(last.values()), "cpu_units_s": float(units.group(1)) if units else None}
 
 
 # Runs the code of --old (PYTHONPATH) instead of this checkout's editable install.
@@ -259,7 +260,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--sizes", default="25,200", help="corpus sizes in MB")
     ap.add_argument("--old", type=Path, help="an older checkout to compare the training memory with (25 MB only)")
-    ap.add_argument("--skip-raw", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="raw / prepare alternations on the smallest corpus")
     args = ap.parse_args()
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
@@ -273,56 +274,41 @@ def main() -> int:
         date=time.strftime("%Y-%m-%d %H:%M"),
         corpora={mb: p.stat().st_size for mb, p in corpora.items()},
     )
-    rows = []
+    # 1. prepare throughput with the BPE against raw encoding, alternated (a fresh cache each time)
     for mb, corpus in corpora.items():
-        for tok_name, tok in (("bpe32k", str(bpe)), ("bytes", "bytes")):
-            root = work / f"runs-{mb}-{tok_name}"
-            job_file = work / f"job-{mb}-{tok_name}.toml"
-            job_file.write_text(job_text(f"d{mb}{tok_name}", root, corpus, tok))
-            if tok_name == "bpe32k" and not args.skip_raw:
-                raw = raw_speed(bpe, corpus)
-                rows.append(result(what="raw_encode", mb=mb, tokenizer=tok_name, **raw))
+        mbs = corpus.stat().st_size / 1e6
+        for rep in range(args.repeat if mb == min(sizes) else 1):
+            job_file = work / f"job-{mb}-bpe-{rep}.toml"
+            cache = str(work / f"cache-{mb}-{rep}")
+            job_file.write_text(job_text(f"p{mb}", work / "runs", corpus, str(bpe), cache=cache))
+            raw = raw_speed(bpe, corpus)
+            raw_rate = raw["text_mb"] / raw["cpu_s"]
+            result(what="raw_encode", mb=mb, rep=rep, tokenizer="bpe32k", mb_per_cpu_s=raw_rate, **raw)
             prep = prepare(job_file, workers=2)
-            mbs = corpus.stat().st_size / 1e6
-            rows.append(
-                result(
-                    what="prepare",
-                    mb=mb,
-                    tokenizer=tok_name,
-                    wall_s=prep["wall_s"],
-                    cpu_s=prep["cpu_s"],
-                    cpu_units_s=prep["cpu_units_s"],
-                    mb_per_s=mbs / prep["wall_s"],
-                    mb_per_cpu_s=mbs / prep["cpu_s"],
-                    mb_per_unit_cpu_s=mbs / prep["cpu_units_s"],
-                )
+            result(
+                what="prepare",
+                mb=mb,
+                rep=rep,
+                tokenizer="bpe32k",
+                mb_per_s=mbs / prep["wall_s"],
+                mb_per_cpu_s=mbs / prep["cpu_s"],
+                mb_per_unit_cpu_s=mbs / prep["cpu_units_s"],
+                ratio=(mbs / prep["cpu_s"]) / raw_rate,
+                **prep,
             )
-            if tok_name == "bpe32k" and not args.skip_raw:
-                raw2 = raw_speed(bpe, corpus)  # again after, to bracket the prepare
-                rows.append(result(what="raw_encode", mb=mb, tokenizer=tok_name, **raw2))
-            if tok_name == "bytes":
-                for packing in ("", "documents"):
-                    text = job_text(f"d{mb}{packing or 'concat'}", root, corpus, "bytes", packing)
-                    if packing:
-                        (work / "docs.toml").write_text(text)
-                        prepare(work / "docs.toml", workers=2)  # builds the documents index
-                    t = train(text, ROOT)
-                    rows.append(
-                        result(
-                            what="train",
-                            mb=mb,
-                            packing=packing or "concat",
-                            code="new",
-                            **{k: v for k, v in t.items() if k != "log"},
-                        )
-                    )
-            if args.old and tok_name == "bytes" and mb == min(sizes):
-                t = train(job_text(f"old{mb}", work / "runs-old", corpus, "bytes"), args.old)
-                rows.append(
-                    result(
-                        what="train", mb=mb, packing="concat", code="old", **{k: v for k, v in t.items() if k != "log"}
-                    )
-                )
+    # 2. memory per rank and time to the first step, byte tokenizer, prepared beforehand
+    for mb, corpus in corpora.items():
+        for packing in ("concat", "documents"):
+            text = job_text(f"t{mb}{packing}", work / "runs", corpus, "bytes", packing, cache=str(work / "cache-bytes"))
+            (work / "train.toml").write_text(text)
+            prep = prepare(work / "train.toml", workers=2)
+            result(what="prepare", mb=mb, tokenizer="bytes", packing=packing, **prep)
+            t = train(text, ROOT)
+            result(what="train", mb=mb, packing=packing, code="new", **{k: v for k, v in t.items() if k != "log"})
+    if args.old:  # every rank tokenizes the whole corpus into memory (concat, its own cache folder)
+        mb = min(sizes)
+        t = train(job_text(f"old{mb}", work / "runs-old", corpora[mb], "bytes"), args.old)
+        result(what="train", mb=mb, packing="concat", code="old", **{k: v for k, v in t.items() if k != "log"})
     result(what="done", load=os.getloadavg())
     return 0
 

@@ -41,8 +41,9 @@ def test_validate_names_every_bad_source_and_exits_2(tmp_path):
     (tmp_path / "latin1.txt").write_bytes("first line\ncaf\xe9\n".encode("latin-1"))
     (tmp_path / "notes.csv").write_text("text\nhello\n")
     (tmp_path / "blank.jsonl.gz").write_bytes(gzip.compress(b"\n\n"))
+    (tmp_path / "nothing-here").mkdir()
     paths = ["empty.jsonl", "broken.jsonl", "nokey.jsonl.gz", "latin1.txt", "nothing/*.jsonl", "someorg/somedata"]
-    r = cli("validate", str(job_file(tmp_path, [*paths, "notes.csv", "blank.jsonl.gz"])))
+    r = cli("validate", str(job_file(tmp_path, [*paths, "notes.csv", "blank.jsonl.gz", "nothing-here"])))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     errors = r.stderr.splitlines()
     expected = [
@@ -56,6 +57,7 @@ def test_validate_names_every_bad_source_and_exits_2(tmp_path):
         f"error: data.paths[2]: {tmp_path}/nokey.jsonl.gz:1: no 'text' key (data.text_key; the record has: body, id)",
         f"error: data.paths[3]: {tmp_path}/latin1.txt:2: not UTF-8 (byte 0xe9 at offset 14); re-encode the file",
         f"error: data.paths[7]: {tmp_path}/blank.jsonl.gz: no records in its first 1 MiB (empty file?)",
+        f"error: data.paths[8]: {tmp_path}/nothing-here: empty folder",
     ]
     assert errors == expected, r.stderr
 

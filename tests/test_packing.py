@@ -189,3 +189,28 @@ def test_reads_across_many_shards_keep_few_files_open(tmp_path, monkeypatch):
     for start in rng.integers(0, len(stream) - 2000, 200).tolist():
         assert np.array_equal(samples.tokens.read(start, 1500), stream[start : start + 1500])
         assert len(samples.tokens.fds) <= 3
+
+
+def test_the_flattened_micro_batch_flash_attention_gets_has_the_same_loss(tmp_path):
+    """With flash_attention_2, packed documents reach the model as one row of the whole micro-batch
+    (FA2's varlen path reads document bounds from position ids only at batch size 1). The same
+    flattened call through sdpa gives the batch's loss: flattening loses nothing. (FA2 itself
+    needs a GPU, which the test machine does not have.)"""
+    from clusterfsdp.worker import train
+
+    samples = open_samples(tmp_path, "documents").train
+    assert samples is not None
+    batch = samples.batch(0, 0, 1, 3)
+    spec = S.loads('[model]\nattn_implementation = "flash_attention_2"\n[data]\npacking = "documents"\n')
+    model = _model("sdpa")
+    shapes = []
+
+    def record(_module, _args, kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+
+    model.model.register_forward_pre_hook(record, with_kwargs=True)
+    with torch.no_grad():
+        flat = train._loss_fn(spec)(model, batch)
+        rows = train._loss_fn(S.loads("[model]\nattn_implementation = 'sdpa'\n"))(model, batch)
+    assert shapes == [(1, 3 * SEQ), (3, SEQ)]
+    torch.testing.assert_close(flat, rows, rtol=1e-5, atol=1e-4)

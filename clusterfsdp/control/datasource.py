@@ -51,7 +51,7 @@ SNIFF_BYTES = 1 << 20  # what `check` reads of a text file to judge it
 SNIFF_FILES = 200  # files whose first record `check` reads (all are checked for existence)
 VALIDATE_HASH_BYTES = 256 << 20  # `validate` hashes sources up to this size to find their prepared form
 TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens", "chat_template")
-CHAT_ROLES_KEYS = ("role", "content")
+MESSAGE_KEYS = ("role", "content")
 
 
 class DataError(ValueError):
@@ -122,7 +122,7 @@ def local_sources(field: str, patterns: list[str]) -> tuple[list[Source], list[s
         key = f"{field}[{i}]"
         expanded = os.path.expanduser(pattern)
         if any(c in pattern for c in "*?["):
-            matches = sorted(glob.glob(expanded))
+            matches = sorted(glob.glob(expanded, recursive=True))
         else:
             matches = [expanded] if os.path.exists(expanded) else []
         if not matches:
@@ -175,16 +175,33 @@ def utf8_error(data: bytes, where: str, first_line: int = 1, final: bool = True)
         return f"{where}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); re-encode the file"
 
 
+def record_key(data: specmod.DataSection) -> str:
+    """The record field the job reads: the text, or the messages of a conversation."""
+    return data.messages_key if data.format == "chat" else data.text_key
+
+
+def record_field(data: specmod.DataSection) -> str:
+    """The job.toml key that names it."""
+    return "data.messages_key" if data.format == "chat" else "data.text_key"
+
+
+def column_problem(where: str, data: specmod.DataSection, columns: list[str]) -> str | None:
+    """The error line for a table (parquet, dataset) without the record key's column."""
+    key = record_key(data)
+    if key in columns:
+        return None
+    return f"{where}: no column {key!r} ({record_field(data)}; it has: {', '.join(columns)})"
+
+
 def record_value(record: Any, data: specmod.DataSection, where: str) -> str | list[dict[str, str]]:
     """The text (format 'text') or messages (format 'chat') of one decoded record; DataError
     naming `where` (file:line or file row) and the key when the record does not have them."""
-    key = data.messages_key if data.format == "chat" else data.text_key
+    key = record_key(data)
     if not isinstance(record, dict):
         raise DataError(f"{where}: not a JSON object")
     if key not in record:
         has = ", ".join(sorted(map(str, record))[:8]) or "none"
-        field = "data.messages_key" if data.format == "chat" else "data.text_key"
-        raise DataError(f"{where}: no {key!r} key ({field}; the record has: {has})")
+        raise DataError(f"{where}: no {key!r} key ({record_field(data)}; the record has: {has})")
     value = record[key]
     if data.format == "text":
         if not isinstance(value, str):
@@ -197,7 +214,7 @@ def check_messages(value: Any, key: str, where: str) -> list[dict[str, str]]:
     if not isinstance(value, list) or not value:
         raise DataError(f"{where}: {key!r} must be a non-empty list of {{role, content}} messages")
     for n, m in enumerate(value):
-        if not isinstance(m, dict) or not all(isinstance(m.get(k), str) for k in CHAT_ROLES_KEYS):
+        if not isinstance(m, dict) or not all(isinstance(m.get(k), str) for k in MESSAGE_KEYS):
             raise DataError(f"{where}: {key}[{n}] is not an object with string 'role' and 'content'")
     if not any(m["role"] == "assistant" for m in value):
         raise DataError(f"{where}: {key!r} has no 'assistant' message: nothing to train on")
@@ -232,11 +249,13 @@ def _first_line(stream: IO[bytes], limit: int) -> tuple[int, bytes]:
 
 def sniff(source: Source, data: specmod.DataSection) -> list[str]:
     """Problems in the first record of a text source (the whole file is read by prepare)."""
+    where = f"{source.field}: {source.path}"
+    if source.is_folder and not source.files():
+        return [f"{where}: empty folder"]
     if source.kind in ("parquet", "dataset_folder"):
         return []
     if source.kind == "saved_dataset":
         return _saved_dataset_problems(source, data)
-    where = f"{source.field}: {source.path}"
     if os.path.getsize(source.path) == 0:
         return [f"{where}: empty file"]
     try:
@@ -274,11 +293,8 @@ def _saved_dataset_problems(source: Source, data: specmod.DataSection) -> list[s
         features = json.loads((root / "dataset_info.json").read_text()).get("features") or {}
     except (OSError, ValueError):
         return []
-    key = data.messages_key if data.format == "chat" else data.text_key
-    if features and key not in features:
-        field = "data.messages_key" if data.format == "chat" else "data.text_key"
-        return [f"{where}: no column {key!r} ({field}; it has: {', '.join(features)})"]
-    return []
+    problem = column_problem(where, data, list(features)) if features else None
+    return [problem] if problem else []
 
 
 def tokenizer_problems(data: specmod.DataSection) -> list[str]:
@@ -368,8 +384,8 @@ def content_hash(
             digest = hash_file(f, progress)
             memo.put(f, digest)
         parts.append(digest)
-    if len(files) == 1:
-        return parts[0]
+    if len(files) <= 1:
+        return parts[0] if parts else _digest("")
     base = os.path.commonpath([str(f) for f in files])
     lines = [f"{os.path.relpath(f, base)}:{d}" for f, d in zip(files, parts, strict=True)]
     return _digest("\n".join(lines))
@@ -442,7 +458,7 @@ def dataset_refs(spec: specmod.JobSpec, *, budget: int | None = None, progress=N
                 "sources": [[s.kind, s.compression, h] for s, h in zip(sources, hashes, strict=True)],
                 "tokenizer": tok_id,
                 "format": d.format,
-                "key": d.messages_key if d.format == "chat" else d.text_key,
+                "key": record_key(d),
                 "split": d.split if any(s.is_folder for s in sources) else "",
             }
             key = _digest(json.dumps(payload, sort_keys=True))[:24]

@@ -6,7 +6,7 @@ builds the missing ones: one process per dataset, under `<cache>/<key>.lock` (a 
 job's seq_len / packing / split (dataindex.py). In a job only rank 0 calls it; the other ranks
 wait (data.py). `python -m clusterfsdp.worker.dataprep JOB.toml` is `clusterfsdp data prepare`.
 
-The sources are cut into units of about UNIT_BYTES (line-aligned byte ranges of .txt and
+The sources are cut into units of about `unit_size(total)` bytes (line-aligned byte ranges of .txt and
 .jsonl files, chunks of the decompressed stream of .gz/.zst files, row groups of parquet
 files, row ranges of datasets); each unit becomes one shard, tokenized by a pool of processes
 (one per CPU; the tokenizer's Rust batch encoder in each, single-threaded). A shard is written
@@ -49,7 +49,7 @@ from ..control.lock import FileLock, LockHeld
 from . import dataindex
 from .tokens import DocumentEncoder, Encoded
 
-UNIT_BYTES = 16 << 20  # source bytes per shard (and per task of the pool)
+MIN_UNIT, MAX_UNIT = 1 << 20, 16 << 20  # source bytes per shard (and per task of the pool)
 PIECE_BYTES = 1 << 20  # text per encode call of a long .txt document
 BATCH_BYTES = 1 << 20  # records' text per encode call
 ROWS_PER_READ = 1024  # parquet / dataset rows read at once
@@ -161,6 +161,13 @@ def _char_start(data: bytes, at: int) -> int:
     return at
 
 
+def unit_size(total: int) -> int:
+    """Source bytes per unit: about 1/64 of the data (so every process of a pool gets several and
+    they finish together), between 1 and 16 MiB. A function of the data only: a prepare that
+    continues an interrupted one cuts the same units."""
+    return max(MIN_UNIT, min(MAX_UNIT, total // 64))
+
+
 def _file_units(src: Source, index: int, unit_bytes: int, shard: int) -> Iterator[Unit]:
     size = os.path.getsize(src.path)
     with open(src.path, "rb") as f:
@@ -237,18 +244,10 @@ def load_hf_dataset(src: Source, data: specmod.DataSection, cache: Path):
         raise
     except Exception as e:  # datasets raises many kinds for unreadable folders and unknown splits
         raise DataError(f"{where}: datasets cannot read it: {type(e).__name__}: {e}") from None
-    key = _record_key(data)
-    if key not in ds.column_names:
-        raise DataError(f"{where}: no column {key!r} ({_key_field(data)}; it has: {', '.join(ds.column_names)})")
+    problem = datasource.column_problem(where, data, ds.column_names)
+    if problem:
+        raise DataError(problem)
     return ds
-
-
-def _record_key(data: specmod.DataSection) -> str:
-    return data.messages_key if data.format == "chat" else data.text_key
-
-
-def _key_field(data: specmod.DataSection) -> str:
-    return "data.messages_key" if data.format == "chat" else "data.text_key"
 
 
 def _parquet_units(src: Source, index: int, data: specmod.DataSection, unit_bytes: int, shard: int):
@@ -256,10 +255,9 @@ def _parquet_units(src: Source, index: int, data: specmod.DataSection, unit_byte
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(src.path)
-    key = _record_key(data)
-    if key not in pf.schema_arrow.names:
-        names = ", ".join(pf.schema_arrow.names)
-        raise DataError(f"{src.field}: {src.path}: no column {key!r} ({_key_field(data)}; it has: {names})")
+    problem = datasource.column_problem(f"{src.field}: {src.path}", data, pf.schema_arrow.names)
+    if problem:
+        raise DataError(problem)
     groups = [pf.metadata.row_group(i) for i in range(pf.metadata.num_row_groups)]
     sizes = [g.total_byte_size for g in groups]
     first_rows = np.concatenate([[0], np.cumsum([g.num_rows for g in groups])])
@@ -374,54 +372,55 @@ class UnitReader:
             parts.append(np.asarray([enc.eos], enc.dtype))
         writer.add(Encoded(np.concatenate(parts) if parts else np.zeros(0, enc.dtype)), unit.doc_start)
 
-    def _jsonl(self, src: Source, unit: Unit) -> Iterator[tuple[Any, str]]:
+    def _jsonl(self, src: Source, unit: Unit) -> Iterator[tuple[Any, object]]:
         data = self._bytes(src, unit)
         first = unit.first_line
+        file = f"{src.field}: {src.path}"
         for n, line in enumerate(data.splitlines()):
             if not line.strip():
                 continue
             try:
-                value = datasource.parse_json_line(line, self.task.data, f"{src.field}: {src.path}", first + n)
+                value = datasource.parse_json_line(line, self.task.data, file, first + n)
             except DataError:
                 if first:
                     raise
                 first = self._first_line(src, unit)  # the error again, now with the file's line number
-                value = datasource.parse_json_line(line, self.task.data, f"{src.field}: {src.path}", first + n)
-            yield value, ""
+                value = datasource.parse_json_line(line, self.task.data, file, first + n)
+            yield value, _Lazy(lambda n=n: f"{file}:{self._first_line(src, unit) + n}")
 
-    def _rows(self, src: Source, values: list[Any], first_row: int) -> Iterator[tuple[Any, str]]:
-        key = _record_key(self.task.data)
+    def _rows(self, src: Source, values: list[Any], first_row: int) -> Iterator[tuple[Any, object]]:
+        key = datasource.record_key(self.task.data)
         for n, value in enumerate(values):
             where = f"{src.field}: {src.path} row {first_row + n}"
             if value is None:
                 raise DataError(f"{where}: {key!r} is null")
             yield datasource.record_value({key: value}, self.task.data, where), where
 
-    def _parquet(self, src: Source, unit: Unit) -> Iterator[tuple[Any, str]]:
+    def _parquet(self, src: Source, unit: Unit) -> Iterator[tuple[Any, object]]:
         import pyarrow.parquet as pq
 
         pf = pq.ParquetFile(src.path)
         row = unit.first_line
         for group in range(unit.start, unit.stop):
-            column = pf.read_row_group(group, columns=[_record_key(self.task.data)]).column(0)
+            column = pf.read_row_group(group, columns=[datasource.record_key(self.task.data)]).column(0)
             for at in range(0, len(column), ROWS_PER_READ):
                 values = column.slice(at, ROWS_PER_READ).to_pylist()
                 yield from self._rows(src, values, row + at)
             row += len(column)
 
-    def _dataset(self, src: Source, unit: Unit) -> Iterator[tuple[Any, str]]:
+    def _dataset(self, src: Source, unit: Unit) -> Iterator[tuple[Any, object]]:
         if unit.source not in self._datasets:
             self._datasets[unit.source] = load_hf_dataset(src, self.task.data, Path(self.task.cache))
         ds = self._datasets[unit.source]
-        key = _record_key(self.task.data)
+        key = datasource.record_key(self.task.data)
         for at in range(unit.start, unit.stop, ROWS_PER_READ):
             values = ds[at : min(unit.stop, at + ROWS_PER_READ)][key]
             yield from self._rows(src, values, at + 1)
 
     # ---- tokenizing
-    def _records(self, records: Iterator[tuple[Any, str]], writer: ShardWriter) -> None:
+    def _records(self, records: Iterator[tuple[Any, object]], writer: ShardWriter) -> None:
         batch: list[Any] = []
-        wheres: list[str] = []
+        wheres: list[object] = []
         size = 0
         for value, where in records:
             if not value:
@@ -436,10 +435,21 @@ class UnitReader:
         if batch:
             self._encode(batch, wheres, writer)
 
-    def _encode(self, batch: list[Any], wheres: list[str], writer: ShardWriter) -> None:
+    def _encode(self, batch: list[Any], wheres: list[object], writer: ShardWriter) -> None:
         docs = self.encoder.chats(batch, wheres) if self.chat else self.encoder.texts(batch)
         for doc in docs:
             writer.add(doc)
+
+
+class _Lazy:
+    """A record's location, worked out only if an error names it (the line number of a record in
+    a unit that starts mid-file takes counting the lines before it)."""
+
+    def __init__(self, text: Callable[[], str]):
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text()
 
 
 _READER: UnitReader | None = None
@@ -558,6 +568,8 @@ def build(
     """Tokenize `ref`'s sources into its partial folder and rename it complete; returns the manifest."""
     t0 = time.perf_counter()
     partial, shards = ref.partial, ref.partial / "shards"
+    total = sum(s.size() for s in ref.sources)
+    unit_bytes = unit_bytes or unit_size(total)
     plan_id = {"version": datasource.FORMAT_VERSION, "unit_bytes": unit_bytes}
     if partial.exists():
         try:
@@ -569,7 +581,6 @@ def build(
     shards.mkdir(parents=True, exist_ok=True)
     runfolder.atomic_write(partial / "plan.json", json.dumps(plan_id))
     done = {int(p.stem) for p in shards.glob("[0-9]*.json")}
-    total = sum(s.size() for s in ref.sources)
     workers = workers or cpu_count()
     if all(s.kind in ("txt", "jsonl") and not s.compression for s in ref.sources):
         workers = min(workers, -(-total // unit_bytes))
@@ -650,7 +661,7 @@ def ensure(
     *,
     workers: int = 0,
     interactive: bool = False,
-    unit_bytes: int = UNIT_BYTES,
+    unit_bytes: int = 0,
 ) -> list[DatasetRef]:
     """The job's prepared datasets and sample indexes, building what is missing; DataError for
     unusable data (a dataset smaller than one batch included)."""
@@ -690,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("job")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--workers", type=int, default=0, help="tokenizing processes (default: data.prepare_workers)")
-    p.add_argument("--unit-bytes", type=int, default=UNIT_BYTES, help="source bytes per shard (tests use small ones)")
+    p.add_argument("--unit-bytes", type=int, default=0, help="source bytes per shard (default: from the data's size)")
     args = p.parse_args(argv)
     try:
         spec = specmod.load(args.job, args.set)

@@ -105,7 +105,7 @@ class DocumentEncoder:
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
-    def _answer_spans(self, messages: list[dict[str, Any]], where: str) -> tuple[str, list[tuple[int, int]]]:
+    def _answer_spans(self, messages: list[dict[str, Any]], where: object) -> tuple[str, list[tuple[int, int]]]:
         try:
             text = self._render(messages, False)
             spans = []
@@ -127,8 +127,9 @@ class DocumentEncoder:
             raise DataError(f"{where}: the chat template refused this conversation: {e}") from None
         return text, spans
 
-    def chats(self, conversations: list[list[dict[str, Any]]], wheres: list[str]) -> list[Encoded]:
-        """Conversations -> template tokens, mask 1 on the tokens that hold characters of an assistant message."""
+    def chats(self, conversations: list[list[dict[str, Any]]], wheres: list[object]) -> list[Encoded]:
+        """Conversations -> template tokens, mask 1 on the tokens that hold characters of an assistant
+        message. `wheres` name the records in errors (str() is taken only then)."""
         if self.backend is None or not hasattr(self.tok, "apply_chat_template"):
             raise DataError("data.format: 'chat' needs a HF tokenizer with a chat template")
         rendered = [self._answer_spans(c, w) for c, w in zip(conversations, wheres, strict=True)]
