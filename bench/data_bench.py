@@ -203,10 +203,9 @@ def prepare(job_file: Path, workers: int) -> dict:
     return {"wall_s": wall, "cpu_s": sum(last.values()), "cpu_units_s": float(units.group(1)) if units else None}
 
 
-# Runs the code of --old (PYTHONPATH) instead of this checkout's editable install.
-PRELUDE = (
-    "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in str(getattr(f, '__module__', ''))]"
-)
+# Imports clusterfsdp from PYTHONPATH (the code of --old), not from the working directory ('' on
+# sys.path: this checkout); PYTHONPATH also comes before the editable install's finder.
+PRELUDE = "import sys; sys.path[:] = [p for p in sys.path if p]"
 RANK = (
     PRELUDE
     + r"""
@@ -276,7 +275,6 @@ def main() -> int:
     )
     # 1. prepare throughput with the BPE against raw encoding, alternated (a fresh cache each time)
     for mb, corpus in corpora.items():
-        mbs = corpus.stat().st_size / 1e6
         for rep in range(args.repeat if mb == min(sizes) else 1):
             job_file = work / f"job-{mb}-bpe-{rep}.toml"
             cache = str(work / f"cache-{mb}-{rep}")
@@ -285,6 +283,7 @@ def main() -> int:
             raw_rate = raw["text_mb"] / raw["cpu_s"]
             result(what="raw_encode", mb=mb, rep=rep, tokenizer="bpe32k", mb_per_cpu_s=raw_rate, **raw)
             prep = prepare(job_file, workers=2)
+            mbs = raw["text_mb"]  # the same text the raw encoder got (the file also holds JSON syntax)
             result(
                 what="prepare",
                 mb=mb,
