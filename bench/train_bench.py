@@ -54,6 +54,7 @@ def main() -> None:
     a = p.parse_args()
 
     from clusterfsdp.control import runfolder
+    from clusterfsdp.control.records import Executor
     from clusterfsdp.worker import loss as lossmod
     from clusterfsdp.worker import main as worker
 
@@ -76,7 +77,7 @@ def main() -> None:
         gpus=0 if a.cpu else 1,
         overrides=a.set,
     )
-    run = runfolder.create_run(spec, "local")
+    run = runfolder.create_run(spec, Executor.LOCAL)
     t0 = time.time()
     try:
         status = worker.run(str(run.path))
@@ -85,7 +86,7 @@ def main() -> None:
     wall = time.time() - t0
 
     rows = run.metrics()
-    events = {e["event"]: e for e in run.events()}
+    events = {e.event: e for e in run.events()}
     log = "".join(f.read_text() for f in run.log_files())
     blocked = [
         (int(m.group(1)), float(m.group(2)))

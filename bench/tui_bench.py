@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:
 
 from clusterfsdp.control import runfolder  # noqa: E402
 from clusterfsdp.control import spec as specmod  # noqa: E402
+from clusterfsdp.control.records import Event, EventKind, Executor  # noqa: E402
 
 LINE = "[rank0] step {i} loss {loss:.4f} lr 3.00e-04 grad_norm 0.912 tokens/s 21,153 mem 0.42 GB {pad}\n"
 TRACEBACK = "Traceback (most recent call last):\n"
@@ -53,23 +54,9 @@ NEEDLE = "needle-near-the-top-of-the-file\n"
 def make_run(root: Path, run_id: str, job_id: str = "1") -> runfolder.RunFolder:
     """A finished local run folder with one attempt (what the queue and logs screens list)."""
     spec = specmod.loads(f'[job]\nname = "bench"\nrun_root = "{root}"\n')
-    run = runfolder.create_run(spec, "local", run_id=run_id)
-    state = run.state()
-    state["attempts"] = [
-        {
-            "attempt": 0,
-            "executor": "local",
-            "job_id": job_id,
-            "reason": "submit",
-            "resume_step": None,
-            "submitted": time.time(),
-        }
-    ]
-    run.write_state(state)
-    run.events_file.write_text(
-        json.dumps({"event": "completed", "job_id": job_id, "rank": 0, "restart": 0, "time": time.time(), "step": 1})
-        + "\n"
-    )
+    run = runfolder.create_run(spec, Executor.LOCAL, run_id=run_id)
+    run.add_attempt(job_id, Executor.LOCAL, "submit")
+    run.append_event(Event(EventKind.COMPLETED, job_id, 0, 0, "bench", time.time(), step=1))
     return run
 
 

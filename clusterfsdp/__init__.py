@@ -1,6 +1,7 @@
 """clusterfsdp: from a job.toml to a multi-node FSDP2/HSDP training run on Slurm (or this machine).
 
-Importing the package is cheap (no torch); the worker imports torch lazily.
+The library API is the run service, `clusterfsdp.Run` (submit, resume, cancel, status, export),
+which the CLI, the TUI and the notebook all call. Importing the package is cheap (no torch).
 """
 
 from __future__ import annotations
@@ -10,10 +11,19 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .control.launch import Submission
+    from .control.run import Run, Submission
     from .control.spec import JobSpec
 
 __version__ = "0.1.0"
+__all__ = ["Run", "load_ipython_extension", "submit"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Run":  # lazily, so `import clusterfsdp` stays instant
+        from .control.run import Run
+
+        return Run
+    raise AttributeError(name)
 
 
 def submit(
@@ -25,13 +35,15 @@ def submit(
     """Queue `job` like `clusterfsdp submit` (the notebook's way out when the kernel is not in an
     allocation): a job.toml path, TOML text or a JobSpec, with 'section.key=value' overrides (a
     list, or a dict {'section.key': value}); executor 'auto' (Slurm when a controller answers, else
-    submitit's local executor), 'slurm' or 'local'. Returns the launch.Submission (run folder,
-    executor, job id). Raises spec.SpecError for a bad spec and launch.SubmitError when the job
-    cannot be queued."""
-    from .control import launch
+    submitit's local executor), 'slurm' or 'local'. Returns the run service's Submission (run,
+    executor, job id). Raises spec.SpecError for a bad spec, launch.SubmitError when the job cannot
+    be queued."""
+    from .control.run import Run
     from .notebook import load_job
 
-    return launch.submit(load_job(job, overrides), executor)
+    if executor not in ("auto", "slurm", "local"):
+        raise ValueError(f"executor must be 'auto', 'slurm' or 'local', not {executor!r}")
+    return Run.submit(load_job(job, overrides), executor)  # type: ignore[arg-type]
 
 
 def load_ipython_extension(ipython: Any) -> None:

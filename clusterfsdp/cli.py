@@ -1,12 +1,17 @@
-"""`clusterfsdp` command line. Control-plane commands never import torch or transformers.
+"""`clusterfsdp` command line: a thin front-end over the run service (`control.run.Run`).
+Never imports torch or transformers (tests/test_layout.py); work that needs them (export)
+runs in a worker subprocess.
 
-Exit codes: 0 ok, 1 the job/run failed, 2 bad input (spec errors, unknown run, Slurm refused).
+Exit codes: 0 ok, 1 the job/run failed, 2 bad input (spec errors, unknown run, Slurm refused,
+a run that is busy).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
+import os
 import sys
 import time
 from datetime import datetime
@@ -14,6 +19,7 @@ from pathlib import Path
 
 from . import __version__
 from .control import spec as specmod
+from .control.records import EventKind
 
 EXIT_BAD_INPUT = 2
 
@@ -26,28 +32,16 @@ def _load(args: argparse.Namespace) -> specmod.JobSpec:
     return specmod.load(args.job, args.set or [])
 
 
-def _add_job(p: argparse.ArgumentParser) -> None:
-    p.add_argument("job", help="job.toml")
-    p.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE",
-        help="override a key, typed by the schema (repeatable): --set train.lr=3e-4 --set slurm.nodes=4",
-    )
+def _run_root(args: argparse.Namespace) -> Path:
+    from .control.runroot import default_run_root
 
-
-def _add_run(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", help="run id (or unique prefix) or run folder")
-    p.add_argument("--run-root", default="./runs", help="where to look for run ids (default ./runs)")
+    return Path(args.run_root).expanduser() if args.run_root else default_run_root()
 
 
 def _find(args: argparse.Namespace):
-    from .control import runfolder
+    from .control.run import Run
 
-    try:
-        return runfolder.find_run(args.run, args.run_root)
-    except runfolder.RunNotFound as e:
-        raise CliError(str(e)) from None
+    return Run.find(args.run, _run_root(args))
 
 
 # ---------------------------------------------------------------- commands
@@ -68,47 +62,17 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def summary(spec: specmod.JobSpec, executor: str) -> str:
-    from .control.presets import PRESETS, llama_param_count
-
-    s, t = spec.slurm, spec.train
-    model = spec.model.name_or_path or f"{spec.model.preset} (random init)"
-    params = (
-        ""
-        if spec.model.name_or_path
-        else f", ~{llama_param_count({**PRESETS[spec.model.preset], **spec.model.from_config}) / 1e6:.1f}M params"
-    )
-    gpus = f"{s.gpus_per_node} GPU(s)" if s.gpus_per_node else "CPU"
-    lines = [
-        f"job        {spec.job.name} -> {spec.job.run_root}/{spec.job.name}/<run id>/",
-        f"resources  {s.nodes} node(s) x {spec.tasks_per_node} worker(s) ({gpus}) = {spec.world_size} ranks, "
-        f"time {spec.time_minutes} min, partition {s.partition or '(default)'}",
-        f"mesh       {' x '.join(map(str, spec.mesh_shape))} "
-        f"({'replicate x shard' if len(spec.mesh_shape) == 2 else 'shard'}), sharding {spec.effective_sharding}, "
-        f"FSDP{spec.fsdp.version}, {spec.fsdp.mixed_precision}",
-        f"model      {model}{params}",
-        f"data       {spec.data.source}{' ' + ', '.join(spec.data.paths) if spec.data.paths else ''}, "
-        f"seq {spec.data.seq_len}" + (f", {spec.data.format}, {spec.packing} packing" if spec.data.paths else ""),
-        f"train      {t.steps} steps x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
-        f"({t.micro_batch_size}/rank x {t.grad_accum} accum), lr {t.lr:g} {t.schedule}",
-        f"checkpoint {f'every {spec.checkpoint.every_steps} steps' if spec.checkpoint.every_steps else 'at the end'}"
-        f"{' (async)' if spec.checkpoint.async_ else ''}, keep {spec.checkpoint.keep_last}",
-        f"runs on    {executor}",
-    ]
-    return "\n".join(lines + [f"note       {n}" for n in spec.notices()])
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     from .control import datasource, slurmcli
+    from .control.summary import summary
 
     spec = _load(args)
     errors = datasource.check(spec)
     if errors:
         raise specmod.SpecError(errors)
-    where = (
-        "Slurm (controller answers)" if slurmcli.available() else "this machine (local executor; no reachable Slurm)"
-    )
-    if not slurmcli.available() and spec.slurm.nodes > 1:
+    reachable = slurmcli.available()
+    where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
+    if not reachable and spec.slurm.nodes > 1:
         where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"
     print(summary(spec, where))
     for line in datasource.prepared_state(spec):
@@ -129,47 +93,41 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from .control import launch
+    from .control.run import Run
 
     spec = _load(args)
     if args.dry_run:
-        try:
-            run, script = launch.dry_run(spec)
-        except launch.SubmitError as e:
-            raise CliError(str(e)) from None
+        run, script = Run.prepare(spec)
         print(script)
         print(
-            f"# run folder prepared: {run.path}\n# submit by hand with: sbatch {run.path / 'sbatch.sh'}",
+            f"# run folder prepared: {run.path}\n# submit by hand with: sbatch {run.folder.sbatch_script}",
             file=sys.stderr,
         )
         return 0
-    try:
-        sub = launch.submit(spec, args.executor)
-    except launch.SubmitError as e:
-        raise CliError(str(e)) from None
+    sub = Run.submit(spec, args.executor)
     print(sub.notice, file=sys.stderr)
     for n in spec.notices():
         print(f"note: {n}", file=sys.stderr)
-    print(f"run {sub.run.id}  job {sub.job_id}  folder {sub.run.path}")
+    print(f"run {sub.run.id}  job {sub.job_id}  folder {sub.run.path}", flush=True)
     if args.follow:
         return _follow(sub.run, 0)
     return 0
 
 
 def _follow(run, rank: int) -> int:
-    from .control import logs, status
+    from .control import logs
 
     def done() -> bool:
-        return status.run_status(run).state in logs.FINAL
+        return run.status().state.final
 
     try:
-        for text in logs.follow(run, rank, done):
+        for text in logs.follow(run.folder, rank, done):
             sys.stdout.write(text)
             sys.stdout.flush()
     except KeyboardInterrupt:
         print(f"\nstopped following; the run goes on (clusterfsdp cancel {run.id} stops it)", file=sys.stderr)
         return 130
-    st = status.run_status(run)
+    st = run.status()
     print(f"run {run.id}: {st.state}{' - ' + st.reason if st.reason else ''}", file=sys.stderr)
     return 0 if st.state == "COMPLETED" else 1
 
@@ -187,9 +145,10 @@ def _age(ts: float | None) -> str:
 def cmd_runs(args: argparse.Namespace) -> int:
     from .control import runfolder, status
 
-    found = runfolder.list_runs(args.run_root)
+    root = _run_root(args)
+    found = runfolder.list_runs(root)
     if not found:
-        print(f"no runs under {Path(args.run_root).expanduser()}")
+        print(f"no runs under {root} (--run-root, or set $CLUSTERFSDP_RUN_ROOT)")
         return 0
     rows, error = status.statuses(found[: args.limit])
     if error:
@@ -199,19 +158,23 @@ def cmd_runs(args: argparse.Namespace) -> int:
         step = f"{st.step or 0}/{st.steps or '?'}"
         loss = f"{st.loss:.4f}" if st.loss is not None else "-"
         job = f"{st.executor}:{st.job_id}" if st.job_id else "-"
-        created = _age(st.run.state().get("created"))
+        created = _age(st.run.record().created)
         print(f"{st.run.id:<22} {st.run.name[:16]:<16} {st.state:<11} {step:>11} {loss:>8} {job:<14} {created}")
     return 0
 
 
+_SHOWN_EVENTS = {EventKind.REQUEUED, EventKind.FAILED, EventKind.FOLLOW_UP, EventKind.RESUMED, EventKind.STOPPED,
+                 EventKind.CHECKPOINT_FALLBACK}  # fmt: skip
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    from .control import ckptfolder, status
+    from .control import ckptfolder
 
     if not args.run:
         return cmd_runs(args)
     run = _find(args)
-    st = status.run_status(run)
-    print(f"run        {run.id} ({run.name})\nfolder     {run.path}")
+    st = run.status()
+    print(f"run        {run.id} ({run.folder.name})\nfolder     {run.path}")
     print(f"state      {st.state}{' - ' + st.reason if st.reason else ''}")
     print(
         f"progress   step {st.step or 0}/{st.steps or '?'}" + (f", loss {st.loss:.4f}" if st.loss is not None else "")
@@ -219,21 +182,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     if st.eval_loss is not None:
         ppl = math.exp(min(st.eval_loss, 700))
         print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {ppl:.2f}")
-    for a in run.attempts:
-        when = datetime.fromtimestamp(a.get("submitted", 0)).strftime("%Y-%m-%d %H:%M:%S")
-        print(f"attempt {a['attempt']}  {a['executor']} job {a['job_id']}  {when}  {a.get('reason', '')}")
-    for e in run.events():
-        if e.get("event") in ("requeued", "failed", "follow_up", "resumed", "stopped"):
-            print(
-                f"event      {datetime.fromtimestamp(e['time']).strftime('%H:%M:%S')} job {e.get('job_id')} "
-                f"{e['event']} {e.get('reason', '') or e.get('checkpoint', '')}".rstrip()
-            )
+    for a in st.attempts:
+        when = datetime.fromtimestamp(a.submitted).strftime("%Y-%m-%d %H:%M:%S")
+        print(f"attempt {a.attempt}  {a.executor} job {a.job_id}  {when}  {a.reason}")
+    for e in run.folder.events():
+        if e.event in _SHOWN_EVENTS:
+            detail = e.reason or e.checkpoint
+            print(f"event      {datetime.fromtimestamp(e.time):%H:%M:%S} job {e.job_id} {e.event} {detail}".rstrip())
     try:
-        cks = ckptfolder.list_checkpoints(run.checkpoints_dir())
+        cks = ckptfolder.list_checkpoints(run.folder.checkpoints_dir())
     except specmod.SpecError:
         cks = []
     print(f"checkpoints {', '.join(f'step {c.step}' for c in cks) or 'none'}")
-    return 0 if st.state not in ("FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY") else 1
+    return 1 if st.state.bad else 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -242,75 +203,37 @@ def cmd_logs(args: argparse.Namespace) -> int:
     run = _find(args)
     if args.follow:
         return _follow(run, args.rank)
-    path = logs.log_file(run, args.rank, args.attempt)
+    path = logs.log_file(run.folder, args.rank, args.attempt)
     if path is None:
-        raise CliError(
-            f"run {run.id}: no log for rank {args.rank} yet (attempts: {', '.join(logs.attempt_keys(run)) or 'none'})"
-        )
+        have = ", ".join(logs.attempt_keys(run.folder)) or "none"
+        raise CliError(f"run {run.id}: no log for rank {args.rank} yet (attempts: {have})")
     print(logs.tail(path, args.lines))
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from .control import launch, slurmcli
-
-    run = _find(args)
-    try:
-        print(launch.cancel(run))
-    except (launch.SubmitError, slurmcli.SlurmError) as e:
-        raise CliError(str(e)) from None
+    print(_find(args).cancel())
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from .control import ckptfolder, launch
-
     run = _find(args)
-    spec = specmod.load(run.job_toml, args.set or [])
-    root = run.checkpoints_dir(spec)
-    target = ckptfolder.find(root, args.step)
-    if args.step is not None and target is None:
-        raise CliError(
-            f"run {run.id}: no complete checkpoint at step {args.step} "
-            f"(have: {', '.join(str(c.step) for c in ckptfolder.list_checkpoints(root)) or 'none'})"
-        )
-    if target is not None and args.step is not None:
-        ckptfolder.keep_only_up_to(root, target.step)
-    specmod.check(spec)
-    run.job_toml.write_text(specmod.dumps(spec, redact=True))  # the new attempt runs with the overrides
-    executor: launch.Executor = args.executor or ("slurm" if run.executor == "slurm" else "local")
-    try:
-        sub = launch.submit(
-            spec,
-            executor,
-            run=run,
-            reason=f"resume from step {target.step if target else 0}",
-            resume_step=target.step if target else None,
-        )
-    except launch.SubmitError as e:
-        raise CliError(str(e)) from None
-    origin = f"step {target.step}" if target else "scratch (no checkpoint)"
-    print(f"run {run.id}  job {sub.job_id}  resumes from {origin}")
+    sub = run.resume(
+        step=args.step,
+        overrides=args.set or [],
+        executor=args.executor,
+        force=args.force,
+        without_secrets=args.without_secrets,
+    )
+    origin = f"step {sub.resume_step}" if sub.resume_step is not None else "scratch (no checkpoint)"
+    print(f"run {run.id}  job {sub.job_id}  resumes from {origin}", flush=True)
     if args.follow:
         return _follow(run, 0)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .control import ckptfolder
-
-    run = _find(args)
-    spec = run.spec()
-    info = ckptfolder.find(run.checkpoints_dir(spec), args.step)
-    if info is None:
-        raise CliError(
-            f"run {run.id}: no complete checkpoint{' at step ' + str(args.step) if args.step is not None else ''}"
-        )
-    from .worker.export import export_hf
-
-    out = export_hf(spec, info.path, Path(args.to))
-    print(f"exported step {info.step} to {out} (load with AutoModelForCausalLM.from_pretrained)")
-    return 0
+    return _find(args).export(Path(args.to), args.step)
 
 
 def cmd_devcluster(args: argparse.Namespace) -> int:
@@ -322,10 +245,36 @@ def cmd_devcluster(args: argparse.Namespace) -> int:
 def cmd_tui(args: argparse.Namespace) -> int:
     from .tui import main as tui_main
 
+    args.run_root = str(_run_root(args))
     return tui_main(args)
 
 
 # ---------------------------------------------------------------- parser
+def _add_job(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job", help="the job file (job.toml)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a key, typed by the schema (repeatable): --set train.lr=3e-4 --set slurm.nodes=4",
+    )
+
+
+def _add_run_root(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--run-root",
+        metavar="DIR",
+        help="where to look for runs (default: $CLUSTERFSDP_RUN_ROOT, else run_root in "
+        "~/.config/clusterfsdp/config.toml, else ./runs)",
+    )
+
+
+def _add_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="run id (or a unique prefix of one) or run folder")
+    _add_run_root(p)
+
+
+@functools.cache  # built once per process (the fuzz test calls main() thousands of times)
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="clusterfsdp", description="job.toml -> multi-node FSDP training on Slurm (or locally)."
@@ -334,12 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("init", help="write a commented starter job.toml")
-    s.add_argument("path", nargs="?", default="job.toml")
-    s.add_argument("--force", action="store_true")
+    s.add_argument("path", nargs="?", default="job.toml", help="file to write (default job.toml)")
+    s.add_argument("--force", action="store_true", help="overwrite an existing file")
     s.set_defaults(fn=cmd_init)
 
     s = sub.add_parser("schema", help="document every job.toml key (or one section / key)")
-    s.add_argument("key", nargs="?", help="e.g. slurm or train.lr")
+    s.add_argument("key", nargs="?", help="a section or section.key, e.g. slurm or train.lr")
     s.set_defaults(fn=cmd_schema)
 
     s = sub.add_parser("validate", help="check a job and print what it will do")
@@ -355,28 +304,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", help="queue a job (Slurm, or locally without Slurm) and return")
     _add_job(s)
-    s.add_argument("--executor", choices=["auto", "slurm", "local"], default="auto")
-    s.add_argument("--dry-run", action="store_true", help="print the sbatch script; submit nothing")
+    s.add_argument(
+        "--executor",
+        choices=["auto", "slurm", "local"],
+        default="auto",
+        help="auto (default): Slurm when a controller answers, else this machine",
+    )
+    s.add_argument(
+        "--dry-run", action="store_true", help="prepare the run folder, print the sbatch script; queue nothing"
+    )
     s.add_argument("-f", "--follow", action="store_true", help="stream rank-0 output until the run ends")
     s.set_defaults(fn=cmd_submit)
 
     s = sub.add_parser("runs", help="list runs")
-    s.add_argument("--run-root", default="./runs")
-    s.add_argument("--limit", type=int, default=50)
+    _add_run_root(s)
+    s.add_argument("--limit", type=int, default=50, help="show at most this many, newest first (default 50)")
     s.set_defaults(fn=cmd_runs)
 
     s = sub.add_parser("status", help="state of one run (or all runs)")
-    s.add_argument("run", nargs="?")
-    s.add_argument("--run-root", default="./runs")
-    s.add_argument("--limit", type=int, default=50)
+    s.add_argument("run", nargs="?", help="run id (or unique prefix) or run folder; none: list runs")
+    _add_run_root(s)
+    s.add_argument("--limit", type=int, default=50, help="without RUN: show at most this many runs")
     s.set_defaults(fn=cmd_status)
 
     s = sub.add_parser("logs", help="show a rank's log")
     _add_run(s)
-    s.add_argument("-f", "--follow", action="store_true")
-    s.add_argument("--rank", type=int, default=0)
+    s.add_argument("-f", "--follow", action="store_true", help="follow across requeues until the run ends")
+    s.add_argument("--rank", type=int, default=0, help="which rank's log (default 0)")
     s.add_argument("--attempt", help="attempt key <job id>.<restart> (default: newest)")
-    s.add_argument("-n", "--lines", type=int, default=200)
+    s.add_argument("-n", "--lines", type=int, default=200, help="how many lines from the end (default 200)")
     s.set_defaults(fn=cmd_logs)
 
     s = sub.add_parser("cancel", help="cancel a run's live attempt (workers save first)")
@@ -387,24 +343,43 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(s)
     s.add_argument("--step", type=int, help="resume from this checkpoint step (newer ones are set aside)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE", help="override keys, e.g. slurm.nodes=1")
-    s.add_argument("--executor", choices=["auto", "slurm", "local"])
-    s.add_argument("-f", "--follow", action="store_true")
+    s.add_argument("--executor", choices=["auto", "slurm", "local"], help="default: the run's executor")
+    s.add_argument(
+        "--force", action="store_true", help="cancel a live attempt first, wait for its checkpoint, then resume"
+    )
+    s.add_argument(
+        "--without-secrets",
+        action="store_true",
+        help="go on although redacted [env] secrets are not in this environment",
+    )
+    s.add_argument("-f", "--follow", action="store_true", help="stream rank-0 output until the run ends")
     s.set_defaults(fn=cmd_resume)
 
     s = sub.add_parser("export", help="write a checkpoint as a HuggingFace model folder")
     _add_run(s)
-    s.add_argument("--step", type=int)
+    s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
     s.add_argument("--to", required=True, help="output folder")
     s.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("devcluster", help="a real multi-node Slurm on this machine (root)")
-    s.add_argument("action", choices=["up", "down", "status"])
+    s.add_argument("action", choices=["up", "down", "status"], help="start, stop, or show the cluster")
     s.set_defaults(fn=cmd_devcluster)
 
     s = sub.add_parser("tui", help="the terminal UI")
-    s.add_argument("--run-root", default="./runs")
-    s.add_argument("--serve", action="store_true", help="serve it to a browser on localhost")
-    s.add_argument("--port", type=int, default=8000)
+    _add_run_root(s)
+    s.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve it to a browser on 127.0.0.1, behind a token (printed; or $CLUSTERFSDP_TUI_TOKEN)",
+    )
+    s.add_argument("--port", type=int, default=8000, help="port for --serve (default 8000)")
+    s.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="with --serve: also accept this origin, e.g. https://tui.example.org behind a reverse proxy",
+    )
     s.add_argument(
         "--refresh",
         type=float,
@@ -416,6 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .control.launch import SubmitError
+    from .control.run import RunError
+    from .control.slurmcli import SlurmError
+
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
@@ -423,11 +402,15 @@ def main(argv: list[str] | None = None) -> int:
         for line in e.errors:
             print(f"error: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except CliError as e:
+    except (CliError, RunError, SubmitError, SlurmError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `clusterfsdp runs | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -25,8 +25,12 @@
 #   CFDC_CRED_EXPIRE=10             AuthInfo cred_expire: a requeued job may start again after
 #                                   this + 1 s (Slurm's default 120 gives 121 s)
 #
-# Exit codes: 0 ok, 1 failure, 2 not root / bad usage, 3 status: down, 4 missing packages.
+# Exit codes: 0 ok, 1 failure, 2 not root / bad usage / unsafe state folder, 3 status: down,
+# 4 missing packages.
 set -euo pipefail
+# Modes below are the ones this script sets, not whatever the calling shell had; secrets
+# (the munge key, slurmdbd.conf) are written under umask 077, so they are never readable by others.
+umask 022
 
 # Daemons and ip(8) live in sbin, which a non-login root shell may lack.
 case ":$PATH:" in *:/usr/sbin:*) ;; *) PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin ;; esac
@@ -88,9 +92,52 @@ check_settings() {
     ((CPUS >= 1 && GPUS >= 1)) || die "CFDC_CPUS and CFDC_GPUS must be >= 1" 2
     [[ $CRED_EXPIRE =~ ^[0-9]+$ ]] && ((CRED_EXPIRE >= 5)) || die "CFDC_CRED_EXPIRE must be an integer >= 5" 2
     [[ $STATE == /* && $STATE != / && $STATE != *..* ]] || die "CFDC_STATE must be an absolute path, not '$STATE'" 2
+    check_state_path
     if [[ -d $STATE && ! -e $STATE/$STATE_MARKER ]] && [[ -n $(ls -A "$STATE") ]]; then
         die "$STATE exists, is not empty and was not made by devcluster.sh; refusing to use or delete it" 2
     fi
+}
+
+# The state folder sits in /tmp by default, a folder every user can write to: another user
+# could make it first (or a symlink there) and then read the munge key, or swap a file that
+# root writes and runs. So (exit 2, one line):
+#   - the state folder, when it exists, is a real folder (no symlink) owned by root and
+#     writable by nobody else;
+#   - every folder and symlink above it, as given and as resolved, is owned by root (or by the
+#     user who ran sudo: a home folder), and a folder writable by others has the sticky bit
+#     (like /tmp: others then cannot rename or delete what root made there).
+check_state_path() {
+    local uid mode type
+    if [[ -L $STATE ]]; then
+        die "CFDC_STATE $STATE is a symlink; refusing it (give a real folder)" 2
+    fi
+    if [[ -e $STATE ]]; then
+        read -r uid mode type < <(stat -c '%u %a %F' -- "$STATE")
+        [[ $type == directory ]] || die "CFDC_STATE $STATE is not a folder" 2
+        ((uid == 0)) || die "CFDC_STATE $STATE is owned by uid $uid, not root; refusing to use or delete it" 2
+        if ((8#$mode & 8#022)); then
+            die "CFDC_STATE $STATE is writable by group or others (mode $mode); refusing it" 2
+        fi
+    fi
+    check_above "$STATE"
+    check_above "$(readlink -m -- "$STATE")"
+}
+
+# check_above PATH: the folders and symlinks above PATH (the existing ones) pass check_state_path's rule.
+check_above() {
+    local p=$1 uid mode type
+    while [[ $p == /?* ]]; do
+        p=${p%/*}
+        [[ -n $p ]] || p=/
+        [[ -e $p || -L $p ]] || continue
+        read -r uid mode type < <(stat -c '%u %a %F' -- "$p")
+        if ((uid != 0)) && [[ $uid != "${SUDO_UID:-0}" ]]; then
+            die "$p (above CFDC_STATE) is owned by uid $uid, not root (or the user who ran sudo); refusing a state folder there" 2
+        fi
+        if [[ $type == directory ]] && ((8#$mode & 8#022 && !(8#$mode & 8#1000))); then
+            die "$p (above CFDC_STATE) is writable by others without the sticky bit (mode $mode); refusing a state folder there" 2
+        fi
+    done
 }
 
 take_lock() {
@@ -297,13 +344,37 @@ check_subnet_free() {
     [[ -z $used ]] || die "a route already covers $NET.0/24 ($used); set CFDC_NET=10.x.y to another /24"
 }
 
-write_files() {
-    local n host ip hostname_real
-    mkdir -p "$STATE"
+# The state folder and its subfolders, with their modes. Checked again after the mkdir: cleanup
+# deleted it, and another user may have made it in between (mkdir then fails; the check refuses).
+#   755: the state folder, munge/ (munged refuses to start unless its socket folder and every
+#        folder above it are executable by all), spool/ (slurmd makes each job's folder there,
+#        owned by the job's user), etc/, dev/, log/, pids/, run/ (nothing secret; clients and
+#        jobs of other users read slurm.conf, env.sh and the hosts file).
+#   700: mysql/ (its root user has no password and mariadbd runs as root: anyone who reaches
+#        mysqld.sock is MariaDB's root, whose FILE privilege (LOAD_FILE, SELECT ... INTO OUTFILE;
+#        secure_file_priv is unset) reads and writes files as root), ctld/ (slurmctld's state,
+#        every job's script and environment; slurmctld makes its own files 600 too).
+make_state_folders() {
+    local n
+    mkdir -p -- "$(dirname -- "$STATE")"
+    mkdir -m 755 -- "$STATE" 2>/dev/null || true
+    check_state_path
+    chmod 755 "$STATE"
     touch "$STATE/$STATE_MARKER"
-    mkdir -p "$STATE"/{etc,log,pids,run,ctld,spool,dev,mysql} "$STATE/munge"
-    chmod 755 "$STATE/munge"  # munged wants its socket folder world-executable
-    for ((n = 1; n <= NODES; n++)); do mkdir -p "$STATE/spool/node$n"; done
+    mkdir -m 755 -- "$STATE"/{etc,log,pids,run,spool,dev,munge}
+    mkdir -m 700 -- "$STATE"/{ctld,mysql}
+    for ((n = 1; n <= NODES; n++)); do mkdir -m 755 -- "$STATE/spool/node$n"; done
+}
+
+# A fresh munge key per bring-up, used only by our own munged: created unreadable by others.
+write_munge_key() {
+    (umask 077 && head -c 1024 /dev/urandom >"$STATE/munge/munge.key")
+    chmod 400 "$STATE/munge/munge.key"
+}
+
+write_files() {
+    local n hostname_real
+    make_state_folders
 
     # Per-namespace /etc/hosts: every name resolves to its bridge IP (also as ::ffff:, which
     # torch's dual-stack TCPStore sees); the login host as `login` and its real hostname.
@@ -338,17 +409,13 @@ write_files() {
     fi
 
     render slurm.conf.in "$STATE/slurm.conf"
-    render slurmdbd.conf.in "$STATE/slurmdbd.conf"
+    (umask 077 && render slurmdbd.conf.in "$STATE/slurmdbd.conf")  # slurmdbd wants it 600
     render gres.conf.in "$STATE/gres.conf"
-    chmod 600 "$STATE/slurmdbd.conf"
-    chmod 644 "$STATE/slurm.conf" "$STATE/gres.conf"
 
     # Fake GPUs: character devices with /dev/null's major/minor.
     for ((n = 0; n < GPUS; n++)); do mknod -m 666 "$STATE/dev/fakegpu$n" c 1 3; done
 
-    # A fresh munge key per bring-up, used only by our own munged.
-    head -c 1024 /dev/urandom >"$STATE/munge/munge.key"
-    chmod 400 "$STATE/munge/munge.key"
+    write_munge_key
 
     local names="" ips=""
     for ((n = 1; n <= NODES; n++)); do names+="node$n "; ips+="$NET.$((10 + n)) "; done
@@ -438,10 +505,13 @@ fail_up() {
     die "$1 (logs kept in ${STATE}-failed-logs)"
 }
 
+# keep_logs: copy the logs next to the state folder (in /tmp by default, where other users
+# write too): into a folder made here, never into one (or a symlink) that someone put there.
 keep_logs() {
     local keep=${STATE}-failed-logs
-    rm -rf "$keep"
-    if [[ -d $STATE/log ]]; then cp -r "$STATE/log" "$keep" 2>/dev/null || true; fi
+    rm -rf --one-file-system -- "$keep"
+    mkdir -m 755 -- "$keep" 2>/dev/null || { say "warning: $keep reappeared; logs not kept"; return 0; }
+    if [[ -d $STATE/log ]]; then cp -r -- "$STATE/log/." "$keep/" 2>/dev/null || true; fi
 }
 
 # Bring-up stopped by anything else (a failing command under set -e, Ctrl-C): same clean-up.
@@ -615,4 +685,5 @@ main() {
     esac
 }
 
-main "$@"
+# Sourced (the tests call single functions such as write_files): define, run nothing.
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then main "$@"; fi

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from clusterfsdp.control import runfolder
 from clusterfsdp.control import spec as S
+from clusterfsdp.control.records import Executor
 
 CORPUS = Path(__file__).resolve().parents[1] / "jobs" / "data" / "corpus.txt"
 
@@ -48,7 +49,7 @@ def free_port() -> int:
 
 def make_run(job_text: str, run_root: Path, overrides: list[str] = ()) -> runfolder.RunFolder:
     spec = S.loads(job_text, [f"job.run_root={str(run_root)!r}", *overrides])
-    return runfolder.create_run(spec, "test")
+    return runfolder.create_run(spec, Executor.LOCAL)
 
 
 def launch(argv: list[str], world: int, job_id: str = "t1", extra_env: dict | None = None) -> list[subprocess.Popen]:

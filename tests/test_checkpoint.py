@@ -16,8 +16,9 @@ from data_helpers import conversations, documents, make_tokenizer, write_jsonl, 
 from procs import launch, make_run, run_workers, tiny_job_toml, wait
 
 from clusterfsdp.control import ckptfolder, runfolder, status
-from clusterfsdp.control import launch as launchmod
 from clusterfsdp.control import spec as S
+from clusterfsdp.control.records import EventKind
+from clusterfsdp.control.run import Run
 
 JOB = tiny_job_toml(
     "ck",
@@ -59,12 +60,12 @@ def test_resume_is_bitwise_exact_on_the_same_world_size(tmp_path):
     root = run.checkpoints_dir()
     assert [c.step for c in ckptfolder.list_checkpoints(root)] == [4, 8]
     moved = ckptfolder.keep_only_up_to(root, 4)  # what `clusterfsdp resume --step 4` does
-    assert len(moved) == 1 and moved[0].parent.name == "set-aside"
+    assert len(moved) == 1 and moved[0][1].parent.name == "set-aside"
     run_workers(run, 2, job_id="a2")
     first, resumed = rows_by_attempt(run)
     assert sorted(resumed) == [5, 6, 7, 8]
     assert all(resumed[s] == first[s] for s in resumed), (resumed, first)  # bitwise
-    assert any(e["event"] == "resumed" and e["step"] == 4 for e in run.events())
+    assert any(e.event == "resumed" and e.step == 4 for e in run.events())
 
 
 def test_resume_on_another_world_size_reshards_and_keeps_the_data_position(tmp_path):
@@ -153,9 +154,9 @@ def test_kill_9_mid_save_resumes_from_the_previous_complete_checkpoint(tmp_path)
     t.join()
     assert codes[1] == -signal.SIGKILL and codes[0] != 0
     assert [c.step for c in ckptfolder.list_checkpoints(root)] == [2]
-    assert any(e["event"] == "failed" for e in run.events())
+    assert any(e.event == "failed" for e in run.events())
     run_workers(run, 2, job_id="k2")
-    assert any(e["event"] == "resumed" and e["step"] == 2 and e["job_id"] == "k2" for e in run.events())
+    assert any(e.event == "resumed" and e.step == 2 and e.job_id == "k2" for e in run.events())
     assert [c.step for c in ckptfolder.list_checkpoints(root)] == [2, 4, 6]
     assert not list(root.glob(".step-*.partial"))
 
@@ -194,20 +195,20 @@ def _submit_local(tmp_path: Path, steps: int) -> runfolder.RunFolder:
         JOB,
         [f"job.run_root={str(tmp_path)!r}", f"train.steps={steps}", "train.log_every=5", "checkpoint.every_steps=0"],
     )
-    return launchmod.submit(spec, "local").run
+    return Run.submit(spec, "local").run.folder
 
 
 def test_sigusr2_saves_requeues_and_resumes_on_the_local_executor(tmp_path):
     run = _submit_local(tmp_path, 400)
-    job_id = int(run.attempts[-1]["job_id"])
+    job_id = int(run.attempts[-1].job_id)
     _wait_for(lambda: any(r["step"] >= 20 for r in run.metrics()), 300, "step 20")
     for pid in _workers_of(job_id):
         os.kill(pid, signal.SIGUSR2)
     _wait_for(lambda: status.run_status(run).state == "COMPLETED", 600, "completion")
-    events = [e["event"] for e in run.events()]
-    assert events.index("requeued") < events.index("resumed") < events.index("completed")
-    resumed = next(e for e in run.events() if e["event"] == "resumed")
-    assert resumed["restart"] == 1 and resumed["step"] >= 20
+    events = [e.event for e in run.events()]
+    assert events.index(EventKind.REQUEUED) < events.index(EventKind.RESUMED) < events.index(EventKind.COMPLETED)
+    resumed = next(e for e in run.events() if e.event == "resumed")
+    assert resumed.restart == 1 and resumed.step is not None and resumed.step >= 20
     assert sorted(p.name for p in run.logs_dir.iterdir()) == [f"{job_id}.0", f"{job_id}.1"]
     assert newest(run).step == 400
 
@@ -233,10 +234,10 @@ def test_sigusr2_during_start_up_is_kept_and_acted_on_at_the_first_step(tmp_path
     out = wait(procs)
     assert all(code == 0 for code, _ in out), "\n".join(text[-2000:] for _, text in out)
     assert "SIGUSR2: saved step 0" in out[0][1]
-    assert [e["event"] for e in run.events()] == ["start", "requeued"]
+    assert [e.event for e in run.events()] == ["start", "requeued"]
     assert newest(run).step == 0
     run_workers(run, 2, job_id="early2")
-    assert [e["event"] for e in run.events()][-2:] == ["resumed", "completed"]
+    assert [e.event for e in run.events()][-2:] == ["resumed", "completed"]
     assert newest(run).step == 8
 
 
@@ -285,12 +286,12 @@ def test_full_disk_mid_save_fails_clearly_and_resume_uses_the_last_complete_chec
         )
         out = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], 2, job_id="d1"))
         assert all(code != 0 for code, _ in out)
-        failed = next(e for e in run.events() if e["event"] == "failed")
-        assert "saving step 4 failed" in failed["reason"] and "disk full?" in failed["reason"], failed
+        failed = next(e for e in run.events() if e.event == "failed")
+        assert "saving step 4 failed" in failed.reason and "disk full?" in failed.reason, failed
         assert [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_dir())] == [2]
         subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)  # the user frees space
         run_workers(run, 2, job_id="d2")
-        assert any(e["event"] == "resumed" and e["step"] == 2 for e in run.events())
+        assert any(e.event == "resumed" and e.step == 2 for e in run.events())
         assert [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_dir())] == [4, 6, 8]
     finally:
         subprocess.run(["umount", str(disk)], check=False)
@@ -307,8 +308,8 @@ def test_max_restarts_bounds_requeues(tmp_path):
             "slurm.max_restarts=0",
         ],
     )
-    run = launchmod.submit(spec, "local").run
-    job_id = int(run.attempts[-1]["job_id"])
+    run = Run.submit(spec, "local").run.folder
+    job_id = int(run.attempts[-1].job_id)
     _wait_for(lambda: any(r["step"] >= 10 for r in run.metrics()), 300, "step 10")
     for pid in _workers_of(job_id):
         os.kill(pid, signal.SIGUSR2)

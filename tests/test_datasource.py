@@ -16,6 +16,7 @@ from data_helpers import documents, write_jsonl
 
 from clusterfsdp.control import runfolder
 from clusterfsdp.control import spec as S
+from clusterfsdp.control.records import Executor
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -109,8 +110,8 @@ def test_data_prepare_names_a_bad_line_deep_in_the_file_and_submit_refuses_bad_d
 
 
 def _run_with_eval(tmp_path: Path) -> runfolder.RunFolder:
-    run = runfolder.create_run(S.loads(f'[job]\nrun_root = "{tmp_path}"\n'), "local")
-    run.add_attempt(job_id="1", executor="local", reason="submit")
+    run = runfolder.create_run(S.loads(f'[job]\nrun_root = "{tmp_path}"\n'), Executor.LOCAL)
+    run.add_attempt("1", Executor.LOCAL, "submit")
     base = {"lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 10.0, "time": time.time(), "mem_peak_gb": 0.1}
     for step in (10, 20, 30):
         row = {"step": step, "loss": 3.0 - step / 100, **base}
@@ -138,7 +139,7 @@ async def _plot_text(points) -> str:
 
 
 def test_eval_loss_is_shown_by_status_the_tui_and_the_notebook(tmp_path):
-    from clusterfsdp.notebook import _Progress
+    from clusterfsdp.notebook.progress import Progress
     from clusterfsdp.tui.metrics_tail import MetricsTail
 
     run = _run_with_eval(tmp_path)
@@ -148,7 +149,7 @@ def test_eval_loss_is_shown_by_status_the_tui_and_the_notebook(tmp_path):
     tail.read_new()
     text = asyncio.run(_plot_text(tail.points()))
     assert text.splitlines()[0] == "eval loss 1.2500 at step 20" and len(text.splitlines()) == 12
-    progress = _Progress("job", 30, enabled=False)
+    progress = Progress("job", 30, enabled=False)
     for row in run.metrics():
         progress.update(row)
     assert "loss 2.7000 eval_loss 1.2500" in progress._data()["text/plain"]

@@ -3,13 +3,19 @@
 `.ci/run` brings the cluster up before pytest (`bash slurm/devcluster.sh up`) and down
 after; the `slurm_cluster` fixture brings it up itself when it is not. Nothing here skips:
 a missing daemon is a failure.
+
+The state-folder tests need root (they chown folders to `nobody`, make device nodes) but bring
+nothing up: they run `devcluster.sh status` (which only reads) or call single functions of
+the script (sourced), on folders under tmp_path, never `up` or `down`.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -50,6 +56,195 @@ def test_parse_env_file() -> None:
         "SLURM_CONF": "/x/slurm.conf",
         "CFDC_NODE_NAMES": "node1 node2",
     }
+
+
+# ------------------------------------------------------------------ the state folder (root, no cluster)
+
+NOBODY = 65534
+
+
+def _env(state: Path, *, path_first: Path | None = None, sudo_uid: int | None = None) -> dict[str, str]:
+    """The environment for devcluster.sh with CFDC_STATE=state; `path_first` goes before PATH
+    (shims of head, rm); SUDO_UID only when given."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SUDO_UID", "CFDC_STATE", "NODES")}
+    env["CFDC_STATE"] = str(state)
+    if path_first is not None:
+        env["PATH"] = f"{path_first}:{env['PATH']}"
+    if sudo_uid is not None:
+        env["SUDO_UID"] = str(sudo_uid)
+    return env
+
+
+def _status(state: Path, *, sudo_uid: int | None = None) -> subprocess.CompletedProcess[str]:
+    """`devcluster.sh status`: it only reads (never up or down: the shared cluster)."""
+    argv = ["bash", str(SCRIPT), "status"]
+    return subprocess.run(argv, env=_env(state, sudo_uid=sudo_uid), capture_output=True, text=True, timeout=60)
+
+
+def _sourced(snippet: str, state: Path, *, path_first: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`snippet` in bash with devcluster.sh sourced: its functions defined, nothing run."""
+    argv = ["bash", "-c", f'source "$1" && {snippet}', "test", str(SCRIPT)]
+    env = _env(state, path_first=path_first)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+
+def _refused(proc: subprocess.CompletedProcess[str], words: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("devcluster: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert words in proc.stderr, proc.stderr
+
+
+def _owned_by_nobody(tmp: Path) -> Path:
+    state = tmp / "state"
+    state.mkdir()
+    (state / ".clusterfsdp-devcluster").touch()  # a marker does not make it ours
+    os.chown(state, NOBODY, NOBODY)
+    return state
+
+
+def _mode(mode: int) -> Callable[[Path], Path]:
+    def make(tmp: Path) -> Path:
+        (tmp / "state").mkdir()
+        (tmp / "state").chmod(mode)
+        return tmp / "state"
+
+    return make
+
+
+def _symlink(tmp: Path) -> Path:
+    (tmp / "real").mkdir()
+    (tmp / "state").symlink_to(tmp / "real")
+    return tmp / "state"
+
+
+def _parent(uid: int, mode: int) -> Callable[[Path], Path]:
+    def make(tmp: Path) -> Path:
+        (tmp / "parent").mkdir()
+        (tmp / "parent").chmod(mode)
+        os.chown(tmp / "parent", uid, 0)
+        return tmp / "parent" / "state"
+
+    return make
+
+
+def _symlink_above(owner: int, target_owner: int) -> Callable[[Path], Path]:
+    """tmp/link -> tmp/real, state at tmp/link/state: the link and its target are checked."""
+
+    def make(tmp: Path) -> Path:
+        (tmp / "real").mkdir()
+        os.chown(tmp / "real", target_owner, 0)
+        (tmp / "link").symlink_to(tmp / "real")
+        os.lchown(tmp / "link", owner, 0)
+        return tmp / "link" / "state"
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (_owned_by_nobody, f"is owned by uid {NOBODY}, not root"),
+        (_mode(0o777), "is writable by group or others (mode 777)"),
+        (_mode(0o775), "is writable by group or others (mode 775)"),
+        (_symlink, "is a symlink"),
+        (_parent(NOBODY, 0o755), f"(above CFDC_STATE) is owned by uid {NOBODY}"),
+        (_parent(0, 0o777), "(above CFDC_STATE) is writable by others without the sticky bit"),
+        (_symlink_above(NOBODY, 0), f"link (above CFDC_STATE) is owned by uid {NOBODY}"),
+        (_symlink_above(0, NOBODY), f"real (above CFDC_STATE) is owned by uid {NOBODY}"),
+    ],
+    ids=[
+        "owner",
+        "world-writable",
+        "group-writable",
+        "symlink",
+        "parent-owner",
+        "parent-writable",
+        "link-above",
+        "link-target-above",
+    ],
+)
+def test_unsafe_state_folder_is_refused(tmp_path: Path, make: Callable[[Path], Path], words: str) -> None:
+    """`status` (which only reads) refuses in check_settings, the same check `up` and `down`
+    make before touching anything: exit 2, one line, the folder left as it was."""
+    state = make(tmp_path)
+    before = sorted(p.name for p in state.iterdir()) if state.is_dir() else None
+    _refused(_status(state), words)
+    assert (sorted(p.name for p in state.iterdir()) if state.is_dir() else None) == before
+
+
+@pytest.mark.parametrize(
+    "make",
+    [_mode(0o755), _mode(0o700), _parent(0, 0o1777), _symlink_above(0, 0)],
+    ids=["root-755", "root-700", "sticky-parent", "root-link-above"],
+)
+def test_safe_state_folder_is_accepted(tmp_path: Path, make: Callable[[Path], Path]) -> None:
+    proc = _status(make(tmp_path))
+    assert proc.returncode == 3 and "down (no state at" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_folder_above_may_belong_to_the_sudo_user(tmp_path: Path) -> None:
+    state = _parent(4321, 0o755)(tmp_path)
+    _refused(_status(state), "owned by uid 4321")
+    proc = _status(state, sudo_uid=4321)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+
+
+def test_write_files_modes_and_a_munge_key_never_readable_by_others(tmp_path: Path) -> None:
+    """write_files (what `up` writes before any daemon starts) on a fresh state folder. A `head`
+    shim first on PATH records, while the key's bytes are being written into it, the umask and
+    the mode of the file it writes to: the key is 600 from its creation, not 644 until a chmod."""
+    shims, log = tmp_path / "bin", tmp_path / "head.log"
+    shims.mkdir()
+    (shims / "head").write_text(
+        '#!/bin/bash\necho "$(umask) $(stat -L -c %a "/proc/$$/fd/1") $(readlink "/proc/$$/fd/1")" >>'
+        f' {log}\nexec /usr/bin/head "$@"\n'
+    )
+    (shims / "head").chmod(0o755)
+    state = tmp_path / "state"
+    proc = _sourced("check_settings && write_files", state, path_first=shims)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    key = state / "munge" / "munge.key"
+    assert log.read_text().splitlines() == [f"0077 600 {key}"]
+
+    def mode(path: str) -> int:
+        return stat.S_IMODE((state / path).stat().st_mode)
+
+    assert key.stat().st_size == 1024 and mode("munge/munge.key") == 0o400
+    assert mode("slurmdbd.conf") == 0o600 and mode("mysql") == 0o700 and mode("ctld") == 0o700
+    for public in (".", "munge", "spool", "spool/node1", "log", "etc", "pids"):
+        assert mode(public) == 0o755, public
+    for readable in ("slurm.conf", "gres.conf", "env.sh", "etc/hosts"):  # umask 077 stayed in its subshell
+        assert mode(readable) == 0o644, readable
+    assert all((state / p).stat().st_uid == 0 for p in (".", "munge/munge.key", "mysql"))
+
+
+def test_write_files_refuses_a_state_folder_made_by_another_user_meanwhile(tmp_path: Path) -> None:
+    """`up` checks the state folder, deletes the old one, then makes it: a folder another user
+    made in between (in /tmp anyone can) is refused, not filled."""
+    state = tmp_path / "state"
+    proc = _sourced(f"check_settings && mkdir {state} && chown {NOBODY} {state} && write_files", state)
+    _refused(proc, f"is owned by uid {NOBODY}, not root")
+    assert list(state.iterdir()) == []
+
+
+def test_kept_logs_never_go_through_a_planted_symlink(tmp_path: Path) -> None:
+    """After a failed `up` the logs are copied to STATE-failed-logs, next to the state folder.
+    An `rm` shim plants a symlink there right after the old copy is removed (another user
+    winning the race in /tmp): nothing is written through it."""
+    state, victim, shims = tmp_path / "state", tmp_path / "victim", tmp_path / "bin"
+    (state / "log").mkdir(parents=True)
+    (state / "log" / "slurmctld.log").write_text("boom\n")
+    victim.mkdir()
+    shims.mkdir()
+    (shims / "rm").write_text(f'#!/bin/bash\n/bin/rm "$@" && ln -s {victim} {state}-failed-logs\n')
+    (shims / "rm").chmod(0o755)
+    proc = _sourced("keep_logs", state, path_first=shims)
+    assert list(victim.iterdir()) == []
+    assert proc.returncode == 0 and "logs not kept" in proc.stdout, proc.stdout + proc.stderr
+    (tmp_path / "state-failed-logs").unlink()
+    proc = _sourced("keep_logs", state)  # no race: a fresh folder with the logs
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "state-failed-logs" / "slurmctld.log").read_text() == "boom\n"
 
 
 # ------------------------------------------------------------------ against the cluster
@@ -229,3 +424,26 @@ def test_plain_sbatch_finds_the_cluster(slurm_cluster: SlurmCluster) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
     proc = subprocess.run(["sinfo", "-h", "-o", "%P"], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and proc.stdout.split() == ["debug*"], proc.stdout + proc.stderr
+
+
+@slurm
+def test_state_folder_modes_and_mariadb_closed_to_other_users(slurm_cluster: SlurmCluster) -> None:
+    """On the running cluster: the secrets are root's alone, and an ordinary user (`nobody`) can
+    still use Slurm (munge's socket and slurm.conf are reachable) but not MariaDB, whose root
+    user has no password and whose server runs as root."""
+    state = slurm_cluster.state
+
+    def mode(path: str) -> int:
+        return stat.S_IMODE((state / path).stat().st_mode)
+
+    assert mode(".") == 0o755 and mode("munge") == 0o755 and mode("munge/munge.key") == 0o400
+    assert mode("mysql") == 0o700 and mode("ctld") == 0o700 and mode("slurmdbd.conf") == 0o600
+    as_nobody = ["runuser", "-u", "nobody", "--", "env", f"SLURM_CONF={slurm_cluster.slurm_conf}"]
+    sinfo = subprocess.run([*as_nobody, "sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30, cwd="/")
+    assert sinfo.returncode == 0 and sinfo.stdout.split() == ["debug*"], sinfo.stdout + sinfo.stderr
+    socket = state / "mysql" / "mysqld.sock"
+    assert socket.is_socket()
+    query = [*as_nobody, "mariadb", f"--socket={socket}", "-u", "root", "-e", "select 1"]
+    db = subprocess.run(query, capture_output=True, text=True, timeout=30, cwd="/")
+    # ERROR 2002 (HY000): Can't connect to local server through socket '...' (13): EACCES on mysql/
+    assert db.returncode != 0 and "(13)" in db.stderr, db.stdout + db.stderr

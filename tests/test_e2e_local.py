@@ -35,9 +35,9 @@ def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
     assert (ck.path / "rng" / "rank0.pt").is_file() and (ck.path / "rng" / "rank1.pt").is_file()
 
     (attempt,) = run.attempts
-    assert attempt["executor"] == "local"
+    assert attempt.executor == "local" and attempt.leader is not None
     logs = sorted(p.relative_to(run.path).as_posix() for p in run.logs_dir.rglob("*.log"))
-    assert logs == [f"logs/{attempt['job_id']}.0/rank0.log", f"logs/{attempt['job_id']}.0/rank1.log"]
+    assert logs == [f"logs/{attempt.job_id}.0/rank0.log", f"logs/{attempt.job_id}.0/rank1.log"]
     node = json.loads(next(run.nodes_dir.rglob("*.json")).read_text())
     assert node["backend"] == "gloo" and node["dist"]["world_size"] == 2
 

@@ -264,7 +264,7 @@ def test_srun_line_restates_resources_and_env_is_scrubbed(tiny_job, tmp_path):
         "--nodelist=node[1-2]",
     ):
         assert opt in cmd, opt
-    assert cmd[-5:] == ["-u", "-m", "clusterfsdp.notebook", "_task", str(tmp_path / "run")]
+    assert cmd[-5:] == ["-u", "-m", "clusterfsdp.notebook.tasks", "_task", str(tmp_path / "run")]
     assert "--overlap" not in notebook.srun_command(spec, tmp_path, step_name="s")
 
     inherited = {

@@ -62,7 +62,7 @@ def test_cross_field_checks():
         "model.preset: unknown preset 'llama-tiy'; did you mean llama-tiny?"
     ]
     assert errors_of('[job]\nname = "my job/1"\n') == [
-        "job.name: 'my job/1' must be letters, digits, '.', '_' or '-' (it names a folder)"
+        "job.name: 'my job/1' must be 1-100 letters, digits, '.', '_' or '-', and not '.' or '..' (it names a folder)"
     ]
 
 

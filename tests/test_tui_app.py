@@ -12,6 +12,7 @@ import pytest
 from textual.widgets import DataTable, Input, OptionList, Select
 from tui_helpers import FakeSlurm, job, make_run, rendered, run_app, settle, until
 
+from clusterfsdp.control.procs import ProcessId
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.compose_screen import ComposeScreen
 from clusterfsdp.tui.confirm_screen import ConfirmScreen
@@ -133,9 +134,7 @@ def test_cancel_asks_first_and_cancels_a_slurm_job(root):
 def test_cancel_stops_a_local_run(root):
     run = make_run(root, end=None)
     proc = subprocess.Popen(["sleep", "300"], start_new_session=True)  # stands in for the worker processes
-    state = run.state()
-    state["attempts"][0]["pgid"] = proc.pid
-    run.write_state(state)
+    run.update_attempt("1001", leader=ProcessId.of(proc.pid))
     app = ClusterApp(root, slurm=FakeSlurm(), refresh_s=3600)
 
     async def scenario(pilot):
@@ -201,7 +200,7 @@ def test_logs_open_at_the_end_follow_new_bytes_and_stay_bounded(big_run):
     async def scenario(pilot):
         screen = await open_logs_at_the_end(pilot, app, lines[-1])
         assert len(screen.view.lines) < 30_000 and screen.view.start > 0  # only the end was read
-        assert lines[-1] in rendered(screen.view)
+        await until(pilot, lambda: lines[-1] in rendered(screen.view), "the last line on screen")  # renders later
         with open(run.log_path("1001", 0, 0), "a") as f:
             f.write("fresh line\npartial")
         await until(pilot, lambda: screen.view.lines[-2:] == ["fresh line", "partial"], "appended lines")

@@ -4,7 +4,6 @@ and resume it from a checkpoint as a new attempt. Only squeue is faked (no Slurm
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
@@ -12,7 +11,8 @@ import pytest
 from textual.widgets import DataTable, Input, Select
 from tui_helpers import FakeSlurm, rendered, run_app, settle, until
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.control import procs, runfolder
+from clusterfsdp.control.records import Event
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.compose_screen import ComposeScreen
 from clusterfsdp.tui.confirm_screen import ConfirmScreen
@@ -45,15 +45,12 @@ def _kill_leftovers(root: Path) -> None:
     """A failed test must not leave training processes behind."""
     for run in runfolder.list_runs(root):
         for attempt in run.attempts:
-            if attempt.get("pgid"):
-                try:
-                    os.killpg(attempt["pgid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            if attempt.leader is not None:
+                procs.signal_group(attempt.leader, signal.SIGKILL)
 
 
-def _events(run: runfolder.RunFolder, name: str) -> list[dict]:
-    return [e for e in run.events() if e.get("event") == name]
+def _events(run: runfolder.RunFolder, name: str) -> list[Event]:
+    return [e for e in run.events() if e.event == name]
 
 
 def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.MonkeyPatch):
@@ -130,10 +127,10 @@ def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.Mon
         await pilot.click("#resume")
         await until(pilot, lambda: len(run[0].attempts) == 2, "a second attempt")
         second = run[0].attempts[1]
-        assert second["resume_step"] == 10 and second["executor"] == "local"
+        assert second.resume_step == 10 and second.executor == "local"
         await until(pilot, lambda: _events(run[0], "completed")[1:], "the resumed attempt's end", 180)
         (resumed,) = _events(run[0], "resumed")
-        assert resumed["step"] == 10 and str(resumed["job_id"]) == str(second["job_id"])
+        assert resumed.step == 10 and str(resumed.job_id) == str(second.job_id)
         await until(
             pilot,
             lambda: app.current_row.attempts == 2 and app.current_row.state == "COMPLETED",
@@ -150,7 +147,7 @@ def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.Mon
         await pilot.press("3")
         await until(
             pilot,
-            lambda: logs.file is not None and logs.file.path.parent.name == f"{second['job_id']}.0",
+            lambda: logs.file is not None and logs.file.path.parent.name == f"{second.job_id}.0",
             "the new attempt's log",
             30,
         )

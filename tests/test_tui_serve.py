@@ -1,6 +1,8 @@
-"""`clusterfsdp tui --serve` in a real browser: textual-serve bound to 127.0.0.1 only, loaded
-in headless Chromium (Debian's package) over the DevTools protocol. The test reads what the
-app sent to the page, drives it with a key press, and keeps a screenshot under tmp_path."""
+"""`clusterfsdp tui --serve` with real servers: plain HTTP and WebSocket clients (aiohttp) check
+who is refused (no or wrong token, a foreign Host or Origin), and headless Chromium (Debian's
+package, over the DevTools protocol) opens the printed URL, reads what the app sent, drives it
+with a key press, and records every request the page made: none may leave the server. A
+screenshot is kept under tmp_path."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import sys
 import time
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,10 @@ import pytest
 from procs import free_port
 from tui_helpers import make_run
 
+from clusterfsdp.tui.serve_auth import TOKEN_ENV, Access, AccessConfigError, normalise_origin, rebase, take_token
+
 RUN_ID = "20260101-120000-aaaa"
+SERVE = [sys.executable, "-m", "clusterfsdp.cli", "tui", "--serve"]
 _ANSI = re.compile(rb"\x1b\[[0-9;?<>=]*[ -/]*[@-~]|\x1b[()][A-Z0-9]|\x1b[=>78]")
 
 
@@ -62,32 +69,43 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[int]:
-    make_run(tmp_path / "runs", RUN_ID)
+@dataclass(frozen=True)
+class Served:
+    port: int
+    url: str  # as printed: http://127.0.0.1:PORT/?token=...
+    token: str
+    runs: Path
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def serving(tmp_path: Path, *extra: str, token: str | None = None) -> Iterator[Served]:
+    """`clusterfsdp tui --serve` on a free port over one run folder; `token` goes in through
+    $CLUSTERFSDP_TUI_TOKEN, else the server makes one and prints it."""
+    runs = tmp_path / "runs"
+    make_run(runs, RUN_ID)
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "clusterfsdp.cli",
-            "tui",
-            "--serve",
-            "--port",
-            str(port),
-            "--run-root",
-            str(tmp_path / "runs"),
-            "--refresh",
-            "3600",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    if token is not None:
+        env[TOKEN_ENV] = token
+    printed = tmp_path / "serve.out"
+    with printed.open("wb") as out:
+        proc = subprocess.Popen(
+            [*SERVE, "--port", str(port), "--run-root", str(runs), "--refresh", "3600", *extra],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait_port(port, proc)
-        yield port
+        url = re.search(r"serving on (\S+)", printed.read_text())
+        assert url is not None, printed.read_text()
+        yield Served(port, url.group(1), url.group(1).split("?token=")[1], runs)
     finally:
         _stop(proc)
 
@@ -103,6 +121,9 @@ def chromium(tmp_path: Path) -> Iterator[int]:
             "--no-sandbox",
             "--disable-gpu",
             "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
             "--remote-debugging-port=0",
             "--remote-debugging-address=127.0.0.1",
             f"--user-data-dir={profile}",
@@ -125,11 +146,13 @@ def chromium(tmp_path: Path) -> Iterator[int]:
 
 
 class Page:
-    """One browser tab over CDP: commands, and the terminal bytes the page received."""
+    """One browser tab over CDP: commands, the terminal bytes the page received, and the URL of
+    every request the page made (documents, scripts, styles, fonts, images, WebSockets)."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self.ws, self.next_id = ws, 0
         self.terminal = b""
+        self.requests: list[str] = []
 
     async def call(self, method: str, **params: Any) -> dict:
         self.next_id += 1
@@ -142,7 +165,11 @@ class Page:
                 return message["result"]
 
     def _event(self, message: dict) -> None:
-        if message.get("method") == "Network.webSocketFrameReceived":
+        if message.get("method") == "Network.requestWillBeSent":
+            self.requests.append(message["params"]["request"]["url"])
+        elif message.get("method") == "Network.webSocketCreated":
+            self.requests.append(message["params"]["url"])
+        elif message.get("method") == "Network.webSocketFrameReceived":
             response = message["params"]["response"]
             if response["opcode"] == 2:  # binary: the app's terminal output
                 self.terminal += base64.b64decode(response["payloadData"])
@@ -193,40 +220,186 @@ def png_colours(png: bytes) -> int:
     return len(seen)
 
 
-def test_serve_binds_localhost_only_and_renders_the_queue_in_chromium(server, chromium, tmp_path):
-    assert _listeners(server) == ["127.0.0.1"]
-    with socket.socket() as s:  # another loopback address: nothing there
-        assert s.connect_ex(("127.0.0.2", server)) != 0
+def test_serve_in_chromium_token_url_renders_offline_and_drives_the_app(chromium, tmp_path):
+    """The printed URL works in a browser: the token becomes an HttpOnly cookie and leaves the
+    address bar, the page, its scripts, the font and the WebSocket all come from the server
+    (nothing goes to a CDN: a login node is offline), and the app answers a key press."""
+    with serving(tmp_path) as served:
+        assert _listeners(served.port) == ["127.0.0.1"]
+        with socket.socket() as s:  # another loopback address: nothing there
+            assert s.connect_ex(("127.0.0.2", served.port)) != 0
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/\?token=[A-Za-z0-9_-]{43}", served.url)  # token_urlsafe(32)
+        asyncio.run(_browse(served, chromium, tmp_path))
 
-    async def browse() -> None:
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{chromium}/json/list") as r:
-                tab = next(t for t in await r.json() if t["type"] == "page")
-            async with http.ws_connect(tab["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                page = Page(ws)
-                await page.call("Network.enable")
-                await page.call("Page.enable")
-                await page.call("Page.navigate", url=f"http://127.0.0.1:{server}/")
-                await page.until_text("2 Queue")
-                await page.until_text(RUN_ID)  # the run folder's row in the queue table
-                await page.until_text("COMPLETED")
-                # the browser drives the app: a key typed into the terminal (? opens the help)
-                await page.call(
-                    "Runtime.evaluate", expression="document.querySelector('.xterm-helper-textarea').focus()"
-                )
-                await page.call("Input.insertText", text="?")
-                await page.until_text("Help: Queue")
-                shown = await page.call(
-                    "Runtime.evaluate", expression="document.body.classList.contains('-first-byte')"
-                )
-                assert shown["result"]["value"] is True  # the page hid its intro and shows the terminal
-                deadline = time.monotonic() + 30  # the terminal draws on the next animation frames
-                while True:
-                    shot = base64.b64decode((await page.call("Page.captureScreenshot", format="png"))["data"])
-                    (tmp_path / "tui-serve.png").write_bytes(shot)
-                    if png_colours(shot) > 5:  # text, table highlight and dialog, not a blank page
-                        break
-                    assert time.monotonic() < deadline, "the page stayed blank"
-                    await asyncio.sleep(0.2)
 
-    asyncio.run(browse())
+async def _browse(served: Served, devtools_port: int, tmp_path: Path) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{devtools_port}/json/list") as r:
+            tab = next(t for t in await r.json() if t["type"] == "page")
+        async with http.ws_connect(tab["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+            page = Page(ws)
+            await page.call("Network.enable")
+            await page.call("Page.enable")
+            await page.call("Page.navigate", url=served.url)
+            await page.until_text("2 Queue")
+            await page.until_text(RUN_ID)  # the run folder's row in the queue table
+            await page.until_text("COMPLETED")
+
+            async def js(expression: str) -> Any:
+                result = await page.call("Runtime.evaluate", expression=expression, awaitPromise=True)
+                return result["result"].get("value")
+
+            assert await js("location.href") == served.base + "/"  # redirected: the token left the URL
+            assert await js("document.cookie") == ""  # HttpOnly: scripts cannot read it
+            # the terminal's font family, from the server's static files
+            assert await js("""document.fonts.load('16px "Roboto Mono"').then(f => f.length)""") == 1
+            # the browser drives the app: a key typed into the terminal (? opens the help)
+            await js("document.querySelector('.xterm-helper-textarea').focus()")
+            await page.call("Input.insertText", text="?")
+            await page.until_text("Help: Queue")
+            assert await js("document.body.classList.contains('-first-byte')") is True  # intro hidden
+            deadline = time.monotonic() + 30  # the terminal draws on the next animation frames
+            while True:
+                shot = base64.b64decode((await page.call("Page.captureScreenshot", format="png"))["data"])
+                (tmp_path / "tui-serve.png").write_bytes(shot)
+                if png_colours(shot) > 5:  # text, table highlight and dialog, not a blank page
+                    break
+                assert time.monotonic() < deadline, "the page stayed blank"
+                await asyncio.sleep(0.2)
+    ours = (served.base + "/", f"ws://127.0.0.1:{served.port}/")
+    assert [u for u in page.requests if not u.startswith(ours)] == [], page.requests
+    assert served.url in page.requests and served.base + "/" in page.requests  # the token URL, then its redirect
+    assert served.base + "/static/fonts/RobotoMono-VariableFont_wght.ttf" in page.requests
+    assert f"ws://127.0.0.1:{served.port}/ws" in {u.split("?")[0] for u in page.requests}
+
+
+def _app_sessions(runs: Path) -> list[int]:
+    """Pids of the app processes textual-serve started for WebSocket sessions over `runs`."""
+    wanted = b"clusterfsdp.tui\0--run-root\0" + str(runs).encode() + b"\0"
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and wanted in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_serve_refuses_without_token_foreign_host_or_origin(tmp_path):
+    """Real HTTP and WebSocket requests against a server given its token in the environment
+    and a reverse proxy's origin: every route wants the token, a rebound Host and a foreign
+    Origin are refused even with it, and a good WebSocket gets a live session whose app process
+    does not inherit the token."""
+    token = "t0ken-from-the-environment-" + "x" * 16
+    with serving(tmp_path, "--allow-origin", "https://TUI.example.org:443", token=token) as served:
+        assert served.token == token
+        asyncio.run(_probe(served))
+        printed = (tmp_path / "serve.out").read_text()  # aiohttp's access log would add `GET /?token=...`
+        assert printed.count(token) == 1 and "GET" not in printed, printed
+
+
+async def _probe(served: Served) -> None:
+    base, token = served.base, served.token
+    cookie_name = Access(token).cookie_name
+    own = {"Cookie": f"{cookie_name}={token}"}
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
+
+        async def status(path: str, **headers: str) -> int:
+            async with http.get(base + path, headers=headers, allow_redirects=False) as r:
+                return r.status
+
+        async def ws_status(query: str = "", **headers: str) -> int:
+            try:
+                async with http.ws_connect(f"{base}/ws{query}", headers=headers):
+                    return 101
+            except aiohttp.WSServerHandshakeError as exc:
+                return exc.status
+
+        # no token, a wrong one, or a wrong cookie: every route, the WebSocket included
+        for path in ("/", "/ws", "/static/js/textual.js", "/static/", "/download/x", "/nothing"):
+            assert await status(path) == 403, path
+        assert await status("/?token=" + token[:-1] + "y") == 403
+        assert await status("/", Cookie=f"{cookie_name}={token}y") == 403
+        assert await ws_status() == 403
+        assert await ws_status("?token=nope") == 403
+        # a good token with a Host that is not this machine's (DNS rebinding) or a foreign Origin
+        assert await status("/?token=" + token, Host=f"rebind.example.com:{served.port}") == 403
+        assert await status("/", Host="127.0.0.1.evil.example", **own) == 403
+        for origin in ("http://evil.example", f"http://127.0.0.1:{served.port + 1}", "null", "https://tui.example"):
+            assert await ws_status(**own, Origin=origin) == 403, origin
+            assert await ws_status("?token=" + token, Origin=origin) == 403, origin
+
+        # the printed URL: a cookie for the page's WebSocket and reloads, and a redirect without the token
+        async with http.get(f"{base}/?token={token}&fontsize=14", allow_redirects=False) as r:
+            assert r.status == 302 and r.headers["Location"] == "/?fontsize=14"
+            cookie = r.cookies[cookie_name]
+            assert cookie.value == token and cookie["path"] == "/" and cookie["httponly"] is True
+            assert cookie["samesite"] == "Strict"
+        for host in (f"127.0.0.1:{served.port}", "localhost:9000", "[::1]:8000"):  # any tunnel port
+            async with http.get(base + "/", headers={**own, "Host": host}) as r:
+                page = await r.text()
+                assert r.status == 200, host
+            assert "googleapis" not in page and 'src:url("/static/fonts/RobotoMono' in page
+            assert f'data-session-websocket-url="ws://{host}/ws"' in page  # where the browser is
+        assert await status("/static/js/textual.js", **own) == 200
+        # the reverse proxy's origin: its Host, its scheme in the page's URLs, its Origin on the WebSocket
+        async with http.get(base + "/", headers={**own, "Host": "tui.example.org"}) as r:
+            assert r.status == 200 and 'data-session-websocket-url="wss://tui.example.org/ws"' in await r.text()
+        assert await ws_status(**own, Host="tui.example.org", Origin="http://tui.example.org") == 403
+        assert not _app_sessions(served.runs)  # no refused request started an app
+
+        # a good WebSocket: the page's own origin and the cookie give a live session
+        origin = f"http://127.0.0.1:{served.port}"
+        async with http.ws_connect(f"{base}/ws?width=100&height=30", headers={**own, "Origin": origin}) as ws:
+            screen = b""
+            while b"Queue" not in _ANSI.sub(b"", screen):
+                message = await ws.receive(timeout=60)
+                assert message.type == aiohttp.WSMsgType.BINARY, message
+                screen += message.data
+            (pid,) = _app_sessions(served.runs)
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            assert TOKEN_ENV.encode() not in environ and token.encode() not in environ
+        assert await ws_status(**own, Host="tui.example.org", Origin="https://tui.example.org") == 101
+
+
+def test_serve_refuses_a_weak_token_or_a_bad_origin(tmp_path):
+    """Bad settings stop the server before it listens, with one `error: <key>: ...` line."""
+    bad = (((), "short", TOKEN_ENV), (("--allow-origin", "tui.example.org"), None, "--allow-origin"))
+    for extra, token, key in bad:
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV} | ({TOKEN_ENV: token} if token else {})
+        proc = subprocess.run(
+            [*SERVE, "--port", str(free_port()), *extra],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+        assert proc.stderr.startswith(f"error: {key}: ") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_access_rules():
+    access = Access("a" * 43, (normalise_origin("HTTPS://Tui.Example.org:443/"),))
+    assert access.extra_origins == ("https://tui.example.org",)
+    for good in ("127.0.0.1:8000", "LOCALHOST:1", "[::1]:8000", "localhost", "tui.example.org"):
+        assert access.host_ok(good), good
+    for bad in ("", "evil.example:8000", "127.0.0.1.nip.io:80", "localhost.:80", "tui.example.org:8443", "u@localhost"):
+        assert not access.host_ok(bad), bad
+    assert access.origin_ok("http://localhost:9000", "localhost:9000")
+    assert not access.origin_ok("http://localhost:9001", "localhost:9000")
+    assert access.origin_ok("https://tui.example.org", "tui.example.org")
+    assert not access.origin_ok("http://tui.example.org", "tui.example.org")
+    assert access.token_ok("a" * 43) and not access.token_ok("a" * 42) and not access.token_ok(None)
+    assert Access("b" * 43).cookie_name != access.cookie_name
+    for bad in ("tui.example.org", "ftp://x", "https://x/path", "https://u@x", "https://x?q=1"):
+        with pytest.raises(AccessConfigError, match=r"^--allow-origin: "):
+            normalise_origin(bad)
+    environ = {TOKEN_ENV: "k" * 16, "OTHER": "1"}
+    assert take_token(environ) == "k" * 16 and environ == {"OTHER": "1"}  # removed for the app sessions
+    assert take_token(environ) != take_token(environ)  # random when not given
+    html = '<a href="http://127.0.0.1:8000/static/x"></a><div data-u="ws://127.0.0.1:8000/ws"></div>'
+    assert rebase(html, "http://127.0.0.1:8000", "https://t.org") == (
+        '<a href="https://t.org/static/x"></a><div data-u="wss://t.org/ws"></div>'
+    )

@@ -19,6 +19,7 @@ from textual.pilot import Pilot
 
 from clusterfsdp.control import runfolder, slurmcli
 from clusterfsdp.control import spec as S
+from clusterfsdp.control.records import Attempt, Event, EventKind, Executor, RunRecord
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.queue_rows import Slurm, SlurmJob
 
@@ -101,30 +102,13 @@ def make_run(
     for sub in ("submitit", "logs", "nodes"):
         (run.path / sub).mkdir(parents=True)
     run.job_toml.write_text(S.dumps(spec, redact=True))
-    run.write_state(
-        {
-            "run_id": run_id,
-            "name": name,
-            "executor": executor,
-            "created": T0,
-            "attempts": [
-                {
-                    "attempt": 0,
-                    "executor": executor,
-                    "job_id": job_id,
-                    "reason": "submit",
-                    "resume_step": None,
-                    "submitted": T0,
-                }
-            ],
-        }
-    )
-    events = [{"event": "start", "job_id": job_id, "rank": 0, "restart": 0, "time": T0 + 5}]
+    attempt = Attempt(0, job_id, Executor(executor), T0, "submit")
+    run.write_record(RunRecord(run_id, name, Executor(executor), T0, [attempt]))
+    events = [Event(EventKind.START, job_id, 0, 0, "node1", T0 + 5)]
     if end:
-        events.append(
-            {"event": end, "job_id": job_id, "rank": 0, "restart": 0, "time": T0 + 60, "reason": "", "step": logged}
-        )
-    run.events_file.write_text("".join(json.dumps(e) + "\n" for e in events))
+        events.append(Event(EventKind(end), job_id, 0, 0, "node1", T0 + 60, step=logged))
+    for event in events:
+        run.append_event(event)
     rows = []
     for step in range(10, logged + 1, 10):
         rows.append(

@@ -1,5 +1,5 @@
 """`clusterfsdp tui`: the terminal UI (compose, queue, logs, run), or with --serve the same app
-in a browser via textual-serve, bound to 127.0.0.1 only.
+in a browser via textual-serve, bound to 127.0.0.1 only and behind a token.
 
 Imports nothing heavy: no torch, no transformers, so it starts in well under a second.
 """
@@ -25,7 +25,7 @@ def main(args: argparse.Namespace) -> int:
     if args.serve:
         from .serve import serve
 
-        return serve(Path(args.run_root), args.port, refresh_interval(args))
+        return serve(Path(args.run_root), args.port, refresh_interval(args), args.allow_origin)
     from .app import ClusterApp
 
     ClusterApp(Path(args.run_root).expanduser(), refresh_s=refresh_interval(args)).run()

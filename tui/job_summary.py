@@ -1,6 +1,6 @@
 """The compose screen's live summary and sbatch preview for a valid spec.
 
-The summary is `clusterfsdp validate`'s (cli.summary) plus the memory estimate; the preview is
+The summary is `clusterfsdp validate`'s (control.summary) plus the memory estimate; the preview is
 the exact script `launch.render_sbatch` would write for this spec, with a placeholder run id.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterfsdp import cli
 from clusterfsdp.control import launch, runfolder
 from clusterfsdp.control import spec as specmod
+from clusterfsdp.control.summary import summary
 
 from .estimate import estimate
 
@@ -36,7 +36,7 @@ def where(executor: str, nodes: int, slurm_available: bool | None) -> str:
 
 def summarize(spec: specmod.JobSpec, base: Path, executor: str, slurm_available: bool | None) -> Summary:
     absolute = specmod.with_absolute_paths(spec, base)
-    text = cli.summary(spec, where(executor, spec.slurm.nodes, slurm_available))
+    text = summary(spec, where(executor, spec.slurm.nodes, slurm_available))
     memory = estimate(absolute)
     per = "GPU" if spec.slurm.gpus_per_node else "rank"
     text += "\nmemory     " + (memory.describe(per) if memory else "unknown (the model's config.json is not local)")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterfsdp.control import runfolder, slurmcli, status
+from clusterfsdp.control.records import Executor
 
 # squeue's own fields plus name and partition, which slurmcli.squeue does not ask for.
 SQUEUE_FORMAT = "%i|%T|%r|%M|%N|%j|%P"
@@ -88,7 +89,7 @@ def _run_row(run: runfolder.RunFolder, table: dict[str, slurmcli.JobRow]) -> Que
         st.executor,
         f"{st.step or 0}/{st.steps or '?'}",
         f"{st.loss:.4f}" if st.loss is not None else "-",
-        st.attempts,
+        len(st.attempts),
     )
 
 
@@ -108,9 +109,9 @@ def collect(run_root: Path, slurm: Slurm, limit: int = 200) -> tuple[list[QueueR
     table = {job_id: job.row for job_id, job in queue.items()}
     attempts = {run: run.attempts for run in found}
     finished = [
-        str(a[-1]["job_id"])
-        for a in attempts.values()
-        if a and a[-1].get("executor") == "slurm" and str(a[-1]["job_id"]) not in table
+        tries[-1].job_id
+        for tries in attempts.values()
+        if tries and tries[-1].executor is Executor.SLURM and tries[-1].job_id not in table
     ]
     if finished and not error:
         try:
@@ -118,7 +119,7 @@ def collect(run_root: Path, slurm: Slurm, limit: int = 200) -> tuple[list[QueueR
         except slurmcli.SlurmError:
             pass  # accounting disabled: those runs are judged from their folders
     rows = [_run_row(run, table) for run in found]
-    owned = {str(a["job_id"]) for tries in attempts.values() for a in tries}
+    owned = {a.job_id for tries in attempts.values() for a in tries}
     for job_id in sorted(set(queue) - owned, key=_numeric, reverse=True):
         job = queue[job_id]
         facts = [

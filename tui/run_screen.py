@@ -17,6 +17,8 @@ from textual.widgets import DataTable, Footer, Sparkline, Static
 
 from clusterfsdp.control import runfolder
 from clusterfsdp.control import spec as specmod
+from clusterfsdp.control.records import Attempt
+from clusterfsdp.control.run import Run
 
 from . import actions
 from .checkpoints import CheckpointRow, scan
@@ -32,7 +34,7 @@ from .units import human_size
 class RunFacts:
     """What the run screen reads from a run folder in one worker pass."""
 
-    attempts: list[dict]
+    attempts: list[Attempt]
     executor: str
     nodes: int
     checkpoints: list[CheckpointRow]
@@ -144,7 +146,8 @@ class RunScreen(Screen):
             except specmod.SpecError:
                 root, nodes = run.path / "checkpoints", 1
             changed = tail.read_new()
-            facts = RunFacts(run.attempts, run.executor, nodes, scan(root), tail.points() if changed else None)
+            record = run.record()
+            facts = RunFacts(record.attempts, record.executor, nodes, scan(root), tail.points() if changed else None)
         finally:
             self.app.call_from_thread(setattr, self, "_reading", False)
         self.app.call_from_thread(self._show_facts, run, facts)
@@ -187,7 +190,7 @@ class RunScreen(Screen):
         row = self.app.current_row
         state = f"{row.state}{' - ' + row.reason if row.reason else ''}" if row else "…"
         attempts = self.facts.attempts if self.facts else []
-        tries = "  ".join(f"#{a['attempt']} {a['executor']}:{a['job_id']} ({a.get('reason', '')})" for a in attempts)
+        tries = "  ".join(f"#{a.attempt} {a.executor}:{a.job_id} ({a.reason})" for a in attempts)
         header.update(
             Content.from_markup(
                 "[b]$id[/] ($name)  $state\nattempts: $tries",
@@ -211,7 +214,8 @@ class RunScreen(Screen):
         if not row.resumable:
             self.app.notify(f"step {row.step} is {row.state}: pick a complete checkpoint", severity="warning")
             return
-        run, executor = self.run, self.facts.executor
+        run = self.run
+        executor = self.facts.executor if self.facts.executor in ("slurm", "local") else "auto"
 
         def chosen(request: ResumeRequest | None) -> None:
             if request is not None:
@@ -223,8 +227,9 @@ class RunScreen(Screen):
     @work(thread=True, group="resume", exit_on_error=False)
     def _resume(self, run: runfolder.RunFolder, request: ResumeRequest) -> None:
         try:
-            sub, step = actions.resume(run, request.step, request.overrides, request.executor)
-            text, severity = f"run {run.id}: attempt {sub.job_id} resumes from step {step}", "information"
+            sub = actions.resume(Run(run), request.step, request.overrides, request.executor)
+            text = f"run {run.id}: attempt {sub.job_id} resumes from step {sub.resume_step}"
+            severity = "information"
         except Exception as e:
             text, severity = f"resume failed: {e}", "error"
         self.app.call_from_thread(self._resumed, text, severity)

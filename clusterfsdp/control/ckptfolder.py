@@ -65,14 +65,14 @@ def find(root: Path, step: int | None = None) -> CheckpointInfo | None:
     return found[-1] if found else None
 
 
-def keep_only_up_to(root: Path, step: int) -> list[Path]:
+def keep_only_up_to(root: Path, step: int) -> list[tuple[Path, Path]]:
     """Move complete checkpoints newer than `step` into `set-aside/` (never deleted), so a
-    resume picks `step`. Returns their new paths."""
-    moved = []
+    resume picks `step`. Returns (original, new) paths, so that the move can be undone."""
+    moved: list[tuple[Path, Path]] = []
     for info in list_checkpoints(root):
         if info.step > step:
             dest = root / "set-aside" / f"{info.path.name}-{int(time.time())}"
             dest.parent.mkdir(exist_ok=True)
             os.replace(info.path, dest)
-            moved.append(dest)
+            moved.append((info.path, dest))
     return moved

@@ -43,6 +43,7 @@ import xxhash
 
 from . import runfolder
 from . import spec as specmod
+from .runroot import default_run_root
 
 FORMAT_VERSION = 1  # of the prepared layout and of how documents become tokens
 SourceKind = Literal["txt", "jsonl", "parquet", "saved_dataset", "dataset_folder"]
@@ -85,10 +86,12 @@ class Source:
 
 
 def cache_root(spec: specmod.JobSpec) -> Path:
-    """Where prepared datasets live: data.cache_dir, or <run_root>/.cache/tokens."""
+    """Where prepared datasets live: data.cache_dir, or <run_root>/.cache/tokens (the run root
+    rule of control/runroot.py when job.run_root is unset, as for the run folders)."""
     if spec.data.cache_dir:
         return Path(spec.data.cache_dir).expanduser()
-    return Path(spec.job.run_root).expanduser() / ".cache" / "tokens"
+    root = Path(spec.job.run_root).expanduser() if spec.job.run_root else default_run_root()
+    return root / ".cache" / "tokens"
 
 
 # ---------------------------------------------------------------- sources

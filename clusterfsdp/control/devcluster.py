@@ -26,7 +26,7 @@ SCRIPT_NAME = "devcluster.sh"
 # Exit codes of devcluster.sh (and of main()).
 EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_USAGE = 2  # also: not root
+EXIT_USAGE = 2  # also: not root, or a state folder another user controls
 EXIT_DOWN = 3  # `status`: the cluster is down or broken
 EXIT_MISSING_PACKAGES = 4
 
@@ -35,10 +35,10 @@ PROG = "clusterfsdp devcluster"
 
 def script_candidates() -> list[Path]:
     """Where devcluster.sh may be: package data of an installed wheel, then the repo checkout."""
-    here = Path(__file__)
+    package = Path(__file__).parents[1]  # clusterfsdp/ (this file is clusterfsdp/control/devcluster.py)
     return [
-        here.parent / "_slurm" / SCRIPT_NAME,
-        here.resolve().parents[1] / "slurm" / SCRIPT_NAME,
+        package / "_slurm" / SCRIPT_NAME,
+        package.resolve().parent / "slurm" / SCRIPT_NAME,
     ]
 
 
@@ -133,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "After `up`, plain sbatch/srun/squeue/sacct work from this shell (or source "
-            "<state>/env.sh for SLURM_CONF). Exit codes: 0 ok, 1 failed, 2 not root/usage, "
+            "<state>/env.sh for SLURM_CONF). Exit codes: 0 ok, 1 failed, 2 not root/usage/unsafe state folder, "
             "3 status: down, 4 missing Debian packages. See docs/devcluster.md."
         ),
     )

@@ -18,7 +18,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,10 +49,18 @@ class FileLock:
     """`with FileLock(path, purpose="resume"):` — non-blocking by default (`timeout_s=0`)."""
 
     def __init__(
-        self, path: Path, purpose: str = "", *, stale_after_s: float = 120.0, heartbeat_s: float | None = None
+        self,
+        path: Path,
+        purpose: str = "",
+        *,
+        stale_after_s: float = 120.0,
+        heartbeat_s: float | None = None,
+        takeover: Callable[[LockOwner], bool] | None = None,
     ):
+        """`takeover(owner)` True: that owner's lock may be broken at once (e.g. a previous
+        incarnation of the same Slurm job, which Slurm guarantees is gone)."""
         self.path, self.purpose = path, purpose
-        self.stale_after_s, self.heartbeat_s = stale_after_s, heartbeat_s
+        self.stale_after_s, self.heartbeat_s, self.takeover = stale_after_s, heartbeat_s, takeover
         self._token = ""
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
@@ -72,6 +80,8 @@ class FileLock:
             idle = time.time() - self.path.stat().st_mtime
         except FileNotFoundError:
             return False  # released meanwhile: just try again
+        if owner is not None and self.takeover is not None and self.takeover(owner):
+            return True
         if owner is not None and owner.process.here:
             return not owner.process.alive()
         return idle > self.stale_after_s  # another host (or unreadable): judged by the heartbeat
@@ -102,16 +112,20 @@ class FileLock:
             return
         aside.unlink(missing_ok=True)
 
-    def acquire(self, timeout_s: float = 0.0, poll_s: float = 0.2) -> FileLock:
-        """Take the lock, waiting up to `timeout_s` (None: forever); raises LockHeld."""
+    def acquire(self, timeout_s: float | None = 0.0, poll_s: float = 0.2, *, wait_for_live: bool = True) -> FileLock:
+        """Take the lock, waiting up to `timeout_s` (None: forever); raises LockHeld. With
+        `wait_for_live=False` an owner known to be alive (on this machine) fails it at once, and
+        only an owner that cannot be checked (another host) is waited for."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self._try_create():
             if self._stale():
                 self._break_stale()
                 continue
-            if deadline is not None and time.monotonic() >= deadline:
-                raise LockHeld(self.path, self.owner())
+            owner = self.owner()
+            alive_here = owner is not None and owner.process.here and owner.process.alive()
+            if (deadline is not None and time.monotonic() >= deadline) or (alive_here and not wait_for_live):
+                raise LockHeld(self.path, owner)
             time.sleep(poll_s)
         if self.heartbeat_s:
             self._stop.clear()

@@ -12,18 +12,6 @@ from pathlib import Path
 
 from . import runfolder
 
-FINAL = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "PREPARED",
-    "BOOT_FAIL",
-    "DEADLINE",
-}
-
 
 def attempt_keys(run: runfolder.RunFolder) -> list[str]:
     """Attempt folders under logs/ ('<job id>.<restart>'), oldest first."""
@@ -40,8 +28,9 @@ def log_file(run: runfolder.RunFolder, rank: int = 0, attempt: str | None = None
         p = run.logs_dir / attempt / f"rank{rank}.log"
         if p.is_file():
             return p
-    if run.attempts:
-        job_id = str(run.attempts[-1]["job_id"])
+    last = run.record().last
+    if last is not None:
+        job_id = last.job_id
         for folder in (run.submitit_dir / job_id, run.submitit_dir):  # submit, or a --dry-run script
             for suffix in ("out", "err"):
                 p = folder / f"{job_id}_{rank}_log.{suffix}"

@@ -1,18 +1,21 @@
-"""The run folder: the one contract between submit, the workers, status, resume and the TUI.
+"""The run folder: the one contract between the control plane, the workers, status, resume, the
+TUI and the notebook (docs/run-folder.md lists every file and key).
 
     <run_root>/<job name>/<run id>/
         job.toml                 resolved spec, secrets redacted
-        state.json               written by the CLI only: executor and every attempt's job id
-        events.jsonl             written by rank 0 only: start / signal / checkpoint / requeue / end
-        metrics.jsonl            one JSON object per logged step
+        state.json               RunRecord: written by the control plane only, under .lock
+        events.jsonl             Event lines: written by the workers (rank 0; a failing rank its own)
+        metrics.jsonl            one JSON object per logged step (rank 0)
         submitit/                submitit's folder (pickles, <job id>_<task>_log.out/err)
         logs/<job id>.<restart>/rank<R>.log      per-rank log of one attempt
         nodes/<job id>.<restart>/<host>.json     what each node chose (interface, HCAs, versions)
-        checkpoints/step-<N>/    DCP checkpoints
+        checkpoints/step-<N>/    DCP checkpoints (control.ckptfolder)
+        .lock                    held while a command changes the run (resume, cancel)
+        .attempt.lock            held by rank 0 of the attempt that is training
 
 Every path is derived from the run folder and a job id, so nothing needs a database.
 Writes are atomic (temp file + rename) or append-only lines, so a crash never leaves a
-half-written state file. See docs/run-folder.md.
+half-written state file.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from . import spec as specmod
+from .records import Attempt, Event, Executor, RunRecord
+from .runroot import ENV_RUN_ROOT, default_run_root
 
 
 class RunNotFound(LookupError):
@@ -52,9 +57,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         with open(path) as f:
             for line in f:
                 try:
-                    out.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError:
                     continue
+                if isinstance(row, dict):
+                    out.append(row)
     except FileNotFoundError:
         pass
     return out
@@ -66,6 +73,9 @@ def new_run_id() -> str:
 
 @dataclass(frozen=True)
 class RunFolder:
+    """Paths and typed reads/writes of one run folder. No policy: the run service (control.run)
+    decides who may write what, and when."""
+
     path: Path
 
     @property
@@ -83,52 +93,46 @@ class RunFolder:
     submitit_dir = property(lambda self: self.path / "submitit")
     logs_dir = property(lambda self: self.path / "logs")
     nodes_dir = property(lambda self: self.path / "nodes")
+    lock_file = property(lambda self: self.path / ".lock")
+    attempt_lock_file = property(lambda self: self.path / ".attempt.lock")
+    sbatch_script = property(lambda self: self.path / "sbatch.sh")
 
     def checkpoints_dir(self, spec: specmod.JobSpec | None = None) -> Path:
         spec = spec or self.spec()
         return Path(spec.checkpoint.dir).expanduser() / self.id if spec.checkpoint.dir else self.path / "checkpoints"
 
-    def spec(self) -> specmod.JobSpec:
-        return specmod.load(self.job_toml)
+    def spec(self, overrides: list[str] | tuple[str, ...] = ()) -> specmod.JobSpec:
+        return specmod.load(self.job_toml, list(overrides))
 
-    # ---- state.json (CLI-owned)
-    def state(self) -> dict[str, Any]:
+    # ---- state.json (control plane)
+    def record(self) -> RunRecord:
+        """The run's state file; an unreadable one reads as a run with no attempts."""
         try:
-            return json.loads(self.state_file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {"attempts": []}
+            return RunRecord.from_dict(json.loads(self.state_file.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return RunRecord(self.id, self.name, Executor.LOCAL, 0.0)
 
-    def write_state(self, state: dict[str, Any]) -> None:
-        atomic_write(self.state_file, json.dumps(state, indent=2, sort_keys=True) + "\n")
+    def write_record(self, record: RunRecord) -> None:
+        atomic_write(self.state_file, json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n")
 
-    def add_attempt(self, **attempt: Any) -> dict[str, Any]:
-        state = self.state()
-        attempt.setdefault("submitted", time.time())
-        attempt["attempt"] = len(state["attempts"])
-        state["attempts"].append(attempt)
-        self.write_state(state)
+    def add_attempt(self, job_id: str, executor: Executor, reason: str, **fields: Any) -> Attempt:
+        record = self.record()
+        attempt = Attempt(len(record.attempts), job_id, executor, time.time(), reason, **fields)
+        record.attempts.append(attempt)
+        self.write_record(record)
         return attempt
 
     def update_attempt(self, job_id: str, **changes: Any) -> None:
-        state = self.state()
-        for a in state["attempts"]:
-            if a["job_id"] == job_id:
-                a.update(changes)
-        self.write_state(state)
-
-    def ensure_attempt(self, job_id: str, executor: str) -> None:
-        """Record a job the CLI did not submit (a dry-run script given to sbatch by hand); only the
-        worker of a dry-run folder calls this, so it never races with `submit` writing state.json."""
-        if not any(str(a["job_id"]) == job_id for a in self.attempts):
-            self.add_attempt(job_id=job_id, executor=executor, reason="submitted by hand (sbatch)")
+        record = self.record()
+        attempt = record.attempt(job_id)
+        if attempt is not None:
+            for key, value in changes.items():
+                setattr(attempt, key, value)
+            self.write_record(record)
 
     @property
-    def attempts(self) -> list[dict[str, Any]]:
-        return self.state()["attempts"]
-
-    @property
-    def executor(self) -> str:
-        return self.state().get("executor", "local")
+    def attempts(self) -> list[Attempt]:
+        return self.record().attempts
 
     # ---- per-attempt files (derived from the job id and Slurm's restart count)
     def attempt_key(self, job_id: str, restart: int) -> str:
@@ -145,24 +149,27 @@ class RunFolder:
         return sorted(self.logs_dir.glob("*/rank*.log"), key=lambda p: (p.stat().st_mtime, p.name))
 
     # ---- worker-owned records
-    def events(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.events_file)
+    def events(self, job_id: str | None = None) -> list[Event]:
+        """Events in order (those of one job id if given); lines of unknown kinds are skipped."""
+        events = [e for e in map(Event.from_dict, read_jsonl(self.events_file)) if e is not None]
+        return [e for e in events if e.job_id == job_id] if job_id is not None else events
+
+    def append_event(self, event: Event) -> None:
+        append_jsonl(self.events_file, event.to_dict())
 
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.metrics_file)
 
 
-def create_run(spec: specmod.JobSpec, executor: str, run_id: str | None = None) -> RunFolder:
+def create_run(spec: specmod.JobSpec, executor: Executor, run_id: str | None = None) -> RunFolder:
     """Make the folder for a new run and write its resolved, redacted job.toml."""
-    root = Path(spec.job.run_root).expanduser().resolve()
+    root = Path(spec.job.run_root).expanduser().resolve() if spec.job.run_root else default_run_root()
     run = RunFolder(root / spec.job.name / (run_id or new_run_id()))
     run.path.mkdir(parents=True, exist_ok=False)
     for sub in ("submitit", "logs", "nodes"):
         (run.path / sub).mkdir()
     atomic_write(run.job_toml, specmod.dumps(spec, redact=True))
-    run.write_state(
-        {"run_id": run.id, "name": spec.job.name, "executor": executor, "created": time.time(), "attempts": []}
-    )
+    run.write_record(RunRecord(run.id, spec.job.name, executor, time.time()))
     return run
 
 
@@ -179,16 +186,17 @@ def list_runs(run_root: str | Path) -> list[RunFolder]:
     return sorted(iter_runs(run_root), key=lambda r: r.id, reverse=True)
 
 
-def find_run(ref: str, run_root: str | Path = "./runs") -> RunFolder:
-    """A run from its folder path, its id, or a unique prefix of its id."""
+def find_run(ref: str, run_root: str | Path | None = None) -> RunFolder:
+    """A run from its folder path, its id, or a unique prefix of its id (under `run_root`,
+    default: `default_run_root()`)."""
     p = Path(ref).expanduser()
     if (p / "state.json").is_file():
         return RunFolder(p.resolve())
-    matches = [r for r in iter_runs(run_root) if r.id == ref] or [
-        r for r in iter_runs(run_root) if r.id.startswith(ref)
-    ]
+    root = Path(run_root).expanduser() if run_root is not None else default_run_root()
+    found = list(iter_runs(root))
+    matches = [r for r in found if r.id == ref] or [r for r in found if r.id.startswith(ref)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise RunNotFound(f"no run {ref!r} under {Path(run_root).expanduser()} (give the run folder or set --run-root)")
+        raise RunNotFound(f"no run {ref!r} under {root} (give the run folder, --run-root, or set ${ENV_RUN_ROOT})")
     raise RunNotFound(f"{ref!r} matches {len(matches)} runs: {', '.join(r.id for r in matches[:5])}")

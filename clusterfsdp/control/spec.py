@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import tomllib
 import types
@@ -21,6 +22,9 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import tomli_w
+
+from . import secretenv
+from .runroot import default_run_root
 
 
 class SpecError(ValueError):
@@ -43,8 +47,10 @@ def F(default: Any, doc: str, *, key: str | None = None, secret: bool = False) -
 class JobSection:
     name: str = F("job", "Job name; runs go to <run_root>/<name>/<run id>/ and it names the Slurm job.")
     run_root: str = F(
-        "./runs",
-        "Folder that holds run folders (relative to this file); on a cluster it must be on the shared filesystem.",
+        "",
+        "Folder that holds run folders (relative to this file); on a cluster it must be on the shared filesystem. "
+        "Empty: $CLUSTERFSDP_RUN_ROOT, else run_root in ~/.config/clusterfsdp/config.toml, else ./runs beside "
+        "this file (the same default `runs`, `status` and the TUI use).",
     )
     seed: int = F(0, "Seed for model init, data order and dropout; same seed + same world size = same losses.")
 
@@ -272,8 +278,6 @@ _HINTS = {
         JobSpec,
     )
 }
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL|PRIVATE)", re.I)
-REDACTED = "<redacted: taken from the submitting environment>"
 
 
 def toml_key(f: dataclasses.Field) -> str:
@@ -345,7 +349,11 @@ def coerce(path: str, tp: Any, value: Any) -> Any:
         _, vt = get_args(tp)
         return {str(k): coerce(f"{path}.{k}", vt, v) for k, v in value.items()}
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value)
+    if tp is float and type(value) is float and not math.isfinite(value):
+        raise SpecError([f"{path}: expected a finite number, found {value!r}"])
+    if tp is str and type(value) is str and "\x00" in value:
+        raise SpecError([f"{path}: contains a NUL character"])
     if tp in (int, float, str, bool) and type(value) is tp:
         return value
     raise SpecError([f"{path}: expected {type_name(tp)}, found {_describe(value)}"])
@@ -418,8 +426,16 @@ def check(spec: JobSpec) -> None:
     positive("data.seq_len", d.seq_len, 2)
     positive("checkpoint.every_steps", c.every_steps, 0)
     positive("checkpoint.keep_last", c.keep_last)
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", spec.job.name):
-        errors.append(f"job.name: {spec.job.name!r} must be letters, digits, '.', '_' or '-' (it names a folder)")
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", spec.job.name) or spec.job.name in (".", ".."):
+        errors.append(
+            f"job.name: {_short(spec.job.name)} must be 1-100 letters, digits, '.', '_' or '-', "
+            "and not '.' or '..' (it names a folder)"
+        )
+    if 0 < s.mem_gb * 1024 < 1:
+        errors.append(f"slurm.mem_gb: {s.mem_gb!r} is less than 1 MB (0 means Slurm's default)")
+    if s.mem_gb > 1e6:
+        errors.append(f"slurm.mem_gb: {s.mem_gb!r} GB per node is more than any node has")
+    errors += _sbatch_value_errors(s)
     if not 0 < t.lr < 1:
         errors.append(f"train.lr: expected a number in (0, 1), found {t.lr!r}")
     if not 0 <= t.min_lr_ratio <= 1:
@@ -455,14 +471,13 @@ def check(spec: JobSpec) -> None:
         errors.append(f"model.preset: unknown preset {spec.model.preset!r}; {hint}")
     if spec.model.name_or_path and spec.model.from_config:
         errors.append("model.from_config: only applies to random-init presets; remove it or model.name_or_path")
+    elif spec.model.preset in PRESETS:
+        errors += _config_override_errors(PRESETS[spec.model.preset], spec.model.from_config)
     if spec.fsdp.version == 1 and spec.fsdp.compile:
         errors.append("fsdp.compile: supported with fsdp.version = 2 only")
     for key in spec.env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             errors.append(f"env.{key}: not a valid environment variable name")
-    for key in s.extra:
-        if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
-            errors.append(f"slurm.extra.{key}: not an sbatch option name (lowercase letters, digits, '-')")
     if errors:
         raise SpecError(errors)
 
@@ -483,6 +498,61 @@ def _check_eval(spec: JobSpec, errors: list[str]) -> None:
         errors.append("eval.every_steps: set eval.fraction or eval.paths to say what to evaluate on")
 
 
+# What may reach an `#SBATCH` line from job.toml. Slurm's own parser honours quotes and backslashes
+# inside those lines (a quoted value can smuggle further options in), so each value is held to the
+# characters its option needs: names for partition/account/qos, the feature expression syntax for
+# constraint, and for `extra` values the characters of node lists, GRES, times, paths and mail
+# addresses. No space, quote, backslash, '$', '#', ';' or control character ever passes.
+_SBATCH_NAME = re.compile(r"[A-Za-z0-9_.,-]+")
+_SBATCH_CONSTRAINT = re.compile(r"[A-Za-z0-9_.,&|*()\[\]-]+")
+_SBATCH_EXTRA_KEY = re.compile(r"[a-z][a-z0-9-]*")
+_SBATCH_EXTRA_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%/+*&|()\[\]-]*")
+
+
+def _config_override_errors(preset: dict[str, Any], overrides: dict[str, Any]) -> list[str]:
+    """A key the preset sets with a number or a boolean must be overridden with the same kind
+    (sizes and counts: a whole number >= 1), so a typo fails here and not on the compute nodes."""
+    errors = []
+    for key, value in overrides.items():
+        default = preset.get(key)
+        path = f"model.from_config.{key}"
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                errors.append(f"{path}: expected a boolean, found {_describe(value)}")
+        elif isinstance(default, int):
+            if type(value) is not int or value < 1:
+                errors.append(f"{path}: expected a whole number >= 1, found {_describe(value)}")
+        elif isinstance(default, float) and (type(value) not in (int, float) or not math.isfinite(value)):
+            errors.append(f"{path}: expected a finite number, found {_describe(value)}")
+    return errors
+
+
+def _short(value: str) -> str:
+    return repr(value if len(value) <= 40 else value[:37] + "...")
+
+
+def _sbatch_value_errors(s: SlurmSection) -> list[str]:
+    errors = []
+    for key, pattern, allowed in (
+        ("partition", _SBATCH_NAME, "letters, digits, '_', '.', ',' and '-'"),
+        ("account", _SBATCH_NAME, "letters, digits, '_', '.', ',' and '-'"),
+        ("qos", _SBATCH_NAME, "letters, digits, '_', '.', ',' and '-'"),
+        ("constraint", _SBATCH_CONSTRAINT, "feature names and & | * ( ) [ ] ,"),
+    ):
+        value = getattr(s, key)
+        if value and not pattern.fullmatch(value):
+            errors.append(f"slurm.{key}: {_short(value)} may only contain {allowed}")
+    for key, value in s.extra.items():
+        if not _SBATCH_EXTRA_KEY.fullmatch(key):
+            errors.append(f"slurm.extra.{key}: not an sbatch option name (lowercase letters, digits, '-')")
+        elif isinstance(value, str) and not _SBATCH_EXTRA_VALUE.fullmatch(value):
+            errors.append(
+                f"slurm.extra.{key}: {_short(value)} may only contain letters, digits and "
+                "_ . , : = @ % / + * & | ( ) [ ] -"
+            )
+    return errors
+
+
 _TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
 
 
@@ -495,8 +565,8 @@ def parse_time_minutes(value: int | str) -> int:
     m = _TIME.match(value.strip())
     if not m:
         raise ValueError(f"expected minutes or 'D-HH:MM:SS' (or MM:SS, HH:MM:SS, D-HH, D-HH:MM), found {value!r}")
-    a = int(m.group("a"))
-    d, b, c = (int(x) if x else None for x in m.group("d", "b", "c"))
+    d, a, b, c = (int(x) if x else None for x in m.group("d", "a", "b", "c"))
+    assert a is not None  # the pattern requires it
     if d is None:  # MM | MM:SS | HH:MM:SS
         if b is None:
             secs = a * 60
@@ -517,6 +587,8 @@ def loads(text: str, overrides: Sequence[str] = ()) -> JobSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SpecError([f"not valid TOML: {e}"]) from None
+    except RecursionError:
+        raise SpecError(["not valid TOML: arrays or tables nested too deeply"]) from None
     apply_overrides(data, overrides)
     return from_dict(data)
 
@@ -538,27 +610,45 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
 def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
     """Relative paths in a job file are relative to the file's folder; make them absolute so the
     resolved job.toml in the run folder works from any directory on any node."""
+    errors: list[str] = []
 
-    def absolute(path: str) -> str:
-        return str((base / Path(path).expanduser()).resolve()) if path else path
+    def absolute(key: str, path: str) -> str:
+        if not path:
+            return path
+        try:
+            full = (base / Path(path).expanduser()).resolve()
+        except (OSError, ValueError, RuntimeError) as e:  # a loop of symlinks, an unknown ~user
+            errors.append(f"{key}: {_short(path)} is not a usable path ({e.__class__.__name__})")
+            return path
+        if len(str(full).encode()) > 4095 or any(len(part.encode()) > 255 for part in full.parts):
+            errors.append(f"{key}: {_short(path)} is longer than a path may be (255 bytes a name, 4095 in all)")
+        return str(full)
 
     out = dataclasses.replace(spec)
-    out.job = dataclasses.replace(spec.job, run_root=absolute(spec.job.run_root))
+    run_root = absolute("job.run_root", spec.job.run_root) if spec.job.run_root else str(default_run_root(base))
+    out.job = dataclasses.replace(spec.job, run_root=run_root)
 
-    def data_path(path: str) -> str:
+    def data_path(key: str, path: str) -> str:
         """Absolute, except a hub id that is not a local path (resolved at submit, not here)."""
-        return path if looks_like_hub_id(path) and not (base / path).exists() else absolute(path)
+        return path if looks_like_hub_id(path) and not (base / path).exists() else absolute(key, path)
 
     out.data = dataclasses.replace(
         spec.data,
-        paths=[data_path(x) for x in spec.data.paths],
-        tokenizer=spec.data.tokenizer if spec.data.tokenizer == "bytes" else absolute(spec.data.tokenizer),
-        cache_dir=absolute(spec.data.cache_dir),
+        paths=[data_path(f"data.paths[{i}]", x) for i, x in enumerate(spec.data.paths)],
+        tokenizer=spec.data.tokenizer
+        if spec.data.tokenizer == "bytes"
+        else absolute("data.tokenizer", spec.data.tokenizer),
+        cache_dir=absolute("data.cache_dir", spec.data.cache_dir),
     )
-    out.eval = dataclasses.replace(spec.eval, paths=[data_path(x) for x in spec.eval.paths])
-    out.checkpoint = dataclasses.replace(spec.checkpoint, dir=absolute(spec.checkpoint.dir))
-    if spec.model.name_or_path and (base / spec.model.name_or_path).exists():
-        out.model = dataclasses.replace(spec.model, name_or_path=absolute(spec.model.name_or_path))
+    out.eval = dataclasses.replace(
+        spec.eval, paths=[data_path(f"eval.paths[{i}]", x) for i, x in enumerate(spec.eval.paths)]
+    )
+    out.checkpoint = dataclasses.replace(spec.checkpoint, dir=absolute("checkpoint.dir", spec.checkpoint.dir))
+    local = Path(absolute("model.name_or_path", spec.model.name_or_path)) if spec.model.name_or_path else None
+    if local is not None and not errors and local.exists():
+        out.model = dataclasses.replace(spec.model, name_or_path=str(local))
+    if errors:
+        raise SpecError(errors)
     return out
 
 
@@ -608,7 +698,7 @@ def to_dict(spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(JobSpec):
         if f.name == "env":
-            out["env"] = {k: (REDACTED if redact and SECRET_NAME.search(k) else v) for k, v in spec.env.items()}
+            out["env"] = secretenv.redacted(spec.env) if redact else dict(spec.env)
             continue
         section = getattr(spec, f.name)
         out[f.name] = {toml_key(sf): getattr(section, sf.name) for sf in dataclasses.fields(section)}
@@ -621,7 +711,7 @@ def dumps(spec: JobSpec, *, redact: bool = False) -> str:
 
 def secret_env(spec: JobSpec) -> dict[str, str]:
     """The [env] entries that look like secrets; they travel in the process environment, never in files."""
-    return {k: v for k, v in spec.env.items() if SECRET_NAME.search(k) and v != REDACTED}
+    return secretenv.values(spec.env)
 
 
 def describe_schema(selector: str = "") -> list[str]:

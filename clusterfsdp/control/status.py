@@ -1,28 +1,37 @@
-"""A run's state, joined from the run folder (events written by rank 0) and the executor
-(squeue/sacct for Slurm, the process group for local runs). Used by `status`, `runs`
-and the TUI's queue; Slurm is asked once per refresh for all runs together."""
+"""A run's state, joined from the run folder (the attempts the control plane recorded, the events
+the workers wrote) and the executor (squeue/sacct for Slurm, the recorded process group for local
+runs and notebook launches). Used by `status`, `runs`, the TUI's queue and the run service;
+Slurm is asked once per refresh for all runs together."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from . import launch, runfolder, slurmcli
+from . import procs, slurmcli
+from .records import Attempt, Event, EventKind, Executor, RunState
+from .runfolder import RunFolder
 
-# Final events written by the worker (rank 0) -> the run state they mean.
-_END_STATES = {"completed": "COMPLETED", "failed": "FAILED", "requeued": "REQUEUED", "stopped": "CANCELLED"}
+# The worker's final event of an attempt -> the run state it means.
+_END_STATES = {
+    EventKind.COMPLETED: RunState.COMPLETED,
+    EventKind.FAILED: RunState.FAILED,
+    EventKind.REQUEUED: RunState.REQUEUED,
+    EventKind.STOPPED: RunState.CANCELLED,
+}
 
 
 @dataclass
 class RunStatus:
-    run: runfolder.RunFolder
-    state: str
+    run: RunFolder
+    state: RunState
     reason: str = ""
     job_id: str = ""
     executor: str = ""
     step: int | None = None
     steps: int | None = None
     loss: float | None = None
-    attempts: int = 0
+    attempts: list[Attempt] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. a checkpoint that did not load and was set aside
     eval_loss: float | None = None
     eval_step: int | None = None
 
@@ -35,7 +44,12 @@ class Progress:
     eval_loss: float | None = None
 
 
-def _progress(run: runfolder.RunFolder) -> Progress:
+def attempt_alive(attempt: Attempt) -> bool:
+    """A local or notebook attempt whose recorded process group still runs (identity checked)."""
+    return attempt.leader is not None and procs.group_alive(attempt.leader)
+
+
+def _progress(run: RunFolder) -> Progress:
     """The last row's step and loss, and the last evaluation's."""
     rows = run.metrics()
     if not rows:
@@ -45,83 +59,83 @@ def _progress(run: runfolder.RunFolder) -> Progress:
     return Progress(rows[-1].get("step"), rows[-1].get("loss"), last_eval.get("step"), last_eval.get("eval_loss"))
 
 
-def run_status(run: runfolder.RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) -> RunStatus:
+def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) -> RunStatus:
     """State of one run. `queue` is a pre-fetched {job id: row} (see `statuses`)."""
-    state_file = run.state()
-    attempts = state_file.get("attempts", [])
+    record = run.record()
     progress = _progress(run)
     try:
         steps = run.spec().train.steps
-    except Exception:
+    except Exception:  # a hand-edited job.toml must not break listing
         steps = None
     st = RunStatus(
         run,
-        "PREPARED",
-        executor=state_file.get("executor", ""),
+        RunState.PREPARED,
+        executor=record.executor,
         step=progress.step,
         steps=steps,
         loss=progress.loss,
-        attempts=len(attempts),
+        attempts=record.attempts,
         eval_loss=progress.eval_loss,
         eval_step=progress.eval_step,
     )
-    if not attempts:
-        st.reason = "not submitted (dry run): sbatch " + str(run.path / "sbatch.sh")
+    events = run.events()
+    st.notes = [f"step {e.step}: {e.reason}" for e in events if e.event is EventKind.CHECKPOINT_FALLBACK and e.reason]
+    last = record.last
+    if last is None:
+        st.reason = f"not submitted (dry run): sbatch {run.sbatch_script}"
         return st
-    last = attempts[-1]
-    st.job_id, st.executor = str(last["job_id"]), last["executor"]
-    events = [e for e in run.events() if str(e.get("job_id")) == st.job_id]
-    end = next((e for e in reversed(events) if e.get("event") in _END_STATES), None)
-    started = any(e.get("event") == "start" for e in events)
-    if last["executor"] == "slurm":
-        row = (queue or {}).get(st.job_id)
+    st.job_id, st.executor = last.job_id, last.executor
+    mine = [e for e in events if e.job_id == last.job_id]
+    end = next((e for e in reversed(mine) if e.event in _END_STATES), None)
+    started = any(e.event is EventKind.START for e in mine)
+    if last.executor is Executor.SLURM:
+        row = (queue or {}).get(last.job_id)
         if queue is None:
             try:
-                row = slurmcli.job_states([st.job_id]).get(st.job_id)
+                row = slurmcli.job_states([last.job_id]).get(last.job_id)
             except slurmcli.SlurmError as e:
                 st.reason = str(e)
-        if row is not None and row.state in slurmcli.ACTIVE_STATES:
-            st.state, st.reason = row.state, ("" if row.reason in ("None", "") else row.reason)
-            return st
-        if row is not None and row.state not in ("COMPLETED",) and not (end and end["event"] == "completed"):
-            st.state = row.state
-            st.reason = _reason(end, row)
-            return st
-    elif launch.local_job_alive(last):
-        st.state = "RUNNING" if started else "PENDING"
+        if row is not None:
+            slurm_state = RunState.parse(row.state)
+            if slurm_state.live:
+                st.state, st.reason = slurm_state, ("" if row.reason in ("None", "") else row.reason)
+                return st
+            if slurm_state is not RunState.COMPLETED and not (end and end.event is EventKind.COMPLETED):
+                st.state, st.reason = slurm_state, _reason(end, row, slurm_state)
+                return st
+    elif attempt_alive(last):
+        st.state = RunState.RUNNING if started else RunState.PENDING
         return st
     if end is not None:
-        st.state = _END_STATES[end["event"]]
-        st.reason = end.get("reason", "")
-    elif last.get("cancelled"):
-        st.state = "CANCELLED"
+        st.state, st.reason = _END_STATES[end.event], end.reason
+    elif last.cancelled:
+        st.state = RunState.CANCELLED
     elif started:
-        st.state, st.reason = "FAILED", "workers exited without a final record (killed?); see `clusterfsdp logs`"
+        st.state, st.reason = RunState.FAILED, "workers exited without a final record (killed?); see `clusterfsdp logs`"
+    elif last.executor is Executor.SLURM:
+        st.state = RunState.UNKNOWN
     else:
-        st.state, st.reason = (
-            ("FAILED", "never started; see the submitit logs")
-            if last["executor"] == "local"
-            else ("UNKNOWN", st.reason)
-        )
+        st.state, st.reason = RunState.FAILED, "never started; see the submitit logs"
     return st
 
 
-def _reason(end: dict | None, row: slurmcli.JobRow) -> str:
+def _reason(end: Event | None, row: slurmcli.JobRow, state: RunState) -> str:
     parts = []
-    if end is not None and end.get("reason"):
-        parts.append(end["reason"])
+    if end is not None and end.reason:
+        parts.append(end.reason)
     if row.exit_code and row.exit_code != "0:0":
         parts.append(f"exit code {row.exit_code}")
     if row.reason and row.reason not in ("None", ""):
         parts.append(row.reason)
-    if row.state == "NODE_FAIL":
+    if state is RunState.NODE_FAIL:
         parts.append(f"a node failed ({row.nodes})")
     return "; ".join(parts)
 
 
-def statuses(run_list: list[runfolder.RunFolder]) -> tuple[list[RunStatus], str]:
+def statuses(run_list: list[RunFolder]) -> tuple[list[RunStatus], str]:
     """Status of many runs with one squeue (+ one sacct) call; returns (rows, Slurm error or '')."""
-    ids = [str(r.attempts[-1]["job_id"]) for r in run_list if r.attempts and r.attempts[-1]["executor"] == "slurm"]
+    lasts = [r.record().last for r in run_list]
+    ids = [a.job_id for a in lasts if a is not None and a.executor is Executor.SLURM]
     queue: dict[str, slurmcli.JobRow] = {}
     error = ""
     if ids:

@@ -63,6 +63,9 @@ class Checkpointer:
         # Async saves coordinate over their own gloo group so they never queue behind NCCL work.
         self._pg = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
         self._stager = _pinned_stager() if async_save and _on_cuda(model) else None
+        # Whether a checkpoint loaded is decided by all ranks together (a truncated shard fails on
+        # the ranks that read it), over gloo so it needs no device tensor.
+        self._agree_pg = dist.new_group(backend="gloo") if dist.is_initialized() else None
         if rank == 0:
             root.mkdir(parents=True, exist_ok=True)
 
@@ -153,6 +156,39 @@ class Checkpointer:
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
         return info.meta
+
+    def load_newest(self) -> tuple[CheckpointInfo | None, dict[str, Any], list[tuple[int, str]]]:
+        """Load the newest complete checkpoint that loads on every rank. Each newer one that does
+        not (a truncated shard, a garbage `.metadata`) is moved to `set-aside/step-N-unreadable-T`
+        by rank 0, so that it is never tried again nor counted by `keep_last`, and returned as
+        (step, reason). Raises CheckpointError when checkpoints exist and none loads: the model
+        may be partly overwritten by then, so training must not go on from it."""
+        import torch
+        import torch.distributed as dist
+
+        failed: list[tuple[int, str]] = []
+        for info in reversed(list_checkpoints(self.root)):
+            reason = ""
+            try:
+                meta = self.load(info)
+            except Exception as e:  # DCP, pickle or OS errors alike: the verdict is collective below
+                reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+                meta = {}
+            flag = torch.tensor([1 if reason else 0])
+            if self._agree_pg is not None:
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._agree_pg)
+            if not flag.item():
+                return info, meta, failed
+            failed.append((info.step, reason or "it did not load on another rank"))
+            if self.rank == 0:
+                aside = self.root / "set-aside" / f"{info.path.name}-unreadable-{int(time.time())}"
+                aside.parent.mkdir(exist_ok=True)
+                os.replace(info.path, aside)
+            _barrier()
+        if failed:
+            steps = ", ".join(str(step) for step, _ in failed)
+            raise CheckpointError(f"no checkpoint could be loaded (steps {steps}, set aside): {failed[0][1]}")
+        return None, {}, failed
 
 
 def _free_space(root: Path) -> str:

@@ -24,3 +24,25 @@ def export_hf(spec: JobSpec, checkpoint_dir: Path, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m clusterfsdp.worker.export RUN_DIR CHECKPOINT_DIR TO` (what `clusterfsdp export`
+    runs, so that the control plane never imports torch)."""
+    import argparse
+
+    from ..control.runfolder import RunFolder
+
+    p = argparse.ArgumentParser(prog="python -m clusterfsdp.worker.export")
+    p.add_argument("run_dir")
+    p.add_argument("checkpoint")
+    p.add_argument("to")
+    args = p.parse_args(argv)
+    checkpoint = Path(args.checkpoint)
+    out = export_hf(RunFolder(Path(args.run_dir)).spec(), checkpoint, Path(args.to))
+    print(f"exported {checkpoint.name} to {out} (load with AutoModelForCausalLM.from_pretrained)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

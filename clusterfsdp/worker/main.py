@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import IO, cast
 
-from ..control import runfolder
+from ..control import lock, runfolder, secretenv
 from ..control import spec as specmod
+from ..control.records import Event, EventKind, Executor
 from . import distenv
 from .stopflags import StopFlags
 
@@ -44,24 +46,37 @@ class Tee:
         return getattr(self.stream, name)
 
 
-def _event(run: runfolder.RunFolder, env: distenv.DistEnv, event: str, **fields) -> None:
-    runfolder.append_jsonl(
-        run.events_file,
-        {
-            "event": event,
-            "job_id": env.job_id,
-            "restart": env.restart,
-            "rank": env.rank,
-            "host": socket.gethostname(),
-            "time": __import__("time").time(),
-            **fields,
-        },
+def _event(run: runfolder.RunFolder, env: distenv.DistEnv, kind: EventKind, **fields) -> None:
+    run.append_event(Event(kind, env.job_id, env.restart, env.rank, socket.gethostname(), time.time(), **fields))
+
+
+# Rank 0 of the attempt that trains holds the run's attempt lock, refreshed every HEARTBEAT_S, so
+# that a second attempt started beside it (a hand-submitted sbatch.sh, a resume that raced past
+# the control plane's checks) stops before touching checkpoints or metrics. A lock left by a
+# previous incarnation of the same job (Slurm requeue, local restart) is taken over at once; one
+# left by a dead host is stale after STALE_S without a heartbeat.
+HEARTBEAT_S, STALE_S = 15.0, 90.0
+
+
+def _attempt_lock(run: runfolder.RunFolder, env: distenv.DistEnv) -> lock.FileLock:
+    same_job = f"job {env.job_id} "
+    held = lock.FileLock(
+        run.attempt_lock_file,
+        f"job {env.job_id} restart {env.restart}",
+        stale_after_s=STALE_S,
+        heartbeat_s=HEARTBEAT_S,
+        takeover=lambda owner: owner.purpose.startswith(same_job),
     )
+    try:
+        return held.acquire(timeout_s=STALE_S + 2 * HEARTBEAT_S, wait_for_live=False)
+    except lock.LockHeld as e:
+        who = e.owner.describe() if e.owner else "another attempt"
+        raise RuntimeError(f"another attempt is training in this run folder ({who}); not starting a second") from None
 
 
 def _apply_env(spec: specmod.JobSpec, chosen: dict[str, str]) -> None:
     for key, value in chosen.items():
-        if value != specmod.REDACTED:  # secrets come from the inherited environment, never from files
+        if value != secretenv.REDACTED:  # secrets come from the inherited environment, never from files
             os.environ[key] = value
 
 
@@ -91,9 +106,7 @@ def run(run_dir: str) -> str:
 
     dist.init_process_group(backend, timeout=timedelta(minutes=10), device_id=device if backend == "nccl" else None)
     if env.launcher == "submitit-local":  # Slurm counts restarts; the local executor does not
-        count = torch.tensor(
-            [sum(1 for e in run.events() if e.get("event") == "start" and e.get("job_id") == env.job_id)]
-        )
+        count = torch.tensor([sum(1 for e in run.events(env.job_id) if e.event is EventKind.START)])
         dist.broadcast(count, 0)
         env = distenv.DistEnv(**{**env.__dict__, "restart": int(count)})
 
@@ -109,7 +122,21 @@ def run(run_dir: str) -> str:
         if env.rank == 0 or every_rank:
             print(f"[rank{env.rank}] {msg}", flush=True)
 
+    attempt_lock: lock.FileLock | None = None
     try:
+        verdict = torch.zeros(1)
+        if env.rank == 0:
+            try:
+                attempt_lock = _attempt_lock(run, env)
+            except RuntimeError:
+                verdict.fill_(1)
+                raise
+            finally:
+                dist.broadcast(verdict, 0)
+        else:
+            dist.broadcast(verdict, 0)
+            if verdict.item():
+                raise RuntimeError("rank 0 found another attempt training in this run folder; not starting")
         if env.local_rank == 0:
             distenv.write_node_record(
                 run.node_record(env.job_id, env.restart, socket.gethostname()),
@@ -125,9 +152,10 @@ def run(run_dir: str) -> str:
                 },
             )
         if env.rank == 0:
-            if env.launcher == "slurm" and run.state().get("dry_run"):
-                run.ensure_attempt(env.job_id, "slurm")
-            _event(run, env, "start", world_size=env.world_size, nodes=env.num_nodes)
+            record = run.record()
+            if env.launcher == "slurm" and record.dry_run and record.attempt(env.job_id) is None:
+                run.add_attempt(env.job_id, Executor.SLURM, "submitted by hand (sbatch)")
+            _event(run, env, EventKind.START, world_size=env.world_size, nodes=env.num_nodes)
         log(
             f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
             f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}"
@@ -146,58 +174,59 @@ def run(run_dir: str) -> str:
         )
     except BaseException as e:
         print(traceback.format_exc(), file=sys.stderr, flush=True)
-        _event(run, env, "failed", reason=f"rank {env.rank} on {socket.gethostname()}: {type(e).__name__}: {e}"[:500])
+        reason = f"rank {env.rank} on {socket.gethostname()}: {type(e).__name__}: {e}"
+        _event(run, env, EventKind.FAILED, reason=reason[:500])
+        if attempt_lock is not None:
+            attempt_lock.release()
         raise
     finally:
         sys.stdout.flush()
     if outcome.status == "preempted":
-        _requeue(run, spec, env)  # exits
+        _requeue(run, spec, env, attempt_lock)  # exits
     if env.rank == 0:
         _event(
             run,
             env,
-            "completed" if outcome.status == "completed" else "stopped",
+            EventKind.COMPLETED if outcome.status == "completed" else EventKind.STOPPED,
             step=outcome.step,
             checkpoint=outcome.checkpoint,
             reason="" if outcome.status == "completed" else f"cancelled (SIGTERM); saved step {outcome.step}",
         )
+    if attempt_lock is not None:
+        attempt_lock.release()
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
     return outcome.status
 
 
-def _requeue(run: runfolder.RunFolder, spec: specmod.JobSpec, env: distenv.DistEnv) -> None:
+def _requeue(
+    run: runfolder.RunFolder, spec: specmod.JobSpec, env: distenv.DistEnv, attempt_lock: lock.FileLock | None
+) -> None:
     """After the collective save: rank 0 requeues (Slurm) or all ranks exit 144 (local executor).
     Restarts are bounded by slurm.max_restarts over the whole run."""
     import torch.distributed as dist
 
-    from ..control import launch, slurmcli
+    from ..control import slurmcli
+    from ..control.run import Run
 
-    done = sum(1 for e in run.events() if e.get("event") == "requeued")
+    done = sum(1 for e in run.events() if e.event is EventKind.REQUEUED)
     if env.rank == 0:
         if done >= spec.slurm.max_restarts:
-            _event(
-                run,
-                env,
-                "failed",
-                reason=f"interrupted again after {done} restarts (slurm.max_restarts = {spec.slurm.max_restarts})",
-            )
+            limit = spec.slurm.max_restarts
+            reason = f"interrupted again after {done} restarts (slurm.max_restarts = {limit})"
+            _event(run, env, EventKind.FAILED, reason=reason)
         elif env.launcher == "slurm":
-            _event(run, env, "requeued", reason="SIGUSR2 (time limit or preemption)", restarts=done + 1)
+            _event(run, env, EventKind.REQUEUED, reason="SIGUSR2 (time limit or preemption)", restarts=done + 1)
             try:
                 slurmcli.requeue(env.job_id)
             except slurmcli.SlurmError as e:  # JobRequeue=0 or a non-batch job: a follow-up job resumes
-                sub = launch.submit(
-                    spec,
-                    "slurm",
-                    run=run,
-                    reason=f"follow-up: requeue refused ({e})",
-                    dependency=f"afterany:{env.job_id}",
-                )
-                _event(run, env, "follow_up", job_id_next=sub.job_id, reason=str(e))
+                sub = Run(run).follow_up(spec, f"follow-up: requeue refused ({e})", f"afterany:{env.job_id}")
+                _event(run, env, EventKind.FOLLOW_UP, job_id_next=sub.job_id, reason=str(e))
         else:
-            _event(run, env, "requeued", reason="SIGUSR2 (time limit or preemption)", restarts=done + 1)
+            _event(run, env, EventKind.REQUEUED, reason="SIGUSR2 (time limit or preemption)", restarts=done + 1)
+        if attempt_lock is not None:
+            attempt_lock.release()
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

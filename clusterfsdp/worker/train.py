@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..control import ckptfolder
+from ..control.records import EventKind
 from ..control.spec import JobSpec
 from . import checkpoint as ckpt
 from . import metrics as metricsmod
@@ -177,10 +178,12 @@ def train(
         ckpt_root, model, optimizer, rank, world_size, spec_text, spec.checkpoint.keep_last, spec.checkpoint.async_
     )
     step, consumed, tokens_seen = 0, 0, 0
-    latest = ckptfolder.find(ckpt_root)
+    t0 = time.perf_counter()
+    latest, saved, unreadable = saver.load_newest()
+    for bad_step, reason in unreadable:
+        log(f"checkpoint step {bad_step} did not load, set aside: {reason}")
+        on_event(EventKind.CHECKPOINT_FALLBACK, step=bad_step, reason=f"did not load, set aside: {reason}")
     if latest is not None:
-        t0 = time.perf_counter()
-        saved = saver.load(latest)
         step, consumed, tokens_seen = saved["step"], saved["consumed"], saved["tokens_seen"]
         scheduler.last_epoch = step
         for group, lr in zip(optimizer.param_groups, scheduler.get_lr(), strict=False):
@@ -189,7 +192,7 @@ def train(
             f"resumed from {latest.path.name} (step {step}, {consumed} samples seen, "
             f"saved by {saved['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
         )
-        on_event("resumed", step=step, checkpoint=str(latest.path))
+        on_event(EventKind.RESUMED, step=step, checkpoint=str(latest.path))
         if saved.get("data", data.key) != data.key:
             log(
                 f"data: this checkpoint was trained on prepared dataset {saved['data']}, this attempt reads "

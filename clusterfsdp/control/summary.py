@@ -1,0 +1,34 @@
+"""The one-screen summary of a job (what `validate` prints and the TUI's compose screen shows)."""
+
+from __future__ import annotations
+
+from . import spec as specmod
+from .presets import PRESETS, llama_param_count
+
+
+def summary(spec: specmod.JobSpec, where: str) -> str:
+    s, t = spec.slurm, spec.train
+    if spec.model.name_or_path:
+        model = spec.model.name_or_path
+    else:
+        params = llama_param_count({**PRESETS[spec.model.preset], **spec.model.from_config})
+        model = f"{spec.model.preset} (random init), ~{params / 1e6:.1f}M params"
+    gpus = f"{s.gpus_per_node} GPU(s)" if s.gpus_per_node else "CPU"
+    mesh = "replicate x shard" if len(spec.mesh_shape) == 2 else "shard"
+    every = spec.checkpoint.every_steps
+    lines = [
+        f"job        {spec.job.name} -> {spec.job.run_root}/{spec.job.name}/<run id>/",
+        f"resources  {s.nodes} node(s) x {spec.tasks_per_node} worker(s) ({gpus}) = {spec.world_size} ranks, "
+        f"time {spec.time_minutes} min, partition {s.partition or '(default)'}",
+        f"mesh       {' x '.join(map(str, spec.mesh_shape))} ({mesh}), sharding {spec.effective_sharding}, "
+        f"FSDP{spec.fsdp.version}, {spec.fsdp.mixed_precision}",
+        f"model      {model}",
+        f"data       {spec.data.source}{' ' + ', '.join(spec.data.paths) if spec.data.paths else ''}, "
+        f"seq {spec.data.seq_len}" + (f", {spec.data.format}, {spec.packing} packing" if spec.data.paths else ""),
+        f"train      {t.steps} steps x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
+        f"({t.micro_batch_size}/rank x {t.grad_accum} accum), lr {t.lr:g} {t.schedule}",
+        f"checkpoint {f'every {every} steps' if every else 'at the end'}"
+        f"{' (async)' if spec.checkpoint.async_ else ''}, keep {spec.checkpoint.keep_last}",
+        f"runs on    {where}",
+    ]
+    return "\n".join(lines + [f"note       {n}" for n in spec.notices()])
