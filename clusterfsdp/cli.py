@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import sys
 import time
@@ -62,11 +63,14 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .control import modelsource, slurmcli
+    from .control import datasource, modelsource, slurmcli
     from .control.summary import summary
 
     prepared = modelsource.prepare(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
     spec = prepared.spec
+    errors = datasource.check(spec)
+    if errors:
+        raise specmod.SpecError(errors)
     reachable = slurmcli.available()
     where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
     if not reachable and spec.slurm.nodes > 1:
@@ -74,8 +78,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(summary(spec, where))
     for note in prepared.notes:
         print(f"note       {note}")
+    for line in datasource.prepared_state(spec):
+        print(f"prepared   {line}")
     print("ok")
     return 0
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    """Tokenize the job's data now (with a progress bar), in a worker process: the CLI itself
+    never imports transformers or datasets."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "clusterfsdp.worker.dataprep", args.job, "--workers", str(args.workers)]
+    for item in args.set or []:
+        argv += ["--set", item]
+    return subprocess.call(argv)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -192,6 +209,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(
         f"progress   step {st.step or 0}/{st.steps or '?'}" + (f", loss {st.loss:.4f}" if st.loss is not None else "")
     )
+    if st.eval_loss is not None:
+        ppl = math.exp(min(st.eval_loss, 700))
+        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {ppl:.2f}")
     for a in st.attempts:
         when = datetime.fromtimestamp(a.submitted).strftime("%Y-%m-%d %H:%M:%S")
         print(f"attempt {a.attempt}  {a.executor} job {a.job_id}  {when}  {a.reason}")
@@ -314,6 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("validate", help="check a job and print what it will do")
     _add_job(s)
     s.set_defaults(fn=cmd_validate)
+
+    s = sub.add_parser("data", help="prepare (tokenize) a job's data before it runs")
+    data_sub = s.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    s = data_sub.add_parser("prepare", help="tokenize the job's data into its shared cache, once for all jobs")
+    _add_job(s)
+    s.add_argument("--workers", type=int, default=0, help="tokenizing processes (default: data.prepare_workers)")
+    s.set_defaults(fn=cmd_data_prepare)
 
     s = sub.add_parser("submit", help="queue a job (Slurm, or locally without Slurm) and return")
     _add_job(s)

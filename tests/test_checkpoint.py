@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import launch, make_run, newest_checkpoint, run_workers, tiny_job_toml, wait
+from data_helpers import conversations, documents, make_tokenizer, write_jsonl, write_parquet
+from procs import launch, make_run, run_workers, tiny_job_toml, wait
 
 from clusterfsdp.control import ckptfolder, runfolder, status
 from clusterfsdp.control import spec as S
@@ -35,19 +36,20 @@ keep_last = 5
 
 
 def newest(run: runfolder.RunFolder) -> ckptfolder.CheckpointInfo:
-    info = ckptfolder.find(run.checkpoints_dir())
-    assert info is not None, f"no complete checkpoint in {run.checkpoints_dir()}"
-    return info
+    found = ckptfolder.find(run.checkpoints_dir())
+    assert found is not None, f"no complete checkpoint in {run.checkpoints_dir()}"
+    return found
 
 
-def rows_by_attempt(run: runfolder.RunFolder) -> list[dict[int, float]]:
-    """metrics.jsonl split where the step goes backwards (a new attempt resumed)."""
+def rows_by_attempt(run: runfolder.RunFolder, key: str = "loss") -> list[dict[int, float]]:
+    """metrics.jsonl split where the step goes backwards (a new attempt resumed): step -> `key`."""
     out: list[dict[int, float]] = [{}]
     last = 0
     for r in run.metrics():
         if r["step"] <= last:
             out.append({})
-        out[-1][r["step"]] = r["loss"]
+        if key in r:
+            out[-1][r["step"]] = r[key]
         last = r["step"]
     return out
 
@@ -86,8 +88,57 @@ def test_resume_on_another_world_size_reshards_and_keeps_the_data_position(tmp_p
     for step in (5, 6, 7, 8):
         assert resumed[step] == pytest.approx(first[step], abs=2e-4)
     assert "saved by 2 ranks, now 1" in out[0][1]
-    final = newest_checkpoint(run.checkpoints_dir())
+    final = newest(run)
     assert final.step == 8 and final.meta["consumed"] == 8 * 4 and final.meta["world_size"] == 1
+
+
+def _data_variant(name: str, folder: Path) -> list[str]:
+    """Overrides that put one kind of prepared data under the checkpoint test's job."""
+    if name == "documents-zst-heldout":
+        path = write_jsonl(folder / "docs.jsonl.zst", [{"text": d} for d in documents(200)])
+        return [
+            f"data.paths=['{path}']",
+            "data.packing='documents'",
+            "eval.fraction=0.2",
+            "eval.every_steps=4",
+            "eval.batches=3",
+        ]
+    tokenizer = make_tokenizer(folder / "chatml")
+    train = write_parquet(folder / "chat.parquet", conversations(200))
+    held = write_jsonl(folder / "held.jsonl.gz", conversations(40, seed=9))
+    return [
+        f"data.paths=['{train}']",
+        "data.format='chat'",
+        f"data.tokenizer='{tokenizer}'",
+        "model.from_config={ vocab_size = 400 }",
+        f"eval.paths=['{held}']",
+        "eval.every_steps=4",
+        "eval.batches=2",
+    ]
+
+
+@pytest.mark.parametrize("variant", ["documents-zst-heldout", "chat-parquet-evalpaths"])
+def test_resume_is_exact_for_every_source_format_and_packing(tmp_path, variant):
+    """The data position stays one integer for prepared data of any kind: a resume on 2 ranks
+    repeats the losses and eval losses bitwise, a resume on 1 rank (micro-batch 4) within float
+    tolerance. The data is prepared once, by rank 0 of the first attempt."""
+    run = make_run(JOB, tmp_path, _data_variant(variant, tmp_path))
+    first = run_workers(run, 2, job_id="v1")
+    root = run.checkpoints_dir()
+    ckptfolder.keep_only_up_to(root, 4)
+    run_workers(run, 2, job_id="v2")
+    ckptfolder.keep_only_up_to(root, 4)
+    spec = S.load(run.job_toml, ["slurm.tasks_per_node=1", "train.micro_batch_size=4"])
+    run.job_toml.write_text(S.dumps(spec))
+    resharded = run_workers(run, 1, job_id="v3")
+    losses, evals = rows_by_attempt(run), rows_by_attempt(run, "eval_loss")
+    assert sorted(losses[1]) == [5, 6, 7, 8] and sorted(evals[0]) == [4, 8] and sorted(evals[1]) == [8]
+    assert all(losses[1][s] == losses[0][s] for s in losses[1]) and evals[1][8] == evals[0][8]  # bitwise
+    for step in (5, 6, 7, 8):
+        assert losses[2][step] == pytest.approx(losses[0][step], abs=2e-4)
+    assert evals[2][8] == pytest.approx(evals[0][8], abs=2e-4)
+    assert first[0][1].count("data: preparing train data") == 1 and "data: preparing" not in first[1][1]
+    assert "data: preparing" not in resharded[0][1]
 
 
 def test_kill_9_mid_save_resumes_from_the_previous_complete_checkpoint(tmp_path):
@@ -167,7 +218,7 @@ def test_sigusr2_saves_requeues_and_resumes_on_the_local_executor(tmp_path):
     resumed = next(e for e in run.events() if e.event == "resumed")
     assert resumed.restart == 1 and resumed.step is not None and resumed.step >= 20
     assert sorted(p.name for p in run.logs_dir.iterdir()) == [f"{job_id}.0", f"{job_id}.1"]
-    assert newest_checkpoint(run.checkpoints_dir()).step == 400
+    assert newest(run).step == 400
 
 
 def _catches_sigusr2(pid: int) -> bool:
@@ -192,10 +243,10 @@ def test_sigusr2_during_start_up_is_kept_and_acted_on_at_the_first_step(tmp_path
     assert all(code == 0 for code, _ in out), "\n".join(text[-2000:] for _, text in out)
     assert "SIGUSR2: saved step 0" in out[0][1]
     assert [e.event for e in run.events()] == ["start", "requeued"]
-    assert newest_checkpoint(run.checkpoints_dir()).step == 0
+    assert newest(run).step == 0
     run_workers(run, 2, job_id="early2")
     assert [e.event for e in run.events()][-2:] == ["resumed", "completed"]
-    assert newest_checkpoint(run.checkpoints_dir()).step == 8
+    assert newest(run).step == 8
 
 
 def test_cancel_saves_then_resume_finishes(tmp_path):
@@ -207,7 +258,7 @@ def test_cancel_saves_then_resume_finishes(tmp_path):
     assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr
     st = status.run_status(run)
     assert st.state == "CANCELLED" and "saved step" in st.reason
-    saved = newest_checkpoint(run.checkpoints_dir()).step
+    saved = newest(run).step
     assert saved >= 10
     r = subprocess.run(
         [
@@ -229,7 +280,7 @@ def test_cancel_saves_then_resume_finishes(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"resumes from step {saved}" in r.stdout
     assert len(run.attempts) == 2 and status.run_status(run).state == "COMPLETED"
-    assert newest_checkpoint(run.checkpoints_dir()).step == saved + 10
+    assert newest(run).step == saved + 10
 
 
 def test_full_disk_mid_save_fails_clearly_and_resume_uses_the_last_complete_checkpoint(tmp_path):
@@ -272,4 +323,4 @@ def test_max_restarts_bounds_requeues(tmp_path):
         os.kill(pid, signal.SIGUSR2)
     _wait_for(lambda: status.run_status(run).state == "FAILED", 300, "FAILED")
     assert "max_restarts = 0" in status.run_status(run).reason
-    assert newest_checkpoint(run.checkpoints_dir()).step >= 10  # the state was saved all the same
+    assert newest(run).step >= 10  # the state was saved all the same

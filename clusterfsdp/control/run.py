@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ckptfolder, launch, lock, modelsource, procs, runfolder, secretenv, slurmcli, status
+from . import ckptfolder, datasource, launch, lock, modelsource, procs, runfolder, secretenv, slurmcli, status
 from . import spec as specmod
 from .records import Attempt, Executor, RunState
 from .runfolder import RunFolder
@@ -312,3 +312,6 @@ def _check_submittable(spec: specmod.JobSpec, executor: Executor) -> None:
         )
     if executor is Executor.SLURM:
         launch.slurm_parameters(spec)
+    problems = datasource.check(spec)  # last: it reads the sources (readable, not smaller than a batch)
+    if problems:
+        raise specmod.SpecError(problems)

@@ -152,15 +152,64 @@ class ModelSection:
 class DataSection:
     source: Literal["synthetic", "files"] = F("synthetic", "'synthetic' random tokens, or 'files' to read `paths`.")
     paths: list[str] = F(
-        [], "Local .txt or .jsonl files (globs allowed; relative to this file), with source = 'files'."
+        [],
+        "Training data, with source = 'files': .txt files (one document each), .jsonl records (also .jsonl.gz, "
+        ".jsonl.zst), .parquet files, folders written by datasets' save_to_disk, or folders that "
+        "datasets.load_dataset reads (parquet/json/csv files); globs allowed; relative to this file. "
+        "Tokenized once into a prepared dataset (see cache_dir) that every rank reads without loading it.",
     )
-    text_key: str = F("text", "Field holding the text in .jsonl records.")
+    format: Literal["text", "chat"] = F(
+        "text",
+        "'text': each record is a document (`text_key`); 'chat': each record holds a conversation "
+        "(`messages_key`: a list of {role, content}) rendered with the tokenizer's chat template, and the "
+        "loss is computed on the assistant messages only.",
+    )
+    text_key: str = F("text", "Field holding the text of .jsonl, parquet and dataset records (format = 'text').")
+    messages_key: str = F("messages", "Field holding the list of {role, content} messages (format = 'chat').")
+    split: str = F("train", "Split to read from a dataset folder that holds several (save_to_disk or load_dataset).")
     tokenizer: str = F(
         "bytes",
-        "'bytes' (built-in byte-level, no download), a local HF tokenizer folder or a hub id "
-        "(resolved on the submitting host like model.name_or_path, at model.revision when it is the model's id).",
+        "'bytes' (built-in byte-level, no download), a local HF tokenizer folder or a hub id (resolved on the "
+        "submitting host like model.name_or_path, at model.revision when it is the model's id); with a chat "
+        "template for format = 'chat'.",
     )
     seq_len: int = F(128, "Tokens per sample.")
+    packing: Literal["auto", "concat", "documents"] = F(
+        "auto",
+        "How documents become samples. 'concat': one token stream (EOS after each text document) cut into "
+        "seq_len windows that cross document boundaries. 'documents': whole documents packed into samples, the "
+        "rest padded (never trained on); position ids restart at each document and attention stays inside it "
+        "(sdpa and eager: a block-diagonal mask; flash_attention_2: its variable-length kernel); a document "
+        "longer than seq_len is cut into seq_len-token pieces, each its own context. 'auto': 'documents' for "
+        "format = 'chat', else 'concat'.",
+    )
+    cache_dir: str = F(
+        "",
+        "Folder of prepared (tokenized) datasets, shared by all ranks and jobs and keyed by the content of the "
+        "sources, the tokenizer and the format (empty: <run_root>/.cache/tokens). On a cluster: the shared "
+        "filesystem.",
+    )
+    prepare_workers: int = F(
+        0, "Processes that tokenize when a dataset is prepared (0: every CPU this process may use)."
+    )
+
+
+@dataclass
+class EvalSection:
+    fraction: float = F(
+        0.0,
+        "Fraction of the training documents held out for evaluation (chosen by job.seed, never trained on); 0: none.",
+    )
+    paths: list[str] = F(
+        [], "Evaluation data instead of a held-out fraction: files or folders like data.paths (same format)."
+    )
+    every_steps: int = F(0, "Evaluate every N steps (0: only after the last step); with fraction or paths.")
+    batches: int = F(
+        10,
+        "Micro-batches each rank evaluates (train.micro_batch_size samples each): the first batches x ranks x "
+        "micro_batch_size samples of a fixed order, the same every time. eval_loss and eval_ppl go into "
+        "metrics.jsonl.",
+    )
 
 
 @dataclass
@@ -226,6 +275,7 @@ class JobSpec:
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     fsdp: FsdpSection = field(default_factory=FsdpSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     log: LogSection = field(default_factory=LogSection)
@@ -259,6 +309,22 @@ class JobSpec:
         return (self.world_size,)
 
     @property
+    def packing(self) -> str:
+        """data.packing with 'auto' decided: 'documents' for chat data, else 'concat'."""
+        if self.data.packing == "auto":
+            return "documents" if self.data.format == "chat" else "concat"
+        return self.data.packing
+
+    @property
+    def eval_enabled(self) -> bool:
+        return self.data.source == "files" and (self.eval.fraction > 0 or bool(self.eval.paths))
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks."""
+        return self.world_size * self.train.micro_batch_size * self.train.grad_accum
+
+    @property
     def time_minutes(self) -> int:
         return parse_time_minutes(self.slurm.time)
 
@@ -283,6 +349,7 @@ _HINTS: dict[type, dict[str, Any]] = {
         ModelSection,
         DataSection,
         TrainSection,
+        EvalSection,
         FsdpSection,
         CheckpointSection,
         LogSection,
@@ -487,6 +554,12 @@ def check(spec: JobSpec) -> None:
     if d.source == "synthetic" and d.paths:
         errors.append("data.paths: set data.source = 'files' to read these paths")
     errors += _model_errors(spec.model)
+    if d.source == "synthetic" and d.format == "chat":
+        errors.append("data.format: 'chat' needs data.source = 'files'")
+    if d.format == "chat" and d.tokenizer == "bytes":
+        errors.append("data.format: 'chat' needs a tokenizer with a chat template; data.tokenizer = 'bytes' has none")
+    positive("data.prepare_workers", d.prepare_workers, 0)
+    _check_eval(spec, errors)
     if spec.fsdp.version == 1 and spec.fsdp.compile:
         errors.append("fsdp.compile: supported with fsdp.version = 2 only")
     for key in spec.env:
@@ -494,6 +567,22 @@ def check(spec: JobSpec) -> None:
             errors.append(f"env.{key}: not a valid environment variable name")
     if errors:
         raise SpecError(errors)
+
+
+def _check_eval(spec: JobSpec, errors: list[str]) -> None:
+    e = spec.eval
+    if not 0 <= e.fraction < 1:
+        errors.append(f"eval.fraction: expected a number in [0, 1), found {e.fraction!r}")
+    if e.fraction and e.paths:
+        errors.append("eval.paths: give eval.paths or eval.fraction, not both")
+    if e.every_steps < 0:
+        errors.append(f"eval.every_steps: must be >= 0, found {e.every_steps!r}")
+    if e.batches < 1:
+        errors.append(f"eval.batches: must be >= 1, found {e.batches!r}")
+    if (e.fraction or e.paths) and spec.data.source != "files":
+        errors.append("eval: held-out or separate evaluation data needs data.source = 'files'")
+    if e.every_steps and not (e.fraction or e.paths):
+        errors.append("eval.every_steps: set eval.fraction or eval.paths to say what to evaluate on")
 
 
 # What may reach an `#SBATCH` line from job.toml. Slurm's own parser honours quotes and backslashes
@@ -722,12 +811,21 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
     out = dataclasses.replace(spec)
     run_root = absolute("job.run_root", spec.job.run_root) if spec.job.run_root else str(default_run_root(base))
     out.job = dataclasses.replace(spec.job, run_root=run_root)
+
+    def data_path(key: str, path: str) -> str:
+        """Absolute, except a hub id that is not a local path (resolved at submit, not here)."""
+        return path if looks_like_hub_id(path) and not (base / path).exists() else absolute(key, path)
+
     out.data = dataclasses.replace(
         spec.data,
-        paths=[absolute(f"data.paths[{i}]", x) for i, x in enumerate(spec.data.paths)],
+        paths=[data_path(f"data.paths[{i}]", x) for i, x in enumerate(spec.data.paths)],
         tokenizer=spec.data.tokenizer
         if spec.data.tokenizer == "bytes"
         else source("data.tokenizer", spec.data.tokenizer),
+        cache_dir=absolute("data.cache_dir", spec.data.cache_dir),
+    )
+    out.eval = dataclasses.replace(
+        spec.eval, paths=[data_path(f"eval.paths[{i}]", x) for i, x in enumerate(spec.eval.paths)]
     )
     out.checkpoint = dataclasses.replace(spec.checkpoint, dir=absolute("checkpoint.dir", spec.checkpoint.dir))
     out.model = dataclasses.replace(
@@ -738,6 +836,16 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
     if errors:
         raise SpecError(errors)
     return out
+
+
+# A HuggingFace repo id 'org/name'; a local path has './', '/', '~', a glob or a data file suffix.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+_DATA_SUFFIX = re.compile(r"\.(txt|jsonl|json|gz|zst|parquet|csv|arrow)$")
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """'org/name' shaped, and not a data file name: a hub dataset (or model) id, resolved at submit."""
+    return bool(_HUB_ID.match(path)) and ".." not in path and not _DATA_SUFFIX.search(path)
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:

@@ -36,6 +36,16 @@ class RunStatus:
     events: list[Event] = field(default_factory=list)
     checkpoints: list[int] = field(default_factory=list)  # steps of the complete checkpoints
     trackers: TrackerIds = field(default_factory=TrackerIds)
+    eval_loss: float | None = None
+    eval_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int | None = None
+    loss: float | None = None
+    eval_step: int | None = None
+    eval_loss: float | None = None
 
 
 def attempt_alive(attempt: Attempt) -> bool:
@@ -43,11 +53,14 @@ def attempt_alive(attempt: Attempt) -> bool:
     return attempt.leader is not None and procs.group_alive(attempt.leader)
 
 
-def _progress(run: RunFolder) -> tuple[int | None, float | None]:
+def _progress(run: RunFolder) -> Progress:
+    """The last row's step and loss, and the last evaluation's."""
     rows = run.metrics()
     if not rows:
-        return None, None
-    return rows[-1].get("step"), rows[-1].get("loss")
+        return Progress()
+    evals = [r for r in rows if r.get("eval_loss") is not None]
+    last_eval = evals[-1] if evals else {}
+    return Progress(rows[-1].get("step"), rows[-1].get("loss"), last_eval.get("step"), last_eval.get("eval_loss"))
 
 
 def _checkpoint_steps(run: RunFolder) -> list[int]:
@@ -60,13 +73,22 @@ def _checkpoint_steps(run: RunFolder) -> list[int]:
 def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) -> RunStatus:
     """State of one run. `queue` is a pre-fetched {job id: row} (see `statuses`)."""
     record = run.record()
-    step, loss = _progress(run)
+    progress = _progress(run)
     try:
         steps = run.spec().train.steps
     except Exception:  # a hand-edited job.toml must not break listing
         steps = None
-    st = RunStatus(run, RunState.PREPARED, executor=record.executor, step=step, steps=steps, loss=loss,
-                   attempts=record.attempts)  # fmt: skip
+    st = RunStatus(
+        run,
+        RunState.PREPARED,
+        executor=record.executor,
+        step=progress.step,
+        steps=steps,
+        loss=progress.loss,
+        attempts=record.attempts,
+        eval_loss=progress.eval_loss,
+        eval_step=progress.eval_step,
+    )
     events = run.events()
     st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run), run.tracker_ids()
     st.notes = [f"step {e.step}: {e.reason}" for e in events if e.event is EventKind.CHECKPOINT_FALLBACK and e.reason]

@@ -19,7 +19,7 @@ def summary(spec: specmod.JobSpec, where: str) -> str:
         f"FSDP{spec.fsdp.version}, {spec.fsdp.mixed_precision}",
         f"model      {modelsource.describe(spec)}",
         f"data       {spec.data.source}{' ' + ', '.join(spec.data.paths) if spec.data.paths else ''}, "
-        f"seq {spec.data.seq_len}",
+        f"seq {spec.data.seq_len}" + (f", {spec.data.format}, {spec.packing} packing" if spec.data.paths else ""),
         f"train      {t.steps} steps x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
         f"({t.micro_batch_size}/rank x {t.grad_accum} accum), lr {t.lr:g} {t.schedule}",
         f"checkpoint {f'every {every} steps' if every else 'at the end'}"

@@ -178,7 +178,6 @@ def run(run_dir: str) -> str:
             env.rank,
             env.world_size,
             run.checkpoints_dir(spec),
-            Path(spec.job.run_root).expanduser() / ".cache" / "tokens",
             run.job_toml.read_text(),
             log,
             sink,

@@ -23,8 +23,9 @@ from . import checkpoint as ckpt
 from . import metrics as metricsmod
 from . import model as modelmod
 from . import parallelize, weights
-from .data import BOS, BYTE_VOCAB, EOS, PAD, Samples, load_tokenizer
+from .data import Batch, PreparedSamples, SyntheticSamples, open_for_training
 from .stopflags import STOP_PREEMPT, StopFlags
+from .tokens import BOS, BYTE_VOCAB, EOS, PAD, load_tokenizer
 
 
 @dataclass
@@ -119,15 +120,54 @@ def token_ids(spec: JobSpec) -> modelmod.TokenIds | None:
     return modelmod.TokenIds(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
 
 
-def _loss_fn(spec: JobSpec):
-    """loss(model, input_ids, labels): lm_head fused with a chunked cross-entropy where the model
-    supports it (see loss.py; full fp32 logits are never formed), else logits + cross-entropy."""
+def _loss_fn(spec: JobSpec) -> Callable[[torch.nn.Module, Batch], torch.Tensor]:
+    """loss(model, batch): the cross-entropy summed over the batch's trained labels, from lm_head
+    fused with a chunked cross-entropy where the model supports it (see loss.py; full fp32
+    logits are never formed), else logits + cross-entropy. Packed documents go to
+    flash_attention_2 as one row (its varlen kernel takes the document bounds from the position
+    ids only for batch size 1); sdpa and eager get a block-diagonal causal mask that transformers
+    builds from the position ids."""
     from . import loss as lossmod
 
-    def loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return lossmod.causal_lm_loss(model, input_ids, labels, compile=spec.fsdp.compile)
+    flatten = spec.model.attn_implementation == "flash_attention_2"
+
+    def loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        ids, labels, positions = batch.input_ids, batch.labels, batch.position_ids
+        if flatten and positions is not None:
+            ids, labels, positions = ids.reshape(1, -1), labels.reshape(1, -1), positions.reshape(1, -1)
+        return lossmod.causal_lm_loss(
+            model, ids, labels, position_ids=positions, compile=spec.fsdp.compile, reduction="sum"
+        )
 
     return loss
+
+
+def _label_total(spec: JobSpec, samples, batches: list[Batch], group) -> float:
+    """Trained labels in this step over all ranks: what the summed loss is divided by, so every
+    trained token weighs the same whatever the world size, micro-batch or padding."""
+    if samples.all_labels_trained:
+        return float(sum(b.labels.numel() for b in batches) * spec.world_size)
+    total = torch.tensor([float(sum(b.label_count for b in batches))])
+    if group is not None:
+        dist.all_reduce(total, group=group)
+    return max(1.0, float(total))
+
+
+def evaluate(model, loss_fn, samples: PreparedSamples, batches: int, rank: int, world_size: int, spec: JobSpec, device):
+    """Mean loss over the first `batches` global micro-batches of the fixed evaluation order:
+    every rank its slice, the sums of loss and of trained labels all-reduced."""
+    mb = spec.train.micro_batch_size
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    model.eval()
+    with torch.no_grad():
+        for j in range(batches):
+            batch = samples.batch(j * world_size * mb, rank, world_size, mb)
+            totals[0] += loss_fn(model, batch.to(device)).double()
+            totals[1] += batch.label_count
+    model.train()
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    return float(totals[0] / totals[1].clamp(min=1))
 
 
 def train(
@@ -136,7 +176,6 @@ def train(
     rank: int,
     world_size: int,
     ckpt_root: Path,
-    cache_dir: Path,
     spec_text: str,
     log: Callable[[str], None],
     metrics_out: metricsmod.MetricsWriter | None,
@@ -146,6 +185,8 @@ def train(
 ) -> Outcome:
     flag_group = dist.new_group(backend="gloo") if dist.is_initialized() else None
     torch.manual_seed(spec.job.seed)
+    t_data = time.perf_counter()
+    data = open_for_training(spec, rank, log)
     t_build = time.perf_counter()
     latest = ckptfolder.find(ckpt_root)
     what = spec.model.name_or_path or spec.model.config or f"preset {spec.model.preset}"
@@ -154,7 +195,12 @@ def train(
     model, optimizer, config, counts = build(
         spec, device, world_size, token_ids(spec), kept=model_dir, resume=latest is not None
     )
-    samples = Samples(spec.data, config.vocab_size, spec.job.seed, cache_dir, log if rank == 0 else None)
+    if data.max_id >= config.vocab_size:
+        raise ValueError(f"data: token id {data.max_id} does not fit the model's vocab_size {config.vocab_size}")
+    samples = data.train or SyntheticSamples(spec.data.seq_len, config.vocab_size, spec.job.seed)
+    eval_batches = 0
+    if data.eval is not None:
+        eval_batches = min(spec.eval.batches, data.eval.count // (world_size * spec.train.micro_batch_size))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec))
     saver = ckpt.Checkpointer(
         ckpt_root, model, optimizer, rank, world_size, spec_text, spec.checkpoint.keep_last, spec.checkpoint.async_
@@ -178,11 +224,18 @@ def train(
             f"saved by {saved['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
         )
         on_event(EventKind.RESUMED, step=step, checkpoint=str(latest.path))
+        if saved.get("data", data.key) != data.key:
+            log(
+                f"data: this checkpoint was trained on prepared dataset {saved['data']}, this attempt reads "
+                f"{data.key} (the sources, tokenizer or format changed): the data position ({consumed} samples) "
+                "continues in the new data"
+            )
+    t_model = time.perf_counter()
     active = f" ({counts.active / 1e6:.2f}M active per token)" if counts.active != counts.total else ""
     log(
         f"model: {config.model_type}, {counts.total / 1e6:.2f}M params{active}, vocab {config.vocab_size}, "
         f"mesh {spec.mesh_shape} "
-        f"({spec.effective_sharding}, FSDP{spec.fsdp.version}), built in {time.perf_counter() - t_build:.2f} s"
+        f"({spec.effective_sharding}, FSDP{spec.fsdp.version}), built in {t_model - t_build:.2f} s"
     )
     fpt = modelmod.flops_per_token(config, counts.active, spec.data.seq_len)
     meter = metricsmod.Meter(fpt, device, world_size, elapsed_before)
@@ -190,12 +243,15 @@ def train(
         metrics_out.begin(step)
     loss_fn = _loss_fn(spec)
     t = spec.train
-    micro_tokens = t.micro_batch_size * spec.data.seq_len
+    mb = t.micro_batch_size
+    micro_tokens = mb * spec.data.seq_len
 
     def meta() -> dict:
-        return {"consumed": consumed, "tokens_seen": tokens_seen, "elapsed_s": meter.elapsed()}
+        return {"consumed": consumed, "tokens_seen": tokens_seen, "elapsed_s": meter.elapsed(), "data": data.key}
 
+    gradient_sync: Callable[[bool], None] | None = getattr(model, "set_requires_gradient_sync", None)  # FSDP2
     model.train()
+    first_step = step
     while step < t.steps:
         stop = flags.agree(flag_group)
         if stop:
@@ -203,14 +259,15 @@ def train(
             kind = "preempted" if stop == STOP_PREEMPT else "stopped"
             log(f"{'SIGUSR2' if stop == STOP_PREEMPT else 'SIGTERM'}: saved step {step} in {secs:.2f} s")
             return Outcome(kind, step, str(ckptfolder.step_dir(ckpt_root, step)))
+        batches = [samples.batch(consumed + m * world_size * mb, rank, world_size, mb) for m in range(t.grad_accum)]
+        scale = world_size / _label_total(spec, samples, batches, flag_group)
         loss_sum = torch.zeros((), device=device)
-        for micro in range(t.grad_accum):
-            batch = samples.batch(consumed, rank, world_size, t.micro_batch_size).to(device, non_blocking=True)
-            consumed += world_size * t.micro_batch_size
+        for micro, batch in enumerate(batches):
+            consumed += world_size * mb
             last = micro == t.grad_accum - 1
-            if hasattr(model, "set_requires_gradient_sync"):
-                model.set_requires_gradient_sync(last)  # pyright: ignore[reportCallIssue]
-            loss = loss_fn(model, batch[:, :-1], batch[:, 1:]) / t.grad_accum
+            if gradient_sync is not None:
+                gradient_sync(last)
+            loss = loss_fn(model, batch.to(device)) * scale
             loss.backward()
             loss_sum += loss.detach()
         grad_norm = _clip(model, t.max_grad_norm)
@@ -221,15 +278,29 @@ def train(
         tokens_seen += world_size * t.grad_accum * micro_tokens
         meter.tick(world_size * t.grad_accum * micro_tokens)
         saver.poll()
-        if step % t.log_every == 0 or step == t.steps:
+        if step == first_step + 1:
+            log(
+                f"first step done {time.perf_counter() - t_data:.2f} s after the start (data ready in "
+                f"{t_build - t_data:.2f} s, model built in {t_model - t_build:.2f} s)"
+            )
+        eval_now = data.eval is not None and (
+            step == t.steps or (spec.eval.every_steps > 0 and step % spec.eval.every_steps == 0)
+        )
+        if step % t.log_every == 0 or step == t.steps or eval_now:
             if dist.is_initialized():
                 dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+            extra = {}
+            if eval_now:
+                assert data.eval is not None
+                eval_loss = evaluate(model, loss_fn, data.eval, eval_batches, rank, world_size, spec, device)
+                extra = {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0))}
             row = meter.row(
                 step=step,
                 loss=float(loss_sum),
                 lr=scheduler.get_last_lr()[0],
                 grad_norm=float(grad_norm),
                 tokens_seen=tokens_seen,
+                **extra,
             )
             log(metricsmod.format_row(row, t.steps))
             if metrics_out is not None:
