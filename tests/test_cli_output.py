@@ -79,7 +79,7 @@ def test_submit_json_and_parsable_print_what_scripts_need(tmp_path):
     r = cli("submit", str(job), "--json", env=env)
     doc = json.loads(r.stdout)
     assert doc["schema"] == 1 and doc["job_id"] == "4242" and doc["executor"] == "slurm"
-    assert set(doc) == {"schema", "run_id", "name", "folder", "executor", "job_id", "notice", "resume_step"}
+    assert set(doc) == {"schema", "run_id", "name", "folder", "executor", "job_id", "notice", "resume_step", "notes"}
     assert Path(doc["folder"], "state.json").is_file()
     r = cli("submit", str(job), "--json", "--parsable", env=env)
     assert r.returncode == 2 and "not allowed with argument" in r.stderr

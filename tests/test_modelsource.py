@@ -43,10 +43,10 @@ def cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subproc
     )
 
 
-def put_in_hub_cache(hf_home: Path, repo_id: str, folder: Path, commit: str = COMMIT) -> Path:
+def put_in_hub_cache(hf_home: Path, repo_id: str, folder: Path, commit: str = COMMIT, kind: str = "models") -> Path:
     """Lay `folder` out as huggingface_hub caches a download of `repo_id` at branch main:
-    hub/models--org--name/{blobs/<sha256>, snapshots/<commit>/<file> -> ../../blobs/<sha256>, refs/main}."""
-    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    hub/<kind>--org--name/{blobs/<sha256>, snapshots/<commit>/<file> -> ../../blobs/<sha256>, refs/main}."""
+    repo = hf_home / "hub" / f"{kind}--{repo_id.replace('/', '--')}"
     snapshot = repo / "snapshots" / commit
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
     snapshot.mkdir(parents=True)
@@ -77,6 +77,25 @@ def job_file(tmp_path: Path, model: str, tokenizer: str = "bytes", extra: str = 
         + extra
     )
     return path
+
+
+def test_a_hub_dataset_id_in_data_paths_resolves_to_its_cached_snapshot(tmp_path):
+    """data.paths = ["org/corpus"] (not a local path): submit resolves it like a model id, from
+    the HF cache offline; the run's job.toml reads the snapshot folder, sources.json records it."""
+    hf_home, files = tmp_path / "hf", tmp_path / "dataset"
+    files.mkdir()
+    (files / "train.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 40}) + "\n" for i in range(50)))
+    snapshot = put_in_hub_cache(hf_home, "org/corpus", files, kind="datasets")
+    job = job_file(tmp_path, 'preset = "llama-tiny"')
+    job.write_text(job.read_text().replace(f'paths = ["{CORPUS}"]', 'paths = ["org/corpus"]'))
+    r = cli("submit", str(job), "--dry-run", env={"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr
+    (run,) = runfolder.list_runs(tmp_path / "runs")
+    assert run.spec().data.paths == [str(snapshot)]
+    sources = json.loads((run.model_dir / "sources.json").read_text())
+    assert [(s["key"], s["repo_id"], s["revision"]) for s in sources] == [("data.paths[0]", "org/corpus", COMMIT)]
+    r = cli("submit", str(job), "--dry-run", env={"HF_HOME": str(tmp_path / "empty"), "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and r.stderr.startswith("error: data.paths[0]: 'org/corpus' is not a local path"), r.stderr
 
 
 def test_hub_id_resolves_offline_from_the_cache_and_the_run_records_path_revision_and_files(tiny_model, tmp_path):

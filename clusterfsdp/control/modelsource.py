@@ -127,12 +127,33 @@ def prepare(spec: specmod.JobSpec, mode: hub.Mode = "download") -> Prepared:
             "data.tokenizer = 'bytes' with pretrained weights: the model's own tokenizer is not used "
             "(set data.tokenizer to the model's folder or hub id to use it)"
         )
+    data_paths = [_dataset(out, errors, f"data.paths[{i}]", x, mode) for i, x in enumerate(d.paths)]
+    eval_paths = [_dataset(out, errors, f"eval.paths[{i}]", x, mode) for i, x in enumerate(spec.eval.paths)]
+    out.spec = _replace(out.spec, "data", paths=data_paths)
+    out.spec = _replace(out.spec, "eval", paths=eval_paths)
     revisions = {s.revision for s in out.sources if s.key.startswith("model.") and s.revision}
     if revisions:
         out.spec = _replace(out.spec, "model", revision=revisions.pop())
     if errors:
         raise specmod.SpecError(errors)
     return out
+
+
+def _dataset(out: Prepared, errors: list[str], key: str, value: str, mode: hub.Mode) -> str:
+    """A data path as given, or the local snapshot folder of a hub dataset id (org/name) that is
+    not a local path (with_absolute_paths left it as written)."""
+    if value.startswith(("/", ".", "~")) or not specmod.looks_like_hub_id(value):
+        return value
+    try:
+        snap = hub.resolve(value, "dataset", mode=mode)
+    except hub.HubError as e:
+        errors.append(f"{key}: {value!r} is not a local path and as a hub dataset id: {e}")
+        return value
+    if snap.path is None:  # validate / the TUI: not cached; submit downloads it
+        out.notes.append(f"{key}: {snap.note}")
+        return value
+    out.sources.append(Source(key, value, snap.path, value, snap.revision))
+    return snap.path
 
 
 def keep(prepared: Prepared, folder: Path) -> list[Path]:

@@ -98,7 +98,7 @@ class Run:
         behind if queueing fails."""
         chosen, notice = launch.choose_executor(executor)
         _check_submittable(spec, chosen)
-        prepared = modelsource.prepare(spec)
+        prepared = _prepare_sources(spec)
         spec = prepared.spec
         folder = runfolder.create_run(spec, chosen)
         run = cls(folder)
@@ -115,7 +115,7 @@ class Run:
     def prepare(cls, spec: specmod.JobSpec) -> tuple[Run, str]:
         """A dry run: the run folder and the exact sbatch script to submit by hand (sbatch.sh)."""
         _check_submittable(spec, Executor.SLURM)
-        prepared = modelsource.prepare(spec)
+        prepared = _prepare_sources(spec)
         spec = prepared.spec
         folder = runfolder.create_run(spec, Executor.SLURM)
         modelsource.keep(prepared, folder.model_dir)
@@ -176,6 +176,9 @@ class Run:
             spec = self.folder.spec(list(overrides))
             chosen, notice = launch.choose_executor(executor or _requested(self.folder.record().executor))
             _check_submittable(spec, chosen)
+            problems = datasource.check(spec)  # (its sources were resolved at submit)
+            if problems:
+                raise specmod.SpecError(problems)
             missing = secretenv.missing(spec.env)
             if missing and not without_secrets:
                 raise RunError(
@@ -312,6 +315,14 @@ def _check_submittable(spec: specmod.JobSpec, executor: Executor) -> None:
         )
     if executor is Executor.SLURM:
         launch.slurm_parameters(spec)
-    problems = datasource.check(spec)  # last: it reads the sources (readable, not smaller than a batch)
+
+
+def _prepare_sources(spec: specmod.JobSpec) -> modelsource.Prepared:
+    """After the cheap checks: hub ids resolved (a missing snapshot downloaded here, never on the
+    compute nodes), the model and tokenizer folders checked, then the data sources read (readable,
+    not smaller than a batch; they may need the resolved tokenizer)."""
+    prepared = modelsource.prepare(spec)
+    problems = datasource.check(prepared.spec)
     if problems:
         raise specmod.SpecError(problems)
+    return prepared
