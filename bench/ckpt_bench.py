@@ -136,6 +136,7 @@ def main() -> None:
     from clusterfsdp.control import spec as specmod
     from clusterfsdp.worker import checkpoint as ckpt
     from clusterfsdp.worker import distenv, train
+    from clusterfsdp.worker.data import Batch
 
     env = distenv.from_environ()
     os.environ.update(env.export())
@@ -164,8 +165,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
 
     def step() -> float:
-        batch = torch.randint(0, config.vocab_size, (a.bs, a.seq + 1), generator=gen).to(device)
-        loss = loss_fn(model, batch[:, :-1], batch[:, 1:])
+        tokens = torch.randint(0, config.vocab_size, (a.bs, a.seq + 1), generator=gen)
+        loss = loss_fn(model, Batch(tokens[:, :-1], tokens[:, 1:]).to(device)) / (a.bs * a.seq)  # (a sum)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

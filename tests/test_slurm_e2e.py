@@ -145,10 +145,10 @@ def test_preemption_signal_saves_requeues_and_resumes(slurm_cluster, tiny_job, t
     wait_for(lambda: max_step(run) >= 30, 300, "step 30")
     slurm_cluster.run(["scancel", "--signal=USR2", job_id])
     wait_for(lambda: status.run_status(run).state == "COMPLETED", 600, "completion after the requeue")
-    kinds = [e.event for e in run.events()]
+    kinds = [str(e.event) for e in run.events()]
     assert kinds.index("requeued") < kinds.index("resumed") < kinds.index("completed")
     resumed = next(e for e in run.events() if e.event == "resumed")
-    assert resumed.step >= 30 and resumed.job_id == job_id and resumed.restart == 1
+    assert resumed.step is not None and resumed.step >= 30 and resumed.job_id == job_id and resumed.restart == 1
     slurm_cluster.wait_sacct_rows(
         job_id, lambda rows: "REQUEUED" in rows and rows[-1] == "COMPLETED", "REQUEUED, COMPLETED last", timeout=60
     )
@@ -179,7 +179,7 @@ def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, 
     assert second.reason.startswith("follow-up: requeue refused")
     wait_for(lambda: status.run_status(run).state == "COMPLETED", 600, "the follow-up to complete")
     resumed = next(e for e in run.events() if e.event == "resumed")
-    assert resumed.job_id == second.job_id and resumed.step >= 20
+    assert resumed.job_id == second.job_id and resumed.step is not None and resumed.step >= 20
     assert any(e.event == "follow_up" and e.job_id_next == second.job_id for e in run.events())
     assert newest_checkpoint(run.checkpoints_dir()).step == 150
 
