@@ -141,16 +141,18 @@ def prepare(spec: specmod.JobSpec, mode: hub.Mode = "download") -> Prepared:
 
 def _dataset(out: Prepared, errors: list[str], key: str, value: str, mode: hub.Mode) -> str:
     """A data path as given, or the local snapshot folder of a hub dataset id (org/name) that is
-    not a local path (with_absolute_paths left it as written)."""
+    not a local path (with_absolute_paths left it as written). Only submit ('download') asks the
+    hub; `validate` and the TUI look in the cache and otherwise leave the id for datasource.check
+    to report with the other data problems."""
     if value.startswith(("/", ".", "~")) or not specmod.looks_like_hub_id(value):
         return value
     try:
-        snap = hub.resolve(value, "dataset", mode=mode)
+        snap = hub.resolve(value, "dataset", mode="download" if mode == "download" else "cache")
     except hub.HubError as e:
-        errors.append(f"{key}: {value!r} is not a local path and as a hub dataset id: {e}")
+        if mode == "download":
+            errors.append(f"{key}: {value!r} is not a local path and as a hub dataset id: {e}")
         return value
-    if snap.path is None:  # validate / the TUI: not cached; submit downloads it
-        out.notes.append(f"{key}: {snap.note}")
+    if snap.path is None:
         return value
     out.sources.append(Source(key, value, snap.path, value, snap.revision))
     return snap.path

@@ -61,6 +61,7 @@ def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: 
 
     from . import model as modelmod
     from .checkpoint import dcp_call
+    from .progress import task
     from .train import token_ids
     from .weights import compute_buffers
 
@@ -72,12 +73,14 @@ def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: 
     trained = token_ids(spec)  # what the training config was built with (None for synthetic data)
     config = modelmod.build_config(spec.model, trained, kept)
     tokens = trained or token_ids(dataclasses.replace(spec, data=dataclasses.replace(spec.data, source="files")))
-    model: Any = modelmod.build_meta(spec.model, config).to_empty(device="cpu")  # a transformers model
-    compute_buffers(model)
-    state = {"model": model.state_dict()}
-    dcp_call(f"loading {checkpoint_dir.name}", load, state, checkpoint_id=str(checkpoint_dir), no_dist=True)
-    model.load_state_dict(state["model"])
-    model.tie_weights()
+    with task("building the model"):
+        model: Any = modelmod.build_meta(spec.model, config).to_empty(device="cpu")  # a transformers model
+        compute_buffers(model)
+    with task(f"loading checkpoint {checkpoint_dir.name}"):
+        state = {"model": model.state_dict()}
+        dcp_call(f"loading {checkpoint_dir.name}", load, state, checkpoint_id=str(checkpoint_dir), no_dist=True)
+        model.load_state_dict(state["model"])
+        model.tie_weights()
 
     config.use_cache = True
     assert tokens is not None  # (a tokenizer, or the byte tokenizer)
@@ -88,7 +91,8 @@ def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: 
     tmp = out.with_name(f".{out.name}.export-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        with task(f"writing safetensors to {out}"):
+            model.save_pretrained(tmp, safe_serialization=True)
         if spec.data.tokenizer == "bytes":
             byte_tokenizer().save_pretrained(tmp)
         else:
