@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench_job, result, versions
@@ -69,8 +70,8 @@ def stagers(a, parts, out, root, async_saver, sync, room) -> None:
       (its copy dispatch table is cleared, apparently because that `async_save` closes the
       caller's stager after each save; newer torch closes only stagers it made itself).
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.staging import BlockingAsyncStager, DefaultStager, StagingOptions
+    from torch.distributed.checkpoint.state_dict_saver import async_save
 
     makers = {
         "pinned_cached": lambda: BlockingAsyncStager(cache_staged_state_dict=True),
@@ -85,7 +86,7 @@ def stagers(a, parts, out, root, async_saver, sync, room) -> None:
             target = root / f"{name}-{i}"
             sync()
             t0 = time.perf_counter()
-            res = dcp.async_save(
+            res: Any = async_save(
                 async_saver._state(), checkpoint_id=str(target), process_group=async_saver._pg, async_stager=stager
             )
             blocked = time.perf_counter() - t0
@@ -129,12 +130,13 @@ def main() -> None:
 
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     from clusterfsdp.control import ckptfolder
     from clusterfsdp.control import spec as specmod
     from clusterfsdp.worker import checkpoint as ckpt
     from clusterfsdp.worker import distenv, train
+    from clusterfsdp.worker.data import Batch
 
     env = distenv.from_environ()
     os.environ.update(env.export())
@@ -158,13 +160,13 @@ def main() -> None:
         gpus=0 if a.cpu else 1,
     )
     spec_text = specmod.dumps(spec)
-    model, opt, config, n_params = train.build(spec, device, 1, None)
+    model, opt, config, counts = train.build(spec, device, 1, None)
     loss_fn = train._loss_fn(spec)
     gen = torch.Generator().manual_seed(0)
 
     def step() -> float:
-        batch = torch.randint(0, config.vocab_size, (a.bs, a.seq + 1), generator=gen).to(device)
-        loss = loss_fn(model, batch[:, :-1], batch[:, 1:])
+        tokens = torch.randint(0, config.vocab_size, (a.bs, a.seq + 1), generator=gen)
+        loss = loss_fn(model, Batch(tokens[:, :-1], tokens[:, 1:]).to(device)) / (a.bs * a.seq)  # (a sum)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -177,7 +179,7 @@ def main() -> None:
     step()
     sync()
     out: dict = {
-        "n_params": n_params,
+        "n_params": counts.total,
         "disk": subprocess.run(["df", "-h", str(root)], capture_output=True, text=True).stdout.strip().splitlines()[-1],
     }
     if "dd" in parts:
@@ -210,12 +212,12 @@ def main() -> None:
     out["sync"] = saves  # (at least one when loading: the load part reads it back)
 
     if "writer" in parts and room("writer"):
-        from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
         target = root / "writer"
         sync()
         t0 = time.perf_counter()
-        dcp.save(sync_saver._state(), storage_writer=FileSystemWriter(str(target), thread_count=a.writer_threads))
+        save(sync_saver._state(), storage_writer=FileSystemWriter(str(target), thread_count=a.writer_threads))
         secs = time.perf_counter() - t0
         size = du(target)
         out["writer"] = {"threads": a.writer_threads, "s": round(secs, 2), "gb_s": round(size / secs / 1e9, 2)}
@@ -248,6 +250,7 @@ def main() -> None:
 
     # load: move the weights with a training step, load the last checkpoint, compare
     info = ckptfolder.find(ck)
+    assert info is not None, f"no complete checkpoint in {ck}"
     probe = next(iter(model.parameters()))
     local = lambda t: t.to_local() if hasattr(t, "to_local") else t
     saved_sum = float(local(probe.detach()).double().sum())

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from clusterfsdp.control.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -27,8 +32,8 @@ def bench_job(
     ckpt_every: int = 0,
     ckpt_async: bool = False,
     gpus: int = 1,
-    overrides: list[str] = (),
-) -> clusterfsdp.spec.JobSpec:  # noqa: F821
+    overrides: Sequence[str] = (),
+) -> JobSpec:
     """The benchmark's job spec: random-init preset, synthetic tokens, FSDP2 on one node."""
     from clusterfsdp.control import spec as specmod
 
@@ -71,9 +76,9 @@ def versions() -> dict:
     }
     if torch.cuda.is_available():
         out["device"] = torch.cuda.get_device_name(0)
-        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))  # pyright: ignore[reportAttributeAccessIssue]
     try:
-        import triton
+        import triton  # pyright: ignore[reportMissingImports]  (GPU builds only)
 
         out["triton"] = triton.__version__
     except ImportError:

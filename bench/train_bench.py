@@ -26,6 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench_job, result, versions
 
+from clusterfsdp.control.records import EventKind
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,7 +104,8 @@ def main() -> None:
     after = [r for r in rows if first_ckpt is not None and first_ckpt < r["step"] <= first_ckpt + a.log_every]
     last = rows[-1] if rows else {}
     # The worker saves synchronously after the last step: completed event time - last metrics row time.
-    final_save_s = (events["completed"]["time"] - last["time"]) if "completed" in events and last else None
+    done = events.get(EventKind.COMPLETED)
+    final_save_s = (done.time - last["time"]) if done and last else None
     ckpt_dir = run.checkpoints_dir(spec)
     ckpt_bytes = sum(f.stat().st_size for f in ckpt_dir.rglob("*") if f.is_file()) if ckpt_dir.exists() else 0
     result(

@@ -1,6 +1,7 @@
-"""TUI benchmark (not a test): time to first paint, and the log view on a 1 GB log.
+"""TUI benchmark (not a test): time to first paint, the log view on a 1 GB log, and the run
+screen's charts on a long metrics.jsonl.
 
-    python bench/tui_bench.py [--log-gb 1.0] [--runs 200] [--repeat 3] [--tmp /tmp]
+    python bench/tui_bench.py [--log-gb 1.0] [--runs 200] [--repeat 3] [--metrics-rows 100000] [--tmp /tmp]
 
 1. First paint: `python -m clusterfsdp.tui` started on a pseudo-terminal (what a user's
    terminal is), timed from exec to the first frame that shows the queue screen, and to the
@@ -9,10 +10,15 @@
 2. Logs, in one process through Textual's headless pilot, on a generated log of `--log-gb`
    GB (written under --tmp and deleted afterwards): time until the end of the file is on
    screen after switching to Logs; until a line appended to the file shows while following;
-   until "first error" (e) lands on a traceback half-way through the file; until a search for a
-   line near the top of the file lands; until scrolling above the loaded window shows older
-   lines. The process's RSS before opening the log and after each step, and its peak (VmHWM),
-   show the memory stays bounded while the file is 1 GB.
+   until "first error" (e) lands on a traceback half-way through the file; until an upward
+   search (?) from the end for a line near the top of the file lands; until scrolling above the
+   loaded window shows older lines. The process's RSS before opening the log and after each
+   step, and its peak (VmHWM), show the memory stays bounded while the file is 1 GB.
+3. Run screen, in one process through the pilot, on a run whose metrics.jsonl has
+   `--metrics-rows` training rows (and an eval row every 100 steps): time from pressing 4 to
+   the four charts drawn; the time to draw the four charts again (a resize or a new row costs
+   this), median of 20; the time for s (smoothing changed: every series recomputed and drawn);
+   RSS after.
 
 Prints one JSON object. Numbers depend on the disk's page cache (the file was just written,
 so it is mostly cached) and on the machine's load.
@@ -24,8 +30,10 @@ import argparse
 import asyncio
 import fcntl
 import json
+import math
 import os
 import pty
+import random
 import select
 import shutil
 import statistics
@@ -97,8 +105,13 @@ def first_paint(run_root: Path, newest: str, cwd: Path) -> tuple[float, float]:
                 painted = time.perf_counter() - t0
             if newest.encode() in seen:
                 listed = time.perf_counter() - t0
-        os.write(master, b"\x11")  # ctrl+q
-        proc.wait(timeout=30)
+        for _ in range(30):  # ctrl+q; again if it came before the app read its input (it happens)
+            os.write(master, b"\x11")
+            try:
+                proc.wait(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -156,7 +169,9 @@ async def log_view(run_root: Path, log: Path, last: str) -> dict:
             lambda: isinstance(app.screen, LogsScreen) and app.screen.view.lines[-1:] == [last],
             "open",
         )
-        view = app.screen.view
+        logs = app.screen
+        assert isinstance(logs, LogsScreen)
+        view = logs.view
         out["rss_after_open_mb"], _ = rss_mb()
         out["lines_held"] = len(view.lines)
 
@@ -175,13 +190,13 @@ async def log_view(run_root: Path, log: Path, last: str) -> dict:
         )
         out["rss_after_first_error_mb"], _ = rss_mb()
         await pilot.press("G")
-        while not (app.screen.at_tail and view.lines[-1:] == ["appended while following"]):
+        while not (logs.at_tail and view.lines[-1:] == ["appended while following"]):
             await pilot.pause(0.01)
 
         async def search() -> None:
-            await pilot.press("slash", *NEEDLE.rstrip("\n"), "enter")
+            await pilot.press("question_mark", *NEEDLE.rstrip("\n"), "enter")
 
-        out["search_backward_to_top_s"] = await timed(
+        out["search_up_to_top_s"] = await timed(
             pilot,
             search,
             lambda: view.current is not None and view.lines[view.current] == NEEDLE.rstrip("\n"),
@@ -189,7 +204,7 @@ async def log_view(run_root: Path, log: Path, last: str) -> dict:
         )
         out["rss_after_search_mb"], _ = rss_mb()
         await pilot.press("G")
-        while not (app.screen.at_tail and view.lines[-1:] == ["appended while following"]):
+        while not (logs.at_tail and view.lines[-1:] == ["appended while following"]):
             await pilot.pause(0.01)
         start = view.start
         out["scroll_above_window_s"] = await timed(
@@ -199,11 +214,71 @@ async def log_view(run_root: Path, log: Path, last: str) -> dict:
     return out
 
 
+def write_metrics(run: runfolder.RunFolder, rows: int) -> None:
+    """`rows` training rows a step apart (noisy loss, warmup + cosine lr), an eval row every 100."""
+    rng = random.Random(0)
+    with open(run.metrics_file, "w") as f:
+        for step in range(1, rows + 1):
+            lr = 3e-4 * min(1.0, step / 1000) * (0.1 + 0.45 * (1 + math.cos(math.pi * step / rows)))
+            row = {
+                "step": step,
+                "loss": 2 + 8 * math.exp(-step / (rows / 10)) + rng.gauss(0, 0.1),
+                "lr": lr,
+                "grad_norm": 0.4 + abs(rng.gauss(0, 0.1)),
+                "tokens_per_s": 20_000 + rng.gauss(0, 300),
+                "tokens_per_s_per_gpu": 2_500 + rng.gauss(0, 40),
+                "mfu": 0.41,
+                "mem_peak_gb": 61.2,
+            }
+            f.write(json.dumps(row) + "\n")
+            if step % 100 == 0:
+                f.write(json.dumps({"step": step, "eval_loss": 2.1 + 8 * math.exp(-step / (rows / 10))}) + "\n")
+
+
+async def run_view(run_root: Path) -> dict:
+    from clusterfsdp.tui.app import ClusterApp
+    from clusterfsdp.tui.metric_chart import MetricChart
+    from clusterfsdp.tui.run_screen import RunScreen
+
+    out: dict[str, float] = {}
+    app = ClusterApp(run_root, refresh_s=3600)
+    async with app.run_test(size=(120, 36)) as pilot:
+        while app.current_row is None:
+            await pilot.pause(0.05)
+        t0 = time.perf_counter()
+        await pilot.press("4")
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        charts = list(screen.query(MetricChart))
+        while not (len(screen.metrics) and all(c.series and c.series[0].xs for c in charts)):
+            assert time.perf_counter() - t0 < 600, "no charts after 600 s"
+            await pilot.pause(0.005)
+        await pilot.pause()
+        out["run_open_to_charts_s"] = time.perf_counter() - t0
+        out["metric_points"] = len(screen.metrics)
+        draws = []
+        for _ in range(20):
+            t = time.perf_counter()
+            for c in charts:
+                c.render()
+            draws.append(time.perf_counter() - t)
+        out["four_charts_draw_ms"] = 1000 * statistics.median(draws)
+        t = time.perf_counter()
+        before = charts[0].series
+        await pilot.press("s")
+        while charts[0].series is before:
+            await pilot.pause(0.005)
+        out["smoothing_change_s"] = time.perf_counter() - t
+        out["rss_after_run_view_mb"], _ = rss_mb()
+    return out
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--log-gb", type=float, default=1.0)
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--metrics-rows", type=int, default=100_000)
     p.add_argument("--tmp", default="/tmp")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tui-bench-", dir=args.tmp))
@@ -226,6 +301,12 @@ def main() -> None:
         result["log_write_s"] = round(time.perf_counter() - t0, 1)
         views = asyncio.run(log_view(root, run.log_path("1", 0, 0), last))
         result.update({k: round(v, 3) if isinstance(v, float) else v for k, v in views.items()})
+        shutil.rmtree(root)
+        run = make_run(root, "20260103-000000-0000")
+        write_metrics(run, args.metrics_rows)
+        result["metrics_bytes"] = run.metrics_file.stat().st_size
+        charts = asyncio.run(run_view(root))
+        result.update({k: round(v, 3) if isinstance(v, float) else v for k, v in charts.items()})
         result["cpus"] = os.cpu_count()
         result["load_avg_1m"] = os.getloadavg()[0]
         print(json.dumps(result, indent=2))

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .control.run import Run, Submission
     from .control.spec import JobSpec
+    from .frames import metrics_frame
 
 __version__ = "0.1.0"
-__all__ = ["Run", "load_ipython_extension", "submit"]
+__all__ = ["Run", "load_ipython_extension", "metrics_frame", "submit"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +24,10 @@ def __getattr__(name: str) -> Any:
         from .control.run import Run
 
         return Run
+    if name == "metrics_frame":  # pandas only when a frame is asked for
+        from .frames import metrics_frame
+
+        return metrics_frame
     raise AttributeError(name)
 
 

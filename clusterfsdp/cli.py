@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
-from . import __version__
+from . import __version__, term
 from .control import spec as specmod
 from .control.records import EventKind
 
@@ -62,17 +63,36 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .control import slurmcli
+    from .control import datasource, modelsource, slurmcli
     from .control.summary import summary
 
-    spec = _load(args)
+    prepared = modelsource.prepare(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
+    spec = prepared.spec
+    errors = datasource.check(spec)
+    if errors:
+        raise specmod.SpecError(errors)
     reachable = slurmcli.available()
     where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
     if not reachable and spec.slurm.nodes > 1:
         where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"
     print(summary(spec, where))
+    for note in prepared.notes:
+        print(f"note       {note}")
+    for line in datasource.prepared_state(spec):
+        print(f"prepared   {line}")
     print("ok")
     return 0
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    """Tokenize the job's data now (with a progress bar), in a worker process: the CLI itself
+    never imports transformers or datasets."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "clusterfsdp.worker.dataprep", args.job, "--workers", str(args.workers)]
+    for item in args.set or []:
+        argv += ["--set", item]
+    return subprocess.call(argv)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -80,8 +100,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     spec = _load(args)
     if args.dry_run:
+        if args.parsable:
+            raise CliError("--parsable prints a job id, and a dry run queues no job (use --json)")
         run, script = Run.prepare(spec)
-        print(script)
+        print(_json(run.status()) if args.json else script)
         print(
             f"# run folder prepared: {run.path}\n# submit by hand with: sbatch {run.folder.sbatch_script}",
             file=sys.stderr,
@@ -89,12 +111,29 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 0
     sub = Run.submit(spec, args.executor)
     print(sub.notice, file=sys.stderr)
-    for n in spec.notices():
+    for n in [*spec.notices(), *sub.notes]:
         print(f"note: {n}", file=sys.stderr)
-    print(f"run {sub.run.id}  job {sub.job_id}  folder {sub.run.path}", flush=True)
+    _print_submission(sub, args, f"run {sub.run.id}  job {sub.job_id}  folder {sub.run.path}")
     if args.follow:
         return _follow(sub.run, 0)
     return 0
+
+
+def _json(value) -> str:
+    from .control import jsonout
+
+    return jsonout.document(value)
+
+
+def _print_submission(sub, args: argparse.Namespace, line: str) -> None:
+    """The queued attempt on stdout: a line for people, `--json`, or `--parsable` (the job id
+    alone, as `sbatch --parsable` prints it, for JOB=$(clusterfsdp submit --parsable ...))."""
+    if args.parsable:
+        print(sub.job_id, flush=True)
+    elif args.json:
+        print(_json(sub), flush=True)
+    else:
+        print(line, flush=True)
 
 
 def _follow(run, rank: int) -> int:
@@ -129,20 +168,27 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from .control import runfolder, status
 
     root = _run_root(args)
-    found = runfolder.list_runs(root)
-    if not found:
+    found = runfolder.list_runs(root)[: args.limit]
+    if args.quiet:  # run ids only: for scripts and shell completion (no Slurm query)
+        print("\n".join(r.id for r in found))
+        return 0
+    if not found and not args.json:
         print(f"no runs under {root} (--run-root, or set $CLUSTERFSDP_RUN_ROOT)")
         return 0
-    rows, error = status.statuses(found[: args.limit])
+    rows, error = status.statuses(found)
     if error:
         print(f"warning: {error}", file=sys.stderr)
+    if args.json:
+        print(_json({"runs": rows, "slurm_error": error}))
+        return 0
     print(f"{'RUN':<22} {'NAME':<16} {'STATE':<11} {'STEP':>11} {'LOSS':>8} {'JOB':<14} CREATED")
     for st in rows:
         step = f"{st.step or 0}/{st.steps or '?'}"
         loss = f"{st.loss:.4f}" if st.loss is not None else "-"
         job = f"{st.executor}:{st.job_id}" if st.job_id else "-"
         created = _age(st.run.record().created)
-        print(f"{st.run.id:<22} {st.run.name[:16]:<16} {st.state:<11} {step:>11} {loss:>8} {job:<14} {created}")
+        state = term.state_text(st.state, 11, sys.stdout)
+        print(f"{st.run.id:<22} {st.run.name[:16]:<16} {state} {step:>11} {loss:>8} {job:<14} {created}")
     return 0
 
 
@@ -150,17 +196,21 @@ _SHOWN_EVENTS = {EventKind.FAILED, EventKind.RESUMED, EventKind.CHECKPOINT_FALLB
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .control import ckptfolder
-
     if not args.run:
         return cmd_runs(args)
     run = _find(args)
     st = run.status()
+    if args.json:
+        print(_json(st))
+        return 1 if st.state.bad else 0
     print(f"run        {run.id} ({run.folder.name})\nfolder     {run.path}")
-    print(f"state      {st.state}{' - ' + st.reason if st.reason else ''}")
+    print(f"state      {term.state_text(st.state, 0, sys.stdout)}{' - ' + st.reason if st.reason else ''}")
     print(
         f"progress   step {st.step or 0}/{st.steps or '?'}" + (f", loss {st.loss:.4f}" if st.loss is not None else "")
     )
+    if st.eval_loss is not None:
+        ppl = math.exp(min(st.eval_loss, 700))
+        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {ppl:.2f}")
     for a in st.attempts:
         when = datetime.fromtimestamp(a.submitted).strftime("%Y-%m-%d %H:%M:%S")
         print(f"attempt {a.attempt}  {a.executor} job {a.job_id}  {when}  {a.reason}")
@@ -172,11 +222,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if e.event in _SHOWN_EVENTS:
             detail = e.reason or e.checkpoint
             print(f"event      {datetime.fromtimestamp(e.time):%H:%M:%S} job {e.job_id} {e.event} {detail}".rstrip())
-    try:
-        cks = ckptfolder.list_checkpoints(run.folder.checkpoints_dir())
-    except specmod.SpecError:
-        cks = []
-    print(f"checkpoints {', '.join(f'step {c.step}' for c in cks) or 'none'}")
+    print(f"checkpoints {', '.join(f'step {c}' for c in st.checkpoints) or 'none'}")
     return 1 if st.state.bad else 0
 
 
@@ -209,14 +255,22 @@ def cmd_resume(args: argparse.Namespace) -> int:
         without_secrets=args.without_secrets,
     )
     origin = f"step {sub.resume_step}" if sub.resume_step is not None else "scratch (no checkpoint)"
-    print(f"run {run.id}  job {sub.job_id}  resumes from {origin}", flush=True)
+    _print_submission(sub, args, f"run {run.id}  job {sub.job_id}  resumes from {origin}")
     if args.follow:
         return _follow(run, 0)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    return _find(args).export(Path(args.to), args.step)
+    return _find(args).export(Path(args.to), args.step, args.dtype, args.force)
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from . import completion
+
+    parser = build_parser()
+    print(completion.bash_script(parser) if args.shell == "bash" else completion.zsh_script(parser))
+    return 0
 
 
 def cmd_devcluster(args: argparse.Namespace) -> int:
@@ -252,6 +306,12 @@ def _add_run_root(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_output(p: argparse.ArgumentParser) -> None:
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the queued attempt as JSON (docs/json.md)")
+    out.add_argument("--parsable", action="store_true", help="print only the job id (like sbatch --parsable)")
+
+
 def _add_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="run id (or a unique prefix of one) or run folder")
     _add_run_root(p)
@@ -278,6 +338,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job(s)
     s.set_defaults(fn=cmd_validate)
 
+    s = sub.add_parser("data", help="prepare (tokenize) a job's data before it runs")
+    data_sub = s.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    s = data_sub.add_parser("prepare", help="tokenize the job's data into its shared cache, once for all jobs")
+    _add_job(s)
+    s.add_argument("--workers", type=int, default=0, help="tokenizing processes (default: data.prepare_workers)")
+    s.set_defaults(fn=cmd_data_prepare)
+
     s = sub.add_parser("submit", help="queue a job (Slurm, or locally without Slurm) and return")
     _add_job(s)
     s.add_argument(
@@ -290,17 +357,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="prepare the run folder, print the sbatch script; queue nothing"
     )
     s.add_argument("-f", "--follow", action="store_true", help="stream rank-0 output until the run ends")
+    _add_output(s)
     s.set_defaults(fn=cmd_submit)
 
     s = sub.add_parser("runs", help="list runs")
     _add_run_root(s)
     s.add_argument("--limit", type=int, default=50, help="show at most this many, newest first (default 50)")
+    s.add_argument("--json", action="store_true", help="print the runs as JSON (docs/json.md)")
+    s.add_argument("-q", "--quiet", action="store_true", help="print only run ids, newest first (no Slurm query)")
     s.set_defaults(fn=cmd_runs)
 
     s = sub.add_parser("status", help="state of one run (or all runs)")
     s.add_argument("run", nargs="?", help="run id (or unique prefix) or run folder; none: list runs")
     _add_run_root(s)
     s.add_argument("--limit", type=int, default=50, help="without RUN: show at most this many runs")
+    s.add_argument("--json", action="store_true", help="print the status as JSON (docs/json.md)")
+    s.add_argument("-q", "--quiet", action="store_true", help="without RUN: print only run ids")
     s.set_defaults(fn=cmd_status)
 
     s = sub.add_parser("logs", help="show a rank's log")
@@ -329,13 +401,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="go on although redacted [env] secrets are not in this environment",
     )
     s.add_argument("-f", "--follow", action="store_true", help="stream rank-0 output until the run ends")
+    _add_output(s)
     s.set_defaults(fn=cmd_resume)
 
-    s = sub.add_parser("export", help="write a checkpoint as a HuggingFace model folder")
+    s = sub.add_parser("export", help="write a checkpoint as a HuggingFace model folder (weights, tokenizer)")
     _add_run(s)
     s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
-    s.add_argument("--to", required=True, help="output folder")
+    s.add_argument("--to", required=True, help="output folder (created; a non-empty one only with --force)")
+    s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: model.dtype)")
+    s.add_argument("--force", action="store_true", help="replace a non-empty --to folder")
     s.set_defaults(fn=cmd_export)
+
+    s = sub.add_parser("completion", help='print a shell completion script: eval "$(clusterfsdp completion bash)"')
+    s.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
+    s.set_defaults(fn=cmd_completion)
 
     s = sub.add_parser("devcluster", help="a real multi-node Slurm on this machine (root)")
     s.add_argument("action", choices=["up", "down", "status"], help="start, stop, or show the cluster")
@@ -378,10 +457,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except specmod.SpecError as e:
         for line in e.errors:
-            print(f"error: {line}", file=sys.stderr)
+            print(f"{term.style('error:', 'red', sys.stderr)} {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (CliError, RunError, SubmitError, SlurmError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{term.style('error:', 'red', sys.stderr)} {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130

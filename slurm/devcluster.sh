@@ -59,7 +59,7 @@ MARKER="clusterfsdp-devcluster: generated file; devcluster.sh may overwrite or d
 STATE_MARKER=.clusterfsdp-devcluster
 BRIDGE_ALIAS=clusterfsdp-devcluster
 LOCK_FILE=/run/clusterfsdp-devcluster.lock
-DEB_PACKAGES="slurmctld slurmd slurm-client slurmdbd munge mariadb-server slurm-wlm-mysql-plugin iproute2 util-linux"
+DEB_PACKAGES="slurmctld slurmd slurm-client slurmdbd munge mariadb-server slurm-wlm-mysql-plugin iproute2 util-linux runc"
 LOGIN_IP=$NET.1
 CTL_IP=$NET.2
 
@@ -82,7 +82,7 @@ need_root() {
 need_deps() {
     local missing=() b
     for b in slurmctld slurmd slurmdbd sbatch srun sacct sacctmgr sinfo scontrol munged mariadbd \
-             mariadb-install-db ip nsenter unshare setsid mknod flock; do
+             mariadb-install-db ip nsenter unshare setsid mknod flock runc; do
         command -v "$b" >/dev/null 2>&1 || missing+=("$b")
     done
     compgen -G '/usr/lib/*/slurm-wlm/accounting_storage_mysql.so' >/dev/null || missing+=(accounting_storage_mysql.so)
@@ -418,6 +418,7 @@ write_files() {
     render slurm.conf.in "$STATE/slurm.conf"
     (umask 077 && render slurmdbd.conf.in "$STATE/slurmdbd.conf")  # slurmdbd wants it 600
     render gres.conf.in "$STATE/gres.conf"
+    render oci.conf.in "$STATE/oci.conf"  # srun --container=BUNDLE through runc (tests/test_slurm_oci.py)
 
     # Fake GPUs: character devices with /dev/null's major/minor.
     for ((n = 0; n < GPUS; n++)); do mknod -m 666 "$STATE/dev/fakegpu$n" c 1 3; done

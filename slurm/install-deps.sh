@@ -6,8 +6,8 @@
 # starting system-wide munge/mariadb/slurm services (devcluster.sh runs its own).
 set -euo pipefail
 
-PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server slurm-wlm-mysql-plugin iproute2 util-linux)
-BINARIES=(slurmctld slurmd slurmdbd sbatch srun sacct sacctmgr sinfo scontrol munged mariadbd mariadb-install-db ip nsenter unshare setsid mknod flock)
+PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server slurm-wlm-mysql-plugin iproute2 util-linux runc)
+BINARIES=(slurmctld slurmd slurmdbd sbatch srun sacct sacctmgr sinfo scontrol munged mariadbd mariadb-install-db ip nsenter unshare setsid mknod flock runc)
 
 have_all() {
     local b

@@ -34,3 +34,12 @@ def _no_inherited_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 pytest_plugins = ["slurm_fixtures"]  # the session-wide `slurm_cluster` fixture (real daemons)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`.ci/test` runs `-n 2 --dist loadgroup`), the tests that drive the one
+    devcluster run on one worker, one after another: run side by side they would wait for each
+    other's nodes. Everything else spreads over the workers."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))

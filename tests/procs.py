@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pty
 import socket
+import struct
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -11,6 +14,7 @@ from pathlib import Path
 
 from clusterfsdp.control import ckptfolder, runfolder
 from clusterfsdp.control import spec as S
+from clusterfsdp.control.presets import PRESETS
 from clusterfsdp.control.records import Executor
 
 CORPUS = Path(__file__).resolve().parents[1] / "jobs" / "data" / "corpus.txt"
@@ -96,3 +100,53 @@ def newest_step(run: runfolder.RunFolder) -> int:
     """The step of the run's newest complete checkpoint; -1 when there is none."""
     info = ckptfolder.find(run.checkpoints_dir())
     return info.step if info is not None else -1
+
+
+def write_safetensors(path: Path, tensors: dict[str, list[int]], truncate: int = 0) -> None:
+    """A zero-filled float32 safetensors file written without torch (8-byte header length, JSON
+    header, data); `truncate` drops bytes from the end, like an interrupted download."""
+    header, offset = {}, 0
+    for name, shape in tensors.items():
+        size = 4
+        for n in shape:
+            size *= n
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * (offset - truncate))
+
+
+def weights_folder(path: Path) -> Path:
+    """A folder that passes the pre-queue checks of a pretrained model (config.json + safetensors),
+    for tests where the job must fail later, on the compute node."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(PRESETS["llama-tiny"]))
+    write_safetensors(path / "model.safetensors", {"w": [2, 4]})
+    return path
+
+
+def newest_checkpoint(root: Path) -> ckptfolder.CheckpointInfo:
+    """The newest complete checkpoint under `root` (the test fails if there is none)."""
+    info = ckptfolder.find(root)
+    assert info is not None, f"no complete checkpoint in {root}"
+    return info
+
+
+def on_a_tty(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> str:
+    """`python -m clusterfsdp ARGS` with stdout and stderr on a pseudo-terminal (as a person runs
+    it); everything it wrote there."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "clusterfsdp", *args], stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the command closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=timeout)
+    os.close(leader)
+    return out.decode(errors="replace")

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from procs import on_a_tty
+
 from clusterfsdp.control import ckptfolder, runfolder
 
 
@@ -51,15 +53,57 @@ def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
     out = tmp_path / "hf"
     ex = cli("export", str(run.path), "--to", str(out), cwd=tmp_path)
     assert ex.returncode == 0, ex.stderr
+    assert "loading checkpoint step-00000150: done in" in ex.stdout  # progress as lines in a pipe
+    shown = on_a_tty("export", str(run.path), "--to", str(tmp_path / "hf2"))  # a progress bar on a terminal
+    assert "loading checkpoint step-00000150" in shown and "\r" in shown and ": done in" not in shown
+    log = (run.logs_dir / f"{attempt.job_id}.0" / "rank0.log").read_text()
+    assert "building the model (preset llama-tiny)" in log  # (tokenizing: whichever rank gets there first)
+    assert "saving the final checkpoint (step 150) ..." in log
     check = f"""
-import torch
-from transformers import AutoModelForCausalLM
+import torch, torch.distributed as dist
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from clusterfsdp.control import ckptfolder, runfolder
+from clusterfsdp.worker import checkpoint, train
+
+text = "It is a truth universally acknowledged"
+tok = AutoTokenizer.from_pretrained({str(out)!r})
+ids = tok(text, return_tensors="pt").input_ids
+assert ids[0].tolist() == list(text.encode()), ids  # the byte tokenizer's ids
 m = AutoModelForCausalLM.from_pretrained({str(out)!r})
-ids = torch.tensor([list(b"It is a truth universally acknowledged")])
-loss = m(input_ids=ids, labels=ids).loss.item()
-print(loss)
-assert loss < 3.5, loss   # the trained model knows the corpus; random init gives ~5.6
+assert m.config.use_cache and (m.config.bos_token_id, m.config.eos_token_id, m.config.pad_token_id) == (256, 257, 258)
+assert m.generation_config.eos_token_id == 257
 assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
+loss = m(input_ids=ids, labels=ids).loss.item()
+assert loss < 3.5, loss   # the trained model knows the corpus; random init gives ~5.6
+# the training model at that checkpoint gives the same logits
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+run = runfolder.RunFolder(__import__("pathlib").Path({str(run.path)!r}))
+spec = run.spec()
+model, opt, _, _ = train.build(spec, torch.device("cpu"), 1, train.token_ids(spec), kept=run.model_dir, resume=True)
+saver = checkpoint.Checkpointer(run.checkpoints_dir(), model, opt, 0, 1, "", 2, False)
+saver.load(ckptfolder.find(run.checkpoints_dir()))
+model.eval()
+with torch.no_grad():
+    torch.testing.assert_close(m(input_ids=ids).logits, model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+gen = m.generate(ids, max_new_tokens=20, do_sample=False)
+print("GENERATED", repr(tok.decode(gen[0][ids.shape[1]:], skip_special_tokens=True)))
 """
     res = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
+    generated = res.stdout.split("GENERATED ", 1)[1].strip()
+    assert len(generated) > 5, generated  # 20 new tokens of text
+
+    again = cli("export", str(run.path), "--to", str(out), cwd=tmp_path)  # a non-empty --to is refused
+    assert again.returncode == 2 and "not empty (use --force" in again.stderr
+    forced = cli("export", str(run.path), "--to", str(out), "--force", "--dtype", "bfloat16", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    header = (out / "model.safetensors").read_bytes()[8:4000].decode(errors="replace")
+    assert '"dtype":"BF16"' in header and "F32" not in header
+    assert not list(tmp_path.glob(".hf.*"))  # nothing half-written left beside it
+
+    shard = next(ck.path.glob("*.distcp"))  # a corrupt checkpoint: one line, exit 1
+    shard.write_bytes(shard.read_bytes()[:100])
+    broken = cli("export", str(run.path), "--to", str(tmp_path / "broken"), cwd=tmp_path)
+    assert broken.returncode == 1 and "Traceback" not in broken.stderr, broken.stderr
+    assert len(broken.stderr.strip().splitlines()) == 1 and broken.stderr.startswith("error: exporting step 150")
+    assert not (tmp_path / "broken").exists()

@@ -17,7 +17,7 @@ def _tiny_llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(**PRESETS["llama-tiny"])
+    config = LlamaConfig(**{k: v for k, v in PRESETS["llama-tiny"].items() if k != "model_type"})
     config._attn_implementation = "sdpa"
     config.use_cache = False
     return LlamaForCausalLM(config).float()
@@ -31,8 +31,9 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("chunk_elements", [lossmod.CHUNK_ELEMENTS, 1000])  # one chunk; many uneven chunks
-def test_linear_cross_entropy_matches_unfused(chunk_elements: int) -> None:
+def test_linear_cross_entropy_matches_unfused(chunk_elements: int, reduction: lossmod.Reduction) -> None:
     torch.manual_seed(0)
     n, hidden_size, vocab = 51, 64, 260
     hidden = torch.randn(n, hidden_size, requires_grad=True)
@@ -40,14 +41,25 @@ def test_linear_cross_entropy_matches_unfused(chunk_elements: int) -> None:
     labels = torch.randint(0, vocab, (n,))
     labels[::7] = lossmod.IGNORE_INDEX  # ignored tokens count neither in the sum nor in the mean
 
-    ref = F.cross_entropy(hidden @ weight.t(), labels, ignore_index=lossmod.IGNORE_INDEX)
+    ref = F.cross_entropy(hidden @ weight.t(), labels, ignore_index=lossmod.IGNORE_INDEX, reduction=reduction)
     ref_gh, ref_gw = torch.autograd.grad(2.5 * ref, (hidden, weight))
-    got = lossmod.linear_cross_entropy(hidden, weight, labels, chunk_elements=chunk_elements)
+    got = lossmod.linear_cross_entropy(hidden, weight, labels, chunk_elements=chunk_elements, reduction=reduction)
     gh, gw = torch.autograd.grad(2.5 * got, (hidden, weight))  # a non-unit upstream gradient
 
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gh, ref_gh, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gw, ref_gw, rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(gh[::7]) == 0  # an ignored token's hidden state gets exactly no gradient
+
+
+def test_a_fully_ignored_batch_sums_to_zero_not_nan() -> None:
+    """A micro-batch of prompt tokens and padding only (possible with chat data) adds nothing."""
+    hidden = torch.randn(5, 8, requires_grad=True)
+    weight = torch.randn(11, 8, requires_grad=True)
+    labels = torch.full((5,), lossmod.IGNORE_INDEX)
+    got = lossmod.linear_cross_entropy(hidden, weight, labels, reduction="sum")
+    gh, gw = torch.autograd.grad(got, (hidden, weight))
+    assert float(got.detach()) == 0.0 and torch.count_nonzero(gh) == 0 and torch.count_nonzero(gw) == 0
 
 
 def test_causal_lm_loss_fused_equals_logits_path() -> None:
@@ -85,3 +97,23 @@ def test_unsupported_head_keeps_forward() -> None:
     model = _tiny_llama()
     model.lm_head = torch.nn.Linear(64, 260, bias=True)
     assert not lossmod.supports_fused(model) and not lossmod.attach(model, compile=False)
+
+
+def test_moe_loss_adds_the_router_aux_loss_when_the_config_asks_for_it() -> None:
+    """Mixtral with output_router_logits: our loss equals transformers' own (cross-entropy plus
+    router_aux_loss_coef x load-balancing loss); without it, plain cross-entropy."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    keys = dict(PRESETS["mixtral-tiny"])
+    config = AutoConfig.for_model(keys.pop("model_type"), **keys)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).float()
+    batch = _batch(config.vocab_size)
+    x, y = batch[:, :-1], batch[:, 1:].contiguous()
+    ours = lossmod.causal_lm_loss(model, x, y)
+    theirs = model(input_ids=x, labels=y, shift_labels=y).loss  # labels already shifted
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    plain = F.cross_entropy(model(input_ids=x).logits.flatten(0, 1), y.flatten())
+    assert float(ours - plain) > 1e-4  # the auxiliary loss is in there
+    model.config.output_router_logits = False
+    torch.testing.assert_close(lossmod.causal_lm_loss(model, x, y), plain)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,7 +60,7 @@ def _processes_matching(text: str) -> list[str]:
 
 def run_notebook(
     nb, cwd: Path, env: dict[str, str], *, interrupt: tuple[int, str] | None = None, timeout: int = 420
-) -> tuple[object, dict]:
+) -> tuple[Any, dict]:
     """Execute `nb` in a fresh python3 kernel started with `env` in `cwd`. With `interrupt=(cell,
     regex)`, press the stop button (KernelManager.interrupt_kernel: SIGINT to the kernel's process
     group, as Jupyter does) once that cell's output matches. Returns (executed notebook, report)."""
@@ -79,7 +80,8 @@ def run_notebook(
                 report["seen"] += msg["content"].get("text", "")
                 if re.search(interrupt[1], report["seen"]):
                     report["interrupted_at"] = time.time()
-                    report["interrupt"] = asyncio.ensure_future(self.km.interrupt_kernel())
+                    assert self.km is not None  # (started by execute)
+                    report["interrupt"] = asyncio.ensure_future(self.km.interrupt_kernel())  # pyright: ignore[reportArgumentType, reportCallIssue]  (async at run time)
             return super().output(outs, msg, display_id, cell_index)
 
     def executed(cell, cell_index, execute_reply):
@@ -108,7 +110,7 @@ def run_notebook(
     t0 = time.time()
     client.execute(env=env)
     report["total_s"] = time.time() - t0
-    if report["interrupted_at"] is not None:
+    if interrupt is not None and report["interrupted_at"] is not None:
         report["interrupt_to_cell_done_s"] = report["cell_done"][interrupt[0]] - report["interrupted_at"]
     return nb, report
 
@@ -514,7 +516,9 @@ def test_ranks_stop_when_the_kernel_dies(tiny_job, tmp_path):
         while "step 10/100000" not in log.read_text() and time.time() < deadline and kernel.poll() is None:
             time.sleep(0.2)
         assert "step 10/100000" in log.read_text(), log.read_text()
-        run_dir = re.search(r"run folder (\S+)", log.read_text()).group(1)
+        found = re.search(r"run folder (\S+)", log.read_text())
+        assert found, log.read_text()
+        run_dir = found.group(1)
         kernel.kill()
         t0 = time.time()
         while _processes_matching(run_dir) and time.time() - t0 < 20:

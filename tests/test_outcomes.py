@@ -124,6 +124,27 @@ def test_infrastructure_failures() -> None:
     assert timeout.cause is Cause.COLLECTIVE and timeout.cause.retryable
 
 
+def test_a_rank_killed_by_the_time_limit_signal_is_a_time_limit_stop() -> None:
+    """srun exit status 140 (128 + SIGUSR2): the signal reached a rank before it had installed its
+    handler (a slow start-up under load). Not a crash to retry as a new job: the job step brings
+    the job back as rank 0 would have after a save (Cause.interruption: requeued)."""
+    assert outcomes.SIGUSR2_EXIT == 140
+    peers = classify([failed(0, PEER, Cause.COLLECTIVE, 7, 7)], world_size=4, rc=140)  # the others lost it
+    assert peers.cause is Cause.TIME_LIMIT and peers.cause.interruption and not peers.cause.retryable
+    assert "SIGUSR2" in peers.detail and "140" in peers.detail
+    before_start = outcomes.classify_failure([], world_size=None, down_nodes=(), srun_rc=140)
+    assert before_start.cause is Cause.TIME_LIMIT  # not a deterministic error before the first step
+    assert classify([], world_size=4, rc=137).cause is Cause.RANK_KILLED  # SIGKILL stays a killed rank
+    error = classify([failed(1, "ValueError: bad batch", Cause.ERROR, 12, 12)], rc=140)
+    assert error.cause is Cause.ERROR  # a recorded Python error still weighs more
+    assert classify([], down=["node2"], rc=140).cause is Cause.NODE_FAILURE
+
+
+def test_resumed_step_is_the_incarnations_own() -> None:
+    events = [ev(EventKind.RESUMED, step=40), ev(EventKind.RESUMED, restart=1, step=90), ev(EventKind.START, "2")]
+    assert [outcomes.resumed_step(events, j, r) for j, r in (("1", 0), ("1", 1), ("2", 0))] == [40, 90, 0]
+
+
 @pytest.mark.parametrize(
     "nodes,accum,usable,expected",
     [

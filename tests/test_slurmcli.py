@@ -69,6 +69,7 @@ def test_an_outage_longer_than_the_budget_fails_with_a_clear_message(fake: Path,
         slurmcli.scancel("7")
     assert e.value.transient
     assert "the Slurm controller did not answer for" in str(e.value) and "scontrol ping" in str(e.value)
+    assert str(e.value).startswith("scancel: ") and str(e.value).count("scancel") == 1  # named once
 
 
 def test_a_refusal_is_not_retried(fake: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Sequence
 
 import pytest
 import tomli_w
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from clusterfsdp.control import spec as S
 
 
-def errors_of(text: str, overrides: list[str] = ()) -> list[str]:
+def errors_of(text: str, overrides: Sequence[str] = ()) -> list[str]:
     with pytest.raises(S.SpecError) as e:
         S.loads(text, overrides)
     return e.value.errors

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from textual.widgets import DataTable, Input, Select
+from textual.widgets import DataTable, Input, Select, TabbedContent
 from tui_helpers import FakeSlurm, rendered, run_app, settle, until
 
 from clusterfsdp.control import procs, runfolder
@@ -19,6 +19,7 @@ from clusterfsdp.tui.confirm_screen import ConfirmScreen
 from clusterfsdp.tui.field_editor import FieldEditor
 from clusterfsdp.tui.logs_screen import LogsScreen
 from clusterfsdp.tui.path_screen import PathScreen
+from clusterfsdp.tui.queue_rows import QueueRow
 from clusterfsdp.tui.resume_screen import ResumeScreen
 from clusterfsdp.tui.run_screen import RunScreen
 
@@ -49,6 +50,12 @@ def _kill_leftovers(root: Path) -> None:
                 procs.signal_group(attempt.leader, signal.SIGKILL)
 
 
+def current(app: ClusterApp) -> QueueRow:
+    row = app.current_row
+    assert row is not None
+    return row
+
+
 def _events(run: runfolder.RunFolder, name: str) -> list[Event]:
     return [e for e in run.events() if e.event == name]
 
@@ -74,7 +81,7 @@ def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.Mon
             screen.query_one(f"#f-{path} Input", Input).value = value
         screen.query_one("#f-fsdp-mixed_precision Select", Select).value = "fp32"
         screen.query_one("#executor", Select).value = "local"
-        screen.query_one("#sections").active = "tab-train"
+        screen.query_one("#sections", TabbedContent).active = "tab-train"
         steps = screen.query_one("#f-train-steps Input", Input)
         steps.focus()
         steps.value = ""
@@ -86,7 +93,7 @@ def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.Mon
         assert not isinstance(app.screen, ConfirmScreen)
         await pilot.press("backspace", "0")
         await settle(pilot)
-        assert screen.review.errors == [] and not editor.has_class("-invalid")
+        assert screen.review is not None and screen.review.errors == [] and not editor.has_class("-invalid")
 
         # ---- save: the file holds exactly the keys that differ from the defaults
         await pilot.press("ctrl+s")
@@ -99,10 +106,14 @@ def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.Mon
 
         # ---- submit on the local executor: the queue shows the run, then its end
         await pilot.press("ctrl+g")
-        assert isinstance(app.screen, ConfirmScreen)
+        await until(
+            pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation (after Slurm is asked again)"
+        )
         await pilot.press("y")
         await until(pilot, lambda: app.current_key is not None and app.current_row is not None, "the submitted run")
-        run.append(app.current_row.run)
+        submitted = current(app).run
+        assert submitted is not None
+        run.append(submitted)
         assert run[0].path.parent == root / "tui-e2e"
         assert app.screen.query_one(DataTable).get_row_at(0)[0] == run[0].id
 
@@ -112,7 +123,7 @@ def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.Mon
         assert isinstance(logs, LogsScreen)
         await until(pilot, lambda: any("step 20/20" in line for line in logs.view.lines), "the last step logged", 180)
         assert "step 20/20" in rendered(logs.view)
-        await until(pilot, lambda: app.current_row.state == "COMPLETED", "COMPLETED in the queue", 60)
+        await until(pilot, lambda: current(app).state == "COMPLETED", "COMPLETED in the queue", 60)
 
         # ---- run: checkpoints of steps 10 and 20; resume from 10 is a new attempt
         await pilot.press("4")
@@ -133,7 +144,7 @@ def test_compose_save_submit_queue_logs_resume(tmp_path, monkeypatch: pytest.Mon
         assert resumed.step == 10 and str(resumed.job_id) == str(second.job_id)
         await until(
             pilot,
-            lambda: app.current_row.attempts == 2 and app.current_row.state == "COMPLETED",
+            lambda: current(app).attempts == 2 and current(app).state == "COMPLETED",
             "the queue row of the resumed run",
             30,
         )

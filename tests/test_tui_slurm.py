@@ -43,6 +43,7 @@ def test_queue_shows_a_real_job_and_cancel_cancels_it(
         await refresh_until(pilot, lambda: key in {r.key for r in app.rows}, "the job in the queue")
         row = next(r for r in app.rows if r.key == key)
         assert row.name == name and row.state in ("PENDING", "RUNNING", "CONFIGURING") and app.slurm_error == ""
+        assert app.partitions and app.cluster_error == ""  # the same refresh's sinfo, read by the real parser
         table = app.screen.query_one(DataTable)
         await pilot.pause()
         table.move_cursor(row=table.get_row_index(key))

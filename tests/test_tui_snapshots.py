@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from textual.widgets import Input
-from tui_helpers import SIZE, FakeSlurm, job, make_run, until
+from tui_helpers import SINFO, SIZE, SMALL, FakeSlurm, job, make_run, until
 
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.logs_screen import LogsScreen
@@ -31,7 +31,7 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     time.tzset()
 
 
-def _app(root: Path) -> ClusterApp:
+def _app(root: Path, gpus_per_node: int = 0, eval_every: int = 0) -> ClusterApp:
     make_run(
         root,
         "20260101-120000-aaaa",
@@ -41,10 +41,13 @@ def _app(root: Path) -> ClusterApp:
         logged=30,
         checkpoints=(20,),
         partial=(30,),
+        gpus_per_node=gpus_per_node,
+        eval_every=eval_every,
     )
     make_run(root, "20260101-110000-bbbb", job_id="1001", log_lines=40)
     slurm = FakeSlurm(
-        jobs={"101": job("101", "RUNNING", "tiny-cpu"), "202": job("202", "PENDING", "eval", reason="Resources")}
+        jobs={"101": job("101", "RUNNING", "tiny-cpu"), "202": job("202", "PENDING", "eval", reason="Resources")},
+        sinfo=SINFO,
     )
     return ClusterApp(root, slurm=slurm, refresh_s=3600)
 
@@ -89,32 +92,60 @@ def test_compose_screen_with_an_error(root, snap_compare):
     assert snap_compare(_app(root), terminal_size=SIZE, run_before=run_before)
 
 
+async def _logs_screen(pilot) -> None:
+    await _refreshed(pilot)
+    await pilot.press("3")
+    screen = pilot.app.screen
+    assert isinstance(screen, LogsScreen)
+    await until(pilot, lambda: screen.view.lines[-1:] == ["[rank0] line 29: step 29 loss 2.1000"], "the log")
+    await _drained(pilot)
+
+
 def test_logs_screen(root, snap_compare):
     """The newest run's rank-0 log, opened at its end, following."""
+    assert snap_compare(_app(root), terminal_size=SIZE, run_before=_logs_screen)
 
-    async def run_before(pilot) -> None:
-        await _refreshed(pilot)
-        await pilot.press("3")
-        screen = pilot.app.screen
-        assert isinstance(screen, LogsScreen)
-        await until(pilot, lambda: screen.view.lines[-1:] == ["[rank0] line 29: step 29 loss 2.1000"], "the log")
-        await _drained(pilot)
 
-    assert snap_compare(_app(root), terminal_size=SIZE, run_before=run_before)
+async def _run_screen(pilot) -> None:
+    await _refreshed(pilot)
+    await pilot.press("4")
+    screen = pilot.app.screen
+    assert isinstance(screen, RunScreen)
+    await until(pilot, lambda: screen.facts is not None and screen.facts.checkpoints, "the run's facts")
+    await _drained(pilot)
 
 
 def test_run_screen(root, snap_compare):
-    """Loss curve, latest numbers, tokens/s and the checkpoints (one complete, one partial)."""
+    """A CPU run: loss (raw, dimmed, under its smoothed line), learning rate, gradient norm and
+    tokens/s per rank, step, memory, and the checkpoints (one complete, one partial)."""
+    assert snap_compare(_app(root), terminal_size=SIZE, run_before=_run_screen)
+
+
+def test_run_screen_at_80x24(root, snap_compare):
+    """A GPU run with eval rows: the eval loss on the loss chart's axes, tokens/s per GPU, all of
+    it on an 80×24 terminal."""
+    assert snap_compare(_app(root, gpus_per_node=8, eval_every=10), terminal_size=SMALL, run_before=_run_screen)
+
+
+def test_queue_screen_at_80x24(root, snap_compare):
+    """Below 100 columns JOB and TRIES move to the detail lines; REASON stays on screen."""
+    assert snap_compare(_app(root), terminal_size=SMALL, run_before=_refreshed)
+
+
+def test_cluster_screen(root, snap_compare):
+    """Partitions from sinfo: idle, mixed, allocated and down nodes, free GPUs and CPUs."""
 
     async def run_before(pilot) -> None:
         await _refreshed(pilot)
-        await pilot.press("4")
-        screen = pilot.app.screen
-        assert isinstance(screen, RunScreen)
-        await until(pilot, lambda: screen.facts is not None and screen.facts.checkpoints, "the run's facts")
+        await pilot.press("5")
         await _drained(pilot)
 
     assert snap_compare(_app(root), terminal_size=SIZE, run_before=run_before)
+
+
+def test_logs_screen_at_80x24(root, snap_compare):
+    """Every key of the Logs screen in the footer at 80 columns."""
+    assert snap_compare(_app(root), terminal_size=SMALL, run_before=_logs_screen)
 
 
 def test_help_screen(root, snap_compare):

@@ -7,17 +7,26 @@ import re
 import tomllib
 
 import pytest
-from tui_helpers import FakeSlurm, job, make_run
+from tui_helpers import SINFO, FakeSlurm, job, make_run
 
 from clusterfsdp.control import slurmcli
 from clusterfsdp.control import spec as S
+from clusterfsdp.control.presets import PRESETS
 from clusterfsdp.tui import form
 from clusterfsdp.tui.checkpoints import scan
-from clusterfsdp.tui.estimate import estimate
+from clusterfsdp.tui.estimate import Memory
+from clusterfsdp.tui.estimate import estimate as estimate_or_none
 from clusterfsdp.tui.logtail import ERRORS, LogFile, compile_query
 from clusterfsdp.tui.metrics_tail import MetricsTail
-from clusterfsdp.tui.plot import chart
+from clusterfsdp.tui.plot import Series, chart, labels, plain
 from clusterfsdp.tui.queue_rows import collect
+from clusterfsdp.tui.run_metrics import charts, decimate, smooth
+
+
+def found(offset: int | None) -> int:
+    """A search's hit, which the test expects to exist."""
+    assert offset is not None
+    return offset
 
 
 # ---------------------------------------------------------------- logtail
@@ -73,7 +82,7 @@ def test_search_forward_and_backward_cross_chunk_boundaries(log):
     path, lines = log
     f = LogFile(path, chunk_bytes=65536)
     size = path.stat().st_size
-    hit = f.search_forward(ERRORS, 0)
+    hit = found(f.search_forward(ERRORS, 0))
     assert f.after(hit, 100).lines[0] == lines[31_234]
     assert f.search_backward(ERRORS, size) == hit
     assert f.search_forward(ERRORS, hit + 1 + len(lines[31_234])) is None
@@ -81,8 +90,8 @@ def test_search_forward_and_backward_cross_chunk_boundaries(log):
     q = compile_query("LINE 000007 ")  # capitals: case-sensitive, so no match
     assert f.search_forward(q, 0) is None
     q = compile_query("line 059999 ")
-    assert f.after(f.search_forward(q, 0), 100).lines[0] == lines[59_999]
-    assert f.before(f.search_backward(compile_query("line 000000"), size), 10**6).lines == []
+    assert f.after(found(f.search_forward(q, 0)), 100).lines[0] == lines[59_999]
+    assert f.before(found(f.search_backward(compile_query("line 000000"), size)), 10**6).lines == []
 
 
 def test_search_checks_every_candidate_line_with_the_pattern(tmp_path):
@@ -103,7 +112,7 @@ def test_search_checks_every_candidate_line_with_the_pattern(tmp_path):
 def test_before_after_and_around_give_adjacent_windows(log):
     path, lines = log
     f = LogFile(path)
-    mid = f.search_forward(compile_query("line 030000 "), 0)
+    mid = found(f.search_forward(compile_query("line 030000 "), 0))
     above, below = f.before(mid, 2000), f.after(mid, 2000)
     assert above.lines[-1] == lines[29_999] and below.lines[0] == lines[30_000]
     assert above.end == mid == below.start
@@ -136,7 +145,24 @@ def test_review_reports_validates_messages_by_field():
     assert form.review(raw).errors == ["slurm.nodes: must be >= 1, found 0"]
     raw.update({"slurm.nodes": "2", "train.lr": "3e-4", "data.paths": "[]", "slurm.time": "01:00:00"})
     r = form.review(raw)
-    assert r.errors == [] and r.spec.slurm.nodes == 2 and r.spec.slurm.time == "01:00:00"
+    assert r.errors == [] and r.spec is not None
+    assert r.spec.slurm.nodes == 2 and r.spec.slurm.time == "01:00:00"
+
+
+def test_review_checks_the_model_and_tokenizer_folders_like_submit(tmp_path):
+    """Relative to the job's folder; field-level messages; no network (the HF cache only)."""
+    (tmp_path / "tok").mkdir()
+    raw = {f.path: form.display(f, f.default) for f in form.FIELDS}
+    raw.update({"model.name_or_path": "./no-model", "data.tokenizer": "tok"})
+    r = form.check_sources(form.review(raw), tmp_path)
+    assert r.spec is None
+    assert r.for_field("model.name_or_path") == [f"model.name_or_path: '{tmp_path / 'no-model'}': no such folder"]
+    assert r.for_field("data.tokenizer") == [
+        f"data.tokenizer: {tmp_path / 'tok'} has no tokenizer files "
+        "(tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt)"
+    ]
+    raw.update({"model.name_or_path": "", "data.tokenizer": "bytes"})
+    assert form.check_sources(form.review(raw), tmp_path).errors == []
 
 
 def test_from_toml_round_trips_values_and_keeps_short_files_short(tmp_path):
@@ -164,40 +190,175 @@ def test_errors_map_to_the_longest_field_path():
 
 
 # ---------------------------------------------------------------- estimate, plot, metrics
+def estimate(spec: S.JobSpec) -> Memory:
+    m = estimate_or_none(spec)
+    assert m is not None
+    return m
+
+
 def test_memory_estimate_shards_state_over_the_shard_group():
     spec = S.loads('[model]\npreset = "llama-1b"\n[slurm]\nnodes = 2\ngpus_per_node = 8\n[fsdp]\nsharding = "full"\n')
     m = estimate(spec)
+    assert m is not None
     assert 1.2e9 < m.params < 1.3e9 and m.shard_group == 16
     assert m.state_bytes == pytest.approx(16 * m.params / 16)
     hybrid = estimate(S.loads('[model]\npreset = "llama-1b"\n[slurm]\nnodes = 2\ngpus_per_node = 8\n'))
+    assert hybrid is not None
     assert hybrid.shard_group == 8 and hybrid.state_bytes == pytest.approx(2 * m.state_bytes)
     grad_op = estimate(
         S.loads('[model]\npreset = "llama-1b"\n[slurm]\ngpus_per_node = 8\n[fsdp]\nsharding = "grad_op"\n')
     )
+    assert grad_op is not None
     assert grad_op.gathered_bytes == pytest.approx(2 * m.params)  # whole model in bf16
-    assert estimate(S.loads('[model]\nname_or_path = "org/some-hub-model"\n')) is None
+    assert estimate_or_none(S.loads('[model]\nname_or_path = "org/some-hub-model"\n')) is None
 
 
-def test_chart_draws_a_falling_curve_with_labels():
-    lines = chart([10, 20, 30, 40], [4.0, 3.0, 2.5, 2.0], width=40, height=8)
+def test_memory_estimate_works_for_any_family(tmp_path):
+    """From the config, not a Llama formula: a preset of another family, model_type + keys (a
+    mixture of experts counts every expert: they all live in memory), a config folder."""
+    assert 90_000 < estimate(S.loads('[model]\npreset = "gpt-neox-tiny"\n')).params < 150_000
+    mixtral_8x7b = (
+        '[model]\npreset = ""\nfrom_config = { model_type = "mixtral", hidden_size = 4096, intermediate_size = 14336, '
+        "num_hidden_layers = 32, num_attention_heads = 32, num_key_value_heads = 8, vocab_size = 32000, "
+        "num_local_experts = 8, num_experts_per_tok = 2 }\n[slurm]\ngpus_per_node = 8\n"
+    )
+    m = estimate(S.loads(mixtral_8x7b))
+    assert 46.6e9 < m.params < 46.8e9 and m.state_bytes == pytest.approx(16 * m.params / 8)
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}'
+    )
+    gpt2 = estimate(S.loads(f'[model]\nconfig = "{tmp_path}"\n'))
+    assert gpt2.params == 124_439_808  # GPT-2 small, exactly
+
+
+def test_chart_draws_a_falling_curve_with_round_ticks():
+    lines = [plain(line) for line in chart([Series([10, 20, 30, 40], [4.0, 3.0, 2.5, 2.0], "main")], 40, 8)]
     assert len(lines) == 8 and all(len(line) == 40 for line in lines)
-    assert lines[0].startswith("4│") and lines[6].startswith("2│") and lines[-1].strip().startswith("└10")
-    assert lines[-1].endswith("40")
-    first_col = [line[2] for line in lines[:7]]
-    assert first_col[0] != "\u2800" and lines[6][-1] != "\u2800"  # starts top-left, ends bottom-right
+    assert lines[0].startswith("4┤") and lines[3].startswith("3┤") and lines[6].startswith("2┤")
+    assert lines[-1] == " └10          20           30         40"
+    assert lines[0][2] != "\u2800" and lines[6][-1] != "\u2800"  # starts top-left, ends bottom-right
 
 
-def test_metrics_tail_reads_appended_rows_and_keeps_the_newest_per_step(tmp_path):
+def test_tick_labels_are_round_and_compact():
+    assert labels([0, 1e-4, 2e-4, 3e-4], 1e-4) == ["0", "1e-4", "2e-4", "3e-4"]
+    assert labels([2.5e-4, 5e-4], 2.5e-4) == ["2.5e-4", "5.0e-4"]
+    assert labels([20_000, 20_500, 21_000], 500) == ["20.0k", "20.5k", "21.0k"]
+    assert labels([0, 10_000, 20_000], 10_000) == ["0", "10k", "20k"]
+    assert labels([2.5, 2.75, 3.0], 0.25) == ["2.50", "2.75", "3.00"]
+    assert labels([500, 1000, 1500], 500) == ["500", "1000", "1500"]
+
+
+def test_chart_tags_each_cell_with_the_series_drawn_last_in_it():
+    """A raw curve, its smoothed line and the eval loss share the axes; the widget colours cells
+    by tag. The eval point at the last step lands in the bottom-right cell, drawn over the rest."""
+    xs = list(range(10, 110, 10))
+    raw = Series(xs, [5.0 - 0.3 * i + (0.4 if i % 2 else 0) for i in range(10)], "raw")
+    main = Series(xs, smooth(list(raw.ys), 0.6), "main")
+    evals = Series([50, 100], [3.0, 1.9], "eval")
+    lines = chart([raw, main, evals], 30, 6)
+    tags = {tag for line in lines for _, tag in line}
+    assert tags == {"", "raw", "main", "eval"}
+    bottom = lines[-2]
+    assert bottom[-1][1] == "eval" and bottom[-1][0][-1] != "\u2800"
+
+
+def test_decimation_keeps_spikes_and_the_ends():
+    xs = list(range(1, 100_001))
+    ys = [2.0 + (i % 7) / 100 for i in range(100_000)]
+    ys[54_321] = 9.0  # one loss spike
+    dx, dy = decimate(xs, ys)
+    assert len(dx) <= 2000 and dx == sorted(dx) and (dx[0], dx[-1]) == (1, 100_000)
+    assert 9.0 in dy and dx[dy.index(9.0)] == 54_322 and min(dy) == 2.0
+    assert decimate(xs[:50], ys[:50]) == (xs[:50], ys[:50])
+
+
+def test_smoothing_is_tensorboards_debiased_moving_average():
+    assert smooth([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # no pull towards 0
+    assert smooth([0.0, 10.0], 0.5) == pytest.approx([0.0, 5.0 / 0.75])
+    assert smooth([1.0, 3.0], 0.0) == [1.0, 3.0]
+
+
+def rows_of(tail: MetricsTail, *keys: str) -> list[tuple]:
+    """(step, value of each key or None) per step, from the tail's columns."""
+    m = tail.snapshot()
+    return [(s, *(None if (v := m.columns[k][i]) != v else v for k in keys)) for i, s in enumerate(m.steps)]
+
+
+def test_metrics_tail_reads_appended_rows_and_merges_eval_rows(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 10, "loss": 4.0}\n{"step": 20, "loss": 3.0}\n{"step": 30, "lo')
     tail = MetricsTail(path)
-    assert tail.read_new() and [p.step for p in tail.points()] == [10, 20]
+    assert tail.read_new() and rows_of(tail, "loss") == [(10, 4.0), (20, 3.0)]
     assert not tail.read_new()
-    with open(path, "a") as f:  # the torn row completes; a resume logs step 20 again
-        f.write('ss": 2.0}\n{"step": 20, "loss": 2.9, "mfu": 0.41}\n')
+    with open(path, "a") as f:  # the torn row completes; an eval row of its own for step 20
+        f.write('ss": 2.0, "mfu": 0.41}\n{"step": 20, "eval_loss": 3.2, "eval_ppl": 24.5}\n')
     assert tail.read_new()
-    assert [(p.step, p.loss) for p in tail.points()] == [(10, 4.0), (20, 2.9), (30, 2.0)]
-    assert tail.points()[1].mfu == 0.41
+    assert rows_of(tail, "loss", "eval_loss", "eval_ppl", "mfu") == [
+        (10, 4.0, None, None, None),
+        (20, 3.0, 3.2, 24.5, None),  # the eval row keeps the step's training numbers
+        (30, 2.0, None, None, 0.41),
+    ]
+    with open(path, "a") as f:  # eval before its step's training row; a training row with eval keys; junk
+        f.write(
+            '{"step": 40, "eval_loss": 2.5}\n{"step": 40, "loss": 1.9}\n{"step": 50, "loss": 1.8, "eval_loss": 2.4}\n'
+        )
+        f.write('{"step": 60, "loss": "nan?", "lr": true}\n{"no step": 1}\nnot json\n')
+    assert tail.read_new()
+    assert rows_of(tail, "loss", "eval_loss")[-2:] == [(40, 1.9, 2.5), (50, 1.8, 2.4)]
+    m = tail.snapshot()
+    assert (
+        m.last_step == 50 and m.latest("eval_loss") == 2.4 and m.series("eval_loss") == ([20, 40, 50], [3.2, 2.5, 2.4])
+    )
+
+
+def test_metrics_tail_drops_the_steps_a_resumed_attempt_logs_again(tmp_path):
+    """A resume from the checkpoint at step 20 logs step 30 again: the old 30..50 (and their eval
+    losses) are not the history of the weights now training, so they go; 10 and 20 stay."""
+    path = tmp_path / "metrics.jsonl"
+    rows = [f'{{"step": {s}, "loss": {5 - s / 100}}}' for s in (10, 20, 30, 40, 50)] + ['{"step": 40, "eval_loss": 3}']
+    path.write_text("\n".join(rows) + "\n")
+    tail = MetricsTail(path)
+    tail.read_new()
+    with open(path, "a") as f:
+        f.write('{"step": 30, "loss": 4.5}\n')
+    tail.read_new()
+    assert rows_of(tail, "loss", "eval_loss") == [(10, 4.9, None), (20, 4.8, None), (30, 4.5, None)]
+
+
+def test_metrics_tail_reads_a_long_file_a_chunk_at_a_time(tmp_path):
+    """Chunks far smaller than the file, and a line longer than a chunk (not a metrics row:
+    skipped); every row around it is read once."""
+    path = tmp_path / "metrics.jsonl"
+    rows = [f'{{"step": {s}, "loss": {s / 10}}}' for s in range(1, 41)]
+    rows.insert(20, '{"step": 999, "junk": "' + "x" * 200 + '"}')
+    path.write_text("\n".join(rows) + "\n")
+    tail = MetricsTail(path)
+    assert tail.read_new(chunk_bytes=64)
+    assert rows_of(tail, "loss") == [(s, s / 10) for s in range(1, 41)] and tail.offset == path.stat().st_size
+
+
+def test_metrics_tail_thins_the_oldest_half_past_its_limit(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(f'{{"step": {s}, "loss": 1.0}}\n' for s in range(1, 1001)))
+    tail = MetricsTail(path, max_points=800)
+    tail.read_new()
+    steps = list(tail.snapshot().steps)
+    assert len(steps) == 750 and steps[-500:] == list(range(501, 1001)) and steps[:3] == [2, 4, 6]
+
+
+def test_charts_title_latest_values_and_say_per_rank_without_gpus(tmp_path):
+    run = make_run(tmp_path / "runs", eval_every=20)
+    tail = MetricsTail(run.metrics_file)
+    tail.read_new()
+    metrics = tail.snapshot()
+    loss, lr, grad_norm, tokens = charts(metrics, 0.6, "rank")
+    assert loss.title.plain == "loss 2.5000  eval 2.8000"
+    assert [s.tag for s in loss.series] == ["raw", "main", "eval"] and list(loss.series[2].xs) == [20, 40]
+    assert lr.title.plain == "lr 3.00e-04" and [s.tag for s in lr.series] == ["main"]  # lr is never smoothed
+    assert grad_norm.title.plain == "grad norm 0.500"
+    assert tokens.title.plain == "tokens/s 24,000  12,000 per rank"
+    assert charts(metrics, 0.0, "GPU")[3].title.plain.endswith("per GPU")
+    assert [s.tag for s in charts(metrics, 0.0, "GPU")[0].series] == ["main", "eval"]
 
 
 # ---------------------------------------------------------------- checkpoints, queue
@@ -211,7 +372,7 @@ def test_checkpoint_scan_lists_complete_partial_and_set_aside(tmp_path):
     assert rows[2].resumable and not rows[1].resumable
 
 
-def test_collect_makes_one_squeue_call_and_asks_sacct_only_for_jobs_that_left(tmp_path):
+def test_collect_makes_one_squeue_and_one_sinfo_call_and_asks_sacct_only_for_jobs_that_left(tmp_path):
     root = tmp_path / "runs"
     make_run(root, "20260101-120000-aaaa", executor="slurm", job_id="101", end=None)
     make_run(root, "20260101-110000-bbbb", executor="slurm", job_id="99", end=None)
@@ -219,9 +380,11 @@ def test_collect_makes_one_squeue_call_and_asks_sacct_only_for_jobs_that_left(tm
     slurm = FakeSlurm(
         jobs={"101": job("101", "RUNNING", "tiny-cpu"), "202": job("202", "PENDING", "eval", reason="Priority")},
         finished={"99": slurmcli.JobRow("99", "TIMEOUT", "", "10:00", "node1", "0:0")},
+        sinfo=SINFO,
     )
-    rows, error = collect(root, slurm)
-    assert error == "" and slurm.calls == {"squeue": 1, "sacct": 1} and slurm.sacct_ids == [["99"]]
+    refresh = collect(root, slurm)
+    rows = refresh.rows
+    assert refresh.error == "" and slurm.calls == {"squeue": 1, "sinfo": 1, "sacct": 1} and slurm.sacct_ids == [["99"]]
     assert [(r.label, r.state) for r in rows] == [
         ("20260101-120000-aaaa", "RUNNING"),
         ("20260101-110000-bbbb", "TIMEOUT"),
@@ -230,11 +393,23 @@ def test_collect_makes_one_squeue_call_and_asks_sacct_only_for_jobs_that_left(tm
     ]
     assert rows[-1].key == "job:202" and rows[-1].run is None and "Priority" in rows[-1].reason
     assert re.match(r"tiny-cpu", rows[0].name) and rows[0].step == "40/40"
+    assert [p.name for p in refresh.partitions or []] == ["gpu", "cpu", "debug"]
 
 
 def test_collect_survives_slurm_being_down(tmp_path):
     root = tmp_path / "runs"
     make_run(root, executor="local")
     slurm = FakeSlurm(error="squeue: no answer within 30 s (is slurmctld up?)")
-    rows, error = collect(root, slurm)
-    assert error.startswith("squeue: no answer") and rows[0].state == "COMPLETED" and slurm.calls["sacct"] == 0
+    refresh = collect(root, slurm)
+    assert refresh.error.startswith("squeue: no answer") and refresh.rows[0].state == "COMPLETED"
+    assert slurm.calls["sacct"] == slurm.calls["sinfo"] == 0 and refresh.partitions is None
+    slurm = FakeSlurm(sinfo_error="sinfo: error: Invalid user for SlurmUser")  # squeue answers, sinfo fails
+    refresh = collect(root, slurm)
+    assert refresh.error == "" and refresh.cluster_error.startswith("sinfo: error") and refresh.rows
+
+
+def test_preset_is_a_choice_fed_from_the_presets_table(monkeypatch):
+    field = form.BY_PATH["model.preset"]
+    assert field.kind == "choice" and field.choices == tuple(PRESETS)
+    monkeypatch.setitem(PRESETS, "qwen-tiny", dict(PRESETS["llama-tiny"]))  # a family added to the table
+    assert "qwen-tiny" in field.choices

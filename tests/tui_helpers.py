@@ -1,7 +1,8 @@
 """Helpers for the TUI tests: a fake Slurm, run folders with fixed content, and pilot loops.
 
-The fake Slurm stands in for squeue/sacct/scancel so queue tests and snapshots do not depend
-on whether the dev cluster happens to be up; the `slurm`-marked tests use the real one.
+The fake Slurm stands in for squeue/sacct/sinfo/scancel so queue tests and snapshots do not
+depend on whether the dev cluster happens to be up; the `slurm`-marked tests use the real one.
+Its sinfo answer is text in sinfo's own output format, read by the real parser.
 """
 
 from __future__ import annotations
@@ -17,13 +18,24 @@ from pathlib import Path
 
 from textual.pilot import Pilot
 
-from clusterfsdp.control import runfolder, slurmcli
+from clusterfsdp.control import partitions, runfolder, slurmcli
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Attempt, Event, EventKind, Executor, RunRecord
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.queue_rows import Slurm, SlurmJob
 
 SIZE = (120, 36)
+SMALL = (80, 24)
+# `sinfo -h -O <partitions.SINFO_FORMAT>` as Slurm 22.05 prints it for a small GPU cluster: groups
+# of nodes by partition, state, GRES and GRES in use (GPU indices in use, sockets of the GRES).
+SINFO = """\
+gpu*|up|2-00:00:00|2|idle|0/128/0/128|gpu:h100:8(S:0-1)|gpu:h100:0(IDX:N/A)
+gpu*|up|2-00:00:00|1|mixed|32/32/0/64|gpu:h100:8(S:0-1)|gpu:h100:3(IDX:0-2)
+gpu*|up|2-00:00:00|4|allocated|256/0/0/256|gpu:h100:8(S:0-1)|gpu:h100:8(IDX:0-7)
+gpu*|up|2-00:00:00|1|drained*|0/0/64/64|gpu:h100:8(S:0-1)|gpu:h100:0(IDX:N/A)
+cpu|up|1-00:00:00|6|idle|0/384/0/384|(null)|(null)
+debug|down|30:00|2|idle~|0/16/0/16|(null)|(null)
+"""
 T0 = 1_767_268_800.0  # 2026-01-01 12:00:00 UTC: fixed times make snapshots reproducible
 
 
@@ -37,9 +49,12 @@ class FakeSlurm(Slurm):
         error: str = "",
         available: bool = False,
         delay: float = 0.0,
+        sinfo: str = "",
+        sinfo_error: str = "",
     ):
         self.jobs, self.finished = dict(jobs or {}), dict(finished or {})
         self.error, self._available, self.delay = error, available, delay
+        self.sinfo, self.sinfo_error = sinfo, sinfo_error
         self.calls: Counter[str] = Counter()
         self.sacct_ids: list[list[str]] = []
         self.cancelled: list[str] = []
@@ -47,7 +62,11 @@ class FakeSlurm(Slurm):
         self._lock = threading.Lock()
 
     def available(self) -> bool:
+        self.calls["available"] += 1
         return self._available
+
+    def set_available(self, available: bool) -> None:
+        self._available = available
 
     def queue(self) -> dict[str, SlurmJob]:
         with self._lock:
@@ -67,6 +86,12 @@ class FakeSlurm(Slurm):
         self.calls["sacct"] += 1
         self.sacct_ids.append(list(job_ids))
         return {j: self.finished[j] for j in job_ids if j in self.finished}
+
+    def partitions(self) -> list[partitions.Partition]:
+        self.calls["sinfo"] += 1
+        if self.sinfo_error:
+            raise slurmcli.SlurmError(self.sinfo_error)
+        return partitions.parse(self.sinfo)
 
     def cancel(self, job_id: str) -> None:
         self.cancelled.append(job_id)
@@ -91,11 +116,16 @@ def make_run(
     ranks: int = 2,
     checkpoints: tuple[int, ...] = (20, 40),
     partial: tuple[int, ...] = (),
+    gpus_per_node: int = 0,
+    eval_every: int = 0,
 ) -> runfolder.RunFolder:
-    """A run folder as the worker leaves it, with fixed times and contents (no training)."""
+    """A run folder as the worker leaves it, with fixed times and contents (no training).
+    With `eval_every`, eval rows (eval keys only, as the worker logs them) follow those steps."""
+    slurm = f"gpus_per_node = {gpus_per_node}" if gpus_per_node else f"tasks_per_node = {ranks}"
+    precision = "" if gpus_per_node else '[fsdp]\nmixed_precision = "fp32"\n'
     spec = S.loads(
-        f'[job]\nname = "{name}"\nrun_root = "{root}"\n[slurm]\ntasks_per_node = {ranks}\n'
-        f'[train]\nsteps = {steps}\nlog_every = 10\n[fsdp]\nmixed_precision = "fp32"\n'
+        f'[job]\nname = "{name}"\nrun_root = "{root}"\n[slurm]\n{slurm}\n'
+        f"[train]\nsteps = {steps}\nlog_every = 10\n{precision}"
         f"[checkpoint]\nevery_steps = 20\n"
     )
     run = runfolder.RunFolder(root / name / run_id)
@@ -125,6 +155,8 @@ def make_run(
                 "elapsed_s": float(step),
             }
         )
+        if eval_every and step % eval_every == 0:
+            rows.append({"step": step, "eval_loss": 5.2 - 2.4 * step / steps, "eval_ppl": 10.0})
     run.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for rank in range(ranks):
         log = run.log_path(job_id, 0, rank)

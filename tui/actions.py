@@ -15,6 +15,11 @@ from clusterfsdp.control.run import Run, Submission
 from .queue_rows import QueueRow, Slurm
 
 
+def requested(value: object) -> launch.Requested:
+    """A Select's value as the executor the service takes ("auto" unless slurm or local)."""
+    return "slurm" if value == "slurm" else "local" if value == "local" else "auto"
+
+
 def submit(spec: specmod.JobSpec, executor: launch.Requested) -> Submission:
     return Run.submit(spec, executor)
 

@@ -1,7 +1,8 @@
-"""The clusterfsdp TUI: compose a job, watch the queue, tail logs, follow metrics, resume.
+"""The clusterfsdp TUI: compose a job, watch the queue, tail logs, follow metrics, resume, and
+see what the cluster has free.
 
-The app owns what several screens share: the queue rows (refreshed here, one Slurm call at a
-time), the selected run, and the Slurm status line. Each screen is a mode with its own stack,
+The app owns what several screens share: the queue rows and the partitions (refreshed here, one
+refresh at a time), the selected run, and the Slurm status line. Each screen is a mode with its own stack,
 so switching screens keeps each one's state (scroll, selection, search).
 """
 
@@ -15,11 +16,13 @@ from textual.binding import Binding
 from textual.reactive import var
 
 from clusterfsdp.control import runfolder
+from clusterfsdp.control.partitions import Partition
 
+from .cluster_screen import ClusterScreen
 from .compose_screen import ComposeScreen
 from .help_screen import HelpScreen
 from .logs_screen import LogsScreen
-from .queue_rows import QueueRow, Slurm, collect
+from .queue_rows import QueueRow, Refresh, Slurm, collect
 from .queue_screen import QueueScreen
 from .run_screen import RunScreen
 
@@ -27,13 +30,20 @@ from .run_screen import RunScreen
 class ClusterApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "clusterfsdp"
-    MODES = {"compose": ComposeScreen, "queue": QueueScreen, "logs": LogsScreen, "run": RunScreen}
+    MODES = {
+        "compose": ComposeScreen,
+        "queue": QueueScreen,
+        "logs": LogsScreen,
+        "run": RunScreen,
+        "cluster": ClusterScreen,
+    }
     DEFAULT_MODE = "queue"
     BINDINGS = [
         Binding("1", "switch_mode('compose')", "Compose", show=False),
         Binding("2", "switch_mode('queue')", "Queue", show=False),
         Binding("3", "switch_mode('logs')", "Logs", show=False),
         Binding("4", "switch_mode('run')", "Run", show=False),
+        Binding("5", "switch_mode('cluster')", "Cluster", show=False),
         Binding("f1", "help", "Help", priority=True),
         Binding("question_mark", "help", "Help", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True, show=False),
@@ -43,7 +53,10 @@ class ClusterApp(App[None]):
     """The queue as of the last refresh: runs newest first, then the user's other Slurm jobs."""
     current_key: var[str | None] = var(None)
     """The selected row's key (a run folder, or 'job:<id>'): what Logs and Run show."""
+    partitions: var[list[Partition] | None] = var(None)
+    """The partitions as of the last refresh (one sinfo call); None while Slurm does not answer."""
     slurm_error = var("")
+    cluster_error = var("")
     refreshing = var(False)
     activity = var("")
     """A long action under way (submitting, cancelling), for the status line."""
@@ -74,7 +87,7 @@ class ClusterApp(App[None]):
     def on_mount(self) -> None:
         self.set_interval(self.refresh_s, self.refresh_queue)
         self.refresh_queue()
-        self._probe_slurm()
+        self.probe_slurm()
 
     # ---- the queue: one refresh in flight at most
     def refresh_queue(self, now: bool = False) -> None:
@@ -92,14 +105,18 @@ class ClusterApp(App[None]):
     @work(thread=True, group="queue", exit_on_error=False)
     def _collect(self) -> None:
         try:
-            rows, error = collect(self.run_root, self.slurm)
+            refresh = collect(self.run_root, self.slurm)
         except Exception as e:
-            rows, error = None, f"reading {self.run_root}: {type(e).__name__}: {e}"
-        self.call_from_thread(self._collected, rows, error)
+            self.call_from_thread(self._collected, None, f"reading {self.run_root}: {type(e).__name__}: {e}")
+            return
+        self.call_from_thread(self._collected, refresh, refresh.error)
 
-    def _collected(self, rows: list[QueueRow] | None, error: str) -> None:
-        if rows is not None:
-            self.rows = rows
+    def _collected(self, refresh: Refresh | None, error: str) -> None:
+        if refresh is not None:
+            self.rows = refresh.rows
+            self.partitions, self.cluster_error = refresh.partitions, refresh.cluster_error
+        if bool(error) != bool(self.slurm_error) and self.slurm_available is not None:
+            self.probe_slurm()  # squeue started or stopped answering: is a controller there now?
         self.slurm_error = error
         self.refreshed += 1
         self.refreshing = False
@@ -107,8 +124,10 @@ class ClusterApp(App[None]):
             self._refresh_again = False
             self.refresh_queue()
 
-    @work(thread=True, group="probe", exit_on_error=False)
-    def _probe_slurm(self) -> None:
+    @work(thread=True, group="probe", exclusive=True, exit_on_error=False)
+    def probe_slurm(self) -> None:
+        """Ask again whether a Slurm controller answers (`scontrol ping`): at start, when squeue
+        starts or stops answering, and before a submit that depends on it."""
         available = self.slurm.available()
         self.call_from_thread(setattr, self, "slurm_available", available)
 
@@ -123,5 +142,10 @@ class ClusterApp(App[None]):
             own = active.node is screen or active.node is self  # a focused widget's keys only if shown
             if b.description and b.action != "help" and not b.action.startswith("switch_mode") and (own or b.show):
                 keys.setdefault(b.description, self.get_key_display(b))
-        rows = [(k, d) for d, k in keys.items()] + [("1 2 3 4", "Compose, Queue, Logs, Run"), ("? / F1", "this help")]
+        question_mark = screen.active_bindings.get("question_mark")  # the Logs screen searches upwards with ?
+        question_mark_is_help = question_mark is None or question_mark.binding.action == "help"
+        rows = [(k, d) for d, k in keys.items()] + [
+            ("1 2 3 4 5", "Compose, Queue, Logs, Run, Cluster"),
+            ("? / F1" if question_mark_is_help else "F1", "this help"),
+        ]
         self.push_screen(HelpScreen(type(screen).__name__.removesuffix("Screen"), getattr(screen, "HELP", ""), rows))

@@ -15,12 +15,14 @@ from clusterfsdp.control import ckptfolder
 _PARTIAL = re.compile(r"^\.step-(\d+)\.partial$")
 _SET_ASIDE = re.compile(r"^step-(\d+)-\d+$")
 
+State = Literal["complete", "partial", "set aside"]
+
 
 @dataclass(frozen=True)
 class CheckpointRow:
     step: int
     path: Path
-    state: Literal["complete", "partial", "set aside"]
+    state: State
     saved: float  # when it was completed (or last written to, for the others)
     size: int
 
@@ -48,7 +50,11 @@ def scan(root: Path) -> list[CheckpointRow]:
         )
         for c in ckptfolder.list_checkpoints(root)
     ]
-    for pattern, folder, state in ((_PARTIAL, root, "partial"), (_SET_ASIDE, root / "set-aside", "set aside")):
+    others: tuple[tuple[re.Pattern[str], Path, State], ...] = (
+        (_PARTIAL, root, "partial"),
+        (_SET_ASIDE, root / "set-aside", "set aside"),
+    )
+    for pattern, folder, state in others:
         if not folder.is_dir():
             continue
         for p in folder.iterdir():

@@ -5,7 +5,7 @@ the field and listed under Problems; Summary and sbatch show what would be submi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import ComposeResult
@@ -16,7 +16,8 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Label, OptionList, Select, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.control import launch, runfolder
+from clusterfsdp.control.partitions import Partition
 
 from . import actions, form
 from .confirm_screen import ConfirmScreen
@@ -27,8 +28,13 @@ from .path_screen import PathScreen
 from .paths import shown
 from .status_line import StatusLine
 
+if TYPE_CHECKING:
+    from .app import ClusterApp
+
 
 class ComposeScreen(Screen):
+    app: ClusterApp  # for the type checker: Textual types self.app as a plain App
+
     HELP = (
         "Edit a job: one tab per section of job.toml, each key with its help text. Errors are the "
         "ones `clusterfsdp validate` prints, shown under the field and under Problems (select one to "
@@ -61,7 +67,9 @@ class ComposeScreen(Screen):
         with Horizontal(id="compose-body"):
             with TabbedContent(id="sections"):
                 for section in form.SECTIONS:
-                    with TabPane(section, id=f"tab-{section}"), VerticalScroll():
+                    # can_focus=False: tab goes from the section's tabs straight to its first field,
+                    # never to the scroll container (no focus to see, and typing went nowhere)
+                    with TabPane(section, id=f"tab-{section}"), VerticalScroll(can_focus=False):
                         for f in form.FIELDS:
                             if f.section == section:
                                 yield FieldEditor(f, f.default)
@@ -72,7 +80,7 @@ class ComposeScreen(Screen):
                         yield Static(id="summary", markup=False)
                     with TabPane("Problems", id="problems-tab"):
                         yield OptionList(id="problems")
-                    with TabPane("sbatch", id="sbatch-tab"), VerticalScroll():
+                    with TabPane("sbatch", id="sbatch-tab"), VerticalScroll(id="sbatch-scroll"):
                         yield Static(id="sbatch", markup=False)
                 with Horizontal(id="compose-actions"):
                     yield Label("executor")
@@ -86,10 +94,11 @@ class ComposeScreen(Screen):
                     yield Button("Save", id="save", compact=True)
                     yield Button("Submit", variant="primary", id="submit", compact=True)
         yield StatusLine()
-        yield Footer()
+        yield Footer(show_command_palette=False)
 
     def on_mount(self) -> None:
         self.watch(self.app, "slurm_available", self._queue_review)
+        self.watch(self.app, "partitions", self._queue_review, init=False)
 
     # ---- validation as you type
     def on_field_editor_changed(self, event: FieldEditor.Changed) -> None:
@@ -108,15 +117,23 @@ class ComposeScreen(Screen):
     def _start_review(self) -> None:
         self._review_queued = False
         raw = {e.field.path: e.raw for e in self.query(FieldEditor)}
-        self._review(raw, self._base(), str(self.query_one("#executor", Select).value), self.app.slurm_available)
+        executor = str(self.query_one("#executor", Select).value)
+        self._review(raw, self._base(), executor, self.app.slurm_available, self.app.partitions)
 
     def _base(self) -> Path:
         return (self.path.parent if self.path else Path.cwd()).absolute()
 
     @work(thread=True, exclusive=True, group="review", exit_on_error=False)
-    def _review(self, raw: dict[str, Any], base: Path, executor: str, slurm_available: bool | None) -> None:
-        review = form.review(raw)
-        summary = summarize(review.spec, base, executor, slurm_available) if review.spec else None
+    def _review(
+        self,
+        raw: dict[str, Any],
+        base: Path,
+        executor: str,
+        slurm_available: bool | None,
+        partitions: list[Partition] | None,
+    ) -> None:
+        review = form.check_sources(form.review(raw), base)
+        summary = summarize(review.spec, base, executor, slurm_available, partitions) if review.spec else None
         self.app.call_from_thread(self._show_review, review, summary)
 
     def _show_review(self, review: form.Review, summary: Summary | None) -> None:
@@ -130,9 +147,12 @@ class ComposeScreen(Screen):
         for section, n in counts.items():
             sections.get_tab(f"tab-{section}").label = Content(f"{section} ✗{n}" if n else section)
         problems = self.query_one("#problems", OptionList)
-        problems.clear_options()
-        problems.add_options([Option(e, id=form.field_of(e)) for e in self._file_problems + review.errors])
-        problems.highlighted = 0 if problems.option_count else None
+        listed = self._file_problems + review.errors
+        if [str(problems.get_option_at_index(i).prompt) for i in range(problems.option_count)] != listed:
+            # only when they changed: a review after a queue refresh must not move the highlight
+            problems.clear_options()
+            problems.add_options([Option(e, id=form.field_of(e)) for e in listed])
+            problems.highlighted = 0 if problems.option_count else None
         side = self.query_one("#side", TabbedContent)
         total = len(review.errors) + len(self._file_problems)
         side.get_tab("problems-tab").label = Content(f"Problems ({total})" if total else "Problems")
@@ -237,13 +257,33 @@ class ComposeScreen(Screen):
         self._write(path, text, present)
 
     @work(thread=True, group="file", exit_on_error=False)
-    def _write(self, path: Path, text: str, present: set[str]) -> None:
+    def _write(self, path: Path, text: str, present: set[str], create: bool = False) -> None:
+        """Write the file (temp file + rename); a missing folder is created only once asked."""
+        folder = path.parent
+        if not folder.is_dir() and not create:
+            if folder.exists():
+                message = f"cannot write {path}: {folder} is not a folder"
+                self.app.call_from_thread(self.app.notify, message, severity="error")
+            else:
+                self.app.call_from_thread(self._ask_create, path, text, present)
+            return
         try:
-            path.write_text(text)
+            folder.mkdir(parents=True, exist_ok=True)
+            runfolder.atomic_write(path, text)
         except OSError as e:
             self.app.call_from_thread(self.app.notify, f"cannot write {path}: {e}", severity="error")
             return
         self.app.call_from_thread(self._saved, path, text, present)
+
+    def _ask_create(self, path: Path, text: str, present: set[str]) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._write(path, text, present, create=True)
+            else:
+                self.app.notify(f"not saved: {shown(path.parent)} does not exist", severity="warning")
+
+        question = f"The folder {shown(path.parent)} does not exist.\nCreate it and save {path.name} there?"
+        self.app.push_screen(ConfirmScreen("Save job.toml", question, yes="Create and save"), answered)
 
     def _saved(self, path: Path, text: str, present: set[str]) -> None:
         self.path, self.origin, self.present, self.saved_text = path, str(path), present, text
@@ -252,23 +292,46 @@ class ComposeScreen(Screen):
 
     # ---- submit
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        {"save": self.action_save, "submit": self.action_submit}[event.button.id]()
+        if event.button.id == "save":
+            self.action_save()
+        elif event.button.id == "submit":
+            self.action_submit()
 
     def action_submit(self) -> None:
         if self.summary is None or self.review is None or self.review.errors:
             self.app.notify("fix the problems first (see Problems)", severity="error")
             return
-        summary, executor = self.summary, str(self.query_one("#executor", Select).value)
+        self.app.activity = "checking Slurm…"
+        self._check_executor(self.summary, str(self.query_one("#executor", Select).value), self._base())
+
+    @work(thread=True, group="submit", exit_on_error=False)
+    def _check_executor(self, shown_summary: Summary, executor: str, base: Path) -> None:
+        """Ask Slurm again before asking the user: the summary's executor was decided when the
+        controller was last probed (perhaps at start-up); the dialog shows, and the submit uses,
+        what holds now ("auto" is resolved here, so what is confirmed is what runs)."""
+        available = self.app.slurm.available()
+        summary = summarize(shown_summary.spec, base, executor, available, self.app.partitions)
+        chosen = actions.requested(executor if executor != "auto" else "slurm" if available else "local")
+        self.app.call_from_thread(self._confirm_submit, shown_summary, summary, chosen, available)
+
+    def _confirm_submit(
+        self, shown_summary: Summary, summary: Summary, chosen: launch.Requested, available: bool
+    ) -> None:
+        self.app.activity = ""
+        self.app.slurm_available = available  # the summary on screen follows
+        question = summary.text
+        if summary.text != shown_summary.text:
+            question = f"Slurm's answer changed since the summary was made; submitting now means:\n\n{question}"
 
         def answered(yes: bool | None) -> None:
             if yes:
                 self.app.activity = f"submitting {summary.spec.job.name}…"
-                self._submit(summary, executor)
+                self._submit(summary, chosen)
 
-        self.app.push_screen(ConfirmScreen("Submit", summary.text, yes="Submit"), answered)
+        self.app.push_screen(ConfirmScreen("Submit", question, yes="Submit"), answered)
 
     @work(thread=True, group="submit", exit_on_error=False)
-    def _submit(self, summary: Summary, executor: str) -> None:
+    def _submit(self, summary: Summary, executor: launch.Requested) -> None:
         try:
             sub = actions.submit(summary.spec, executor)
         except Exception as e:

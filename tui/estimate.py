@@ -4,18 +4,17 @@ compose screen's live summary: the number to watch while changing nodes, shardin
 Counted: parameters, gradients and AdamW's two moments, all in the master dtype (that is what
 FSDP2 keeps per shard), divided over the shard group; plus the unsharded parameters that exist
 during compute (two layers at a time when params reshard after forward, the whole model
-otherwise). Not counted: activations, the allocator's cache, NCCL buffers.
+otherwise). Not counted: activations, the allocator's cache, NCCL buffers. The parameter count
+is `modelsource.estimate`'s, for any family: exact from a local weights folder's safetensors
+headers, else from the config (preset, config folder, or a hub id already in the HF cache).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
+from clusterfsdp.control import modelsource
 from clusterfsdp.control import spec as specmod
-from clusterfsdp.control.presets import PRESETS, llama_param_count
 
 from .units import human_size
 
@@ -40,17 +39,6 @@ class Memory:
         )
 
 
-def model_config(spec: specmod.JobSpec) -> dict[str, Any] | None:
-    """The HF config of the model: the preset (with from_config) or a local folder's config.json."""
-    if not spec.model.name_or_path:
-        return {**PRESETS[spec.model.preset], **spec.model.from_config}
-    config = Path(spec.model.name_or_path).expanduser() / "config.json"
-    try:
-        return json.loads(config.read_text())
-    except (OSError, ValueError):
-        return None  # a hub id: its size is not known before download
-
-
 def shard_group(spec: specmod.JobSpec) -> int:
     return {"full": spec.world_size, "grad_op": spec.world_size, "hybrid": spec.tasks_per_node, "none": 1}[
         spec.effective_sharding
@@ -58,13 +46,10 @@ def shard_group(spec: specmod.JobSpec) -> int:
 
 
 def estimate(spec: specmod.JobSpec) -> Memory | None:
-    cfg = model_config(spec)
-    if cfg is None:
+    counted = modelsource.estimate(spec)
+    if counted is None:
         return None
-    try:
-        n, layers = llama_param_count(cfg), int(cfg["num_hidden_layers"])
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None
+    n, layers = counted.total, counted.layers
     group = shard_group(spec)
     state = 4 * MASTER_BYTES[spec.model.dtype] * n / group
     compute = COMPUTE_BYTES[spec.fsdp.mixed_precision]

@@ -13,13 +13,21 @@ import tomllib
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import tomli_w
 
+from clusterfsdp.control import modelsource
 from clusterfsdp.control import spec as specmod
+from clusterfsdp.control.presets import PRESETS
 
 Kind = Literal["bool", "choice", "text", "number", "time", "toml"]
+
+
+# Text keys whose valid values are a table's keys: offered as a choice list, read from the table
+# each time, so a preset added to presets.PRESETS appears without touching the form.
+TABLE_CHOICES = {"model.preset": lambda: tuple(PRESETS)}
 
 
 @dataclass(frozen=True)
@@ -39,7 +47,7 @@ class FormField:
         tp, origin = self.annotation, get_origin(self.annotation)
         if tp is bool:
             return "bool"
-        if origin is Literal:
+        if origin is Literal or self.path in TABLE_CHOICES:
             return "choice"
         if tp is str:
             return "text"
@@ -51,6 +59,8 @@ class FormField:
 
     @property
     def choices(self) -> tuple[Any, ...]:
+        if self.path in TABLE_CHOICES:
+            return TABLE_CHOICES[self.path]()
         return get_args(self.annotation) if self.kind == "choice" else ()
 
     @property
@@ -70,7 +80,8 @@ def form_fields() -> list[FormField]:
         hints = typing.get_type_hints(cls)
         defaults = cls()
         for key, f in specmod.section_fields(sf.name).items():
-            out.append(FormField(sf.name, key, hints[f.name], f.metadata["doc"], getattr(defaults, f.name)))
+            default = specmod.plain(getattr(defaults, f.name))  # nested tables ([slurm.container]) as dicts
+            out.append(FormField(sf.name, key, hints[f.name], f.metadata["doc"], default))
     return out
 
 
@@ -156,6 +167,18 @@ def review(raw: dict[str, Any]) -> Review:
     except specmod.SpecError as e:
         return Review(values, None, errors + e.errors)
     return Review(values, None if errors else spec, errors)
+
+
+def check_sources(review: Review, base: Path) -> Review:
+    """`review` plus the model and tokenizer checks `submit` makes before queueing (folders and the
+    local HF cache only: no network on a keystroke). Paths are relative to `base`, the job's folder."""
+    if review.spec is None:
+        return review
+    try:
+        modelsource.prepare(specmod.with_absolute_paths(review.spec, base), mode="cache")
+    except specmod.SpecError as e:
+        return Review(review.values, None, review.errors + e.errors)
+    return review
 
 
 def field_of(error: str) -> str | None:

@@ -19,8 +19,11 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         width = max((len(k) for k, _ in self.keys), default=0)
-        lines = [f"[b]{key:>{width}}[/]  $d{i}" for i, (key, _) in enumerate(self.keys)]
-        keys = Content.from_markup("\n".join(lines), **{f"d{i}": d for i, (_, d) in enumerate(self.keys)})
+        # Keys and descriptions are variables, never markup: a key such as "[" would open a tag.
+        lines = [f"[b]$k{i}[/]  $d{i}" for i in range(len(self.keys))]
+        values = {f"k{i}": f"{key:>{width}}" for i, (key, _) in enumerate(self.keys)}
+        values.update({f"d{i}": d for i, (_, d) in enumerate(self.keys)})
+        keys = Content.from_markup("\n".join(lines), **values)
         with VerticalScroll(classes="dialog") as box:
             box.border_title = f"Help: {self.title_text}"
             box.border_subtitle = "esc to close"

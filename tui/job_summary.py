@@ -11,6 +11,7 @@ from pathlib import Path
 
 from clusterfsdp.control import launch, runfolder
 from clusterfsdp.control import spec as specmod
+from clusterfsdp.control.partitions import Partition
 from clusterfsdp.control.summary import summary
 
 from .estimate import estimate
@@ -34,9 +35,37 @@ def where(executor: str, nodes: int, slurm_available: bool | None) -> str:
     return "Slurm" + (" -- but no controller answers `scontrol ping` now" if slurm_available is False else "")
 
 
-def summarize(spec: specmod.JobSpec, base: Path, executor: str, slurm_available: bool | None) -> Summary:
+def partition_text(spec: specmod.JobSpec, partitions: list[Partition]) -> str:
+    """What the job's partition has free now (from the last sinfo), and whether the job can fit
+    there at all: a request no node or partition can meet would pend forever."""
+    name = spec.slurm.partition
+    p = next((p for p in partitions if (p.name == name if name else p.default)), None)
+    if p is None:
+        known = ", ".join(p.name for p in partitions) or "none"
+        return f"{name or 'no default partition'}: not in sinfo's list ({known})"
+    text = f"{p.name}: {p.nodes_idle} of {p.nodes_total} nodes idle"
+    if p.gpus_total:
+        text += f", {p.gpus_free} of {p.gpus_total} GPUs free"
+    if not p.up:
+        text += f" -- but the partition is {p.available}"
+    elif spec.slurm.nodes > p.nodes_total:
+        text += f" -- but the job asks for {spec.slurm.nodes} nodes"
+    elif spec.slurm.gpus_per_node > p.gpus_max_per_node:
+        text += f" -- but no node has {spec.slurm.gpus_per_node} GPUs (at most {p.gpus_max_per_node})"
+    return text
+
+
+def summarize(
+    spec: specmod.JobSpec,
+    base: Path,
+    executor: str,
+    slurm_available: bool | None,
+    partitions: list[Partition] | None = None,
+) -> Summary:
     absolute = specmod.with_absolute_paths(spec, base)
     text = summary(spec, where(executor, spec.slurm.nodes, slurm_available))
+    if partitions is not None and (executor == "slurm" or (executor == "auto" and slurm_available)):
+        text += "\npartition  " + partition_text(spec, partitions)
     memory = estimate(absolute)
     per = "GPU" if spec.slurm.gpus_per_node else "rank"
     text += "\nmemory     " + (memory.describe(per) if memory else "unknown (the model's config.json is not local)")

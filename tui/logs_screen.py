@@ -8,7 +8,9 @@ With "newest" as the attempt, the view moves to a requeued or resumed attempt's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import ComposeResult
@@ -28,7 +30,13 @@ from .paths import shown
 from .status_line import StatusLine
 from .units import human_size
 
+if TYPE_CHECKING:
+    from .app import ClusterApp
+
 NEWEST = ""  # the attempt choice that follows requeues and resumes
+# Footer groups: one footer item per pair of keys, so every key fits at 80 columns.
+SEARCH, MATCH = Binding.Group("Search"), Binding.Group("Match")
+ENDS, RANK = Binding.Group("Top/end"), Binding.Group("Rank")
 PAGE_BYTES = CHUNK_BYTES // 4
 
 
@@ -39,25 +47,29 @@ def ranks_of(run: runfolder.RunFolder, attempt: str | None) -> list[int]:
 
 
 class LogsScreen(Screen):
+    app: ClusterApp  # for the type checker: Textual types self.app as a plain App
+
     HELP = (
         "The selected run's log, one rank and attempt at a time. It opens at the end and follows "
-        "new lines (f toggles; scrolling up pauses, End or G resumes). / searches upwards from the "
-        "current line (smart case), n and N go to the older and newer match; e jumps to the first "
-        "error or traceback in the whole file. Only a window of the file is held in memory; "
-        "scrolling past its ends reads more. Attempt 'newest' moves on to a requeued or resumed "
-        "attempt by itself."
+        "new lines (f toggles; scrolling up pauses, End or G resumes). As in less and vim, / searches "
+        "down from the current line and ? searches up (smart case: case matters only if the query "
+        "has capitals); n repeats the search in its direction, N the other way, and past the end of "
+        "the file it goes on from the other end. e jumps to the first error or traceback in the "
+        "whole file. Only a window of the file is held in memory; scrolling past its ends reads "
+        "more. Attempt 'newest' moves on to a requeued or resumed attempt by itself."
     )
     BINDINGS = [
         Binding("f", "toggle_follow", "Follow"),
-        Binding("slash", "search", "Search"),
-        Binding("n", "next_match(True)", "Older match"),
-        Binding("N", "next_match(False)", "Newer match"),
+        Binding("slash", "search(False)", "Search down", group=SEARCH),
+        Binding("question_mark", "search(True)", "Search up", group=SEARCH),
+        Binding("n", "next_match(False)", "Next match", group=MATCH),
+        Binding("N", "next_match(True)", "Previous match", group=MATCH),
         Binding("e", "first_error", "First error"),
-        Binding("g", "top", "Top", show=False),
-        Binding("G", "bottom", "End", show=False),
-        Binding("left_square_bracket", "rank(-1)", "Rank -", show=False),
-        Binding("right_square_bracket", "rank(1)", "Rank +", show=False),
-        Binding("q", "app.quit", "Quit"),
+        Binding("g", "top", "Top", group=ENDS),
+        Binding("G", "bottom", "End", group=ENDS),
+        Binding("left_square_bracket", "rank(-1)", "Previous rank", group=RANK),
+        Binding("right_square_bracket", "rank(1)", "Next rank", group=RANK),
+        Binding("q", "app.quit", "Quit", show=False),
     ]
 
     def __init__(self) -> None:
@@ -68,8 +80,10 @@ class LogsScreen(Screen):
         self.file: LogFile | None = None
         self.at_tail = False  # the window reaches the end of the file: polling appends to it
         self.query_text = ""
-        self.search: Search | None = None  # what n and N look for: the last / query, or errors after e
+        self.search: Search | None = None  # what n and N look for: the last / or ? query, or errors after e
+        self.search_up = False  # the last search's direction: ? (up) or / and e (down)
         self._polling = False
+        self._typing_up = False  # the direction of the search being typed
         self._pollers: list[Timer] = []
         self._attempt_options: list[str] = [NEWEST]
         self._rank_options: list[int] = [0]
@@ -83,9 +97,9 @@ class LogsScreen(Screen):
             yield Select([("0", 0)], value=0, allow_blank=False, id="rank")
             yield Static(id="log-info", markup=False)
         yield LogView(id="log")
-        yield Input(placeholder="search (enter: nearest match above; esc: cancel)", id="search")
+        yield Input(placeholder="search down (enter: the next match; esc: cancel)", id="search")
         yield StatusLine()
-        yield Footer()
+        yield Footer(show_command_palette=False)
 
     @property
     def view(self) -> LogView:
@@ -160,7 +174,7 @@ class LogsScreen(Screen):
         if event.select.id == "attempt":
             self.attempt = str(event.value)
         else:
-            self.rank = int(event.value)
+            self.rank = int(str(event.value))
         self.file = None
         self._discover()
 
@@ -262,19 +276,22 @@ class LogsScreen(Screen):
             self._jump(self.file, None, False, 0)
 
     # ---- search
-    def action_search(self) -> None:
+    def action_search(self, up: bool) -> None:
         box = self.query_one("#search", Input)
         box.add_class("-open")
+        box.placeholder = f"search {'up' if up else 'down'} (enter: the next match; esc: cancel)"
         box.value = self.query_text
         box.focus()
+        self._typing_up = up
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self._close_search()
         if event.value:
             self.query_text = event.value
             self.search = compile_query(event.value)
+            self.search_up = self._typing_up
             self.view.highlight = self.search.text
-            self.action_next_match(True, inclusive=True)
+            self.action_next_match(False, inclusive=True)
 
     def key_escape(self) -> None:
         if self.query_one("#search", Input).has_class("-open"):
@@ -284,12 +301,14 @@ class LogsScreen(Screen):
         self.query_one("#search", Input).remove_class("-open")
         self.view.focus()
 
-    def action_next_match(self, backward: bool, inclusive: bool = False) -> None:
-        """The nearest match above (backward) or below the current line: in the window, else in the file."""
+    def action_next_match(self, reverse: bool, inclusive: bool = False) -> None:
+        """The nearest match in the last search's direction (the other way if `reverse`): in the
+        window, else in the file, else from the file's other end (vim's wrapscan)."""
         view, search = self.view, self.search
         if search is None or view.highlight is None or self.file is None:
-            self.app.notify("/ to search first")
+            self.app.notify("/ or ? to search first")
             return
+        backward = self.search_up != reverse
         if view.current is None:  # from the bottom (or top) of what is on screen
             top = round(view.scroll_y)
             start = min(len(view.lines) - 1, top + view.size.height - 1) if backward else top
@@ -305,33 +324,46 @@ class LogsScreen(Screen):
     def action_first_error(self) -> None:
         if self.file is None:
             return
-        self.search = ERRORS
+        self.search, self.search_up = ERRORS, False
         self.view.highlight = ERRORS.text
         self.view.follow = False
-        self._jump(self.file, ERRORS, False, 0)
+        self._jump(self.file, ERRORS, False, 0, wrap=False)
 
     @work(thread=True, exclusive=True, group="search", exit_on_error=False)
-    def _jump(self, file: LogFile, search: Search | None, backward: bool, start: int) -> None:
-        """Find `search` in the file from byte `start` (None: go to `start`) and show a window there."""
+    def _jump(self, file: LogFile, search: Search | None, backward: bool, start: int, wrap: bool = True) -> None:
+        """Find `search` in the file from byte `start` (None: go to `start`) and show a window
+        there; with `wrap`, a search that reaches an end of the file goes on from the other end."""
         self.app.call_from_thread(setattr, self.app, "activity", "searching the log…")
         worker = get_current_worker()
+        wrapped = False
         if search is None:
             offset: int | None = start
-        elif backward:
-            offset = file.search_backward(search, start, lambda: worker.is_cancelled)
         else:
-            offset = file.search_forward(search, start, lambda: worker.is_cancelled)
+            offset = self._find(file, search, backward, start, lambda: worker.is_cancelled)
+            if offset is None and wrap and not worker.is_cancelled:
+                wrapped = True
+                offset = self._find(file, search, backward, file.size() if backward else 0, lambda: worker.is_cancelled)
         chunk = file.around(offset) if offset is not None else None
         size = file.size()
-        self.app.call_from_thread(self._jumped, file, offset, chunk, size)
+        self.app.call_from_thread(self._jumped, file, offset, chunk, size, wrapped, backward)
 
-    def _jumped(self, file: LogFile, offset: int | None, chunk: Chunk | None, size: int) -> None:
+    @staticmethod
+    def _find(file: LogFile, search: Search, backward: bool, start: int, cancelled: Callable[[], bool]) -> int | None:
+        if backward:
+            return file.search_backward(search, start, cancelled)
+        return file.search_forward(search, start, cancelled)
+
+    def _jumped(
+        self, file: LogFile, offset: int | None, chunk: Chunk | None, size: int, wrapped: bool, backward: bool
+    ) -> None:
         self.app.activity = ""
         if file is not self.file:
             return
         if offset is None or chunk is None:
-            self.app.notify("no match in the rest of the file", severity="warning")
+            self.app.notify("no match in the file", severity="warning")
             return
+        if wrapped:  # as vim says it
+            self.app.notify(f"search hit {'TOP, continuing at BOTTOM' if backward else 'BOTTOM, continuing at TOP'}")
         at_tail = chunk.partial or chunk.end >= size
         if at_tail:
             file.end = chunk.end

@@ -1,79 +1,150 @@
-"""metrics.jsonl read incrementally, for the live loss curve.
+"""metrics.jsonl read incrementally, for the run screen's charts.
 
-Each poll reads only the bytes appended since the last one, and keeps a few numbers per step
-(not the whole JSON objects), so a week-long run's metrics stay small in memory. A resumed
-attempt logs again from its checkpoint's step on: the newer row for a step replaces the older
-one, so the curve shows the history that the current weights actually have.
+Each poll reads only the bytes appended since the last one, and keeps the numbers in columns
+(one array of 8-byte floats per key, NaN where a row had none), not the JSON objects, so a run
+of a hundred thousand logged steps costs about 8 MB; past `max_points` the older half is thinned.
+
+Rows come in two kinds, both keyed by step: training rows (`loss`, `lr`, ...) and eval rows
+(`eval_loss`, `eval_ppl`), which may be rows of their own or keys of a training row. An eval row
+adds to its step; it never erases the step's training numbers. A training row for a step at or
+before the newest training step seen is a resumed attempt logging again from its checkpoint:
+the steps from it on are dropped, so the charts show the history the current weights have.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+TRAIN_KEYS = ("loss", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_gb", "lr", "grad_norm")
+EVAL_KEYS = ("eval_loss", "eval_ppl")
+KEYS = TRAIN_KEYS + EVAL_KEYS
+NAN = math.nan
+
+
+def _rows(lines: list[bytes]) -> list[object]:
+    """The JSON values of `lines`: parsed as one array (one call, not one per line), or line by
+    line when some line is not JSON (a torn or foreign line is skipped, not fatal)."""
+    try:
+        return json.loads(b"[" + b",".join(lines) + b"]")
+    except ValueError:
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
 
 @dataclass(frozen=True)
-class Point:
-    step: int
-    loss: float | None
-    tokens_per_s: float | None
-    tokens_per_s_per_gpu: float | None
-    mfu: float | None
-    mem_peak_gb: float | None
-    lr: float | None
-    grad_norm: float | None
+class Metrics:
+    """A copy of the columns at one moment: steps in increasing order, one array per key."""
 
-    @classmethod
-    def from_row(cls, row: dict) -> Point:
-        def num(key: str) -> float | None:
-            value = row.get(key)
-            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    steps: array
+    columns: dict[str, array]
 
-        return cls(
-            int(row["step"]),
-            num("loss"),
-            num("tokens_per_s"),
-            num("tokens_per_s_per_gpu"),
-            num("mfu"),
-            num("mem_peak_gb"),
-            num("lr"),
-            num("grad_norm"),
-        )
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def last_step(self) -> int | None:
+        return self.steps[-1] if self.steps else None
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """The steps that have `key`, and its values there."""
+        pairs = [(s, v) for s, v in zip(self.steps, self.columns[key], strict=True) if v == v]  # v == v: not NaN
+        return [s for s, _ in pairs], [v for _, v in pairs]
+
+    def latest(self, key: str) -> float | None:
+        column = self.columns[key]
+        return next((v for v in reversed(column) if v == v), None)
+
+
+EMPTY = Metrics(array("q"), {k: array("d") for k in KEYS})
 
 
 class MetricsTail:
-    """The points of one metrics.jsonl, by step; `read_new()` consumes appended lines only."""
+    """The columns of one metrics.jsonl; `read_new()` consumes appended lines only."""
 
     def __init__(self, path: Path, max_points: int = 200_000) -> None:
         self.path, self.max_points = path, max_points
         self.offset = 0
-        self.by_step: dict[int, Point] = {}
+        self.steps = array("q")
+        self.columns = {k: array("d") for k in KEYS}
+        self.last_train_step: int | None = None
 
-    def read_new(self) -> bool:
-        """Read complete lines appended since the last call; True if any point changed."""
+    def read_new(self, chunk_bytes: int = 1 << 20) -> bool:
+        """Read complete lines appended since the last call; True if any value changed. A
+        megabyte at a time, so a long file read for the first time never holds more than a
+        megabyte of parsed rows at once."""
+        changed = False
         try:
             with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
+                while True:
+                    f.seek(self.offset)
+                    data = f.read(chunk_bytes)
+                    end = data.rfind(b"\n") + 1  # a torn last line is read again next time
+                    if end == 0:
+                        if len(data) < chunk_bytes:
+                            break
+                        end = len(data)  # a line longer than a chunk is not a metrics row: skipped
+                    self.offset += end
+                    changed = self._parse(data[:end]) or changed
         except FileNotFoundError:
             return False
-        end = data.rfind(b"\n") + 1  # a torn last line is read again next time
-        self.offset += end
-        changed = False
-        for line in data[:end].splitlines():
-            try:
-                row = json.loads(line)
-                point = Point.from_row(row)
-            except (ValueError, KeyError, TypeError):
-                continue
-            self.by_step[point.step] = point
-            changed = True
-        if len(self.by_step) > self.max_points:  # thin the oldest half, keep the recent detail
-            steps = sorted(self.by_step)
-            for step in steps[: len(steps) // 2 : 2]:
-                del self.by_step[step]
+        if len(self.steps) > self.max_points:  # thin the oldest half, keep the recent detail
+            half = len(self.steps) // 2
+            self._keep([i for i in range(len(self.steps)) if i >= half or i % 2])
         return changed
 
-    def points(self) -> list[Point]:
-        return [self.by_step[s] for s in sorted(self.by_step)]
+    def _parse(self, data: bytes) -> bool:
+        changed = False
+        for row in _rows([line for line in data.splitlines() if line.strip()]):
+            if not isinstance(row, dict) or type(step := row.get("step")) is not int:
+                continue
+            # a number, else NaN (true and false are bools, not numbers); inline: it runs per key per row
+            values = [
+                float(v) if isinstance(v := row.get(k), (int, float)) and not isinstance(v, bool) else NAN for k in KEYS
+            ]
+            changed = self._add(step, values) or changed
+        return changed
+
+    def _add(self, step: int, values: list[float]) -> bool:
+        present = [v == v for v in values]  # not NaN
+        train = True in present[: len(TRAIN_KEYS)]
+        if not train and True not in present:
+            return False
+        if train:
+            if self.last_train_step is not None and step <= self.last_train_step:  # a resumed attempt
+                cut = bisect.bisect_left(self.steps, step)
+                del self.steps[cut:]
+                for column in self.columns.values():
+                    del column[cut:]
+            self.last_train_step = step
+        if not self.steps or step > self.steps[-1]:  # the usual case: a new step at the end
+            self.steps.append(step)
+            for column, value in zip(self.columns.values(), values, strict=True):
+                column.append(value)
+            return True
+        at = bisect.bisect_left(self.steps, step)
+        if self.steps[at] != step:
+            self.steps.insert(at, step)
+            for column in self.columns.values():
+                column.insert(at, NAN)
+        for column, value, there in zip(self.columns.values(), values, present, strict=True):
+            if there:
+                column[at] = value
+        return True
+
+    def _keep(self, indices: list[int]) -> None:
+        self.steps = array("q", (self.steps[i] for i in indices))
+        self.columns = {k: array("d", (c[i] for i in indices)) for k, c in self.columns.items()}
+
+    def snapshot(self) -> Metrics:
+        """A copy the UI thread can hold while this tail reads on (arrays copy as memory)."""
+        return Metrics(array("q", self.steps), {k: array("d", c) for k, c in self.columns.items()})

@@ -1,15 +1,22 @@
-"""The top line of every screen: the four screens (click, or press their number) and the run
+"""The top line of every screen: the five screens (click, or press their number) and the run
 the Logs and Run screens are about."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.content import Content
 from textual.widgets import Static
 
-SCREENS = (("compose", "Compose"), ("queue", "Queue"), ("logs", "Logs"), ("run", "Run"))
+if TYPE_CHECKING:
+    from .app import ClusterApp
+
+SCREENS = (("compose", "Compose"), ("queue", "Queue"), ("logs", "Logs"), ("run", "Run"), ("cluster", "Cluster"))
 
 
 class NavBar(Static):
+    app: ClusterApp  # for the type checker: Textual types self.app as a plain App
+
     def __init__(self, active: str) -> None:
         super().__init__(classes="nav-bar")
         self.active = active
@@ -19,12 +26,14 @@ class NavBar(Static):
         self.watch(self.app, "rows", self._update)
 
     def _update(self, _: object = None) -> None:
-        parts = [Content.from_markup("[b]clusterfsdp[/]  ")]
+        parts = []  # no brand: at 80 columns the selected run's id and state must still fit
         for number, (mode, title) in enumerate(SCREENS, 1):
-            style = "reverse b" if mode == self.active else "u"
-            parts.append(
-                Content.from_markup(f"[{style} @click=app.switch_mode('{mode}')] {number} $title [/]  ", title=title)
-            )
+            click = f"@click=app.switch_mode('{mode}')"
+            if mode == self.active:  # the highlight covers the spaces around it
+                item = f"[reverse b {click}] {number} $title [/]"
+            else:
+                item = f" [u {click}]{number} $title[/] "
+            parts.append(Content.from_markup(item, title=title))
         row = self.app.current_row
         if row is not None:
             parts.append(Content.from_markup("│ [b]$label[/] $state", label=row.label, state=row.state))

@@ -1,9 +1,10 @@
 """The queue: the user's Slurm jobs joined with the run folders, gathered in one worker call.
 
 One refresh is one `squeue -u $USER` (all of the user's jobs, so jobs submitted by other tools
-show too) plus, only for runs whose job has left the queue, one `sacct`. Each run's state is
-then `status.run_status` with that pre-fetched table, so it is the same state `clusterfsdp
-status` prints, and a finished run still appears (from its run folder, and sacct if enabled).
+show too), one `sinfo` for the partitions' free nodes and GPUs (the Cluster screen), plus, only
+for runs whose job has left the queue, one `sacct`. Each run's state is then
+`status.run_status` with that pre-fetched table, so it is the same state `clusterfsdp status`
+prints, and a finished run still appears (from its run folder, and sacct if enabled).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterfsdp.control import runfolder, slurmcli, status
+from clusterfsdp.control.partitions import Partition, query_partitions
 from clusterfsdp.control.records import Executor
 
 # squeue's own fields plus name and partition, which slurmcli.squeue does not ask for.
@@ -45,6 +47,10 @@ class Slurm:
 
     def accounting(self, job_ids: list[str]) -> dict[str, slurmcli.JobRow]:
         return slurmcli.sacct(job_ids)
+
+    def partitions(self) -> list[Partition]:
+        """Every partition's nodes, GPUs and CPUs by state, with one sinfo call."""
+        return query_partitions()
 
     def cancel(self, job_id: str) -> None:
         slurmcli.scancel(job_id)
@@ -98,14 +104,30 @@ def _numeric(job_id: str) -> list[int]:
     return [int(part) for part in re.findall(r"\d+", job_id)]
 
 
-def collect(run_root: Path, slurm: Slurm, limit: int = 200) -> tuple[list[QueueRow], str]:
-    """(rows: the newest `limit` runs, then the user's other Slurm jobs; Slurm error or '')."""
+@dataclass(frozen=True)
+class Refresh:
+    """What one refresh gathered: the queue's rows, the partitions, and what failed."""
+
+    rows: list[QueueRow]
+    partitions: list[Partition] | None  # None: sinfo was not asked (Slurm down) or failed
+    error: str = ""  # squeue's error: Slurm is down or missing
+    cluster_error: str = ""  # sinfo's error, when squeue answered
+
+
+def collect(run_root: Path, slurm: Slurm, limit: int = 200) -> Refresh:
+    """The newest `limit` runs, then the user's other Slurm jobs; and the partitions."""
     found = runfolder.list_runs(run_root)[:limit]
-    error = ""
+    error = cluster_error = ""
     try:
         queue = slurm.queue()
     except slurmcli.SlurmError as e:
         queue, error = {}, str(e)
+    cluster = None
+    if not error:  # a controller that squeue cannot reach would only fail sinfo the same way
+        try:
+            cluster = slurm.partitions()
+        except slurmcli.SlurmError as e:
+            cluster_error = str(e)
     table = {job_id: job.row for job_id, job in queue.items()}
     attempts = {run: run.attempts for run in found}
     finished = [
@@ -141,4 +163,4 @@ def collect(run_root: Path, slurm: Slurm, limit: int = 200) -> tuple[list[QueueR
                 1,
             )
         )
-    return rows, error
+    return Refresh(rows, cluster, error, cluster_error)

@@ -1,13 +1,17 @@
 """Queue: every run under the run root and the user's other Slurm jobs, refreshed in the
 background. Rows are keyed by run folder (or job id), so the selection and the scroll position
-stay put across refreshes and resumes."""
+stay put across refreshes and resumes. Below 100 columns the JOB and TRIES columns move to the
+detail lines and REASON takes the width that is left (cut with … there, whole in the detail)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.content import Content
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
@@ -19,6 +23,9 @@ from .paths import shown
 from .queue_rows import QueueRow
 from .status_line import StatusLine
 
+if TYPE_CHECKING:
+    from .app import ClusterApp
+
 COLUMNS = (
     ("run", "RUN"),
     ("name", "NAME"),
@@ -29,6 +36,8 @@ COLUMNS = (
     ("tries", "TRIES"),
     ("reason", "REASON"),
 )
+NARROW = ("run", "name", "state", "step", "loss", "reason")  # below NARROW_BELOW columns
+NARROW_BELOW = 100
 STATE_STYLE = {
     "RUNNING": "bold green",
     "PENDING": "yellow",
@@ -45,70 +54,98 @@ STATE_STYLE = {
 }
 
 
-def cells(row: QueueRow) -> tuple:
-    return (
-        row.run.id if row.run else "-",
-        row.name,
-        Text(row.state, style=STATE_STYLE.get(row.state, "")),
-        row.step or "-",
-        row.loss or "-",
-        row.job,
-        str(row.attempts),
-        row.reason,
-    )
+def cells(row: QueueRow) -> dict[str, str | Text]:
+    return {
+        "run": row.run.id if row.run else "-",
+        "name": row.name,
+        "state": Text(row.state, style=STATE_STYLE.get(row.state, "")),
+        "step": row.step or "-",
+        "loss": row.loss or "-",
+        "job": row.job,
+        "tries": str(row.attempts),
+        "reason": row.reason,
+    }
+
+
+def widths(rows: list[dict[str, str | Text]], columns: tuple[str, ...], width: int) -> dict[str, int]:
+    """Each column's width: its widest cell, except REASON, which gets at most what the others
+    leave of the screen (one space either side of each column, 2 for the scroll bar) and has its
+    longer cells cut with … (the detail lines show them whole)."""
+    labels = dict(COLUMNS)
+    out = {c: max([len(labels[c]), *(len(str(r[c])) for r in rows)]) for c in columns}
+    if width > 0:  # 0: not laid out yet; the resize that follows fits them
+        room = width - sum(out[c] + 2 for c in columns if c != "reason") - 2
+        out["reason"] = max(len(labels["reason"]), min(out["reason"], room))
+    for r in rows:
+        reason = str(r["reason"])
+        if len(reason) > out["reason"]:
+            r["reason"] = reason[: out["reason"] - 1] + "…"
+    return out
 
 
 class QueueScreen(Screen):
+    app: ClusterApp  # for the type checker: Textual types self.app as a plain App
+
     HELP = (
         "Runs under the run root (newest first) and your other Slurm jobs. The list refreshes in the "
-        "background with one squeue call (plus sacct for runs that left the queue); finished runs "
+        "background with one squeue call (plus sacct for runs that left the queue, and sinfo for "
+        "the Cluster screen); finished runs "
         "stay, read from their folders. Select a row to make it the run that Logs and Run show."
     )
     BINDINGS = [
         Binding("r", "app.refresh_queue", "Refresh"),
-        Binding("c", "cancel", "Cancel job"),
+        Binding("c", "cancel", "Cancel"),
         Binding("l", "open('logs')", "Logs"),
         Binding("m", "open('run')", "Metrics"),
-        Binding("e", "edit", "Edit job.toml"),
-        Binding("n", "app.switch_mode('compose')", "New job"),
+        Binding("e", "edit", "Copy job"),
+        Binding("n", "app.switch_mode('compose')", "New"),
         Binding("q", "app.quit", "Quit"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
         self._keys: list[str] = []
-        self._shown: dict[str, tuple] = {}
+        self._shown: dict[str, dict[str, str | Text]] = {}
+        self._layout: tuple[tuple[str, int], ...] = ()  # the columns shown and their widths
 
     def compose(self) -> ComposeResult:
         yield NavBar("queue")
         yield DataTable(id="queue", cursor_type="row", zebra_stripes=True)
         yield Static(id="queue-detail", markup=False)
         yield StatusLine()
-        yield Footer()
+        yield Footer(show_command_palette=False)
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        for key, label in COLUMNS:
-            table.add_column(label, key=key)
         self.watch(self.app, "rows", self._show_rows)
+
+    def on_resize(self) -> None:
+        self._show_rows(self.app.rows)
 
     def _show_rows(self, rows: list[QueueRow]) -> None:
         table = self.query_one(DataTable)
+        columns = NARROW if 0 < self.size.width < NARROW_BELOW else tuple(key for key, _ in COLUMNS)
+        shown = {row.key: cells(row) for row in rows}
+        layout = tuple(widths(list(shown.values()), columns, self.size.width).items())
+        if layout != self._layout:  # fixed widths: a cell rendered before the table measures is never cut
+            table.clear(columns=True)
+            labels = dict(COLUMNS)
+            for key, width in layout:
+                table.add_column(labels[key], key=key, width=width)
+            self._layout, self._keys = layout, []
         keys = [r.key for r in rows]
         if keys == self._keys:  # same rows: update changed cells in place
-            for row in rows:
-                new = cells(row)
-                for (column, _), old_value, value in zip(COLUMNS, self._shown[row.key], new, strict=False):
-                    if str(old_value) != str(value):
-                        table.update_cell(row.key, column, value)
-                self._shown[row.key] = new
+            for key, new in shown.items():
+                for column in columns:
+                    if str(self._shown[key][column]) != str(new[column]):
+                        table.update_cell(key, column, new[column])
+                self._shown[key] = new
         else:  # rows came or went: rebuild, then put the selected row back where it was on screen
             selected, scroll_y = self.app.current_key, table.scroll_y
             was = self._keys.index(selected) if selected in self._keys else None
             table.clear()
-            self._shown = {row.key: cells(row) for row in rows}
-            for row in rows:
-                table.add_row(*self._shown[row.key], key=row.key)
+            self._shown = shown
+            for key in keys:
+                table.add_row(*(shown[key][c] for c in columns), key=key)
             self._keys = keys
             if selected in keys:
                 now = keys.index(selected)
@@ -131,11 +168,14 @@ class QueueScreen(Screen):
             detail.update(f"no runs under {shown(self.app.run_root)} yet: n composes one" if not self.app.rows else "")
             return
         where = shown(row.run.path) if row.run else "no run folder (not submitted by clusterfsdp)"
+        tries = f"{row.attempts} attempt{'s' if row.attempts != 1 else ''}"
         detail.update(
             Content.from_markup(
-                "[b]$label[/]  $state  $where\n$reason",
+                "[b]$label[/]  $state  $job · $tries\n$where\n$reason",
                 label=row.label,
                 state=row.state,
+                job=row.job,
+                tries=tries,
                 where=where,
                 reason=row.reason or "",
             )
@@ -174,13 +214,14 @@ class QueueScreen(Screen):
         self.run_worker(lambda: self._cancel_blocking(row), thread=True, group="cancel", exit_on_error=False)
 
     def _cancel_blocking(self, row: QueueRow) -> None:
+        severity: SeverityLevel
         try:
             text, severity = cancel(row, self.app.slurm), "information"
         except Exception as e:
             text, severity = f"cancel failed: {e}", "error"
         self.app.call_from_thread(self._cancelled, text, severity)
 
-    def _cancelled(self, text: str, severity: str) -> None:
+    def _cancelled(self, text: str, severity: SeverityLevel) -> None:
         self.app.activity = ""
         self.app.notify(text, severity=severity)
         self.app.refresh_queue(now=True)

@@ -1,19 +1,22 @@
-"""Run: the selected run's loss curve and throughput from metrics.jsonl (read incrementally),
-its attempts, and its checkpoints, from which it can be resumed as a new attempt."""
+"""Run: the selected run's charts (loss with the eval loss, learning rate, gradient norm,
+tokens/s) from metrics.jsonl (read incrementally), its step, MFU and memory, its attempts, and its
+checkpoints, from which it can be resumed as a new attempt."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Grid
 from textual.content import Content
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import DataTable, Footer, Sparkline, Static
+from textual.widgets import DataTable, Footer, Static
 
 from clusterfsdp.control import runfolder, status
 from clusterfsdp.control import spec as specmod
@@ -22,12 +25,23 @@ from clusterfsdp.control.run import Run
 
 from . import actions
 from .checkpoints import CheckpointRow, scan
-from .loss_plot import LossPlot
-from .metrics_tail import MetricsTail, Point
+from .metric_chart import MetricChart
+from .metrics_tail import EMPTY, Metrics, MetricsTail
 from .nav_bar import NavBar
 from .resume_screen import ResumeRequest, ResumeScreen
+from .run_metrics import DEFAULT_SMOOTHING, SMOOTHING, ChartData, charts
 from .status_line import StatusLine
 from .units import human_size
+
+if TYPE_CHECKING:
+    from .app import ClusterApp
+
+CHARTS = (
+    ("loss", "no loss yet (metrics.jsonl gets a row every train.log_every steps)"),
+    ("lr", "no learning rate yet"),
+    ("grad_norm", "no gradient norm yet"),
+    ("tokens_per_s", "no throughput yet"),
+)
 
 
 @dataclass(frozen=True)
@@ -37,70 +51,73 @@ class RunFacts:
     attempts: list[Attempt]
     executor: str
     nodes: int
+    steps: int | None
+    per: str  # what tokens_per_s_per_gpu is per: "GPU", or "rank" for a CPU job
     checkpoints: list[CheckpointRow]
-    points: list[Point] | None  # None: metrics unchanged since the last pass
+    metrics: Metrics | None  # None: metrics unchanged since the last pass
     ends: dict[str, str] = field(default_factory=dict)  # job id -> how its last incarnation ended (classified)
 
 
-def latest_text(points: list[Point]) -> str:
-    if not points:
-        return "no metrics yet"
-    p = points[-1]
-
-    def num(value: float | None, fmt: str) -> str:
-        return "-" if value is None else format(value, fmt)
-
-    return "\n".join(
+def progress_text(metrics: Metrics, steps: int | None, per: str, smoothing: float) -> str:
+    """The header's second line: where the run is and what it costs."""
+    mfu, memory = metrics.latest("mfu"), metrics.latest("mem_peak_gb")
+    return " · ".join(
         [
-            f"step       {p.step}",
-            f"loss       {num(p.loss, '.4f')}",
-            f"lr         {num(p.lr, '.2e')}",
-            f"grad norm  {num(p.grad_norm, '.3f')}",
-            f"tokens/s   {num(p.tokens_per_s, ',.0f')}",
-            f"  per GPU  {num(p.tokens_per_s_per_gpu, ',.0f')}",
-            f"MFU        {'-' if p.mfu is None else f'{100 * p.mfu:.1f}%'}",
-            f"memory     {num(p.mem_peak_gb, '.2f')} GB peak",
+            f"step {metrics.last_step or 0}/{steps or '?'}",
+            f"MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'}",
+            f"peak memory {'-' if memory is None else f'{memory:.2f} GB'} per {per}",
+            f"smoothing {smoothing:g} (s)",
         ]
     )
 
 
 class RunScreen(Screen):
+    app: ClusterApp  # for the type checker: Textual types self.app as a plain App
+
     HELP = (
-        "The selected run: loss curve and the latest throughput, MFU and memory from metrics.jsonl "
-        "(only new lines are read), its attempts, and its checkpoints (complete ones can be resumed; "
-        "partial ones are saves that never finished). Select a complete checkpoint and press enter "
-        "to resume from it: a new attempt of the same run, optionally on other nodes or with "
-        "overrides; newer checkpoints are set aside, not deleted."
+        "The selected run's charts from metrics.jsonl (only new lines are read): loss with the eval "
+        "loss on the same axes, learning rate, gradient norm and tokens/s, each titled with its "
+        "latest value. s changes the smoothing of loss, gradient norm and tokens/s (TensorBoard's "
+        "exponential moving average; the raw values stay, dimmed); tab moves between charts and z "
+        "enlarges the focused one. Below: the run's checkpoints (complete ones can be resumed; "
+        "partial ones are saves that never finished) and its attempts. Select a complete checkpoint "
+        "and press enter to resume from it: a new attempt of the same run, optionally on other "
+        "nodes or with overrides; newer checkpoints are set aside, not deleted."
     )
     BINDINGS = [
         Binding("R", "resume", "Resume"),
+        Binding("s", "smoothing", "Smoothing"),
+        Binding("z", "zoom", "Zoom chart"),
         Binding("l", "app.switch_mode('logs')", "Logs"),
         Binding("q", "app.quit", "Quit"),
     ]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
+    AUTO_FOCUS = "#checkpoints"  # enter resumes from the selected checkpoint
 
     def __init__(self) -> None:
         super().__init__()
         self.run: runfolder.RunFolder | None = None
         self.tail: MetricsTail | None = None
         self.facts: RunFacts | None = None
+        self.metrics = EMPTY
+        self.smoothing = DEFAULT_SMOOTHING
+        self._typed: dict[str, ResumeRequest] = {}  # by run id: a resume that failed, as typed
         self._poller: Timer | None = None
         self._reading = False
+        self._next_read = 0.0  # monotonic time before which the 2 s timer does not read again
+        self._chart_cost = 0.0
 
     def compose(self) -> ComposeResult:
         yield NavBar("run")
-        yield Static(id="run-header", markup=False)
-        with Horizontal(id="run-body"):
-            yield LossPlot(id="loss")
-            with Vertical(id="run-stats"):
-                yield Static(id="latest", markup=False)
-                yield Sparkline([], id="tps")
+        yield Static(id="run-header")
+        with Grid(id="charts"):
+            for key, empty in CHARTS:
+                yield MetricChart(empty, id=key)
         yield DataTable(id="checkpoints", cursor_type="row")
         yield StatusLine()
-        yield Footer()
+        yield Footer(show_command_palette=False)
 
     def on_mount(self) -> None:
-        self.query_one("#loss").border_title = "loss"
-        self.query_one("#tps").border_title = "tokens/s"
         table = self.query_one("#checkpoints", DataTable)
         table.border_title = "checkpoints"
         for key, label in (
@@ -111,6 +128,7 @@ class RunScreen(Screen):
             ("path", "FOLDER"),
         ):
             table.add_column(label, key=key)
+        self._show_charts(charts(EMPTY, self.smoothing, "GPU"))
         self._poller = self.set_interval(2.0, self._read)
         self.watch(self.app, "current_key", self._run_changed)
         self.watch(self.app, "rows", self._show_header, init=False)
@@ -128,85 +146,135 @@ class RunScreen(Screen):
         run = self.app.current_run
         if run != self.run:
             self.run, self.tail, self.facts = run, MetricsTail(run.metrics_file) if run else None, None
-            self.query_one(LossPlot).points = []
+            self._next_read = 0.0
+            self.metrics = EMPTY
+            self._show_charts(charts(EMPTY, self.smoothing, "GPU"))
             self.query_one("#checkpoints", DataTable).clear()
         self._show_header()
         self._read()
 
     def _read(self) -> None:
-        if self.run is not None and not self._reading:
-            self._reading = True
-            self._read_facts(self.run, self.tail)
+        if self.run is None or self.tail is None or self._reading or time.monotonic() < self._next_read:
+            return
+        self._reading = True
+        self._read_facts(self.run, self.tail)
 
     @work(thread=True, group="read", exit_on_error=False)
     def _read_facts(self, run: runfolder.RunFolder, tail: MetricsTail) -> None:
+        started = time.monotonic()
         try:
             try:
                 spec = run.spec()
-                root, nodes = run.checkpoints_dir(spec), spec.slurm.nodes
+                root, nodes, steps = run.checkpoints_dir(spec), spec.slurm.nodes, spec.train.steps
+                per = "GPU" if spec.slurm.gpus_per_node else "rank"
             except specmod.SpecError:
-                root, nodes = run.path / "checkpoints", 1
-            changed = tail.read_new()
+                root, nodes, steps, per = run.path / "checkpoints", 1, None, "rank"
+            metrics = tail.snapshot() if tail.read_new() else None
             record = run.record()
-            ends = {e.job_id: e.describe() for e in status.attempt_ends(run.events())}
-            points = tail.points() if changed else None
-            facts = RunFacts(record.attempts, record.executor, nodes, scan(root), points, ends)
+            ends = {e.job_id: e.label for e in status.attempt_ends(run.events())}
+            facts = RunFacts(record.attempts, record.executor, nodes, steps, per, scan(root), metrics, ends)
         finally:
-            self.app.call_from_thread(setattr, self, "_reading", False)
+            self.app.call_from_thread(self._read_done, time.monotonic() - started)
         self.app.call_from_thread(self._show_facts, run, facts)
+
+    def _read_done(self, cost: float) -> None:
+        """A long metrics.jsonl makes each pass cost more: wait 9× what the last reading and
+        charting cost, so following a run never takes more than a tenth of a core."""
+        self._reading = False
+        self._next_read = time.monotonic() + 9 * (cost + self._chart_cost)
 
     def _show_facts(self, run: runfolder.RunFolder, facts: RunFacts) -> None:
         if run != self.run:
             return
         old = self.facts
         self.facts = facts
-        if facts.points is not None:
-            self.query_one(LossPlot).points = facts.points
-            self.query_one("#latest", Static).update(latest_text(facts.points))
-            self.query_one("#tps", Sparkline).data = [p.tokens_per_s or 0 for p in facts.points[-120:]]
+        if facts.metrics is not None:
+            self.metrics = facts.metrics
+            self._redraw()
+        elif old is None or old.per != facts.per:
+            self._redraw()
         if old is None or old.checkpoints != facts.checkpoints:
             self._show_checkpoints(facts.checkpoints)
         self._show_header()
+
+    def _redraw(self) -> None:
+        self._chart(self.metrics, self.smoothing, self._per)
+
+    @work(thread=True, exclusive=True, group="charts", exit_on_error=False)
+    def _chart(self, metrics: Metrics, smoothing: float, per: str) -> None:
+        """Series, smoothing and decimation over every point: O(points), so in a worker."""
+        started = time.monotonic()
+        data = charts(metrics, smoothing, per)
+        self.app.call_from_thread(self._charted, metrics, smoothing, data, time.monotonic() - started)
+
+    def _charted(self, metrics: Metrics, smoothing: float, data: list[ChartData], cost: float) -> None:
+        self._chart_cost = cost
+        if metrics is self.metrics and smoothing == self.smoothing:  # else a newer one is on its way
+            self._show_charts(data)
+
+    def _show_charts(self, data: list[ChartData]) -> None:
+        for chart in data:
+            widget = self.query_one(f"#{chart.key}", MetricChart)
+            widget.border_title = chart.title
+            widget.series = chart.series
+
+    @property
+    def _per(self) -> str:
+        return self.facts.per if self.facts else "GPU"
+
+    def action_smoothing(self) -> None:
+        self.smoothing = SMOOTHING[(SMOOTHING.index(self.smoothing) + 1) % len(SMOOTHING)]
+        self._redraw()
+        self._show_header()
+
+    def action_zoom(self) -> None:
+        """Enlarge the focused chart to the whole screen, or put it back (as W&B expands a panel)."""
+        if self.maximized is not None:
+            self.minimize()
+            return
+        chart = self.focused if isinstance(self.focused, MetricChart) else self.query_one("#loss", MetricChart)
+        chart.focus()
+        self.maximize(chart, container=False)
 
     def _show_checkpoints(self, rows: list[CheckpointRow]) -> None:
         table = self.query_one("#checkpoints", DataTable)
         selected = table.cursor_row
         table.clear()
         for row in rows:
-            saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.saved))
-            state = {"complete": "complete", "partial": "partial (unfinished save)", "set aside": "set aside"}[
-                row.state
-            ]
+            saved = time.strftime("%Y-%m-%d %H:%M", time.localtime(row.saved))
+            state = {"complete": "complete", "partial": "unfinished save", "set aside": "set aside"}[row.state]
             table.add_row(str(row.step), state, saved, human_size(row.size), row.path.name, key=str(row.path))
         if rows:
             table.move_cursor(row=min(selected, len(rows) - 1))
 
     def _show_header(self, _: object = None) -> None:
         header = self.query_one("#run-header", Static)
+        table = self.query_one("#checkpoints", DataTable)
         if self.run is None:
             header.update(
                 "No run selected: pick one in the Queue (2)."
                 if self.app.current_row is None
                 else "This Slurm job has no run folder: nothing to show here."
             )
+            table.border_subtitle = ""
             return
         row = self.app.current_row
         state = f"{row.state}{' - ' + row.reason if row.reason else ''}" if row else "…"
-        attempts = self.facts.attempts if self.facts else []
-        ends = self.facts.ends if self.facts else {}
-        tries = "  ".join(
-            f"#{a.attempt} {a.executor}:{a.job_id} ({a.reason})" + (f" -> {ends[a.job_id]}" if a.job_id in ends else "")
-            for a in attempts
-        )
+        facts = self.facts
+        progress = progress_text(self.metrics, facts.steps if facts else None, self._per, self.smoothing)
         header.update(
             Content.from_markup(
-                "[b]$id[/] ($name)  $state\nattempts: $tries",
+                "[b]$id[/] ($name)  $state\n$progress",
                 id=self.run.id,
                 name=self.run.name,
                 state=state,
-                tries=tries or "none",
+                progress=progress,
             )
         )
+        attempts, ends = (facts.attempts, facts.ends) if facts else ([], {})
+        ended = {job: f" -> {label}" for job, label in ends.items()}
+        shown = [f"#{a.attempt} {a.executor}:{a.job_id} ({a.reason}){ended.get(a.job_id, '')}" for a in attempts]
+        table.border_subtitle = "attempts: " + (", ".join(shown) or "none")
 
     # ---- resume
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
@@ -229,20 +297,29 @@ class RunScreen(Screen):
                 self.app.activity = f"resuming {run.id} from step {request.step}…"
                 self._resume(run, request)
 
-        self.app.push_screen(ResumeScreen(run.id, row.step, self.facts.nodes, executor), chosen)
+        typed = self._typed.get(run.id)
+        self.app.push_screen(ResumeScreen(run, row.step, self.facts.nodes, executor, typed), chosen)
 
     @work(thread=True, group="resume", exit_on_error=False)
     def _resume(self, run: runfolder.RunFolder, request: ResumeRequest) -> None:
         try:
             sub = actions.resume(Run(run), request.step, request.overrides, request.executor)
-            text = f"run {run.id}: attempt {sub.job_id} resumes from step {sub.resume_step}"
-            severity = "information"
         except Exception as e:
-            text, severity = f"resume failed: {e}", "error"
-        self.app.call_from_thread(self._resumed, text, severity)
+            self.app.call_from_thread(self._resumed, run, request, f"resume failed: {e}", "error")
+            return
+        text = f"run {run.id}: attempt {sub.job_id} resumes from step {sub.resume_step}"
+        self.app.call_from_thread(self._resumed, run, None, text, "information")
 
-    def _resumed(self, text: str, severity: str) -> None:
+    def _resumed(
+        self, run: runfolder.RunFolder, failed: ResumeRequest | None, text: str, severity: SeverityLevel
+    ) -> None:
+        """`failed`: the request that did not go through, kept so R reopens the dialog with it."""
         self.app.activity = ""
+        if failed is not None:
+            self._typed[run.id] = failed
+            text += " (R reopens the dialog with what you typed)"
+        else:
+            self._typed.pop(run.id, None)
         self.app.notify(text, severity=severity, timeout=10 if severity == "error" else 5)
         self.app.refresh_queue(now=True)
         self._read()

@@ -3,11 +3,18 @@ Slurm being down or missing is shown here, never as a crash or a modal."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.content import Content
 from textual.widgets import Static
 
+if TYPE_CHECKING:
+    from .app import ClusterApp
+
 
 class StatusLine(Static):
+    app: ClusterApp  # for the type checker: Textual types self.app as a plain App
+
     def __init__(self) -> None:
         super().__init__(classes="status-line")
 

@@ -109,6 +109,9 @@ def after(run: runfolder.RunFolder, job: SlurmJob, rc: int) -> int:
         return rc  # the workers decided (requeue, stop), or this is no longer the run's attempt
     failure = _classify(run, job, mine, rc)
     spec = run.spec()
+    if failure.cause.interruption:
+        _come_back(run, job, spec, failure)
+        return rc
     if not failure.cause.retryable:
         _event(run, job, EventKind.GAVE_UP, cause=failure.cause, reason=f"{failure.detail}; not retried",
                signature=failure.signature)  # fmt: skip
@@ -136,6 +139,37 @@ def after(run: runfolder.RunFolder, job: SlurmJob, rc: int) -> int:
     _event(run, job, EventKind.AUTO_RESTART, cause=failure.cause, reason=reason, job_id_next=sub.job_id,
            signature=failure.signature, failed_nodes=list(failure.failed_nodes), restarts=used + 1)  # fmt: skip
     return rc
+
+
+def _come_back(run: runfolder.RunFolder, job: SlurmJob, spec: specmod.JobSpec, failure: outcomes.Failure) -> None:
+    """A rank died of the stop signal before it could catch it: what its rank 0 would have done
+    after a save (worker.main), from the newest checkpoint. Requeued, with a `requeued` event that
+    uses a restart of slurm.max_restarts only when the incarnation got no further than it started
+    (outcomes.restarts_used); a follow-up job where Slurm refuses the requeue."""
+    try:
+        info = slurmcli.show_job(job.job_id)
+    except slurmcli.SlurmError:
+        info = None
+    verdict = outcomes.classify_stop("SIGUSR2", info, job.restart, cancel_asked=False)
+    newest = ckptfolder.find(run.checkpoints_dir(spec))
+    step = newest.step if newest else 0
+    used = outcomes.restarts_used(run.events())
+    progressed = step > outcomes.resumed_step(run.events(job.job_id), job.job_id, job.restart)
+    reason = f"{failure.detail}; {verdict.reason}; back from step {step}"
+    if not progressed and used >= spec.slurm.max_restarts:
+        limit = spec.slurm.max_restarts
+        reason += f": no progress, {used} restarts used (slurm.max_restarts = {limit})"
+        _event(run, job, EventKind.GAVE_UP, cause=Cause.RESTARTS_EXHAUSTED, step=step, reason=reason)
+        return
+    _event(run, job, EventKind.REQUEUED, cause=verdict.cause, step=step, checkpoint=str(newest.path) if newest else "",
+           reason=reason, restarts=used + (not progressed))  # fmt: skip
+    try:
+        slurmcli.requeue(job.job_id, job.restart)
+    except slurmcli.SlurmError as e:
+        if e.transient:
+            raise
+        sub = Run(run).follow_up(spec, f"follow-up: requeue refused ({e})", job.job_id, cause=verdict.cause)
+        _event(run, job, EventKind.FOLLOW_UP, job_id_next=sub.job_id, reason=str(e), cause=verdict.cause)
 
 
 def _classify(run: runfolder.RunFolder, job: SlurmJob, mine: list[Event], rc: int) -> outcomes.Failure:

@@ -77,6 +77,93 @@ def choose_executor(requested: Requested) -> tuple[Executor, str]:
     return Executor.LOCAL, "executor: local (no reachable Slurm): runs on this machine with submitit's local executor"
 
 
+@dataclass(frozen=True)
+class TaskLaunch:
+    """How each srun task starts the worker: options for srun, and the Python that runs
+    `-m clusterfsdp.worker`, maybe inside a container (the batch script's job steps stay on the
+    host's Python).
+
+    - none: this Python (`sys.executable`), which must exist at the same path on every node.
+    - pyxis: `srun --container-image=IMAGE --container-mounts=... --container-workdir=...`, then the
+      image's Python. Host environment variables reach the container (the image's own win).
+    - apptainer: `apptainer exec [--nv] --bind ... [--pwd DIR] IMAGE PYTHON`: the task is apptainer,
+      which stays in the step's process tree, so Slurm's signals reach the worker.
+    - oci: `srun --container=BUNDLE` (Slurm's oci.conf runtime; the bundle's config.json has the
+      mounts, and Slurm 22.05 runs one task per node per step inside it).
+
+    The run root and checkpoint.dir are mounted at their own paths, so the run folder has one path
+    everywhere. Every value is held to an allowlist by `spec.check` and shell-quoted here."""
+
+    srun_args: tuple[str, ...]
+    python: tuple[str, ...]
+
+    def command(self, *args: str) -> str:
+        return shlex.join([*self.python, *args])
+
+
+def task_launch(spec: specmod.JobSpec) -> TaskLaunch:
+    c = spec.slurm.container
+    if c.kind == "none":
+        return TaskLaunch((), (sys.executable,))
+    if c.kind == "oci":
+        return TaskLaunch((f"--container={c.image}",), (c.python,))
+    mounts = _container_mounts(spec)
+    if c.kind == "pyxis":
+        args = [f"--container-image={c.image}", f"--container-mounts={','.join(mounts)}"]
+        args += [f"--container-workdir={c.workdir}"] if c.workdir else []
+        return TaskLaunch((*args, *c.options), (c.python,))
+    python = ["apptainer", "exec", *(["--nv"] if spec.slurm.gpus_per_node else []), "--bind", ",".join(mounts)]
+    python += ["--pwd", c.workdir] if c.workdir else []
+    return TaskLaunch((), (*python, *c.options, c.image, c.python))
+
+
+def _container_mounts(spec: specmod.JobSpec) -> list[str]:
+    """The run root and checkpoint.dir at their own paths, then the job's own mounts."""
+    own = [str(Path(p).expanduser().resolve()) for p in (spec.job.run_root, spec.checkpoint.dir) if p]
+    return list(dict.fromkeys([f"{p}:{p}" for p in own] + spec.slurm.container.mounts))
+
+
+def check_container(spec: specmod.JobSpec, executor: Executor) -> None:
+    """What the job file cannot say about itself: where the container can run."""
+    c = spec.slurm.container
+    if c.kind == "none":
+        return
+    if executor is not Executor.SLURM:
+        raise SubmitError(
+            f"slurm.container.kind = {c.kind!r}: containers are started by srun; the local executor runs "
+            "this machine's Python (--set slurm.container.kind=none to run here)"
+        )
+    for path in (spec.job.run_root, spec.checkpoint.dir):
+        resolved = str(Path(path).expanduser().resolve()) if path else ""
+        if resolved and not specmod.MOUNT_PATH.fullmatch(resolved):
+            raise SubmitError(f"slurm.container: {resolved!r} cannot be mounted (',' or ':' in the path)")
+    version = slurmcli.version() if c.kind == "oci" and spec.tasks_per_node > 1 else None
+    if version is not None and version < (23, 2):
+        raise SubmitError(
+            f"slurm.container.kind = 'oci': Slurm {version[0]}.{version[1]:02d} runs one task per node in an OCI "
+            f"container, and this job has {spec.tasks_per_node} per node; use pyxis or apptainer, or one "
+            "GPU/task per node (Slurm 23.02 lifts the limit)"
+        )
+
+
+_TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def check_trackers(spec: specmod.JobSpec) -> None:
+    """The workers run this Python (no container): the tracker packages must be importable here,
+    or the run would fail after queueing. Looked up without importing them."""
+    if spec.slurm.container.kind != "none":
+        return  # the image's Python: only the worker can tell
+    import importlib.util
+
+    for name in spec.log.trackers:
+        if importlib.util.find_spec(_TRACKER_MODULES[name]) is None:
+            raise SubmitError(
+                f"log.trackers: {name!r} is not installed in {sys.executable} (the workers' Python); "
+                "pip install 'clusterfsdp[trackers]'"
+            )
+
+
 def sbatch_options(
     spec: specmod.JobSpec, dependency: str | None = None, exclude: tuple[str, ...] = ()
 ) -> list[tuple[str, str | None]]:
@@ -147,8 +234,10 @@ def render_sbatch(
     (`clusterfsdp.control.jobstep`): `before` records what Slurm did to the previous incarnation
     and stops a run that used up its restarts; `after` classifies a failed attempt and submits
     the next one (docs/recovery.md). `--kill-on-bad-exit`: one rank that dies ends the step at
-    once, instead of leaving the others blocked in a collective. Logs go straight into
-    submitit/ (`<job id>_<task>_log.out`): Slurm does not create missing folders for --output."""
+    once, instead of leaving the others blocked in a collective. The job steps run this Python on
+    the host; the ranks start as `task_launch(spec)` says (maybe the image's Python, in a
+    container). Logs go straight into submitit/ (`<job id>_<task>_log.out`): Slurm does not
+    create missing folders for --output."""
     py, folder = shlex.quote(sys.executable), shlex.quote(str(run.path))
     out = run.submitit_dir
     lines = [
@@ -164,19 +253,21 @@ def render_sbatch(
     lines += [f"#SBATCH --{key}" + ("" if value is None else f"={shlex.quote(value)}") for key, value in options]
     if spec.slurm.setup:
         lines += ["", "# slurm.setup", *spec.slurm.setup]
+    task = task_launch(spec)
     srun = [
         "srun",
         "--unbuffered",
         "--kill-on-bad-exit=1",
         f"--output={out}/%j_%t_log.out",
         f"--error={out}/%j_%t_log.err",
+        *task.srun_args,
     ]
     lines += [
         "",
         f"PY={py}",
         f"RUN={folder}",
         '"$PY" -m clusterfsdp.control.jobstep before "$RUN" || exit $?',
-        shlex.join(srun) + ' "$PY" -u -m clusterfsdp.worker "$RUN"',
+        f'{shlex.join(srun)} {task.command("-u", "-m", "clusterfsdp.worker")} "$RUN"',
         'exec "$PY" -m clusterfsdp.control.jobstep after "$RUN" "$?"',
         "",
     ]

@@ -7,6 +7,7 @@ nodes?). Nothing here runs a command, so every rule is unit-tested with Slurm's 
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -70,6 +71,15 @@ def classify_stop(signal_name: str, job: JobInfo | None, restart: int, cancel_as
 
 # ---------------------------------------------------------------- the restart budget
 _INTERRUPTIONS = (EventKind.REQUEUED, EventKind.SLURM_REQUEUED)
+# srun's exit status when a task died of SIGUSR2 (128 + 12 = 140 on Linux): the time-limit (or
+# preemption) signal reached a rank before it had installed its handler (a slow start-up).
+SIGUSR2_EXIT = 128 + signal.SIGUSR2
+
+
+def resumed_step(events: Iterable[Event], job_id: str, restart: int) -> int:
+    """The step an incarnation (job id, restart) started from: its `resumed` event; 0 without one."""
+    steps = [e.step or 0 for e in events if e.event is EventKind.RESUMED and (e.job_id, e.restart) == (job_id, restart)]
+    return steps[-1] if steps else 0
 
 
 def restarts_used(events: Iterable[Event]) -> int:
@@ -125,8 +135,9 @@ def classify_failure(
     errors are its consequence): before the first optimizer step of the incarnation it is
     deterministic (a bad config, a missing file), after it it is retried once, unless it is the
     same error at the same step as the failure before; ranks that died without recording an
-    exception (SIGKILL, the OOM killer, a segfault, NCCL's watchdog abort); collective errors
-    alone (a timeout, a lost peer)."""
+    exception (SIGKILL, the OOM killer, a segfault, NCCL's watchdog abort), except a rank that
+    SIGUSR2 killed (srun exit status SIGUSR2_EXIT): a time-limit stop, the job comes back as
+    after a save (`Cause.interruption`); collective errors alone (a timeout, a lost peer)."""
     down = tuple(sorted(set(down_nodes)))
     if down:
         return Failure(Cause.NODE_FAILURE, f"Slurm declared {', '.join(down)} down", failed_nodes=down)
@@ -140,6 +151,12 @@ def classify_failure(
         if signature == previous_signature:
             return Failure(Cause.REPEATED_ERROR, f"{first.reason} (again at step {first.step})", signature)
         return Failure(Cause.ERROR, first.reason, signature)
+    if srun_rc == SIGUSR2_EXIT:
+        return Failure(
+            Cause.TIME_LIMIT,
+            f"SIGUSR2 (the time-limit or preemption signal) killed a rank before it could catch it (srun exit "
+            f"status {srun_rc})",
+        )
     started = any(e.event is EventKind.START for e in events)
     if not started and not failed and 0 < srun_rc < 128:
         return Failure(

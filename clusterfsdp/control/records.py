@@ -267,6 +267,7 @@ class Event:
     checkpoint: str = ""
     world_size: int | None = None  # start
     nodes: int | None = None  # start
+    attempt: int | None = None  # start: the how-manieth start of training in the run (metrics rows carry it)
     restarts: int | None = None  # requeued, auto_restart: restarts of slurm.max_restarts used so far
     job_id_next: str = ""  # follow_up, auto_restart: the job that takes over
     cause: Cause | None = None  # requeued, stopped, failed (the rank's own view), warning-free jobstep kinds
@@ -287,6 +288,23 @@ class Event:
             )
         except (KeyError, ValueError, TypeError):
             return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+
+@dataclass
+class TrackerIds:
+    """trackers.json: the experiment trackers' run ids, so that every attempt of a run (requeue,
+    resume, another world size) logs into the same tracker run. Written by rank 0 only."""
+
+    wandb_run_id: str = ""
+    mlflow_run_id: str = ""
+    mlflow_experiment_id: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrackerIds:
+        return _from_dict(cls, {k: str(v) for k, v in data.items()})
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ckptfolder, launch, lock, procs, runfolder, secretenv, slurmcli, status
+from . import ckptfolder, datasource, launch, lock, modelsource, procs, runfolder, secretenv, slurmcli, status
 from . import spec as specmod
 from .records import Attempt, Cause, Executor, RunState
 from .runfolder import RunFolder
@@ -46,6 +46,7 @@ class Submission:
     job_id: str
     notice: str
     resume_step: int | None = None
+    notes: tuple[str, ...] = ()  # from modelsource.prepare (hub downloads, tokenizer notes)
 
 
 class Run:
@@ -91,26 +92,34 @@ class Run:
     # ---------------------------------------------------------------- submit
     @classmethod
     def submit(cls, spec: specmod.JobSpec, executor: launch.Requested = "auto") -> Submission:
-        """Check `spec` completely, create the run folder and queue its first attempt; nothing is
-        left behind if queueing fails."""
+        """Check `spec` completely, resolve hub ids (downloading a missing snapshot here, never on
+        the compute nodes) and check the model and tokenizer folders, create the run folder (with
+        the small files export needs in <run>/model/) and queue its first attempt; nothing is left
+        behind if queueing fails."""
         chosen, notice = launch.choose_executor(executor)
         _check_submittable(spec, chosen)
+        prepared = _prepare_sources(spec)
+        spec = prepared.spec
         folder = runfolder.create_run(spec, chosen)
         run = cls(folder)
         try:
+            modelsource.keep(prepared, folder.model_dir)
             queued = launch.queue(spec, chosen, folder)
         except BaseException:
             shutil.rmtree(folder.path, ignore_errors=True)
             raise
         folder.add_attempt(queued.job_id, chosen, "submit", leader=queued.leader)
         launch.start(queued)
-        return Submission(run, chosen, queued.job_id, notice)
+        return Submission(run, chosen, queued.job_id, notice, notes=tuple(prepared.notes))
 
     @classmethod
     def prepare(cls, spec: specmod.JobSpec) -> tuple[Run, str]:
         """A dry run: the run folder and the exact sbatch script to submit by hand (sbatch.sh)."""
         _check_submittable(spec, Executor.SLURM)
+        prepared = _prepare_sources(spec)
+        spec = prepared.spec
         folder = runfolder.create_run(spec, Executor.SLURM)
+        modelsource.keep(prepared, folder.model_dir)
         record = folder.record()
         record.dry_run = True  # its worker records the hand-submitted job as an attempt
         folder.write_record(record)
@@ -168,6 +177,9 @@ class Run:
             spec = self.folder.spec(list(overrides))
             chosen, notice = launch.choose_executor(executor or _requested(self.folder.record().executor))
             _check_submittable(spec, chosen)
+            problems = datasource.check(spec)  # (its sources were resolved at submit)
+            if problems:
+                raise specmod.SpecError(problems)
             missing = secretenv.missing(spec.env)
             if missing and not without_secrets:
                 raise RunError(
@@ -289,19 +301,25 @@ class Run:
             time.sleep(1.0)
 
     # ---------------------------------------------------------------- export
-    def export_command(self, to: Path, step: int | None = None, extra: Iterable[str] = ()) -> list[str]:
+    def export_command(
+        self, to: Path, step: int | None = None, dtype: str | None = None, force: bool = False
+    ) -> list[str]:
         """The worker-side command that writes a checkpoint as a HuggingFace folder (run as a
-        subprocess: the control plane never imports torch)."""
+        subprocess: the control plane never imports torch). It checks `to` itself (not empty
+        without `force`) and prints one line on failure."""
         spec = self.folder.spec()
         info = ckptfolder.find(self.folder.checkpoints_dir(spec), step)
         if info is None:
             at = f" at step {step}" if step is not None else ""
             raise RunError(f"run {self.id}: no complete checkpoint{at}")
-        return [sys.executable, "-m", "clusterfsdp.worker.export", str(self.path), str(info.path), str(to), *extra]
+        argv = [sys.executable, "-m", "clusterfsdp.worker.export", str(self.path), "--step", str(info.step)]
+        argv += ["--to", str(Path(to).expanduser())]
+        argv += ["--dtype", dtype] if dtype else []
+        return argv + (["--force"] if force else [])
 
-    def export(self, to: Path, step: int | None = None, extra: Iterable[str] = ()) -> int:
+    def export(self, to: Path, step: int | None = None, dtype: str | None = None, force: bool = False) -> int:
         """Run the export in a subprocess (its progress goes to this terminal); its exit status."""
-        return subprocess.run(self.export_command(to, step, extra)).returncode
+        return subprocess.run(self.export_command(to, step, dtype, force)).returncode
 
 
 def _requested(previous: Executor) -> launch.Requested:
@@ -313,6 +331,8 @@ def _check_submittable(spec: specmod.JobSpec, executor: Executor) -> None:
     """Everything that can be checked before a folder is made or anything is queued."""
     specmod.check(spec)
     launch.check_run_root(spec)
+    launch.check_container(spec, executor)
+    launch.check_trackers(spec)
     if executor is Executor.LOCAL and spec.slurm.nodes > 1:
         raise launch.SubmitError(
             f"slurm.nodes = {spec.slurm.nodes}: the local executor runs on one machine; "
@@ -320,3 +340,14 @@ def _check_submittable(spec: specmod.JobSpec, executor: Executor) -> None:
         )
     if executor is Executor.SLURM:
         launch.sbatch_options(spec)
+
+
+def _prepare_sources(spec: specmod.JobSpec) -> modelsource.Prepared:
+    """After the cheap checks: hub ids resolved (a missing snapshot downloaded here, never on the
+    compute nodes), the model and tokenizer folders checked, then the data sources read (readable,
+    not smaller than a batch; they may need the resolved tokenizer)."""
+    prepared = modelsource.prepare(spec)
+    problems = datasource.check(prepared.spec)
+    if problems:
+        raise specmod.SpecError(problems)
+    return prepared

@@ -9,6 +9,8 @@ TUI and the notebook (docs/run-folder.md lists every file and key).
         submitit/                submitit's folder (pickles, <job id>_<task>_log.out/err)
         logs/<job id>.<restart>/rank<R>.log      per-rank log of one attempt
         nodes/<job id>.<restart>/<host>.json     what each node chose (interface, HCAs, versions)
+        model/                   copies of the model's config.json, generation_config.json and the
+                                 tokenizer's files (never weights), sources.json: what hub ids resolved to
         checkpoints/step-<N>/    DCP checkpoints (control.ckptfolder)
         .lock                    held while a command changes the run (resume, cancel)
         .attempt.lock            held by rank 0 of the attempt that is training
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import spec as specmod
-from .records import Attempt, Event, Executor, RunRecord
+from .records import Attempt, Event, Executor, RunRecord, TrackerIds
 from .runroot import ENV_RUN_ROOT, default_run_root
 
 
@@ -96,6 +98,9 @@ class RunFolder:
     lock_file = property(lambda self: self.path / ".lock")
     attempt_lock_file = property(lambda self: self.path / ".attempt.lock")
     sbatch_script = property(lambda self: self.path / "sbatch.sh")
+    model_dir = property(lambda self: self.path / "model")  # what export/resume need from the sources
+    trackers_file = property(lambda self: self.path / "trackers.json")
+    tensorboard_dir = property(lambda self: self.path / "tensorboard")
 
     def checkpoints_dir(self, spec: specmod.JobSpec | None = None) -> Path:
         spec = spec or self.spec()
@@ -157,8 +162,32 @@ class RunFolder:
     def append_event(self, event: Event) -> None:
         append_jsonl(self.events_file, event.to_dict())
 
-    def metrics(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.metrics_file)
+    def metrics(self, *, latest: bool = False) -> list[dict[str, Any]]:
+        """metrics.jsonl rows in the order written. `latest`: the rows of the trajectory that
+        training went on with: a row whose step is not past the previous one started again from a
+        checkpoint (requeue, `resume`, `resume --step`), so it drops the rows it repeated or
+        abandoned (every kept row at that step or later). Steps are then increasing and unique."""
+        rows = read_jsonl(self.metrics_file)
+        if not latest:
+            return rows
+        kept: list[dict[str, Any]] = []
+        for row in rows:
+            step = row.get("step")
+            if not isinstance(step, int):
+                continue
+            while kept and kept[-1]["step"] >= step:
+                kept.pop()
+            kept.append(row)
+        return kept
+
+    def tracker_ids(self) -> TrackerIds:
+        try:
+            return TrackerIds.from_dict(json.loads(self.trackers_file.read_text()))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return TrackerIds()
+
+    def write_tracker_ids(self, ids: TrackerIds) -> None:
+        atomic_write(self.trackers_file, json.dumps(ids.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
 def create_run(spec: specmod.JobSpec, executor: Executor, run_id: str | None = None) -> RunFolder:

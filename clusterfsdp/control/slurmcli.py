@@ -151,7 +151,9 @@ def _once(cmd: list[str], timeout: float) -> str:
         raise SlurmError(f"{cmd[0]}: no answer within {timeout:.0f} s", transient=True) from None
     if proc.returncode != 0:
         msg = " ".join((proc.stderr or proc.stdout).split()) or f"exit status {proc.returncode}"
-        raise SlurmError(f"{cmd[0]}: {msg}", transient=_is_transient(msg))
+        # Slurm's own messages start with the command's name ("squeue: error: ..."): name it once.
+        text = msg if msg.startswith(f"{cmd[0]}: ") else f"{cmd[0]}: {msg}"
+        raise SlurmError(text, transient=_is_transient(msg))
     return proc.stdout
 
 
@@ -167,15 +169,18 @@ def retrying(what: str, attempt: Callable[[], T], budget_s: float | None = None)
         except SlurmError as e:
             if not e.transient:
                 raise
+            if budget <= 0:
+                raise  # no retries asked for: Slurm's own message
             waited = time.monotonic() - t0
+            detail = str(e).removeprefix(f"{what}: ")  # name the command once
             if waited + delay > budget:
                 raise SlurmError(
-                    f"{what}: the Slurm controller did not answer for {waited:.0f} s ({e}); "
+                    f"{what}: the Slurm controller did not answer for {waited:.0f} s ({detail}); "
                     "try again once `scontrol ping` says UP",
                     transient=True,
                 ) from None
             if delay == 1.0 and on_retry is not None:
-                on_retry(f"{what}: Slurm does not answer ({e}); retrying for up to {budget:.0f} s")
+                on_retry(f"{what}: Slurm does not answer ({detail}); retrying for up to {budget:.0f} s")
             time.sleep(delay)
             delay = min(delay * 2, MAX_DELAY_S)
 
@@ -188,6 +193,16 @@ def run(cmd: list[str], timeout: float = 30, retry_s: float | None = None) -> st
         query = cmd[0] in ("squeue", "sacct", "sinfo") or cmd[:2] in (["scontrol", "show"], ["scontrol", "-o"])
         retry_s = min(QUERY_RETRY_S, retry_budget_s()) if query else None
     return retrying(cmd[0], lambda: _once(cmd, timeout), retry_s)
+
+
+def version() -> tuple[int, int] | None:
+    """(major, minor) of the installed Slurm (`sbatch --version`: 'slurm 22.05.8'); None if unknown."""
+    try:
+        words = run(["sbatch", "--version"], timeout=10).split()
+        major, minor = words[1].split(".")[:2]
+        return int(major), int(minor)
+    except (SlurmError, IndexError, ValueError):
+        return None
 
 
 def available() -> bool:

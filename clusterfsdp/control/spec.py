@@ -9,6 +9,7 @@ generated from it, so the documentation cannot drift from the code.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -38,8 +39,8 @@ class SpecError(ValueError):
 def F(default: Any, doc: str, *, key: str | None = None, secret: bool = False) -> Any:
     """A schema field with its docstring (and TOML key when it is not a valid Python name)."""
     meta = {"doc": doc, "key": key}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -53,6 +54,35 @@ class JobSection:
         "this file (the same default `runs`, `status` and the TUI use).",
     )
     seed: int = F(0, "Seed for model init, data order and dropout; same seed + same world size = same losses.")
+
+
+@dataclass
+class ContainerSection:
+    kind: Literal["none", "pyxis", "apptainer", "oci"] = F(
+        "none",
+        "Run the workers in a container: 'pyxis' (srun --container-image, NVIDIA clusters with pyxis/enroot), "
+        "'apptainer' (apptainer exec), 'oci' (Slurm's own srun --container=BUNDLE through oci.conf); 'none': "
+        "the Python that submits.",
+    )
+    image: str = F(
+        "",
+        "pyxis: an image ('nvcr.io#nvidia/pytorch:24.05-py3') or a .sqsh file; apptainer: a .sif file (or "
+        "'docker://...'); oci: the bundle folder (config.json + rootfs/), an absolute path that every node sees.",
+    )
+    python: str = F(
+        "python3",
+        "The Python inside the image that runs the workers; it needs clusterfsdp (same version) and torch installed.",
+    )
+    mounts: list[str] = F(
+        [],
+        "Host folders to mount, 'SRC:DST' or 'SRC:DST:ro' (pyxis --container-mounts, apptainer --bind). The run "
+        "root and checkpoint.dir are always mounted at their own paths. oci: the bundle's config.json mounts.",
+    )
+    workdir: str = F("", "Working directory inside the container (empty: the image's default). pyxis and apptainer.")
+    options: list[str] = F(
+        [],
+        "Further launcher options, e.g. ['--no-container-mount-home'] (pyxis) or ['--cleanenv'] (apptainer).",
+    )
 
 
 @dataclass
@@ -83,15 +113,41 @@ class SlurmSection:
     setup: list[str] = F(
         [], "Shell lines run once on the batch host before the workers start (module load, venv activation)."
     )
+    container: ContainerSection = F(
+        ContainerSection(), "The container the workers run in ([slurm.container]; Slurm jobs only)."
+    )
 
 
 @dataclass
 class ModelSection:
     name_or_path: str = F(
-        "", "A HuggingFace model id or a local model folder to load weights from (empty: use `preset`)."
+        "",
+        "Pretrained weights: a local HF model folder (config.json + *.safetensors) or a hub id (org/name), "
+        "resolved on the submitting host to a snapshot in the HF cache (HF_HOME), downloaded there if missing; "
+        "compute nodes never download. Any AutoModelForCausalLM family. Empty: random init (`config`, `preset`).",
     )
-    preset: str = F("llama-tiny", "Built-in architecture for a random-init model: llama-tiny, llama-small, llama-1b.")
-    from_config: dict[str, Any] = F({}, "Overrides of the preset's HF config, e.g. { num_hidden_layers = 4 }.")
+    revision: str = F(
+        "",
+        "Hub revision (branch, tag or commit) of a hub id in name_or_path or config (empty: the default branch); "
+        "the run's job.toml records the commit it resolved to.",
+    )
+    config: str = F(
+        "",
+        "Random init from a config: a folder with a config.json (or a hub id), any AutoModelForCausalLM family.",
+    )
+    preset: str = F(
+        "llama-tiny",
+        "Built-in config for random init (when name_or_path and config are empty): llama-tiny, llama-small, "
+        "llama-1b, qwen2-tiny, gpt-neox-tiny, "
+        'mixtral-tiny; "" to build from from_config alone (it must then name a model_type).',
+    )
+    from_config: dict[str, Any] = F(
+        {},
+        "Config keys over the preset's, the config folder's or the pretrained model's, e.g. "
+        '{ num_hidden_layers = 4 } or { output_router_logits = true }; with preset = "", a model_type and its '
+        'keys, e.g. { model_type = "qwen2", hidden_size = 256, ... } (transformers\' defaults fill the rest). '
+        "With pretrained weights, keys that change shapes fail when the weights load.",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = F("float32", "dtype of the master weights.")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = F("sdpa", "HF attention kernel.")
 
@@ -100,11 +156,64 @@ class ModelSection:
 class DataSection:
     source: Literal["synthetic", "files"] = F("synthetic", "'synthetic' random tokens, or 'files' to read `paths`.")
     paths: list[str] = F(
-        [], "Local .txt or .jsonl files (globs allowed; relative to this file), with source = 'files'."
+        [],
+        "Training data, with source = 'files': .txt files (one document each), .jsonl records (also .jsonl.gz, "
+        ".jsonl.zst), .parquet files, folders written by datasets' save_to_disk, or folders that "
+        "datasets.load_dataset reads (parquet/json/csv files); globs allowed; relative to this file. "
+        "Tokenized once into a prepared dataset (see cache_dir) that every rank reads without loading it.",
     )
-    text_key: str = F("text", "Field holding the text in .jsonl records.")
-    tokenizer: str = F("bytes", "'bytes' (built-in byte-level, no download) or a local HF tokenizer folder.")
+    format: Literal["text", "chat"] = F(
+        "text",
+        "'text': each record is a document (`text_key`); 'chat': each record holds a conversation "
+        "(`messages_key`: a list of {role, content}) rendered with the tokenizer's chat template, and the "
+        "loss is computed on the assistant messages only.",
+    )
+    text_key: str = F("text", "Field holding the text of .jsonl, parquet and dataset records (format = 'text').")
+    messages_key: str = F("messages", "Field holding the list of {role, content} messages (format = 'chat').")
+    split: str = F("train", "Split to read from a dataset folder that holds several (save_to_disk or load_dataset).")
+    tokenizer: str = F(
+        "bytes",
+        "'bytes' (built-in byte-level, no download), a local HF tokenizer folder or a hub id (resolved on the "
+        "submitting host like model.name_or_path, at model.revision when it is the model's id); with a chat "
+        "template for format = 'chat'.",
+    )
     seq_len: int = F(128, "Tokens per sample.")
+    packing: Literal["auto", "concat", "documents"] = F(
+        "auto",
+        "How documents become samples. 'concat': one token stream (EOS after each text document) cut into "
+        "seq_len windows that cross document boundaries. 'documents': whole documents packed into samples, the "
+        "rest padded (never trained on); position ids restart at each document and attention stays inside it "
+        "(sdpa and eager: a block-diagonal mask; flash_attention_2: its variable-length kernel); a document "
+        "longer than seq_len is cut into seq_len-token pieces, each its own context. 'auto': 'documents' for "
+        "format = 'chat', else 'concat'.",
+    )
+    cache_dir: str = F(
+        "",
+        "Folder of prepared (tokenized) datasets, shared by all ranks and jobs and keyed by the content of the "
+        "sources, the tokenizer and the format (empty: <run_root>/.cache/tokens). On a cluster: the shared "
+        "filesystem.",
+    )
+    prepare_workers: int = F(
+        0, "Processes that tokenize when a dataset is prepared (0: every CPU this process may use)."
+    )
+
+
+@dataclass
+class EvalSection:
+    fraction: float = F(
+        0.0,
+        "Fraction of the training documents held out for evaluation (chosen by job.seed, never trained on); 0: none.",
+    )
+    paths: list[str] = F(
+        [], "Evaluation data instead of a held-out fraction: files or folders like data.paths (same format)."
+    )
+    every_steps: int = F(0, "Evaluate every N steps (0: only after the last step); with fraction or paths.")
+    batches: int = F(
+        10,
+        "Micro-batches each rank evaluates (train.micro_batch_size samples each): the first batches x ranks x "
+        "micro_batch_size samples of a fixed order, the same every time. eval_loss and eval_ppl go into "
+        "metrics.jsonl.",
+    )
 
 
 @dataclass
@@ -148,6 +257,25 @@ class CheckpointSection:
     writer_threads: int = F(4, "Threads writing each rank's checkpoint files (one file per thread).")
 
 
+Tracker = Literal["tensorboard", "wandb", "mlflow"]
+
+
+@dataclass
+class LogSection:
+    trackers: list[Tracker] = F(
+        [],
+        "Experiment trackers rank 0 logs to, any of 'tensorboard' (<run folder>/tensorboard/), 'wandb' "
+        "(files in <run folder>/wandb/), 'mlflow'; one tracker run per clusterfsdp run, across requeues and "
+        "resumes. Needs `pip install 'clusterfsdp[trackers]'` where the workers run.",
+    )
+    project: str = F("", "W&B project and MLflow experiment (empty: job.name). W&B's entity: $WANDB_ENTITY.")
+    mlflow_tracking_uri: str = F(
+        "",
+        "MLflow server or store (empty: $MLFLOW_TRACKING_URI, else a file store in <run folder>/mlruns). "
+        "Credentials belong in [env] MLFLOW_TRACKING_PASSWORD/TOKEN, never in this URI.",
+    )
+
+
 @dataclass
 class JobSpec:
     job: JobSection = field(default_factory=JobSection)
@@ -155,8 +283,10 @@ class JobSpec:
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     fsdp: FsdpSection = field(default_factory=FsdpSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    log: LogSection = field(default_factory=LogSection)
     env: dict[str, str] = field(
         default_factory=dict,
         metadata={"doc": "Extra environment for the workers; overrides everything clusterfsdp sets (NCCL_*, etc.)."},
@@ -187,6 +317,22 @@ class JobSpec:
         return (self.world_size,)
 
     @property
+    def packing(self) -> str:
+        """data.packing with 'auto' decided: 'documents' for chat data, else 'concat'."""
+        if self.data.packing == "auto":
+            return "documents" if self.data.format == "chat" else "concat"
+        return self.data.packing
+
+    @property
+    def eval_enabled(self) -> bool:
+        return self.data.source == "files" and (self.eval.fraction > 0 or bool(self.eval.paths))
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks."""
+        return self.world_size * self.train.micro_batch_size * self.train.grad_accum
+
+    @property
     def time_minutes(self) -> int:
         return parse_time_minutes(self.slurm.time)
 
@@ -203,7 +349,7 @@ class JobSpec:
 
 
 SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(JobSpec)}  # type: ignore[misc]
-_HINTS = {
+_HINTS: dict[type, dict[str, Any]] = {
     cls: typing.get_type_hints(cls)
     for cls in (
         JobSection,
@@ -211,8 +357,11 @@ _HINTS = {
         ModelSection,
         DataSection,
         TrainSection,
+        EvalSection,
         FsdpSection,
         CheckpointSection,
+        LogSection,
+        ContainerSection,
         JobSpec,
     )
 }
@@ -240,7 +389,7 @@ def type_name(tp: Any) -> str:
         return " or ".join(type_name(a) for a in get_args(tp))
     if origin is list:
         return f"list of {type_name(get_args(tp)[0])}"
-    if origin is dict:
+    if origin is dict or dataclasses.is_dataclass(tp):
         return "table"
     if tp is Any:
         return "any value"
@@ -260,6 +409,14 @@ def coerce(path: str, tp: Any, value: Any) -> Any:
     origin = get_origin(tp)
     if tp is Any:
         return value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, dict):
+            raise SpecError([f"{path}: expected a table, found {_describe(value)}"])
+        errors: list[str] = []
+        table = _table(path, tp, value, errors)
+        if errors:
+            raise SpecError(errors)
+        return table
     if origin is Literal:
         choices = get_args(tp)
         if value in choices and type(value) is type(choices[0]):
@@ -320,22 +477,29 @@ def from_dict(data: dict[str, Any]) -> JobSpec:
         if not isinstance(value, dict):
             errors.append(f"{name}: expected a table [{name}], found {_describe(value)}")
             continue
-        fields = section_fields(name)
-        hints = _HINTS[_section_class(name)]
-        section = getattr(spec, name)
-        for key, v in value.items():
-            path = f"{name}.{key}"
-            if key not in fields:
-                errors.append(_unknown(path, key, list(fields)))
-                continue
-            try:
-                setattr(section, fields[key].name, coerce(path, hints[fields[key].name], v))
-            except SpecError as e:
-                errors += e.errors
+        setattr(spec, name, _table(name, _section_class(name), value, errors))
     if errors:
         raise SpecError(errors)
     check(spec)
     return spec
+
+
+def _table(path: str, cls: type, value: dict[str, Any], errors: list[str]) -> Any:
+    """An instance of the dataclass `cls` (a section or a nested table like [slurm.container])
+    from a TOML table: defaults for missing keys, one error per unknown or mistyped key."""
+    fields = {toml_key(f): f for f in dataclasses.fields(cls)}
+    hints = _HINTS[cls]
+    table = cls()
+    for key, v in value.items():
+        here = f"{path}.{key}"
+        if key not in fields:
+            errors.append(_unknown(here, key, list(fields)))
+            continue
+        try:
+            setattr(table, fields[key].name, coerce(here, hints[fields[key].name], v))
+        except SpecError as e:
+            errors += e.errors
+    return table
 
 
 def check(spec: JobSpec) -> None:
@@ -375,6 +539,8 @@ def check(spec: JobSpec) -> None:
     if s.mem_gb > 1e6:
         errors.append(f"slurm.mem_gb: {s.mem_gb!r} GB per node is more than any node has")
     errors += _sbatch_value_errors(s)
+    errors += _container_errors(s.container)
+    errors += _log_errors(spec.log)
     if not 0 < t.lr < 1:
         errors.append(f"train.lr: expected a number in (0, 1), found {t.lr!r}")
     if not 0 <= t.min_lr_ratio <= 1:
@@ -396,16 +562,13 @@ def check(spec: JobSpec) -> None:
         errors.append("data.paths: source = 'files' needs at least one path")
     if d.source == "synthetic" and d.paths:
         errors.append("data.paths: set data.source = 'files' to read these paths")
-    from .presets import PRESETS  # pure-Python table, no torch
-
-    if not spec.model.name_or_path and spec.model.preset not in PRESETS:
-        close = difflib.get_close_matches(spec.model.preset, list(PRESETS), n=1)
-        hint = f"did you mean {close[0]}?" if close else f"valid presets: {', '.join(PRESETS)}"
-        errors.append(f"model.preset: unknown preset {spec.model.preset!r}; {hint}")
-    if spec.model.name_or_path and spec.model.from_config:
-        errors.append("model.from_config: only applies to random-init presets; remove it or model.name_or_path")
-    elif spec.model.preset in PRESETS:
-        errors += _config_override_errors(PRESETS[spec.model.preset], spec.model.from_config)
+    errors += _model_errors(spec.model)
+    if d.source == "synthetic" and d.format == "chat":
+        errors.append("data.format: 'chat' needs data.source = 'files'")
+    if d.format == "chat" and d.tokenizer == "bytes":
+        errors.append("data.format: 'chat' needs a tokenizer with a chat template; data.tokenizer = 'bytes' has none")
+    positive("data.prepare_workers", d.prepare_workers, 0)
+    _check_eval(spec, errors)
     if spec.fsdp.version == 1 and spec.fsdp.compile:
         errors.append("fsdp.compile: supported with fsdp.version = 2 only")
     for key in spec.env:
@@ -413,6 +576,22 @@ def check(spec: JobSpec) -> None:
             errors.append(f"env.{key}: not a valid environment variable name")
     if errors:
         raise SpecError(errors)
+
+
+def _check_eval(spec: JobSpec, errors: list[str]) -> None:
+    e = spec.eval
+    if not 0 <= e.fraction < 1:
+        errors.append(f"eval.fraction: expected a number in [0, 1), found {e.fraction!r}")
+    if e.fraction and e.paths:
+        errors.append("eval.paths: give eval.paths or eval.fraction, not both")
+    if e.every_steps < 0:
+        errors.append(f"eval.every_steps: must be >= 0, found {e.every_steps!r}")
+    if e.batches < 1:
+        errors.append(f"eval.batches: must be >= 1, found {e.batches!r}")
+    if (e.fraction or e.paths) and spec.data.source != "files":
+        errors.append("eval: held-out or separate evaluation data needs data.source = 'files'")
+    if e.every_steps and not (e.fraction or e.paths):
+        errors.append("eval.every_steps: set eval.fraction or eval.paths to say what to evaluate on")
 
 
 # What may reach an `#SBATCH` line from job.toml. Slurm's own parser honours quotes and backslashes
@@ -467,6 +646,93 @@ def _sbatch_value_errors(s: SlurmSection) -> list[str]:
                 f"slurm.extra.{key}: {_short(value)} may only contain letters, digits and "
                 "_ . , : = @ % / + * & | ( ) [ ] -"
             )
+    return errors
+
+
+def _model_errors(m: ModelSection) -> list[str]:
+    """Which model source the [model] keys name, and whether they agree (files are checked by
+    `modelsource.prepare` before queueing)."""
+    from .presets import PRESETS  # pure-Python table, no torch
+
+    given_type = m.from_config.get("model_type")
+    if m.name_or_path and m.config:
+        return ["model.config: random init from a config and model.name_or_path (pretrained) exclude each other"]
+    if m.name_or_path or m.config:
+        return []
+    if not m.preset:
+        if not isinstance(given_type, str) or not given_type:
+            return ['model.preset: "" needs model.from_config.model_type (or model.config, or model.name_or_path)']
+        return []
+    if m.preset not in PRESETS:
+        close = difflib.get_close_matches(m.preset, list(PRESETS), n=1)
+        hint = f"did you mean {close[0]}?" if close else f"valid presets: {', '.join(PRESETS)}"
+        return [f"model.preset: unknown preset {m.preset!r}; {hint}"]
+    preset_type = PRESETS[m.preset]["model_type"]
+    if given_type is not None and given_type != preset_type:
+        return [
+            f"model.from_config.model_type: {given_type!r} differs from preset {m.preset!r} ({preset_type}); "
+            f'set model.preset = "" to build a {given_type} model from from_config alone'
+        ]
+    return _config_override_errors(PRESETS[m.preset], m.from_config)
+
+
+# What may reach the srun line (or the command inside the container) from [slurm.container]. The
+# values are shell-quoted there too; these keep them to what each launcher parses as one value
+# (pyxis and apptainer split mount lists at ',' and ':').
+_IMAGE = re.compile(r"[A-Za-z0-9._/:@#+~-]+")
+MOUNT_PATH = re.compile(r"/[A-Za-z0-9._/+@%=~-]*")  # no ',' or ':' (they separate mounts and their parts)
+_MOUNT = re.compile(rf"({MOUNT_PATH.pattern}):({MOUNT_PATH.pattern})(?::[a-z+]+)?")
+_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9._/:@+,=-]*)?")
+
+
+def _container_errors(c: ContainerSection) -> list[str]:
+    key = "slurm.container"
+    if c.kind == "none":
+        given = [k for k in ("image", "mounts", "workdir", "options") if getattr(c, k)]
+        return [f"{key}.{k}: set {key}.kind to run in a container" for k in given]
+    errors = []
+    if not c.image:
+        errors.append(
+            f"{key}.image: kind = {c.kind!r} needs an image" + (" (the bundle folder)" if c.kind == "oci" else "")
+        )
+    elif not (MOUNT_PATH if c.kind == "oci" else _IMAGE).fullmatch(c.image):
+        want = (
+            "an absolute path of letters, digits and . _ / + @ % = ~ -"
+            if c.kind == "oci"
+            else ("letters, digits and . _ / : @ # + ~ -")
+        )
+        errors.append(f"{key}.image: {_short(c.image)} must be {want}")
+    if not re.fullmatch(r"[A-Za-z0-9._/+-]+", c.python):
+        errors.append(f"{key}.python: {_short(c.python)} must be a program name or path (letters, digits, . _ / + -)")
+    for i, mount in enumerate(c.mounts):
+        if not _MOUNT.fullmatch(mount):
+            errors.append(
+                f"{key}.mounts[{i}]: {_short(mount)} must be '/SRC:/DST' or '/SRC:/DST:FLAGS' (absolute "
+                "paths without ',' or ':'; flags like ro)"
+            )
+    if c.workdir and not MOUNT_PATH.fullmatch(c.workdir):
+        errors.append(f"{key}.workdir: {_short(c.workdir)} must be an absolute path of letters, digits and . _ / + -")
+    for i, option in enumerate(c.options):
+        if not _OPTION.fullmatch(option):
+            errors.append(f"{key}.options[{i}]: {_short(option)} must be one --option or --option=value")
+    if c.kind == "oci":
+        errors += [
+            f"{key}.{k}: not used with kind = 'oci' (the bundle's config.json sets it)"
+            for k in ("mounts", "workdir", "options")
+            if getattr(c, k)
+        ]
+    return errors
+
+
+def _log_errors(log: LogSection) -> list[str]:
+    errors = [f"log.trackers: {t!r} is named twice" for t in dict.fromkeys(log.trackers) if log.trackers.count(t) > 1]
+    if re.search(r"://[^/@]*@", log.mlflow_tracking_uri):
+        errors.append(
+            "log.mlflow_tracking_uri: has credentials (user:password@); put them in [env] "
+            "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, which never reach a file"
+        )
+    if re.search(r"\s", log.mlflow_tracking_uri):
+        errors.append(f"log.mlflow_tracking_uri: {_short(log.mlflow_tracking_uri)} contains whitespace")
     return errors
 
 
@@ -541,23 +807,54 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
             errors.append(f"{key}: {_short(path)} is longer than a path may be (255 bytes a name, 4095 in all)")
         return str(full)
 
+    def source(key: str, value: str) -> str:
+        """A folder relative to the job file becomes absolute; a hub id (org/name) stays as written."""
+        if not value:
+            return value
+        try:
+            local = value.startswith((".", "/", "~")) or (base / value).exists()
+        except (OSError, ValueError):  # too long for a path: not a folder here
+            local = False
+        return absolute(key, value) if local else value
+
     out = dataclasses.replace(spec)
     run_root = absolute("job.run_root", spec.job.run_root) if spec.job.run_root else str(default_run_root(base))
     out.job = dataclasses.replace(spec.job, run_root=run_root)
+
+    def data_path(key: str, path: str) -> str:
+        """Absolute, except a hub id that is not a local path (resolved at submit, not here)."""
+        return path if looks_like_hub_id(path) and not (base / path).exists() else absolute(key, path)
+
     out.data = dataclasses.replace(
         spec.data,
-        paths=[absolute(f"data.paths[{i}]", x) for i, x in enumerate(spec.data.paths)],
+        paths=[data_path(f"data.paths[{i}]", x) for i, x in enumerate(spec.data.paths)],
         tokenizer=spec.data.tokenizer
         if spec.data.tokenizer == "bytes"
-        else absolute("data.tokenizer", spec.data.tokenizer),
+        else source("data.tokenizer", spec.data.tokenizer),
+        cache_dir=absolute("data.cache_dir", spec.data.cache_dir),
+    )
+    out.eval = dataclasses.replace(
+        spec.eval, paths=[data_path(f"eval.paths[{i}]", x) for i, x in enumerate(spec.eval.paths)]
     )
     out.checkpoint = dataclasses.replace(spec.checkpoint, dir=absolute("checkpoint.dir", spec.checkpoint.dir))
-    local = Path(absolute("model.name_or_path", spec.model.name_or_path)) if spec.model.name_or_path else None
-    if local is not None and not errors and local.exists():
-        out.model = dataclasses.replace(spec.model, name_or_path=str(local))
+    out.model = dataclasses.replace(
+        spec.model,
+        name_or_path=source("model.name_or_path", spec.model.name_or_path),
+        config=source("model.config", spec.model.config),
+    )
     if errors:
         raise SpecError(errors)
     return out
+
+
+# A HuggingFace repo id 'org/name'; a local path has './', '/', '~', a glob or a data file suffix.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+_DATA_SUFFIX = re.compile(r"\.(txt|jsonl|json|gz|zst|parquet|csv|arrow)$")
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """'org/name' shaped, and not a data file name: a hub dataset (or model) id, resolved at submit."""
+    return bool(_HUB_ID.match(path)) and ".." not in path and not _DATA_SUFFIX.search(path)
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:
@@ -580,16 +877,28 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:
                 errors.append(f"--set {item!r}: {part} is not a table")
                 break
         else:
-            section = parts[0]
-            if section in SECTIONS and section != "env" and len(parts) == 2:
-                f = section_fields(section).get(parts[1])
-                if f is not None and _HINTS[_section_class(section)][f.name] is str and not isinstance(value, str):
-                    value = raw  # a str field given 123 or true means the text
-            elif section == "env" and not isinstance(value, str):
-                value = raw
+            if _field_type(parts) is str and not isinstance(value, str):
+                value = raw  # a str field (or an [env] value) given 123 or true means the text
             target[parts[-1]] = value
     if errors:
         raise SpecError(errors)
+
+
+def _field_type(parts: list[str]) -> Any:
+    """The annotation of the key at `parts` (section, key, nested key...), or None if unknown."""
+    if parts[0] == "env":
+        return str if len(parts) == 2 else None
+    if parts[0] not in SECTIONS:
+        return None
+    tp: Any = _section_class(parts[0])
+    for part in parts[1:]:
+        if not (dataclasses.is_dataclass(tp) and isinstance(tp, type)):
+            return None
+        f = {toml_key(f): f for f in dataclasses.fields(tp)}.get(part)
+        if f is None:
+            return None
+        tp = _HINTS[tp][f.name]
+    return tp
 
 
 def to_dict(spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
@@ -598,9 +907,15 @@ def to_dict(spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
         if f.name == "env":
             out["env"] = secretenv.redacted(spec.env) if redact else dict(spec.env)
             continue
-        section = getattr(spec, f.name)
-        out[f.name] = {toml_key(sf): getattr(section, sf.name) for sf in dataclasses.fields(section)}
+        out[f.name] = plain(getattr(spec, f.name))
     return out
+
+
+def plain(value: Any) -> Any:
+    """A section or nested table as TOML data (dataclasses become tables keyed by TOML key)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {toml_key(f): plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return copy.deepcopy(value)
 
 
 def dumps(spec: JobSpec, *, redact: bool = False) -> str:
@@ -622,12 +937,42 @@ def describe_schema(selector: str = "") -> list[str]:
             lines.append(f"[env]  table of strings\n    {f.metadata['doc']}")
             continue
         lines.append(f"[{f.name}]")
-        hints = _HINTS[_section_class(f.name)]
-        for key, sf in section_fields(f.name).items():
-            if "." in selector and selector.split(".", 1)[1] != key:
-                continue
-            default = _inline(getattr(_section_class(f.name)(), sf.name))
-            lines.append(f"  {key} = {default}    ({type_name(hints[sf.name])})\n      {sf.metadata['doc']}")
+        lines += _describe_table(_section_class(f.name), "", selector.split(".", 1)[1] if "." in selector else "")
+    return lines
+
+
+def key_paths() -> list[str]:
+    """Every key as it is written with --set: `section.key`, nested tables' as `slurm.container.kind`."""
+
+    def walk(cls: type, prefix: str) -> list[str]:
+        out = []
+        for f in dataclasses.fields(cls):
+            tp = _HINTS[cls][f.name]
+            if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+                out += walk(tp, f"{prefix}{toml_key(f)}.")
+            else:
+                out.append(prefix + toml_key(f))
+        return out
+
+    return [k for name in SECTIONS if name != "env" for k in walk(_section_class(name), f"{name}.")]
+
+
+def _describe_table(cls: type, prefix: str, selector: str) -> list[str]:
+    """Schema lines of one table's keys (nested tables' keys as `table.key`) under `selector`."""
+    lines = []
+    for sf in dataclasses.fields(cls):
+        key = prefix + toml_key(sf)
+        if selector and not (key == selector or key.startswith(selector + ".") or selector.startswith(key + ".")):
+            continue
+        tp = _HINTS[cls][sf.name]
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            if not selector or selector == key or key.startswith(selector + "."):
+                lines.append(f"  {key}    (table)\n      {sf.metadata['doc']}")
+            lines += _describe_table(tp, key + ".", selector)
+            continue
+        lines.append(
+            f"  {key} = {_inline(plain(getattr(cls(), sf.name)))}    ({type_name(tp)})\n      {sf.metadata['doc']}"
+        )
     return lines
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import procs, slurmcli
-from .records import Attempt, Cause, Event, EventKind, Executor, RunState
+from . import ckptfolder, procs, slurmcli
+from . import spec as specmod
+from .records import Attempt, Cause, Event, EventKind, Executor, RunState, TrackerIds
 from .runfolder import RunFolder
 
 # The final record of an attempt -> the run state it means.
@@ -41,10 +42,14 @@ class AttemptEnd:
     cause: Cause | None
     reason: str
 
+    @property
+    def label(self) -> str:
+        """'requeued (preempted)': the record and its cause (the TUI's attempts line)."""
+        return f"{self.event} ({self.cause})" if self.cause and self.cause != self.event else str(self.event)
+
     def describe(self) -> str:
         """'requeued (preempted): preempted at 2026-11-23T17:57:53 (SIGTERM); saved step 10'."""
-        label = f"{self.event} ({self.cause})" if self.cause and self.cause != self.event else str(self.event)
-        return f"{label}: {self.reason}" if self.reason else label
+        return f"{self.label}: {self.reason}" if self.reason else self.label
 
 
 def attempt_ends(events: list[Event]) -> list[AttemptEnd]:
@@ -73,6 +78,19 @@ class RunStatus:
     attempts: list[Attempt] = field(default_factory=list)
     ends: list[AttemptEnd] = field(default_factory=list)  # how each incarnation of each attempt ended
     notes: list[str] = field(default_factory=list)  # e.g. a checkpoint set aside, a save too slow for the grace
+    events: list[Event] = field(default_factory=list)
+    checkpoints: list[int] = field(default_factory=list)  # steps of the complete checkpoints
+    trackers: TrackerIds = field(default_factory=TrackerIds)
+    eval_loss: float | None = None
+    eval_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int | None = None
+    loss: float | None = None
+    eval_step: int | None = None
+    eval_loss: float | None = None
 
 
 def attempt_alive(attempt: Attempt) -> bool:
@@ -80,24 +98,44 @@ def attempt_alive(attempt: Attempt) -> bool:
     return attempt.leader is not None and procs.group_alive(attempt.leader)
 
 
-def _progress(run: RunFolder) -> tuple[int | None, float | None]:
+def _progress(run: RunFolder) -> Progress:
+    """The last row's step and loss, and the last evaluation's."""
     rows = run.metrics()
     if not rows:
-        return None, None
-    return rows[-1].get("step"), rows[-1].get("loss")
+        return Progress()
+    evals = [r for r in rows if r.get("eval_loss") is not None]
+    last_eval = evals[-1] if evals else {}
+    return Progress(rows[-1].get("step"), rows[-1].get("loss"), last_eval.get("step"), last_eval.get("eval_loss"))
+
+
+def _checkpoint_steps(run: RunFolder) -> list[int]:
+    try:
+        return [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_dir())]
+    except specmod.SpecError:  # a hand-edited job.toml must not break listing
+        return []
 
 
 def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) -> RunStatus:
     """State of one run. `queue` is a pre-fetched {job id: row} (see `statuses`)."""
     record = run.record()
-    step, loss = _progress(run)
+    progress = _progress(run)
     try:
         steps = run.spec().train.steps
     except Exception:  # a hand-edited job.toml must not break listing
         steps = None
-    st = RunStatus(run, RunState.PREPARED, executor=record.executor, step=step, steps=steps, loss=loss,
-                   attempts=record.attempts)  # fmt: skip
+    st = RunStatus(
+        run,
+        RunState.PREPARED,
+        executor=record.executor,
+        step=progress.step,
+        steps=steps,
+        loss=progress.loss,
+        attempts=record.attempts,
+        eval_loss=progress.eval_loss,
+        eval_step=progress.eval_step,
+    )
     events = run.events()
+    st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run), run.tracker_ids()
     st.notes = [f"step {e.step}: {e.reason}" for e in events if e.event is EventKind.CHECKPOINT_FALLBACK and e.reason]
     warnings = [e for e in events if e.event is EventKind.WARNING]
     if warnings:

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
+from . import modelsource
 from . import spec as specmod
-from .presets import PRESETS, llama_param_count
 
 
 def summary(spec: specmod.JobSpec, where: str) -> str:
     s, t = spec.slurm, spec.train
-    if spec.model.name_or_path:
-        model = spec.model.name_or_path
-    else:
-        params = llama_param_count({**PRESETS[spec.model.preset], **spec.model.from_config})
-        model = f"{spec.model.preset} (random init), ~{params / 1e6:.1f}M params"
     gpus = f"{s.gpus_per_node} GPU(s)" if s.gpus_per_node else "CPU"
     mesh = "replicate x shard" if len(spec.mesh_shape) == 2 else "shard"
     every = spec.checkpoint.every_steps
@@ -22,9 +17,9 @@ def summary(spec: specmod.JobSpec, where: str) -> str:
         f"time {spec.time_minutes} min, partition {s.partition or '(default)'}",
         f"mesh       {' x '.join(map(str, spec.mesh_shape))} ({mesh}), sharding {spec.effective_sharding}, "
         f"FSDP{spec.fsdp.version}, {spec.fsdp.mixed_precision}",
-        f"model      {model}",
+        f"model      {modelsource.describe(spec)}",
         f"data       {spec.data.source}{' ' + ', '.join(spec.data.paths) if spec.data.paths else ''}, "
-        f"seq {spec.data.seq_len}",
+        f"seq {spec.data.seq_len}" + (f", {spec.data.format}, {spec.packing} packing" if spec.data.paths else ""),
         f"train      {t.steps} steps x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
         f"({t.micro_batch_size}/rank x {t.grad_accum} accum), lr {t.lr:g} {t.schedule}",
         f"checkpoint {f'every {every} steps' if every else 'at the end'}"

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..control import slurmcli
+from ..control import launch, slurmcli
 from ..control import spec as specmod
 from ..worker.main import ENV_LOG_ALL_RANKS
 from .errors import NotInAllocation, SrunError
@@ -126,8 +125,9 @@ def srun_command(
         cmd.append(f"--mem={int(s.mem_gb * 1024)}M")
     if overlap:
         cmd.append("--overlap")
-    cmd += list(srun_args)
-    return [*cmd, sys.executable, "-u", "-m", "clusterfsdp.notebook.tasks", "_task", str(run_dir)]
+    task = launch.task_launch(spec)  # [slurm.container]: the image's Python, in the container
+    cmd += [*task.srun_args, *srun_args]
+    return [*cmd, *task.python, "-u", "-m", "clusterfsdp.notebook.tasks", "_task", str(run_dir)]
 
 
 def allocation_nodes(environ: Mapping[str, str] | None = None) -> int | None:

@@ -50,7 +50,7 @@ class SrunResult:
     def metrics_frame(self):
         """The metrics as a pandas DataFrame when pandas is installed, else the list of rows."""
         try:
-            import pandas as pd
+            import pandas as pd  # pyright: ignore[reportMissingImports]  (optional)
         except ImportError:
             return list(self.metrics)
         return pd.DataFrame(self.metrics)

@@ -4,6 +4,7 @@ import sys
 
 from .main import run
 
-if len(sys.argv) != 2:
-    sys.exit("usage: python -m clusterfsdp.worker RUN_DIR")
-run(sys.argv[1])
+if __name__ == "__main__":  # not when a spawned data-prepare process imports this as __mp_main__
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m clusterfsdp.worker RUN_DIR")
+    run(sys.argv[1])

@@ -20,7 +20,7 @@ class CheckpointError(RuntimeError):
     CheckpointException is a BaseException carrying full tracebacks)."""
 
 
-def _dcp_call(what: str, fn, *args, **kwargs):
+def dcp_call(what: str, fn, *args, **kwargs):
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
@@ -199,7 +199,7 @@ class Checkpointer:
             )
             self._pending = (future, partial, final, meta, t0)
         else:
-            _dcp_call(f"saving step {step}", save, self._state(), storage_writer=self._writer(partial))
+            dcp_call(f"saving step {step}", save, self._state(), storage_writer=self._writer(partial))
             self._finalize(partial, final, meta, t0)
 
     def poll(self) -> bool:
@@ -214,7 +214,7 @@ class Checkpointer:
             return
         future, partial, final, meta, t0 = self._pending
         self._pending = None
-        _dcp_call(f"saving step {meta['step']} (async)", future.result)
+        dcp_call(f"saving step {meta['step']} (async)", future.result)
         self._finalize(partial, final, meta, t0)
 
     def close(self) -> None:
@@ -245,7 +245,7 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict_loader import load
 
         state = self._state()
-        _dcp_call(f"loading {info.path.name}", load, state, checkpoint_id=str(info.path))
+        dcp_call(f"loading {info.path.name}", load, state, checkpoint_id=str(info.path))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rng_file = info.path / "rng" / f"rank{self.rank}.pt"
         if info.meta.get("world_size") == self.world_size and rng_file.is_file():

@@ -1,131 +1,265 @@
-"""Training data: a built-in byte tokenizer or a local HF tokenizer, text/jsonl files tokenized
-once and cached, or synthetic tokens; a global sample order that every data-parallel rank
-slices disjointly.
+"""Training data on a rank: batches read from a prepared dataset (or synthetic tokens), in a
+seeded global order that every data-parallel rank slices disjointly.
 
 The data position is one integer, `consumed` (global samples used so far). Batch k of any
 world size takes the next `world * micro_batch` samples of the same global order, so a
 resume on a different number of GPUs neither repeats nor skips a sample.
+
+Memory does not grow with the corpus: a sample's tokens are read from the shard files with
+pread (not memory-mapped: pages of a mapping that random reads touch would stay in the rank's
+resident set), the sample index likewise, and the order is computed per index
+(dataindex.Permutation). Rank 0 prepares what is missing (dataprep.py) while the other ranks
+wait for it on a gloo group with a long timeout; none of them ever tokenizes on its own.
 """
 
 from __future__ import annotations
 
-import glob
-import hashlib
-import json
 import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
+import numpy as np
 import torch
+import torch.distributed as dist
 
-from ..control.spec import DataSection
+from ..control import datasource
+from ..control.datasource import DataError
+from ..control.spec import JobSpec
+from .dataindex import Permutation, shard_offsets
+from .loss import IGNORE_INDEX
 
-BYTE_VOCAB = 260  # 256 bytes + BOS, EOS, PAD (+1 spare)
-BOS, EOS, PAD = 256, 257, 258
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids: needs no download and round-trips every text."""
-
-    vocab_size = BYTE_VOCAB
-    eos_token_id = EOS
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+PREPARE_WAIT = timedelta(days=7)  # how long ranks > 0 wait for rank 0's prepare
 
 
-def load_tokenizer(name: str):
-    if name == "bytes":
-        return ByteTokenizer()
-    from transformers import AutoTokenizer
+@dataclass
+class Batch:
+    """A micro-batch: inputs, shifted labels (IGNORE_INDEX where not trained on), and position
+    ids that restart at each document (packing 'documents'; None otherwise)."""
 
-    if not Path(name).is_dir():
-        raise FileNotFoundError(f"data.tokenizer: {name!r} is neither 'bytes' nor a local tokenizer folder")
-    return AutoTokenizer.from_pretrained(name)
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    position_ids: torch.Tensor | None = None
 
+    def to(self, device: torch.device) -> Batch:
+        positions = self.position_ids
+        return Batch(
+            self.input_ids.to(device, non_blocking=True),
+            self.labels.to(device, non_blocking=True),
+            None if positions is None else positions.to(device, non_blocking=True),
+        )
 
-def _files(paths: list[str]) -> list[Path]:
-    out: list[Path] = []
-    for p in paths:
-        matches = sorted(glob.glob(os.path.expanduser(p))) if any(c in p for c in "*?[") else [os.path.expanduser(p)]
-        if not matches:
-            raise FileNotFoundError(f"data.paths: {p!r} matches no file")
-        out += [Path(m) for m in matches]
-    for f in out:
-        if not f.is_file():
-            raise FileNotFoundError(f"data.paths: {f} is not a file")
-    return out
-
-
-def _documents(path: Path, text_key: str):
-    if path.suffix == ".jsonl":
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        yield json.loads(line)[text_key]
-                    except (json.JSONDecodeError, KeyError, TypeError) as e:
-                        raise ValueError(f"{path}:{n}: not a JSON object with a {text_key!r} string ({e})") from None
-    else:
-        yield path.read_text(encoding="utf-8", errors="replace")
+    @property
+    def label_count(self) -> int:
+        return int((self.labels != IGNORE_INDEX).sum())
 
 
-def tokenize_files(cfg: DataSection, cache_dir: Path) -> torch.Tensor:
-    """All documents as one int32 token stream (EOS between documents), cached by content key."""
-    files = _files(cfg.paths)
-    key = hashlib.sha256(
-        json.dumps(
-            [cfg.tokenizer, cfg.text_key] + [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
-        ).encode()
-    ).hexdigest()[:20]
-    cached = cache_dir / f"{key}.pt"
-    if cached.is_file():
-        return torch.load(cached)
-    tok = load_tokenizer(cfg.tokenizer)
-    eos = tok.eos_token_id if tok.eos_token_id is not None else 0
-    ids: list[int] = []
-    for f in files:
-        for doc in _documents(f, cfg.text_key):
-            ids += [*tok.encode(doc), eos]
-    stream = torch.tensor(ids, dtype=torch.int32)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
-    torch.save(stream, tmp)
-    os.replace(tmp, cached)  # several ranks may race here; each writes the same bytes
-    return stream
+@dataclass
+class Sample:
+    input_ids: np.ndarray
+    labels: np.ndarray
+    positions: np.ndarray | None = None
 
 
-class Samples:
-    """Fixed-length samples (seq_len + 1 tokens: inputs and shifted labels) in a seeded global order."""
+class _Reader:
+    """Reads ranges of one flat array spread over shard files, with pread (O(1) memory); at most
+    MAX_OPEN shard files are open at a time (a 1 TB corpus has tens of thousands of shards)."""
 
-    def __init__(self, cfg: DataSection, vocab_size: int, seed: int, cache_dir: Path):
-        self.seq_len, self.seed, self.vocab = cfg.seq_len, seed, vocab_size
-        self.stream = tokenize_files(cfg, cache_dir) if cfg.source == "files" else None
-        if self.stream is not None:
-            self.count = (len(self.stream) - 1) // self.seq_len
-            if self.count < 1:
-                raise ValueError(f"data: {len(self.stream)} tokens is fewer than one sample of seq_len {self.seq_len}")
-            top = int(self.stream.max())
-            if top >= vocab_size:
-                raise ValueError(f"data: token id {top} does not fit the model's vocab_size {vocab_size}")
+    MAX_OPEN = 64
+
+    def __init__(self, paths: list[Path], offsets: np.ndarray, dtype: np.dtype):
+        self.paths, self.offsets, self.dtype = paths, offsets, dtype
+        self.fds: OrderedDict[int, int] = OrderedDict()
+
+    def _fd(self, i: int) -> int:
+        if i in self.fds:
+            self.fds.move_to_end(i)
         else:
-            self.count = 1 << 30
-        self._epoch, self._order = -1, torch.empty(0, dtype=torch.long)
+            if len(self.fds) >= self.MAX_OPEN:
+                os.close(self.fds.popitem(last=False)[1])
+            self.fds[i] = os.open(self.paths[i], os.O_RDONLY)
+        return self.fds[i]
 
-    def _sample(self, index: int) -> torch.Tensor:
-        if self.stream is None:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-            return torch.randint(0, self.vocab, (self.seq_len + 1,), generator=g)
-        epoch, pos = divmod(index, self.count)
-        if epoch != self._epoch:
-            g = torch.Generator().manual_seed(self.seed + 7919 * epoch)
-            self._epoch, self._order = epoch, torch.randperm(self.count, generator=g)
-        start = int(self._order[pos]) * self.seq_len
-        return self.stream[start : start + self.seq_len + 1].long()
+    def read(self, start: int, length: int) -> np.ndarray:
+        out = np.empty(length, self.dtype)
+        at = 0
+        shard = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        while at < length:
+            first = start + at - int(self.offsets[shard])
+            n = min(length - at, int(self.offsets[shard + 1]) - (start + at))
+            raw = _pread(self._fd(shard), n * self.dtype.itemsize, first * self.dtype.itemsize)
+            out[at : at + n] = np.frombuffer(raw, self.dtype)
+            at, shard = at + n, shard + 1
+        return out
 
-    def batch(self, consumed: int, dp_rank: int, dp_size: int, micro_batch: int) -> torch.Tensor:
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def _pread(fd: int, n: int, offset: int) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        chunk = os.pread(fd, n - got, offset + got)
+        if not chunk:
+            raise DataError(f"prepared data ended early (fd {fd} at {offset + got}): was it modified?")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+class PreparedSamples:
+    """The samples of one index of a prepared dataset (see dataindex.py)."""
+
+    def __init__(self, folder: Path, index: str, seq_len: int, seed: int, order: str):
+        import json
+
+        self.manifest: dict[str, Any] = json.loads((folder / "manifest.json").read_text())
+        self.meta: dict[str, Any] = json.loads((folder / "index" / index / "meta.json").read_text())
+        self.seq_len, self.seed, self.order = seq_len, seed, order
+        self.count = int(self.meta["samples"])
+        self.documents = self.meta["packing"] == "documents"
+        n = len(self.manifest["shards"])
+        offsets = shard_offsets(self.manifest)
+        shards = folder / "shards"
+        self.tokens = _Reader([shards / f"{i:05d}.tok" for i in range(n)], offsets, np.dtype(self.manifest["dtype"]))
+        self.mask = (
+            _Reader([shards / f"{i:05d}.msk" for i in range(n)], offsets, np.dtype(np.uint8))
+            if self.manifest["mask"]
+            else None
+        )
+        table = self.meta["kind"] == "table"
+        tables = folder / "index" / index
+        self.offsets = _Reader([tables / "samples.i64"], np.array([0, self.count + 1]), np.dtype(np.int64))
+        self.segments = _Reader([tables / "segments.i64"], np.array([0, 1 << 62]), np.dtype(np.int64))
+        self.table = table
+        self.pad = int(self.manifest["eos"])
+        self._perm: tuple[int, Permutation] | None = None
+
+    @property
+    def all_labels_trained(self) -> bool:
+        """Every label of every batch counts (no mask, no padding, no document boundaries)."""
+        return not self.documents and self.mask is None
+
+    def _ranges(self, k: int) -> list[tuple[int, int]]:
+        if not self.table:
+            return [(k * self.seq_len, self.seq_len + 1)]
+        a, b = (int(x) for x in self.offsets.read(k, 2))
+        flat = self.segments.read(2 * a, 2 * (b - a))
+        return [(int(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    def _labels(self, start: int, length: int) -> np.ndarray:
+        labels = self.tokens.read(start + 1, length - 1).astype(np.int64)
+        if self.mask is not None:
+            labels[self.mask.read(start + 1, length - 1) == 0] = IGNORE_INDEX
+        return labels
+
+    def sample(self, k: int) -> Sample:
+        """Sample k: input ids, labels and (packing 'documents') position ids, each seq_len long."""
+        ranges = self._ranges(k)
+        seq = self.seq_len
+        if not self.documents:  # one window of seq + 1 tokens, maybe in several ranges
+            ids = np.concatenate([self.tokens.read(s, n) for s, n in ranges]).astype(np.int64)
+            labels = ids[1:].copy()
+            if self.mask is not None:
+                mask = np.concatenate([self.mask.read(s, n) for s, n in ranges])
+                labels[mask[1:] == 0] = IGNORE_INDEX
+            return Sample(ids[:-1], labels)
+        ids = np.full(seq, self.pad, np.int64)
+        labels = np.full(seq, IGNORE_INDEX, np.int64)
+        positions = np.zeros(seq, np.int64)
+        at = 0
+        for s, n in ranges:  # each range: a document (or a piece) of n tokens, n - 1 positions
+            ids[at : at + n - 1] = self.tokens.read(s, n - 1)
+            labels[at : at + n - 1] = self._labels(s, n)
+            positions[at : at + n - 1] = np.arange(n - 1)
+            at += n - 1
+        return Sample(ids, labels, positions)
+
+    def index_of(self, position: int) -> int:
+        """The sample at a position of the read order: training epochs reshuffle; eval is fixed."""
+        epoch, pos = divmod(position, self.count)
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, Permutation(self.count, self.seed, epoch if self.order == "train" else -1))
+        return self._perm[1](pos)
+
+    def batch(self, consumed: int, dp_rank: int, dp_size: int, micro_batch: int) -> Batch:
         """This rank's micro-batch of the global batch that starts at sample `consumed`."""
         first = consumed + dp_rank * micro_batch
-        return torch.stack([self._sample(first + i) for i in range(micro_batch)])
+        parts = [self.sample(self.index_of(first + i)) for i in range(micro_batch)]
+        positions = [p.positions for p in parts if p.positions is not None]
+        return Batch(
+            torch.from_numpy(np.stack([p.input_ids for p in parts])),
+            torch.from_numpy(np.stack([p.labels for p in parts])),
+            torch.from_numpy(np.stack(positions)) if positions else None,
+        )
+
+
+class SyntheticSamples:
+    """Random tokens from a generator seeded by (seed, sample index): any sample, any rank."""
+
+    all_labels_trained = True
+
+    def __init__(self, seq_len: int, vocab_size: int, seed: int):
+        self.seq_len, self.vocab, self.seed = seq_len, vocab_size, seed
+        self.count = 1 << 30
+
+    def batch(self, consumed: int, dp_rank: int, dp_size: int, micro_batch: int) -> Batch:
+        first = consumed + dp_rank * micro_batch
+        rows = []
+        for i in range(micro_batch):
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + first + i)
+            rows.append(torch.randint(0, self.vocab, (self.seq_len + 1,), generator=g))
+        tokens = torch.stack(rows)
+        return Batch(tokens[:, :-1], tokens[:, 1:])
+
+
+@dataclass
+class TrainingData:
+    """What a rank reads: training samples, evaluation samples (or None), and the token ids the
+    data can hold (the model's vocabulary must cover them; None for synthetic data)."""
+
+    train: PreparedSamples | SyntheticSamples | None
+    eval: PreparedSamples | None
+    vocab_size: int | None
+    max_id: int = -1
+    key: str = ""  # the prepared training dataset's key (recorded in checkpoints)
+
+
+def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
+    """Rank 0 finds (or prepares) the job's datasets and indexes; every rank then opens them.
+    A DataError on rank 0 reaches every rank, so they all stop with the same message."""
+    if spec.data.source != "files":
+        return TrainingData(None, None, None)
+    group = (
+        cast(dist.ProcessGroup, dist.new_group(backend="gloo", timeout=PREPARE_WAIT)) if dist.is_initialized() else None
+    )
+    answer: list[Any] = [None]
+    failure: BaseException | None = None
+    if rank == 0:
+        from . import dataprep
+
+        try:
+            refs = dataprep.ensure(spec, log)
+            answer = [{r.role: str(r.folder) for r in refs}]
+        except Exception as e:  # every rank must hear of it, or they would wait for days
+            failure = e
+            answer = [str(e) if isinstance(e, DataError) else f"rank 0 could not prepare the data: {e!r}"]
+    if group is not None:
+        dist.broadcast_object_list(answer, src=0, group=group)
+        dist.destroy_process_group(group)
+    if failure is not None and not isinstance(failure, DataError):
+        raise failure
+    if isinstance(answer[0], str):
+        raise DataError(answer[0])
+    folders: dict[str, str] = answer[0]
+    opened: dict[str, PreparedSamples] = {}
+    for role, data_role in datasource.sample_roles(spec):
+        index = datasource.index_id(spec, role)
+        opened[role] = PreparedSamples(Path(folders[data_role]), index, spec.data.seq_len, spec.job.seed, role)
+    train, held = opened["train"], opened.get("eval")
+    max_id = max(int(s.manifest["max_id"]) for s in opened.values())
+    return TrainingData(train, held, int(train.manifest["vocab_size"]), max_id, Path(folders["train"]).name)

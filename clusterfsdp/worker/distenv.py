@@ -189,7 +189,7 @@ def interface_addresses() -> dict[str, str]:
 
 
 def resolve(host: str) -> str:
-    return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+    return str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
 
 
 def route_interface(master_addr: str) -> tuple[str, str]:

@@ -1,46 +1,164 @@
-"""Export a DCP checkpoint as a plain HuggingFace model folder (config.json + safetensors)
-that `from_pretrained` loads on one machine without FSDP or torch.distributed."""
+"""Export a DCP checkpoint as a HuggingFace folder that plain transformers loads and generates from:
+config.json (the training config with `use_cache: true` and the tokenizer's bos/eos/pad ids),
+safetensors weights in a chosen dtype, the tokenizer (for the built-in byte tokenizer, an HF
+tokenizer that encodes the same ids) and generation_config.json.
+
+`python -m clusterfsdp.worker.export RUN_DIR --step N --to DIR [--dtype D] [--force]`; the CLI's
+`clusterfsdp export` runs it as a subprocess (the control plane never imports torch). It reads
+only the run folder: the checkpoint, job.toml and <run>/model/ (the model's config files and the
+tokenizer's files, copied there at submit), so it works after the original folders moved.
+The folder is written next to DIR and renamed into place: a failed export leaves DIR as it was.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import os
+import shutil
+import sys
+import warnings
 from pathlib import Path
+from typing import Any
 
-from ..control.spec import JobSpec
+from ..control import runfolder
+from ..control.spec import JobSpec, SpecError
+
+EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
+BYTE_SPECIALS = ("<bos>", "<eos>", "<pad>")  # ids 256, 257, 258 (worker/data.py)
 
 
-def export_hf(spec: JobSpec, checkpoint_dir: Path, out: Path) -> Path:
-    import torch.distributed.checkpoint as dcp
-    from transformers import AutoModelForCausalLM
+def sources(spec: JobSpec, run: runfolder.RunFolder) -> JobSpec:
+    """The spec with its tokenizer pointing at the run's kept copy when there is one."""
+    kept = run.model_dir / "tokenizer"
+    if spec.data.tokenizer != "bytes" and kept.is_dir():
+        return dataclasses.replace(spec, data=dataclasses.replace(spec.data, tokenizer=str(kept)))
+    return spec
 
-    from .model import DTYPES, build_config
-    from .train import _data_vocab
 
-    config = build_config(spec.model, _data_vocab(spec))
-    model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[spec.model.dtype])
-    state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(checkpoint_dir), no_dist=True)
-    model.load_state_dict(state["model"])
-    model.tie_weights()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+def byte_tokenizer():
+    """An HF tokenizer giving the ids of data.ByteTokenizer: UTF-8 bytes 0-255, then <bos> <eos> <pad>
+    (written literally in a text they stay bytes: split_special_tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    chars = bytes_to_unicode()  # byte -> the printable character byte-level BPE uses for it
+    tok = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)  # type: ignore[assignment]
+    tok.decoder = decoders.ByteLevel()  # type: ignore[assignment]
+    tok.add_special_tokens(list(BYTE_SPECIALS))
+    bos, eos, pad = BYTE_SPECIALS
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, split_special_tokens=True
+    )
+
+
+def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: str | None, force: bool) -> Path:
+    from torch.distributed.checkpoint.state_dict_loader import load
+    from transformers import AutoTokenizer, GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    from . import model as modelmod
+    from .checkpoint import dcp_call
+    from .progress import task
+    from .train import token_ids
+    from .weights import compute_buffers
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+    spec = sources(run.spec(), run)
+    kept = run.model_dir if (run.model_dir / "config.json").is_file() else None
+    trained = token_ids(spec)  # what the training config was built with (None for synthetic data)
+    config = modelmod.build_config(spec.model, trained, kept)
+    tokens = trained or token_ids(dataclasses.replace(spec, data=dataclasses.replace(spec.data, source="files")))
+    with task("building the model"):
+        model: Any = modelmod.build_meta(spec.model, config).to_empty(device="cpu")  # a transformers model
+        compute_buffers(model)
+    with task(f"loading checkpoint {checkpoint_dir.name}"):
+        state = {"model": model.state_dict()}
+        dcp_call(f"loading {checkpoint_dir.name}", load, state, checkpoint_id=str(checkpoint_dir), no_dist=True)
+        model.load_state_dict(state["model"])
+        model.tie_weights()
+
+    config.use_cache = True
+    assert tokens is not None  # (a tokenizer, or the byte tokenizer)
+    for name in ("bos", "eos", "pad"):
+        if getattr(tokens, name) is not None:
+            setattr(config, f"{name}_token_id", getattr(tokens, name))
+    model.to(modelmod.DTYPES[dtype or spec.model.dtype])
+    tmp = out.with_name(f".{out.name}.export-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with task(f"writing safetensors to {out}"):
+            model.save_pretrained(tmp, safe_serialization=True)
+        if spec.data.tokenizer == "bytes":
+            byte_tokenizer().save_pretrained(tmp)
+        else:
+            AutoTokenizer.from_pretrained(spec.data.tokenizer).save_pretrained(tmp)
+        gen = (
+            GenerationConfig.from_pretrained(kept)
+            if kept is not None and (kept / "generation_config.json").is_file()
+            else GenerationConfig.from_model_config(config)
+        )
+        for name in ("bos", "eos", "pad"):
+            if getattr(tokens, name) is not None:
+                setattr(gen, f"{name}_token_id", getattr(tokens, name))
+        gen.save_pretrained(tmp)
+        _replace(tmp, out, force)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
+def _replace(tmp: Path, out: Path, force: bool) -> None:
+    """Move the finished export into place; with force, an existing folder is removed only after."""
+    if out.exists() and any(out.iterdir()) and not force:
+        raise FileExistsError(f"--to {out}: not empty (use --force to replace it)")
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m clusterfsdp.worker.export RUN_DIR CHECKPOINT_DIR TO` (what `clusterfsdp export`
-    runs, so that the control plane never imports torch)."""
-    import argparse
-
-    from ..control.runfolder import RunFolder
-
-    p = argparse.ArgumentParser(prog="python -m clusterfsdp.worker.export")
+    p = argparse.ArgumentParser(prog="python -m clusterfsdp.worker.export", description=(__doc__ or "").split("\n")[0])
     p.add_argument("run_dir")
-    p.add_argument("checkpoint")
-    p.add_argument("to")
+    p.add_argument("--step", type=int, help="checkpoint step (default: the newest complete one)")
+    p.add_argument("--to", required=True)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: model.dtype of the run")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --to folder")
     args = p.parse_args(argv)
-    checkpoint = Path(args.checkpoint)
-    out = export_hf(RunFolder(Path(args.run_dir)).spec(), checkpoint, Path(args.to))
-    print(f"exported {checkpoint.name} to {out} (load with AutoModelForCausalLM.from_pretrained)")
+    from ..control import ckptfolder
+
+    warnings.simplefilter("ignore")  # torch/transformers warnings would bury the one-line result
+
+    run = runfolder.RunFolder(Path(args.run_dir))
+    out = Path(args.to).expanduser().absolute()
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not args.force)):
+        problem = "not a folder" if not out.is_dir() else "not empty (use --force to replace it)"
+        print(f"error: --to {out}: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        info = ckptfolder.find(run.checkpoints_dir(), args.step)
+    except SpecError as e:
+        print(f"error: {run.job_toml}: {e.errors[0]}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if info is None:
+        at = f" at step {args.step}" if args.step is not None else ""
+        print(f"error: run {run.id}: no complete checkpoint{at}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        export_hf(run, info.path, out, args.dtype, args.force)
+    except Exception as e:  # one line, no traceback: a corrupt checkpoint, a missing tokenizer, a full disk
+        reason = " ".join(str(e).split())[:500]
+        print(
+            f"error: exporting step {info.step} of run {run.id} failed: {type(e).__name__}: {reason}", file=sys.stderr
+        )
+        return EXIT_FAILED
+    print(f"exported step {info.step} to {out} (AutoModelForCausalLM / AutoTokenizer.from_pretrained)")
     return 0
 
 

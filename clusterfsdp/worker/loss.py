@@ -16,18 +16,21 @@ no bias, no logit scaling or soft-capping) a `clusterfsdp_loss(input_ids, labels
 method; under FSDP2 it is registered as a forward method, so the root unit's parameters
 (the tied embedding / lm_head) are gathered around it exactly as around `forward`.
 `causal_lm_loss` uses that method when present and otherwise falls back to
-`model(input_ids).logits` + cross-entropy (FSDP1, other architectures).
+`model(input_ids).logits` + cross-entropy (FSDP1, other architectures), plus the router's
+auxiliary loss for a mixture of experts that asks for it.
 """
 
 from __future__ import annotations
 
 import types
 from collections.abc import Callable
+from typing import Any, Literal  # models: transformers PreTrainedModels, possibly FSDP-wrapped
 
 import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
+Reduction = Literal["mean", "sum"]
 # Largest chunk of logits formed at once, in elements (2**29: 1 GiB of bf16 logits, and as much
 # again for their gradient; 4096 tokens of a 128k vocabulary).
 CHUNK_ELEMENTS = 2**29
@@ -81,7 +84,9 @@ def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Te
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, ignore_index: int, chunk: int, ce: Callable, grad_enabled: bool):
+    def forward(
+        ctx, hidden, weight, labels, ignore_index: int, chunk: int, ce: Callable, grad_enabled: bool, mean: bool
+    ):
         # (needs_input_grad is also true under no_grad: the caller passes the grad mode)
         need_h, need_w = grad_enabled and ctx.needs_input_grad[0], grad_enabled and ctx.needs_input_grad[1]
         n = hidden.shape[0]
@@ -94,11 +99,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss, g = ce(logits, y, ignore_index, hidden.dtype)
             del logits
             total += loss
-            if need_h:
+            if grad_h is not None:
                 torch.mm(g, weight, out=grad_h[start : start + chunk])
-            if need_w:
+            if grad_w is not None:
                 grad_w = _accumulate(grad_w, g.t(), h)
-        count = (labels != ignore_index).sum()
+        count = (labels != ignore_index).sum() if mean else torch.ones((), device=hidden.device)
         ctx.weight_dtype = weight.dtype
         ctx.save_for_backward(grad_h, grad_w, count)
         return total / count
@@ -109,7 +114,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         scale = grad_out.float() / count
         gh = grad_h * scale if grad_h is not None and ctx.needs_input_grad[0] else None
         gw = (grad_w * scale).to(ctx.weight_dtype) if grad_w is not None and ctx.needs_input_grad[1] else None
-        return gh, gw, None, None, None, None, None
+        return gh, gw, None, None, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -120,8 +125,10 @@ def linear_cross_entropy(
     ignore_index: int = IGNORE_INDEX,
     compile: bool = False,
     chunk_elements: int = CHUNK_ELEMENTS,
+    reduction: Reduction = "mean",
 ) -> torch.Tensor:
-    """mean over non-ignored tokens of cross_entropy(hidden @ weight.T, labels), chunked.
+    """mean (or sum) over non-ignored tokens of cross_entropy(hidden @ weight.T, labels), chunked.
+    Ignored tokens contribute exactly zero to the loss and to every gradient.
 
     hidden: (..., H) in the compute dtype; weight: (V, H); labels: (...) int.
     """
@@ -130,18 +137,26 @@ def linear_cross_entropy(
     n, vocab = h.shape[0], weight.shape[0]
     pieces = max(1, -(-n * vocab // chunk_elements))
     chunk = -(-n // pieces)  # equal chunks: one compiled shape
-    return _LinearCrossEntropy.apply(h, weight, y, ignore_index, chunk, _ce(compile), torch.is_grad_enabled())
-
-
-def _fused_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Bound to the HF model by `attach`: decoder stack, then lm_head fused with the loss."""
-    hidden = self.base_model(input_ids=input_ids).last_hidden_state
-    return linear_cross_entropy(
-        hidden, self.get_output_embeddings().weight, labels, compile=self._clusterfsdp_compile_loss
+    return _LinearCrossEntropy.apply(
+        h, weight, y, ignore_index, chunk, _ce(compile), torch.is_grad_enabled(), reduction == "mean"
     )
 
 
-def supports_fused(model: torch.nn.Module) -> bool:
+def _fused_loss(
+    self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None, reduction: Reduction
+) -> torch.Tensor:
+    """Bound to the HF model by `attach`: decoder stack, then lm_head fused with the loss."""
+    hidden = self.base_model(input_ids=input_ids, position_ids=position_ids).last_hidden_state
+    return linear_cross_entropy(
+        hidden,
+        self.get_output_embeddings().weight,
+        labels,
+        compile=self._clusterfsdp_compile_loss,
+        reduction=reduction,
+    )
+
+
+def supports_fused(model: Any) -> bool:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return (
         type(model).__name__ in FUSED_ARCHITECTURES
@@ -151,36 +166,57 @@ def supports_fused(model: torch.nn.Module) -> bool:
     )
 
 
-def attach(model: torch.nn.Module, *, compile: bool) -> bool:
+def attach(model: Any, *, compile: bool) -> bool:
     """Give `model` the fused `clusterfsdp_loss` method (an FSDP2 forward method when sharded)."""
     if not supports_fused(model):
         return False
     from torch.distributed.fsdp import register_fsdp_forward_method
 
-    model._clusterfsdp_compile_loss = compile
-    model.clusterfsdp_loss = types.MethodType(_fused_loss, model)
+    # plain attributes (not parameters or submodules), set past nn.Module's typed __setattr__
+    object.__setattr__(model, "_clusterfsdp_compile_loss", compile)
+    object.__setattr__(model, "clusterfsdp_loss", types.MethodType(_fused_loss, model))
     register_fsdp_forward_method(model, "clusterfsdp_loss")
     return True
 
 
-def _logits_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+def _logits_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: Reduction) -> torch.Tensor:
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction=reduction
+    )
 
 
 _compiled_logits_loss: Callable | None = None
 
 
 def causal_lm_loss(
-    model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, *, compile: bool = False
+    model: Any,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    position_ids: torch.Tensor | None = None,
+    compile: bool = False,
+    reduction: Reduction = "mean",
 ) -> torch.Tensor:
-    """Mean next-token cross-entropy; `labels` are the already shifted targets of `input_ids`."""
+    """Next-token cross-entropy, mean or sum over the labels that are not IGNORE_INDEX; `labels`
+    are the already shifted targets of `input_ids`. `position_ids` that restart inside a row
+    mark packed documents (the attention kernels keep them apart, see data.py).
+
+    A mixture of experts whose config asks for router logits (`output_router_logits`) also gets
+    its load-balancing loss, weighted by `router_aux_loss_coef`, as transformers adds it (per
+    token: scaled by the label count under reduction 'sum', so it weighs as under 'mean')."""
     global _compiled_logits_loss
-    fused = getattr(model, "clusterfsdp_loss", None)
+    fused: Callable[..., torch.Tensor] | None = getattr(model, "clusterfsdp_loss", None)
     if fused is not None:
-        return fused(input_ids, labels)
-    logits = model(input_ids=input_ids).logits
+        return fused(input_ids, labels, position_ids, reduction)
+    out = model(input_ids=input_ids, position_ids=position_ids)
     if compile:
         if _compiled_logits_loss is None:
             _compiled_logits_loss = torch.compile(_logits_loss)
-        return _compiled_logits_loss(logits, labels)
-    return _logits_loss(logits, labels)
+        loss = _compiled_logits_loss(out.logits, labels, reduction)
+    else:
+        loss = _logits_loss(out.logits, labels, reduction)
+    aux = getattr(out, "aux_loss", None)
+    if aux is not None:
+        weight = model.config.router_aux_loss_coef * aux.to(loss.device)
+        loss = loss + (weight * (labels != IGNORE_INDEX).sum() if reduction == "sum" else weight)
+    return loss

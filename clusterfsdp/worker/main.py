@@ -14,15 +14,24 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..control import lock, outcomes, runfolder, secretenv, slurmcli
 from ..control import spec as specmod
 from ..control.records import Cause, Event, EventKind, Executor
 from . import distenv
 from .stopflags import StopFlags
+
+if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed the signal flags
+    from .metrics import MetricsWriter
+    from .trackers import Trackers
+
+if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed the signal flags
+    from .metrics import MetricsWriter
+    from .trackers import Trackers
 
 LOCAL_REQUEUE_EXIT = 144  # submitit's local controller restarts the tasks on this exit code
 ENV_LOG_ALL_RANKS = "CLUSTERFSDP_LOG_ALL_RANKS"  # "1": every rank prints progress (notebook all_ranks=True)
@@ -85,12 +94,14 @@ def _apply_env(spec: specmod.JobSpec, chosen: dict[str, str]) -> None:
 class _Attempt:
     """This rank's view of the incarnation it runs, for the failure record: the environment
     (the local executor's restart count is known only after the process group is up), the
-    progress of the loop, and the attempt lock rank 0 holds."""
+    progress of the loop, and what rank 0 holds: the attempt lock and the metrics sink (with
+    the experiment trackers, closed with the attempt's outcome)."""
 
     run: runfolder.RunFolder
     env: distenv.DistEnv
     progress: Any = None  # train.Progress, once torch and the loop are imported
     lock: lock.FileLock | None = None
+    sink: MetricsWriter | None = None
 
     def event(self, kind: EventKind, **fields) -> None:
         _event(self.run, self.env, kind, **fields)
@@ -103,8 +114,15 @@ class _Attempt:
         done = self.progress.steps_done if self.progress is not None else 0
         self.event(EventKind.FAILED, reason=" ".join(reason.split())[:500], cause=failure_cause(e), step=step,
                    steps_done=done)  # fmt: skip
+        self.close_trackers("failed")
         if self.lock is not None:
             self.lock.release()
+
+    def close_trackers(self, outcome: str) -> None:
+        """outcome: 'completed', 'preempted' (it comes back), 'stopped' or 'failed'."""
+        if self.sink is not None and self.sink.trackers is not None:
+            self.sink.trackers.finish(outcome)
+            self.sink.trackers = None
 
 
 # What gloo and NCCL raise when a peer died, a connection broke or a collective timed out.
@@ -129,6 +147,9 @@ def run(run_dir: str) -> str:
     """Train on this rank; returns the outcome ('completed', 'stopped') or exits (a requeue, a
     restart of the local executor). Every exception is recorded as a `failed` event first."""
     flags = StopFlags()  # first: a signal during the imports below must not be lost
+    # Compute nodes never download: submit resolved every hub id to a local snapshot folder
+    # (set before huggingface_hub is imported; [env] may still override it).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     attempt = _Attempt(runfolder.RunFolder(Path(run_dir)), distenv.from_environ())
     try:
         return _train(attempt, flags)
@@ -181,11 +202,13 @@ def _train(attempt: _Attempt, flags: StopFlags) -> str:
             print(f"[rank{env.rank}] {msg}", flush=True)
 
     slurmcli.on_retry = log
-    verdict = torch.zeros(1)
+    verdict = torch.zeros(1)  # rank 0 tells the others whether this attempt may train
     if env.rank == 0:
         try:
             attempt.lock = _attempt_lock(run, env)
-        except RuntimeError:
+            number = sum(1 for e in run.events() if e.event is EventKind.START)
+            attempt.sink = metrics.MetricsWriter(run.metrics_file, number, _trackers(run, spec, number, log))
+        except BaseException:
             verdict.fill_(1)
             raise
         finally:
@@ -193,7 +216,7 @@ def _train(attempt: _Attempt, flags: StopFlags) -> str:
     else:
         dist.broadcast(verdict, 0)
         if verdict.item():
-            raise RuntimeError("rank 0 found another attempt training in this run folder; not starting")
+            raise RuntimeError("rank 0 did not start this attempt (see its log); not starting")
     if env.local_rank == 0:
         distenv.write_node_record(
             run.node_record(env.job_id, env.restart, socket.gethostname()),
@@ -212,7 +235,8 @@ def _train(attempt: _Attempt, flags: StopFlags) -> str:
         record = run.record()
         if env.launcher == "slurm" and record.dry_run and record.attempt(env.job_id) is None:
             run.add_attempt(env.job_id, Executor.SLURM, "submitted by hand (sbatch)")
-        attempt.event(EventKind.START, world_size=env.world_size, nodes=env.num_nodes)
+        number = attempt.sink.attempt if attempt.sink is not None else None
+        attempt.event(EventKind.START, world_size=env.world_size, nodes=env.num_nodes, attempt=number)
     log(
         f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
         f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}"
@@ -223,32 +247,45 @@ def _train(attempt: _Attempt, flags: StopFlags) -> str:
         env.rank,
         env.world_size,
         run.checkpoints_dir(spec),
-        Path(spec.job.run_root).expanduser() / ".cache" / "tokens",
         run.job_toml.read_text(),
         log,
-        metrics.MetricsWriter(run.metrics_file) if env.rank == 0 else None,
+        attempt.sink,
         lambda event, **f: attempt.event(event, **f) if env.rank == 0 else None,
         flags,
         attempt.progress,
+        run.model_dir,
     )
     status = "completed"
     if outcome.status == "interrupted":
         status = _interrupted(attempt, spec, outcome, log)
     elif env.rank == 0:
         attempt.event(EventKind.COMPLETED, step=outcome.step, checkpoint=outcome.checkpoint, cause=Cause.COMPLETED)
-    _finish(attempt)
+    _finish(attempt, status)
     return status
 
 
 def _nccl_version() -> str:
-    import torch.cuda.nccl as nccl
+    from torch.cuda import nccl
 
     return ".".join(map(str, nccl.version()))
 
 
-def _finish(attempt: _Attempt) -> None:
+def _trackers(
+    run: runfolder.RunFolder, spec: specmod.JobSpec, attempt: int, log: Callable[[str], None]
+) -> Trackers | None:
+    """Rank 0's experiment trackers (none configured: None, and no tracker package is imported)."""
+    if not spec.log.trackers:
+        return None
+    from .trackers import Trackers
+
+    return Trackers.open(run, spec, attempt, log)
+
+
+def _finish(attempt: _Attempt, outcome: str) -> None:
+    """End this rank's part: close the trackers with `outcome`, release the lock, leave the group."""
     import torch.distributed as dist
 
+    attempt.close_trackers(outcome)
     if attempt.lock is not None:
         attempt.lock.release()
         attempt.lock = None
@@ -284,7 +321,7 @@ def _interrupted(attempt: _Attempt, spec: specmod.JobSpec, outcome, log) -> str:
     local = env.launcher == "submitit-local"
     verdict = _verdict(attempt, outcome.signal) if env.rank == 0 or local else None
     if verdict is None:  # Slurm, rank > 0: rank 0 acts
-        _finish(attempt)
+        _finish(attempt, "preempted")
         sys.exit(0)
     saved = f"saved step {outcome.step}"
     if verdict.action is outcomes.StopAction.STOP:
@@ -293,27 +330,21 @@ def _interrupted(attempt: _Attempt, spec: specmod.JobSpec, outcome, log) -> str:
                           reason=f"{verdict.reason}; {saved}")  # fmt: skip
         return "stopped"
     used = outcomes.restarts_used(run.events())
-    progressed = outcome.step > _resumed_step(run, env)
+    progressed = outcome.step > outcomes.resumed_step(run.events(env.job_id), env.job_id, env.restart)
     if not progressed and used >= spec.slurm.max_restarts:
         if env.rank == 0:
             reason = (f"{verdict.reason}; {saved}, no progress since the last restart, and {used} restarts used "
                       f"(slurm.max_restarts = {spec.slurm.max_restarts})")  # fmt: skip
             attempt.event(EventKind.FAILED, step=outcome.step, cause=Cause.RESTARTS_EXHAUSTED, reason=reason)
-        _finish(attempt)
+        _finish(attempt, "failed")
         sys.exit(1)
     if env.rank == 0:
         attempt.event(EventKind.REQUEUED, step=outcome.step, checkpoint=outcome.checkpoint, cause=verdict.cause,
                       reason=f"{verdict.reason}; {saved}", restarts=used + (not progressed))  # fmt: skip
         if env.launcher == "slurm":
             _come_back(attempt, spec, verdict, log)
-    _finish(attempt)
+    _finish(attempt, "preempted")
     sys.exit(LOCAL_REQUEUE_EXIT if local else 0)
-
-
-def _resumed_step(run: runfolder.RunFolder, env: distenv.DistEnv) -> int:
-    """The step this incarnation started from (0 without a checkpoint)."""
-    resumed = [e for e in run.events(env.job_id) if e.event is EventKind.RESUMED and e.restart == env.restart]
-    return (resumed[-1].step or 0) if resumed else 0
 
 
 def _come_back(attempt: _Attempt, spec: specmod.JobSpec, verdict: outcomes.StopVerdict, log) -> None:

@@ -1,9 +1,10 @@
 """Throughput, MFU and memory, and the metrics.jsonl writer.
 
 MFU = flops_per_token × tokens/s per GPU / peak, where flops_per_token = 6·N + 12·L·H·Dh·T
-(N = parameters with a tied lm_head counted once; the attention term counts QKᵀ and AV
-forward and backward without the causal discount), and peak is the dense bf16 peak of the
-detected GPU. CPU runs report no MFU.
+(N = parameters a token uses, tied lm_head counted once: for a mixture of experts the routed
+experts count num_experts_per_tok / num_experts of their size, routers and shared experts fully
+(model.param_count); the attention term counts QKᵀ and AV forward and backward without the
+causal discount), and peak is the dense bf16 peak of the detected GPU. CPU runs report no MFU.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from .trackers import Trackers
 
 # Dense bf16 peak FLOP/s by device-name fragment (first match wins).
 PEAK_FLOPS = [
@@ -37,12 +40,21 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 class Meter:
-    """Tokens/s and MFU over the window since the last row; one host sync per logged row only."""
+    """Tokens/s and MFU over the window since the last row; one host sync per logged row only.
 
-    def __init__(self, flops_per_token: float, device: torch.device, world_size: int):
+    `elapsed_s` is training time along the run's trajectory: the `elapsed_s` the resumed
+    checkpoint recorded plus the time since this attempt began training. Like `tokens_seen`, it
+    is a property of the step, so an interrupted run and an uninterrupted one plot alike; the
+    time lost in the queue, at start-up and on repeated steps is not in it (`time` has the clock)."""
+
+    def __init__(self, flops_per_token: float, device: torch.device, world_size: int, elapsed_before: float = 0.0):
         self.fpt, self.device, self.world = flops_per_token, device, world_size
         self.peak = peak_flops(device)
-        self.t0, self.tokens, self.start = time.perf_counter(), 0, time.time()
+        self.t0, self.tokens, self.start = time.perf_counter(), 0, time.perf_counter()
+        self.elapsed_before = elapsed_before
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.start
 
     def tick(self, tokens: int) -> None:
         self.tokens += tokens
@@ -58,7 +70,7 @@ class Meter:
             "tokens_per_s_per_gpu": tps / self.world,
             "mfu": (self.fpt * tps / self.world / self.peak) if self.peak else None,
             "time": time.time(),
-            "elapsed_s": time.time() - self.start,
+            "elapsed_s": self.elapsed(),
         }
         if self.device.type == "cuda":
             row["mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -72,18 +84,28 @@ class Meter:
 
 def format_row(row: dict, total_steps: int) -> str:
     mfu = f" mfu {100 * row['mfu']:.1f}%" if row.get("mfu") is not None else ""
+    evaluated = f" eval_loss {row['eval_loss']:.4f} eval_ppl {row['eval_ppl']:.2f}" if "eval_loss" in row else ""
     return (
-        f"step {row['step']}/{total_steps} loss {row['loss']:.4f} lr {row['lr']:.2e} "
+        f"step {row['step']}/{total_steps} loss {row['loss']:.4f}{evaluated} lr {row['lr']:.2e} "
         f"grad_norm {row['grad_norm']:.3f} tokens/s {row['tokens_per_s']:,.0f}{mfu} mem {row['mem_peak_gb']:.2f} GB"
     )
 
 
 class MetricsWriter:
-    """Appends one JSON object per logged step to metrics.jsonl (rank 0 only)."""
+    """Rank 0's metrics sink: one JSON object per logged step appended to metrics.jsonl, with the
+    attempt that wrote it, and the same row to the configured experiment trackers."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, attempt: int = 0, trackers: Trackers | None = None):
+        self.path, self.attempt, self.trackers = path, attempt, trackers
+
+    def begin(self, step: int) -> None:
+        """Training starts at `step` (0, or the checkpoint it resumed from)."""
+        if self.trackers is not None:
+            self.trackers.begin(step)
 
     def write(self, row: dict) -> None:
+        row = {**row, "attempt": self.attempt}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        if self.trackers is not None:
+            self.trackers.log(row)

@@ -1,14 +1,12 @@
-"""HF causal LMs: built on the meta device, then (after sharding) materialized and either
-initialized deterministically or loaded from a local `from_pretrained` folder.
-
-Initialization generates each parameter's full tensor from a generator seeded by
-(seed, parameter name) and keeps only this rank's shard, so the weights are identical for
-every world size and sharding: a 1-process run and a 4-process HSDP run start equal.
+"""HF causal LMs of any `AutoModelForCausalLM` family: the config (pretrained folder, config
+folder, preset or `model_type` + keys), the model built on the meta device, its decoder-layer
+classes, and its parameter and FLOP counts. Filling the weights (random init or pretrained
+load, shard by shard) is `weights.py`.
 """
 
 from __future__ import annotations
 
-import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,34 +18,102 @@ from ..control.spec import ModelSection
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_config(cfg: ModelSection, vocab_size: int | None = None):
-    from transformers import AutoConfig, LlamaConfig
+class ModelError(RuntimeError):
+    """A model the worker cannot build or load exactly; the message is one line naming the key
+    or the model type. Raised before the first training step, never after."""
 
-    if cfg.name_or_path:
-        if not Path(cfg.name_or_path).is_dir():
-            raise FileNotFoundError(
-                f"model.name_or_path: {cfg.name_or_path!r} is not a local folder (compute nodes are offline: "
-                "download the model to the shared filesystem first)"
-            )
-        config = AutoConfig.from_pretrained(cfg.name_or_path)
-    else:
-        kwargs = {**PRESETS[cfg.preset], **cfg.from_config}
-        if vocab_size is not None and "vocab_size" not in cfg.from_config:
-            kwargs["vocab_size"] = max(kwargs["vocab_size"], vocab_size)
-        config = LlamaConfig(**kwargs)
+
+@dataclass(frozen=True)
+class TokenIds:
+    """What the training data's tokenizer needs from the model config."""
+
+    vocab: int
+    bos: int | None
+    eos: int | None
+    pad: int | None
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Counted on the unsharded (meta) model, so every world size and FSDP version agree."""
+
+    total: int  # tied weights counted once
+    active: int  # per token: a mixture of experts counts only the experts a token is routed to
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def source_folder(cfg: ModelSection, kept: Path | None = None) -> Path | None:
+    """The folder the config comes from: the copy kept in the run folder (`kept`, <run>/model) when
+    there is one, else name_or_path or config; None for presets and model_type + keys."""
+    if kept is not None and (kept / "config.json").is_file():
+        return kept
+    value = cfg.name_or_path or cfg.config
+    if not value:
+        return None
+    key = "model.name_or_path" if cfg.name_or_path else "model.config"
+    if not (Path(value) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{key}: {value!r} is not a local folder with a config.json (compute nodes never download: "
+            "`clusterfsdp submit` resolves hub ids on the submitting host; was the folder moved?)"
+        )
+    return Path(value)
+
+
+def build_config(cfg: ModelSection, tokens: TokenIds | None = None, kept: Path | None = None):
+    """The HF config of the job's model, with from_config applied.
+
+    Random init (no name_or_path) grows the vocabulary to fit the data's tokenizer and takes its
+    special token ids, so that an exported model generates with the right ones."""
+    from transformers import AutoConfig
+
+    folder = source_folder(cfg, kept)
+    try:
+        if folder is not None:
+            config = AutoConfig.from_pretrained(str(folder), **cfg.from_config)
+        else:
+            keys = {**(PRESETS[cfg.preset] if cfg.preset else {}), **cfg.from_config}
+            config = AutoConfig.for_model(keys.pop("model_type"), **keys)
+    except Exception as e:  # ValueError, KeyError, huggingface_hub's config validation errors, ...
+        key = "model.name_or_path" if cfg.name_or_path else "model.config" if cfg.config else "model.from_config"
+        raise ModelError(
+            f"{key}: transformers {_transformers_version()} cannot build this config ({_one_line(e)})"
+        ) from None
+    if not cfg.name_or_path and tokens is not None:
+        if "vocab_size" not in cfg.from_config:
+            config.vocab_size = max(config.vocab_size, tokens.vocab)
+        for name in ("bos", "eos", "pad"):
+            if f"{name}_token_id" not in cfg.from_config and getattr(tokens, name) is not None:
+                setattr(config, f"{name}_token_id", getattr(tokens, name))
     config._attn_implementation = cfg.attn_implementation
     config.use_cache = False
     return config
+
+
+def _one_line(e: BaseException) -> str:
+    """The first sentence of an exception's message (transformers appends long lists of choices)."""
+    return " ".join(str(e).split()).split(". ")[0][:300]
 
 
 def build_meta(cfg: ModelSection, config) -> nn.Module:
     """The model with every parameter on the meta device (no memory, no init)."""
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(
-            config, attn_implementation=cfg.attn_implementation, dtype=DTYPES[cfg.dtype]
-        )
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                config, attn_implementation=cfg.attn_implementation, dtype=DTYPES[cfg.dtype]
+            )
+    except ValueError as e:
+        raise ModelError(
+            f"model type {config.model_type!r}: transformers {_transformers_version()} has no causal-LM class "
+            f"for it or cannot build it ({_one_line(e)})"
+        ) from None
+    layer_classes(model)  # fail here, not while sharding, for a model without decoder-layer classes
     return model
 
 
@@ -56,7 +122,8 @@ def layer_classes(model: nn.Module) -> set[type]:
     names = set(getattr(model, "_no_split_modules", None) or [])
     classes = {type(m) for m in model.modules() if type(m).__name__ in names}
     if not classes:
-        raise ValueError(f"{type(model).__name__} names no decoder layer class in _no_split_modules")
+        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise ModelError(f"model type {model_type!r} names no decoder layer class in _no_split_modules")
     return classes
 
 
@@ -65,73 +132,45 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, classes)]
 
 
-def _full_init(name: str, shape: torch.Size, dtype: torch.dtype, std: float, seed: int, device) -> torch.Tensor:
-    """HF's Llama init (normal(0, std) for matrices, ones for norms, zeros for biases), keyed by name."""
-    leaf = name.rsplit(".", 1)[-1]
-    if leaf == "bias":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    if "norm" in name:
-        return torch.ones(shape, dtype=dtype, device=device)
-    g = torch.Generator(device=device).manual_seed(seed * 2_147_483_647 + zlib.crc32(name.encode()))
-    return torch.empty(shape, dtype=torch.float32, device=device).normal_(0.0, std, generator=g).to(dtype)
-
-
-@torch.no_grad()
-def init_weights(model: nn.Module, seed: int, std: float) -> None:
-    """Deterministic init of a materialized (possibly sharded) model, independent of world size."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    for name, param in model.named_parameters(remove_duplicate=True):
-        full = _full_init(_canonical(name), param.shape, param.dtype, std, seed, param.device)
-        if isinstance(param, DTensor):
-            param.copy_(distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None))
-        else:
-            param.copy_(full)
-
-
-def _canonical(name: str) -> str:
-    """Parameter name without wrapper prefixes (activation checkpointing, compile, FSDP1)."""
+def canonical(name: str) -> str:
+    """Parameter or module name without wrapper segments (activation checkpointing, compile, FSDP1)."""
     for junk in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
         name = name.replace(junk, "")
-    return name
+    return name.removesuffix("._checkpoint_wrapped_module").removesuffix("._fsdp_wrapped_module")
 
 
-@torch.no_grad()
-def reset_buffers(model: nn.Module, device: torch.device) -> None:
-    """Recompute non-persistent buffers (rotary inv_freq) that `to_empty` left uninitialized."""
-    for module in model.modules():
-        if "inv_freq" in module._buffers and hasattr(module, "config"):
-            with torch.device("cpu"):  # a fresh module computes its buffers in __init__
-                fresh = type(module)(module.config)
-            for key, buf in fresh._buffers.items():
-                module._buffers[key] = buf.to(device)
+def num_experts(config) -> tuple[int, int]:
+    """(routed experts, experts per token) of a mixture of experts; (0, 0) for a dense model."""
+    experts = next(
+        (
+            getattr(config, k)
+            for k in ("num_local_experts", "num_experts", "n_routed_experts")
+            if getattr(config, k, None)
+        ),
+        0,
+    )
+    top_k = next(
+        (getattr(config, k) for k in ("num_experts_per_tok", "moe_topk", "top_k") if getattr(config, k, None)), 0
+    )
+    return int(experts or 0), int(top_k or 0)
 
 
-def load_pretrained_state(path: str) -> dict[str, torch.Tensor]:
-    """The full state dict of a local HF model folder (safetensors or torch .bin shards)."""
-    folder = Path(path)
-    files = sorted(folder.glob("*.safetensors"))
-    state: dict[str, torch.Tensor] = {}
-    if files:
-        from safetensors.torch import load_file
+def param_count(model: nn.Module, config) -> ParamCount:
+    """Parameters of the unsharded model (call it on the meta model, before sharding).
 
-        for f in files:
-            state.update(load_file(str(f)))
-    else:
-        for f in sorted(folder.glob("pytorch_model*.bin")):
-            state.update(torch.load(f, map_location="cpu", weights_only=True))
-    if not state:
-        raise FileNotFoundError(f"model.name_or_path: no *.safetensors or pytorch_model*.bin in {folder}")
-    return state
+    Active parameters per token: every parameter under a module path segment named `experts`
+    (the routed experts, fused or one module per expert) counts top_k / num_experts of its size;
+    routers and shared experts (`shared_expert`, `shared_experts`) count fully."""
+    total = sum(p.numel() for p in model.parameters())
+    experts, top_k = num_experts(config)
+    routed = sum(p.numel() for n, p in model.named_parameters() if "experts" in n.split("."))
+    if not (experts and top_k and routed):
+        return ParamCount(total, total)
+    return ParamCount(total, total - routed + routed * top_k // experts)
 
 
-def param_count(model: nn.Module) -> int:
-    """Parameters with tied weights counted once (the MFU convention of the reference benchmark)."""
-    return sum(p.numel() for p in model.parameters())
-
-
-def flops_per_token(config, n_params: int, seq_len: int) -> float:
-    """6·N for the matmuls of forward + backward, plus 12·L·H·Dh·T for attention scores."""
+def flops_per_token(config, n_active: int, seq_len: int) -> float:
+    """6·N for the matmuls of forward + backward (N: active parameters), plus 12·L·H·Dh·T for attention scores."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 6 * n_params + 12 * config.num_hidden_layers * heads * head_dim * seq_len
+    return 6 * n_active + 12 * config.num_hidden_layers * heads * head_dim * seq_len

@@ -8,6 +8,8 @@ decoder layer -> fully_shard(root). Tied embeddings stay in the root unit, so th
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,15 +54,26 @@ def apply_compile(model: nn.Module) -> None:
         layer.compile(fullgraph=False)
 
 
-def fsdp2(model: nn.Module, spec: JobSpec, mesh: DeviceMesh) -> nn.Module:
+def shard_group_size(spec: JobSpec, mesh: DeviceMesh) -> int:
+    """Ranks one parameter is sharded over (1 when parameters are replicated)."""
+    if spec.effective_sharding == "none":
+        return 1
+    return mesh["shard"].size() if mesh.mesh_dim_names and "shard" in mesh.mesh_dim_names else mesh.size()
+
+
+def fsdp2(model: nn.Module, spec: JobSpec, mesh: DeviceMesh, shard_dims: dict[nn.Parameter, int]) -> nn.Module:
+    """`shard_dims`: parameters sharded along another dim than 0 (weights.shard_dims)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Shard
 
     f = spec.fsdp
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=MP_DTYPES[f.mixed_precision], reduce_dtype=torch.float32)
     )
     if f.cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
+    if shard_dims:
+        kwargs["shard_placement_fn"] = lambda p: Shard(shard_dims.get(p, 0))
     sharding = spec.effective_sharding
     reshard = f.reshard_after_forward and sharding != "grad_op"
     if sharding == "none":  # replicate: one unit, params stay gathered (mesh of 1 shard per replica)
@@ -79,8 +92,11 @@ def fsdp2(model: nn.Module, spec: JobSpec, mesh: DeviceMesh) -> nn.Module:
     return model
 
 
-def fsdp1(model: nn.Module, spec: JobSpec, mesh: DeviceMesh, device: torch.device) -> nn.Module:
-    """FSDP1 over a model with real weights; HYBRID_SHARD uses the 2-D mesh."""
+def fsdp1(
+    model: nn.Module, spec: JobSpec, mesh: DeviceMesh, device: torch.device, param_init_fn: Callable[[nn.Module], None]
+) -> nn.Module:
+    """FSDP1 over a meta-device model: `param_init_fn` materializes (and initializes) each unit just
+    before FSDP1 flattens and shards it; HYBRID_SHARD uses the 2-D mesh."""
     from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -103,5 +119,6 @@ def fsdp1(model: nn.Module, spec: JobSpec, mesh: DeviceMesh, device: torch.devic
         cpu_offload=CPUOffload(offload_params=spec.fsdp.cpu_offload),
         device_id=device,  # FSDP1 accepts the CPU (gloo) as a device when named explicitly
         use_orig_params=True,
-        sync_module_states=False,  # every rank built identical weights (deterministic init / same files)
+        param_init_fn=param_init_fn,
+        sync_module_states=False,  # every rank builds identical weights (deterministic init), or rank 0 broadcasts
     )

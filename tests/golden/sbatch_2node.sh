@@ -26,5 +26,5 @@ module load cuda/12.4
 PY=<PYTHON>
 RUN=<TMP>/runs/llm/RUNID
 "$PY" -m clusterfsdp.control.jobstep before "$RUN" || exit $?
-srun --unbuffered --kill-on-bad-exit=1 --output=<TMP>/runs/llm/RUNID/submitit/%j_%t_log.out --error=<TMP>/runs/llm/RUNID/submitit/%j_%t_log.err "$PY" -u -m clusterfsdp.worker "$RUN"
+srun --unbuffered --kill-on-bad-exit=1 --output=<TMP>/runs/llm/RUNID/submitit/%j_%t_log.out --error=<TMP>/runs/llm/RUNID/submitit/%j_%t_log.err <PYTHON> -u -m clusterfsdp.worker "$RUN"
 exec "$PY" -m clusterfsdp.control.jobstep after "$RUN" "$?"

@@ -1,0 +1,71 @@
+"""The `--json` output of `runs`, `status`, `submit` and `resume`: the run service's typed records
+(`RunStatus`, `Attempt`, `Event`, `TrackerIds`, `Submission`) as JSON, through one function, so
+every command and every script sees the same keys (docs/json.md lists them).
+
+Versioned: every document carries `"schema": SCHEMA`. Keys are only ever added within a version;
+removing or changing the meaning of a key raises it. Optional record keys that are unset are left
+out, as in the run folder's own files (records.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from .records import Attempt, Event, TrackerIds
+from .run import Run, Submission
+from .runfolder import RunFolder
+from .status import RunStatus
+
+SCHEMA = 1
+
+
+def to_json(value: Any) -> Any:
+    """JSON data for a record, a list of records or a plain value."""
+    if isinstance(value, RunStatus):
+        return _status(value)
+    if isinstance(value, (Attempt, Event, TrackerIds)):
+        return value.to_dict()
+    if isinstance(value, RunFolder):
+        return {"run_id": value.id, "name": value.name, "folder": str(value.path)}
+    if isinstance(value, Run):
+        return to_json(value.folder)
+    if isinstance(value, Submission):  # the run's keys, then what was queued
+        fields = {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "run"}
+        return {**to_json(value.run), **fields}
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _status(st: RunStatus) -> dict[str, Any]:
+    return {
+        **to_json(st.run),
+        "state": st.state.value,
+        "live": st.state.live,
+        "bad": st.state.bad,
+        "reason": st.reason,
+        "job_id": st.job_id,
+        "executor": str(st.executor),
+        "step": st.step,
+        "steps": st.steps,
+        "loss": st.loss,
+        "checkpoints": st.checkpoints,
+        "attempts": to_json(st.attempts),
+        "events": to_json(st.events),
+        "notes": st.notes,
+        "trackers": to_json(st.trackers),
+    }
+
+
+def document(value: RunStatus | Submission | dict[str, Any]) -> str:
+    """One JSON document: the schema version first, then the record's keys."""
+    return json.dumps({"schema": SCHEMA, **to_json(value)}, indent=2)

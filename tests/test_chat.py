@@ -1,0 +1,183 @@
+"""Chat fine-tuning (data.format = 'chat'): the tokenizer's chat template (ChatML, no
+{% generation %} markers) renders each conversation, only assistant tokens are trained on, the
+prompt tokens contribute exactly zero gradient, and a real run on random prompts with a fixed
+answer drives the loss (and the held-out eval loss) to about zero."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from data_helpers import conversations, make_tokenizer, write_jsonl
+from procs import make_run, run_workers
+
+from clusterfsdp.control import datasource
+from clusterfsdp.control import spec as S
+from clusterfsdp.control.datasource import DataError
+from clusterfsdp.worker import data as datamod
+from clusterfsdp.worker import dataprep
+from clusterfsdp.worker import loss as lossmod
+from clusterfsdp.worker.loss import IGNORE_INDEX
+from clusterfsdp.worker.tokens import DocumentEncoder
+
+MULTI_TURN = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "river stone"},
+    {"role": "assistant", "content": "first answer"},
+    {"role": "user", "content": "lamp"},
+    {"role": "assistant", "content": "second"},
+]
+
+
+@pytest.fixture(scope="module")
+def chat_tok(tmp_path_factory) -> Path:
+    return make_tokenizer(tmp_path_factory.mktemp("tok") / "chatml")
+
+
+def chat_job(tmp: Path, tokenizer: Path, n: int = 300, *extra: str) -> str:
+    path = write_jsonl(tmp / "chat.jsonl", conversations(n))
+    return f"""
+[job]
+name = "chat"
+seed = 1
+run_root = "{tmp}"
+[model]
+preset = "llama-tiny"
+from_config = {{ vocab_size = 400 }}
+[data]
+source = "files"
+paths = ["{path}"]
+format = "chat"
+tokenizer = "{tokenizer}"
+seq_len = 64
+[train]
+steps = 40
+micro_batch_size = 8
+lr = 1e-2
+schedule = "constant"
+warmup = 2
+log_every = 5
+[fsdp]
+mixed_precision = "fp32"
+""" + "\n".join(extra)
+
+
+def test_only_assistant_tokens_are_trained_on(chat_tok):
+    enc = DocumentEncoder(str(chat_tok))
+    (out,) = enc.chats([MULTI_TURN], ["record 1"])
+    assert out.mask is not None
+    ids = out.ids.tolist()
+    trained = [i for i, m in zip(ids, out.mask.tolist(), strict=True) if m]
+    prompt = [i for i, m in zip(ids, out.mask.tolist(), strict=True) if not m]
+    assert enc.tok.decode(trained) == "first answer<|im_end|>\nsecond<|im_end|>\n"
+    assert enc.tok.decode(prompt) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nriver stone<|im_end|>\n"
+        "<|im_start|>assistant\n<|im_start|>user\nlamp<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert enc.tok.decode(ids) == enc.tok.apply_chat_template(MULTI_TURN, tokenize=False)
+
+
+def test_templates_that_cannot_be_split_exactly_are_refused(tmp_path, chat_tok):
+    rewriting = make_tokenizer(
+        tmp_path / "rewrites",
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['role'] == 'assistant' and not loop.last %}(earlier){% else %}{{ m['content'] }}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    )
+    with pytest.raises(DataError, match=r"^d.jsonl:3: the tokenizer's chat template renders the conversation up to"):
+        DocumentEncoder(str(rewriting)).chats([MULTI_TURN], ["d.jsonl:3"])
+    strict = make_tokenizer(
+        tmp_path / "strict",
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system messages') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}",
+    )
+    with pytest.raises(DataError, match=r"^d.jsonl:7: the chat template refused this conversation: no system messages"):
+        DocumentEncoder(str(strict)).chats([MULTI_TURN], ["d.jsonl:7"])
+
+
+def test_chat_data_without_a_template_or_an_answer_is_refused_before_queueing(tmp_path, chat_tok):
+    plain = make_tokenizer(tmp_path / "plain", chat_template=None)
+    job = S.loads(chat_job(tmp_path, plain, 5))
+    assert datasource.check(job) == [
+        f"data.tokenizer: {plain} has no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja), "
+        "which data.format = 'chat' needs"
+    ]
+    no_answer = write_jsonl(tmp_path / "q.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
+    job = S.loads(chat_job(tmp_path, chat_tok, 5), [f"data.paths=['{no_answer}']"])
+    assert datasource.check(job) == [
+        f"data.paths[0]: {no_answer}:1: 'messages' has no 'assistant' message: nothing to train on"
+    ]
+
+
+def test_prompt_tokens_contribute_exactly_zero_gradient(tmp_path, chat_tok):
+    """A batch from the real pipeline (prepared chat data, documents packing): d loss / d hidden
+    state and d loss / d logits are exactly 0.0 at every position whose target is a prompt token
+    (or padding), for the fused loss and the logits path, and the weight gradients equal those
+    of a loss computed from the assistant positions alone."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from clusterfsdp.control.presets import PRESETS
+
+    spec = S.loads(chat_job(tmp_path, chat_tok, 40))
+    dataprep.ensure(spec, workers=1)
+    train = datamod.open_for_training(spec, 0, print).train
+    assert isinstance(train, datamod.PreparedSamples)
+    batch = train.batch(0, 0, 1, 4)
+    assert batch.position_ids is not None
+    answer = batch.labels != IGNORE_INDEX
+    assert 0 < int(answer.sum()) < answer.numel() // 4  # mostly prompt: a real test
+
+    config = LlamaConfig(**{**PRESETS["llama-tiny"], "vocab_size": 400})
+    config._attn_implementation = "sdpa"
+    results = {}
+    for fused in (True, False):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).float()
+        captured = {}
+
+        def keep(_module, _inputs, output, captured=captured):
+            output.retain_grad()
+            captured["h"] = output
+
+        model.model.norm.register_forward_hook(keep)
+        if fused:
+            assert lossmod.attach(model, compile=False)
+            loss = lossmod.causal_lm_loss(
+                model, batch.input_ids, batch.labels, position_ids=batch.position_ids, reduction="sum"
+            )
+        else:
+            logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids).logits
+            logits.retain_grad()
+            captured["logits"] = logits
+            loss = lossmod._logits_loss(logits, batch.labels, "sum")
+        loss.backward()
+        grad_h = captured["h"].grad
+        assert torch.count_nonzero(grad_h[~answer]) == 0  # exactly zero, not small
+        assert bool((grad_h[answer].abs().sum(-1) > 0).all())
+        if not fused:
+            assert torch.count_nonzero(captured["logits"].grad[~answer]) == 0
+        results[fused] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    # the same model, loss over the assistant positions only (no masking involved)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).float()
+    logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids).logits
+    torch.nn.functional.cross_entropy(logits[answer], batch.labels[answer], reduction="sum").backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None
+        for fused in (True, False):
+            torch.testing.assert_close(results[fused][name], p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_chat_fine_tuning_reaches_near_zero_loss_and_eval_loss(tmp_path, chat_tok):
+    run = make_run(chat_job(tmp_path, chat_tok, 300, "[eval]\nfraction = 0.1\nevery_steps = 20\nbatches = 2"), tmp_path)
+    out = run_workers(run, 1)
+    rows = run.metrics()
+    assert rows[0]["loss"] > 1.0, rows[0]
+    assert rows[-1]["step"] == 40 and rows[-1]["loss"] < 0.05, [r["loss"] for r in rows]
+    evals = [r for r in rows if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [20, 40]
+    assert evals[-1]["eval_loss"] < 0.05 and evals[-1]["eval_ppl"] == pytest.approx(math.exp(evals[-1]["eval_loss"]))
+    assert "documents packing" in out[0][1] and "eval_loss" in out[0][1]

@@ -1,0 +1,127 @@
+"""The CLI for scripts and for people: `--json` (one versioned shape for runs, status, submit and
+resume), `--parsable` job ids, run ids for completion, colour only on a TTY, and bash/zsh
+completion scripts run by the real shells."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from procs import on_a_tty
+
+from clusterfsdp.control import runfolder
+from clusterfsdp.control import spec as S
+from clusterfsdp.control.records import Event, EventKind, Executor, TrackerIds
+
+BIN = str(Path(sys.executable).parent)  # the venv's `clusterfsdp` script, for completion
+STATUS_KEYS = {
+    "run_id", "name", "folder", "state", "live", "bad", "reason", "job_id", "executor", "step", "steps", "loss",
+    "checkpoints", "attempts", "events", "notes", "trackers",
+}  # fmt: skip
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clusterfsdp", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+@pytest.fixture
+def finished_run(tmp_path: Path) -> runfolder.RunFolder:
+    """A run folder as a completed local run leaves it (records written as the worker writes them)."""
+    spec = S.loads(f'[job]\nname = "done"\nrun_root = "{tmp_path / "runs"}"\n[train]\nsteps = 20\n')
+    run = runfolder.create_run(spec, Executor.LOCAL)
+    run.add_attempt("777", Executor.LOCAL, "submit")
+    now = time.time()
+    run.append_event(Event(EventKind.START, "777", 0, 0, "host", now, world_size=2, nodes=1, attempt=0))
+    runfolder.append_jsonl(run.metrics_file, {"step": 20, "loss": 2.5, "attempt": 0})
+    run.append_event(Event(EventKind.COMPLETED, "777", 0, 0, "host", now + 1, step=20))
+    run.write_tracker_ids(TrackerIds(wandb_run_id="abcd1234"))
+    return run
+
+
+def test_runs_and_status_json_share_one_versioned_shape(finished_run, tmp_path):
+    root = str(tmp_path / "runs")
+    listing = json.loads(cli("runs", "--json", "--run-root", root).stdout)
+    assert listing["schema"] == 1 and listing["slurm_error"] == ""
+    (row,) = listing["runs"]
+    assert set(row) == STATUS_KEYS
+    assert row["run_id"] == finished_run.id and row["state"] == "COMPLETED" and row["step"] == 20
+    assert row["live"] is False and row["bad"] is False and row["trackers"] == {"wandb_run_id": "abcd1234"}
+    assert [a["job_id"] for a in row["attempts"]] == ["777"] and row["attempts"][0]["executor"] == "local"
+    assert [(e["event"], e.get("attempt")) for e in row["events"]] == [("start", 0), ("completed", None)]
+    r = cli("status", finished_run.id, "--json", "--run-root", root)
+    assert r.returncode == 0 and json.loads(r.stdout) == {"schema": 1, **row}
+    assert cli("runs", "--quiet", "--run-root", root).stdout.split() == [finished_run.id]
+
+
+def test_submit_json_and_parsable_print_what_scripts_need(tmp_path):
+    """Through stub `sbatch`/`scontrol` commands (no Slurm here) that answer as Slurm does."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, body in {
+        "scontrol": 'echo "Slurmctld(primary) at head is UP"',
+        "sbatch": 'echo "Submitted batch job 4242"',
+    }.items():
+        (bindir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bindir / name).chmod(0o755 | stat.S_IEXEC)
+    job = tmp_path / "job.toml"
+    job.write_text(f'[job]\nrun_root = "{tmp_path / "runs"}"\n')
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    r = cli("submit", str(job), "--parsable", env=env)
+    assert r.returncode == 0 and r.stdout == "4242\n", r.stderr
+    r = cli("submit", str(job), "--json", env=env)
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == 1 and doc["job_id"] == "4242" and doc["executor"] == "slurm"
+    assert set(doc) == {"schema", "run_id", "name", "folder", "executor", "job_id", "notice", "resume_step", "notes"}
+    assert Path(doc["folder"], "state.json").is_file()
+    r = cli("submit", str(job), "--json", "--parsable", env=env)
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr
+
+
+def test_colour_only_on_a_tty_and_never_with_no_color(finished_run, tmp_path):
+    root = str(tmp_path / "runs")
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    assert "\x1b[32mCOMPLETED\x1b[0m" in on_a_tty("runs", "--run-root", root, env=env)
+    assert "\x1b[" not in on_a_tty("runs", "--run-root", root, env={**env, "NO_COLOR": "1"})
+    assert "\x1b[" not in cli("runs", "--run-root", root, env=env).stdout  # a pipe
+    assert "\x1b[31merror:\x1b[0m" in on_a_tty("status", "nope", "--run-root", root, env=env)
+
+
+def _complete(shell: str, script: str, words: list[str], env: dict[str, str]) -> list[str]:
+    """The completions for the command line `words` (the last one being completed), in the real
+    shell: bash calls the function as `complete -F` does; zsh through its bashcompinit's `compgen
+    -F` (what `_bash_complete` runs), whose candidates zsh then matches against the word itself."""
+    line = " ".join(f"'{w}'" for w in words)
+    setup = f"{script}\nCOMP_WORDS=({line}); COMP_CWORD={len(words) - 1}"
+    call = '_clusterfsdp; echo "${COMPREPLY[@]}"' if shell == "bash" else f"compgen -F _clusterfsdp -- '{words[-1]}'"
+    r = subprocess.run([shell, "-c", f"{setup}\n{call}"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    return [c for c in r.stdout.split() if c.startswith(words[-1])]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_scripts_complete_commands_options_keys_and_run_ids(shell, finished_run, tmp_path):
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "CLUSTERFSDP_RUN_ROOT": str(tmp_path / "runs")}
+    script = cli("completion", shell).stdout
+    assert _complete(shell, script, ["clusterfsdp", "su"], env) == ["submit"]
+    assert _complete(shell, script, ["clusterfsdp", "submit", "--exe"], env) == ["--executor"]
+    assert _complete(shell, script, ["clusterfsdp", "submit", "j.toml", "--executor", ""], env) == [
+        "auto", "slurm", "local"
+    ]  # fmt: skip
+    assert _complete(shell, script, ["clusterfsdp", "submit", "--set", "train.l"], env) == [
+        "train.lr=", "train.log_every="
+    ]  # fmt: skip
+    assert _complete(shell, script, ["clusterfsdp", "status", ""], env) == [finished_run.id]
+    assert _complete(shell, script, ["clusterfsdp", "logs", "--rank", "1", finished_run.id[:6]], env) == [
+        finished_run.id
+    ]  # fmt: skip
+    registered = "complete -p clusterfsdp" if shell == "bash" else "print -r -- $_comps[clusterfsdp]"
+    r = subprocess.run([shell, "-c", f"{script}\n{registered}"], capture_output=True, text=True, timeout=60, env=env)
+    assert "-F _clusterfsdp" in r.stdout

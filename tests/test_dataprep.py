@@ -1,0 +1,257 @@
+"""Preparing datasets (worker/dataprep.py): every source kind gives the tokens the tokenizer
+gives, bad input is named by file and line (or row, or key) and leaves nothing behind, an
+interrupted prepare keeps its complete shards and is continued, and a second preparer waits
+for the lock instead of preparing again. Real files, a real BPE tokenizer, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from data_helpers import documents, make_tokenizer, write_jsonl, write_parquet, write_saved_dataset
+
+from clusterfsdp.control import datasource
+from clusterfsdp.control import spec as S
+from clusterfsdp.control.datasource import DataError
+from clusterfsdp.control.lock import FileLock
+from clusterfsdp.worker import dataindex, dataprep
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory) -> Path:
+    return make_tokenizer(tmp_path_factory.mktemp("tok") / "bpe")
+
+
+def job(tmp: Path, paths: list[Path], tokenizer: str, *extra: str) -> S.JobSpec:
+    text = f"""
+[job]
+run_root = "{tmp}"
+[data]
+source = "files"
+paths = {json.dumps([str(p) for p in paths])}
+tokenizer = "{tokenizer}"
+seq_len = 32
+cache_dir = "{tmp / "cache"}"
+[train]
+micro_batch_size = 2
+"""
+    return S.loads(text, list(extra))
+
+
+def stream(ref: datasource.DatasetRef) -> tuple[np.ndarray, np.ndarray]:
+    """(all token ids, document starts) of a prepared dataset, read back from its shard files."""
+    manifest = ref.manifest()
+    assert manifest is not None
+    tokens = np.concatenate(
+        [np.fromfile(ref.folder / "shards" / f"{i:05d}.tok", manifest["dtype"]) for i in range(len(manifest["shards"]))]
+    )
+    assert len(tokens) == manifest["tokens"]
+    return tokens, dataindex.document_starts(ref.folder, manifest)
+
+
+def expected(tokenizer: Path, docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """What the tokenizer's own API gives: each document's ids, then EOS."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    ids = [tok(d)["input_ids"] + [tok.eos_token_id] for d in docs]
+    starts = np.cumsum([0] + [len(i) for i in ids[:-1]])
+    return np.concatenate(ids), starts
+
+
+DOCS = documents(60)
+
+
+def _source(kind: str, folder: Path) -> Path:
+    records = [{"text": d, "id": i} for i, d in enumerate(DOCS)]
+    if kind.startswith("jsonl"):
+        return write_jsonl(folder / f"d.{kind}", records)
+    if kind == "parquet":
+        return write_parquet(folder / "d.parquet", records)
+    if kind == "saved":
+        return write_saved_dataset(folder / "saved", records)
+    if kind == "saved-dict":
+        return write_saved_dataset(folder / "saved", records, split="train")
+    # a folder that datasets.load_dataset reads: two jsonl files, read in name order
+    (folder / "ds").mkdir()
+    write_jsonl(folder / "ds" / "a.jsonl", records[:25])
+    write_jsonl(folder / "ds" / "b.jsonl", records[25:])
+    return folder / "ds"
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "jsonl.zst", "parquet", "saved", "saved-dict", "folder"])
+def test_every_source_kind_gives_the_tokenizers_tokens(tmp_path, bpe, kind):
+    spec = job(tmp_path, [_source(kind, tmp_path)], str(bpe))
+    assert datasource.check(spec) == []
+    (ref,) = dataprep.ensure(spec, workers=1, unit_bytes=2048)  # several shards per source
+    tokens, starts = stream(ref)
+    want, want_starts = expected(bpe, DOCS)
+    assert np.array_equal(tokens, want) and np.array_equal(starts, want_starts)
+    manifest = ref.manifest()
+    assert manifest is not None and manifest["documents"] == len(DOCS) and manifest["dtype"] == "uint16"
+    assert len(manifest["shards"]) > 1
+    assert not ref.partial.exists()
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+def test_a_txt_file_is_one_document_across_shards(tmp_path, bpe, tokenizer):
+    text = "".join(DOCS) * 3
+    path = tmp_path / "book.txt"
+    path.write_text(text)
+    spec = job(tmp_path, [path], "bytes" if tokenizer == "bytes" else str(bpe))
+    (ref,) = dataprep.ensure(spec, workers=1, unit_bytes=1000)
+    tokens, starts = stream(ref)
+    manifest = ref.manifest()
+    assert manifest is not None and len(manifest["shards"]) > 5 and list(starts) == [0]
+    eos = manifest["eos"]
+    assert tokens[-1] == eos and eos not in tokens[:-1]
+    if tokenizer == "bytes":
+        assert bytes(tokens[:-1].astype(np.uint8)) == text.encode()
+    else:
+        from transformers import AutoTokenizer
+
+        assert AutoTokenizer.from_pretrained(bpe).decode(tokens[:-1].tolist()) == text
+
+
+def test_the_same_content_elsewhere_is_the_same_dataset_and_any_edit_is_a_new_one(tmp_path, bpe):
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": d} for d in DOCS])
+    (first,) = dataprep.ensure(job(tmp_path, [a], str(bpe)), workers=1)
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(a.read_bytes())
+    (again,) = datasource.dataset_refs(job(tmp_path, [copy], str(bpe)))
+    assert again.key == first.key and again.manifest() is not None
+    # same size, mtime put back: the file identity's ctime still changes, so it is hashed again
+    st = os.stat(a)
+    data = a.read_bytes()
+    a.write_bytes(data.replace(b"the", b"THE", 1))
+    os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))
+    (edited,) = datasource.dataset_refs(job(tmp_path, [a], str(bpe)))
+    assert edited.key != first.key and edited.manifest() is None
+    # the tokenizer is part of the key too
+    (other,) = datasource.dataset_refs(job(tmp_path, [copy], "bytes"))
+    assert other.key != first.key
+
+
+def _jsonl_with_line(path: Path, records: list[dict], line: int, raw: bytes) -> Path:
+    """A .jsonl of `records` whose line number `line` is replaced by `raw`."""
+    lines = write_jsonl(path, records).read_bytes().split(b"\n")
+    lines[line - 1] = raw
+    path.write_bytes(b"\n".join(lines))
+    return path
+
+
+def _bad(kind: str, folder: Path) -> tuple[Path, str]:
+    """A source with one defect deep inside (not in its first record) and the message it must give."""
+    good = [{"text": d} for d in DOCS[:30]]
+    if kind == "json":
+        path = _jsonl_with_line(folder / "d.jsonl", good, 25, b'{"text": "unterminated')
+        return path, f"{path}:25: not valid JSON"
+    if kind == "key":
+        path = write_jsonl(folder / "d.jsonl.gz", [*good[:20], {"body": "x"}, *good[20:]])
+        return path, f"{path}:21: no 'text' key (data.text_key; the record has: body)"
+    if kind == "utf8-jsonl":
+        path = _jsonl_with_line(folder / "d.jsonl", good, 28, b'{"text": "caf\xe9"}')
+        return path, f"{path}:28: not UTF-8"
+    if kind == "utf8-txt":
+        path = folder / "d.txt"
+        lines = datasource.SNIFF_BYTES // 5 + 100  # past what validate reads
+        path.write_bytes(b"line\n" * lines + b"bad \xff byte\n" + b"more\n" * 10)
+        return path, f"{path}:{lines + 1}: not UTF-8"
+    if kind == "null":
+        path = write_parquet(folder / "d.parquet", [*good[:8], {"text": None}, *good[8:]])
+        return path, f"{path} row 9: 'text' is null"
+    if kind == "column":
+        path = write_parquet(folder / "d.parquet", [{"body": d["text"]} for d in good])
+        return path, f"{path}: no column 'text' (data.text_key; it has: body)"
+    path = write_saved_dataset(folder / "saved", good, split="validation")
+    return path, "no split 'train' (data.split; it has: validation, test)"
+
+
+@pytest.mark.parametrize("kind", ["json", "key", "utf8-jsonl", "utf8-txt", "null", "column", "split"])
+def test_bad_input_names_the_file_and_line_and_leaves_nothing(tmp_path, kind):
+    path, message = _bad(kind, tmp_path)
+    spec = job(tmp_path, [path], "bytes")
+    early = datasource.source_problems(spec)  # validate reads the first record (and a split's metadata)
+    assert (early == []) if kind != "split" else (len(early) == 1 and message in early[0])
+    with pytest.raises(DataError) as e:
+        dataprep.ensure(spec, workers=1, unit_bytes=512 if kind != "utf8-txt" else 100_000)
+    assert message in str(e.value) and str(e.value).startswith("data.paths[0]: ")
+    cache = tmp_path / "cache"
+    assert not [p for p in cache.iterdir() if p.is_dir() and p.name != "hf-datasets"], list(cache.iterdir())
+
+
+def test_a_dataset_smaller_than_one_global_batch_is_refused(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "tiny"}] * 3)
+    spec = job(tmp_path, [path], "bytes", "slurm.tasks_per_node=2", "train.grad_accum=2")
+    with pytest.raises(DataError, match=r"data.paths: the train data gives 0 samples .* fewer than one global batch"):
+        dataprep.ensure(spec, workers=1)
+
+
+def _prepare_cli(job_file: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "clusterfsdp.worker.dataprep", str(job_file), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_an_interrupted_prepare_is_never_used_and_is_continued(tmp_path, bpe):
+    """`data prepare` with a pool of 2 processes is killed (SIGKILL, whole process group) once
+    some shards are complete: no prepared dataset exists; the next prepare keeps those shards
+    and its result is exactly that of a prepare that was never interrupted."""
+    big = write_jsonl(tmp_path / "big.jsonl", [{"text": d} for d in DOCS * 40])
+    spec = job(tmp_path, [big], str(bpe))
+    job_file = tmp_path / "job.toml"
+    job_file.write_text(S.dumps(spec))
+    (ref,) = datasource.dataset_refs(spec)
+    proc = _prepare_cli(job_file, "--workers", "2", "--unit-bytes", "16384")
+    deadline = time.time() + 300
+    while not list((ref.partial / "shards").glob("[0-9]*.json")):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0]
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = len(list((ref.partial / "shards").glob("[0-9]*.json")))
+    assert ref.manifest() is None and not ref.folder.exists() and kept >= 1
+    total = -(-big.stat().st_size // 16384)
+    assert kept < total, "the prepare finished before it was killed"
+
+    again = _prepare_cli(job_file, "--workers", "1", "--unit-bytes", "16384")
+    out = again.communicate(timeout=300)[0]
+    assert again.returncode == 0, out
+    assert f"({kept} shards kept)" in out or "shards kept)" in out
+    assert not ref.partial.exists()
+
+    fresh = job(tmp_path / "fresh", [big], str(bpe))
+    (clean,) = dataprep.ensure(fresh, workers=1, unit_bytes=16384)
+    assert clean.key == ref.key and clean.folder != ref.folder
+    got, want = stream(ref), stream(clean)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_a_second_preparer_waits_for_the_lock_and_uses_the_result(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": d} for d in DOCS])
+    spec = job(tmp_path, [path], "bytes")
+    (ref,) = datasource.dataset_refs(spec)
+    ref.root.mkdir(parents=True, exist_ok=True)
+    holder = FileLock(ref.lock_path, "prepare dataset (test)").acquire()
+    lines: list[str] = []
+    t = threading.Thread(target=lambda: dataprep.ensure(spec, lines.append, workers=1))
+    t.start()
+    time.sleep(1.0)
+    assert any("waiting for the prepare that holds the lock" in line for line in lines), lines
+    assert ref.manifest() is None and t.is_alive()
+    holder.release()
+    t.join(timeout=60)
+    assert ref.manifest() is not None
+    assert sum("data: preparing" in line for line in lines) == 1

@@ -1,0 +1,136 @@
+"""Data checks before anything is queued (control/datasource.py through `clusterfsdp validate`,
+`submit` and `data prepare`): exit 2 with the key, file and line; the prepared state shown;
+eval results shown by `status`, the TUI run view and the notebook progress."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from data_helpers import documents, write_jsonl
+
+from clusterfsdp.control import runfolder
+from clusterfsdp.control import spec as S
+from clusterfsdp.control.records import Executor
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clusterfsdp.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+def job_file(tmp: Path, paths: list[str], *lines: str, data: str = "") -> Path:
+    """A 2-rank job reading `paths`; `data` adds lines to [data], `lines` add sections."""
+    path = tmp / "job.toml"
+    path.write_text(
+        f'[job]\nrun_root = "runs"\n[slurm]\ntasks_per_node = 2\n[data]\nsource = "files"\n'
+        f"paths = {json.dumps(paths)}\nseq_len = 32\n{data}\n[train]\nmicro_batch_size = 2\n" + "\n".join(lines)
+    )
+    return path
+
+
+def test_validate_names_every_bad_source_and_exits_2(tmp_path):
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "broken.jsonl").write_text('\n{"text": "a"\n')
+    write_jsonl(tmp_path / "nokey.jsonl.gz", [{"body": "x", "id": 1}])
+    (tmp_path / "latin1.txt").write_bytes("first line\ncaf\xe9\n".encode("latin-1"))
+    (tmp_path / "notes.csv").write_text("text\nhello\n")
+    (tmp_path / "blank.jsonl.gz").write_bytes(gzip.compress(b"\n\n"))
+    (tmp_path / "nothing-here").mkdir()
+    paths = ["empty.jsonl", "broken.jsonl", "nokey.jsonl.gz", "latin1.txt", "nothing/*.jsonl", "someorg/somedata"]
+    r = cli("validate", str(job_file(tmp_path, [*paths, "notes.csv", "blank.jsonl.gz", "nothing-here"])))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    errors = r.stderr.splitlines()
+    expected = [
+        f"error: data.paths[4]: '{tmp_path}/nothing/*.jsonl' matches no file or folder",
+        "error: data.paths[5]: 'someorg/somedata' is not a local path; hub dataset ids are resolved to a local folder "
+        "on the submitting host at submit (give the local path here)",
+        f"error: data.paths[6]: {tmp_path}/notes.csv: not a data source (.txt or .jsonl, either maybe .gz or .zst; "
+        ".parquet; or a dataset folder)",
+        f"error: data.paths[0]: {tmp_path}/empty.jsonl: empty file",
+        f"error: data.paths[1]: {tmp_path}/broken.jsonl:2: not valid JSON (Expecting ',' delimiter at column 13)",
+        f"error: data.paths[2]: {tmp_path}/nokey.jsonl.gz:1: no 'text' key (data.text_key; the record has: body, id)",
+        f"error: data.paths[3]: {tmp_path}/latin1.txt:2: not UTF-8 (byte 0xe9 at offset 14); re-encode the file",
+        f"error: data.paths[7]: {tmp_path}/blank.jsonl.gz: no records in its first 1 MiB (empty file?)",
+        f"error: data.paths[8]: {tmp_path}/nothing-here: empty folder",
+    ]
+    assert errors == expected, r.stderr
+
+
+def test_chat_and_eval_fields_are_checked_with_the_spec(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "x"}])
+    r = cli(
+        "validate",
+        str(job_file(tmp_path, [str(path)], "[eval]", "fraction = 0.1", f'paths = ["{path}"]', data='format = "chat"')),
+    )
+    assert r.returncode == 2
+    assert (
+        "job.toml: data.format: 'chat' needs a tokenizer with a chat template; data.tokenizer = 'bytes' has none"
+        in (r.stderr)
+    )
+    assert "eval.paths: give eval.paths or eval.fraction, not both" in r.stderr
+    r = cli("validate", str(job_file(tmp_path, [str(path)], "[eval]", "every_steps = 5")))
+    assert r.returncode == 2 and "eval.every_steps: set eval.fraction or eval.paths" in r.stderr
+
+
+def test_prepare_then_validate_knows_the_data_and_refuses_a_batch_it_cannot_fill(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": d} for d in documents(40)])
+    job = job_file(tmp_path, [str(path)], "[eval]", "fraction = 0.25")
+    r = cli("validate", str(job))
+    assert r.returncode == 0 and "prepared   train: not prepared yet: the job prepares it at start" in r.stdout
+    assert "train      100 steps x 4 samples" in r.stdout and "text, concat packing" in r.stdout
+    r = cli("data", "prepare", str(job), "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert "data: train samples:" in r.stdout and "data: eval samples:" in r.stdout
+    r = cli("validate", str(job))
+    assert r.returncode == 0 and "prepared   train: prepared, " in r.stdout and " documents (" in r.stdout
+    r = cli("validate", str(job), "--set", "train.micro_batch_size=500")
+    assert r.returncode == 2 and "fewer than one global batch (2 ranks x 500 x 1 accumulation) = 1000" in r.stderr
+
+
+def test_data_prepare_names_a_bad_line_deep_in_the_file_and_submit_refuses_bad_data(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": d} for d in documents(30)])
+    lines = path.read_text().splitlines()
+    lines[20] = lines[20][:-1]
+    path.write_text("\n".join(lines) + "\n")
+    job = job_file(tmp_path, [str(path)])
+    r = cli("data", "prepare", str(job), "--workers", "1")
+    assert r.returncode == 2 and r.stderr.startswith(f"error: data.paths[0]: {path}:21: not valid JSON"), r.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    r = cli("submit", str(job_file(other, [str(other / "missing.jsonl")])), "--executor", "local", cwd=other)
+    assert r.returncode == 2 and "data.paths[0]: " in r.stderr and "matches no file" in r.stderr
+    assert not (other / "runs").exists()
+
+
+def _run_with_eval(tmp_path: Path) -> runfolder.RunFolder:
+    run = runfolder.create_run(S.loads(f'[job]\nrun_root = "{tmp_path}"\n'), Executor.LOCAL)
+    run.add_attempt("1", Executor.LOCAL, "submit")
+    base = {"lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 10.0, "time": time.time(), "mem_peak_gb": 0.1}
+    for step in (10, 20, 30):
+        row = {"step": step, "loss": 3.0 - step / 100, **base}
+        if step == 20:
+            row.update(eval_loss=1.25, eval_ppl=3.49)
+        runfolder.append_jsonl(run.metrics_file, row)
+    return run
+
+
+def test_eval_loss_is_shown_by_status_the_tui_and_the_notebook(tmp_path):
+    from clusterfsdp.notebook.progress import Progress
+    from clusterfsdp.tui.metrics_tail import MetricsTail
+
+    run = _run_with_eval(tmp_path)
+    r = cli("status", str(run.path))
+    assert "eval       step 20: eval_loss 1.2500, perplexity 3.49" in r.stdout, r.stdout
+    tail = MetricsTail(run.metrics_file)
+    tail.read_new()
+    assert tail.snapshot().series("eval_loss") == ([20], [1.25])  # the run screen's chart draws this series
+    progress = Progress("job", 30, enabled=False)
+    for row in run.metrics():
+        progress.update(row)
+    assert "loss 2.7000 eval_loss 1.2500" in progress._data()["text/plain"]
