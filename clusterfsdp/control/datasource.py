@@ -30,6 +30,7 @@ users, so a file rewritten in place with its old mtime restored is still hashed 
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import glob
 import gzip
 import json
@@ -537,9 +538,33 @@ def source_problems(spec: specmod.JobSpec) -> list[str]:
     return errors + tokenizer_problems(spec.data)
 
 
+def _on_this_host(path: str) -> bool:
+    pattern = os.path.expanduser(path)
+    return bool(glob.glob(pattern)) if glob.has_magic(pattern) else os.path.exists(pattern)
+
+
+def container_only_paths(spec: specmod.JobSpec) -> list[str]:
+    """Data paths of a container job that do not exist on this host: they may exist only in the
+    image, so they are checked when the job starts (prepare runs inside the container)."""
+    if spec.slurm.container.kind == "none" or spec.data.source != "files":
+        return []
+    return [p for p in [*spec.data.paths, *spec.eval.paths] if not _on_this_host(p)]
+
+
 def check(spec: specmod.JobSpec) -> list[str]:
     """What `validate` and `submit` refuse a job for: `source_problems`, and data that is
-    already prepared but smaller than one global batch."""
+    already prepared but smaller than one global batch (container jobs: the paths that exist
+    on this host; see `container_only_paths`)."""
+    inside = set(container_only_paths(spec))
+    if inside:
+        keep = [p for p in spec.data.paths if p not in inside]
+        if not keep:  # nothing to check here: the worker checks it all
+            return []
+        spec = dataclasses.replace(
+            spec,
+            data=dataclasses.replace(spec.data, paths=keep),
+            eval=dataclasses.replace(spec.eval, paths=[p for p in spec.eval.paths if p not in inside]),
+        )
     errors = source_problems(spec)
     if errors:
         return errors
