@@ -93,6 +93,7 @@ def test_dry_run_script_submitted_by_hand_behaves_like_submit(slurm_cluster, tin
     assert slurm_cluster.wait_sacct(job_id, "COMPLETED")
 
 
+@pytest.mark.timeout(1500)  # attempts are slow while the other xdist worker loads both cores
 def test_time_limit_signal_save_requeue_resume(slurm_cluster, tiny_job, tmp_path):
     """A 1-minute limit with a 45 s grace: SIGUSR2 arrives early (Slurm checks limits about every
     30-60 s), the ranks save, rank 0 requeues, and the next attempts resume until all steps are done."""
