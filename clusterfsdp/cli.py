@@ -63,14 +63,15 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .control import datasource, modelsource, slurmcli
+    from .control import datasource, slurmcli
+    from .control.run import prepare_sources
     from .control.summary import summary
 
-    prepared = modelsource.prepare(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
+    prepared = prepare_sources(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
     spec = prepared.spec
-    errors = datasource.check(spec)
-    if errors:
-        raise specmod.SpecError(errors)
+    inside = datasource.container_only_paths(spec)
+    for path in inside:
+        prepared.notes.append(f"data path {path} is not on this host: checked inside the container when the job starts")
     reachable = slurmcli.available()
     where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
     if not reachable and spec.slurm.nodes > 1:
@@ -78,7 +79,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(summary(spec, where))
     for note in prepared.notes:
         print(f"note       {note}")
-    for line in datasource.prepared_state(spec):
+    for line in [] if inside else datasource.prepared_state(spec):
         print(f"prepared   {line}")
     print("ok")
     return 0

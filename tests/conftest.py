@@ -36,6 +36,7 @@ def _no_inherited_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
 pytest_plugins = ["slurm_fixtures"]  # the session-wide `slurm_cluster` fixture (real daemons)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the node id
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`.ci/test` runs `-n 2 --dist loadgroup`), the tests that drive the one
     devcluster run on one worker, one after another: run side by side they would wait for each

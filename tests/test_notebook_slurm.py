@@ -88,9 +88,12 @@ def test_srun_trains_on_two_nodes_from_a_notebook_in_salloc(slurm_cluster, tiny_
             RESULT_CELL,
             f"%load_ext clusterfsdp\nm = %clusterfsdp srun {job} --nodes 2 --set train.steps=10\n"
             "print('MAGIC', m.status, m.step, ','.join(sorted(set(m.hosts.values()))))",
-            "import subprocess\nprint('STEPS', repr(subprocess.run(['squeue', '--steps', '-h', '-j', "
-            "os.environ['SLURM_JOB_ID'], "
-            "'-o', '%i|%j'], capture_output=True, text=True).stdout))",
+            # Slurm removes a finished step asynchronously (epilog, accounting): give it 60 s
+            "import subprocess, time\nfor _ in range(60):\n"
+            "    steps = subprocess.run(['squeue', '--steps', '-h', '-j', os.environ['SLURM_JOB_ID'], "
+            "'-o', '%i|%j'], capture_output=True, text=True).stdout\n"
+            "    if 'clusterfsdp-nb' not in steps:\n        break\n    time.sleep(1)\n"
+            "print('STEPS', repr(steps))",
         ]
     )
     nb, report = run_in_allocation(slurm_cluster, tmp_path, nb, ["--ntasks-per-node=2", "--gpus-per-node=2"])

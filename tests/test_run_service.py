@@ -45,9 +45,10 @@ def cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: f
 
 
 def long_job(tmp_path: Path, steps: int = 100000, tail: str = "") -> Path:
-    """One local worker training for a long time, checkpointing every 5 steps."""
+    """One local worker training for a long time, checkpointing every 5 steps (none pruned while it
+    runs, so the tests can compare the checkpoint list before and after a refused command)."""
     job = tmp_path / "job.toml"
-    text = tiny_job_toml("svc", 0, steps, tail=f"[checkpoint]\nevery_steps = 5\nkeep_last = 2\n{tail}")
+    text = tiny_job_toml("svc", 0, steps, tail=f"[checkpoint]\nevery_steps = 5\nkeep_last = 1000\n{tail}")
     job.write_text(
         f"{text}\n[slurm]\ntasks_per_node = 1\n".replace("[job]\n", f'[job]\nrun_root = "{tmp_path / "runs"}"\n', 1)
     )

@@ -94,6 +94,7 @@ def test_dry_run_script_submitted_by_hand_behaves_like_submit(slurm_cluster, tin
     assert slurm_cluster.wait_sacct(job_id, "COMPLETED")
 
 
+@pytest.mark.timeout(1500)  # attempts are slow while the other xdist worker loads both cores
 def test_time_limit_signal_save_requeue_resume(slurm_cluster, tiny_job, tmp_path):
     """A 1-minute limit with a 45 s grace and more steps than an attempt can train: SIGUSR2 comes
     ahead of the limit (Slurm's time-limit sweep runs every 30 s), the ranks save, rank 0

@@ -30,6 +30,7 @@ users, so a file rewritten in place with its old mtime restored is still hashed 
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import glob
 import gzip
 import json
@@ -114,6 +115,14 @@ def _kind(path: Path) -> tuple[SourceKind, Compression] | None:
     return None
 
 
+def _matches(pattern: str) -> list[str]:
+    """What one data path names on this host: a glob's matches, or the path if it exists."""
+    expanded = os.path.expanduser(pattern)
+    if any(c in pattern for c in "*?["):
+        return sorted(glob.glob(expanded, recursive=True))
+    return [expanded] if os.path.exists(expanded) else []
+
+
 def local_sources(field: str, patterns: list[str]) -> tuple[list[Source], list[str]]:
     """The sources that local paths (globs allowed) name, and one error line per path that names
     none. Every entry is a local path: hub ids must have been resolved to their local snapshot
@@ -123,11 +132,7 @@ def local_sources(field: str, patterns: list[str]) -> tuple[list[Source], list[s
     errors: list[str] = []
     for i, pattern in enumerate(patterns):
         key = f"{field}[{i}]"
-        expanded = os.path.expanduser(pattern)
-        if any(c in pattern for c in "*?["):
-            matches = sorted(glob.glob(expanded, recursive=True))
-        else:
-            matches = [expanded] if os.path.exists(expanded) else []
+        matches = _matches(pattern)
         if not matches:
             if specmod.looks_like_hub_id(pattern):
                 errors.append(
@@ -537,9 +542,28 @@ def source_problems(spec: specmod.JobSpec) -> list[str]:
     return errors + tokenizer_problems(spec.data)
 
 
+def container_only_paths(spec: specmod.JobSpec) -> list[str]:
+    """Data paths of a container job that do not exist on this host: they may exist only in the
+    image, so they are checked when the job starts (prepare runs inside the container)."""
+    if spec.slurm.container.kind == "none" or spec.data.source != "files":
+        return []
+    return [p for p in [*spec.data.paths, *spec.eval.paths] if not _matches(p)]
+
+
 def check(spec: specmod.JobSpec) -> list[str]:
     """What `validate` and `submit` refuse a job for: `source_problems`, and data that is
-    already prepared but smaller than one global batch."""
+    already prepared but smaller than one global batch (container jobs: the paths that exist
+    on this host; see `container_only_paths`)."""
+    inside = set(container_only_paths(spec))
+    if inside:
+        keep = [p for p in spec.data.paths if p not in inside]
+        if not keep:  # nothing to check here: the worker checks it all
+            return []
+        spec = dataclasses.replace(
+            spec,
+            data=dataclasses.replace(spec.data, paths=keep),
+            eval=dataclasses.replace(spec.eval, paths=[p for p in spec.eval.paths if p not in inside]),
+        )
     errors = source_problems(spec)
     if errors:
         return errors

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ckptfolder, datasource, launch, lock, modelsource, procs, runfolder, secretenv, slurmcli, status
+from . import ckptfolder, datasource, hub, launch, lock, modelsource, procs, runfolder, secretenv, slurmcli, status
 from . import spec as specmod
 from .records import Attempt, Cause, Executor, RunState
 from .runfolder import RunFolder
@@ -98,7 +98,7 @@ class Run:
         behind if queueing fails."""
         chosen, notice = launch.choose_executor(executor)
         _check_submittable(spec, chosen)
-        prepared = _prepare_sources(spec)
+        prepared = prepare_sources(spec)
         spec = prepared.spec
         folder = runfolder.create_run(spec, chosen)
         run = cls(folder)
@@ -116,7 +116,7 @@ class Run:
     def prepare(cls, spec: specmod.JobSpec) -> tuple[Run, str]:
         """A dry run: the run folder and the exact sbatch script to submit by hand (sbatch.sh)."""
         _check_submittable(spec, Executor.SLURM)
-        prepared = _prepare_sources(spec)
+        prepared = prepare_sources(spec)
         spec = prepared.spec
         folder = runfolder.create_run(spec, Executor.SLURM)
         modelsource.keep(prepared, folder.model_dir)
@@ -342,11 +342,12 @@ def _check_submittable(spec: specmod.JobSpec, executor: Executor) -> None:
         launch.sbatch_options(spec)
 
 
-def _prepare_sources(spec: specmod.JobSpec) -> modelsource.Prepared:
-    """After the cheap checks: hub ids resolved (a missing snapshot downloaded here, never on the
-    compute nodes), the model and tokenizer folders checked, then the data sources read (readable,
-    not smaller than a batch; they may need the resolved tokenizer)."""
-    prepared = modelsource.prepare(spec)
+def prepare_sources(spec: specmod.JobSpec, mode: hub.Mode = "download") -> modelsource.Prepared:
+    """After the cheap checks: hub ids resolved (submit: a missing snapshot downloaded here, never
+    on the compute nodes; validate: mode 'check'), the model and tokenizer folders checked, then
+    the data sources read (readable, not smaller than a batch; they may need the resolved
+    tokenizer). SpecError with every problem."""
+    prepared = modelsource.prepare(spec, mode)
     problems = datasource.check(prepared.spec)
     if problems:
         raise specmod.SpecError(problems)
