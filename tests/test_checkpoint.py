@@ -363,7 +363,12 @@ def test_full_disk_mid_save_fails_clearly_and_resume_uses_the_last_complete_chec
         subprocess.run(["umount", str(disk)], check=False)
 
 
-def test_max_restarts_bounds_requeues(tmp_path):
+def test_max_restarts_bounds_comebacks_that_make_no_progress(tmp_path):
+    """With slurm.max_restarts = 0 an interruption that saved newer progress still comes back
+    (a week-long run lives through any number of them); one that did not get past the step it
+    resumed from ends the run. The second SIGUSR2 is sent once the new incarnation has written
+    its `start` event: its flags are installed and its first stop check (before step 1) is
+    still seconds away (the model build and the checkpoint load)."""
     spec = S.loads(
         JOB,
         [
@@ -376,9 +381,19 @@ def test_max_restarts_bounds_requeues(tmp_path):
     )
     run = Run.submit(spec, "local").run.folder
     job_id = int(run.attempts[-1].job_id)
+
+    def starts() -> int:
+        return sum(1 for e in run.events() if e.event == EventKind.START)
+
     _wait_for(lambda: any(r["step"] >= 10 for r in run.metrics()), 300, "step 10")
     for pid in _workers_of(job_id):
         os.kill(pid, signal.SIGUSR2)
+    _wait_for(lambda: starts() == 2, 300, "the second incarnation's start")  # rank 0 writes it
+    for pid in _workers_of(job_id):
+        os.kill(pid, signal.SIGUSR2)
     _wait_for(lambda: status.run_status(run).state == "FAILED", 300, "FAILED")
-    assert "max_restarts = 0" in status.run_status(run).reason
-    assert newest(run).step >= 10  # the state was saved all the same
+    requeued = next(e for e in run.events() if e.event == EventKind.REQUEUED)
+    assert requeued.step is not None and requeued.step >= 10 and requeued.restarts == 0  # progress: free
+    reason = status.run_status(run).reason
+    assert "no progress since the last restart" in reason and "max_restarts = 0" in reason, reason
+    assert newest(run).step == requeued.step  # the state was saved all the same

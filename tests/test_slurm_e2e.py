@@ -96,12 +96,13 @@ def test_dry_run_script_submitted_by_hand_behaves_like_submit(slurm_cluster, tin
 
 @pytest.mark.timeout(1500)  # attempts are slow while the other xdist worker loads both cores
 def test_time_limit_signal_save_requeue_resume(slurm_cluster, tiny_job, tmp_path):
-    """A 1-minute limit with a 45 s grace and more steps than an attempt can train: SIGUSR2 comes
-    ahead of the limit (Slurm's time-limit sweep runs every 30 s), the ranks save, rank 0
+    """A 2-minute limit with a 75 s grace and more steps than an attempt can train: SIGUSR2 comes
+    45-75 s after the start (Slurm's time-limit sweep runs every 30 s; a 1-minute limit left
+    loaded CI machines no time to train between start-up and signal), the ranks save, rank 0
     requeues, and the next incarnation of the same job resumes from the saved step and trains
     on; then it is cancelled. One requeue and resume is what this test is about, so its cost does
     not grow with the machine's load (a fixed step count needed ever more attempts: past 600 s)."""
-    r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", "slurm.time=1", "--set", "slurm.signal_grace_s=45",
+    r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", "slurm.time=2", "--set", "slurm.signal_grace_s=75",
             "--set", "train.steps=1000000", "--set", "train.log_every=10")  # fmt: skip
     assert r.returncode == 0, r.stderr
     run = only_run(tmp_path / "runs")

@@ -141,3 +141,18 @@ def test_node_states() -> None:
     assert slurmcli.usable("idle") and slurmcli.usable("mixed") and slurmcli.usable("allocated")
     for state in ("down*", "allocated*", "drained", "draining", "fail", "down"):
         assert not slurmcli.usable(state), state
+
+
+@pytest.mark.slurm
+def test_a_job_cancelled_while_being_requeued_is_not_live(slurm_cluster, monkeypatch) -> None:
+    """On the devcluster: `scontrol requeue` then `scancel` (a cancel racing a time-limit requeue)
+    leaves sacct's last record at REQUEUED for good; job_states reports the controller's
+    CANCELLED, so the run is not held live forever (status REQUEUED, resume refused)."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.slurm_conf))
+    job = str(slurm_cluster.sbatch(["--requeue", "-N1", "-o", "/dev/null", "--wrap", "sleep 300"]))
+    slurm_cluster.wait_for("RUNNING", lambda: slurm_cluster.squeue_state(int(job)) == "RUNNING", 60)
+    slurm_cluster.run(["scontrol", "requeue", job])
+    slurm_cluster.run(["scancel", job])
+    slurm_cluster.wait_for("the job to leave the queue", lambda: slurm_cluster.squeue_state(int(job)) == "", 60)
+    assert slurm_cluster.sacct_attempts(job)[-1] == "REQUEUED"  # what accounting keeps
+    assert slurmcli.job_states([job])[job].state == "CANCELLED"

@@ -33,6 +33,8 @@ from .runfolder import RunFolder, atomic_write
 
 Requested = Literal["auto", "slurm", "local"]
 # Every path that reaches an `#SBATCH --output=...` line (the run folder's) is held to these.
+# submitit's local controller restarts on exit code 144 at most this many times.
+LOCAL_MAX_TIMEOUTS = 1_000_000
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+,:@%=~-]+$")
 
 
@@ -364,7 +366,9 @@ def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:
             os.dup2(devnull, 0)
             os.dup2(log, 1)
             os.dup2(log, 2)
-            executor = submitit.LocalExecutor(folder=run.submitit_dir / "%j", max_num_timeout=spec.slurm.max_restarts)
+            # The worker alone bounds comebacks (outcomes.restarts_used: an interruption that made
+            # progress costs nothing), so the controller must not stop restarting before it does.
+            executor = submitit.LocalExecutor(folder=run.submitit_dir / "%j", max_num_timeout=LOCAL_MAX_TIMEOUTS)
             executor.update_parameters(
                 tasks_per_node=spec.tasks_per_node,
                 timeout_min=spec.time_minutes,

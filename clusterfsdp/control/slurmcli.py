@@ -18,12 +18,13 @@ timed out is checked against the job's state before it counts as failed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -271,16 +272,41 @@ def sacct(job_ids: list[str]) -> dict[str, JobRow]:
     return rows
 
 
+# States a job has only while it is queued: accounting may still say so of a job that left the
+# queue. Measured on Slurm 22.05: `scontrol requeue` then `scancel` before the job pends again
+# leaves sacct's last record at REQUEUED for good, while the controller says CANCELLED.
+_QUEUED_STATES = frozenset(
+    {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "COMPLETING", "CONFIGURING"}
+)
+
+
 def job_states(job_ids: list[str]) -> dict[str, JobRow]:
-    """squeue for live jobs, sacct for the ones that left the queue; copes with sacct being disabled."""
+    """squeue for live jobs, sacct for the ones that left the queue; copes with sacct being disabled.
+    A job squeue no longer lists is not live, whatever accounting's last record says: the
+    controller's state is taken where it still knows the job, else a REQUEUED record (a job
+    cancelled while being requeued) is reported CANCELLED."""
     rows = squeue(job_ids)
     missing = [j for j in job_ids if j not in rows]
     if missing:
         try:
-            rows.update(sacct(missing))
+            rows.update(_settled(row) for row in sacct(missing).values())
         except SlurmError:
             pass  # accounting disabled: finished jobs are judged from the run folder alone
     return rows
+
+
+def _settled(row: JobRow) -> tuple[str, JobRow]:
+    if row.state not in _QUEUED_STATES:
+        return row.job_id, row
+    try:
+        info = show_job(row.job_id)
+    except SlurmError:
+        return row.job_id, row
+    if info is not None:  # the controller's word (it may also have queued the job again meanwhile)
+        return row.job_id, replace(row, state=info.state, reason=info.reason)
+    if row.state.startswith("REQUEUE"):
+        return row.job_id, replace(row, state="CANCELLED", reason="cancelled while being requeued")
+    return row.job_id, row  # accounting lags a job that just ended: the next look settles it
 
 
 def show_job(job_id: str, retry_s: float | None = None) -> JobInfo | None:
@@ -321,6 +347,9 @@ def usable(state: str) -> bool:
     return word.split("+")[0] in ("idle", "mixed", "allocated", "completing", "planned", "reserved")
 
 
+_JOB_ID = re.compile(r"\d+(_\d+)?")
+
+
 def _user() -> str:
     return os.environ.get("USER") or str(os.getuid())
 
@@ -351,7 +380,11 @@ def submit(script: Path, token: str, comment: str = "", *, hold: bool = True) ->
         argv = ["sbatch", "--parsable", f"--comment={f'{comment} {token}'.strip()}", str(script)]
         if hold:
             argv.insert(2, "--hold")
-        return _once(argv, timeout=60).strip().split(";")[0]
+        out = _once(argv, timeout=60).strip()
+        job_id = out.split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
+        if not _JOB_ID.fullmatch(job_id):
+            raise SlurmError(f"sbatch --parsable printed {out[:200]!r}, not a job id")
+        return job_id
 
     job_id = retrying("sbatch", attempt)
     if tries > 1 and hold:
