@@ -12,8 +12,20 @@ takes one training step so AdamW's state exists, then times on one filesystem:
 - `Checkpointer.load()` from the page cache and, where the kernel lets us drop caches, cold;
   after loading, the weights must equal the saved ones (a training step in between moved them).
 
+Checkpoints off the critical path (issue 17), parts that also mean something on CPU:
+
+- `threads`: `Checkpointer.save(blocking=True)` with 1, 2, 4, 8 writer threads, against `dd`;
+- `modes`: async saves from a thread and from a saver process (`checkpoint.async_mode`): the
+  Checkpointer's construction (its staging buffers are made there, before the first save),
+  seconds blocked per save, seconds until written, and training steps/s while the save is
+  written against steps/s with no save in flight, in the same call;
+- `prune`: seconds the training thread is blocked deleting an old checkpoint: the rename into
+  `.pruning/` the Checkpointer does, against the `rmtree` it did before, on copies of one checkpoint.
+
     python3 bench/ckpt_bench.py --dir /tmp/cfsdp-ckpt
     python3 bench/ckpt_bench.py --preset llama-tiny --seq 128 --cpu     # smoke test
+    python3 bench/ckpt_bench.py --cpu --preset llama-small --seq 128 --parts dd,threads,modes,prune \
+        --set 'model.from_config={hidden_size=1024,intermediate_size=4096,num_hidden_layers=8}'  # issue 17, CPU
 """
 
 from __future__ import annotations
@@ -56,6 +68,97 @@ def drop_caches() -> bool:
         return True
     except OSError:
         return False
+
+
+def thread_sweep(ck_root: Path, make, meta: dict, size_of, dd_gb_s: float | None) -> list[dict]:
+    """Blocking saves with 1, 2, 4 and 8 writer threads (one checkpoint folder each, removed after)."""
+    rows = []
+    for n, threads in enumerate((1, 2, 4, 8)):
+        saver = make(ck_root / f"threads-{threads}", async_save=False, writer_threads=threads)
+        secs = saver.save(n + 1, meta, blocking=True)
+        size = size_of(saver.root)
+        rows.append({"threads": threads, "s": round(secs, 2), "gb_s": round(size / secs / 1e9, 3)})
+        if dd_gb_s:
+            rows[-1]["vs_dd"] = round(size / secs / 1e9 / dd_gb_s, 2)
+        print("writer threads", rows[-1], flush=True)
+        saver.close()
+        shutil.rmtree(saver.root, ignore_errors=True)
+    return rows
+
+
+def steps_per_s(step, until, min_steps: int = 3) -> tuple[float, int]:
+    """Training steps/s until `until()` is true (at least `min_steps` steps)."""
+    t0, n = time.perf_counter(), 0
+    while n < min_steps or not until():
+        step()
+        n += 1
+    return n / (time.perf_counter() - t0), n
+
+
+def async_modes(ck_root: Path, make, meta: dict, step, repeat: int) -> dict:
+    """Thread- and process-based async saves: blocked, written, steps/s while writing vs idle."""
+    out: dict = {}
+    for mode in ("thread", "process"):
+        t0 = time.perf_counter()
+        saver = make(ck_root / f"async-{mode}", async_save=True, async_mode=mode)
+        rows: list[dict] = [{"construct_s": round(time.perf_counter() - t0, 2)}]
+        for i in range(repeat):
+            idle, _ = steps_per_s(step, lambda: True)
+            t0 = time.perf_counter()
+            blocked = saver.save(100 + i, meta)
+            busy, n = steps_per_s(step, lambda p=saver._pending: p is None or p[0].done())
+            saver.wait()
+            rows.append(
+                {
+                    "blocked_s": round(blocked, 3),
+                    "written_s": round(time.perf_counter() - t0, 2),
+                    "steps_s_idle": round(idle, 3),
+                    "steps_s_while_writing": round(busy, 3),
+                    "ratio": round(busy / idle, 2),
+                    "steps_during": n,
+                }
+            )
+            print("async", mode, rows[-1], flush=True)
+        saver.close()
+        shutil.rmtree(saver.root, ignore_errors=True)
+        out[mode] = rows
+    return out
+
+
+def prune_cost(ck_root: Path, make, meta: dict, copies: int) -> dict:
+    """Blocked seconds to delete a checkpoint: `rmtree` inline (before) vs the Checkpointer's
+    rename into `.pruning/` (now), each on its own copy of the same checkpoint."""
+    from clusterfsdp.control import ckptfolder
+
+    saver = make(ck_root / "prune", async_save=False, writer_threads=4)
+    saver.save(1, meta, blocking=True)
+    first = ckptfolder.step_dir(saver.root, 1)
+    rows = []
+    for i in range(copies):
+        a, b = saver.root / f"copy-a{i}", saver.root / f"copy-b{i}"
+        for c in (a, b):
+            subprocess.run(["cp", "-r", str(first), str(c)], check=True)
+        os.sync()
+        t0 = time.perf_counter()
+        shutil.rmtree(a)
+        inline = time.perf_counter() - t0
+        pruner = saver._pruner
+        assert pruner is not None
+        t0 = time.perf_counter()
+        pruner.prune([b])
+        renamed = time.perf_counter() - t0
+        pruner._last.result()
+        rows.append(
+            {
+                "rmtree_s": round(inline, 4),
+                "rename_s": round(renamed, 5),
+                "background_s": round(time.perf_counter() - t0, 4),
+            }
+        )
+        print("prune", rows[-1], flush=True)
+    saver.close()
+    shutil.rmtree(saver.root, ignore_errors=True)
+    return {"rows": rows}
 
 
 def stagers(a, parts, out, root, async_saver, sync, room) -> None:
@@ -124,6 +227,7 @@ def main() -> None:
     p.add_argument("--writer-threads", type=int, default=8, help="FileSystemWriter threads for the 'writer' part")
     p.add_argument("--budget-s", type=float, default=0, help="skip saves that would end past this many seconds")
     p.add_argument("--cpu", action="store_true")
+    p.add_argument("--set", action="append", default=[], help="job.toml override for the model (repeatable)")
     a = p.parse_args()
     parts = set(a.parts.split(","))
     t_start = time.perf_counter()
@@ -158,6 +262,7 @@ def main() -> None:
         compile=False,
         mixed_precision="fp32" if a.cpu else "bf16",
         gpus=0 if a.cpu else 1,
+        overrides=a.set,
     )
     spec_text = specmod.dumps(spec)
     model, opt, config, counts = train.build(spec, device, 1, None)
@@ -185,6 +290,17 @@ def main() -> None:
     if "dd" in parts:
         out["dd"] = dd(root, a.dd_gib)
         print("dd", out["dd"], flush=True)
+    meta0 = {"consumed": 0, "tokens_seen": 0}
+
+    def make(folder: Path, **kw) -> Any:
+        return ckpt.Checkpointer(folder, model, opt, 0, 1, spec_text, 1, **kw)
+
+    if "threads" in parts:
+        out["threads"] = thread_sweep(root, make, meta0, du, out.get("dd", {}).get("gb_s"))
+    if "modes" in parts:
+        out["modes"] = async_modes(root, make, meta0, step, a.repeat)
+    if "prune" in parts:
+        out["prune"] = prune_cost(root, make, meta0, a.repeat)
 
     meta = {"consumed": 0, "tokens_seen": 0}
     est = {"save_s": 0.0}  # duration of the last save, to stay inside --budget-s
@@ -250,12 +366,12 @@ def main() -> None:
 
     # load: move the weights with a training step, load the last checkpoint, compare
     info = ckptfolder.find(ck)
-    assert info is not None, f"no complete checkpoint in {ck}"
     probe = next(iter(model.parameters()))
     local = lambda t: t.to_local() if hasattr(t, "to_local") else t
     saved_sum = float(local(probe.detach()).double().sum())
     loads = []
     for cold in (False, True) if "load" in parts else ():
+        assert info is not None, f"no complete checkpoint in {ck}"
         step()
         sync()
         moved = float(local(probe.detach()).double().sum())

@@ -193,8 +193,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-_SHOWN_EVENTS = {EventKind.REQUEUED, EventKind.FAILED, EventKind.FOLLOW_UP, EventKind.RESUMED, EventKind.STOPPED,
-                 EventKind.CHECKPOINT_FALLBACK}  # fmt: skip
+_SHOWN_EVENTS = {EventKind.FAILED, EventKind.RESUMED, EventKind.CHECKPOINT_FALLBACK}  # ends: under each attempt
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -216,6 +215,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     for a in st.attempts:
         when = datetime.fromtimestamp(a.submitted).strftime("%Y-%m-%d %H:%M:%S")
         print(f"attempt {a.attempt}  {a.executor} job {a.job_id}  {when}  {a.reason}")
+        for end in (e for e in st.ends if e.job_id == a.job_id):
+            print(f"  ended    (restart {end.restart}) {end.describe()}")
+    for note in st.notes:
+        print(f"note       {note}")
     for e in run.folder.events():
         if e.event in _SHOWN_EVENTS:
             detail = e.reason or e.checkpoint
@@ -444,11 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .control import slurmcli
     from .control.launch import SubmitError
     from .control.run import RunError
     from .control.slurmcli import SlurmError
 
     args = build_parser().parse_args(argv)
+    slurmcli.on_retry = slurmcli.say_on_stderr  # a controller outage is waited for, visibly
     try:
         return args.fn(args)
     except specmod.SpecError as e:

@@ -5,6 +5,8 @@
 #   sudo slurm/devcluster.sh status    # sinfo; exit 0 when up, 3 when down or broken
 #   sudo slurm/devcluster.sh down      # stop everything it started and delete its state
 #   sudo slurm/devcluster.sh restart   # down + up (a fresh cluster, new job ids)
+#   sudo slurm/devcluster.sh fault ctld-stop|ctld-start|ctld-freeze|ctld-thaw|node-kill NODE|node-start NODE
+#                                      # faults for tests: controller down or hung, a node that dies
 #
 # Layout (defaults; see docs/devcluster.md):
 #   root netns ("login")  cfbr0 10.213.0.1      sbatch/srun/squeue/sacct run here
@@ -24,6 +26,8 @@
 #   CFDC_FIRST_JOB_ID=              force FirstJobId (default: derived from the clock)
 #   CFDC_CRED_EXPIRE=10             AuthInfo cred_expire: a requeued job may start again after
 #                                   this + 1 s (Slurm's default 120 gives 121 s)
+#   CFDC_GRACE_TIME=30              GraceTime of the preemptable partition `low`: seconds a
+#                                   preempted job has between SIGTERM and being requeued
 #
 # Exit codes: 0 ok, 1 failure, 2 not root / bad usage / unsafe state folder, 3 status: down,
 # 4 missing packages.
@@ -47,6 +51,7 @@ MEM=${CFDC_MEM:-4000}
 GPUS=${CFDC_GPUS:-2}
 INSTALL_ETC=${CFDC_INSTALL_ETC:-1}
 CRED_EXPIRE=${CFDC_CRED_EXPIRE:-10}
+GRACE_TIME=${CFDC_GRACE_TIME:-30}
 NS_PREFIX=cfdc-
 VETH_PREFIX=cfv-
 ETC_CONF=/etc/slurm/slurm.conf
@@ -67,7 +72,7 @@ secs() { # secs START_US -> "1.23"
 }
 
 usage() {
-    echo "usage: devcluster.sh up|down|status|restart   (env: NODES=2 CFDC_STATE=$STATE; see docs/devcluster.md)"
+    echo "usage: devcluster.sh up|down|status|restart|fault WHAT [NODE]   (env: NODES=2 CFDC_STATE=$STATE; see docs/devcluster.md)"
 }
 
 need_root() {
@@ -91,6 +96,7 @@ check_settings() {
     [[ $CPUS =~ ^[0-9]+$ && $MEM =~ ^[0-9]+$ && $GPUS =~ ^[0-9]+$ ]] || die "CFDC_CPUS/CFDC_MEM/CFDC_GPUS must be integers" 2
     ((CPUS >= 1 && GPUS >= 1)) || die "CFDC_CPUS and CFDC_GPUS must be >= 1" 2
     [[ $CRED_EXPIRE =~ ^[0-9]+$ ]] && ((CRED_EXPIRE >= 5)) || die "CFDC_CRED_EXPIRE must be an integer >= 5" 2
+    [[ $GRACE_TIME =~ ^[0-9]+$ ]] || die "CFDC_GRACE_TIME must be an integer >= 0" 2
     [[ $STATE == /* && $STATE != / && $STATE != *..* ]] || die "CFDC_STATE must be an absolute path, not '$STATE'" 2
     check_state_path
     if [[ -d $STATE && ! -e $STATE/$STATE_MARKER ]] && [[ -n $(ls -A "$STATE") ]]; then
@@ -325,6 +331,7 @@ render() { # render TEMPLATE OUT: replace @KEY@ with the values below
     text=${text//@STATE@/$STATE}
     text=${text//@CTL_IP@/$CTL_IP}
     text=${text//@CRED_EXPIRE@/$CRED_EXPIRE}
+    text=${text//@GRACE_TIME@/$GRACE_TIME}
     text=${text//@FIRST_JOB_ID@/$FIRST_JOB_ID}
     text=${text//@DEF_MEM_PER_CPU@/$((MEM / CPUS))}
     text=${text//@NODE_LINES@/$NODE_LINES}
@@ -477,10 +484,16 @@ install_etc_conf() {
 
 ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
 
+start_ctld() { start_in_ns slurmctld "${NS_PREFIX}ctl" ctl env SLURM_CONF="$STATE/slurm.conf" slurmctld -D -i; }
+
+start_slurmd() { # start_slurmd NODE
+    start_in_ns "slurmd-$1" "${NS_PREFIX}$1" "$1" env SLURM_CONF="$STATE/slurm.conf" slurmd -D -N "$1"
+}
+
 nodes_idle() { # all nodes idle (or mixed/alloc: already running something)
     local out
-    out=$(sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
-    [[ $(grep -cE ' (idle|mixed|allocated)$' <<<"$out") -eq $NODES ]]
+    out=$(sinfo -h -N -o '%N %T' 2>/dev/null) || return 1  # one line per node and partition
+    [[ $(grep -E ' (idle|mixed|allocated)$' <<<"$out" | sort -u | wc -l) -eq $NODES ]]
 }
 
 cluster_registered() {
@@ -599,13 +612,10 @@ cmd_up() {
     t_dbd=$(secs "$t1")
     t1=$(us)
 
-    start_in_ns slurmctld "${NS_PREFIX}ctl" ctl env SLURM_CONF="$STATE/slurm.conf" slurmctld -D -i
+    start_ctld
     # slurmd registers at once with a controller that answers; otherwise it waits to be pinged.
     wait_for "slurmctld" 60 "$STATE/log/slurmctld.log" ctld_up || fail_up "slurmctld did not start"
-    for ((n = 1; n <= NODES; n++)); do
-        start_in_ns "slurmd-node$n" "${NS_PREFIX}node$n" "node$n" \
-            env SLURM_CONF="$STATE/slurm.conf" slurmd -D -N "node$n"
-    done
+    for ((n = 1; n <= NODES; n++)); do start_slurmd "node$n"; done
     wait_for "all $NODES nodes idle (sinfo)" 60 "$STATE/log/slurmctld.log" nodes_idle ||
         { fail_up "nodes did not come up (see slurmd-node*.log, slurmctld.log)"; }
     local t_nodes
@@ -674,6 +684,52 @@ cmd_status() {
     return 3
 }
 
+# Faults for tests (docs/devcluster.md, "Faults"): a controller that is down or hangs, a node that dies.
+cmd_fault() {
+    need_root fault
+    check_settings
+    healthy_enough || die "the cluster in $STATE is not up" 3
+    export SLURM_CONF=$STATE/slurm.conf
+    local what=${1:-} node=${2:-} pid
+    case $what in
+        ctld-stop | ctld-freeze | ctld-thaw)
+            read -r pid <"$STATE/pids/slurmctld.pid"
+            comm_of "$pid"
+            [[ $COMM == slurmctld ]] || die "slurmctld is not running" 3
+            case $what in
+                ctld-stop) kill_and_wait TERM 15 "$pid" ;;  # it saves its state (jobs, queue) first
+                ctld-freeze) kill -STOP "$pid" ;;
+                ctld-thaw) kill -CONT "$pid" ;;
+            esac
+            ;;
+        ctld-start)
+            alive slurmctld && die "slurmctld is already running" 2
+            start_ctld
+            wait_for "slurmctld" 60 "$STATE/log/slurmctld.log" ctld_up || die "slurmctld did not start"
+            ;;
+        node-kill | node-start)
+            [[ $node =~ ^node[0-9]+$ && -e /run/netns/$NS_PREFIX$node ]] || die "no node '$node'" 2
+            if [[ $what == node-kill ]]; then
+                # shellcheck disable=SC2046
+                kill_and_wait KILL 5 $(ip netns pids "$NS_PREFIX$node")
+            else
+                alive "slurmd-$node" && die "slurmd on $node is already running" 2
+                start_slurmd "$node"
+                # ReturnToService=2: the node leaves DOWN once its slurmd registers.
+                wait_for "$node idle" 90 "$STATE/log/slurmd-$node.log" node_idle "$node" ||
+                    die "$node did not come back (see slurmd-$node.log)"
+            fi
+            ;;
+        *) die "usage: devcluster.sh fault ctld-stop|ctld-start|ctld-freeze|ctld-thaw|node-kill NODE|node-start NODE" 2 ;;
+    esac
+    say "fault $what${node:+ $node}: done"
+}
+
+# healthy_enough: our state folder and env.sh exist (a fault may have stopped daemons).
+healthy_enough() { [[ -e $STATE/$STATE_MARKER && -r $STATE/env.sh ]]; }
+
+node_idle() { sinfo -h -N -n "$1" -o '%T' 2>/dev/null | grep -qxE 'idle|mixed|allocated'; }
+
 main() {
     local cmd=${1:-}
     case $cmd in
@@ -681,6 +737,7 @@ main() {
         down) cmd_down ;;
         status) cmd_status ;;
         restart) cmd_down && cmd_up ;;
+        fault) shift; cmd_fault "$@" ;;
         -h | --help | help) usage ;;
         *) usage >&2; exit 2 ;;
     esac

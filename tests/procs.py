@@ -96,6 +96,12 @@ def losses(run: runfolder.RunFolder, job_id: str | None = None) -> dict[int, flo
     return {r["step"]: r["loss"] for r in run.metrics()}
 
 
+def newest_step(run: runfolder.RunFolder) -> int:
+    """The step of the run's newest complete checkpoint; -1 when there is none."""
+    info = ckptfolder.find(run.checkpoints_dir())
+    return info.step if info is not None else -1
+
+
 def write_safetensors(path: Path, tensors: dict[str, list[int]], truncate: int = 0) -> None:
     """A zero-filled float32 safetensors file written without torch (8-byte header length, JSON
     header, data); `truncate` drops bytes from the end, like an interrupted download."""

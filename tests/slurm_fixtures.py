@@ -96,6 +96,14 @@ class SlurmCluster(devcluster.DevClusterInfo):
         except AssertionError as exc:
             raise AssertionError(f"{exc}; rows seen: {list(dict.fromkeys(seen))}") from None
 
+    def fault(self, what: str, node: str = "") -> None:
+        """`devcluster.sh fault WHAT [NODE]`: ctld-stop/ctld-start (a controller that is down),
+        ctld-freeze/ctld-thaw (one that hangs), node-kill/node-start (a node that dies)."""
+        argv = ["bash", str(SCRIPT), "fault", what, *([node] if node else [])]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+        if proc.returncode != 0:
+            raise AssertionError(f"devcluster.sh fault {what} {node} exited {proc.returncode}: {proc.stderr}")
+
     def wait_sacct(self, job_id: int | str, prefix: str, timeout: float = 30) -> str:
         """Wait until the latest attempt's state in sacct starts with `prefix`; returns that state."""
         rows = self.wait_sacct_rows(job_id, lambda r: bool(r) and r[-1].startswith(prefix), f"state {prefix}", timeout)

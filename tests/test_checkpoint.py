@@ -169,12 +169,70 @@ def test_kill_9_mid_save_resumes_from_the_previous_complete_checkpoint(tmp_path)
     assert not list(root.glob(".step-*.partial"))
 
 
-def test_async_save_and_keep_last(tmp_path):
-    run = make_run(JOB, tmp_path, ["checkpoint.async=true", "checkpoint.every_steps=2", "checkpoint.keep_last=2"])
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_async_save_and_keep_last(tmp_path, mode):
+    """Async saves from a thread, or from a saver process per rank (DCP's process-based async
+    save: the staged state reaches it through shared memory), with two writer threads per rank."""
+    run = make_run(
+        JOB,
+        tmp_path,
+        ["checkpoint.async=true", "checkpoint.every_steps=2", "checkpoint.keep_last=2",
+         f"checkpoint.async_mode='{mode}'", "checkpoint.writer_threads=2"],
+    )  # fmt: skip
     out = run_workers(run, 2, job_id="c1")
-    assert [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_dir())] == [6, 8]
+    root = run.checkpoints_dir()
+    assert [c.step for c in ckptfolder.list_checkpoints(root)] == [6, 8]
     assert out[0][1].count("(async)") == 3
-    assert not list(run.checkpoints_dir().glob(".step-*"))
+    assert not list(root.glob(".step-*")) and not list((root / ".pruning").iterdir())
+    assert sorted(p.name for p in (root / "step-00000006").glob("*.distcp")) == [
+        "__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "__1_1.distcp",
+    ]  # fmt: skip
+    if mode == "process":  # written by another process: it resumes exactly like a synchronous save
+        ckptfolder.keep_only_up_to(root, 6)
+        run_workers(run, 2, job_id="c2")
+        first, resumed = rows_by_attempt(run)
+        assert resumed == {s: first[s] for s in (7, 8)}
+
+
+def test_staging_buffers_are_made_before_the_first_save_and_pruning_leaves_the_training_thread(tmp_path, monkeypatch):
+    """In one process, no torch.distributed: the async stager's host buffers exist before any save
+    and are reused by every save; old checkpoints are deleted by the pruner's thread."""
+    import torch
+
+    from clusterfsdp.worker import checkpoint as ck
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step() -> None:
+        model(torch.randn(4, 32)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    deleted_by: list[str] = []
+    rmtree = ck.shutil.rmtree
+    monkeypatch.setattr(
+        ck.shutil, "rmtree", lambda p, **kw: (deleted_by.append(threading.current_thread().name), rmtree(p, **kw))
+    )
+    saver = ck.Checkpointer(tmp_path, model, opt, 0, 1, "", keep_last=1, async_save=True, writer_threads=3)
+    stager = saver._stager
+    assert stager is not None and stager.ready.wait(60) and stager.state_dict_cache is not None
+    buffers = stager.state_dict_cache
+    for n in (1, 2, 3):
+        step()
+        saver.save(n, {"consumed": n, "tokens_seen": 0})
+        saver.wait()
+    assert stager.state_dict_cache is buffers  # the same buffers for every save
+    saved = [p.detach().clone() for p in model.parameters()]
+    saver.close()
+    assert [c.step for c in ckptfolder.list_checkpoints(tmp_path)] == [3]
+    assert deleted_by and all(name.startswith("ckpt-prune") for name in deleted_by), deleted_by
+    assert not list((tmp_path / ".pruning").iterdir())
+    assert len(list(ckptfolder.step_dir(tmp_path, 3).glob("__0_*.distcp"))) == 3  # one file per writer thread
+    step()
+    saver.load(ckptfolder.list_checkpoints(tmp_path)[0])
+    assert all(torch.equal(a, b) for a, b in zip(saved, model.parameters(), strict=True))
 
 
 def _workers_of(controller_pid: int) -> list[int]:
@@ -305,7 +363,12 @@ def test_full_disk_mid_save_fails_clearly_and_resume_uses_the_last_complete_chec
         subprocess.run(["umount", str(disk)], check=False)
 
 
-def test_max_restarts_bounds_requeues(tmp_path):
+def test_max_restarts_bounds_comebacks_that_make_no_progress(tmp_path):
+    """With slurm.max_restarts = 0 an interruption that saved newer progress still comes back
+    (a week-long run lives through any number of them); one that did not get past the step it
+    resumed from ends the run. The second SIGUSR2 is sent once the new incarnation has written
+    its `start` event: its flags are installed and its first stop check (before step 1) is
+    still seconds away (the model build and the checkpoint load)."""
     spec = S.loads(
         JOB,
         [
@@ -318,9 +381,19 @@ def test_max_restarts_bounds_requeues(tmp_path):
     )
     run = Run.submit(spec, "local").run.folder
     job_id = int(run.attempts[-1].job_id)
+
+    def starts() -> int:
+        return sum(1 for e in run.events() if e.event == EventKind.START)
+
     _wait_for(lambda: any(r["step"] >= 10 for r in run.metrics()), 300, "step 10")
     for pid in _workers_of(job_id):
         os.kill(pid, signal.SIGUSR2)
+    _wait_for(lambda: starts() == 2, 300, "the second incarnation's start")  # rank 0 writes it
+    for pid in _workers_of(job_id):
+        os.kill(pid, signal.SIGUSR2)
     _wait_for(lambda: status.run_status(run).state == "FAILED", 300, "FAILED")
-    assert "max_restarts = 0" in status.run_status(run).reason
-    assert newest(run).step >= 10  # the state was saved all the same
+    requeued = next(e for e in run.events() if e.event == EventKind.REQUEUED)
+    assert requeued.step is not None and requeued.step >= 10 and requeued.restarts == 0  # progress: free
+    reason = status.run_status(run).reason
+    assert "no progress since the last restart" in reason and "max_restarts = 0" in reason, reason
+    assert newest(run).step == requeued.step  # the state was saved all the same

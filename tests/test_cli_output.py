@@ -67,7 +67,7 @@ def test_submit_json_and_parsable_print_what_scripts_need(tmp_path):
     bindir.mkdir()
     for name, body in {
         "scontrol": 'echo "Slurmctld(primary) at head is UP"',
-        "sbatch": 'echo "Submitted batch job 4242"',
+        "sbatch": '[[ " $* " == *" --parsable "* ]] && echo 4242 || echo "Submitted batch job 4242"',
     }.items():
         (bindir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bindir / name).chmod(0o755 | stat.S_IEXEC)

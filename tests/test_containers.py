@@ -77,11 +77,12 @@ def stub(bindir: Path, name: str, body: str) -> None:
 
 
 def run_script(script: str, tmp_path: Path, *tools: str) -> dict[str, list[str]]:
-    """Run the sbatch script with bash, each of `tools` a stub writing its argv to <tmp>/<tool>.argv."""
+    """Run the sbatch script with bash, each of `tools` a stub writing its argv to <tmp>/<tool>.argv.
+    The job steps around srun run for real (this Python, on the host), as in a first incarnation."""
     bindir = tmp_path / "bin"
     for tool in tools:
         stub(bindir, tool, f'printf "%s\\n" "$@" > {tmp_path}/{tool}.argv')
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7"}
     subprocess.run(["bash", "-c", script], env=env, check=True, cwd=tmp_path)
     return {t: (tmp_path / f"{t}.argv").read_text().splitlines() for t in tools if (tmp_path / f"{t}.argv").exists()}
 
@@ -127,20 +128,23 @@ def test_oci_runs_the_bundles_python_through_srun_container(tmp_path):
     ]  # fmt: skip
 
 
-def test_submit_starts_submitits_runner_with_the_images_python(tmp_path, monkeypatch):
-    """The submit path (not the dry run): submitit's own sbatch script, through stub `sbatch` and
-    `scontrol` commands (no Slurm here) that keep the script and answer as Slurm does."""
+def test_submit_queues_the_same_script_the_image_runs_the_ranks_the_host_the_job_steps(tmp_path, monkeypatch):
+    """The submit path (not the dry run), through stub `sbatch` and `scontrol` commands (no Slurm
+    here) that keep the script and answer as Slurm does: the ranks start in the container with
+    the image's Python, the job steps around srun with this one (they run on the batch host)."""
     bindir = tmp_path / "bin"
     stub(bindir, "scontrol", 'echo "Slurmctld(primary) at head is UP"')
-    stub(bindir, "sbatch", f'[ "$1" = --version ] && echo "slurm 22.05.8" && exit\ncp "$1" {tmp_path}/submitted.sh\n'
-         'echo "Submitted batch job 4242"')  # fmt: skip
+    keep = f'cp "${{@: -1}}" {tmp_path}/submitted.sh'  # the script is sbatch's last argument
+    stub(bindir, "sbatch", f'[ "$1" = --version ] && echo "slurm 22.05.8" && exit\n{keep}\necho 4242')
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     spec = S.loads((JOB + PYXIS).replace("RUNROOT", str(tmp_path / "runs")))
     sub = Run.submit(spec, "slurm")
     assert sub.job_id == "4242" and sub.run.folder.attempts[0].executor == "slurm"
     script = (tmp_path / "submitted.sh").read_text()
-    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in script
-    assert f"/opt/venv/bin/python -u -m submitit.core._submit {sub.run.path}/submitit/%j" in script
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in srun
+    assert srun.endswith(' /opt/venv/bin/python -u -m clusterfsdp.worker "$RUN"')
+    assert f"PY={sys.executable}" in script and '"$PY" -m clusterfsdp.control.jobstep after "$RUN" "$?"' in script
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,25 @@ def test_job_step_nodelist_wins_over_the_allocation():
     assert d.master_addr == "gpu012" and d.world_size == 4 and d.num_nodes == 2
 
 
+def test_oci_container_ranks_come_from_the_hostname(monkeypatch):
+    """Inside `srun --container` Slurm 22.05 leaves the batch step's SLURM_PROCID=0 (or none): one
+    task per node, the rank is the host's place in the step's nodes; a container with its own
+    hostname gets a clear error instead of two rank 0s waiting on each other."""
+    import socket
+
+    oci = {"SLURM_CONTAINER": "/shared/bundle", "SLURM_STEP_NODELIST": "gpu[012-013]", "SLURM_STEP_NUM_TASKS": "2",
+           "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "0", "SLURM_NODEID": "0"}  # fmt: skip
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu013.cluster.example")
+    d = distenv.from_environ(slurm_env(**oci))
+    assert (d.rank, d.local_rank, d.node_rank, d.world_size, d.master_addr) == (1, 0, 1, 2, "gpu012")
+    env = slurm_env(**oci)
+    del env["SLURM_PROCID"], env["SUBMITIT_EXECUTOR"]
+    assert distenv.from_environ(env).rank == 1
+    monkeypatch.setattr(socket, "gethostname", lambda: "runc")
+    with pytest.raises(RuntimeError, match="'uts' namespace"):
+        distenv.from_environ(env)
+
+
 def test_submitit_local_and_single():
     d = distenv.from_environ(
         {

@@ -304,7 +304,7 @@ def test_submit_function_accepts_toml_text_and_refuses_unreachable_slurm(tmp_pat
     import clusterfsdp
     from clusterfsdp.control import launch, slurmcli
 
-    monkeypatch.setattr(slurmcli, "available", lambda: False)
+    monkeypatch.setattr(slurmcli, "controller", lambda: "none")
     with pytest.raises(launch.SubmitError, match="no Slurm controller answers"):
         clusterfsdp.submit(f'[job]\nrun_root = "{tmp_path}"\n', executor="slurm")
     assert not any(tmp_path.iterdir())

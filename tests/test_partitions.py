@@ -123,6 +123,7 @@ def test_slurm_error_lines_name_the_command_once(tmp_path, monkeypatch):
     """Slurm's clients start their errors with their own name ("squeue: error: ..."): the
     SlurmError must not say it twice (the status line read "squeue: squeue: error")."""
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv(slurmcli.ENV_RETRY_S, "0")  # a transient error, not retried: Slurm's own line
     message = "squeue: error: Unable to contact slurm controller (connect failure)"
     fake_command(tmp_path / "bin", "squeue", stderr=message + "\n", code=1)
     with pytest.raises(slurmcli.SlurmError) as e:

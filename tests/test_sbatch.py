@@ -119,7 +119,7 @@ def test_allowed_special_characters_do_not_execute(tmp_path):
         'reservation = "big"', 'reservation = "big", exclude = "node[3-4]", "mail-user" = "me@x.org%"'
     )
     script, run = render(tmp_path, job)
-    assert "#SBATCH --constraint='(h100&ib)|[a100*2]'" in script  # submitit quotes; Slurm's parser unquotes
+    assert "#SBATCH --constraint='(h100&ib)|[a100*2]'" in script  # quoted; Slurm's parser unquotes
     assert "#SBATCH --exclude='node[3-4]'" in script
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -127,6 +127,7 @@ def test_allowed_special_characters_do_not_execute(tmp_path):
     stub.write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\n')
     stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "SRUN_ARGS": str(tmp_path / "argv")}
+    env.update(SLURM_JOB_ID="1", SLURM_JOB_NODELIST="node1")  # for the control plane's job steps around srun
     body = script.replace("module load cuda/12.4", "true")
     subprocess.run(["bash", "-c", body], env=env, check=True, cwd=tmp_path)
     assert not marker.exists()

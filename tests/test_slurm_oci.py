@@ -1,8 +1,8 @@
 """Slurm's own OCI containers, for real: `[slurm.container] kind = "oci"` on the devcluster, whose
-oci.conf runs Debian's runc in Run mode (slurm/oci.conf.in). The bundle that the test builds runs
-this checkout's Python under runc. (The 2-node job inside the bundle on the devcluster, branch
-`oci-e2e-wip`, hung at srun with empty logs on its first run and is not in the suite until it
-passes; issue 18's note has the details.)
+oci.conf runs Debian's runc in Run mode (slurm/oci.conf.in). A 2-node job trains inside an OCI
+bundle that the test builds. Inside it the ranks have no SLURM_PROCID (Slurm 22.05 writes the
+container's environment per step, not per task): they take it from the node's place in the step's
+node list (worker/distenv.py).
 
 The bundle is the cheapest real one: an almost empty rootfs/ whose config.json bind-mounts the
 host's /usr and the venv's base Python (its libraries), /etc (users, the node's hosts file), this checkout
@@ -21,7 +21,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from procs import CORPUS
+import pytest
+from procs import CORPUS, tiny_job_toml
+
+from clusterfsdp.control import runfolder
 
 REPO = Path(__file__).resolve().parents[1]
 IN_BUNDLE = "/corpus-in-bundle.txt"
@@ -78,3 +81,26 @@ def test_the_bundle_runs_this_checkouts_python_under_runc(tmp_path):
     size, pid = r.stdout.split()
     assert int(size) == CORPUS.stat().st_size and pid == "1"  # its own pid namespace
     assert not Path(IN_BUNDLE).exists()
+
+
+@pytest.mark.slurm
+def test_two_node_job_trains_inside_an_oci_bundle(slurm_cluster, tmp_path):
+    bundle = build_bundle(tmp_path, tmp_path)
+    job = tmp_path / "job.toml"
+    container = f'[slurm.container]\nkind = "oci"\nimage = "{bundle}"\npython = "{sys.executable}"\n'
+    tail = f"[slurm]\nnodes = 2\ntasks_per_node = 1\n{container}"
+    job.write_text(
+        tiny_job_toml("oci", seed=1, steps=6, fsdp='sharding = "full"', tail=tail).replace(str(CORPUS), IN_BUNDLE)
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "clusterfsdp", "submit", str(job), "--set", f"job.run_root={tmp_path / 'runs'}",
+         "--executor", "slurm", "--follow"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "2 ranks on 2 node(s)" in r.stdout and "step 6/6" in r.stdout
+    (run,) = runfolder.list_runs(tmp_path / "runs")
+    hosts = {json.loads(p.read_text())["hostname"] for p in run.nodes_dir.rglob("*.json")}
+    assert hosts == {"node1", "node2"}
+    assert not Path(IN_BUNDLE).exists()  # the data was only inside the bundle
+    assert f"--container={bundle}" in (run.submitit_dir / "attempt-0.sh").read_text()

@@ -5,7 +5,7 @@ checkpoints, from which it can be resumed as a new attempt."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from textual import work
@@ -18,7 +18,7 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Static
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.control import runfolder, status
 from clusterfsdp.control import spec as specmod
 from clusterfsdp.control.records import Attempt
 from clusterfsdp.control.run import Run
@@ -55,6 +55,7 @@ class RunFacts:
     per: str  # what tokens_per_s_per_gpu is per: "GPU", or "rank" for a CPU job
     checkpoints: list[CheckpointRow]
     metrics: Metrics | None  # None: metrics unchanged since the last pass
+    ends: dict[str, str] = field(default_factory=dict)  # job id -> how its last incarnation ended (classified)
 
 
 def progress_text(metrics: Metrics, steps: int | None, per: str, smoothing: float) -> str:
@@ -170,7 +171,8 @@ class RunScreen(Screen):
                 root, nodes, steps, per = run.path / "checkpoints", 1, None, "rank"
             metrics = tail.snapshot() if tail.read_new() else None
             record = run.record()
-            facts = RunFacts(record.attempts, record.executor, nodes, steps, per, scan(root), metrics)
+            ends = {e.job_id: e.label for e in status.attempt_ends(run.events())}
+            facts = RunFacts(record.attempts, record.executor, nodes, steps, per, scan(root), metrics, ends)
         finally:
             self.app.call_from_thread(self._read_done, time.monotonic() - started)
         self.app.call_from_thread(self._show_facts, run, facts)
@@ -269,10 +271,10 @@ class RunScreen(Screen):
                 progress=progress,
             )
         )
-        attempts = facts.attempts if facts else []
-        table.border_subtitle = "attempts: " + (
-            ", ".join(f"#{a.attempt} {a.executor}:{a.job_id} ({a.reason})" for a in attempts) or "none"
-        )
+        attempts, ends = (facts.attempts, facts.ends) if facts else ([], {})
+        ended = {job: f" -> {label}" for job, label in ends.items()}
+        shown = [f"#{a.attempt} {a.executor}:{a.job_id} ({a.reason}){ended.get(a.job_id, '')}" for a in attempts]
+        table.border_subtitle = "attempts: " + (", ".join(shown) or "none")
 
     # ---- resume
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

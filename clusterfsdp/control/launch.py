@@ -1,36 +1,40 @@
-"""Dispatch: how one attempt of a run is queued through submitit (Slurm's sbatch, or submitit's
-local executor on this machine), and the exact sbatch script of a dry run. No run policy here:
-the run service (`control.run`) decides when an attempt may be submitted and records it.
+"""Dispatch: how one attempt of a run is queued (Slurm: our own batch script through sbatch;
+otherwise submitit's local executor on this machine), and the exact sbatch script of a dry run.
+No run policy here: the run service (`control.run`) decides when an attempt may be submitted
+and records it.
 
-The callable submitted is `WorkerCall(run_dir)`, which imports `clusterfsdp.worker.main` by
-name on the compute node: the control plane never imports the worker (or torch). Every rank
-reads the resolved job.toml from the run folder, so the pickle carries a path and no secrets.
-Secret [env] entries travel in the submitting process's environment instead (sbatch exports
-it; the local executor inherits it).
+A Slurm attempt runs `python -m clusterfsdp.worker RUN_DIR` under srun, between two job steps
+of the control plane (`clusterfsdp.control.jobstep`). The local executor pickles
+`WorkerCall(run_dir)`, which imports `clusterfsdp.worker.main` by name: the control plane never
+imports the worker (or torch). Every rank reads the resolved job.toml from the run folder, so
+nothing queued carries a secret; secret [env] entries travel in the submitting process's
+environment instead (sbatch exports it; the local executor inherits it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import math
 import os
 import re
+import secrets
 import shlex
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from . import slurmcli
 from . import spec as specmod
 from .procs import ProcessId
 from .records import Executor
-from .runfolder import RunFolder
+from .runfolder import RunFolder, atomic_write
 
 Requested = Literal["auto", "slurm", "local"]
 # Every path that reaches an `#SBATCH --output=...` line (the run folder's) is held to these.
+# submitit's local controller restarts on exit code 144 at most this many times.
+LOCAL_MAX_TIMEOUTS = 1_000_000
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+,:@%=~-]+$")
 
 
@@ -52,16 +56,25 @@ class WorkerCall:
 
 
 def choose_executor(requested: Requested) -> tuple[Executor, str]:
-    """(executor, one-line notice saying why)."""
+    """(executor, one-line notice saying why). A machine where Slurm is configured but its
+    controller does not answer (a restart, an outage) is waited for (bounded, slurmcli's retry
+    budget), never silently replaced by the local executor: training would land on the login node."""
+    if requested == "local":
+        return Executor.LOCAL, "executor: local (requested): runs on this machine"
+    state = slurmcli.controller()
+    if state == "down":
+        try:
+            slurmcli.wait_for_controller("submit")
+        except slurmcli.SlurmError as e:
+            raise SubmitError(f"{e}; or use --executor local to run on this machine") from None
+        state = "up"
     if requested == "slurm":
-        if not slurmcli.available():
+        if state != "up":
             raise SubmitError(
                 "--executor slurm: no Slurm controller answers `scontrol ping` (or sbatch is not on PATH)"
             )
         return Executor.SLURM, "executor: slurm (requested)"
-    if requested == "local":
-        return Executor.LOCAL, "executor: local (requested): runs on this machine"
-    if slurmcli.available():
+    if state == "up":
         return Executor.SLURM, "executor: slurm (sbatch on PATH and the controller answers)"
     return Executor.LOCAL, "executor: local (no reachable Slurm): runs on this machine with submitit's local executor"
 
@@ -69,7 +82,8 @@ def choose_executor(requested: Requested) -> tuple[Executor, str]:
 @dataclass(frozen=True)
 class TaskLaunch:
     """How each srun task starts the worker: options for srun, and the Python that runs
-    `-m clusterfsdp.worker` (or submitit's `_submit`), maybe inside a container.
+    `-m clusterfsdp.worker`, maybe inside a container (the batch script's job steps stay on the
+    host's Python).
 
     - none: this Python (`sys.executable`), which must exist at the same path on every node.
     - pyxis: `srun --container-image=IMAGE --container-mounts=... --container-workdir=...`, then the
@@ -152,40 +166,50 @@ def check_trackers(spec: specmod.JobSpec) -> None:
             )
 
 
-def slurm_parameters(spec: specmod.JobSpec, dependency: str | None = None) -> dict[str, Any]:
-    """Keyword arguments for submitit's SlurmExecutor / _make_sbatch_string. Every string value
-    from the job file was held to an allowlist by `spec.check` (the `#SBATCH` parser honours
-    quotes and backslashes), so nothing here can add an option the job file did not name."""
+def sbatch_options(
+    spec: specmod.JobSpec, dependency: str | None = None, exclude: tuple[str, ...] = ()
+) -> list[tuple[str, str | None]]:
+    """The `#SBATCH` options of an attempt, as (name, value or None for a flag). Every string
+    value from the job file was held to an allowlist by `spec.check` (the `#SBATCH` parser
+    honours quotes and backslashes), so nothing here can add an option the job file did not name.
+
+    `--no-kill`: when a node fails, Slurm shrinks the allocation instead of ending (and
+    requeueing) the job, so the batch script lives on to classify the failure and resubmit
+    without that node (docs/recovery.md). The batch host's own failure still ends the job."""
     s = spec.slurm
-    params: dict[str, Any] = dict(
-        job_name=spec.job.name,
-        nodes=s.nodes,
-        ntasks_per_node=spec.tasks_per_node,
-        time=spec.time_minutes,
-        signal_delay_s=s.signal_grace_s,
-    )
+    opts: list[tuple[str, str | None]] = [
+        ("job-name", spec.job.name),
+        ("nodes", str(s.nodes)),
+        ("ntasks-per-node", str(spec.tasks_per_node)),
+        ("time", str(spec.time_minutes)),
+        ("signal", f"USR2@{s.signal_grace_s}"),
+        ("requeue" if s.requeue else "no-requeue", None),
+        ("no-kill", None),
+        ("open-mode", "append"),
+    ]
     if s.gpus_per_node:
-        params["gpus_per_node"] = s.gpus_per_node
+        opts.append(("gpus-per-node", str(s.gpus_per_node)))
     if s.cpus_per_task:
-        params["cpus_per_task"] = s.cpus_per_task
+        opts.append(("cpus-per-task", str(s.cpus_per_task)))
     if s.mem_gb:
-        params["mem"] = f"{math.ceil(s.mem_gb * 1024)}M"
+        opts.append(("mem", f"{math.ceil(s.mem_gb * 1024)}M"))
     for key in ("partition", "account", "qos", "constraint"):
         if getattr(s, key):
-            params[key] = getattr(s, key)
+            opts.append((key, getattr(s, key)))
     if s.exclusive:
-        params["exclusive"] = True
-    if s.setup:
-        params["setup"] = list(s.setup)
-    extra: dict[str, Any] = {"requeue" if s.requeue else "no-requeue": True}
+        opts.append(("exclusive", None))
     if dependency:
-        extra["dependency"] = dependency
-    extra.update(s.extra)
-    params["additional_parameters"] = extra
-    srun_args = task_launch(spec).srun_args
-    if srun_args:
-        params["srun_args"] = list(srun_args)
-    return params
+        opts.append(("dependency", dependency))
+    extra = dict(s.extra)
+    if exclude:
+        given = [str(extra.pop("exclude"))] if "exclude" in extra else []
+        opts.append(("exclude", ",".join([*given, *exclude])))
+    for key, value in sorted(extra.items()):
+        if value is True:
+            opts.append((key, None))
+        elif value is not False:
+            opts.append((key, str(value)))
+    return opts
 
 
 def check_run_root(spec: specmod.JobSpec) -> None:
@@ -203,19 +227,53 @@ def check_run_root(spec: specmod.JobSpec) -> None:
         raise SubmitError(f"job.run_root: {existing} is not writable by you")
 
 
-def worker_command(spec: specmod.JobSpec, run: RunFolder) -> str:
-    return task_launch(spec).command("-u", "-m", "clusterfsdp.worker", str(run.path))
+def render_sbatch(
+    spec: specmod.JobSpec, run: RunFolder, *, dependency: str | None = None, exclude: tuple[str, ...] = ()
+) -> str:
+    """The batch script of an attempt (also what `submit --dry-run` writes as sbatch.sh).
 
-
-def render_sbatch(spec: specmod.JobSpec, run: RunFolder) -> str:
-    """The sbatch script for this run, as submitit renders it, running the worker module directly.
-
-    Logs go straight into submitit/ (`<job id>_<task>_log.out`), not into a per-job `%j/` folder
-    as with `submit`: Slurm does not create missing folders for --output, and nobody creates
-    `submitit/<job id>/` for a script that is submitted by hand (the job fails with exit 53)."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
-    return _make_sbatch_string(command=worker_command(spec, run), folder=run.submitit_dir, **slurm_parameters(spec))
+    Around `srun` run the job steps of the control plane on the batch host
+    (`clusterfsdp.control.jobstep`): `before` records what Slurm did to the previous incarnation
+    and stops a run that used up its restarts; `after` classifies a failed attempt and submits
+    the next one (docs/recovery.md). `--kill-on-bad-exit`: one rank that dies ends the step at
+    once, instead of leaving the others blocked in a collective. The job steps run this Python on
+    the host; the ranks start as `task_launch(spec)` says (maybe the image's Python, in a
+    container). Logs go straight into submitit/ (`<job id>_<task>_log.out`): Slurm does not
+    create missing folders for --output."""
+    py, folder = shlex.quote(sys.executable), shlex.quote(str(run.path))
+    out = run.submitit_dir
+    lines = [
+        "#!/bin/bash",
+        f"# clusterfsdp run {run.id}: written by clusterfsdp (submit, resume, or an automatic restart);",
+        "# submitting it by hand (`submit --dry-run`) behaves the same.",
+    ]
+    options = [
+        *sbatch_options(spec, dependency, exclude),
+        ("output", f"{out}/%j_0_log.out"),
+        ("error", f"{out}/%j_0_log.err"),
+    ]
+    lines += [f"#SBATCH --{key}" + ("" if value is None else f"={shlex.quote(value)}") for key, value in options]
+    if spec.slurm.setup:
+        lines += ["", "# slurm.setup", *spec.slurm.setup]
+    task = task_launch(spec)
+    srun = [
+        "srun",
+        "--unbuffered",
+        "--kill-on-bad-exit=1",
+        f"--output={out}/%j_%t_log.out",
+        f"--error={out}/%j_%t_log.err",
+        *task.srun_args,
+    ]
+    lines += [
+        "",
+        f"PY={py}",
+        f"RUN={folder}",
+        '"$PY" -m clusterfsdp.control.jobstep before "$RUN" || exit $?',
+        f'{shlex.join(srun)} {task.command("-u", "-m", "clusterfsdp.worker")} "$RUN"',
+        'exec "$PY" -m clusterfsdp.control.jobstep after "$RUN" "$?"',
+        "",
+    ]
+    return "\n".join(lines)
 
 
 @contextlib.contextmanager
@@ -240,36 +298,48 @@ def submission_env(spec: specmod.JobSpec) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Queued:
-    """One queued attempt: the job id, and for the local executor the process group leader."""
+    """One queued attempt: the job id; for the local executor the process group leader; for
+    Slurm `held` (the job waits until `start` is called, once the attempt is recorded)."""
 
     job_id: str
     leader: ProcessId | None = None
+    held: bool = False
 
 
-def queue(spec: specmod.JobSpec, executor: Executor, run: RunFolder, dependency: str | None = None) -> Queued:
+def queue(
+    spec: specmod.JobSpec,
+    executor: Executor,
+    run: RunFolder,
+    dependency: str | None = None,
+    exclude: tuple[str, ...] = (),
+) -> Queued:
     """Queue one attempt of `run` (its folder and job.toml exist) on `executor`."""
     with submission_env(spec):
         if executor is Executor.SLURM:
-            return Queued(_queue_slurm(spec, run, dependency))
+            return Queued(_queue_slurm(spec, run, dependency, exclude), held=True)
         return _queue_local(spec, run)
 
 
-def _queue_slurm(spec: specmod.JobSpec, run: RunFolder, dependency: str | None) -> str:
-    import submitit
-    from submitit.core.utils import FailedJobError, FailedSubmissionError
+def start(queued: Queued) -> None:
+    """Let a held Slurm attempt start (after the run service recorded it)."""
+    if queued.held:
+        try:
+            slurmcli.release(queued.job_id)
+        except slurmcli.SlurmError as e:
+            raise SubmitError(
+                f"job {queued.job_id} is queued but held ({e}); `scontrol release {queued.job_id}` starts it"
+            ) from None
 
-    executor = submitit.SlurmExecutor(
-        folder=run.submitit_dir / "%j",
-        max_num_timeout=spec.slurm.max_restarts,
-        python=task_launch(spec).command(),  # the image's Python runs submitit's `_submit` in a container
-    )
-    executor.update_parameters(**slurm_parameters(spec, dependency))
-    try:  # submitit also prints sbatch's stderr on failure; the exception carries it, shown once below
-        with contextlib.redirect_stderr(io.StringIO()):
-            job = executor.submit(WorkerCall(str(run.path)))
-    except (FailedJobError, FailedSubmissionError, OSError) as e:
-        raise SubmitError(_one_line_sbatch_error(str(e))) from None
-    return str(job.job_id)
+
+def _queue_slurm(spec: specmod.JobSpec, run: RunFolder, dependency: str | None, exclude: tuple[str, ...]) -> str:
+    """sbatch the attempt's script, held, with a unique --comment (slurmcli.submit)."""
+    script = run.submitit_dir / f"attempt-{len(run.record().attempts)}.sh"
+    atomic_write(script, render_sbatch(spec, run, dependency=dependency, exclude=exclude))
+    token = f"clusterfsdp:{run.id}:{secrets.token_hex(4)}"
+    try:
+        return slurmcli.submit(script, token, str(spec.slurm.extra.get("comment", "")))
+    except slurmcli.SlurmError as e:
+        raise SubmitError(str(e) if e.transient else _one_line_sbatch_error(str(e))) from None
 
 
 def _one_line_sbatch_error(text: str) -> str:
@@ -296,7 +366,9 @@ def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:
             os.dup2(devnull, 0)
             os.dup2(log, 1)
             os.dup2(log, 2)
-            executor = submitit.LocalExecutor(folder=run.submitit_dir / "%j", max_num_timeout=spec.slurm.max_restarts)
+            # The worker alone bounds comebacks (outcomes.restarts_used: an interruption that made
+            # progress costs nothing), so the controller must not stop restarting before it does.
+            executor = submitit.LocalExecutor(folder=run.submitit_dir / "%j", max_num_timeout=LOCAL_MAX_TIMEOUTS)
             executor.update_parameters(
                 tasks_per_node=spec.tasks_per_node,
                 timeout_min=spec.time_minutes,

@@ -91,7 +91,8 @@ class Executor(StrEnum):
 
 
 class EventKind(StrEnum):
-    """What the workers append to events.jsonl (rank 0, or a failing rank for `failed`)."""
+    """What events.jsonl records: the workers (rank 0, or a failing rank for `failed`) and the
+    batch script's steps around `srun` (`clusterfsdp.control.jobstep`: the last four)."""
 
     START = "start"
     RESUMED = "resumed"
@@ -101,10 +102,63 @@ class EventKind(StrEnum):
     COMPLETED = "completed"
     STOPPED = "stopped"
     FAILED = "failed"
+    WARNING = "warning"  # e.g. a save too slow for the time a signal leaves (slurm.signal_grace_s)
+    SLURM_REQUEUED = "slurm_requeued"  # the previous incarnation was requeued by Slurm itself, unrecorded
+    AUTO_RESTART = "auto_restart"  # an infrastructure failure: a new attempt was submitted (job_id_next)
+    GAVE_UP = "gave_up"  # a failure that is not retried (deterministic, or restarts used up)
 
     @property
     def ends_attempt(self) -> bool:
-        return self in (EventKind.REQUEUED, EventKind.COMPLETED, EventKind.STOPPED, EventKind.FAILED)
+        return self in _ENDS
+
+
+_ENDS = {
+    EventKind.REQUEUED, EventKind.COMPLETED, EventKind.STOPPED, EventKind.FAILED, EventKind.SLURM_REQUEUED,
+    EventKind.AUTO_RESTART, EventKind.GAVE_UP, EventKind.FOLLOW_UP,
+}  # fmt: skip
+
+
+class Cause(StrEnum):
+    """Why an incarnation of an attempt ended, as classified (`status` shows it per attempt).
+    The infrastructure causes are retried automatically (slurm.max_restarts); the deterministic
+    ones are not; the interruptions (time limit, preemption) requeue after a collective save."""
+
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"  # `clusterfsdp cancel` or a plain scancel: save and stop
+    TIME_LIMIT = "time_limit"  # SIGUSR2 ahead of the time limit
+    PREEMPTED = "preempted"  # Slurm preemption (SIGTERM in GraceTime, or the --signal with preempt_send_user_signal)
+    REQUEUED_BY_SLURM = "requeued_by_slurm"  # Slurm requeued the job before it could save (GraceTime over, admin)
+    NODE_FAILURE = "node_failure"  # Slurm declared a node of the job down
+    RANK_KILLED = "rank_killed"  # a rank died without a Python exception (SIGKILL, OOM killer, segfault, abort)
+    COLLECTIVE = "collective"  # a collective timed out or lost its peer (gloo/NCCL), no rank raised otherwise
+    ERROR = "error"  # a Python error after the first step of the incarnation: retried once
+    ERROR_BEFORE_FIRST_STEP = "error_before_first_step"  # config, missing file, bad model: not retried
+    REPEATED_ERROR = "repeated_error"  # the same error at the same step as the previous failure: not retried
+    RESTARTS_EXHAUSTED = "restarts_exhausted"  # slurm.max_restarts reached
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def parse(cls, text: object) -> Cause | None:
+        """A recorded cause; None when none was recorded, UNKNOWN when a newer writer's."""
+        if not text:
+            return None
+        try:
+            return cls(str(text))
+        except ValueError:
+            return cls.UNKNOWN
+
+    @property
+    def retryable(self) -> bool:
+        """A new attempt is likely to get further: the machines failed (a node, a rank, a
+        collective), or a Python error happened once after training had started (it may be
+        transient: an ECC error, a file system hiccup); the same error at the same step twice is not."""
+        return self in (Cause.NODE_FAILURE, Cause.RANK_KILLED, Cause.COLLECTIVE, Cause.ERROR)
+
+    @property
+    def interruption(self) -> bool:
+        """The job was asked to make room and saved first: it comes back without using a restart
+        of slurm.max_restarts, as long as it got past the checkpoint it started from."""
+        return self in (Cause.TIME_LIMIT, Cause.PREEMPTED, Cause.REQUEUED_BY_SLURM)
 
 
 T = TypeVar("T")
@@ -123,7 +177,7 @@ def _to_dict(record: Any) -> dict[str, Any]:
         value = getattr(record, f.name)
         if isinstance(value, ProcessId):
             value = value.record()
-        if value is None or value == {} or (value == "" and f.default == ""):
+        if value is None or value == {} or value == [] or (value == "" and f.default == ""):
             continue
         out[f.name] = value
     return out
@@ -150,11 +204,20 @@ class Attempt:
     returncode: int | None = None
     exit_codes: dict[str, int | None] = field(default_factory=dict)
     interrupt_to_gone_s: float | None = None
+    cause: Cause | None = None  # automatic restarts: the failure this attempt recovers from
+    exclude: list[str] = field(default_factory=list)  # nodes kept out of this attempt (--exclude)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
         leader = ProcessId.from_record(data["leader"]) if isinstance(data.get("leader"), dict) else None
-        return _from_dict(cls, data, job_id=str(data["job_id"]), executor=Executor(data["executor"]), leader=leader)
+        return _from_dict(
+            cls,
+            data,
+            job_id=str(data["job_id"]),
+            executor=Executor(data["executor"]),
+            leader=leader,
+            cause=Cause.parse(data.get("cause")),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)
@@ -205,14 +268,24 @@ class Event:
     world_size: int | None = None  # start
     nodes: int | None = None  # start
     attempt: int | None = None  # start: the how-manieth start of training in the run (metrics rows carry it)
-    restarts: int | None = None  # requeued: restarts so far in the whole run
-    job_id_next: str = ""  # follow_up: the job that takes over
+    restarts: int | None = None  # requeued, auto_restart: restarts of slurm.max_restarts used so far
+    job_id_next: str = ""  # follow_up, auto_restart: the job that takes over
+    cause: Cause | None = None  # requeued, stopped, failed (the rank's own view), warning-free jobstep kinds
+    steps_done: int | None = None  # failed: optimizer steps this incarnation completed before it failed
+    failed_nodes: list[str] = field(default_factory=list)  # auto_restart, gave_up: nodes Slurm declared down
+    signature: str = ""  # auto_restart, gave_up: the error and its step (the same twice: not retried)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Event | None:
         """None for a line that is not an event we know (a newer writer's kind)."""
         try:
-            return _from_dict(cls, data, event=EventKind(data["event"]), job_id=str(data["job_id"]))
+            return _from_dict(
+                cls,
+                data,
+                event=EventKind(data["event"]),
+                job_id=str(data["job_id"]),
+                cause=Cause.parse(data.get("cause")),
+            )
         except (KeyError, ValueError, TypeError):
             return None
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import ckptfolder, datasource, hub, launch, lock, modelsource, procs, runfolder, secretenv, slurmcli, status
 from . import spec as specmod
-from .records import Attempt, Executor, RunState
+from .records import Attempt, Cause, Executor, RunState
 from .runfolder import RunFolder
 
 
@@ -109,6 +109,7 @@ class Run:
             shutil.rmtree(folder.path, ignore_errors=True)
             raise
         folder.add_attempt(queued.job_id, chosen, "submit", leader=queued.leader)
+        launch.start(queued)
         return Submission(run, chosen, queued.job_id, notice, notes=tuple(prepared.notes))
 
     @classmethod
@@ -224,14 +225,38 @@ class Run:
         reason = f"resume from step {target.step}" if target else "resume from scratch (no checkpoint)"
         resume_step = target.step if target else None
         folder.add_attempt(queued.job_id, executor, reason, resume_step=resume_step, leader=queued.leader)
+        launch.start(queued)
         return Submission(self, executor, queued.job_id, notice, resume_step)
 
-    def follow_up(self, spec: specmod.JobSpec, reason: str, dependency: str) -> Submission:
-        """A Slurm job that takes over once the running one ends (`--dependency`), submitted by
-        the running attempt itself when Slurm refuses to requeue it (so no liveness check)."""
-        queued = launch.queue(spec, Executor.SLURM, self.folder, dependency=dependency)
-        self.folder.add_attempt(queued.job_id, Executor.SLURM, reason)
-        return Submission(self, Executor.SLURM, queued.job_id, "follow-up job")
+    def follow_up(
+        self,
+        spec: specmod.JobSpec,
+        reason: str,
+        after_job: str,
+        *,
+        cause: Cause | None = None,
+        exclude: tuple[str, ...] = (),
+        overrides: tuple[str, ...] = (),
+    ) -> Submission:
+        """A Slurm job that takes over once the running one (`after_job`) ends
+        (`--dependency=afterany`), submitted from inside that job: by its rank 0 when Slurm refuses
+        to requeue it, or by its batch script after an infrastructure failure (control.jobstep),
+        with `exclude`d nodes and `overrides` (fewer nodes). The running job is the live attempt,
+        so there is no liveness check; the run lock keeps a concurrent resume out, and the caller
+        checked that the running job is still the run's last attempt."""
+        held = self._locked("follow-up", timeout_s=60.0)
+        try:
+            if overrides:
+                spec = specmod.loads(specmod.dumps(spec), list(overrides))
+                runfolder.atomic_write(self.folder.job_toml, specmod.dumps(spec, redact=True))
+            queued = launch.queue(
+                spec, Executor.SLURM, self.folder, dependency=f"afterany:{after_job}", exclude=exclude
+            )
+            self.folder.add_attempt(queued.job_id, Executor.SLURM, reason, cause=cause, exclude=list(exclude))
+            launch.start(queued)
+            return Submission(self, Executor.SLURM, queued.job_id, "follow-up job")
+        finally:
+            held.release()
 
     # ---------------------------------------------------------------- cancel
     def cancel(self, grace_s: float = 20.0) -> str:
@@ -314,7 +339,7 @@ def _check_submittable(spec: specmod.JobSpec, executor: Executor) -> None:
             "use Slurm (try `clusterfsdp devcluster up` for a local test cluster) or set slurm.nodes = 1"
         )
     if executor is Executor.SLURM:
-        launch.slurm_parameters(spec)
+        launch.sbatch_options(spec)
 
 
 def prepare_sources(spec: specmod.JobSpec, mode: hub.Mode = "download") -> modelsource.Prepared:

@@ -1,17 +1,34 @@
-"""Thin, typed wrappers over Slurm's client commands (squeue, sacct, scancel, scontrol).
+"""Thin, typed wrappers over Slurm's client commands (sbatch, squeue, sacct, sinfo, scancel,
+scontrol), each retried while the controller is busy, restarting or unreachable.
 
-One batched call per question (all job ids at once), plain `-o`/`--parsable2` text
-output (stable across Slurm versions, unlike `--json` whose shapes changed between 22.05
-and 24.x), and a one-line `SlurmError` instead of a traceback when a command is missing
-or the controller is down.
+One batched call per question (all job ids at once), plain `-o`/`--parsable2` text output
+(stable across Slurm versions, unlike `--json` whose shapes changed between 22.05 and 24.x),
+and a one-line `SlurmError` instead of a traceback when a command is missing or fails.
+
+Controller outages (docs/recovery.md): a command whose error is one of `TRANSIENT` (or that
+does not answer within its own timeout) is tried again with backoff (1, 2, 4, ... 15 s) until a
+bounded time has passed (`retry_budget_s`: $CLUSTERFSDP_SLURM_RETRY_S, default 180 s; queries
+at most 30 s), then fails with a message that says so. Commands that change something are made
+safe to repeat: a submission carries a unique `--comment` and is looked up before it is sent
+again (a timed-out sbatch may still have created the job: seen on the devcluster), and is held
+until the caller recorded it; a requeue, release or cancel that "fails" after an earlier try
+timed out is checked against the job's state before it counts as failed.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 # Slurm states in which a job still holds or waits for resources.
 ACTIVE_STATES = {
@@ -29,9 +46,44 @@ ACTIVE_STATES = {
     "PREEMPTED",
 }
 
+# What a client prints when the controller (or slurmdbd, for sacct) is down, restarting, busy or
+# failing over. Seen on the devcluster: "Unable to contact slurm controller (connect failure)"
+# (slurmctld stopped), "Socket timed out on send/recv operation" (slurmctld hung), and
+# `scontrol requeue`'s "Unexpected message received for job N" in both cases. The others are
+# from Slurm's source (docs/recovery.md).
+TRANSIENT = (
+    "unable to contact slurm controller",
+    "socket timed out on send/recv",
+    "zero bytes were transmitted or received",
+    "send failure",
+    "receive failure",
+    "standby mode",
+    "temporarily unable to accept job",
+    "resource temporarily unavailable",
+    "job can not be altered now",
+    "slurm job queue full",
+    "job creation temporarily disabled",
+    "unexpected message received",
+    "failed to open persistent connection",
+    "problem talking to the database",
+    "sending persistinit msg",
+)
+ENV_RETRY_S = "CLUSTERFSDP_SLURM_RETRY_S"
+QUERY_RETRY_S = 30.0  # status and the TUI should not hang for minutes
+MAX_DELAY_S = 15.0
+
+# Called with a one-line notice the first time a command is retried (the CLI prints it on
+# stderr, the worker into its log). None: quiet (the TUI, library use).
+on_retry: Callable[[str], None] | None = None
+
 
 class SlurmError(RuntimeError):
-    pass
+    """A Slurm command failed; `transient` when the controller could not be reached (and the
+    retry budget, if any, ran out)."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -44,15 +96,104 @@ class JobRow:
     exit_code: str = ""
 
 
-def available() -> bool:
-    """sbatch is installed and a controller answers (`scontrol ping`), so a job can be queued."""
-    if shutil.which("sbatch") is None or shutil.which("scontrol") is None:
-        return False
+@dataclass(frozen=True)
+class JobInfo:
+    """`scontrol -o show job`: what tells a preemption from a cancel, and where the job ran.
+    `preempt_time` is "" when Slurm prints None or hides it (a requeued job's base state is
+    PENDING then; docs/recovery.md)."""
+
+    job_id: str
+    state: str
+    reason: str
+    restarts: int
+    preempt_time: str
+    requeue: bool
+    nodes: str
+    batch_host: str
+    partition: str
+
+    @classmethod
+    def parse(cls, line: str) -> JobInfo:
+        fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
+        preempt = fields.get("PreemptTime", "None")
+        return cls(
+            job_id=fields.get("JobId", ""),
+            state=fields.get("JobState", ""),
+            reason=fields.get("Reason", ""),
+            restarts=int(fields.get("Restarts", "0") or 0),
+            preempt_time="" if preempt in ("None", "Unknown") else preempt,
+            requeue=fields.get("Requeue", "1") == "1",
+            nodes=fields.get("NodeList", ""),
+            batch_host=fields.get("BatchHost", ""),
+            partition=fields.get("Partition", ""),
+        )
+
+
+def retry_budget_s() -> float:
+    """Seconds a command is retried while the controller does not answer."""
     try:
-        proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
+        return max(0.0, float(os.environ.get(ENV_RETRY_S, "180")))
+    except ValueError:
+        return 180.0
+
+
+def _is_transient(text: str) -> bool:
+    low = text.lower()
+    return any(pattern in low for pattern in TRANSIENT)
+
+
+def _once(cmd: list[str], timeout: float) -> str:
+    """Run a Slurm command once; stdout, or SlurmError with Slurm's own message."""
+    if shutil.which(cmd[0]) is None:
+        raise SlurmError(f"{cmd[0]}: command not found (is Slurm installed on this machine?)")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return False
-    return proc.returncode == 0 and "UP" in proc.stdout
+        raise SlurmError(f"{cmd[0]}: no answer within {timeout:.0f} s", transient=True) from None
+    if proc.returncode != 0:
+        msg = " ".join((proc.stderr or proc.stdout).split()) or f"exit status {proc.returncode}"
+        # Slurm's own messages start with the command's name ("squeue: error: ..."): name it once.
+        text = msg if msg.startswith(f"{cmd[0]}: ") else f"{cmd[0]}: {msg}"
+        raise SlurmError(text, transient=_is_transient(msg))
+    return proc.stdout
+
+
+def retrying(what: str, attempt: Callable[[], T], budget_s: float | None = None) -> T:
+    """attempt() until it returns or raises a SlurmError that is not transient; transient errors
+    are retried with backoff until `budget_s` (default `retry_budget_s()`) has passed."""
+    budget = retry_budget_s() if budget_s is None else budget_s
+    t0 = time.monotonic()
+    delay = 1.0
+    while True:
+        try:
+            return attempt()
+        except SlurmError as e:
+            if not e.transient:
+                raise
+            if budget <= 0:
+                raise  # no retries asked for: Slurm's own message
+            waited = time.monotonic() - t0
+            detail = str(e).removeprefix(f"{what}: ")  # name the command once
+            if waited + delay > budget:
+                raise SlurmError(
+                    f"{what}: the Slurm controller did not answer for {waited:.0f} s ({detail}); "
+                    "try again once `scontrol ping` says UP",
+                    transient=True,
+                ) from None
+            if delay == 1.0 and on_retry is not None:
+                on_retry(f"{what}: Slurm does not answer ({detail}); retrying for up to {budget:.0f} s")
+            time.sleep(delay)
+            delay = min(delay * 2, MAX_DELAY_S)
+
+
+def run(cmd: list[str], timeout: float = 30, retry_s: float | None = None) -> str:
+    """Run a Slurm command, retried on transient errors (a query for at most QUERY_RETRY_S, so
+    `status` and the TUI answer; a command that changes something for the whole budget); stdout
+    or SlurmError."""
+    if retry_s is None:
+        query = cmd[0] in ("squeue", "sacct", "sinfo") or cmd[:2] in (["scontrol", "show"], ["scontrol", "-o"])
+        retry_s = min(QUERY_RETRY_S, retry_budget_s()) if query else None
+    return retrying(cmd[0], lambda: _once(cmd, timeout), retry_s)
 
 
 def version() -> tuple[int, int] | None:
@@ -65,19 +206,36 @@ def version() -> tuple[int, int] | None:
         return None
 
 
-def run(cmd: list[str], timeout: float = 30) -> str:
-    """Run a Slurm command; return stdout or raise SlurmError with Slurm's own message."""
-    if shutil.which(cmd[0]) is None:
-        raise SlurmError(f"{cmd[0]}: command not found (is Slurm installed on this machine?)")
+def available() -> bool:
+    """sbatch is installed and a controller answers (`scontrol ping`), so a job can be queued."""
+    return controller() == "up"
+
+
+def controller() -> str:
+    """'up', 'down' (Slurm is configured here and names a controller that does not answer: a
+    restart or an outage, worth waiting for) or 'none' (no Slurm on this machine)."""
+    if shutil.which("sbatch") is None or shutil.which("scontrol") is None:
+        return "none"
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"{cmd[0]}: no answer within {timeout:.0f} s (is slurmctld up?)") from None
-    if proc.returncode != 0:
-        msg = " ".join((proc.stderr or proc.stdout).split()) or f"exit status {proc.returncode}"
-        # Slurm's own messages start with the command's name ("squeue: error: ..."): name it once.
-        raise SlurmError(msg if msg.startswith(f"{cmd[0]}: ") else f"{cmd[0]}: {msg}")
-    return proc.stdout
+        return "none"
+    if "is UP" in proc.stdout:
+        return "up"
+    return "down" if "is DOWN" in proc.stdout else "none"
+
+
+def wait_for_controller(what: str) -> None:
+    """Return once the controller answers; SlurmError after the retry budget."""
+
+    def ping() -> None:
+        state = controller()
+        if state == "none":
+            raise SlurmError(f"{what}: no Slurm controller is configured on this machine")
+        if state == "down":
+            raise SlurmError("scontrol ping: the controller is DOWN", transient=True)
+
+    retrying(what, ping)
 
 
 def squeue(job_ids: list[str] | None = None) -> dict[str, JobRow]:
@@ -86,7 +244,7 @@ def squeue(job_ids: list[str] | None = None) -> dict[str, JobRow]:
     if job_ids:
         cmd += ["-j", ",".join(job_ids)]
     else:
-        cmd += ["-u", os.environ.get("USER") or str(os.getuid())]
+        cmd += ["-u", _user()]
     try:
         out = run(cmd)
     except SlurmError as e:
@@ -114,30 +272,187 @@ def sacct(job_ids: list[str]) -> dict[str, JobRow]:
     return rows
 
 
+# States a job has only while it is queued: accounting may still say so of a job that left the
+# queue. Measured on Slurm 22.05: `scontrol requeue` then `scancel` before the job pends again
+# leaves sacct's last record at REQUEUED for good, while the controller says CANCELLED.
+_QUEUED_STATES = frozenset(
+    {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "COMPLETING", "CONFIGURING"}
+)
+
+
 def job_states(job_ids: list[str]) -> dict[str, JobRow]:
-    """squeue for live jobs, sacct for the ones that left the queue; copes with sacct being disabled."""
+    """squeue for live jobs, sacct for the ones that left the queue; copes with sacct being disabled.
+    A job squeue no longer lists is not live, whatever accounting's last record says: the
+    controller's state is taken where it still knows the job, else a REQUEUED record (a job
+    cancelled while being requeued) is reported CANCELLED."""
     rows = squeue(job_ids)
     missing = [j for j in job_ids if j not in rows]
     if missing:
         try:
-            rows.update(sacct(missing))
+            rows.update(_settled(row) for row in sacct(missing).values())
         except SlurmError:
             pass  # accounting disabled: finished jobs are judged from the run folder alone
     return rows
 
 
-def scancel(job_id: str, signal: str | None = None) -> None:
-    run(["scancel", *([f"--signal={signal}"] if signal else []), job_id])
-
-
-def requeue(job_id: str) -> None:
-    """Requeue and make it eligible now (Slurm otherwise holds a requeued job ~2 min on BeginTime)."""
-    run(["scontrol", "requeue", job_id])
+def _settled(row: JobRow) -> tuple[str, JobRow]:
+    if row.state not in _QUEUED_STATES:
+        return row.job_id, row
     try:
-        run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+        info = show_job(row.job_id)
+    except SlurmError:
+        return row.job_id, row
+    if info is not None:  # the controller's word (it may also have queued the job again meanwhile)
+        return row.job_id, replace(row, state=info.state, reason=info.reason)
+    if row.state.startswith("REQUEUE"):
+        return row.job_id, replace(row, state="CANCELLED", reason="cancelled while being requeued")
+    return row.job_id, row  # accounting lags a job that just ended: the next look settles it
+
+
+def show_job(job_id: str, retry_s: float | None = None) -> JobInfo | None:
+    """`scontrol -o show job`; None once Slurm no longer knows the job (MinJobAge passed)."""
+    try:
+        out = run(["scontrol", "-o", "show", "job", job_id], retry_s=retry_s)
+    except SlurmError as e:
+        if "Invalid job id" in str(e):
+            return None
+        raise
+    line = next((ln for ln in out.splitlines() if ln.startswith("JobId=")), "")
+    return JobInfo.parse(line) if line else None
+
+
+def node_states(nodes: list[str]) -> dict[str, str]:
+    """{node: sinfo's state word} (`down*`, `idle`, `allocated*`, `drained`, ...; a trailing `*`
+    means the node does not respond)."""
+    if not nodes:
+        return {}
+    out = run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%T"])
+    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+
+def partition_nodes(partition: str = "") -> dict[str, str]:
+    """{node: state} of a partition (default: the cluster's default partition)."""
+    if not partition:
+        names = run(["sinfo", "-h", "-o", "%P"]).split()
+        partition = next((p.rstrip("*") for p in names if p.endswith("*")), names[0].rstrip("*") if names else "")
+    out = run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%T"])
+    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+
+def usable(state: str) -> bool:
+    """A node state in which a job can run (not down, drained, failed, or not responding)."""
+    word = state.rstrip("~#!%$@^-")
+    if word.endswith("*"):
+        return False
+    return word.split("+")[0] in ("idle", "mixed", "allocated", "completing", "planned", "reserved")
+
+
+_JOB_ID = re.compile(r"\d+(_\d+)?")
+
+
+def _user() -> str:
+    return os.environ.get("USER") or str(os.getuid())
+
+
+def jobs_with_token(token: str) -> list[str]:
+    """Ids of this user's queued jobs whose --comment holds `token` (oldest first)."""
+    out = run(["squeue", "-h", "-u", _user(), "-o", "%i|%k"])
+    found = [line.split("|", 1)[0] for line in out.splitlines() if "|" in line and token in line.split("|", 1)[1]]
+    return sorted(found, key=lambda j: int(j) if j.isdigit() else 0)
+
+
+def submit(script: Path, token: str, comment: str = "", *, hold: bool = True) -> str:
+    """sbatch SCRIPT with `--comment` holding `token` (held unless hold=False); the job id.
+
+    A submission that timed out may have created the job all the same (the controller read the
+    request and could not answer), so before sending it again the queue is searched for the
+    token; duplicates found afterwards (a stale request processed late) are held, never ran,
+    and are cancelled here. Hold the job until its attempt is recorded, then `release` it."""
+    tries = 0
+
+    def attempt() -> str:
+        nonlocal tries
+        if tries:
+            found = jobs_with_token(token)
+            if found:
+                return found[0]
+        tries += 1
+        argv = ["sbatch", "--parsable", f"--comment={f'{comment} {token}'.strip()}", str(script)]
+        if hold:
+            argv.insert(2, "--hold")
+        out = _once(argv, timeout=60).strip()
+        job_id = out.split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
+        if not _JOB_ID.fullmatch(job_id):
+            raise SlurmError(f"sbatch --parsable printed {out[:200]!r}, not a job id")
+        return job_id
+
+    job_id = retrying("sbatch", attempt)
+    if tries > 1 and hold:
+        for other in jobs_with_token(token):
+            if other != job_id:
+                scancel(other)
+    return job_id
+
+
+def _after_transient(what: str, cmd: list[str], done: Callable[[], bool]) -> None:
+    """Run a command that changes a job; when it fails after an earlier try went unanswered,
+    `done()` (asked of the controller) decides whether that earlier try took effect."""
+    unanswered = False
+
+    def attempt() -> None:
+        nonlocal unanswered
+        try:
+            _once(cmd, timeout=60)
+        except SlurmError as e:
+            if e.transient:
+                unanswered = True
+                raise
+            if unanswered and done():
+                return
+            raise
+
+    retrying(what, attempt)
+
+
+def release(job_id: str) -> None:
+    """Let a held job start."""
+
+    def released() -> bool:
+        info = show_job(job_id)
+        return info is None or "Held" not in info.reason
+
+    _after_transient("scontrol release", ["scontrol", "release", job_id], released)
+
+
+def scancel(job_id: str, signal: str | None = None) -> None:
+    def gone() -> bool:
+        info = show_job(job_id)
+        return info is None or info.state not in ("PENDING", "RUNNING", "SUSPENDED", "CONFIGURING")
+
+    cmd = ["scancel", *([f"--signal={signal}"] if signal else []), job_id]
+    _after_transient("scancel", cmd, gone if signal is None else lambda: False)
+
+
+def requeue(job_id: str, restarts_before: int) -> None:
+    """Requeue and make it eligible now (Slurm otherwise holds a requeued job for
+    cred_expire + 1 s on BeginTime: 121 s by default). A try that went unanswered may have
+    requeued it: its restart count then went past `restarts_before`."""
+
+    def requeued() -> bool:
+        info = show_job(job_id)
+        return info is not None and info.restarts > restarts_before
+
+    _after_transient("scontrol requeue", ["scontrol", "requeue", job_id], requeued)
+    try:
+        run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], retry_s=0)
     except SlurmError:
         pass  # only a speed-up; the job still starts once BeginTime passes
 
 
 def hostnames(nodelist: str) -> list[str]:
     return run(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+def say_on_stderr(message: str) -> None:
+    """An `on_retry` for command-line use."""
+    print(f"note: {message}", file=sys.stderr, flush=True)

@@ -102,7 +102,11 @@ class SlurmSection:
     exclusive: bool = F(False, "Ask for whole nodes (--exclusive).")
     requeue: bool = F(True, "Let Slurm requeue the job after preemption or node failure (--requeue).")
     signal_grace_s: int = F(120, "Seconds before the time limit at which workers get SIGUSR2 to save and requeue.")
-    max_restarts: int = F(3, "How many times a run may be requeued or resubmitted automatically.")
+    max_restarts: int = F(
+        3,
+        "Automatic restarts a run may use: after failures (a killed rank, a failed node, a collective "
+        "timeout), and after interruptions (time limit, preemption) that saved no progress.",
+    )
     extra: dict[str, str | int | bool] = F(
         {}, "Extra sbatch options, e.g. { reservation = 'big', 'gres-flags' = 'enforce-binding' }."
     )
@@ -247,6 +251,10 @@ class CheckpointSection:
     every_steps: int = F(0, "Save every N steps (0: only at the end and on preemption).")
     keep_last: int = F(2, "Complete checkpoints to keep; older ones are deleted after a newer one is complete.")
     async_: bool = F(False, "Save in the background (DCP async_save) while training continues.", key="async")
+    async_mode: Literal["thread", "process"] = F(
+        "thread", "With async: write from a thread, or from a saver process per rank (started at the first save)."
+    )
+    writer_threads: int = F(4, "Threads writing each rank's checkpoint files (one file per thread).")
 
 
 Tracker = Literal["tensorboard", "wandb", "mlflow"]
@@ -520,6 +528,7 @@ def check(spec: JobSpec) -> None:
     positive("data.seq_len", d.seq_len, 2)
     positive("checkpoint.every_steps", c.every_steps, 0)
     positive("checkpoint.keep_last", c.keep_last)
+    positive("checkpoint.writer_threads", c.writer_threads)
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", spec.job.name) or spec.job.name in (".", ".."):
         errors.append(
             f"job.name: {_short(spec.job.name)} must be 1-100 letters, digits, '.', '_' or '-', "

@@ -9,16 +9,60 @@ from dataclasses import dataclass, field
 
 from . import ckptfolder, procs, slurmcli
 from . import spec as specmod
-from .records import Attempt, Event, EventKind, Executor, RunState, TrackerIds
+from .records import Attempt, Cause, Event, EventKind, Executor, RunState, TrackerIds
 from .runfolder import RunFolder
 
-# The worker's final event of an attempt -> the run state it means.
+# The final record of an attempt -> the run state it means.
 _END_STATES = {
     EventKind.COMPLETED: RunState.COMPLETED,
     EventKind.FAILED: RunState.FAILED,
+    EventKind.GAVE_UP: RunState.FAILED,
     EventKind.REQUEUED: RunState.REQUEUED,
+    EventKind.SLURM_REQUEUED: RunState.REQUEUED,
+    EventKind.FOLLOW_UP: RunState.REQUEUED,
+    EventKind.AUTO_RESTART: RunState.REQUEUED,
     EventKind.STOPPED: RunState.CANCELLED,
 }
+# Which record says how an incarnation ended, most telling first: the batch script's verdict on
+# a failure, Slurm's own requeue, the workers' decision, then the first rank that failed.
+_END_ORDER = (
+    EventKind.GAVE_UP, EventKind.AUTO_RESTART, EventKind.SLURM_REQUEUED, EventKind.REQUEUED, EventKind.FOLLOW_UP,
+    EventKind.COMPLETED, EventKind.STOPPED, EventKind.FAILED,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How one incarnation of an attempt (a job id and Slurm's restart count) ended: the record
+    that says it, with its classified cause (`status` and the TUI show one line per incarnation)."""
+
+    job_id: str
+    restart: int
+    event: EventKind
+    cause: Cause | None
+    reason: str
+
+    @property
+    def label(self) -> str:
+        """'requeued (preempted)': the record and its cause (the TUI's attempts line)."""
+        return f"{self.event} ({self.cause})" if self.cause and self.cause != self.event else str(self.event)
+
+    def describe(self) -> str:
+        """'requeued (preempted): preempted at 2026-11-23T17:57:53 (SIGTERM); saved step 10'."""
+        return f"{self.label}: {self.reason}" if self.reason else self.label
+
+
+def attempt_ends(events: list[Event]) -> list[AttemptEnd]:
+    """One AttemptEnd per incarnation that ended, in the order they started."""
+    ends: dict[tuple[str, int], list[Event]] = {}
+    for e in events:
+        if e.event in _END_ORDER:
+            ends.setdefault((e.job_id, e.restart), []).append(e)
+    out = []
+    for (job_id, restart), found in ends.items():
+        best = min(found, key=lambda e: (_END_ORDER.index(e.event), e.time))
+        out.append(AttemptEnd(job_id, restart, best.event, best.cause, best.reason))
+    return out
 
 
 @dataclass
@@ -32,7 +76,8 @@ class RunStatus:
     steps: int | None = None
     loss: float | None = None
     attempts: list[Attempt] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # e.g. a checkpoint that did not load and was set aside
+    ends: list[AttemptEnd] = field(default_factory=list)  # how each incarnation of each attempt ended
+    notes: list[str] = field(default_factory=list)  # e.g. a checkpoint set aside, a save too slow for the grace
     events: list[Event] = field(default_factory=list)
     checkpoints: list[int] = field(default_factory=list)  # steps of the complete checkpoints
     trackers: TrackerIds = field(default_factory=TrackerIds)
@@ -92,13 +137,18 @@ def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) 
     events = run.events()
     st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run), run.tracker_ids()
     st.notes = [f"step {e.step}: {e.reason}" for e in events if e.event is EventKind.CHECKPOINT_FALLBACK and e.reason]
+    warnings = [e for e in events if e.event is EventKind.WARNING]
+    if warnings:
+        st.notes.append(f"warning (step {warnings[-1].step}): {warnings[-1].reason}")
+    st.ends = attempt_ends(events)
     last = record.last
     if last is None:
         st.reason = f"not submitted (dry run): sbatch {run.sbatch_script}"
         return st
     st.job_id, st.executor = last.job_id, last.executor
     mine = [e for e in events if e.job_id == last.job_id]
-    end = next((e for e in reversed(mine) if e.event in _END_STATES), None)
+    latest = max((e.restart for e in mine), default=0)  # an earlier incarnation's end says nothing of this one
+    end = next((e for e in st.ends if e.job_id == last.job_id and e.restart == latest), None)
     started = any(e.event is EventKind.START for e in mine)
     if last.executor is Executor.SLURM:
         row = (queue or {}).get(last.job_id)
@@ -131,13 +181,13 @@ def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) 
     return st
 
 
-def _reason(end: Event | None, row: slurmcli.JobRow, state: RunState) -> str:
+def _reason(end: AttemptEnd | None, row: slurmcli.JobRow, state: RunState) -> str:
     parts = []
     if end is not None and end.reason:
         parts.append(end.reason)
     if row.exit_code and row.exit_code != "0:0":
         parts.append(f"exit code {row.exit_code}")
-    if row.reason and row.reason not in ("None", ""):
+    if row.reason and row.reason not in ("None", "") and not parts:  # a pending reason Slurm kept (BeginTime)
         parts.append(row.reason)
     if state is RunState.NODE_FAIL:
         parts.append(f"a node failed ({row.nodes})")

@@ -10,7 +10,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from ..control.ckptfolder import COMPLETE, CheckpointInfo, list_checkpoints, step_dir
 
@@ -35,47 +35,128 @@ def _on_cuda(model) -> bool:
     return any(p.device.type == "cuda" for p in model.parameters())
 
 
-def _pinned_stager():
-    """A stager that keeps the host copy of the state in pinned buffers between async saves.
+def _prewarmed_stager(state: dict[str, Any], pin: bool, share: bool):
+    """An async stager whose host buffers are allocated before the first save, in a background
+    thread, and kept between saves.
 
-    Without it `dcp.async_save` copies the state into fresh pageable host memory on the caller's
-    thread: 12.7 s blocked per save for a 1B model + AdamW (15.9 GB) on an H100, at 1.3-1.6 GB/s.
-    With the buffers kept, later saves block 0.33 s (bench/README.md). The first save allocates
-    and pins them (23 s for 15.9 GB), and they hold host RAM equal to this rank's shard of model
-    and optimizer state for the rest of the run. Pinning needs CUDA, hence GPU runs only."""
+    `dcp.async_save` must copy the state to host memory before training may touch it again; that
+    copy blocks the loop. Into fresh pageable memory it ran at 1.3-1.6 GB/s on an H100 (12.7 s
+    blocked per save for a 1B model + AdamW, 15.9 GB); into buffers kept between saves and pinned,
+    0.33 s (bench/README.md). Allocating and pinning those buffers takes long itself (23 s for
+    15.9 GB), so it happens here, at start, beside training, instead of inside the first save.
+    They hold host RAM equal to this rank's shard of model and optimizer state for the rest of the
+    run (pinned on CUDA; in shared memory for process-based saving, which hands them to the saver
+    process without a copy). `state` is taken on the training thread (get_state_dict may
+    initialize the optimizer state); the thread runs torch's `_create_cpu_state_dict`, the
+    function `BlockingAsyncStager` itself calls at its first save."""
+    import threading
+
+    from torch.distributed._state_dict_utils import _create_cpu_state_dict
     from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
-    return BlockingAsyncStager(cache_staged_state_dict=True)
+    class PrewarmedStager(BlockingAsyncStager):
+        def __init__(self) -> None:
+            super().__init__(cache_staged_state_dict=True)
+            self.ready = threading.Event()
+            self.error: BaseException | None = None
+            self.build_s = 0.0
+            threading.Thread(target=self._build, name="ckpt-staging-buffers", daemon=True).start()
+
+        def _build(self) -> None:
+            t0 = time.perf_counter()
+            try:
+                self.state_dict_cache = _create_cpu_state_dict(state, pin_memory=pin, share_memory=share)
+            except BaseException as e:  # reported by the first save, on the training thread
+                self.error = e
+            finally:
+                self.build_s = time.perf_counter() - t0
+                self.ready.set()
+
+        def stage(self, state_dict):
+            self.ready.wait()
+            if self.error is not None:
+                raise CheckpointError(f"allocating the staging buffers failed: {self.error}")
+            return super().stage(state_dict)
+
+    return PrewarmedStager()
+
+
+class _Pruner:
+    """Deletes old checkpoints off the training thread: rank 0 renames each into `.pruning/`
+    (one rename: it is gone for `list_checkpoints` and `keep_last` at once) and a background
+    thread removes the tree, which takes seconds for a large checkpoint on a parallel
+    filesystem. What a killed process left there is removed at the next start."""
+
+    def __init__(self, root: Path):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.trash = root / ".pruning"
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-prune")
+        self._last = self._pool.submit(self._empty)
+
+    def _empty(self) -> None:
+        if self.trash.is_dir():
+            for old in self.trash.iterdir():
+                shutil.rmtree(old, ignore_errors=True)
+
+    def prune(self, folders: list[Path]) -> None:
+        if not folders:
+            return
+        self.trash.mkdir(exist_ok=True)
+        for folder in folders:
+            os.replace(folder, self.trash / f"{folder.name}-{time.time_ns()}")
+        self._last = self._pool.submit(self._empty)
+
+    def close(self) -> None:
+        """Wait until the deletions asked for are done."""
+        self._last.result()
+        self._pool.shutdown(wait=True)
 
 
 class Checkpointer:
     """Saves and loads one run's checkpoints; every method is collective unless noted."""
 
     def __init__(
-        self, root: Path, model, optimizer, rank: int, world_size: int, spec_text: str, keep_last: int, async_save: bool
+        self,
+        root: Path,
+        model,
+        optimizer,
+        rank: int,
+        world_size: int,
+        spec_text: str,
+        keep_last: int,
+        async_save: bool,
+        *,
+        writer_threads: int = 1,
+        async_mode: str = "thread",
     ):
-        import torch.distributed as dist
-
         self.root, self.model, self.optimizer = root, model, optimizer
         self.rank, self.world_size, self.spec_text, self.keep_last = rank, world_size, spec_text, keep_last
-        self.async_save = async_save
-        self._pending: tuple[Any, Path, Path, dict] | None = None
+        self.async_save, self.writer_threads, self.async_mode = async_save, writer_threads, async_mode
+        self._pending: tuple[Any, Path, Path, dict, float] | None = None
+        self.last_save_s = 0.0  # wall time of the last completed save, async or not (the grace check)
         # Async saves coordinate over their own gloo group so they never queue behind NCCL work.
-        self._pg = (
-            cast("dist.ProcessGroup", dist.new_group(backend="gloo")) if async_save and dist.is_initialized() else None
+        self._pg = _gloo_group() if async_save else None
+        self._stager = (
+            _prewarmed_stager(self._state(), pin=_on_cuda(model), share=async_mode == "process") if async_save else None
         )
-        self._stager = _pinned_stager() if async_save and _on_cuda(model) else None
         # Whether a checkpoint loaded is decided by all ranks together (a truncated shard fails on
         # the ranks that read it), over gloo so it needs no device tensor.
-        self._agree_pg = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self._agree_pg = _gloo_group()
         if rank == 0:
             root.mkdir(parents=True, exist_ok=True)
+        self._pruner = _Pruner(root) if rank == 0 else None
 
     def _state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {"model": model_sd, "optim": optim_sd}
+
+    def _writer(self, path: Path):
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+        return FileSystemWriter(str(path), thread_count=self.writer_threads)
 
     def save(self, step: int, meta: dict[str, Any], *, blocking: bool = False) -> float:
         """Save at `step`; returns the seconds training was blocked. Async unless `blocking`."""
@@ -98,39 +179,54 @@ class Checkpointer:
         torch.save(rng, partial / "rng" / f"rank{self.rank}.pt")
         meta = {**meta, "step": step, "world_size": self.world_size, "saved": time.time()}
         try:
-            self._write(partial, final, meta, blocking)
+            self._write(partial, final, meta, blocking, t0)
         except CheckpointError as e:
             raise CheckpointError(f"{e} [{_free_space(self.root)}]") from None
         return time.perf_counter() - t0
 
-    def _write(self, partial: Path, final: Path, meta: dict[str, Any], blocking: bool) -> None:
-        from torch.distributed.checkpoint.state_dict_saver import async_save, save
+    def _write(self, partial: Path, final: Path, meta: dict[str, Any], blocking: bool, t0: float) -> None:
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, async_save, save
 
         step = meta["step"]
         if self.async_save and not blocking:
+            kind = AsyncCheckpointerType.PROCESS if self.async_mode == "process" else AsyncCheckpointerType.THREAD
             future = async_save(
-                self._state(), checkpoint_id=str(partial), process_group=self._pg, async_stager=self._stager
+                self._state(),
+                storage_writer=self._writer(partial),
+                process_group=self._pg,
+                async_checkpointer_type=kind,
+                async_stager=self._stager,
             )
-            self._pending = (future, partial, final, meta)
+            self._pending = (future, partial, final, meta, t0)
         else:
-            dcp_call(f"saving step {step}", save, self._state(), checkpoint_id=str(partial))
-            self._finalize(partial, final, meta)
+            dcp_call(f"saving step {step}", save, self._state(), storage_writer=self._writer(partial))
+            self._finalize(partial, final, meta, t0)
 
-    def poll(self) -> None:
-        """Finalize a finished async save without waiting (cheap; call every step)."""
+    def poll(self) -> bool:
+        """Finalize a finished async save without waiting (cheap; call every step); whether one was."""
         if self._pending is not None and self._pending[0].done():
             self.wait()
+            return True
+        return False
 
     def wait(self) -> None:
         if self._pending is None:
             return
-        future, partial, final, meta = self._pending
+        future, partial, final, meta, t0 = self._pending
         self._pending = None
         dcp_call(f"saving step {meta['step']} (async)", future.result)
-        self._finalize(partial, final, meta)
+        self._finalize(partial, final, meta, t0)
 
-    def _finalize(self, partial: Path, final: Path, meta: dict[str, Any]) -> None:
-        """Rank 0 marks the checkpoint complete and atomically renames it into place, then prunes."""
+    def close(self) -> None:
+        """Finish the pending save and the deletions asked for (end of training)."""
+        self.wait()
+        if self._pruner is not None:
+            self._pruner.close()
+
+    def _finalize(self, partial: Path, final: Path, meta: dict[str, Any], t0: float) -> None:
+        """Rank 0 marks the checkpoint complete and atomically renames it into place, then hands
+        the checkpoints beyond keep_last to the pruner."""
+        self.last_save_s = time.perf_counter() - t0
         if self.rank != 0:
             return
         (partial / "job.toml").write_text(self.spec_text)
@@ -139,8 +235,8 @@ class Checkpointer:
         os.replace(tmp, partial / COMPLETE)
         os.replace(partial, final)
         _fsync_dir(self.root)
-        for old in list_checkpoints(self.root)[: -self.keep_last]:
-            shutil.rmtree(old.path, ignore_errors=True)
+        if self._pruner is not None:
+            self._pruner.prune([old.path for old in list_checkpoints(self.root)[: -self.keep_last]])
 
     def load(self, info: CheckpointInfo) -> dict[str, Any]:
         """Load model + optimizer (resharding to this world size) and this rank's RNG; returns the meta."""
@@ -198,6 +294,17 @@ def _free_space(root: Path) -> str:
     free = shutil.disk_usage(root).free
     note = " - disk full?" if free < 64 * 2**20 else ""
     return f"{free / 2**20:.1f} MiB free on {root}{note}"
+
+
+def _gloo_group():
+    """A new gloo process group over all ranks (None without torch.distributed)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    group = dist.new_group(backend="gloo")
+    assert isinstance(group, dist.ProcessGroup)
+    return group
 
 
 def _barrier() -> None:

@@ -116,19 +116,43 @@ def derive_port(job_id: str, restart: int, step: str = "") -> int:
     return 20000 + zlib.crc32(f"{job_id}.{restart}.{step}".encode()) % 40000
 
 
+def _oci_node(hosts: list[str], bundle: str) -> int:
+    """This task's node index inside a Slurm OCI container (`srun --container`), one task per node.
+    Slurm 22.05 writes the container's environment once per step, before the tasks exist: it has
+    no task variables of its own, and under sbatch it has the batch step's (SLURM_PROCID=0 on
+    every node; measured on the devcluster). The rank is this host's place in the step's node list."""
+    name = socket.gethostname().split(".")[0]
+    if name not in hosts:
+        raise RuntimeError(
+            f"OCI container {bundle}: its hostname {name!r} is not one of the step's nodes {hosts}, and Slurm "
+            "passes no task rank into OCI containers: remove the 'uts' namespace (and 'hostname') from the "
+            "bundle's config.json so the container keeps the node's name"
+        )
+    return hosts.index(name)
+
+
 def from_environ(env: dict[str, str] | None = None) -> DistEnv:
     """Ranks from Slurm (srun tasks), submitit's local executor, torchrun, or a single process."""
     env = dict(os.environ if env is None else env)
-    if ("SLURM_PROCID" in env and "SLURM_STEP_ID" in env) or env.get("SUBMITIT_EXECUTOR") == "slurm":
+    in_step = "SLURM_STEP_ID" in env and ("SLURM_PROCID" in env or "SLURM_CONTAINER" in env)
+    if in_step or env.get("SUBMITIT_EXECUTOR") == "slurm":
         nodelist = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
         hosts = expand_hostlist(nodelist)
         counts = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1")
-        node = int(env.get("SLURM_NODEID", "0"))
+        if "SLURM_CONTAINER" in env and all(c == 1 for c in counts):
+            node = rank = _oci_node(hosts, env["SLURM_CONTAINER"])
+            local_rank = 0
+        else:
+            node, rank, local_rank = (
+                int(env.get("SLURM_NODEID", "0")),
+                int(env["SLURM_PROCID"]),
+                int(env.get("SLURM_LOCALID", "0")),
+            )
         job_id = env.get("SLURM_JOB_ID", "0")
         restart = int(env.get("SLURM_RESTART_COUNT", "0"))
         return DistEnv(
-            rank=int(env["SLURM_PROCID"]),
-            local_rank=int(env.get("SLURM_LOCALID", "0")),
+            rank=rank,
+            local_rank=local_rank,
             world_size=int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS", "1")),
             local_world_size=counts[min(node, len(counts) - 1)],
             node_rank=node,

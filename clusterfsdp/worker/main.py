@@ -15,14 +15,19 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, cast
+from typing import IO, TYPE_CHECKING, Any
 
-from ..control import lock, runfolder, secretenv
+from ..control import lock, outcomes, runfolder, secretenv, slurmcli
 from ..control import spec as specmod
-from ..control.records import Event, EventKind, Executor
+from ..control.records import Cause, Event, EventKind, Executor
 from . import distenv
 from .stopflags import StopFlags
+
+if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed the signal flags
+    from .metrics import MetricsWriter
+    from .trackers import Trackers
 
 if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed the signal flags
     from .metrics import MetricsWriter
@@ -85,20 +90,88 @@ def _apply_env(spec: specmod.JobSpec, chosen: dict[str, str]) -> None:
             os.environ[key] = value
 
 
+@dataclass
+class _Attempt:
+    """This rank's view of the incarnation it runs, for the failure record: the environment
+    (the local executor's restart count is known only after the process group is up), the
+    progress of the loop, and what rank 0 holds: the attempt lock and the metrics sink (with
+    the experiment trackers, closed with the attempt's outcome)."""
+
+    run: runfolder.RunFolder
+    env: distenv.DistEnv
+    progress: Any = None  # train.Progress, once torch and the loop are imported
+    lock: lock.FileLock | None = None
+    sink: MetricsWriter | None = None
+
+    def event(self, kind: EventKind, **fields) -> None:
+        _event(self.run, self.env, kind, **fields)
+
+    def failed(self, e: BaseException) -> None:
+        """Record the exception that ends this rank (its own view: a Python error, or a
+        collective that lost its peer; control.outcomes weighs all ranks' views)."""
+        reason = f"rank {self.env.rank} on {socket.gethostname()}: {type(e).__name__}: {e}"
+        step = self.progress.step if self.progress is not None else None
+        done = self.progress.steps_done if self.progress is not None else 0
+        self.event(EventKind.FAILED, reason=" ".join(reason.split())[:500], cause=failure_cause(e), step=step,
+                   steps_done=done)  # fmt: skip
+        self.close_trackers("failed")
+        if self.lock is not None:
+            self.lock.release()
+
+    def close_trackers(self, outcome: str) -> None:
+        """outcome: 'completed', 'preempted' (it comes back), 'stopped' or 'failed'."""
+        if self.sink is not None and self.sink.trackers is not None:
+            self.sink.trackers.finish(outcome)
+            self.sink.trackers = None
+
+
+# What gloo and NCCL raise when a peer died, a connection broke or a collective timed out.
+_COLLECTIVE = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "nccl",
+               "gloo", "connection refused", "no route to host", "socket")  # fmt: skip
+
+
+def failure_cause(e: BaseException) -> Cause:
+    """COLLECTIVE for torch.distributed's own errors and the RuntimeErrors of a lost peer or a
+    collective timeout (also inside a failed checkpoint save), ERROR for everything else."""
+    dist = sys.modules.get("torch.distributed")
+    dist_error = getattr(dist, "DistError", None) if dist is not None else None
+    if dist_error is not None and isinstance(e, dist_error):
+        return Cause.COLLECTIVE
+    text = str(e).lower()
+    if isinstance(e, RuntimeError) and any(word in text for word in _COLLECTIVE):
+        return Cause.COLLECTIVE
+    return Cause.ERROR
+
+
 def run(run_dir: str) -> str:
-    """Train on this rank; returns the outcome ('completed', 'stopped') or exits for a requeue."""
+    """Train on this rank; returns the outcome ('completed', 'stopped') or exits (a requeue, a
+    restart of the local executor). Every exception is recorded as a `failed` event first."""
     flags = StopFlags()  # first: a signal during the imports below must not be lost
     # Compute nodes never download: submit resolved every hub id to a local snapshot folder
     # (set before huggingface_hub is imported; [env] may still override it).
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    attempt = _Attempt(runfolder.RunFolder(Path(run_dir)), distenv.from_environ())
+    try:
+        return _train(attempt, flags)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        print(traceback.format_exc(), file=sys.stderr, flush=True)
+        attempt.failed(e)
+        raise
+    finally:
+        sys.stdout.flush()
+
+
+def _train(attempt: _Attempt, flags: StopFlags) -> str:
     import torch
     import torch.distributed as dist
 
     from . import metrics, train
 
-    run = runfolder.RunFolder(Path(run_dir))
+    run, env = attempt.run, attempt.env
+    attempt.progress = train.Progress()
     spec = specmod.load(run.job_toml)
-    env = distenv.from_environ()
     chosen, facts = distenv.network_env(env, spec.env)
     _apply_env(spec, chosen)
     os.environ.update(env.export())
@@ -115,13 +188,12 @@ def run(run_dir: str) -> str:
     if env.launcher == "submitit-local":  # Slurm counts restarts; the local executor does not
         count = torch.tensor([sum(1 for e in run.events(env.job_id) if e.event is EventKind.START)])
         dist.broadcast(count, 0)
-        env = distenv.DistEnv(**{**env.__dict__, "restart": int(count)})
+        env = attempt.env = distenv.DistEnv(**{**env.__dict__, "restart": int(count)})
 
     log_path = run.log_path(env.job_id, env.restart, env.rank)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "a", buffering=1)  # noqa: SIM115 - stays open for the rest of the process
-    sys.stdout = Tee(cast(IO[str], sys.__stdout__), log_file)
-    sys.stderr = Tee(cast(IO[str], sys.__stderr__), log_file)
+    sys.stdout, sys.stderr = Tee(sys.__stdout__ or log_file, log_file), Tee(sys.__stderr__ or log_file, log_file)
 
     every_rank = os.environ.get(ENV_LOG_ALL_RANKS) == "1"
 
@@ -129,90 +201,67 @@ def run(run_dir: str) -> str:
         if env.rank == 0 or every_rank:
             print(f"[rank{env.rank}] {msg}", flush=True)
 
-    attempt_lock: lock.FileLock | None = None
-    sink: MetricsWriter | None = None
-    try:
-        verdict = torch.zeros(1)  # rank 0 tells the others whether this attempt may train
-        if env.rank == 0:
-            try:
-                attempt_lock = _attempt_lock(run, env)
-                attempt = sum(1 for e in run.events() if e.event is EventKind.START)
-                sink = metrics.MetricsWriter(run.metrics_file, attempt, _trackers(run, spec, attempt, log))
-            except BaseException:
-                verdict.fill_(1)
-                raise
-            finally:
-                dist.broadcast(verdict, 0)
-        else:
-            dist.broadcast(verdict, 0)
-            if verdict.item():
-                raise RuntimeError("rank 0 did not start this attempt (see its log); not starting")
-        if env.local_rank == 0:
-            distenv.write_node_record(
-                run.node_record(env.job_id, env.restart, socket.gethostname()),
-                env,
-                facts,
-                {
-                    "backend": backend,
-                    "device": str(device),
-                    "torch": torch.__version__,
-                    "nccl": _nccl_version() if backend == "nccl" else "",
-                    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-                    "python": sys.version.split()[0],
-                },
-            )
-        if env.rank == 0:
-            record = run.record()
-            if env.launcher == "slurm" and record.dry_run and record.attempt(env.job_id) is None:
-                run.add_attempt(env.job_id, Executor.SLURM, "submitted by hand (sbatch)")
-            _event(
-                run, env, EventKind.START, world_size=env.world_size, nodes=env.num_nodes, attempt=sink and sink.attempt
-            )
-        log(
-            f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
-            f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}"
-        )
-        outcome = train.train(
-            spec,
-            device,
-            env.rank,
-            env.world_size,
-            run.checkpoints_dir(spec),
-            run.job_toml.read_text(),
-            log,
-            sink,
-            lambda event, **f: _event(run, env, event, **f) if env.rank == 0 else None,
-            flags,
-            run.model_dir,
-        )
-    except BaseException as e:
-        print(traceback.format_exc(), file=sys.stderr, flush=True)
-        reason = f"rank {env.rank} on {socket.gethostname()}: {type(e).__name__}: {e}"
-        _event(run, env, EventKind.FAILED, reason=reason[:500])
-        _finish(sink, "failed")
-        if attempt_lock is not None:
-            attempt_lock.release()
-        raise
-    finally:
-        sys.stdout.flush()
-    _finish(sink, outcome.status)
-    if outcome.status == "preempted":
-        _requeue(run, spec, env, attempt_lock)  # exits
+    slurmcli.on_retry = log
+    verdict = torch.zeros(1)  # rank 0 tells the others whether this attempt may train
     if env.rank == 0:
-        _event(
-            run,
+        try:
+            attempt.lock = _attempt_lock(run, env)
+            number = sum(1 for e in run.events() if e.event is EventKind.START)
+            attempt.sink = metrics.MetricsWriter(run.metrics_file, number, _trackers(run, spec, number, log))
+        except BaseException:
+            verdict.fill_(1)
+            raise
+        finally:
+            dist.broadcast(verdict, 0)
+    else:
+        dist.broadcast(verdict, 0)
+        if verdict.item():
+            raise RuntimeError("rank 0 did not start this attempt (see its log); not starting")
+    if env.local_rank == 0:
+        distenv.write_node_record(
+            run.node_record(env.job_id, env.restart, socket.gethostname()),
             env,
-            EventKind.COMPLETED if outcome.status == "completed" else EventKind.STOPPED,
-            step=outcome.step,
-            checkpoint=outcome.checkpoint,
-            reason="" if outcome.status == "completed" else f"cancelled (SIGTERM); saved step {outcome.step}",
+            facts,
+            {
+                "backend": backend,
+                "device": str(device),
+                "torch": torch.__version__,
+                "nccl": _nccl_version() if backend == "nccl" else "",
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                "python": sys.version.split()[0],
+            },
         )
-    if attempt_lock is not None:
-        attempt_lock.release()
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    return outcome.status
+    if env.rank == 0:
+        record = run.record()
+        if env.launcher == "slurm" and record.dry_run and record.attempt(env.job_id) is None:
+            run.add_attempt(env.job_id, Executor.SLURM, "submitted by hand (sbatch)")
+        number = attempt.sink.attempt if attempt.sink is not None else None
+        attempt.event(EventKind.START, world_size=env.world_size, nodes=env.num_nodes, attempt=number)
+    log(
+        f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
+        f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}"
+    )
+    outcome = train.train(
+        spec,
+        device,
+        env.rank,
+        env.world_size,
+        run.checkpoints_dir(spec),
+        run.job_toml.read_text(),
+        log,
+        attempt.sink,
+        lambda event, **f: attempt.event(event, **f) if env.rank == 0 else None,
+        flags,
+        attempt.progress,
+        run.model_dir,
+    )
+    status = "completed"
+    if outcome.status == "interrupted":
+        status = _interrupted(attempt, spec, outcome, log)
+    elif env.rank == 0:
+        attempt.event(EventKind.COMPLETED, step=outcome.step, checkpoint=outcome.checkpoint, cause=Cause.COMPLETED)
+    _finish(attempt, status)
+    return status
 
 
 def _nccl_version() -> str:
@@ -232,42 +281,89 @@ def _trackers(
     return Trackers.open(run, spec, attempt, log)
 
 
-def _finish(sink: MetricsWriter | None, outcome: str) -> None:
-    if sink is not None and sink.trackers is not None:
-        sink.trackers.finish(outcome)
-
-
-def _requeue(
-    run: runfolder.RunFolder, spec: specmod.JobSpec, env: distenv.DistEnv, attempt_lock: lock.FileLock | None
-) -> None:
-    """After the collective save: rank 0 requeues (Slurm) or all ranks exit 144 (local executor).
-    Restarts are bounded by slurm.max_restarts over the whole run."""
+def _finish(attempt: _Attempt, outcome: str) -> None:
+    """End this rank's part: close the trackers with `outcome`, release the lock, leave the group."""
     import torch.distributed as dist
 
-    from ..control import slurmcli
-    from ..control.run import Run
-
-    done = sum(1 for e in run.events() if e.event is EventKind.REQUEUED)
-    if env.rank == 0:
-        if done >= spec.slurm.max_restarts:
-            limit = spec.slurm.max_restarts
-            reason = f"interrupted again after {done} restarts (slurm.max_restarts = {limit})"
-            _event(run, env, EventKind.FAILED, reason=reason)
-        elif env.launcher == "slurm":
-            _event(run, env, EventKind.REQUEUED, reason="SIGUSR2 (time limit or preemption)", restarts=done + 1)
-            try:
-                slurmcli.requeue(env.job_id)
-            except slurmcli.SlurmError as e:  # JobRequeue=0 or a non-batch job: a follow-up job resumes
-                sub = Run(run).follow_up(spec, f"follow-up: requeue refused ({e})", f"afterany:{env.job_id}")
-                _event(run, env, EventKind.FOLLOW_UP, job_id_next=sub.job_id, reason=str(e))
-        else:
-            _event(run, env, EventKind.REQUEUED, reason="SIGUSR2 (time limit or preemption)", restarts=done + 1)
-        if attempt_lock is not None:
-            attempt_lock.release()
+    attempt.close_trackers(outcome)
+    if attempt.lock is not None:
+        attempt.lock.release()
+        attempt.lock = None
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
     sys.stdout.flush()
-    if done >= spec.slurm.max_restarts:
+
+
+def _verdict(attempt: _Attempt, signal_name: str) -> outcomes.StopVerdict:
+    """Why the ranks stopped. Under Slurm rank 0 asks `scontrol show job` (SIGTERM is both a
+    cancel and a preemption); the local executor has no preemption: SIGUSR2 is its time limit,
+    SIGTERM a cancel."""
+    env = attempt.env
+    if env.launcher != "slurm":
+        if signal_name == "SIGUSR2":
+            return outcomes.StopVerdict(outcomes.StopAction.REQUEUE, Cause.TIME_LIMIT, "SIGUSR2 (time limit)")
+        return outcomes.StopVerdict(outcomes.StopAction.STOP, Cause.CANCELLED, "cancelled (SIGTERM)")
+    last = attempt.run.record().attempt(env.job_id)
+    cancel_asked = last is not None and last.cancelled is not None
+    try:
+        job = slurmcli.show_job(env.job_id, retry_s=slurmcli.retry_budget_s())  # worth waiting for
+    except slurmcli.SlurmError:
+        job = None
+    return outcomes.classify_stop(signal_name, job, env.restart, cancel_asked)
+
+
+def _interrupted(attempt: _Attempt, spec: specmod.JobSpec, outcome, log) -> str:
+    """After the collective save a signal triggered: rank 0 records why and brings the job
+    back (requeue, follow-up job) or stops it; the local executor restarts on exit code 144.
+    Comebacks are bounded by slurm.max_restarts when they made no progress (outcomes.restarts_used)."""
+    env, run = attempt.env, attempt.run
+    local = env.launcher == "submitit-local"
+    verdict = _verdict(attempt, outcome.signal) if env.rank == 0 or local else None
+    if verdict is None:  # Slurm, rank > 0: rank 0 acts
+        _finish(attempt, "preempted")
+        sys.exit(0)
+    saved = f"saved step {outcome.step}"
+    if verdict.action is outcomes.StopAction.STOP:
+        if env.rank == 0:
+            attempt.event(EventKind.STOPPED, step=outcome.step, checkpoint=outcome.checkpoint, cause=verdict.cause,
+                          reason=f"{verdict.reason}; {saved}")  # fmt: skip
+        return "stopped"
+    used = outcomes.restarts_used(run.events())
+    progressed = outcome.step > outcomes.resumed_step(run.events(env.job_id), env.job_id, env.restart)
+    if not progressed and used >= spec.slurm.max_restarts:
+        if env.rank == 0:
+            reason = (f"{verdict.reason}; {saved}, no progress since the last restart, and {used} restarts used "
+                      f"(slurm.max_restarts = {spec.slurm.max_restarts})")  # fmt: skip
+            attempt.event(EventKind.FAILED, step=outcome.step, cause=Cause.RESTARTS_EXHAUSTED, reason=reason)
+        _finish(attempt, "failed")
         sys.exit(1)
-    sys.exit(LOCAL_REQUEUE_EXIT if env.launcher == "submitit-local" else 0)
+    if env.rank == 0:
+        attempt.event(EventKind.REQUEUED, step=outcome.step, checkpoint=outcome.checkpoint, cause=verdict.cause,
+                      reason=f"{verdict.reason}; {saved}", restarts=used + (not progressed))  # fmt: skip
+        if env.launcher == "slurm":
+            _come_back(attempt, spec, verdict, log)
+    _finish(attempt, "preempted")
+    sys.exit(LOCAL_REQUEUE_EXIT if local else 0)
+
+
+def _come_back(attempt: _Attempt, spec: specmod.JobSpec, verdict: outcomes.StopVerdict, log) -> None:
+    """Slurm: requeue this job (it keeps its id); where Slurm refuses (--no-requeue, a job that
+    is already ending) a follow-up job takes over once this one ends."""
+    from ..control.run import Run
+
+    env = attempt.env
+    if verdict.action is outcomes.StopAction.EXIT:
+        log("Slurm requeues this job itself; the next incarnation resumes")
+        return
+    why = "the job is already ending"
+    if verdict.action is outcomes.StopAction.REQUEUE:
+        try:
+            slurmcli.requeue(env.job_id, env.restart)
+            return
+        except slurmcli.SlurmError as e:
+            if e.transient:
+                raise
+            why = str(e)
+    sub = Run(attempt.run).follow_up(spec, f"follow-up: requeue refused ({why})", env.job_id, cause=verdict.cause)
+    attempt.event(EventKind.FOLLOW_UP, job_id_next=sub.job_id, reason=why, cause=verdict.cause)

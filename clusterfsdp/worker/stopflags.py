@@ -1,36 +1,94 @@
-"""Stop requests from signals: SIGUSR2 (time limit or preemption: save, then requeue) and
-SIGTERM (cancel: save, then exit).
+"""Stop requests from signals: SIGUSR2 (ahead of the time limit, or a preemption with
+`preempt_send_user_signal`: save, then requeue) and SIGTERM (a cancel or a preemption: save,
+then rank 0 asks Slurm which it was, see `control.outcomes.classify_stop`).
 
 Torch-free on purpose: the worker installs the handlers before it imports torch, so a signal
 that lands during the seconds of start-up (a short time limit, a preemption right after start)
-is kept and acted on at the first step boundary, instead of reaching submitit's handler (which
-gives up: "timed-out and not checkpointable") or Python's default (which kills the rank).
+is kept and acted on at the first step boundary, instead of reaching Python's default (which
+kills the rank).
+
+Ranks agree on the flags with one small all-reduce over gloo, not at every step boundary but
+every `every` steps, chosen together from the measured step time so that a signal is acted on
+within `latency_budget_s(grace)` seconds: min(1 s, grace / 20), where grace is the time the
+signal leaves (slurm.signal_grace_s). With the slowest of the last 8 steps as the step time and
+a safety factor of 2, a signal waits at most about one budget even when steps get twice as slow
+as recently seen; one step when steps are slower than the budget. At hundreds of ranks the
+all-reduce costs milliseconds per agreement instead of per step.
 """
 
 from __future__ import annotations
 
+import math
 import signal
+import time
+from collections import deque
 
-STOP_NONE, STOP_CANCEL, STOP_PREEMPT = 0, 1, 2
+STOP_NONE, STOP_TERM, STOP_USR2 = 0, 1, 2
+SIGNAL_NAMES = {STOP_TERM: "SIGTERM", STOP_USR2: "SIGUSR2"}
+MAX_LATENCY_S = 1.0
+MAX_EVERY = 100
+SAFETY = 2.0
+
+
+def latency_budget_s(grace_s: float) -> float:
+    """Seconds a signal may wait for the next agreement: a small part of the time it leaves."""
+    return min(MAX_LATENCY_S, max(grace_s, 1.0) / 20)
+
+
+def agreement_interval(step_times_s: list[float], budget_s: float) -> int:
+    """Steps between agreements so that SAFETY x the slowest recent step x interval <= budget."""
+    if not step_times_s:
+        return 1
+    slowest = max(step_times_s)
+    if slowest <= 0:
+        return MAX_EVERY
+    return max(1, min(MAX_EVERY, math.floor(budget_s / (SAFETY * slowest))))
 
 
 class StopFlags:
-    """Signal handlers only set a flag; ranks agree on it at the next step boundary."""
+    """Signal handlers only set a flag; ranks agree on it at step boundaries (`due`, `agree`)."""
 
     def __init__(self) -> None:
         self.value = STOP_NONE
-        signal.signal(signal.SIGUSR2, lambda *_: self._set(STOP_PREEMPT))
-        signal.signal(signal.SIGTERM, lambda *_: self._set(STOP_CANCEL))
+        self.every = 1  # steps between agreements, decided together at each agreement
+        self._next = 0
+        self._steps: deque[float] = deque(maxlen=8)
+        self._last_tick: float | None = None
+        signal.signal(signal.SIGUSR2, lambda *_: self._set(STOP_USR2))
+        signal.signal(signal.SIGTERM, lambda *_: self._set(STOP_TERM))
 
     def _set(self, value: int) -> None:
         self.value = max(self.value, value)
 
-    def agree(self, group) -> int:
-        """Max flag over all ranks, over a gloo group: no CUDA sync in the training loop."""
+    def tick(self) -> None:
+        """Call after each optimizer step: measures the step time."""
+        now = time.perf_counter()
+        if self._last_tick is not None:
+            self._steps.append(now - self._last_tick)
+        self._last_tick = now
+
+    def pause(self) -> None:
+        """Call after work that is not a training step (a save): the next tick does not count it."""
+        self._last_tick = None
+
+    def latency_s(self) -> float:
+        """How long a signal may wait for the next agreement, from the recent step times."""
+        return self.every * max(self._steps, default=0.0)
+
+    def due(self, step: int) -> bool:
+        """Whether the ranks agree at this step boundary (the same answer on every rank)."""
+        return step >= self._next
+
+    def agree(self, group, step: int, grace_s: float) -> int:
+        """Max flag over all ranks, and the next interval (the smallest any rank proposes), in
+        one all-reduce over a gloo group: no CUDA sync in the training loop."""
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor([self.value], dtype=torch.int32)
+        proposal = agreement_interval(list(self._steps), latency_budget_s(grace_s))
+        t = torch.tensor([self.value, -proposal], dtype=torch.int32)
         if dist.is_initialized():
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        return int(t.item())
+        self.every = -int(t[1].item())
+        self._next = step + self.every
+        return int(t[0].item())

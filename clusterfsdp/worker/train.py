@@ -1,7 +1,8 @@
 """The training run on one rank: build on meta -> parallelize -> materialize -> load -> loop.
 
-Stops cleanly at a step boundary when any rank got SIGUSR2 (preemption / time limit:
-collective save, then requeue) or SIGTERM (cancel: collective save, then exit).
+Stops cleanly at a step boundary when any rank got SIGUSR2 or SIGTERM (stopflags.py): a
+collective save, then `worker.main` decides with Slurm whether the job comes back (time limit,
+preemption) or stops (cancel).
 """
 
 from __future__ import annotations
@@ -24,17 +25,50 @@ from . import metrics as metricsmod
 from . import model as modelmod
 from . import parallelize, weights
 from .data import Batch, PreparedSamples, SyntheticSamples, open_for_training
-from .stopflags import STOP_PREEMPT, StopFlags
+from .stopflags import SIGNAL_NAMES, StopFlags
 from .tokens import BOS, BYTE_VOCAB, EOS, PAD, load_tokenizer
 
 
 @dataclass
 class Outcome:
-    """How the loop ended: 'completed', 'preempted' (saved, wants requeue) or 'stopped' (cancelled, saved)."""
+    """How the loop ended: 'completed', or 'interrupted' by `signal` (SIGUSR2 or SIGTERM) and saved."""
 
     status: str
     step: int
     checkpoint: str = ""
+    signal: str = ""
+
+
+@dataclass
+class Progress:
+    """Where this rank is, for the record of a failure (worker.main): the step, and the steps
+    this incarnation completed (an error before the first one is deterministic: not retried)."""
+
+    step: int | None = None
+    steps_done: int = 0
+
+
+class GraceCheck:
+    """Warns (log line and a `warning` event) when a save takes longer than a signal leaves
+    before the time limit (slurm.signal_grace_s), counting the time the ranks may take to act on
+    the signal; again only when a save is 1.5x slower than the one warned about."""
+
+    def __init__(self, grace_s: int, log: Callable[[str], None], on_event: Callable[..., None]):
+        self.grace_s, self.log, self.on_event = grace_s, log, on_event
+        self.warned_s = 0.0
+
+    def __call__(self, save_s: float, latency_s: float, step: int) -> None:
+        need = save_s + latency_s
+        if need <= self.grace_s or save_s < 1.5 * self.warned_s:
+            return
+        self.warned_s = save_s
+        text = (
+            f"the last checkpoint save took {save_s:.1f} s (+ up to {latency_s:.1f} s until the ranks act on a "
+            f"signal), more than slurm.signal_grace_s = {self.grace_s} s leaves before the time limit: a save "
+            f"there would be cut off; raise slurm.signal_grace_s to at least {math.ceil(2 * need)}"
+        )
+        self.log(f"warning: {text}")
+        self.on_event(EventKind.WARNING, step=step, reason=text)
 
 
 def lr_lambda(spec: JobSpec) -> Callable[[int], float]:
@@ -181,6 +215,7 @@ def train(
     metrics_out: metricsmod.MetricsWriter | None,
     on_event: Callable[..., None],
     flags: StopFlags,
+    progress: Progress,
     model_dir: Path | None = None,
 ) -> Outcome:
     flag_group = dist.new_group(backend="gloo") if dist.is_initialized() else None
@@ -202,9 +237,20 @@ def train(
     if data.eval is not None:
         eval_batches = min(spec.eval.batches, data.eval.count // (world_size * spec.train.micro_batch_size))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec))
+    c = spec.checkpoint
     saver = ckpt.Checkpointer(
-        ckpt_root, model, optimizer, rank, world_size, spec_text, spec.checkpoint.keep_last, spec.checkpoint.async_
+        ckpt_root,
+        model,
+        optimizer,
+        rank,
+        world_size,
+        spec_text,
+        c.keep_last,
+        c.async_,
+        writer_threads=c.writer_threads,
+        async_mode=c.async_mode,
     )
+    grace = GraceCheck(spec.slurm.signal_grace_s, log, on_event)
     step, consumed, tokens_seen, elapsed_before = 0, 0, 0, 0.0
     t0 = time.perf_counter()
     if latest is not None:
@@ -251,14 +297,14 @@ def train(
 
     gradient_sync: Callable[[bool], None] | None = getattr(model, "set_requires_gradient_sync", None)  # FSDP2
     model.train()
-    first_step = step
+    first_step = progress.step = step
     while step < t.steps:
-        stop = flags.agree(flag_group)
+        stop = flags.agree(flag_group, step, spec.slurm.signal_grace_s) if flags.due(step) else 0
         if stop:
             secs = saver.save(step, meta(), blocking=True)
-            kind = "preempted" if stop == STOP_PREEMPT else "stopped"
-            log(f"{'SIGUSR2' if stop == STOP_PREEMPT else 'SIGTERM'}: saved step {step} in {secs:.2f} s")
-            return Outcome(kind, step, str(ckptfolder.step_dir(ckpt_root, step)))
+            saver.close()
+            log(f"{SIGNAL_NAMES[stop]}: saved step {step} in {secs:.2f} s")
+            return Outcome("interrupted", step, str(ckptfolder.step_dir(ckpt_root, step)), SIGNAL_NAMES[stop])
         batches = [samples.batch(consumed + m * world_size * mb, rank, world_size, mb) for m in range(t.grad_accum)]
         scale = world_size / _label_total(spec, samples, batches, flag_group)
         loss_sum = torch.zeros((), device=device)
@@ -275,9 +321,12 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         step += 1
+        progress.step, progress.steps_done = step, progress.steps_done + 1
         tokens_seen += world_size * t.grad_accum * micro_tokens
         meter.tick(world_size * t.grad_accum * micro_tokens)
-        saver.poll()
+        flags.tick()
+        if saver.poll():
+            grace(saver.last_save_s, flags.latency_s(), step)
         if step == first_step + 1:
             log(
                 f"first step done {time.perf_counter() - t_data:.2f} s after the start (data ready in "
@@ -305,13 +354,15 @@ def train(
             log(metricsmod.format_row(row, t.steps))
             if metrics_out is not None:
                 metrics_out.write(row)
-        if spec.checkpoint.every_steps and step % spec.checkpoint.every_steps == 0 and step < t.steps:
+        if c.every_steps and step % c.every_steps == 0 and step < t.steps:
             blocked = saver.save(step, meta())
-            mode = "async" if spec.checkpoint.async_ else "sync"
-            log(f"checkpoint step {step}: training blocked {blocked:.3f} s ({mode})")
+            flags.pause()
+            log(f"checkpoint step {step}: training blocked {blocked:.3f} s ({'async' if c.async_ else 'sync'})")
+            if not c.async_:
+                grace(saver.last_save_s, flags.latency_s(), step)
     log(f"saving the final checkpoint (step {step}) ...")
     secs = saver.save(step, meta(), blocking=True)  # the last step always saves synchronously
-    saver.wait()
+    saver.close()
     log(f"saved step {step} in {secs:.2f} s")
     return Outcome("completed", step, str(ckptfolder.step_dir(ckpt_root, step)))
 

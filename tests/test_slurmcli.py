@@ -1,0 +1,158 @@
+"""Slurm commands through a controller outage (control/slurmcli.py): retried with backoff on the
+messages of an unreachable or busy controller, a clear message when the budget runs out, no retry
+of a refusal, and commands that change things made safe to repeat.
+
+The Slurm commands here are shell stubs on PATH that answer as slurmctld did on the devcluster
+while stopped or hung (the messages are the ones seen there): an outage cannot be timed to hit one
+particular call of a real controller. tests/test_slurm_e2e.py stops the real one during a submit
+and a requeue."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from clusterfsdp.control import slurmcli
+
+TIMED_OUT = "Socket timed out on send/recv operation"
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A bin/ folder first on PATH; each stub logs its argv to calls.log and keeps state in tmp_path."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE", str(tmp_path))
+    monkeypatch.setenv(slurmcli.ENV_RETRY_S, "30")
+    monkeypatch.setattr(slurmcli, "on_retry", None)
+    return tmp_path
+
+
+def stub(fake: Path, name: str, body: str) -> None:
+    path = fake / "bin" / name
+    path.write_text(
+        f'#!/bin/bash\necho "{name} $*" >> "$FAKE/calls.log"\nn=$(grep -c "^{name} " "$FAKE/calls.log")\n{body}\n'
+    )
+    path.chmod(0o755)
+
+
+def calls(fake: Path, name: str) -> list[str]:
+    return [line for line in (fake / "calls.log").read_text().splitlines() if line.startswith(f"{name} ")]
+
+
+def test_transient_errors_are_retried_until_the_controller_answers(fake: Path, monkeypatch) -> None:
+    stub(
+        fake,
+        "squeue",
+        f'if [ $n -le 2 ]; then echo "slurm_load_jobs error: {TIMED_OUT}" >&2; exit 1; fi\n'
+        'echo "7|RUNNING|None|1:00|node1"',
+    )
+    notes: list[str] = []
+    monkeypatch.setattr(slurmcli, "on_retry", notes.append)
+    assert slurmcli.squeue(["7"])["7"].state == "RUNNING"
+    assert len(calls(fake, "squeue")) == 3
+    assert len(notes) == 1 and "retrying for up to" in notes[0] and TIMED_OUT in notes[0]
+
+
+def test_an_outage_longer_than_the_budget_fails_with_a_clear_message(fake: Path, monkeypatch) -> None:
+    monkeypatch.setenv(slurmcli.ENV_RETRY_S, "2")
+    stub(
+        fake,
+        "scancel",
+        'echo "scancel: error: Kill job error on job id 7: Unable to contact slurm controller (connect failure)" >&2\n'
+        "exit 1",
+    )
+    with pytest.raises(slurmcli.SlurmError) as e:
+        slurmcli.scancel("7")
+    assert e.value.transient
+    assert "the Slurm controller did not answer for" in str(e.value) and "scontrol ping" in str(e.value)
+    assert str(e.value).startswith("scancel: ") and str(e.value).count("scancel") == 1  # named once
+
+
+def test_a_refusal_is_not_retried(fake: Path) -> None:
+    stub(
+        fake,
+        "sbatch",
+        'echo "sbatch: error: Batch job submission failed: Invalid partition name specified" >&2; exit 1',
+    )
+    with pytest.raises(slurmcli.SlurmError, match="Invalid partition") as e:
+        slurmcli.submit(fake / "job.sh", "tok-1")
+    assert not e.value.transient and len(calls(fake, "sbatch")) == 1
+
+
+def test_a_submission_that_timed_out_but_was_queued_is_not_sent_twice(fake: Path) -> None:
+    """The controller read the request and could not answer (seen on the devcluster with slurmctld
+    hung): the job exists. The retry finds it by its --comment instead of queueing a second one."""
+    stub(
+        fake,
+        "sbatch",
+        f'echo "777|${{*: -2:1}}" >> "$FAKE/queue"\n'
+        f'echo "sbatch: error: Batch job submission failed: {TIMED_OUT}" >&2; exit 1',
+    )
+    stub(fake, "squeue", 'cat "$FAKE/queue" 2>/dev/null; true')
+    assert slurmcli.submit(fake / "job.sh", "tok-2", "my comment") == "777"
+    (sent,) = calls(fake, "sbatch")
+    assert "--hold" in sent and "--comment=my comment tok-2" in sent
+
+
+def test_a_late_duplicate_is_cancelled(fake: Path) -> None:
+    """The first request went unanswered and was processed only after the second one: the held
+    duplicate it made (it never ran) is cancelled."""
+    stub(
+        fake,
+        "sbatch",
+        f'if [ $n -eq 1 ]; then echo "sbatch: error: Batch job submission failed: {TIMED_OUT}" >&2; exit 1; fi\n'
+        'printf "777|x tok-3\\n778|x tok-3\\n" > "$FAKE/queue"; echo 778',
+    )
+    stub(fake, "squeue", 'cat "$FAKE/queue" 2>/dev/null; true')
+    stub(fake, "scancel", "true")
+    assert slurmcli.submit(fake / "job.sh", "tok-3") == "778"
+    assert calls(fake, "scancel") == ["scancel 777"]
+
+
+def test_a_requeue_that_went_through_unanswered_counts_as_done(fake: Path) -> None:
+    """`scontrol requeue` says "Unexpected message received" when the controller does not answer;
+    the retry is refused because the job is already pending again: its restart count went up."""
+    stub(
+        fake,
+        "scontrol",
+        'case "$1 $2" in\n'
+        '  "requeue 5") if [ $(grep -c "^scontrol requeue" "$FAKE/calls.log") -eq 1 ]; then\n'
+        '      echo "Unexpected message received for job 5" >&2\n'
+        '    else echo "Job is pending execution for job 5" >&2; fi; exit 1;;\n'
+        '  "-o show") echo "JobId=5 JobName=x JobState=PENDING Reason=BeginTime Requeue=1 Restarts=1";;\n'
+        "esac",
+    )
+    slurmcli.requeue("5", restarts_before=0)
+    assert len(calls(fake, "scontrol requeue")) == 2
+
+
+def test_a_refused_requeue_is_an_error(fake: Path) -> None:
+    stub(fake, "scontrol", 'echo "Requested operation is presently disabled for job 5" >&2; exit 1')
+    with pytest.raises(slurmcli.SlurmError, match="presently disabled") as e:
+        slurmcli.requeue("5", restarts_before=0)
+    assert not e.value.transient
+
+
+def test_node_states() -> None:
+    assert slurmcli.usable("idle") and slurmcli.usable("mixed") and slurmcli.usable("allocated")
+    for state in ("down*", "allocated*", "drained", "draining", "fail", "down"):
+        assert not slurmcli.usable(state), state
+
+
+@pytest.mark.slurm
+def test_a_job_cancelled_while_being_requeued_is_not_live(slurm_cluster, monkeypatch) -> None:
+    """On the devcluster: `scontrol requeue` then `scancel` (a cancel racing a time-limit requeue)
+    leaves sacct's last record at REQUEUED for good; job_states reports the controller's
+    CANCELLED, so the run is not held live forever (status REQUEUED, resume refused)."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.slurm_conf))
+    job = str(slurm_cluster.sbatch(["--requeue", "-N1", "-o", "/dev/null", "--wrap", "sleep 300"]))
+    slurm_cluster.wait_for("RUNNING", lambda: slurm_cluster.squeue_state(int(job)) == "RUNNING", 60)
+    slurm_cluster.run(["scontrol", "requeue", job])
+    slurm_cluster.run(["scancel", job])
+    slurm_cluster.wait_for("the job to leave the queue", lambda: slurm_cluster.squeue_state(int(job)) == "", 60)
+    assert slurm_cluster.sacct_attempts(job)[-1] == "REQUEUED"  # what accounting keeps
+    assert slurmcli.job_states([job])[job].state == "CANCELLED"
