@@ -78,6 +78,14 @@ def test_interruptions_with_progress_cost_no_restart() -> None:
     assert outcomes.restarts_used([ev(EventKind.REQUEUED, step=0)]) == 1  # a save at step 0 of a fresh run
 
 
+def test_the_charge_of_a_comeback_is_what_the_worker_and_the_job_step_both_decide_on() -> None:
+    events = [ev(EventKind.START), ev(EventKind.REQUEUED, step=0), ev(EventKind.RESUMED, restart=1, step=40)]
+    ahead = outcomes.charge(events, "1", 1, 60)  # incarnation 1 resumed at 40 and saved 60: free
+    assert (ahead.used, ahead.progressed, ahead.after(), ahead.exhausted(1)) == (1, True, 1, False)
+    stuck = outcomes.charge(events, "1", 1, 40)  # saved where it resumed: one more restart
+    assert (stuck.progressed, stuck.after(), stuck.exhausted(2), stuck.exhausted(1)) == (False, 2, False, True)
+
+
 def failed(rank: int, reason: str, cause: Cause, step: int | None, done: int, time: float = 1.0) -> Event:
     return ev(EventKind.FAILED, rank=rank, reason=f"rank {rank} on node1: {reason}", cause=cause, step=step,
               steps_done=done, time=time)  # fmt: skip

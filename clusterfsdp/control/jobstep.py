@@ -153,23 +153,19 @@ def _come_back(run: runfolder.RunFolder, job: SlurmJob, spec: specmod.JobSpec, f
     verdict = outcomes.classify_stop("SIGUSR2", info, job.restart, cancel_asked=False)
     newest = ckptfolder.find(run.checkpoints_dir(spec))
     step = newest.step if newest else 0
-    used = outcomes.restarts_used(run.events())
-    progressed = step > outcomes.resumed_step(run.events(job.job_id), job.job_id, job.restart)
+    cost = outcomes.charge(run.events(), job.job_id, job.restart, step)
     reason = f"{failure.detail}; {verdict.reason}; back from step {step}"
-    if not progressed and used >= spec.slurm.max_restarts:
+    if cost.exhausted(spec.slurm.max_restarts):
         limit = spec.slurm.max_restarts
-        reason += f": no progress, {used} restarts used (slurm.max_restarts = {limit})"
+        reason += f": no progress, {cost.used} restarts used (slurm.max_restarts = {limit})"
         _event(run, job, EventKind.GAVE_UP, cause=Cause.RESTARTS_EXHAUSTED, step=step, reason=reason)
         return
     _event(run, job, EventKind.REQUEUED, cause=verdict.cause, step=step, checkpoint=str(newest.path) if newest else "",
-           reason=reason, restarts=used + (not progressed))  # fmt: skip
-    try:
-        slurmcli.requeue(job.job_id, job.restart)
-    except slurmcli.SlurmError as e:
-        if e.transient:
-            raise
-        sub = Run(run).follow_up(spec, f"follow-up: requeue refused ({e})", job.job_id, cause=verdict.cause)
-        _event(run, job, EventKind.FOLLOW_UP, job_id_next=sub.job_id, reason=str(e), cause=verdict.cause)
+           reason=reason, restarts=cost.after())  # fmt: skip
+    followed = Run(run).come_back(spec, job.job_id, job.restart, verdict.cause)
+    if followed is not None:
+        sub, why = followed
+        _event(run, job, EventKind.FOLLOW_UP, job_id_next=sub.job_id, reason=why, cause=verdict.cause)
 
 
 def _classify(run: runfolder.RunFolder, job: SlurmJob, mine: list[Event], rc: int) -> outcomes.Failure:

@@ -99,6 +99,28 @@ def restarts_used(events: Iterable[Event]) -> int:
     return used
 
 
+@dataclass(frozen=True)
+class Charge:
+    """What bringing an interrupted incarnation back costs: restarts used so far, and whether it
+    got past the step it resumed from (then it costs nothing, see restarts_used)."""
+
+    used: int
+    progressed: bool
+
+    def exhausted(self, max_restarts: int) -> bool:
+        """No progress and no restart left: the run ends instead of coming back."""
+        return not self.progressed and self.used >= max_restarts
+
+    def after(self) -> int:
+        """Restarts used once this comeback is counted."""
+        return self.used + (not self.progressed)
+
+
+def charge(events: list[Event], job_id: str, restart: int, step: int) -> Charge:
+    """The cost of bringing back incarnation (job_id, restart), interrupted with `step` saved."""
+    return Charge(restarts_used(events), step > resumed_step(events, job_id, restart))
+
+
 # ---------------------------------------------------------------- a failed attempt
 @dataclass(frozen=True)
 class Failure:

@@ -258,6 +258,24 @@ class Run:
         finally:
             held.release()
 
+    def come_back(
+        self, spec: specmod.JobSpec, job_id: str, restart: int, cause: Cause, *, requeue: bool = True
+    ) -> tuple[Submission, str] | None:
+        """Bring an interrupted Slurm job back: `scontrol requeue` (it keeps its id; None), or,
+        where Slurm refuses (--no-requeue, a job already ending) or `requeue` is False, a follow-up
+        job that takes over once this one ends: (its submission, why). A controller that does not
+        answer is not a refusal: its SlurmError is raised."""
+        why = "the job is already ending"
+        if requeue:
+            try:
+                slurmcli.requeue(job_id, restart)
+                return None
+            except slurmcli.SlurmError as e:
+                if e.transient:
+                    raise
+                why = str(e)
+        return self.follow_up(spec, f"follow-up: requeue refused ({why})", job_id, cause=cause), why
+
     # ---------------------------------------------------------------- cancel
     def cancel(self, grace_s: float = 20.0) -> str:
         """Stop the live attempt: its workers save a checkpoint at the next step boundary and exit

@@ -28,23 +28,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-T = TypeVar("T")
+from .records import RunState
 
-# Slurm states in which a job still holds or waits for resources.
-ACTIVE_STATES = {
-    "PENDING",
-    "CONFIGURING",
-    "RUNNING",
-    "COMPLETING",
-    "REQUEUED",
-    "REQUEUE_HOLD",
-    "REQUEUE_FED",
-    "RESIZING",
-    "SUSPENDED",
-    "STAGE_OUT",
-    "SIGNALING",
-    "PREEMPTED",
-}
+T = TypeVar("T")
 
 # What a client prints when the controller (or slurmdbd, for sacct) is down, restarting, busy or
 # failing over. Seen on the devcluster: "Unable to contact slurm controller (connect failure)"
@@ -272,19 +258,13 @@ def sacct(job_ids: list[str]) -> dict[str, JobRow]:
     return rows
 
 
-# States a job has only while it is queued: accounting may still say so of a job that left the
-# queue. Measured on Slurm 22.05: `scontrol requeue` then `scancel` before the job pends again
-# leaves sacct's last record at REQUEUED for good, while the controller says CANCELLED.
-_QUEUED_STATES = frozenset(
-    {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "COMPLETING", "CONFIGURING"}
-)
-
-
 def job_states(job_ids: list[str]) -> dict[str, JobRow]:
     """squeue for live jobs, sacct for the ones that left the queue; copes with sacct being disabled.
     A job squeue no longer lists is not live, whatever accounting's last record says: the
     controller's state is taken where it still knows the job, else a REQUEUED record (a job
-    cancelled while being requeued) is reported CANCELLED."""
+    cancelled while being requeued) is reported CANCELLED. Measured on Slurm 22.05: `scontrol
+    requeue` then `scancel` before the job pends again leaves sacct's last record at REQUEUED for
+    good, while the controller says CANCELLED."""
     rows = squeue(job_ids)
     missing = [j for j in job_ids if j not in rows]
     if missing:
@@ -296,7 +276,7 @@ def job_states(job_ids: list[str]) -> dict[str, JobRow]:
 
 
 def _settled(row: JobRow) -> tuple[str, JobRow]:
-    if row.state not in _QUEUED_STATES:
+    if not RunState.parse(row.state).live:
         return row.job_id, row
     try:
         info = show_job(row.job_id)

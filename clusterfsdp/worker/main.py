@@ -329,18 +329,17 @@ def _interrupted(attempt: _Attempt, spec: specmod.JobSpec, outcome, log) -> str:
             attempt.event(EventKind.STOPPED, step=outcome.step, checkpoint=outcome.checkpoint, cause=verdict.cause,
                           reason=f"{verdict.reason}; {saved}")  # fmt: skip
         return "stopped"
-    used = outcomes.restarts_used(run.events())
-    progressed = outcome.step > outcomes.resumed_step(run.events(env.job_id), env.job_id, env.restart)
-    if not progressed and used >= spec.slurm.max_restarts:
+    cost = outcomes.charge(run.events(), env.job_id, env.restart, outcome.step)
+    if cost.exhausted(spec.slurm.max_restarts):
         if env.rank == 0:
-            reason = (f"{verdict.reason}; {saved}, no progress since the last restart, and {used} restarts used "
+            reason = (f"{verdict.reason}; {saved}, no progress since the last restart, and {cost.used} restarts used "
                       f"(slurm.max_restarts = {spec.slurm.max_restarts})")  # fmt: skip
             attempt.event(EventKind.FAILED, step=outcome.step, cause=Cause.RESTARTS_EXHAUSTED, reason=reason)
         _finish(attempt, "failed")
         sys.exit(1)
     if env.rank == 0:
         attempt.event(EventKind.REQUEUED, step=outcome.step, checkpoint=outcome.checkpoint, cause=verdict.cause,
-                      reason=f"{verdict.reason}; {saved}", restarts=used + (not progressed))  # fmt: skip
+                      reason=f"{verdict.reason}; {saved}", restarts=cost.after())  # fmt: skip
         if env.launcher == "slurm":
             _come_back(attempt, spec, verdict, log)
     _finish(attempt, "preempted")
@@ -349,21 +348,15 @@ def _interrupted(attempt: _Attempt, spec: specmod.JobSpec, outcome, log) -> str:
 
 def _come_back(attempt: _Attempt, spec: specmod.JobSpec, verdict: outcomes.StopVerdict, log) -> None:
     """Slurm: requeue this job (it keeps its id); where Slurm refuses (--no-requeue, a job that
-    is already ending) a follow-up job takes over once this one ends."""
+    is already ending) a follow-up job takes over once this one ends (Run.come_back)."""
     from ..control.run import Run
 
     env = attempt.env
     if verdict.action is outcomes.StopAction.EXIT:
         log("Slurm requeues this job itself; the next incarnation resumes")
         return
-    why = "the job is already ending"
-    if verdict.action is outcomes.StopAction.REQUEUE:
-        try:
-            slurmcli.requeue(env.job_id, env.restart)
-            return
-        except slurmcli.SlurmError as e:
-            if e.transient:
-                raise
-            why = str(e)
-    sub = Run(attempt.run).follow_up(spec, f"follow-up: requeue refused ({why})", env.job_id, cause=verdict.cause)
-    attempt.event(EventKind.FOLLOW_UP, job_id_next=sub.job_id, reason=why, cause=verdict.cause)
+    requeue = verdict.action is outcomes.StopAction.REQUEUE
+    followed = Run(attempt.run).come_back(spec, env.job_id, env.restart, verdict.cause, requeue=requeue)
+    if followed is not None:
+        sub, why = followed
+        attempt.event(EventKind.FOLLOW_UP, job_id_next=sub.job_id, reason=why, cause=verdict.cause)
