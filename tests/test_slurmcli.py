@@ -83,6 +83,15 @@ def test_a_refusal_is_not_retried(fake: Path) -> None:
     assert not e.value.transient and len(calls(fake, "sbatch")) == 1
 
 
+def test_sbatch_output_that_is_not_a_job_id_is_an_error(fake: Path) -> None:
+    """A wrapper that ignores --parsable must not become a job id (and the attempt's record)."""
+    stub(fake, "sbatch", 'echo "Submitted batch job 4242"')
+    with pytest.raises(slurmcli.SlurmError, match="not a job id"):
+        slurmcli.submit(fake / "job.sh", "tok-0")
+    stub(fake, "sbatch", 'echo "4243;cluster2"')
+    assert slurmcli.submit(fake / "job.sh", "tok-1") == "4243"
+
+
 def test_a_submission_that_timed_out_but_was_queued_is_not_sent_twice(fake: Path) -> None:
     """The controller read the request and could not answer (seen on the devcluster with slurmctld
     hung): the job exists. The retry finds it by its --comment instead of queueing a second one."""
