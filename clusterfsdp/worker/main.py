@@ -29,10 +29,6 @@ if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed
     from .metrics import MetricsWriter
     from .trackers import Trackers
 
-if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed the signal flags
-    from .metrics import MetricsWriter
-    from .trackers import Trackers
-
 LOCAL_REQUEUE_EXIT = 144  # submitit's local controller restarts the tasks on this exit code
 ENV_LOG_ALL_RANKS = "CLUSTERFSDP_LOG_ALL_RANKS"  # "1": every rank prints progress (notebook all_ranks=True)
 
