@@ -200,5 +200,5 @@ def test_spec_dataclasses_document_every_field():
     """The corpus covers what the schema declares; every declared field carries a doc."""
     for section in S.SECTIONS:
         if section != "env":
-            for f in dataclasses.fields(S._section_class(section)):
+            for f in dataclasses.fields(S.section_class(section)):
                 assert f.metadata.get("doc"), f"{section}.{f.name}"

@@ -1,5 +1,5 @@
 """One job.toml key in the compose form: name and type, an editor that fits the type (switch,
-choice list, or text input), the key's docstring from spec.py, and its validation errors."""
+choice list, or text input), the key's docstring from the spec schema, and its validation errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The compose form's model: one field per job.toml key, generated from spec.py's schema.
+"""The compose form's model: one field per job.toml key, generated from the spec package's schema.
 
 Nothing is re-described here: names, types, defaults and help text come from the dataclasses,
 and validation is `spec.from_dict`, so the form reports exactly what `clusterfsdp validate`
@@ -98,7 +98,7 @@ def display(field: FormField, value: Any) -> Any:
         return value
     if field.kind == "time" and isinstance(value, (int, str)) and not isinstance(value, bool):
         return str(value)
-    return specmod._inline(value)
+    return specmod.render_value(value)
 
 
 def parse(field: FormField, raw: Any) -> tuple[Any, str | None]:

@@ -17,7 +17,7 @@ def _override_list(overrides: Mapping[str, Any] | Iterable[str] | str | None) ->
     if isinstance(overrides, str):
         return [overrides]
     if isinstance(overrides, Mapping):
-        return [f"{key}={specmod._inline(value)}" for key, value in overrides.items()]
+        return [f"{key}={specmod.render_value(value)}" for key, value in overrides.items()]
     return [str(o) for o in overrides]
 
 

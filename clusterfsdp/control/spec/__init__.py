@@ -1,0 +1,94 @@
+"""The job spec: typed dataclasses for every section of job.toml, loading with field-level
+errors, command-line overrides, cross-field checks and TOML output.
+
+Everything here is pure Python (no torch), so `validate`, `init` and the TUI's compose form stay
+fast. One module per concern:
+- `schema`: the dataclasses (one per `[section]`, every field with its docstring) and `JobSpec`'s
+  derived facts;
+- `codec`: TOML data <-> JobSpec (`coerce`, `from_dict`, `loads`, `--set` overrides, `dumps`,
+  `render_value`);
+- `checks`: cross-field checks; `allowlists`: what may reach a shell or `#SBATCH` line;
+- `paths`: job files, absolute paths, hub ids;
+- `docs`: `clusterfsdp schema`, `init`'s starter file, completion's key list.
+Import the names from here (`from clusterfsdp.control.spec import JobSpec`).
+"""
+
+from .allowlists import MOUNT_PATH
+from .checks import check
+from .codec import (
+    apply_overrides,
+    coerce,
+    dumps,
+    from_dict,
+    loads,
+    plain,
+    render_key,
+    render_value,
+    secret_env,
+    to_dict,
+)
+from .docs import describe_schema, key_paths, starter_toml
+from .paths import load, looks_like_hub_id, with_absolute_paths
+from .schema import (
+    SECTIONS,
+    CheckpointSection,
+    ContainerSection,
+    DataSection,
+    EvalSection,
+    F,
+    FsdpSection,
+    JobSection,
+    JobSpec,
+    LogSection,
+    ModelSection,
+    SlurmSection,
+    SpecError,
+    Tracker,
+    TrainSection,
+    parse_time_minutes,
+    section_class,
+    section_fields,
+    toml_key,
+    type_name,
+)
+
+__all__ = [
+    "MOUNT_PATH",
+    "SECTIONS",
+    "CheckpointSection",
+    "ContainerSection",
+    "DataSection",
+    "EvalSection",
+    "F",
+    "FsdpSection",
+    "JobSection",
+    "JobSpec",
+    "LogSection",
+    "ModelSection",
+    "SlurmSection",
+    "SpecError",
+    "Tracker",
+    "TrainSection",
+    "apply_overrides",
+    "check",
+    "coerce",
+    "describe_schema",
+    "dumps",
+    "from_dict",
+    "key_paths",
+    "load",
+    "loads",
+    "looks_like_hub_id",
+    "parse_time_minutes",
+    "plain",
+    "render_key",
+    "render_value",
+    "secret_env",
+    "section_class",
+    "section_fields",
+    "starter_toml",
+    "to_dict",
+    "toml_key",
+    "type_name",
+    "with_absolute_paths",
+]

@@ -1,0 +1,164 @@
+"""Cross-field checks of a JobSpec: what each key alone cannot say (ranges, keys that need or
+exclude each other, the model source the [model] keys name). Collected into one SpecError, so a
+user sees every problem at once. Values that reach a shell or `#SBATCH` line are held to the
+allowlists of `allowlists.py`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from typing import Any
+
+from .allowlists import container_errors, sbatch_value_errors
+from .schema import JobSpec, LogSection, ModelSection, SpecError, describe_value, parse_time_minutes, short
+
+
+def check(spec: JobSpec) -> None:
+    """Cross-field checks that must pass before anything is queued."""
+    errors: list[str] = []
+    s, t, d, c = spec.slurm, spec.train, spec.data, spec.checkpoint
+
+    def positive(path: str, value: float, minimum: float = 1) -> None:
+        if value < minimum:
+            errors.append(f"{path}: must be >= {minimum:g}, found {value!r}")
+
+    positive("slurm.nodes", s.nodes)
+    positive("slurm.gpus_per_node", s.gpus_per_node, 0)
+    positive("slurm.tasks_per_node", s.tasks_per_node, 0)
+    positive("slurm.cpus_per_task", s.cpus_per_task, 0)
+    positive("slurm.mem_gb", s.mem_gb, 0)
+    positive("slurm.signal_grace_s", s.signal_grace_s, 0)
+    positive("slurm.max_restarts", s.max_restarts, 0)
+    positive("train.steps", t.steps)
+    positive("train.micro_batch_size", t.micro_batch_size)
+    positive("train.grad_accum", t.grad_accum)
+    positive("train.log_every", t.log_every)
+    positive("train.warmup", t.warmup, 0)
+    positive("train.weight_decay", t.weight_decay, 0)
+    positive("train.max_grad_norm", t.max_grad_norm, 0)
+    positive("data.seq_len", d.seq_len, 2)
+    positive("checkpoint.every_steps", c.every_steps, 0)
+    positive("checkpoint.keep_last", c.keep_last)
+    positive("checkpoint.writer_threads", c.writer_threads)
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", spec.job.name) or spec.job.name in (".", ".."):
+        errors.append(
+            f"job.name: {short(spec.job.name)} must be 1-100 letters, digits, '.', '_' or '-', "
+            "and not '.' or '..' (it names a folder)"
+        )
+    if 0 < s.mem_gb * 1024 < 1:
+        errors.append(f"slurm.mem_gb: {s.mem_gb!r} is less than 1 MB (0 means Slurm's default)")
+    if s.mem_gb > 1e6:
+        errors.append(f"slurm.mem_gb: {s.mem_gb!r} GB per node is more than any node has")
+    errors += sbatch_value_errors(s)
+    errors += container_errors(s.container)
+    errors += _log_errors(spec.log)
+    if not 0 < t.lr < 1:
+        errors.append(f"train.lr: expected a number in (0, 1), found {t.lr!r}")
+    if not 0 <= t.min_lr_ratio <= 1:
+        errors.append(f"train.min_lr_ratio: expected a number in [0, 1], found {t.min_lr_ratio!r}")
+    try:
+        minutes = parse_time_minutes(s.time)
+        if minutes * 60 <= s.signal_grace_s:
+            errors.append(
+                f"slurm.signal_grace_s: {s.signal_grace_s} s is not shorter than the time limit ({minutes} min)"
+            )
+    except ValueError as e:
+        errors.append(f"slurm.time: {e}")
+    if s.gpus_per_node and s.tasks_per_node and s.tasks_per_node != s.gpus_per_node:
+        errors.append(
+            f"slurm.tasks_per_node: one worker per GPU is required, found {s.tasks_per_node} tasks for "
+            f"{s.gpus_per_node} GPUs (set tasks_per_node = 0)"
+        )
+    if d.source == "files" and not d.paths:
+        errors.append("data.paths: source = 'files' needs at least one path")
+    if d.source == "synthetic" and d.paths:
+        errors.append("data.paths: set data.source = 'files' to read these paths")
+    errors += _model_errors(spec.model)
+    if d.source == "synthetic" and d.format == "chat":
+        errors.append("data.format: 'chat' needs data.source = 'files'")
+    if d.format == "chat" and d.tokenizer == "bytes":
+        errors.append("data.format: 'chat' needs a tokenizer with a chat template; data.tokenizer = 'bytes' has none")
+    positive("data.prepare_workers", d.prepare_workers, 0)
+    _check_eval(spec, errors)
+    if spec.fsdp.version == 1 and spec.fsdp.compile:
+        errors.append("fsdp.compile: supported with fsdp.version = 2 only")
+    for key in spec.env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            errors.append(f"env.{key}: not a valid environment variable name")
+    if errors:
+        raise SpecError(errors)
+
+
+def _check_eval(spec: JobSpec, errors: list[str]) -> None:
+    e = spec.eval
+    if not 0 <= e.fraction < 1:
+        errors.append(f"eval.fraction: expected a number in [0, 1), found {e.fraction!r}")
+    if e.fraction and e.paths:
+        errors.append("eval.paths: give eval.paths or eval.fraction, not both")
+    if e.every_steps < 0:
+        errors.append(f"eval.every_steps: must be >= 0, found {e.every_steps!r}")
+    if e.batches < 1:
+        errors.append(f"eval.batches: must be >= 1, found {e.batches!r}")
+    if (e.fraction or e.paths) and spec.data.source != "files":
+        errors.append("eval: held-out or separate evaluation data needs data.source = 'files'")
+    if e.every_steps and not (e.fraction or e.paths):
+        errors.append("eval.every_steps: set eval.fraction or eval.paths to say what to evaluate on")
+
+
+def _config_override_errors(preset: dict[str, Any], overrides: dict[str, Any]) -> list[str]:
+    """A key the preset sets with a number or a boolean must be overridden with the same kind
+    (sizes and counts: a whole number >= 1), so a typo fails here and not on the compute nodes."""
+    errors = []
+    for key, value in overrides.items():
+        default = preset.get(key)
+        path = f"model.from_config.{key}"
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                errors.append(f"{path}: expected a boolean, found {describe_value(value)}")
+        elif isinstance(default, int):
+            if type(value) is not int or value < 1:
+                errors.append(f"{path}: expected a whole number >= 1, found {describe_value(value)}")
+        elif isinstance(default, float) and (type(value) not in (int, float) or not math.isfinite(value)):
+            errors.append(f"{path}: expected a finite number, found {describe_value(value)}")
+    return errors
+
+
+def _model_errors(m: ModelSection) -> list[str]:
+    """Which model source the [model] keys name, and whether they agree (files are checked by
+    `modelsource.prepare` before queueing)."""
+    from ..presets import PRESETS  # pure-Python table, no torch
+
+    given_type = m.from_config.get("model_type")
+    if m.name_or_path and m.config:
+        return ["model.config: random init from a config and model.name_or_path (pretrained) exclude each other"]
+    if m.name_or_path or m.config:
+        return []
+    if not m.preset:
+        if not isinstance(given_type, str) or not given_type:
+            return ['model.preset: "" needs model.from_config.model_type (or model.config, or model.name_or_path)']
+        return []
+    if m.preset not in PRESETS:
+        close = difflib.get_close_matches(m.preset, list(PRESETS), n=1)
+        hint = f"did you mean {close[0]}?" if close else f"valid presets: {', '.join(PRESETS)}"
+        return [f"model.preset: unknown preset {m.preset!r}; {hint}"]
+    preset_type = PRESETS[m.preset]["model_type"]
+    if given_type is not None and given_type != preset_type:
+        return [
+            f"model.from_config.model_type: {given_type!r} differs from preset {m.preset!r} ({preset_type}); "
+            f'set model.preset = "" to build a {given_type} model from from_config alone'
+        ]
+    return _config_override_errors(PRESETS[m.preset], m.from_config)
+
+
+def _log_errors(log: LogSection) -> list[str]:
+    errors = [f"log.trackers: {t!r} is named twice" for t in dict.fromkeys(log.trackers) if log.trackers.count(t) > 1]
+    if re.search(r"://[^/@]*@", log.mlflow_tracking_uri):
+        errors.append(
+            "log.mlflow_tracking_uri: has credentials (user:password@); put them in [env] "
+            "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, which never reach a file"
+        )
+    if re.search(r"\s", log.mlflow_tracking_uri):
+        errors.append(f"log.mlflow_tracking_uri: {short(log.mlflow_tracking_uri)} contains whitespace")
+    return errors

@@ -1,0 +1,219 @@
+"""job.toml text <-> JobSpec: parsing with one error line per bad key (close names suggested),
+`--set` overrides typed by the schema, and TOML output (whole specs, and single values for the
+TUI form, the notebook's overrides and the starter file).
+
+`from_dict` ends with the cross-field checks (`checks.check`), so every JobSpec it returns is
+one that may be queued as far as the file alone can tell.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import math
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any, Literal, get_args, get_origin
+
+import tomli_w
+
+from .. import secretenv
+from .checks import check
+from .schema import HINTS, SECTIONS, JobSpec, SpecError, describe_value, section_class, toml_key, type_name
+
+
+def coerce(path: str, tp: Any, value: Any) -> Any:
+    """Check `value` against the annotation `tp`; return it (ints widened to float) or raise SpecError."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, dict):
+            raise SpecError([f"{path}: expected a table, found {describe_value(value)}"])
+        errors: list[str] = []
+        table = _table(path, tp, value, errors)
+        if errors:
+            raise SpecError(errors)
+        return table
+    if origin is Literal:
+        choices = get_args(tp)
+        if value in choices and type(value) is type(choices[0]):
+            return value
+        hint = ""
+        if isinstance(value, str):
+            close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise SpecError([f"{path}: expected one of {type_name(tp)}, found {describe_value(value)}{hint}"])
+    if origin in (types.UnionType, typing.Union):
+        for option in get_args(tp):
+            try:
+                return coerce(path, option, value)
+            except SpecError:
+                pass
+        raise SpecError([f"{path}: expected {type_name(tp)}, found {describe_value(value)}"])
+    if origin is list:
+        if not isinstance(value, list):
+            raise SpecError([f"{path}: expected {type_name(tp)}, found {describe_value(value)}"])
+        (item,) = get_args(tp)
+        return [coerce(f"{path}[{i}]", item, v) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise SpecError([f"{path}: expected a table, found {describe_value(value)}"])
+        _, vt = get_args(tp)
+        return {str(k): coerce(f"{path}.{k}", vt, v) for k, v in value.items()}
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if tp is float and type(value) is float and not math.isfinite(value):
+        raise SpecError([f"{path}: expected a finite number, found {value!r}"])
+    if tp is str and type(value) is str and "\x00" in value:
+        raise SpecError([f"{path}: contains a NUL character"])
+    if tp in (int, float, str, bool) and type(value) is tp:
+        return value
+    raise SpecError([f"{path}: expected {type_name(tp)}, found {describe_value(value)}"])
+
+
+def _unknown(path: str, key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else f"; valid keys: {', '.join(valid)}"
+    return f"{path}: unknown key{hint}"
+
+
+def from_dict(data: dict[str, Any]) -> JobSpec:
+    """Build a JobSpec from parsed TOML, collecting every error, then run cross-field checks."""
+    errors: list[str] = []
+    spec = JobSpec()
+    for name, value in data.items():
+        if name not in SECTIONS:
+            errors.append(_unknown(name, name, list(SECTIONS)))
+            continue
+        if name == "env":
+            try:
+                spec.env = coerce("env", dict[str, str], value)
+            except SpecError as e:
+                errors += e.errors
+            continue
+        if not isinstance(value, dict):
+            errors.append(f"{name}: expected a table [{name}], found {describe_value(value)}")
+            continue
+        setattr(spec, name, _table(name, section_class(name), value, errors))
+    if errors:
+        raise SpecError(errors)
+    check(spec)
+    return spec
+
+
+def _table(path: str, cls: type, value: dict[str, Any], errors: list[str]) -> Any:
+    """An instance of the dataclass `cls` (a section or a nested table like [slurm.container])
+    from a TOML table: defaults for missing keys, one error per unknown or mistyped key."""
+    fields = {toml_key(f): f for f in dataclasses.fields(cls)}
+    hints = HINTS[cls]
+    table = cls()
+    for key, v in value.items():
+        here = f"{path}.{key}"
+        if key not in fields:
+            errors.append(_unknown(here, key, list(fields)))
+            continue
+        try:
+            setattr(table, fields[key].name, coerce(here, hints[fields[key].name], v))
+        except SpecError as e:
+            errors += e.errors
+    return table
+
+
+def loads(text: str, overrides: Sequence[str] = ()) -> JobSpec:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError([f"not valid TOML: {e}"]) from None
+    except RecursionError:
+        raise SpecError(["not valid TOML: arrays or tables nested too deeply"]) from None
+    apply_overrides(data, overrides)
+    return from_dict(data)
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:
+    """Apply `section.key=value` overrides in place; values are TOML literals, bare words are strings."""
+    errors = []
+    for item in overrides:
+        path, sep, raw = item.partition("=")
+        parts = path.strip().split(".")
+        if not sep or len(parts) < 2 or not all(parts):
+            errors.append(f"--set {item!r}: expected section.key=value, e.g. train.lr=3e-4")
+            continue
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw  # a bare word, like partition=gpu
+        target = data
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                errors.append(f"--set {item!r}: {part} is not a table")
+                break
+        else:
+            if _field_type(parts) is str and not isinstance(value, str):
+                value = raw  # a str field (or an [env] value) given 123 or true means the text
+            target[parts[-1]] = value
+    if errors:
+        raise SpecError(errors)
+
+
+def _field_type(parts: list[str]) -> Any:
+    """The annotation of the key at `parts` (section, key, nested key...), or None if unknown."""
+    if parts[0] == "env":
+        return str if len(parts) == 2 else None
+    if parts[0] not in SECTIONS:
+        return None
+    tp: Any = section_class(parts[0])
+    for part in parts[1:]:
+        if not (dataclasses.is_dataclass(tp) and isinstance(tp, type)):
+            return None
+        f = {toml_key(f): f for f in dataclasses.fields(tp)}.get(part)
+        if f is None:
+            return None
+        tp = HINTS[tp][f.name]
+    return tp
+
+
+def to_dict(spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(JobSpec):
+        if f.name == "env":
+            out["env"] = secretenv.redacted(spec.env) if redact else dict(spec.env)
+            continue
+        out[f.name] = plain(getattr(spec, f.name))
+    return out
+
+
+def plain(value: Any) -> Any:
+    """A section or nested table as TOML data (dataclasses become tables keyed by TOML key)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {toml_key(f): plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return copy.deepcopy(value)
+
+
+def dumps(spec: JobSpec, *, redact: bool = False) -> str:
+    return tomli_w.dumps(to_dict(spec, redact=redact))
+
+
+def secret_env(spec: JobSpec) -> dict[str, str]:
+    """The [env] entries that look like secrets; they travel in the process environment, never in files."""
+    return secretenv.values(spec.env)
+
+
+def render_value(value: Any) -> str:
+    """One TOML value on one line (tables inline): what `--set KEY=VALUE` takes, and the starter file shows."""
+    if isinstance(value, dict):
+        return (
+            "{ " + ", ".join(f"{render_key(k)} = {render_value(v)}" for k, v in value.items()) + " }" if value else "{}"
+        )
+    return tomli_w.dumps({"v": value}).strip()[4:]
+
+
+def render_key(key: str) -> str:
+    """A TOML key, quoted only when it must be."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else tomli_w.dumps({"v": key}).strip()[4:]

@@ -1,0 +1,97 @@
+"""Job files and the paths in them: reading a job file, making its relative paths absolute
+(relative to the file's folder, so the run's job.toml works from any directory on any node), and
+telling a hub id (`org/name`, resolved at submit by `modelsource`/`datasource`) from a local path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..runroot import default_run_root
+from .codec import loads
+from .schema import JobSpec, SpecError, short
+
+
+def load(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
+    """A job file as a checked JobSpec with absolute paths; every error line starts with the file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise SpecError([f"{p}: no such file"]) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise SpecError([f"{p}: cannot read: {e}"]) from None
+    try:
+        return with_absolute_paths(loads(text, overrides), p.parent)
+    except SpecError as e:
+        raise SpecError([f"{p}: {line}" if not line.startswith(str(p)) else line for line in e.errors]) from None
+
+
+def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
+    """Relative paths in a job file are relative to the file's folder; make them absolute so the
+    resolved job.toml in the run folder works from any directory on any node."""
+    errors: list[str] = []
+
+    def absolute(key: str, path: str) -> str:
+        if not path:
+            return path
+        try:
+            full = (base / Path(path).expanduser()).resolve()
+        except (OSError, ValueError, RuntimeError) as e:  # a loop of symlinks, an unknown ~user
+            errors.append(f"{key}: {short(path)} is not a usable path ({e.__class__.__name__})")
+            return path
+        if len(str(full).encode()) > 4095 or any(len(part.encode()) > 255 for part in full.parts):
+            errors.append(f"{key}: {short(path)} is longer than a path may be (255 bytes a name, 4095 in all)")
+        return str(full)
+
+    def source(key: str, value: str) -> str:
+        """A folder relative to the job file becomes absolute; a hub id (org/name) stays as written."""
+        if not value:
+            return value
+        try:
+            local = value.startswith((".", "/", "~")) or (base / value).exists()
+        except (OSError, ValueError):  # too long for a path: not a folder here
+            local = False
+        return absolute(key, value) if local else value
+
+    out = dataclasses.replace(spec)
+    run_root = absolute("job.run_root", spec.job.run_root) if spec.job.run_root else str(default_run_root(base))
+    out.job = dataclasses.replace(spec.job, run_root=run_root)
+
+    def data_path(key: str, path: str) -> str:
+        """Absolute, except a hub id that is not a local path (resolved at submit, not here)."""
+        return path if looks_like_hub_id(path) and not (base / path).exists() else absolute(key, path)
+
+    out.data = dataclasses.replace(
+        spec.data,
+        paths=[data_path(f"data.paths[{i}]", x) for i, x in enumerate(spec.data.paths)],
+        tokenizer=spec.data.tokenizer
+        if spec.data.tokenizer == "bytes"
+        else source("data.tokenizer", spec.data.tokenizer),
+        cache_dir=absolute("data.cache_dir", spec.data.cache_dir),
+    )
+    out.eval = dataclasses.replace(
+        spec.eval, paths=[data_path(f"eval.paths[{i}]", x) for i, x in enumerate(spec.eval.paths)]
+    )
+    out.checkpoint = dataclasses.replace(spec.checkpoint, dir=absolute("checkpoint.dir", spec.checkpoint.dir))
+    out.model = dataclasses.replace(
+        spec.model,
+        name_or_path=source("model.name_or_path", spec.model.name_or_path),
+        config=source("model.config", spec.model.config),
+    )
+    if errors:
+        raise SpecError(errors)
+    return out
+
+
+# A HuggingFace repo id 'org/name'; a local path has './', '/', '~', a glob or a data file suffix.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+_DATA_SUFFIX = re.compile(r"\.(txt|jsonl|json|gz|zst|parquet|csv|arrow)$")
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """'org/name' shaped, and not a data file name: a hub dataset (or model) id, resolved at submit."""
+    return bool(_HUB_ID.match(path)) and ".." not in path and not _DATA_SUFFIX.search(path)

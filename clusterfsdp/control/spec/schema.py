@@ -1,0 +1,432 @@
+"""The job spec's schema: one typed dataclass per `[section]` of job.toml, and the facts derived
+from it (world size, mesh shape, time limit in minutes).
+
+Each field carries its docstring in `metadata["doc"]` (`F`); `clusterfsdp schema`, the starter
+file of `clusterfsdp init` and the TUI's compose form are generated from it (`docs.py`), so the
+documentation cannot drift from the code. Also here: the lookups the codec, the checks and the
+docs share (TOML key of a field, annotation of a section's field, the names of types and values
+in error lines). Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin
+
+
+class SpecError(ValueError):
+    """A job spec that cannot be used. `errors` holds one line per problem."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__("\n".join(errors))
+
+
+def F(default: Any, doc: str, *, key: str | None = None) -> Any:
+    """A schema field with its docstring (and TOML key when it is not a valid Python name)."""
+    meta = {"doc": doc, "key": key}
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class JobSection:
+    name: str = F("job", "Job name; runs go to <run_root>/<name>/<run id>/ and it names the Slurm job.")
+    run_root: str = F(
+        "",
+        "Folder that holds run folders (relative to this file); on a cluster it must be on the shared filesystem. "
+        "Empty: $CLUSTERFSDP_RUN_ROOT, else run_root in ~/.config/clusterfsdp/config.toml, else ./runs beside "
+        "this file (the same default `runs`, `status` and the TUI use).",
+    )
+    seed: int = F(0, "Seed for model init, data order and dropout; same seed + same world size = same losses.")
+
+
+@dataclass
+class ContainerSection:
+    kind: Literal["none", "pyxis", "apptainer", "oci"] = F(
+        "none",
+        "Run the workers in a container: 'pyxis' (srun --container-image, NVIDIA clusters with pyxis/enroot), "
+        "'apptainer' (apptainer exec), 'oci' (Slurm's own srun --container=BUNDLE through oci.conf); 'none': "
+        "the Python that submits.",
+    )
+    image: str = F(
+        "",
+        "pyxis: an image ('nvcr.io#nvidia/pytorch:24.05-py3') or a .sqsh file; apptainer: a .sif file (or "
+        "'docker://...'); oci: the bundle folder (config.json + rootfs/), an absolute path that every node sees.",
+    )
+    python: str = F(
+        "python3",
+        "The Python inside the image that runs the workers; it needs clusterfsdp (same version) and torch installed.",
+    )
+    mounts: list[str] = F(
+        [],
+        "Host folders to mount, 'SRC:DST' or 'SRC:DST:ro' (pyxis --container-mounts, apptainer --bind). The run "
+        "root and checkpoint.dir are always mounted at their own paths. oci: the bundle's config.json mounts.",
+    )
+    workdir: str = F("", "Working directory inside the container (empty: the image's default). pyxis and apptainer.")
+    options: list[str] = F(
+        [],
+        "Further launcher options, e.g. ['--no-container-mount-home'] (pyxis) or ['--cleanenv'] (apptainer).",
+    )
+
+
+@dataclass
+class SlurmSection:
+    partition: str = F("", "Slurm partition (empty: the cluster's default).")
+    account: str = F("", "Slurm account to charge (empty: your default).")
+    qos: str = F("", "Slurm QOS (empty: default).")
+    nodes: int = F(1, "Number of nodes.")
+    gpus_per_node: int = F(0, "GPUs per node; one worker process per GPU. 0 for CPU-only jobs.")
+    tasks_per_node: int = F(0, "Worker processes per node; 0 means one per GPU (or 1 without GPUs).")
+    cpus_per_task: int = F(0, "CPUs per worker process (0: Slurm's default).")
+    mem_gb: float = F(0.0, "Memory per node in GB (0: Slurm's default).")
+    time: int | str = F(
+        60, "Time limit: minutes (int) or Slurm's forms 'MM', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS'."
+    )
+    constraint: str = F("", "Slurm --constraint (node features), e.g. 'h100'.")
+    exclusive: bool = F(False, "Ask for whole nodes (--exclusive).")
+    requeue: bool = F(True, "Let Slurm requeue the job after preemption or node failure (--requeue).")
+    signal_grace_s: int = F(120, "Seconds before the time limit at which workers get SIGUSR2 to save and requeue.")
+    max_restarts: int = F(
+        3,
+        "Automatic restarts a run may use: after failures (a killed rank, a failed node, a collective "
+        "timeout), and after interruptions (time limit, preemption) that saved no progress.",
+    )
+    extra: dict[str, str | int | bool] = F(
+        {}, "Extra sbatch options, e.g. { reservation = 'big', 'gres-flags' = 'enforce-binding' }."
+    )
+    setup: list[str] = F(
+        [], "Shell lines run once on the batch host before the workers start (module load, venv activation)."
+    )
+    container: ContainerSection = F(
+        ContainerSection(), "The container the workers run in ([slurm.container]; Slurm jobs only)."
+    )
+
+
+@dataclass
+class ModelSection:
+    name_or_path: str = F(
+        "",
+        "Pretrained weights: a local HF model folder (config.json + *.safetensors) or a hub id (org/name), "
+        "resolved on the submitting host to a snapshot in the HF cache (HF_HOME), downloaded there if missing; "
+        "compute nodes never download. Any AutoModelForCausalLM family. Empty: random init (`config`, `preset`).",
+    )
+    revision: str = F(
+        "",
+        "Hub revision (branch, tag or commit) of a hub id in name_or_path or config (empty: the default branch); "
+        "the run's job.toml records the commit it resolved to.",
+    )
+    config: str = F(
+        "",
+        "Random init from a config: a folder with a config.json (or a hub id), any AutoModelForCausalLM family.",
+    )
+    preset: str = F(
+        "llama-tiny",
+        "Built-in config for random init (when name_or_path and config are empty): llama-tiny, llama-small, "
+        "llama-1b, qwen2-tiny, gpt-neox-tiny, "
+        'mixtral-tiny; "" to build from from_config alone (it must then name a model_type).',
+    )
+    from_config: dict[str, Any] = F(
+        {},
+        "Config keys over the preset's, the config folder's or the pretrained model's, e.g. "
+        '{ num_hidden_layers = 4 } or { output_router_logits = true }; with preset = "", a model_type and its '
+        'keys, e.g. { model_type = "qwen2", hidden_size = 256, ... } (transformers\' defaults fill the rest). '
+        "With pretrained weights, keys that change shapes fail when the weights load.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = F("float32", "dtype of the master weights.")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = F("sdpa", "HF attention kernel.")
+
+
+@dataclass
+class DataSection:
+    source: Literal["synthetic", "files"] = F("synthetic", "'synthetic' random tokens, or 'files' to read `paths`.")
+    paths: list[str] = F(
+        [],
+        "Training data, with source = 'files': .txt files (one document each), .jsonl records (also .jsonl.gz, "
+        ".jsonl.zst), .parquet files, folders written by datasets' save_to_disk, or folders that "
+        "datasets.load_dataset reads (parquet/json/csv files); globs allowed; relative to this file. "
+        "Tokenized once into a prepared dataset (see cache_dir) that every rank reads without loading it.",
+    )
+    format: Literal["text", "chat"] = F(
+        "text",
+        "'text': each record is a document (`text_key`); 'chat': each record holds a conversation "
+        "(`messages_key`: a list of {role, content}) rendered with the tokenizer's chat template, and the "
+        "loss is computed on the assistant messages only.",
+    )
+    text_key: str = F("text", "Field holding the text of .jsonl, parquet and dataset records (format = 'text').")
+    messages_key: str = F("messages", "Field holding the list of {role, content} messages (format = 'chat').")
+    split: str = F("train", "Split to read from a dataset folder that holds several (save_to_disk or load_dataset).")
+    tokenizer: str = F(
+        "bytes",
+        "'bytes' (built-in byte-level, no download), a local HF tokenizer folder or a hub id (resolved on the "
+        "submitting host like model.name_or_path, at model.revision when it is the model's id); with a chat "
+        "template for format = 'chat'.",
+    )
+    seq_len: int = F(128, "Tokens per sample.")
+    packing: Literal["auto", "concat", "documents"] = F(
+        "auto",
+        "How documents become samples. 'concat': one token stream (EOS after each text document) cut into "
+        "seq_len windows that cross document boundaries. 'documents': whole documents packed into samples, the "
+        "rest padded (never trained on); position ids restart at each document and attention stays inside it "
+        "(sdpa and eager: a block-diagonal mask; flash_attention_2: its variable-length kernel); a document "
+        "longer than seq_len is cut into seq_len-token pieces, each its own context. 'auto': 'documents' for "
+        "format = 'chat', else 'concat'.",
+    )
+    cache_dir: str = F(
+        "",
+        "Folder of prepared (tokenized) datasets, shared by all ranks and jobs and keyed by the content of the "
+        "sources, the tokenizer and the format (empty: <run_root>/.cache/tokens). On a cluster: the shared "
+        "filesystem.",
+    )
+    prepare_workers: int = F(
+        0, "Processes that tokenize when a dataset is prepared (0: every CPU this process may use)."
+    )
+
+
+@dataclass
+class EvalSection:
+    fraction: float = F(
+        0.0,
+        "Fraction of the training documents held out for evaluation (chosen by job.seed, never trained on); 0: none.",
+    )
+    paths: list[str] = F(
+        [], "Evaluation data instead of a held-out fraction: files or folders like data.paths (same format)."
+    )
+    every_steps: int = F(0, "Evaluate every N steps (0: only after the last step); with fraction or paths.")
+    batches: int = F(
+        10,
+        "Micro-batches each rank evaluates (train.micro_batch_size samples each): the first batches x ranks x "
+        "micro_batch_size samples of a fixed order, the same every time. eval_loss and eval_ppl go into "
+        "metrics.jsonl.",
+    )
+
+
+@dataclass
+class TrainSection:
+    steps: int = F(100, "Optimizer steps in total (a resumed run continues to this number).")
+    micro_batch_size: int = F(8, "Samples per worker per forward pass.")
+    grad_accum: int = F(1, "Micro-batches accumulated per optimizer step.")
+    lr: float = F(3e-4, "Peak learning rate (AdamW).")
+    warmup: int = F(10, "Linear warmup steps.")
+    schedule: Literal["cosine", "linear", "constant"] = F("cosine", "Decay after warmup.")
+    min_lr_ratio: float = F(0.1, "Final learning rate as a fraction of `lr`.")
+    weight_decay: float = F(0.1, "AdamW weight decay.")
+    max_grad_norm: float = F(1.0, "Gradient clipping norm over all shards (0: off).")
+    log_every: int = F(10, "Write a metrics line every N steps.")
+
+
+@dataclass
+class FsdpSection:
+    version: Literal[1, 2] = F(2, "2 = FSDP2 `fully_shard` (default); 1 = FullyShardedDataParallel.")
+    sharding: Literal["hybrid", "full", "grad_op", "none"] = F(
+        "hybrid",
+        "hybrid = shard inside a node, replicate across nodes (HSDP); full = shard over all ranks; "
+        "grad_op = keep params gathered after forward (ZeRO-2); none = replicate (DDP-like).",
+    )
+    reshard_after_forward: bool = F(True, "Free gathered params after forward (less memory, one more all-gather).")
+    mixed_precision: Literal["bf16", "fp16", "fp32"] = F("bf16", "Compute dtype; gradients are reduced in fp32.")
+    activation_checkpointing: bool = F(False, "Recompute each decoder layer in backward to save memory.")
+    compile: bool = F(False, "torch.compile each decoder layer (and the loss).")
+    cpu_offload: bool = F(False, "Keep sharded params and optimizer state in CPU memory.")
+
+
+@dataclass
+class CheckpointSection:
+    dir: str = F("", "Where checkpoints go (empty: <run folder>/checkpoints).")
+    every_steps: int = F(0, "Save every N steps (0: only at the end and on preemption).")
+    keep_last: int = F(2, "Complete checkpoints to keep; older ones are deleted after a newer one is complete.")
+    async_: bool = F(False, "Save in the background (DCP async_save) while training continues.", key="async")
+    async_mode: Literal["thread", "process"] = F(
+        "thread", "With async: write from a thread, or from a saver process per rank (started at the first save)."
+    )
+    writer_threads: int = F(4, "Threads writing each rank's checkpoint files (one file per thread).")
+
+
+Tracker = Literal["tensorboard", "wandb", "mlflow"]
+
+
+@dataclass
+class LogSection:
+    trackers: list[Tracker] = F(
+        [],
+        "Experiment trackers rank 0 logs to, any of 'tensorboard' (<run folder>/tensorboard/), 'wandb' "
+        "(files in <run folder>/wandb/), 'mlflow'; one tracker run per clusterfsdp run, across requeues and "
+        "resumes. Needs `pip install 'clusterfsdp[trackers]'` where the workers run.",
+    )
+    project: str = F("", "W&B project and MLflow experiment (empty: job.name). W&B's entity: $WANDB_ENTITY.")
+    mlflow_tracking_uri: str = F(
+        "",
+        "MLflow server or store (empty: $MLFLOW_TRACKING_URI, else a file store in <run folder>/mlruns). "
+        "Credentials belong in [env] MLFLOW_TRACKING_PASSWORD/TOKEN, never in this URI.",
+    )
+
+
+@dataclass
+class JobSpec:
+    job: JobSection = field(default_factory=JobSection)
+    slurm: SlurmSection = field(default_factory=SlurmSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    fsdp: FsdpSection = field(default_factory=FsdpSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    log: LogSection = field(default_factory=LogSection)
+    env: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"doc": "Extra environment for the workers; overrides everything clusterfsdp sets (NCCL_*, etc.)."},
+    )
+
+    # ---- derived facts (used by validate, the sbatch renderer and the worker)
+    @property
+    def tasks_per_node(self) -> int:
+        s = self.slurm
+        return s.tasks_per_node or s.gpus_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.slurm.nodes * self.tasks_per_node
+
+    @property
+    def effective_sharding(self) -> str:
+        """`hybrid` on one node is plain `full` sharding (nothing to replicate across)."""
+        if self.fsdp.sharding == "hybrid" and self.slurm.nodes == 1:
+            return "full"
+        return self.fsdp.sharding
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """(replicate, shard) for hybrid, (world,) otherwise."""
+        if self.effective_sharding == "hybrid":
+            return (self.slurm.nodes, self.tasks_per_node)
+        return (self.world_size,)
+
+    @property
+    def packing(self) -> str:
+        """data.packing with 'auto' decided: 'documents' for chat data, else 'concat'."""
+        if self.data.packing == "auto":
+            return "documents" if self.data.format == "chat" else "concat"
+        return self.data.packing
+
+    @property
+    def eval_enabled(self) -> bool:
+        return self.data.source == "files" and (self.eval.fraction > 0 or bool(self.eval.paths))
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks."""
+        return self.world_size * self.train.micro_batch_size * self.train.grad_accum
+
+    @property
+    def time_minutes(self) -> int:
+        return parse_time_minutes(self.slurm.time)
+
+    def notices(self) -> list[str]:
+        """Non-fatal facts the user should see before queueing."""
+        out = []
+        if self.fsdp.sharding == "hybrid" and self.slurm.nodes == 1:
+            out.append("fsdp.sharding = 'hybrid' on 1 node: nothing to replicate across nodes, using 'full' sharding.")
+        if self.slurm.gpus_per_node == 0 and self.fsdp.mixed_precision != "fp32":
+            out.append(
+                f"no GPUs: mixed_precision = '{self.fsdp.mixed_precision}' runs on CPU (slow); fp32 is usual there."
+            )
+        return out
+
+
+SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(JobSpec)}  # type: ignore[misc]
+HINTS: dict[type, dict[str, Any]] = {
+    cls: typing.get_type_hints(cls)
+    for cls in (
+        JobSection,
+        SlurmSection,
+        ModelSection,
+        DataSection,
+        TrainSection,
+        EvalSection,
+        FsdpSection,
+        CheckpointSection,
+        LogSection,
+        ContainerSection,
+        JobSpec,
+    )
+}
+
+
+def toml_key(f: dataclasses.Field) -> str:
+    """The key a field is written with in job.toml (`async_` is `async`)."""
+    return f.metadata.get("key") or f.name
+
+
+def section_fields(section: str) -> dict[str, dataclasses.Field]:
+    """TOML key -> dataclass field for one section."""
+    cls = section_class(section)
+    return {toml_key(f): f for f in dataclasses.fields(cls)}
+
+
+def section_class(section: str) -> type:
+    """The dataclass of one section (`slurm` -> SlurmSection); [env] is a plain table and has none."""
+    return {f.name: HINTS[JobSpec][f.name] for f in dataclasses.fields(JobSpec) if f.name != "env"}[section]
+
+
+def type_name(tp: Any) -> str:
+    """An annotation as the docs and error lines name it ('integer', "'a' | 'b'", 'list of string')."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(type_name(a) for a in get_args(tp))
+    if origin is list:
+        return f"list of {type_name(get_args(tp)[0])}"
+    if origin is dict or dataclasses.is_dataclass(tp):
+        return "table"
+    if tp is Any:
+        return "any value"
+    return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(tp, str(tp))
+
+
+def describe_value(value: Any) -> str:
+    """A value as error lines name it: its TOML kind and its repr, cut at 40 characters."""
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "table"}.get(
+        type(value), type(value).__name__
+    )
+    text = repr(value)
+    return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def short(value: str) -> str:
+    """A string as error lines quote it, cut at 40 characters (values may be long or hostile)."""
+    return repr(value if len(value) <= 40 else value[:37] + "...")
+
+
+_TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
+
+
+def parse_time_minutes(value: int | str) -> int:
+    """Slurm time limit -> whole minutes (rounded up), accepting every form sbatch accepts."""
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"must be a positive number of minutes, found {value}")
+        return value
+    m = _TIME.match(value.strip())
+    if not m:
+        raise ValueError(f"expected minutes or 'D-HH:MM:SS' (or MM:SS, HH:MM:SS, D-HH, D-HH:MM), found {value!r}")
+    d, a, b, c = (int(x) if x else None for x in m.group("d", "a", "b", "c"))
+    assert a is not None  # the pattern requires it
+    if d is None:  # MM | MM:SS | HH:MM:SS
+        if b is None:
+            secs = a * 60
+        elif c is None:
+            secs = a * 60 + b
+        else:
+            secs = a * 3600 + b * 60 + c
+    else:  # D-HH | D-HH:MM | D-HH:MM:SS
+        secs = d * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    if secs <= 0:
+        raise ValueError(f"must be positive, found {value!r}")
+    return -(-secs // 60)
