@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import os
 import random
 import subprocess
 import sys
@@ -23,7 +24,12 @@ from clusterfsdp import cli
 from clusterfsdp.control import spec as S
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = (REPO / "jobs" / "tiny-cpu.toml").read_text()
+# The demo job, its data path made absolute so that copies of it elsewhere still find the corpus.
+BASE = (
+    (REPO / "jobs" / "tiny-cpu.toml")
+    .read_text()
+    .replace('"data/corpus.txt"', f'"{REPO / "jobs" / "data" / "corpus.txt"}"')
+)
 
 BAD_VALUES: list[object] = [
     "", "x" * 300, "é\u202e\u0000", "a\nb", 'q"u\\o\'te', "$(touch PWNED)", ".", "..", "/", "~", "/etc/passwd",
@@ -73,6 +79,16 @@ def corpus() -> list[tuple[str, bytes]]:
         "time-garbage": b'[slurm]\ntime = "1-2-3"\n',
         "extra-nested": b"[slurm]\nextra = { a = { b = 1 } }\n",
         "setup-not-strings": b"[slurm]\nsetup = [1, 2]\n",
+        "setup-directive": b'[slurm]\nsetup = ["#SBATCH --time=99999"]\n',
+        "setup-open-quote": b'[slurm]\nsetup = ["echo \\""]\n',
+        "setup-heredoc": b'[slurm]\nsetup = ["cat <<EOF"]\n',
+        "extra-managed": b'[slurm]\nextra = { time = "1", array = "0-9", tim = "2" }\n',
+        "env-loader": b'[env]\nLD_PRELOAD = "/tmp/evil.so"\nPYTHONPATH = "/tmp"\n',
+        "revision-escape": b'[model]\nrevision = "../../../../etc"\n',
+        "int-5000-digits": b"[train]\nsteps = " + b"1" * 5000 + b"\n",
+        "from-config-nan": b"[model]\nfrom_config = { hidden_size = nan, x = [inf] }\n",
+        "from-config-huge": b"[model]\nfrom_config = { x = 99999999999999999999 }\n",
+        "caps": b"[slurm]\ntasks_per_node = 100000\n[checkpoint]\nwriter_threads = 100000\n",
     }
     out += [(name, text) for name, text in structural.items()]
     for i in range(120):  # truncations and byte flips of the valid file
@@ -103,8 +119,32 @@ def _run_cli(argv: list[str]) -> tuple[int, str]:
     return code, err.getvalue()
 
 
+# `--set KEY=VALUE` overrides: every key of the schema (and keys that are not) with values of
+# every kind, forms that are not KEY=VALUE, and several overrides at once.
+SET_VALUES = [
+    "", "x", "1", "-1", "0", "1.5", "1e999", "nan", "-inf", "9" * 30, "1" * 5000, "true", "[1,", "[1, 'a']",
+    "{a=1}", "{a={b=1}}", "[[[[[[1]]]]]]", "'unterminated", '"a\\u0000b"', "$(touch PWNED)", "../../x",
+    "/dev/zero", "#SBATCH --time=1", "0x10", "1_000", "2026-01-01", "é\u202e", "a b", "=", "[" * 2000,
+]  # fmt: skip
+SET_KEYS = [
+    *S.key_paths(), "env.A", "env.LD_PRELOAD", "env.1A", "slurm.extra.time", "slurm.extra.array", "slurm.extra.x-y",
+    "model.from_config.x", "model.from_config.rope.x", "nosuch.key", "train.nosuch", "slurm.container.nosuch",
+]  # fmt: skip
+SET_FORMS = [
+    "nodes", "=1", ".a=1", "a..b=1", "train.lr.x=1", "env.A.B=1", "slurm.extra.x.y=1", "train=1", "job.name.x=1",
+    "train.steps", " = ", "job=x", "train.steps.=1",
+]  # fmt: skip
+
+
+def set_corpus() -> list[list[str]]:
+    """Lists of `--set` values, one command line each."""
+    rng = random.Random(20261125)
+    pairs = [f"{key}={value}" for key in SET_KEYS for value in SET_VALUES]
+    return [[p] for p in rng.sample(pairs, 900)] + [[f] for f in SET_FORMS] + [rng.sample(pairs, 3) for _ in range(100)]
+
+
 def test_the_corpus_is_big_enough():
-    assert len(corpus()) >= 1000
+    assert len(corpus()) >= 1000 and len(set_corpus()) >= 1000
 
 
 def test_no_malformed_job_file_gives_a_traceback(tmp_path, monkeypatch):
@@ -127,6 +167,31 @@ def test_no_malformed_job_file_gives_a_traceback(tmp_path, monkeypatch):
         counts[code] = counts.get(code, 0) + 1
     assert not failures, "\n".join(failures[:20])
     assert counts[2] > 900  # nearly all of the corpus is refused, with one-line errors
+
+
+def test_no_set_value_gives_a_traceback(tmp_path, monkeypatch):
+    """The `--set` corpus through `validate` (and `submit --dry-run` when it validates): exit 0, or
+    exit 2 with `error:` lines that name the override (or the key it reached)."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.chdir(tmp_path)
+    job = tmp_path / "job.toml"
+    job.write_text(BASE.replace('"../runs"', f'"{tmp_path / "runs"}"'))
+    failures, counts = [], {0: 0, 2: 0}
+    for overrides in set_corpus():
+        argv = [arg for item in overrides for arg in ("--set", item)]
+        try:
+            code, err = _run_cli(["validate", str(job), *argv])
+            if code == 0:
+                code, err = _run_cli(["submit", str(job), "--dry-run", *argv])
+        except BaseException as e:
+            failures.append(f"{overrides}: {type(e).__name__}: {e}")
+            continue
+        lines = err.splitlines()
+        if code not in (0, 2) or (code == 2 and not (lines and all(line.startswith("error: ") for line in lines))):
+            failures.append(f"{overrides}: exit {code}: {err[:300]}")
+        counts[code] = counts.get(code, 0) + 1
+    assert not failures, "\n".join(failures[:20])
+    assert counts[0] > 50 and counts[2] > 600, counts  # both outcomes are exercised
 
 
 @pytest.mark.parametrize(
@@ -202,3 +267,170 @@ def test_spec_dataclasses_document_every_field():
         if section != "env":
             for f in dataclasses.fields(S.section_class(section)):
                 assert f.metadata.get("doc"), f"{section}.{f.name}"
+
+
+# ---------------------------------------------------------------- a shared cluster's job files (issue 29.6)
+def spec_errors(text: str) -> list[str]:
+    with pytest.raises(S.SpecError) as e:
+        S.loads(text)
+    return e.value.errors
+
+
+def setup_toml(*lines: str) -> str:
+    return tomli_w.dumps({"slurm": {"setup": list(lines)}})
+
+
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("#SBATCH --time=99999", "slurm.setup[0]: an #SBATCH directive"),
+        ("  #sbatch --array=0-99", "slurm.setup[0]: an #SBATCH directive"),
+        ('echo "', "slurm.setup[0]: bash cannot parse it (unexpected EOF while looking for matching"),
+        ("echo $(date", "slurm.setup: bash cannot parse these lines (line 2: unexpected EOF"),
+        ("echo `date", "slurm.setup[0]: bash cannot parse it"),
+        ("if true; then", "slurm.setup: bash cannot parse these lines"),
+        ("cat > f <<EOF", "slurm.setup[0]: a here-document (<<)"),
+        ("cat <<-'X'", "slurm.setup[0]: a here-document (<<)"),
+        ("module load cuda \\", "slurm.setup[0]: a trailing backslash"),
+        ("echo a\n#SBATCH --nodes=99", "slurm.setup[0]: one shell line per entry"),
+    ],
+)
+def test_setup_lines_that_are_directives_or_break_the_script_are_refused(line, message):
+    (error,) = spec_errors(setup_toml(line))
+    assert error.startswith(message), error
+
+
+def test_setup_lines_bash_parses_are_kept_and_the_batch_script_parses(tmp_path):
+    """A construct over several entries (if/fi), a here-string and quotes are fine; the rendered
+    batch script with them is valid bash (checked by bash itself)."""
+    from clusterfsdp.control import launch, runfolder
+    from clusterfsdp.control.records import Executor
+
+    lines = ["if [ -f /etc/profile ]; then", '  echo "it\'s $HOSTNAME"', "fi", "read -r x <<< 'y'", "export A=1"]
+    spec = S.loads(setup_toml(*lines) + f'[job]\nrun_root = "{tmp_path}"\n')
+    assert spec.slurm.setup == lines
+    script = launch.render_sbatch(spec, runfolder.create_run(spec, Executor.SLURM, run_id="R"))
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "key,message",
+    [
+        ("time", "managed by clusterfsdp: set slurm.time"),
+        ("nodes", "managed by clusterfsdp: set slurm.nodes"),
+        ("ntasks", "managed by clusterfsdp: one task per GPU"),
+        ("ntasks-per-node", "managed by clusterfsdp: one task per GPU"),
+        ("signal", "managed by clusterfsdp: set slurm.signal_grace_s"),
+        ("export", "managed by clusterfsdp: [env]"),
+        ("array", "managed by clusterfsdp: every array task would train into the same run folder"),
+        ("requeue", "managed by clusterfsdp: set slurm.requeue"),
+        ("output", "managed by clusterfsdp: the job's logs are managed"),
+        ("error", "managed by clusterfsdp: the job's logs are managed"),
+        ("job-name", "managed by clusterfsdp: set job.name"),
+        ("hold", "managed by clusterfsdp: clusterfsdp submits, holds"),
+        ("dependency", "managed by clusterfsdp: clusterfsdp submits, holds"),
+        ("partition", "managed by clusterfsdp: set slurm.partition"),
+        ("tim", "abbreviates --time"),
+        ("arr", "abbreviates --array"),
+        ("sig", "abbreviates --signal"),
+    ],
+)
+def test_extra_options_that_override_managed_ones_are_refused(key, message):
+    errors = spec_errors(f'[slurm]\nextra = {{ {key} = "1" }}\n')
+    assert errors == [f"slurm.extra.{key}: {message}" + errors[0].split(message, 1)[1]], errors
+
+
+def test_extra_options_of_their_own_stay_allowed():
+    extra = {"reservation": "big", "gres-flags": "enforce-binding", "comment": "mine", "exclude": "n1", "gpus": 2}
+    extra |= {"begin": "now+1hour", "time-min": "30", "mail-user": "me@x.org", "mem-per-gpu": "8G"}
+    assert S.loads(tomli_w.dumps({"slurm": {"extra": extra}})).slurm.extra == extra
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "BASH_ENV", "ENV", "PATH"])
+def test_env_that_changes_the_code_workers_load_needs_allow_env(name):
+    assert spec_errors(f'[env]\n{name} = "/tmp/x"\n') == [
+        f"env.{name}: changes which code the workers load; name it in job.allow_env to set it on purpose"
+    ]
+    spec = S.loads(f'[job]\nallow_env = ["{name}"]\n[env]\n{name} = "/tmp/x"\n')
+    assert spec.env == {name: "/tmp/x"}
+
+
+def test_allow_env_names_only_the_variables_it_is_for():
+    (error,) = spec_errors('[job]\nallow_env = ["NCCL_DEBUG"]\n')
+    assert error.startswith("job.allow_env: 'NCCL_DEBUG' is not one of LD_PRELOAD")
+
+
+@pytest.mark.parametrize("revision", ["../../x", "..", "/etc/passwd", "a/../../b", "a//b", "main/", "-rf", "a b"])
+def test_revisions_that_are_paths_out_of_the_hf_cache_are_refused(revision):
+    (error,) = spec_errors(tomli_w.dumps({"model": {"revision": revision}}))
+    assert error.startswith(f"model.revision: {revision!r} is not a branch, tag or commit"), error
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "refs/pr/1", "feature/x_y-z", "0" * 40])
+def test_branch_tag_and_commit_revisions_stay_allowed(revision):
+    assert S.loads(tomli_w.dumps({"model": {"revision": revision}})).model.revision == revision
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[train]\nsteps = 9223372036854775808\n", "train.steps: integer 9223372036854775808 does not fit in 64 bits"),
+        ("[train]\nlr = -9223372036854775809\n", "train.lr: integer -9223372036854775809 does not fit in 64 bits"),
+        ("[slurm]\nextra = { nice = 99999999999999999999 }\n", "slurm.extra.nice: integer 99999999999999999999"),
+        ("[model]\nfrom_config = { hidden_size = nan }\n", "model.from_config.hidden_size: expected a finite number"),
+        ('[model]\npreset = ""\nfrom_config = { model_type = "llama", x = inf }\n', "model.from_config.x: expected a"),
+        ("[model]\nfrom_config = { rope = { f = [1, -inf] } }\n", "model.from_config.rope.f[1]: expected a finite"),
+        ("[model]\nfrom_config = { x = 18446744073709551616 }\n", "model.from_config.x: integer 18446744073709551616"),
+        ("[model]\nfrom_config = { x = 2026-01-01 }\n", "model.from_config.x: expected a string, number, boolean"),
+    ],
+)
+def test_numbers_beyond_int64_and_not_finite_are_refused_in_every_field(text, message):
+    (error,) = spec_errors(text)
+    assert error.startswith(message), error
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[slurm]\ntasks_per_node = 257\n", "slurm.tasks_per_node: must be <= 256, found 257"),
+        ("[slurm]\ngpus_per_node = 100000\n", "slurm.gpus_per_node: must be <= 256, found 100000"),
+        ("[checkpoint]\nwriter_threads = 65\n", "checkpoint.writer_threads: must be <= 64, found 65"),
+        ("[data]\nprepare_workers = 513\n", "data.prepare_workers: must be <= 512, found 513"),
+    ],
+)
+def test_counts_that_start_processes_or_threads_are_capped(text, message):
+    assert spec_errors(text) == [message]
+    assert S.loads(text.replace(message.split("found ")[1], message.split("<= ")[1].split(",")[0]))
+
+
+def test_a_5000_digit_integer_is_one_line_in_the_file_and_in_set(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(f"[train]\nsteps = {'1' * 5000}\n")
+    code, err = _run_cli(["validate", str(job)])
+    assert code == 2 and err == f"error: {job}: not valid TOML: an integer of more than 4300 digits\n", err
+    job.write_text(BASE.replace('"../runs"', f'"{tmp_path}"'))
+    code, err = _run_cli(["validate", str(job), "--set", f"train.steps={'1' * 5000}"])
+    assert code == 2 and err.startswith("error: --set train.steps=1111") and err.count("\n") == 1, err
+
+
+def test_job_files_that_are_not_readable_regular_files_are_one_line(tmp_path):
+    """Symlinks to what cannot be read (a loop; /proc/self/mem, whose reads fail; a folder), a
+    FIFO (opening it for reading would wait for a writer), /dev/zero and a 4 GiB sparse file
+    (reading either would not end) are refused with one line, reading at most 1 MiB."""
+    (tmp_path / "loop.toml").symlink_to(tmp_path / "loop.toml")
+    (tmp_path / "mem.toml").symlink_to("/proc/self/mem")
+    (tmp_path / "dir.toml").mkdir()
+    os.mkfifo(tmp_path / "fifo.toml")
+    with open(tmp_path / "huge.toml", "wb") as f:
+        f.truncate(4 << 30)
+    cases = {
+        tmp_path / "loop.toml": "cannot read: Too many levels of symbolic links",
+        tmp_path / "mem.toml": "cannot read: Input/output error",
+        tmp_path / "dir.toml": "is a folder, not a job file",
+        tmp_path / "fifo.toml": "not a regular file",
+        Path("/dev/zero"): "not a regular file",
+        tmp_path / "huge.toml": "larger than 1 MiB",
+    }
+    for path, message in cases.items():
+        code, err = _run_cli(["validate", str(path)])
+        assert code == 2 and err.startswith(f"error: {path}: {message}") and err.count("\n") == 1, err

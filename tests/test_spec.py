@@ -112,6 +112,29 @@ def test_bad_override_is_a_field_error():
     assert "expected section.key=value" in errors_of("", ["nodes"])[0]
 
 
+def test_errors_of_a_job_file_name_the_file_or_the_override_that_gave_the_key(tmp_path):
+    """`--set` errors were labelled with the job file (issue 25.8); a key inside a table an
+    override set is labelled with that override; the file's own errors keep the file."""
+    job = tmp_path / "job.toml"
+    job.write_text("[train]\nsteps = 0\n")
+
+    def load_errors(*overrides: str) -> list[str]:
+        with pytest.raises(S.SpecError) as e:
+            S.load(job, overrides)
+        return e.value.errors
+
+    assert load_errors("train.stepz=3") == ["--set train.stepz=3: train.stepz: unknown key; did you mean steps?"]
+    assert load_errors("train.lr=0.1", "slurm.extra={tim=5}") == [
+        f"{job}: train.steps: must be >= 1, found 0",
+        "--set slurm.extra={tim=5}: slurm.extra.tim: abbreviates --time, which is managed by clusterfsdp: "
+        "set slurm.time",
+    ]
+    assert load_errors("nodes") == ["--set nodes: expected section.key=value, e.g. train.lr=3e-4"]
+    assert load_errors("train.steps=1", "train.steps=x") == [
+        "--set train.steps=x: train.steps: expected integer, found string 'x'"
+    ]
+
+
 def test_round_trip_through_tomli_w():
     spec = S.loads(
         '[job]\nname = "x"\n[slurm]\nnodes = 2\ngpus_per_node = 4\ntime = "1-00:00:00"\n'

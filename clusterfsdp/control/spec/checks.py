@@ -11,8 +11,19 @@ import math
 import re
 from typing import Any
 
-from .allowlists import container_errors, sbatch_value_errors
-from .schema import JobSpec, LogSection, ModelSection, SpecError, describe_value, parse_time_minutes, short
+from .allowlists import container_errors, env_errors, sbatch_value_errors, setup_errors
+from .schema import (
+    MAX_PREPARE_WORKERS,
+    MAX_TASKS_PER_NODE,
+    MAX_WRITER_THREADS,
+    JobSpec,
+    LogSection,
+    ModelSection,
+    SpecError,
+    describe_value,
+    parse_time_minutes,
+    short,
+)
 
 
 def check(spec: JobSpec) -> None:
@@ -20,13 +31,15 @@ def check(spec: JobSpec) -> None:
     errors: list[str] = []
     s, t, d, c = spec.slurm, spec.train, spec.data, spec.checkpoint
 
-    def positive(path: str, value: float, minimum: float = 1) -> None:
+    def positive(path: str, value: float, minimum: float = 1, maximum: float | None = None) -> None:
         if value < minimum:
             errors.append(f"{path}: must be >= {minimum:g}, found {value!r}")
+        elif maximum is not None and value > maximum:
+            errors.append(f"{path}: must be <= {maximum:g}, found {value!r}")
 
     positive("slurm.nodes", s.nodes)
-    positive("slurm.gpus_per_node", s.gpus_per_node, 0)
-    positive("slurm.tasks_per_node", s.tasks_per_node, 0)
+    positive("slurm.gpus_per_node", s.gpus_per_node, 0, MAX_TASKS_PER_NODE)
+    positive("slurm.tasks_per_node", s.tasks_per_node, 0, MAX_TASKS_PER_NODE)
     positive("slurm.cpus_per_task", s.cpus_per_task, 0)
     positive("slurm.mem_gb", s.mem_gb, 0)
     positive("slurm.signal_grace_s", s.signal_grace_s, 0)
@@ -41,7 +54,7 @@ def check(spec: JobSpec) -> None:
     positive("data.seq_len", d.seq_len, 2)
     positive("checkpoint.every_steps", c.every_steps, 0)
     positive("checkpoint.keep_last", c.keep_last)
-    positive("checkpoint.writer_threads", c.writer_threads)
+    positive("checkpoint.writer_threads", c.writer_threads, 1, MAX_WRITER_THREADS)
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", spec.job.name) or spec.job.name in (".", ".."):
         errors.append(
             f"job.name: {short(spec.job.name)} must be 1-100 letters, digits, '.', '_' or '-', "
@@ -52,6 +65,7 @@ def check(spec: JobSpec) -> None:
     if s.mem_gb > 1e6:
         errors.append(f"slurm.mem_gb: {s.mem_gb!r} GB per node is more than any node has")
     errors += sbatch_value_errors(s)
+    errors += setup_errors(s.setup)
     errors += container_errors(s.container)
     errors += _log_errors(spec.log)
     if not 0 < t.lr < 1:
@@ -80,13 +94,11 @@ def check(spec: JobSpec) -> None:
         errors.append("data.format: 'chat' needs data.source = 'files'")
     if d.format == "chat" and d.tokenizer == "bytes":
         errors.append("data.format: 'chat' needs a tokenizer with a chat template; data.tokenizer = 'bytes' has none")
-    positive("data.prepare_workers", d.prepare_workers, 0)
+    positive("data.prepare_workers", d.prepare_workers, 0, MAX_PREPARE_WORKERS)
     _check_eval(spec, errors)
     if spec.fsdp.version == 1 and spec.fsdp.compile:
         errors.append("fsdp.compile: supported with fsdp.version = 2 only")
-    for key in spec.env:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            errors.append(f"env.{key}: not a valid environment variable name")
+    errors += env_errors(spec.env, spec.job.allow_env)
     if errors:
         raise SpecError(errors)
 
@@ -125,11 +137,21 @@ def _config_override_errors(preset: dict[str, Any], overrides: dict[str, Any]) -
     return errors
 
 
+# A hub revision as huggingface_hub stores it under refs/ in the cache: a git ref name (`main`,
+# `v1.0`, `refs/pr/1`) or a commit; never a path that climbs out of the cache.
+_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+
+
 def _model_errors(m: ModelSection) -> list[str]:
     """Which model source the [model] keys name, and whether they agree (files are checked by
     `modelsource.prepare` before queueing)."""
     from ..presets import PRESETS  # pure-Python table, no torch
 
+    if m.revision and (not _REVISION.fullmatch(m.revision) or ".." in m.revision):
+        return [
+            f"model.revision: {short(m.revision)} is not a branch, tag or commit (letters, digits, . _ - and "
+            "inner '/', no '..'): it names a file in the HF cache"
+        ]
     given_type = m.from_config.get("model_type")
     if m.name_or_path and m.config:
         return ["model.config: random init from a config and model.name_or_path (pretrained) exclude each other"]

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import math
 import re
+import sys
 import tomllib
 import types
 import typing
@@ -25,11 +26,17 @@ from .. import secretenv
 from .checks import check
 from .schema import HINTS, SECTIONS, JobSpec, SpecError, describe_value, section_class, toml_key, type_name
 
+# Integers must fit the 64-bit integers of the programs they reach (Slurm, JSON readers, torch).
+INT64 = range(-(2**63), 2**63)
+
 
 def coerce(path: str, tp: Any, value: Any) -> Any:
     """Check `value` against the annotation `tp`; return it (ints widened to float) or raise SpecError."""
     origin = get_origin(tp)
+    if type(value) is int and value not in INT64:
+        raise SpecError([f"{path}: {describe_value(value)} does not fit in 64 bits"])
     if tp is Any:
+        _check_plain(path, value)
         return value
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if not isinstance(value, dict):
@@ -67,13 +74,28 @@ def coerce(path: str, tp: Any, value: Any) -> Any:
         return {str(k): coerce(f"{path}.{k}", vt, v) for k, v in value.items()}
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if tp is float and type(value) is float and not math.isfinite(value):
-        raise SpecError([f"{path}: expected a finite number, found {value!r}"])
-    if tp is str and type(value) is str and "\x00" in value:
-        raise SpecError([f"{path}: contains a NUL character"])
     if tp in (int, float, str, bool) and type(value) is tp:
+        _check_plain(path, value)
         return value
     raise SpecError([f"{path}: expected {type_name(tp)}, found {describe_value(value)}"])
+
+
+def _check_plain(path: str, value: Any) -> None:
+    """A value every consumer can take: strings without NUL, finite numbers, booleans, and for
+    free-form values (model.from_config goes into a JSON config.json) lists and tables of them;
+    no dates (JSON has none)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            coerce(f"{path}.{k}", Any, v)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            coerce(f"{path}[{i}]", Any, v)
+    elif type(value) is float and not math.isfinite(value):
+        raise SpecError([f"{path}: expected a finite number, found {value!r}"])
+    elif type(value) is str and "\x00" in value:
+        raise SpecError([f"{path}: contains a NUL character"])
+    elif type(value) not in (str, int, float, bool):
+        raise SpecError([f"{path}: expected a string, number, boolean, list or table, found {describe_value(value)}"])
 
 
 def _unknown(path: str, key: str, valid: list[str]) -> str:
@@ -125,14 +147,35 @@ def _table(path: str, cls: type, value: dict[str, Any], errors: list[str]) -> An
 
 
 def loads(text: str, overrides: Sequence[str] = ()) -> JobSpec:
+    """A checked JobSpec from job.toml text and `--set` overrides."""
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError([f"not valid TOML: {e}"]) from None
     except RecursionError:
         raise SpecError(["not valid TOML: arrays or tables nested too deeply"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError([f"not valid TOML: {_one_line(e)}"]) from None
+    except ValueError:  # int(): more digits than Python converts
+        raise SpecError([f"not valid TOML: an integer of more than {sys.get_int_max_str_digits()} digits"]) from None
     apply_overrides(data, overrides)
     return from_dict(data)
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())[:300]
+
+
+def override_label(item: str) -> str:
+    """How an error line names a `--set` override: `--set KEY=VALUE` (long values cut)."""
+    return f"--set {item if len(item) <= 80 else item[:77] + '...'}"
+
+
+def override_of(line: str, overrides: Sequence[str]) -> str | None:
+    """The last override that set the key an error line starts with (or a table holding it)."""
+    for item in reversed(overrides):
+        key = item.partition("=")[0].strip()
+        if line.startswith((f"{key}: ", f"{key}.", f"{key}[")):
+            return item
+    return None
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:
@@ -142,17 +185,17 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:
         path, sep, raw = item.partition("=")
         parts = path.strip().split(".")
         if not sep or len(parts) < 2 or not all(parts):
-            errors.append(f"--set {item!r}: expected section.key=value, e.g. train.lr=3e-4")
+            errors.append(f"{override_label(item)}: expected section.key=value, e.g. train.lr=3e-4")
             continue
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
+        except (ValueError, RecursionError):  # not TOML (or an integer of too many digits, nested too deep)
             value = raw  # a bare word, like partition=gpu
         target = data
         for part in parts[:-1]:
             target = target.setdefault(part, {})
             if not isinstance(target, dict):
-                errors.append(f"--set {item!r}: {part} is not a table")
+                errors.append(f"{override_label(item)}: {part} is not a table")
                 break
         else:
             if _field_type(parts) is str and not isinstance(value, str):

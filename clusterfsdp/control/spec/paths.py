@@ -6,28 +6,66 @@ telling a hub id (`org/name`, resolved at submit by `modelsource`/`datasource`) 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..runroot import default_run_root
-from .codec import loads
+from .codec import loads, override_label, override_of
 from .schema import JobSpec, SpecError, short
+
+# A job file is a few KB; anything far larger is a mistake (`validate /dev/zero`, a data file).
+MAX_JOB_FILE_BYTES = 1 << 20
 
 
 def load(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
-    """A job file as a checked JobSpec with absolute paths; every error line starts with the file."""
+    """A job file as a checked JobSpec with absolute paths. Every error line says where it comes
+    from: the `--set KEY=VALUE` that gave the key it names, else the file."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise SpecError([f"{p}: no such file"]) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise SpecError([f"{p}: cannot read: {e}"]) from None
+    text = read_job_file(p)
     try:
         return with_absolute_paths(loads(text, overrides), p.parent)
     except SpecError as e:
-        raise SpecError([f"{p}: {line}" if not line.startswith(str(p)) else line for line in e.errors]) from None
+        raise SpecError([_origin(line, p, overrides) for line in e.errors]) from None
+
+
+def _origin(line: str, p: Path, overrides: Sequence[str]) -> str:
+    if line.startswith((str(p), "--set ")):  # already says where it comes from
+        return line
+    item = override_of(line, overrides)
+    return f"{override_label(item)}: {line}" if item is not None else f"{p}: {line}"
+
+
+def read_job_file(p: Path) -> str:
+    """The text of a job file: a regular file of at most MAX_JOB_FILE_BYTES of UTF-8, read without
+    blocking or reading without bound (a FIFO, a device, /dev/zero are refused before reading)."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SpecError([f"{p}: no such file"]) from None
+    except OSError as e:  # no permission, a loop of symlinks, a name too long
+        raise SpecError([f"{p}: cannot read: {e.strerror or e}"]) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise SpecError([f"{p}: is a folder, not a job file"])
+        if not stat.S_ISREG(mode):
+            raise SpecError([f"{p}: not a regular file (a device, pipe or socket); a job file is a .toml file"])
+        data = b""
+        while len(data) <= MAX_JOB_FILE_BYTES and (chunk := os.read(fd, MAX_JOB_FILE_BYTES + 1 - len(data))):
+            data += chunk
+    except OSError as e:
+        raise SpecError([f"{p}: cannot read: {e.strerror or e}"]) from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_JOB_FILE_BYTES:
+        raise SpecError([f"{p}: larger than {MAX_JOB_FILE_BYTES >> 20} MiB; a job file is a few KB of TOML"])
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise SpecError([f"{p}: cannot read: not UTF-8 text ({e.reason} at byte {e.start})"]) from None
 
 
 def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:

@@ -18,6 +18,28 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
+# Upper bounds of counts that start processes or threads on one host: more is a typo, and would
+# exhaust the node (or the login node, for prepare) before anything useful happens.
+MAX_TASKS_PER_NODE = 256  # slurm.tasks_per_node, slurm.gpus_per_node
+MAX_WRITER_THREADS = 64  # checkpoint.writer_threads
+MAX_PREPARE_WORKERS = 512  # data.prepare_workers
+
+# [env] variables that decide which code the workers (and their subprocesses) load, or which
+# startup files a shell reads. Another user's job file, or a planted run folder resumed by its
+# victim, could run anything through them; a job that means it names them in job.allow_env.
+LOADER_ENV = (
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONUSERBASE",
+    "PATH",
+    "BASH_ENV",
+    "ENV",
+)
+
 
 class SpecError(ValueError):
     """A job spec that cannot be used. `errors` holds one line per problem."""
@@ -45,6 +67,12 @@ class JobSection:
         "this file (the same default `runs`, `status` and the TUI use).",
     )
     seed: int = F(0, "Seed for model init, data order and dropout; same seed + same world size = same losses.")
+    allow_env: list[str] = F(
+        [],
+        f"[env] variables that change which code the workers load, set on purpose: any of {', '.join(LOADER_ENV)}. "
+        "They are refused in [env] unless named here, so a job file (or a run folder) from someone else cannot "
+        "slip them in unnoticed.",
+    )
 
 
 @dataclass
@@ -82,8 +110,12 @@ class SlurmSection:
     account: str = F("", "Slurm account to charge (empty: your default).")
     qos: str = F("", "Slurm QOS (empty: default).")
     nodes: int = F(1, "Number of nodes.")
-    gpus_per_node: int = F(0, "GPUs per node; one worker process per GPU. 0 for CPU-only jobs.")
-    tasks_per_node: int = F(0, "Worker processes per node; 0 means one per GPU (or 1 without GPUs).")
+    gpus_per_node: int = F(
+        0, f"GPUs per node; one worker process per GPU. 0 for CPU-only jobs (at most {MAX_TASKS_PER_NODE})."
+    )
+    tasks_per_node: int = F(
+        0, f"Worker processes per node; 0 means one per GPU (or 1 without GPUs); at most {MAX_TASKS_PER_NODE}."
+    )
     cpus_per_task: int = F(0, "CPUs per worker process (0: Slurm's default).")
     mem_gb: float = F(0.0, "Memory per node in GB (0: Slurm's default).")
     time: int | str = F(
@@ -99,10 +131,17 @@ class SlurmSection:
         "timeout), and after interruptions (time limit, preemption) that saved no progress.",
     )
     extra: dict[str, str | int | bool] = F(
-        {}, "Extra sbatch options, e.g. { reservation = 'big', 'gres-flags' = 'enforce-binding' }."
+        {},
+        "Extra sbatch options, e.g. { reservation = 'big', 'gres-flags' = 'enforce-binding' }. Options "
+        "clusterfsdp manages (time, nodes, ntasks*, signal, export, array, requeue, output, error, job-name, "
+        "hold, dependency, ...) and their abbreviations are refused: set the [slurm] key instead; many "
+        "points of a sweep are not one job array. `comment` and `exclude` are merged with clusterfsdp's own.",
     )
     setup: list[str] = F(
-        [], "Shell lines run once on the batch host before the workers start (module load, venv activation)."
+        [],
+        "Shell lines run once on the batch host before the workers start (module load, venv activation). "
+        "Each entry is one line; #SBATCH lines, here-documents (<<), trailing backslashes and lines bash "
+        "cannot parse together (unbalanced quotes, an if without fi) are refused.",
     )
     container: ContainerSection = F(
         ContainerSection(), "The container the workers run in ([slurm.container]; Slurm jobs only)."
@@ -185,7 +224,9 @@ class DataSection:
         "filesystem.",
     )
     prepare_workers: int = F(
-        0, "Processes that tokenize when a dataset is prepared (0: every CPU this process may use)."
+        0,
+        "Processes that tokenize when a dataset is prepared (0: every CPU this process may use; at most "
+        f"{MAX_PREPARE_WORKERS}).",
     )
 
 
@@ -245,7 +286,9 @@ class CheckpointSection:
     async_mode: Literal["thread", "process"] = F(
         "thread", "With async: write from a thread, or from a saver process per rank (started at the first save)."
     )
-    writer_threads: int = F(4, "Threads writing each rank's checkpoint files (one file per thread).")
+    writer_threads: int = F(
+        4, f"Threads writing each rank's checkpoint files (one file per thread), 1 to {MAX_WRITER_THREADS}."
+    )
 
 
 Tracker = Literal["tensorboard", "wandb", "mlflow"]
