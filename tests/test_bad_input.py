@@ -434,3 +434,11 @@ def test_job_files_that_are_not_readable_regular_files_are_one_line(tmp_path):
     for path, message in cases.items():
         code, err = _run_cli(["validate", str(path)])
         assert code == 2 and err.startswith(f"error: {path}: {message}") and err.count("\n") == 1, err
+
+
+def test_schema_of_an_unknown_key_exits_2_with_one_line():
+    """`clusterfsdp schema eval.nosuch` printed `[eval]` and exited 0 (issue 25.8)."""
+    code, err = _run_cli(["schema", "eval.fracton"])
+    assert (code, err) == (2, "error: eval.fracton: unknown key; did you mean fraction?\n")
+    code, err = _run_cli(["schema", "nosuch"])
+    assert code == 2 and err.startswith("error: nosuch: unknown key; valid keys: job, slurm, ") and err.count("\n") == 1

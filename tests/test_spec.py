@@ -135,6 +135,32 @@ def test_errors_of_a_job_file_name_the_file_or_the_override_that_gave_the_key(tm
     ]
 
 
+@pytest.mark.parametrize(
+    "key,error",
+    [
+        ("eval.nosuch", "eval.nosuch: unknown key; valid keys: fraction, paths, "),
+        ("eval.fracton", "eval.fracton: unknown key; did you mean fraction?"),
+        ("slurm.nodez", "slurm.nodez: unknown key; did you mean nodes?"),
+        ("slurm.container.kin", "slurm.container.kin: unknown key; did you mean kind?"),
+        ("trian", "trian: unknown key; did you mean train?"),
+        ("train.lr.x", "train.lr.x: train.lr is a key, not a table"),
+        ("env.A.B", "env.A.B: [env] holds variables (env.NAME), not tables"),
+    ],
+)
+def test_schema_of_a_key_that_does_not_exist_is_an_error_like_the_loaders(key, error):
+    """`schema eval.nosuch` printed `[eval]` and exited 0 (issue 25.8)."""
+    with pytest.raises(S.SpecError) as e:
+        S.describe_schema(key)
+    assert len(e.value.errors) == 1 and e.value.errors[0].startswith(error), e.value.errors
+
+
+@pytest.mark.parametrize("key", ["", "eval", "slurm.container", "slurm.container.kind", "checkpoint.async", "env.X"])
+def test_schema_of_sections_tables_and_keys_documents_them(key):
+    lines = S.describe_schema(key)
+    assert lines and all(line.strip() for line in lines)
+    assert not key.count(".") or f"  {key.split('.', 1)[1]}" in "\n".join(lines) or key.startswith("env.")
+
+
 def test_round_trip_through_tomli_w():
     spec = S.loads(
         '[job]\nname = "x"\n[slurm]\nnodes = 2\ngpus_per_node = 4\ntime = "1-00:00:00"\n'

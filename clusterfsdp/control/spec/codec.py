@@ -98,7 +98,8 @@ def _check_plain(path: str, value: Any) -> None:
         raise SpecError([f"{path}: expected a string, number, boolean, list or table, found {describe_value(value)}"])
 
 
-def _unknown(path: str, key: str, valid: list[str]) -> str:
+def unknown_key(path: str, key: str, valid: list[str]) -> str:
+    """The error line of an unknown key: the closest valid name, else the valid names."""
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]}?" if close else f"; valid keys: {', '.join(valid)}"
     return f"{path}: unknown key{hint}"
@@ -110,7 +111,7 @@ def from_dict(data: dict[str, Any]) -> JobSpec:
     spec = JobSpec()
     for name, value in data.items():
         if name not in SECTIONS:
-            errors.append(_unknown(name, name, list(SECTIONS)))
+            errors.append(unknown_key(name, name, list(SECTIONS)))
             continue
         if name == "env":
             try:
@@ -137,7 +138,7 @@ def _table(path: str, cls: type, value: dict[str, Any], errors: list[str]) -> An
     for key, v in value.items():
         here = f"{path}.{key}"
         if key not in fields:
-            errors.append(_unknown(here, key, list(fields)))
+            errors.append(unknown_key(here, key, list(fields)))
             continue
         try:
             setattr(table, fields[key].name, coerce(here, hints[fields[key].name], v))

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from .codec import plain, render_key, render_value, to_dict
-from .schema import HINTS, SECTIONS, JobSpec, section_class, section_fields, toml_key, type_name
+from .codec import plain, render_key, render_value, to_dict, unknown_key
+from .schema import HINTS, SECTIONS, JobSpec, SpecError, section_class, section_fields, toml_key, type_name
 
 
 def describe_schema(selector: str = "") -> list[str]:
-    """Lines documenting every key (or those under `selector`, e.g. 'slurm' or 'train.lr')."""
+    """Lines documenting every key (or those under `selector`, e.g. 'slurm' or 'train.lr'); a
+    selector that names no section, table or key is a SpecError that suggests the closest one."""
+    if selector:
+        _check_selector(selector)
     lines = []
     for f in dataclasses.fields(JobSpec):
         if selector and f.name != selector.split(".")[0]:
@@ -22,6 +25,27 @@ def describe_schema(selector: str = "") -> list[str]:
         lines.append(f"[{f.name}]")
         lines += _describe_table(section_class(f.name), "", selector.split(".", 1)[1] if "." in selector else "")
     return lines
+
+
+def _check_selector(selector: str) -> None:
+    """Raise the loader's unknown-key error (closest name suggested) for the first part of
+    `selector` that names no section, table or key; any name under [env] is a variable."""
+    parts = selector.split(".")
+    if parts[0] == "env":
+        if len(parts) > 2:
+            raise SpecError([f"{selector}: [env] holds variables (env.NAME), not tables"])
+        return
+    keys = key_paths()
+    known = list(dict.fromkeys(".".join(k.split(".")[:n]) for k in keys for n in range(1, k.count(".") + 2)))
+    known += [s for s in SECTIONS if s not in known]
+    for n in range(1, len(parts) + 1):
+        here, parent = ".".join(parts[:n]), parts[: n - 1]
+        if here in known:
+            continue
+        if ".".join(parent) in keys:
+            raise SpecError([f"{here}: {'.'.join(parent)} is a key, not a table"])
+        siblings = [k.split(".")[-1] for k in known if k.count(".") == n - 1 and k.split(".")[: n - 1] == parent]
+        raise SpecError([unknown_key(here, parts[n - 1], siblings)])
 
 
 def key_paths() -> list[str]:
