@@ -35,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from ..control import datasource
-from ..control.datasource import DatasetRef
 from ..control.spec import JobSpec
+from .cache import DatasetRef
+from .samplesets import index_id
+from .shards import document_starts
 
 M64 = (1 << 64) - 1
 
@@ -88,21 +89,6 @@ def _uniform(seed: int, n: int) -> np.ndarray:
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x = x ^ (x >> np.uint64(31))
     return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
-
-
-# ---------------------------------------------------------------- the prepared stream
-def shard_offsets(manifest: dict[str, Any]) -> np.ndarray:
-    """Global token offset of every shard, and the total at the end."""
-    return np.concatenate([[0], np.cumsum([s["tokens"] for s in manifest["shards"]], dtype=np.int64)])
-
-
-def document_starts(folder: Path, manifest: dict[str, Any]) -> np.ndarray:
-    offsets = shard_offsets(manifest)
-    parts = [
-        np.fromfile(folder / "shards" / f"{i:05d}.doc", dtype=np.int64) + offsets[i]
-        for i in range(len(manifest["shards"]))
-    ]
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 # ---------------------------------------------------------------- building
@@ -188,7 +174,7 @@ def build(dataset: Path, out: Path, manifest: dict[str, Any], spec: JobSpec, rol
 def ensure(ref: DatasetRef, spec: JobSpec, role: str, log) -> dict[str, Any]:
     """The index of `role` over the prepared dataset `ref`, built now if missing (atomically:
     into a temporary folder, renamed; a concurrent builder's identical result wins)."""
-    final = ref.folder / "index" / datasource.index_id(spec, role)
+    final = ref.folder / "index" / index_id(spec, role)
     try:
         return json.loads((final / "meta.json").read_text())
     except (OSError, ValueError):

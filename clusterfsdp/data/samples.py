@@ -8,7 +8,7 @@ resume on a different number of GPUs neither repeats nor skips a sample.
 Memory does not grow with the corpus: a sample's tokens are read from the shard files with
 pread (not memory-mapped: pages of a mapping that random reads touch would stay in the rank's
 resident set), the sample index likewise, and the order is computed per index
-(dataindex.Permutation). Rank 0 prepares what is missing (dataprep.py) while the other ranks
+(index.Permutation). Rank 0 prepares what is missing (prepare.py) while the other ranks
 wait for it on a gloo group with a long timeout; none of them ever tokenizes on its own.
 """
 
@@ -25,11 +25,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..control import datasource
-from ..control.datasource import DataError
 from ..control.spec import JobSpec
-from .dataindex import Permutation, shard_offsets
-from .loss import IGNORE_INDEX
+from ..worker.loss import IGNORE_INDEX
+from .index import Permutation
+from .samplesets import index_id, sample_roles
+from .shards import shard_offsets
+from .sources import DataError
 
 PREPARE_WAIT = timedelta(days=7)  # how long ranks > 0 wait for rank 0's prepare
 
@@ -112,7 +113,7 @@ def _pread(fd: int, n: int, offset: int) -> bytes:
 
 
 class PreparedSamples:
-    """The samples of one index of a prepared dataset (see dataindex.py)."""
+    """The samples of one index of a prepared dataset (see index.py)."""
 
     def __init__(self, folder: Path, index: str, seq_len: int, seed: int, order: str):
         import json
@@ -240,10 +241,10 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
     answer: list[Any] = [None]
     failure: BaseException | None = None
     if rank == 0:
-        from . import dataprep
+        from . import prepare
 
         try:
-            refs = dataprep.ensure(spec, log)
+            refs = prepare.ensure(spec, log)
             answer = [{r.role: str(r.folder) for r in refs}]
         except Exception as e:  # every rank must hear of it, or they would wait for days
             failure = e
@@ -257,8 +258,8 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
         raise DataError(answer[0])
     folders: dict[str, str] = answer[0]
     opened: dict[str, PreparedSamples] = {}
-    for role, data_role in datasource.sample_roles(spec):
-        index = datasource.index_id(spec, role)
+    for role, data_role in sample_roles(spec):
+        index = index_id(spec, role)
         opened[role] = PreparedSamples(Path(folders[data_role]), index, spec.data.seq_len, spec.job.seed, role)
     train, held = opened["train"], opened.get("eval")
     max_id = max(int(s.manifest["max_id"]) for s in opened.values())
