@@ -5,7 +5,6 @@ for the lock instead of preparing again. Real files, a real BPE tokenizer, real 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data_helpers import documents, make_tokenizer, write_jsonl, write_parquet, write_saved_dataset
+from data_helpers import documents, job, make_tokenizer, write_jsonl, write_parquet, write_saved_dataset
 
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.lock import FileLock
@@ -28,22 +27,6 @@ from clusterfsdp.data.sources import DataError
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory) -> Path:
     return make_tokenizer(tmp_path_factory.mktemp("tok") / "bpe")
-
-
-def job(tmp: Path, paths: list[Path], tokenizer: str, *extra: str) -> S.JobSpec:
-    text = f"""
-[job]
-run_root = "{tmp}"
-[data]
-source = "files"
-paths = {json.dumps([str(p) for p in paths])}
-tokenizer = "{tokenizer}"
-seq_len = 32
-cache_dir = "{tmp / "cache"}"
-[train]
-micro_batch_size = 2
-"""
-    return S.loads(text, list(extra))
 
 
 def stream(ref: cache.DatasetRef) -> tuple[np.ndarray, np.ndarray]:

@@ -35,10 +35,11 @@ import xxhash
 from ..control import runfolder
 from ..control import spec as specmod
 from ..control.runroot import default_run_root
+from . import trust
 from .formats import record_key
 from .sources import DataError, Source, local_sources
 
-FORMAT_VERSION = 1  # of the prepared layout and of how documents become tokens
+FORMAT_VERSION = 2  # of the prepared layout and of how documents become tokens (2: sealed files)
 TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens", "chat_template")
 
 
@@ -68,6 +69,7 @@ class FingerprintMemo:
 
     def table(self) -> dict[str, str]:
         if self._table is None:
+            trust.require(self.path)
             self._table = {r["id"]: r["hash"] for r in runfolder.read_jsonl(self.path) if "id" in r and "hash" in r}
         return self._table
 
@@ -78,8 +80,11 @@ class FingerprintMemo:
         ident = self.identity(path)
         if self.table().get(ident) != digest:
             if self.persist:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                trust.mkdirs(self.path.parent)
+                new = not self.path.exists()
                 runfolder.append_jsonl(self.path, {"id": ident, "hash": digest})
+                if new:
+                    trust.secure(self.path)
             self.table()[ident] = digest
 
 
@@ -151,9 +156,11 @@ class DatasetRef:
         return self.root / f"{self.key}.lock"
 
     def manifest(self) -> dict[str, Any] | None:
-        """The manifest of the complete prepared dataset, or None if it is not prepared."""
+        """The manifest of the complete prepared dataset, or None if it is not prepared;
+        DataError when it is not one to trust (trust.py)."""
         if self.key is None:
             return None
+        trust.require(self.folder, self.folder / "manifest.json", self.folder / "shards")
         try:
             return json.loads((self.folder / "manifest.json").read_text())
         except (OSError, ValueError):

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from ..control import spec as specmod
-from .cache import dataset_refs
+from .cache import DatasetRef, dataset_refs
 from .formats import column_problem, first_line, has_chat_template, parse_json_line, utf8_error
 from .samplesets import batch_problem, index_meta, sample_roles
 from .sources import DataError, Source, local_sources, matches, open_binary
@@ -145,21 +145,26 @@ def prepared_state(spec: specmod.JobSpec) -> list[str]:
         return [f"error: {e}"]
     out = []
     for ref in refs:
-        manifest = ref.manifest()
-        if ref.key is None:
-            out.append(f"{ref.role}: not looked up (sources over {VALIDATE_HASH_BYTES >> 20} MB not fingerprinted yet)")
-            continue
-        if manifest is None:
-            out.append(
-                f"{ref.role}: not prepared yet: the job prepares it at start (or `clusterfsdp data prepare`) "
-                f"into {ref.folder}"
-            )
-            continue
-        out.append(
-            f"{ref.role}: prepared, {manifest['tokens']:,} tokens in {manifest['documents']:,} documents ({ref.folder})"
-        )
-        for role, data_role in sample_roles(spec):
-            meta = index_meta(ref, spec, role) if data_role == ref.role else None
-            if meta is not None and (problem := batch_problem(spec, role, int(meta["samples"]))):
-                out.append(f"error: {problem}")
+        try:
+            out += _dataset_state(spec, ref)
+        except DataError as e:  # a cache entry not to trust
+            out.append(f"error: {e}")
+    return out
+
+
+def _dataset_state(spec: specmod.JobSpec, ref: DatasetRef) -> list[str]:
+    """validate's lines about one prepared dataset."""
+    if ref.key is None:
+        return [f"{ref.role}: not looked up (sources over {VALIDATE_HASH_BYTES >> 20} MB not fingerprinted yet)"]
+    manifest = ref.manifest()
+    if manifest is None:
+        return [
+            f"{ref.role}: not prepared yet: the job prepares it at start (or `clusterfsdp data prepare`) "
+            f"into {ref.folder}"
+        ]
+    out = [f"{ref.role}: prepared, {manifest['tokens']:,} tokens in {manifest['documents']:,} documents ({ref.folder})"]
+    for role, data_role in sample_roles(spec):
+        meta = index_meta(ref, spec, role) if data_role == ref.role else None
+        if meta is not None and (problem := batch_problem(spec, role, int(meta["samples"]))):
+            out.append(f"error: {problem}")
     return out

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -26,10 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..control import runfolder
 from ..control import spec as specmod
 from ..control.lock import FileLock, LockHeld
-from . import index
+from . import index, trust
 from .cache import FORMAT_VERSION, DatasetRef, cache_root, dataset_refs, unhashed_bytes
 from .checks import source_problems
 from .pool import cpu_count, tokenize
@@ -39,6 +37,7 @@ from .sources import DataError
 from .units import plan, unit_size
 
 Log = Callable[[str], None]
+LOCK_RECHECK_S = 5.0  # how often a waiting prepare checks who holds the lock
 
 
 class ByteProgress:
@@ -101,14 +100,15 @@ def build(
     unit_bytes = unit_bytes or unit_size(total)
     plan_id = {"version": FORMAT_VERSION, "unit_bytes": unit_bytes}
     if partial.exists():
+        trust.require(partial, partial / "plan.json", shards)  # its shards would be kept
         try:
             same = json.loads((partial / "plan.json").read_text()) == plan_id
         except (OSError, ValueError):
             same = False
         if not same:
             shutil.rmtree(partial)
-    shards.mkdir(parents=True, exist_ok=True)
-    runfolder.atomic_write(partial / "plan.json", json.dumps(plan_id))
+    trust.mkdirs(shards)
+    trust.write(partial / "plan.json", json.dumps(plan_id))
     done = {int(p.stem) for p in shards.glob("[0-9]*.json")}
     workers = workers or cpu_count()
     if all(s.kind in ("txt", "jsonl") and not s.compression for s in ref.sources):
@@ -146,14 +146,14 @@ def build(
         "documents": sum(s["documents"] for s in stats),
         "skipped": sum(s["skipped"] for s in stats),
         "max_id": max(s["max_id"] for s in stats),
-        "shards": [{"tokens": s["tokens"], "documents": s["documents"]} for s in stats],
+        "shards": [{"tokens": s["tokens"], "documents": s["documents"], "files": s["files"]} for s in stats],
         "sources": [{"path": s.path, "kind": s.kind, "size": s.size()} for s in ref.sources],
         "bytes": total,
         "seconds": seconds,
         "cpu_seconds": sum(s["cpu_s"] for s in stats),  # tokenizing units, all processes
         "workers": max(1, workers),
     }
-    runfolder.atomic_write(partial / "manifest.json", json.dumps(manifest, indent=1))
+    trust.write(partial / "manifest.json", json.dumps(manifest, indent=1))
     try:
         os.rename(partial, ref.folder)
     except OSError:
@@ -169,14 +169,36 @@ def build(
     return manifest
 
 
+def _refuse_foreign(lock: FileLock) -> None:
+    """DataError when the lock file belongs to someone this cache does not trust (a lock planted
+    by another user, naming a live process of theirs, would otherwise be waited on forever)."""
+    found = trust.problem(lock.path)
+    if found:
+        owner = lock.owner()
+        raise DataError(f"{found} (a prepare lock naming {owner.describe() if owner else 'no readable owner'})")
+
+
+def _take(lock: FileLock, log: Log) -> None:
+    """Take the dataset's lock, waiting for a trusted holder as long as it keeps its heartbeat."""
+    _refuse_foreign(lock)
+    try:
+        lock.acquire(0)
+        return
+    except LockHeld as e:
+        log(f"data: waiting for the prepare that holds the lock ({e}); it keeps the lock's heartbeat")
+    while True:
+        _refuse_foreign(lock)  # the holder may change while we wait
+        try:
+            lock.acquire(LOCK_RECHECK_S)
+            return
+        except LockHeld:
+            continue
+
+
 def _prepare_locked(ref: DatasetRef, spec: specmod.JobSpec, log: Log, **kw: Any) -> None:
     """Build `ref` unless it is prepared; one process at a time per dataset, the others wait."""
     lock = FileLock(ref.lock_path, "prepare dataset", heartbeat_s=20, stale_after_s=120)
-    try:
-        lock.acquire(0)
-    except LockHeld as e:
-        log(f"data: waiting for the prepare that holds the lock ({e}); it keeps the lock's heartbeat")
-        lock.acquire(math.inf)
+    _take(lock, log)
     try:
         if ref.manifest() is None:
             build(ref, spec, log, **kw)
@@ -204,7 +226,7 @@ def ensure(
     finally:
         if progress is not None:
             progress.close()
-    root.mkdir(parents=True, exist_ok=True)
+    trust.mkdirs(root)
     for ref in refs:
         if ref.manifest() is None:
             _prepare_locked(

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..control import spec as specmod
+from . import trust
 from .cache import FORMAT_VERSION, DatasetRef, text_hash
 
 
@@ -28,8 +29,11 @@ def index_id(spec: specmod.JobSpec, role: str) -> str:
 
 
 def index_meta(ref: DatasetRef, spec: specmod.JobSpec, role: str) -> dict[str, Any] | None:
+    """The meta of a built sample index (None: not built); DataError if it is not one to trust."""
+    folder = ref.folder / "index" / index_id(spec, role)
+    trust.require(ref.folder / "index", folder, folder / "meta.json")
     try:
-        return json.loads((ref.folder / "index" / index_id(spec, role) / "meta.json").read_text())
+        return json.loads((folder / "meta.json").read_text())
     except (OSError, ValueError):
         return None
 

@@ -1,18 +1,20 @@
-"""Shard files of a prepared dataset: writing one (under temporary names, renamed, its stats
-file last: a complete shard has `NNNNN.json`), and reading the manifest's view of them."""
+"""Shard files of a prepared dataset: writing one (under temporary names, renamed, sealed, its
+stats file last: a complete shard has `NNNNN.json`), and reading the manifest's view of them."""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..control import runfolder
+from . import trust
 from .tokens import DocumentEncoder, Encoded
+
+EXTENSIONS = (".tok", ".doc", ".msk")
 
 
 @dataclass
@@ -27,6 +29,7 @@ class ShardStats:
     max_id: int = -1
     weight: int = 0
     cpu_s: float = 0.0  # CPU time the unit took in its process
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # extension -> trust.seal
 
 
 class ShardWriter:
@@ -39,6 +42,9 @@ class ShardWriter:
         self.tok = open(self._tmp(".tok"), "wb")  # noqa: SIM115 - closed in finish
         self.msk = open(self._tmp(".msk"), "wb") if chat else None  # noqa: SIM115
         self.starts: list[int] = []
+        for f in (self.tok, self.msk):
+            if f is not None:
+                trust.secure(f.fileno())
 
     def _tmp(self, ext: str) -> Path:
         return self.base.with_name(f".{self.base.name}{ext}.tmp")
@@ -61,10 +67,12 @@ class ShardWriter:
             if f is not None:
                 f.close()
         np.asarray(self.starts, np.int64).tofile(self._tmp(".doc"))
-        for ext in (".doc", ".msk", ".tok"):
+        trust.secure(self._tmp(".doc"))
+        for ext in EXTENSIONS:
             if self._tmp(ext).exists():
                 os.replace(self._tmp(ext), self.base.with_suffix(ext))
-        runfolder.atomic_write(self.base.with_suffix(".json"), json.dumps(asdict(self.stats)))
+                self.stats.files[ext] = trust.seal(self.base.with_suffix(ext))
+        trust.write(self.base.with_suffix(".json"), json.dumps(asdict(self.stats)))
         return self.stats
 
 
@@ -73,10 +81,18 @@ def shard_offsets(manifest: dict[str, Any]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum([s["tokens"] for s in manifest["shards"]], dtype=np.int64)])
 
 
+def read_sealed(path: Path, sealed: dict[str, Any], dataset: Path, dtype: type) -> np.ndarray:
+    """A whole sealed file of the dataset folder, checked against its seal first."""
+    with open(path, "rb") as f:
+        trust.verify(f.fileno(), path, sealed, dataset)
+        return np.fromfile(f, dtype=dtype)
+
+
 def document_starts(folder: Path, manifest: dict[str, Any]) -> np.ndarray:
+    """Global token offset of every document's start."""
     offsets = shard_offsets(manifest)
     parts = [
-        np.fromfile(folder / "shards" / f"{i:05d}.doc", dtype=np.int64) + offsets[i]
-        for i in range(len(manifest["shards"]))
+        read_sealed(folder / "shards" / f"{i:05d}.doc", shard["files"][".doc"], folder, np.int64) + offsets[i]
+        for i, shard in enumerate(manifest["shards"])
     ]
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
