@@ -238,9 +238,9 @@ def main() -> None:
 
     from clusterfsdp.control import ckptfolder
     from clusterfsdp.control import spec as specmod
+    from clusterfsdp.data.samples import Batch
     from clusterfsdp.worker import checkpoint as ckpt
     from clusterfsdp.worker import distenv, train
-    from clusterfsdp.worker.data import Batch
 
     env = distenv.from_environ()
     os.environ.update(env.export())

@@ -11,7 +11,7 @@ tokenizer. Measured in one run, side by side:
 
 - raw: `backend_tokenizer.encode_batch_fast` on the corpus text in 1 MB batches, one process,
   one thread (TOKENIZERS_PARALLELISM=false), MB of text per CPU second;
-- prepare: `python -m clusterfsdp.worker.dataprep` (what `clusterfsdp data prepare` runs) with
+- prepare: `python -m clusterfsdp.data.prepare` (what `clusterfsdp data prepare` runs) with
   2 processes on the same corpus file, MB per CPU second of the whole process tree (so other
   load on the machine does not count against it) and MB/s of wall time;
 - training: 2 real gloo ranks (`clusterfsdp.worker` on a run folder, llama-tiny, 30 steps) on
@@ -181,13 +181,13 @@ def tree_cpu(root: int, last: dict[int, float]) -> None:
 
 
 def prepare(job_file: Path, workers: int) -> dict:
-    """`python -m clusterfsdp.worker.dataprep` on a fresh cache: wall seconds, and CPU seconds of
+    """`python -m clusterfsdp.data.prepare` on a fresh cache: wall seconds, and CPU seconds of
     its whole process tree (main, forkserver, pool) polled every 0.2 s from /proc (the pool's
     processes are not children the bench could wait for; what a process spends after the last
     poll, at most 0.2 s of an idle shutdown, is not counted)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "clusterfsdp.worker.dataprep", str(job_file), "--workers", str(workers)],
+        [sys.executable, "-m", "clusterfsdp.data.prepare", str(job_file), "--workers", str(workers)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -60,13 +60,14 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .control import datasource, slurmcli
+    from .control import slurmcli
     from .control.run import prepare_sources
     from .control.summary import summary
+    from .data import checks as datachecks
 
     prepared = prepare_sources(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
     spec = prepared.spec
-    inside = datasource.container_only_paths(spec)
+    inside = datachecks.container_only_paths(spec)
     for path in inside:
         prepared.notes.append(f"data path {path} is not on this host: checked inside the container when the job starts")
     reachable = slurmcli.available()
@@ -76,7 +77,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(summary(spec, where))
     for note in prepared.notes:
         print(f"note       {note}")
-    for line in [] if inside else datasource.prepared_state(spec):
+    for line in [] if inside else datachecks.prepared_state(spec):
         print(f"prepared   {line}")
     print("ok")
     return 0
@@ -87,7 +88,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     never imports transformers or datasets."""
     import subprocess
 
-    argv = [sys.executable, "-m", "clusterfsdp.worker.dataprep", args.job, "--workers", str(args.workers)]
+    argv = [sys.executable, "-m", "clusterfsdp.data.prepare", args.job, "--workers", str(args.workers)]
     for item in args.set or []:
         argv += ["--set", item]
     return subprocess.call(argv)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from procs import CORPUS
 
+from clusterfsdp.control import spec as S
+
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -101,3 +103,20 @@ def write_saved_dataset(path: Path, records: list[dict], split: str | None = Non
     else:
         datasets.DatasetDict({split: ds, "test": ds.select(range(2))}).save_to_disk(str(path))
     return path
+
+
+def job(tmp: Path, paths: list[Path], tokenizer: str, *extra: str, cache: Path | None = None) -> S.JobSpec:
+    """A 1-rank job reading `paths` (seq_len 32, micro-batch 2), its cache in tmp/cache."""
+    text = f"""
+[job]
+run_root = "{tmp}"
+[data]
+source = "files"
+paths = {json.dumps([str(p) for p in paths])}
+tokenizer = "{tokenizer}"
+seq_len = 32
+cache_dir = "{cache or tmp / "cache"}"
+[train]
+micro_batch_size = 2
+"""
+    return S.loads(text, list(extra))

@@ -13,14 +13,14 @@ import torch
 from data_helpers import conversations, make_tokenizer, write_jsonl
 from procs import make_run, run_workers
 
-from clusterfsdp.control import datasource
 from clusterfsdp.control import spec as S
-from clusterfsdp.control.datasource import DataError
-from clusterfsdp.worker import data as datamod
-from clusterfsdp.worker import dataprep
+from clusterfsdp.data import checks
+from clusterfsdp.data import prepare as dataprep
+from clusterfsdp.data import samples as datamod
+from clusterfsdp.data.sources import DataError
+from clusterfsdp.data.tokens import DocumentEncoder
 from clusterfsdp.worker import loss as lossmod
 from clusterfsdp.worker.loss import IGNORE_INDEX
-from clusterfsdp.worker.tokens import DocumentEncoder
 
 MULTI_TURN = [
     {"role": "system", "content": "Be brief."},
@@ -100,13 +100,13 @@ def test_templates_that_cannot_be_split_exactly_are_refused(tmp_path, chat_tok):
 def test_chat_data_without_a_template_or_an_answer_is_refused_before_queueing(tmp_path, chat_tok):
     plain = make_tokenizer(tmp_path / "plain", chat_template=None)
     job = S.loads(chat_job(tmp_path, plain, 5))
-    assert datasource.check(job) == [
+    assert checks.problems(job) == [
         f"data.tokenizer: {plain} has no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja), "
         "which data.format = 'chat' needs"
     ]
     no_answer = write_jsonl(tmp_path / "q.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
     job = S.loads(chat_job(tmp_path, chat_tok, 5), [f"data.paths=['{no_answer}']"])
-    assert datasource.check(job) == [
+    assert checks.problems(job) == [
         f"data.paths[0]: {no_answer}:1: 'messages' has no 'assistant' message: nothing to train on"
     ]
 

@@ -209,14 +209,14 @@ def test_data_that_exists_only_in_the_image_is_left_to_the_job(tmp_path):
     """A container job's data path that is not on the submitting host may be inside the image:
     validate notes it and submit does not refuse it (prepare checks it inside the container);
     the same path without a container is refused, naming the key."""
-    from clusterfsdp.control import datasource
+    from clusterfsdp.data import checks
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("some text " * 2000)
     data = f'[data]\nsource = "files"\npaths = ["/in-image/corpus.txt", "{corpus}"]\n'
     spec = S.loads(data + PYXIS)
-    assert datasource.container_only_paths(spec) == ["/in-image/corpus.txt"]
-    assert datasource.check(spec) == []
+    assert checks.container_only_paths(spec) == ["/in-image/corpus.txt"]
+    assert checks.problems(spec) == []
     plain = S.loads(data)
-    assert datasource.container_only_paths(plain) == []
-    assert any(e.startswith("data.paths[0]: '/in-image/corpus.txt'") for e in datasource.check(plain))
+    assert checks.container_only_paths(plain) == []
+    assert any(e.startswith("data.paths[0]: '/in-image/corpus.txt'") for e in checks.problems(plain))

@@ -1,11 +1,10 @@
-"""Preparing datasets (worker/dataprep.py): every source kind gives the tokens the tokenizer
+"""Preparing datasets (data/prepare.py): every source kind gives the tokens the tokenizer
 gives, bad input is named by file and line (or row, or key) and leaves nothing behind, an
 interrupted prepare keeps its complete shards and is continued, and a second preparer waits
 for the lock instead of preparing again. Real files, a real BPE tokenizer, real processes."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data_helpers import documents, make_tokenizer, write_jsonl, write_parquet, write_saved_dataset
+from data_helpers import documents, job, make_tokenizer, write_jsonl, write_parquet, write_saved_dataset
 
-from clusterfsdp.control import datasource
 from clusterfsdp.control import spec as S
-from clusterfsdp.control.datasource import DataError
 from clusterfsdp.control.lock import FileLock
-from clusterfsdp.worker import dataindex, dataprep
+from clusterfsdp.data import cache, checks, shards
+from clusterfsdp.data import prepare as dataprep
+from clusterfsdp.data.sources import DataError
 
 
 @pytest.fixture(scope="module")
@@ -30,23 +29,7 @@ def bpe(tmp_path_factory) -> Path:
     return make_tokenizer(tmp_path_factory.mktemp("tok") / "bpe")
 
 
-def job(tmp: Path, paths: list[Path], tokenizer: str, *extra: str) -> S.JobSpec:
-    text = f"""
-[job]
-run_root = "{tmp}"
-[data]
-source = "files"
-paths = {json.dumps([str(p) for p in paths])}
-tokenizer = "{tokenizer}"
-seq_len = 32
-cache_dir = "{tmp / "cache"}"
-[train]
-micro_batch_size = 2
-"""
-    return S.loads(text, list(extra))
-
-
-def stream(ref: datasource.DatasetRef) -> tuple[np.ndarray, np.ndarray]:
+def stream(ref: cache.DatasetRef) -> tuple[np.ndarray, np.ndarray]:
     """(all token ids, document starts) of a prepared dataset, read back from its shard files."""
     manifest = ref.manifest()
     assert manifest is not None
@@ -54,7 +37,7 @@ def stream(ref: datasource.DatasetRef) -> tuple[np.ndarray, np.ndarray]:
         [np.fromfile(ref.folder / "shards" / f"{i:05d}.tok", manifest["dtype"]) for i in range(len(manifest["shards"]))]
     )
     assert len(tokens) == manifest["tokens"]
-    return tokens, dataindex.document_starts(ref.folder, manifest)
+    return tokens, shards.document_starts(ref.folder, manifest)
 
 
 def expected(tokenizer: Path, docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -90,7 +73,7 @@ def _source(kind: str, folder: Path) -> Path:
 @pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "jsonl.zst", "parquet", "saved", "saved-dict", "folder"])
 def test_every_source_kind_gives_the_tokenizers_tokens(tmp_path, bpe, kind):
     spec = job(tmp_path, [_source(kind, tmp_path)], str(bpe))
-    assert datasource.check(spec) == []
+    assert checks.problems(spec) == []
     (ref,) = dataprep.ensure(spec, workers=1, unit_bytes=2048)  # several shards per source
     tokens, starts = stream(ref)
     want, want_starts = expected(bpe, DOCS)
@@ -126,17 +109,17 @@ def test_the_same_content_elsewhere_is_the_same_dataset_and_any_edit_is_a_new_on
     (first,) = dataprep.ensure(job(tmp_path, [a], str(bpe)), workers=1)
     copy = tmp_path / "copy.jsonl"
     copy.write_bytes(a.read_bytes())
-    (again,) = datasource.dataset_refs(job(tmp_path, [copy], str(bpe)))
+    (again,) = cache.dataset_refs(job(tmp_path, [copy], str(bpe)))
     assert again.key == first.key and again.manifest() is not None
     # same size, mtime put back: the file identity's ctime still changes, so it is hashed again
     st = os.stat(a)
     data = a.read_bytes()
     a.write_bytes(data.replace(b"the", b"THE", 1))
     os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))
-    (edited,) = datasource.dataset_refs(job(tmp_path, [a], str(bpe)))
+    (edited,) = cache.dataset_refs(job(tmp_path, [a], str(bpe)))
     assert edited.key != first.key and edited.manifest() is None
     # the tokenizer is part of the key too
-    (other,) = datasource.dataset_refs(job(tmp_path, [copy], "bytes"))
+    (other,) = cache.dataset_refs(job(tmp_path, [copy], "bytes"))
     assert other.key != first.key
 
 
@@ -162,7 +145,7 @@ def _bad(kind: str, folder: Path) -> tuple[Path, str]:
         return path, f"{path}:28: not UTF-8"
     if kind == "utf8-txt":
         path = folder / "d.txt"
-        lines = datasource.SNIFF_BYTES // 5 + 100  # past what validate reads
+        lines = checks.SNIFF_BYTES // 5 + 100  # past what validate reads
         path.write_bytes(b"line\n" * lines + b"bad \xff byte\n" + b"more\n" * 10)
         return path, f"{path}:{lines + 1}: not UTF-8"
     if kind == "null":
@@ -179,7 +162,7 @@ def _bad(kind: str, folder: Path) -> tuple[Path, str]:
 def test_bad_input_names_the_file_and_line_and_leaves_nothing(tmp_path, kind):
     path, message = _bad(kind, tmp_path)
     spec = job(tmp_path, [path], "bytes")
-    early = datasource.source_problems(spec)  # validate reads the first record (and a split's metadata)
+    early = checks.source_problems(spec)  # validate reads the first record (and a split's metadata)
     assert (early == []) if kind != "split" else (len(early) == 1 and message in early[0])
     with pytest.raises(DataError) as e:
         dataprep.ensure(spec, workers=1, unit_bytes=512 if kind != "utf8-txt" else 100_000)
@@ -197,7 +180,7 @@ def test_a_dataset_smaller_than_one_global_batch_is_refused(tmp_path):
 
 def _prepare_cli(job_file: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "clusterfsdp.worker.dataprep", str(job_file), *args],
+        [sys.executable, "-m", "clusterfsdp.data.prepare", str(job_file), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -213,7 +196,7 @@ def test_an_interrupted_prepare_is_never_used_and_is_continued(tmp_path, bpe):
     spec = job(tmp_path, [big], str(bpe))
     job_file = tmp_path / "job.toml"
     job_file.write_text(S.dumps(spec))
-    (ref,) = datasource.dataset_refs(spec)
+    (ref,) = cache.dataset_refs(spec)
     proc = _prepare_cli(job_file, "--workers", "2", "--unit-bytes", "16384")
     deadline = time.time() + 300
     while not list((ref.partial / "shards").glob("[0-9]*.json")):
@@ -242,7 +225,7 @@ def test_an_interrupted_prepare_is_never_used_and_is_continued(tmp_path, bpe):
 def test_a_second_preparer_waits_for_the_lock_and_uses_the_result(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": d} for d in DOCS])
     spec = job(tmp_path, [path], "bytes")
-    (ref,) = datasource.dataset_refs(spec)
+    (ref,) = cache.dataset_refs(spec)
     ref.root.mkdir(parents=True, exist_ok=True)
     holder = FileLock(ref.lock_path, "prepare dataset (test)").acquire()
     lines: list[str] = []

@@ -1,4 +1,4 @@
-"""Data checks before anything is queued (control/datasource.py through `clusterfsdp validate`,
+"""Data checks before anything is queued (data/checks.py through `clusterfsdp validate`,
 `submit` and `data prepare`): exit 2 with the key, file and line; the prepared state shown;
 eval results shown by `status`, the TUI run view and the notebook progress."""
 

@@ -1,6 +1,8 @@
 """The package layout carries the architecture: the control plane (and every front-end that runs
-on a login node) never imports torch, transformers or the worker; checked statically on every
-import statement (also those inside functions) and at run time for the commands people type."""
+on a login node) never imports torch, transformers or the worker, and of the data package only
+the torch-free modules named in DATA_TORCH_FREE, which themselves import nothing heavy; checked
+statically on every import statement (also those inside functions) and at run time for the
+commands people type."""
 
 from __future__ import annotations
 
@@ -13,6 +15,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "safetensors", "datasets", "tokenizers", "numpy", "pandas")
+# clusterfsdp/data/: what the control plane may import (validate and submit check data with it)
+DATA_TORCH_FREE = ("sources", "formats", "trust", "cache", "samplesets", "checks")
+DATA_DIR = REPO / "clusterfsdp" / "data"
+DATA_HEAVY = tuple(
+    f"clusterfsdp.data.{p.stem}" for p in sorted(DATA_DIR.glob("*.py")) if p.stem not in (*DATA_TORCH_FREE, "__init__")
+)
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
@@ -46,16 +54,26 @@ def offending(paths: list[Path], banned: tuple[str, ...]) -> list[str]:
 
 
 def test_control_plane_never_imports_torch_or_the_worker():
-    assert not offending(files("clusterfsdp/control"), (*HEAVY, "clusterfsdp.worker", "clusterfsdp.notebook"))
+    banned = (*HEAVY, "clusterfsdp.worker", "clusterfsdp.notebook", *DATA_HEAVY)
+    assert not offending(files("clusterfsdp/control"), banned)
+
+
+def test_the_torch_free_data_modules_import_nothing_heavy():
+    """They are what validate and submit use; the numpy half imports them, never the reverse."""
+    torch_free = [DATA_DIR / f"{name}.py" for name in (*DATA_TORCH_FREE, "__init__")]
+    assert all(p.is_file() for p in torch_free)
+    assert DATA_HEAVY, "the numpy half of clusterfsdp/data is missing"
+    banned = (*HEAVY, "clusterfsdp.worker", "clusterfsdp.notebook", *DATA_HEAVY)
+    assert not offending(torch_free, banned)
 
 
 def test_front_ends_never_import_torch_and_the_tui_never_imports_the_cli():
     front = [REPO / "clusterfsdp" / "cli.py", REPO / "clusterfsdp" / "__init__.py", *files("tui")]
-    assert not offending(front, HEAVY)
+    assert not offending(front, (*HEAVY, *DATA_HEAVY))
     assert not offending(files("tui"), ("clusterfsdp.cli",))
 
 
-@pytest.mark.parametrize("package", ["control", "worker", "notebook"])
+@pytest.mark.parametrize("package", ["control", "data", "data.checks", "worker", "notebook"])
 def test_importing_a_package_is_cheap(package):
     """Importing any subpackage (what submitit's unpickling and `python -m` do first) loads no torch."""
     code = f"import sys, clusterfsdp.{package}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"

@@ -1,4 +1,4 @@
-"""Samples from prepared data (worker/dataindex.py, worker/data.py): packing 'documents' never
+"""Samples from prepared data (data/index.py, data/samples.py): packing 'documents' never
 lets a sample's context cross a document (position ids restart, and sdpa and eager attention
 really keep documents apart), overlong documents become seq_len pieces, the held-out split is
 disjoint, and the read order is a seeded bijection. One process, CPU, real files."""
@@ -17,9 +17,9 @@ from data_helpers import documents, write_jsonl
 
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.presets import PRESETS
-from clusterfsdp.worker import data as datamod
-from clusterfsdp.worker import dataprep
-from clusterfsdp.worker.dataindex import Permutation
+from clusterfsdp.data import prepare as dataprep
+from clusterfsdp.data import samples as datamod
+from clusterfsdp.data.index import Permutation
 from clusterfsdp.worker.loss import IGNORE_INDEX
 
 SEQ = 64

@@ -142,7 +142,7 @@ def prepare(spec: specmod.JobSpec, mode: hub.Mode = "download") -> Prepared:
 def _dataset(out: Prepared, errors: list[str], key: str, value: str, mode: hub.Mode) -> str:
     """A data path as given, or the local snapshot folder of a hub dataset id (org/name) that is
     not a local path (with_absolute_paths left it as written). Only submit ('download') asks the
-    hub; `validate` and the TUI look in the cache and otherwise leave the id for datasource.check
+    hub; `validate` and the TUI look in the cache and otherwise leave the id for data.checks
     to report with the other data problems."""
     if value.startswith(("/", ".", "~")) or not specmod.looks_like_hub_id(value):
         return value

@@ -25,7 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ckptfolder, datasource, hub, launch, lock, modelsource, procs, runfolder, secretenv, slurmcli, status
+from ..data import checks as datachecks
+from . import ckptfolder, hub, launch, lock, modelsource, procs, runfolder, secretenv, slurmcli, status
 from . import spec as specmod
 from .records import Attempt, Cause, Executor, RunState
 from .runfolder import RunFolder
@@ -177,7 +178,7 @@ class Run:
             spec = self.folder.spec(list(overrides))
             chosen, notice = launch.choose_executor(executor or _requested(self.folder.record().executor))
             _check_submittable(spec, chosen)
-            problems = datasource.check(spec)  # (its sources were resolved at submit)
+            problems = datachecks.problems(spec)  # (its sources were resolved at submit)
             if problems:
                 raise specmod.SpecError(problems)
             missing = secretenv.missing(spec.env)
@@ -366,7 +367,7 @@ def prepare_sources(spec: specmod.JobSpec, mode: hub.Mode = "download") -> model
     the data sources read (readable, not smaller than a batch; they may need the resolved
     tokenizer). SpecError with every problem."""
     prepared = modelsource.prepare(spec, mode)
-    problems = datasource.check(prepared.spec)
+    problems = datachecks.problems(prepared.spec)
     if problems:
         raise specmod.SpecError(problems)
     return prepared

@@ -20,13 +20,13 @@ import torch.distributed as dist
 from ..control import ckptfolder
 from ..control.records import EventKind
 from ..control.spec import JobSpec
+from ..data.samples import Batch, PreparedSamples, SyntheticSamples, open_for_training
+from ..data.tokens import BOS, BYTE_VOCAB, EOS, PAD, load_tokenizer
 from . import checkpoint as ckpt
 from . import metrics as metricsmod
 from . import model as modelmod
 from . import parallelize, weights
-from .data import Batch, PreparedSamples, SyntheticSamples, open_for_training
 from .stopflags import SIGNAL_NAMES, StopFlags
-from .tokens import BOS, BYTE_VOCAB, EOS, PAD, load_tokenizer
 
 
 @dataclass

@@ -15,7 +15,8 @@ A sample is a list of token ranges of the prepared stream:
 
 Tables (`samples.i64`: n + 1 offsets into `segments.i64`: (start, length) rows) and
 `meta.json` are built once, by the process that prepares the data, into
-`<dataset>/index/<id>/` (written to a temporary folder and renamed), and read with pread.
+`<dataset>/index/<id>/` (written to a temporary folder and renamed, the tables sealed in
+meta.json: trust.py), and read with pread.
 
 The held-out split (eval.fraction) is by document: document d is held out when a hash of
 (seed, d) falls below the fraction, so no document is in both splits.
@@ -35,9 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from ..control import datasource
-from ..control.datasource import DatasetRef
 from ..control.spec import JobSpec
+from . import trust
+from .cache import DatasetRef
+from .samplesets import index_id, index_meta
+from .shards import document_starts
 
 M64 = (1 << 64) - 1
 
@@ -88,21 +91,6 @@ def _uniform(seed: int, n: int) -> np.ndarray:
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x = x ^ (x >> np.uint64(31))
     return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
-
-
-# ---------------------------------------------------------------- the prepared stream
-def shard_offsets(manifest: dict[str, Any]) -> np.ndarray:
-    """Global token offset of every shard, and the total at the end."""
-    return np.concatenate([[0], np.cumsum([s["tokens"] for s in manifest["shards"]], dtype=np.int64)])
-
-
-def document_starts(folder: Path, manifest: dict[str, Any]) -> np.ndarray:
-    offsets = shard_offsets(manifest)
-    parts = [
-        np.fromfile(folder / "shards" / f"{i:05d}.doc", dtype=np.int64) + offsets[i]
-        for i in range(len(manifest["shards"]))
-    ]
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 # ---------------------------------------------------------------- building
@@ -180,27 +168,29 @@ def build(dataset: Path, out: Path, manifest: dict[str, Any], spec: JobSpec, rol
         offsets, segments = _concat_table(starts, lengths, seq)
     else:
         offsets, segments, meta["padding"] = _documents_table(starts, lengths, seq)
-    offsets.tofile(out / "samples.i64")
-    segments.tofile(out / "segments.i64")
-    return {**meta, "kind": "table", "samples": len(offsets) - 1}
+    files = {}
+    for name, table in (("samples.i64", offsets), ("segments.i64", segments)):
+        table.tofile(out / name)
+        trust.secure(out / name)
+        files[name] = trust.seal(out / name)
+    return {**meta, "kind": "table", "samples": len(offsets) - 1, "files": files}
 
 
 def ensure(ref: DatasetRef, spec: JobSpec, role: str, log) -> dict[str, Any]:
     """The index of `role` over the prepared dataset `ref`, built now if missing (atomically:
     into a temporary folder, renamed; a concurrent builder's identical result wins)."""
-    final = ref.folder / "index" / datasource.index_id(spec, role)
-    try:
-        return json.loads((final / "meta.json").read_text())
-    except (OSError, ValueError):
-        pass
+    found = index_meta(ref, spec, role)
+    if found is not None:
+        return found
+    final = ref.folder / "index" / index_id(spec, role)
     manifest = ref.manifest()
     assert manifest is not None, ref.folder
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    trust.mkdirs(tmp)
     try:
         meta = build(ref.folder, tmp, manifest, spec, role)
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        trust.write(tmp / "meta.json", json.dumps(meta, indent=1))
         try:
             os.rename(tmp, final)
         except OSError:  # built meanwhile by another process: keep theirs

@@ -8,7 +8,7 @@ resume on a different number of GPUs neither repeats nor skips a sample.
 Memory does not grow with the corpus: a sample's tokens are read from the shard files with
 pread (not memory-mapped: pages of a mapping that random reads touch would stay in the rank's
 resident set), the sample index likewise, and the order is computed per index
-(dataindex.Permutation). Rank 0 prepares what is missing (dataprep.py) while the other ranks
+(index.Permutation). Rank 0 prepares what is missing (prepare.py) while the other ranks
 wait for it on a gloo group with a long timeout; none of them ever tokenizes on its own.
 """
 
@@ -25,11 +25,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..control import datasource
-from ..control.datasource import DataError
 from ..control.spec import JobSpec
-from .dataindex import Permutation, shard_offsets
-from .loss import IGNORE_INDEX
+from ..worker.loss import IGNORE_INDEX
+from . import trust
+from .index import Permutation
+from .samplesets import index_id, sample_roles
+from .shards import shard_offsets
+from .sources import DataError
 
 PREPARE_WAIT = timedelta(days=7)  # how long ranks > 0 wait for rank 0's prepare
 
@@ -64,14 +66,17 @@ class Sample:
 
 
 class _Reader:
-    """Reads ranges of one flat array spread over shard files, with pread (O(1) memory); at most
-    MAX_OPEN shard files are open at a time (a 1 TB corpus has tens of thousands of shards)."""
+    """Reads ranges of one flat array spread over sealed files of a prepared dataset, with pread
+    (O(1) memory); at most MAX_OPEN files are open at a time (a 1 TB corpus has tens of
+    thousands of shards). Each file is checked against its seal when first opened (trust.py:
+    one fstat, a hash only when its identity changed)."""
 
     MAX_OPEN = 64
 
-    def __init__(self, paths: list[Path], offsets: np.ndarray, dtype: np.dtype):
-        self.paths, self.offsets, self.dtype = paths, offsets, dtype
+    def __init__(self, dataset: Path, files: list[tuple[Path, dict[str, Any]]], offsets: np.ndarray, dtype: np.dtype):
+        self.dataset, self.files, self.offsets, self.dtype = dataset, files, offsets, dtype
         self.fds: OrderedDict[int, int] = OrderedDict()
+        self.verified: set[int] = set()
 
     def _fd(self, i: int) -> int:
         if i in self.fds:
@@ -79,7 +84,16 @@ class _Reader:
         else:
             if len(self.fds) >= self.MAX_OPEN:
                 os.close(self.fds.popitem(last=False)[1])
-            self.fds[i] = os.open(self.paths[i], os.O_RDONLY)
+            path, sealed = self.files[i]
+            fd = os.open(path, os.O_RDONLY)
+            if i not in self.verified:
+                try:
+                    trust.verify(fd, path, sealed, self.dataset)
+                except DataError:
+                    os.close(fd)
+                    raise
+                self.verified.add(i)
+            self.fds[i] = fd
         return self.fds[i]
 
     def read(self, start: int, length: int) -> np.ndarray:
@@ -112,30 +126,38 @@ def _pread(fd: int, n: int, offset: int) -> bytes:
 
 
 class PreparedSamples:
-    """The samples of one index of a prepared dataset (see dataindex.py)."""
+    """The samples of one index of a prepared dataset (see index.py)."""
 
     def __init__(self, folder: Path, index: str, seq_len: int, seed: int, order: str):
         import json
 
+        tables = folder / "index" / index
+        trust.require(
+            folder, folder / "manifest.json", folder / "shards", folder / "index", tables, tables / "meta.json"
+        )
         self.manifest: dict[str, Any] = json.loads((folder / "manifest.json").read_text())
-        self.meta: dict[str, Any] = json.loads((folder / "index" / index / "meta.json").read_text())
+        self.meta: dict[str, Any] = json.loads((tables / "meta.json").read_text())
         self.seq_len, self.seed, self.order = seq_len, seed, order
         self.count = int(self.meta["samples"])
         self.documents = self.meta["packing"] == "documents"
         n = len(self.manifest["shards"])
         offsets = shard_offsets(self.manifest)
         shards = folder / "shards"
-        self.tokens = _Reader([shards / f"{i:05d}.tok" for i in range(n)], offsets, np.dtype(self.manifest["dtype"]))
-        self.mask = (
-            _Reader([shards / f"{i:05d}.msk" for i in range(n)], offsets, np.dtype(np.uint8))
-            if self.manifest["mask"]
-            else None
+
+        def shard_files(ext: str) -> list[tuple[Path, dict[str, Any]]]:
+            return [(shards / f"{i:05d}{ext}", self.manifest["shards"][i]["files"][ext]) for i in range(n)]
+
+        self.tokens = _Reader(folder, shard_files(".tok"), offsets, np.dtype(self.manifest["dtype"]))
+        self.mask = _Reader(folder, shard_files(".msk"), offsets, np.dtype(np.uint8)) if self.manifest["mask"] else None
+        self.table = self.meta["kind"] == "table"
+        sealed = self.meta.get("files", {})  # tables only
+        i64 = np.dtype(np.int64)
+        self.offsets = _Reader(
+            folder, [(tables / "samples.i64", sealed.get("samples.i64", {}))], np.array([0, self.count + 1]), i64
         )
-        table = self.meta["kind"] == "table"
-        tables = folder / "index" / index
-        self.offsets = _Reader([tables / "samples.i64"], np.array([0, self.count + 1]), np.dtype(np.int64))
-        self.segments = _Reader([tables / "segments.i64"], np.array([0, 1 << 62]), np.dtype(np.int64))
-        self.table = table
+        self.segments = _Reader(
+            folder, [(tables / "segments.i64", sealed.get("segments.i64", {}))], np.array([0, 1 << 62]), i64
+        )
         self.pad = int(self.manifest["eos"])
         self._perm: tuple[int, Permutation] | None = None
 
@@ -240,10 +262,10 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
     answer: list[Any] = [None]
     failure: BaseException | None = None
     if rank == 0:
-        from . import dataprep
+        from . import prepare
 
         try:
-            refs = dataprep.ensure(spec, log)
+            refs = prepare.ensure(spec, log)
             answer = [{r.role: str(r.folder) for r in refs}]
         except Exception as e:  # every rank must hear of it, or they would wait for days
             failure = e
@@ -257,8 +279,8 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
         raise DataError(answer[0])
     folders: dict[str, str] = answer[0]
     opened: dict[str, PreparedSamples] = {}
-    for role, data_role in datasource.sample_roles(spec):
-        index = datasource.index_id(spec, role)
+    for role, data_role in sample_roles(spec):
+        index = index_id(spec, role)
         opened[role] = PreparedSamples(Path(folders[data_role]), index, spec.data.seq_len, spec.job.seed, role)
     train, held = opened["train"], opened.get("eval")
     max_id = max(int(s.manifest["max_id"]) for s in opened.values())

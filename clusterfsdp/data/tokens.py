@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..control.datasource import DataError
+from .sources import DataError
 
 BYTE_VOCAB = 260  # 256 bytes + BOS, EOS, PAD (+1 spare)
 BOS, EOS, PAD = 256, 257, 258

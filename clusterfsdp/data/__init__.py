@@ -1,0 +1,14 @@
+"""Training data, by concern: from the paths a job names to the batches a rank reads.
+
+The torch-free half (the control plane imports it for `validate` and `submit`; listed by name
+in tests/test_layout.py): `sources` (which files the paths name), `formats` (what a record is),
+`trust` (whom a shared cache trusts, sealed files),
+`cache` (the prepared-data cache: keys, fingerprints, layout), `samplesets` (which sample sets
+a job reads and their size checks), `checks` (what is refused before queueing).
+The numpy half, on workers and in `clusterfsdp data prepare`: `units` (planning a prepare),
+`readers` (a unit's records -> tokens), `tokens` (documents -> token ids), `shards` (shard
+files), `pool` (the tokenizing processes), `prepare` (building a dataset under its lock;
+`python -m clusterfsdp.data.prepare`), `index` (samples of one seq_len / packing / split), and
+`samples` (torch: batches read with pread). The numpy half imports the torch-free half, never
+the reverse. Importing this package imports nothing.
+"""

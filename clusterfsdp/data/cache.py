@@ -1,0 +1,212 @@
+"""The prepared-data cache: where the token form of a job's sources lives, its key, and the
+content fingerprints the key is made of. Pure Python (the control plane imports it).
+
+A *prepared dataset* is the token form of a list of sources, built once by
+`clusterfsdp.data.prepare` and shared by every rank and every job that names the same data:
+
+    <cache>/<key>/manifest.json        sources, tokenizer, token and document counts, shards
+    <cache>/<key>/shards/NNNNN.tok     flat uint16/uint32 token ids
+    <cache>/<key>/shards/NNNNN.doc     int64 offsets (in the shard) where documents start
+    <cache>/<key>/shards/NNNNN.msk     uint8 per token, 1 = trained on (format = 'chat' only)
+    <cache>/<key>/index/<id>/          samples of one seq_len / packing / split (see index.py)
+    <cache>/.<key>.partial/            a prepare in progress: never read by a job
+    <cache>/<key>.lock                 held while one process prepares (control/lock.py)
+    <cache>/fingerprints.jsonl         content hashes of source files, by file identity
+
+The key is a hash of the *content* of the sources (a full xxh3-128 hash of every byte, so a
+renamed or copied corpus is found again and any edit is noticed), the tokenizer's files, and
+the options that change the tokens (format, record key, split). Hashing reads every byte once
+(about as fast as the disk); to keep the start of a job fast it is remembered per file
+identity (path, size, mtime, ctime, inode) in fingerprints.jsonl. ctime cannot be set by
+users, so a file rewritten in place with its old mtime restored is still hashed again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from ..control import runfolder
+from ..control import spec as specmod
+from ..control.runroot import default_run_root
+from . import trust
+from .formats import record_key
+from .sources import DataError, Source, local_sources
+
+FORMAT_VERSION = 2  # of the prepared layout and of how documents become tokens (2: sealed files)
+TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens", "chat_template")
+
+
+def cache_root(spec: specmod.JobSpec) -> Path:
+    """Where prepared datasets live: data.cache_dir, or <run_root>/.cache/tokens (the run root
+    rule of control/runroot.py when job.run_root is unset, as for the run folders)."""
+    if spec.data.cache_dir:
+        return Path(spec.data.cache_dir).expanduser()
+    root = Path(spec.job.run_root).expanduser() if spec.job.run_root else default_run_root()
+    return root / ".cache" / "tokens"
+
+
+# ---------------------------------------------------------------- fingerprints and keys
+class FingerprintMemo:
+    """Content hashes of files remembered by file identity, in <cache>/fingerprints.jsonl
+    (append-only lines, so concurrent writers never corrupt it; the last line for an identity
+    wins). With `persist=False` (validate, submit) new hashes are kept in memory only."""
+
+    def __init__(self, root: Path, persist: bool = True):
+        self.path, self.persist = root / "fingerprints.jsonl", persist
+        self._table: dict[str, str] | None = None
+
+    @staticmethod
+    def identity(path: Path) -> str:
+        st = path.stat()
+        return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
+
+    def table(self) -> dict[str, str]:
+        if self._table is None:
+            trust.require(self.path)
+            self._table = {r["id"]: r["hash"] for r in runfolder.read_jsonl(self.path) if "id" in r and "hash" in r}
+        return self._table
+
+    def get(self, path: Path) -> str | None:
+        return self.table().get(self.identity(path))
+
+    def put(self, path: Path, digest: str) -> None:
+        ident = self.identity(path)
+        if self.table().get(ident) != digest:
+            if self.persist:
+                trust.mkdirs(self.path.parent)
+                new = not self.path.exists()
+                runfolder.append_jsonl(self.path, {"id": ident, "hash": digest})
+                if new:
+                    trust.secure(self.path)
+            self.table()[ident] = digest
+
+
+def text_hash(text: str) -> str:
+    return xxhash.xxh3_128(text.encode()).hexdigest()
+
+
+def hash_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 23):
+            h.update(chunk)
+            if progress:
+                progress(len(chunk))
+    return h.hexdigest()
+
+
+def content_hash(
+    files: list[Path], memo: FingerprintMemo, budget: list[int] | None = None, progress=None
+) -> str | None:
+    """One hash of the files' names (relative to their common folder) and contents; None when
+    files not in the memo would need more than `budget[0]` bytes of hashing."""
+    parts = []
+    for f in files:
+        digest = memo.get(f)
+        if digest is None:
+            if budget is not None:
+                budget[0] -= f.stat().st_size
+                if budget[0] < 0:
+                    return None
+            digest = hash_file(f, progress)
+            memo.put(f, digest)
+        parts.append(digest)
+    if len(files) <= 1:
+        return parts[0] if parts else text_hash("")
+    base = os.path.commonpath([str(f) for f in files])
+    lines = [f"{os.path.relpath(f, base)}:{d}" for f, d in zip(files, parts, strict=True)]
+    return text_hash("\n".join(lines))
+
+
+def tokenizer_files(folder: Path) -> list[Path]:
+    """The files that define a tokenizer (not the model weights that may share its folder)."""
+    return sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_file() and (p.name.startswith(TOKENIZER_FILE_PREFIXES) or p.suffix in (".model", ".tiktoken"))
+    )
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    """One prepared dataset a job needs: 'train' (data.paths) or 'eval' (eval.paths)."""
+
+    role: str
+    sources: tuple[Source, ...]
+    key: str | None  # None: not computed (validate's hashing budget ran out)
+    root: Path
+
+    @property
+    def folder(self) -> Path:
+        return self.root / str(self.key)
+
+    @property
+    def partial(self) -> Path:
+        return self.root / f".{self.key}.partial"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / f"{self.key}.lock"
+
+    def manifest(self) -> dict[str, Any] | None:
+        """The manifest of the complete prepared dataset, or None if it is not prepared;
+        DataError when it is not one to trust (trust.py)."""
+        if self.key is None:
+            return None
+        trust.require(self.folder, self.folder / "manifest.json", self.folder / "shards")
+        try:
+            return json.loads((self.folder / "manifest.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+
+def dataset_refs(spec: specmod.JobSpec, *, budget: int | None = None, progress=None) -> list[DatasetRef]:
+    """The prepared datasets the job reads (train, then eval when eval.paths is set), with keys.
+    With a hashing `budget` (validate) nothing is written; keys it cannot afford are None.
+    Raises DataError when a path names nothing (`checks.problems` reports those first)."""
+    d = spec.data
+    root = cache_root(spec)
+    memo = FingerprintMemo(root, persist=budget is None)
+    left = [budget] if budget is not None else None
+    tok_id = "bytes" if d.tokenizer == "bytes" else None
+    if tok_id is None:
+        tok_hash = content_hash(tokenizer_files(Path(d.tokenizer)), memo, left)
+        tok_id = f"hf:{tok_hash}" if tok_hash else None
+    refs = []
+    for role, field, paths in (("train", "data.paths", d.paths), ("eval", "eval.paths", spec.eval.paths)):
+        if not paths:
+            continue
+        sources, errors = local_sources(field, paths)
+        if errors:
+            raise DataError(errors[0])
+        hashes = [content_hash(s.files(), memo, left, progress) for s in sources]
+        key = None
+        if tok_id is not None and None not in hashes:
+            payload = {
+                "v": FORMAT_VERSION,
+                "sources": [[s.kind, s.compression, h] for s, h in zip(sources, hashes, strict=True)],
+                "tokenizer": tok_id,
+                "format": d.format,
+                "key": record_key(d),
+                "split": d.split if any(s.is_folder for s in sources) else "",
+            }
+            key = text_hash(json.dumps(payload, sort_keys=True))[:24]
+        refs.append(DatasetRef(role, tuple(sources), key, root))
+    return refs
+
+
+def unhashed_bytes(spec: specmod.JobSpec) -> int:
+    """Bytes of source files whose content hash is not remembered yet (what a prepare hashes first)."""
+    memo = FingerprintMemo(cache_root(spec))
+    total = 0
+    for field, paths in (("data.paths", spec.data.paths), ("eval.paths", spec.eval.paths)):
+        for source in local_sources(field, paths)[0]:
+            total += sum(f.stat().st_size for f in source.files() if memo.get(f) is None)
+    return total

@@ -1,0 +1,170 @@
+"""What `validate` and `submit` check about a job's data before anything is queued, cheaply:
+every path names sources, the first record of each is readable, the tokenizer fits the
+format, and data that is already prepared is big enough. Pure Python (the control plane
+imports it). Each function returns error lines; none raises for bad data."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from ..control import spec as specmod
+from .cache import DatasetRef, dataset_refs
+from .formats import column_problem, first_line, has_chat_template, parse_json_line, utf8_error
+from .samplesets import batch_problem, index_meta, sample_roles
+from .sources import DataError, Source, local_sources, matches, open_binary
+
+SNIFF_BYTES = 1 << 20  # what the checks read of a text file to judge it
+SNIFF_FILES = 200  # files whose first record the checks read (all are checked for existence)
+VALIDATE_HASH_BYTES = 256 << 20  # `validate` hashes sources up to this size to find their prepared form
+
+
+def sniff(source: Source, data: specmod.DataSection) -> list[str]:
+    """Problems in the first record of a text source (the whole file is read by prepare)."""
+    where = f"{source.field}: {source.path}"
+    if source.is_folder and not source.files():
+        return [f"{where}: empty folder"]
+    if source.kind in ("parquet", "dataset_folder"):
+        return []
+    if source.kind == "saved_dataset":
+        return _saved_dataset_problems(source, data)
+    if os.path.getsize(source.path) == 0:
+        return [f"{where}: empty file"]
+    try:
+        with open_binary(source.path, source.compression) as f:
+            if source.kind == "txt":
+                head = f.read(SNIFF_BYTES)
+                if not head.strip():
+                    return [f"{where}: empty file (no text)"]
+                problem = utf8_error(head, where, final=len(head) < SNIFF_BYTES)
+                return [problem] if problem else []
+            line_no, line = first_line(f, SNIFF_BYTES)
+    except (OSError, EOFError) as e:
+        return [f"{where}: cannot read: {e}"]
+    if not line_no:
+        return [f"{where}: no records in its first {SNIFF_BYTES >> 20} MiB (empty file?)"]
+    if not line.endswith(b"\n") and len(line) >= SNIFF_BYTES:
+        return []  # a record longer than what we read: prepare checks it
+    try:
+        parse_json_line(line, data, where, line_no)
+    except DataError as e:
+        return [str(e)]
+    return []
+
+
+def _saved_dataset_problems(source: Source, data: specmod.DataSection) -> list[str]:
+    """A save_to_disk folder: the split exists and its features have the record key."""
+    root = Path(source.path)
+    where = f"{source.field}: {source.path}"
+    if (root / "dataset_dict.json").is_file():
+        splits = json.loads((root / "dataset_dict.json").read_text()).get("splits", [])
+        if data.split not in splits:
+            return [f"{where}: no split {data.split!r} (data.split; it has: {', '.join(splits)})"]
+        root = root / data.split
+    try:
+        features = json.loads((root / "dataset_info.json").read_text()).get("features") or {}
+    except (OSError, ValueError):
+        return []
+    problem = column_problem(where, data, list(features)) if features else None
+    return [problem] if problem else []
+
+
+def tokenizer_problems(data: specmod.DataSection) -> list[str]:
+    if data.tokenizer == "bytes":
+        return []
+    folder = Path(data.tokenizer)
+    if not folder.is_dir():
+        if specmod.looks_like_hub_id(data.tokenizer):
+            return [f"data.tokenizer: {data.tokenizer!r} is a hub id; hub ids are resolved at submit"]
+        return [f"data.tokenizer: {data.tokenizer!r} is neither 'bytes' nor a local tokenizer folder"]
+    if data.format == "chat" and not has_chat_template(folder):
+        return [
+            f"data.tokenizer: {folder} has no chat template (tokenizer_config.json 'chat_template' or "
+            "chat_template.jinja), which data.format = 'chat' needs"
+        ]
+    return []
+
+
+def source_problems(spec: specmod.JobSpec) -> list[str]:
+    """Field-level error lines about the job's sources, cheap enough for every validate and
+    submit: every path names files, none is empty, the first record of every text source (up
+    to SNIFF_FILES) is UTF-8 JSON with the key, the tokenizer has a chat template for
+    format = 'chat'. Prepare reads everything and reports the rest the same way."""
+    if spec.data.source != "files":
+        return []
+    errors: list[str] = []
+    sources: list[Source] = []
+    for field, paths in (("data.paths", spec.data.paths), ("eval.paths", spec.eval.paths)):
+        found, problems = local_sources(field, paths)
+        sources += found
+        errors += problems
+    for s in sources[:SNIFF_FILES]:
+        errors += sniff(s, spec.data)
+    return errors + tokenizer_problems(spec.data)
+
+
+def container_only_paths(spec: specmod.JobSpec) -> list[str]:
+    """Data paths of a container job that do not exist on this host: they may exist only in the
+    image, so they are checked when the job starts (prepare runs inside the container)."""
+    if spec.slurm.container.kind == "none" or spec.data.source != "files":
+        return []
+    return [p for p in [*spec.data.paths, *spec.eval.paths] if not matches(p)]
+
+
+def problems(spec: specmod.JobSpec) -> list[str]:
+    """The error lines `validate` and `submit` refuse a job for (empty: nothing found):
+    `source_problems`, and data that is already prepared but smaller than one global batch
+    (container jobs: the paths that exist on this host; see `container_only_paths`)."""
+    inside = set(container_only_paths(spec))
+    if inside:
+        keep = [p for p in spec.data.paths if p not in inside]
+        if not keep:  # nothing to check here: the worker checks it all
+            return []
+        spec = dataclasses.replace(
+            spec,
+            data=dataclasses.replace(spec.data, paths=keep),
+            eval=dataclasses.replace(spec.eval, paths=[p for p in spec.eval.paths if p not in inside]),
+        )
+    errors = source_problems(spec)
+    if errors:
+        return errors
+    return [line.removeprefix("error: ") for line in prepared_state(spec) if line.startswith("error: ")]
+
+
+def prepared_state(spec: specmod.JobSpec) -> list[str]:
+    """Lines for `validate`: whether each dataset is prepared (looking it up costs hashing the
+    sources once, up to VALIDATE_HASH_BYTES; bigger sources are looked up by the job itself),
+    and 'error: ...' lines for prepared data smaller than one batch."""
+    if spec.data.source != "files":
+        return []
+    try:
+        refs = dataset_refs(spec, budget=VALIDATE_HASH_BYTES)
+    except (DataError, OSError) as e:
+        return [f"error: {e}"]
+    out = []
+    for ref in refs:
+        try:
+            out += _dataset_state(spec, ref)
+        except DataError as e:  # a cache entry not to trust
+            out.append(f"error: {e}")
+    return out
+
+
+def _dataset_state(spec: specmod.JobSpec, ref: DatasetRef) -> list[str]:
+    """validate's lines about one prepared dataset."""
+    if ref.key is None:
+        return [f"{ref.role}: not looked up (sources over {VALIDATE_HASH_BYTES >> 20} MB not fingerprinted yet)"]
+    manifest = ref.manifest()
+    if manifest is None:
+        return [
+            f"{ref.role}: not prepared yet: the job prepares it at start (or `clusterfsdp data prepare`) "
+            f"into {ref.folder}"
+        ]
+    out = [f"{ref.role}: prepared, {manifest['tokens']:,} tokens in {manifest['documents']:,} documents ({ref.folder})"]
+    for role, data_role in sample_roles(spec):
+        meta = index_meta(ref, spec, role) if data_role == ref.role else None
+        if meta is not None and (problem := batch_problem(spec, role, int(meta["samples"]))):
+            out.append(f"error: {problem}")
+    return out

@@ -1,0 +1,179 @@
+"""Reading a unit of a source and tokenizing it into one shard (in any process of the pool).
+
+A .txt file is one document. One larger than a unit is tokenized in line-aligned pieces of
+about PIECE_BYTES (each its own encode call, so a token never spans a piece boundary); its
+document continues across the shards of its units. Records (.jsonl, parquet, datasets) are
+encoded in batches of about BATCH_BYTES of text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..control import spec as specmod
+from .formats import parse_json_line, record_key, record_value, utf8_error
+from .shards import ShardStats, ShardWriter
+from .sources import DataError, Source
+from .tokens import DocumentEncoder, Encoded
+from .units import PIECE_BYTES, Unit, char_start, load_hf_dataset
+
+BATCH_BYTES = 1 << 20  # records' text per encode call
+ROWS_PER_READ = 1024  # parquet / dataset rows read at once
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a prepare process needs besides a unit (pickled once per process of the pool)."""
+
+    data: specmod.DataSection
+    sources: tuple[Source, ...]
+    shards: str
+    cache: str
+
+
+class UnitReader:
+    """One process's tokenizer and open datasets; `run(unit)` writes one complete shard."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.encoder = DocumentEncoder(task.data.tokenizer)
+        self.chat = task.data.format == "chat"
+        self._datasets: dict[int, Any] = {}
+
+    def run(self, unit: Unit) -> ShardStats:
+        cpu = time.process_time()
+        src = self.task.sources[unit.source]
+        writer = ShardWriter(Path(self.task.shards), unit.shard, self.encoder, self.chat)
+        if src.kind == "txt":
+            self._txt(src, unit, writer)
+        elif src.kind == "jsonl":
+            self._records(self._jsonl(src, unit), writer)
+        elif src.kind == "parquet":
+            self._records(self._parquet(src, unit), writer)
+        else:
+            self._records(self._dataset(src, unit), writer)
+        writer.stats.cpu_s = time.process_time() - cpu
+        return writer.finish(unit.weight)
+
+    # ---- reading
+    def _bytes(self, src: Source, unit: Unit) -> bytes:
+        if unit.payload is not None:
+            return unit.payload
+        with open(src.path, "rb") as f:
+            f.seek(unit.start)
+            return f.read(unit.stop - unit.start)
+
+    def _first_line(self, src: Source, unit: Unit) -> int:
+        """Line number of the unit's first byte (counted from the file's start on an error path only)."""
+        if unit.first_line:
+            return unit.first_line
+        line = 1
+        with open(src.path, "rb") as f:
+            left = unit.start
+            while left > 0:
+                block = f.read(min(left, 1 << 24))
+                line += block.count(b"\n")
+                left -= len(block)
+        return line
+
+    def _txt(self, src: Source, unit: Unit, writer: ShardWriter) -> None:
+        data = self._bytes(src, unit)
+        if utf8_error(data, src.path) is not None:
+            raise DataError(str(utf8_error(data, f"{src.field}: {src.path}", self._first_line(src, unit))))
+        pieces, pos = [], 0
+        while pos < len(data):
+            end = len(data) if pos + PIECE_BYTES >= len(data) else data.rfind(b"\n", pos, pos + PIECE_BYTES) + 1
+            if end <= pos:  # no newline: cut at a character boundary
+                end = char_start(data, pos + PIECE_BYTES)
+            pieces.append(data[pos:end].decode("utf-8"))
+            pos = end
+        enc = self.encoder
+        parts = ([enc.prefix] if unit.doc_start else []) + enc.pieces(pieces)
+        if unit.doc_end:
+            parts.append(np.asarray([enc.eos], enc.dtype))
+        writer.add(Encoded(np.concatenate(parts) if parts else np.zeros(0, enc.dtype)), unit.doc_start)
+
+    def _jsonl(self, src: Source, unit: Unit) -> Iterator[tuple[Any, object]]:
+        data = self._bytes(src, unit)
+        first = unit.first_line
+        file = f"{src.field}: {src.path}"
+        for n, line in enumerate(data.splitlines()):
+            if not line.strip():
+                continue
+            try:
+                value = parse_json_line(line, self.task.data, file, first + n)
+            except DataError:
+                if first:
+                    raise
+                first = self._first_line(src, unit)  # the error again, now with the file's line number
+                value = parse_json_line(line, self.task.data, file, first + n)
+            yield value, _Lazy(lambda n=n: f"{file}:{self._first_line(src, unit) + n}")
+
+    def _rows(self, src: Source, values: list[Any], first_row: int) -> Iterator[tuple[Any, object]]:
+        key = record_key(self.task.data)
+        for n, value in enumerate(values):
+            where = f"{src.field}: {src.path} row {first_row + n}"
+            if value is None:
+                raise DataError(f"{where}: {key!r} is null")
+            yield record_value({key: value}, self.task.data, where), where
+
+    def _parquet(self, src: Source, unit: Unit) -> Iterator[tuple[Any, object]]:
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(src.path)
+        row = unit.first_line
+        for group in range(unit.start, unit.stop):
+            column = pf.read_row_group(group, columns=[record_key(self.task.data)]).column(0)
+            for at in range(0, len(column), ROWS_PER_READ):
+                values = column.slice(at, ROWS_PER_READ).to_pylist()
+                yield from self._rows(src, values, row + at)
+            row += len(column)
+
+    def _dataset(self, src: Source, unit: Unit) -> Iterator[tuple[Any, object]]:
+        if unit.source not in self._datasets:
+            self._datasets[unit.source] = load_hf_dataset(src, self.task.data, Path(self.task.cache))
+        ds = self._datasets[unit.source]
+        key = record_key(self.task.data)
+        for at in range(unit.start, unit.stop, ROWS_PER_READ):
+            values = ds[at : min(unit.stop, at + ROWS_PER_READ)][key]
+            yield from self._rows(src, values, at + 1)
+
+    # ---- tokenizing
+    def _records(self, records: Iterator[tuple[Any, object]], writer: ShardWriter) -> None:
+        batch: list[Any] = []
+        wheres: list[object] = []
+        size = 0
+        for value, where in records:
+            if not value:
+                writer.stats.skipped += 1
+                continue
+            batch.append(value)
+            wheres.append(where)
+            size += len(value) if isinstance(value, str) else sum(len(m["content"]) for m in value)
+            if size >= BATCH_BYTES:
+                self._encode(batch, wheres, writer)
+                batch, wheres, size = [], [], 0
+        if batch:
+            self._encode(batch, wheres, writer)
+
+    def _encode(self, batch: list[Any], wheres: list[object], writer: ShardWriter) -> None:
+        docs = self.encoder.chats(batch, wheres) if self.chat else self.encoder.texts(batch)
+        for doc in docs:
+            writer.add(doc)
+
+
+class _Lazy:
+    """A record's location, worked out only if an error names it (the line number of a record in
+    a unit that starts mid-file takes counting the lines before it)."""
+
+    def __init__(self, text: Callable[[], str]):
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text()
