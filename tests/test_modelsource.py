@@ -270,3 +270,117 @@ def test_torch_free_parameter_estimate_matches_transformers():
             assert abs(est.total - real) / real < 0.01 and not est.exact, (model_type, est.total, real)
     mixtral = modelsource.param_estimate(json.loads(r.stdout.splitlines()[-1])["mixtral"][0])
     assert mixtral.total - mixtral.active == 2 * 2 * 3 * 64 * 96  # 2 layers x 2 idle experts x 3 matrices
+
+
+# ---------------------------------------------------------------- data.tokenizer = 'auto' (issue 25.6)
+def auto_job(tmp_path: Path, model: str, extra: str = "") -> Path:
+    """A job that does not name data.tokenizer (the default, 'auto')."""
+    job = job_file(tmp_path, model, extra=extra)
+    job.write_text(job.read_text().replace('tokenizer = "bytes"\n', ""))
+    return job
+
+
+TOKEN_IDS = """
+import sys
+from pathlib import Path
+from clusterfsdp.control.runfolder import RunFolder
+from clusterfsdp.worker.train import token_ids
+from clusterfsdp.worker.tokens import load_tokenizer
+spec = RunFolder(Path(sys.argv[1])).spec()
+print(type(load_tokenizer(spec.data.tokenizer)).__module__.split(".")[0], token_ids(spec))
+"""
+
+
+def test_a_pretrained_folder_with_a_tokenizer_trains_on_its_tokenizer_by_default(tiny_model, tmp_path):
+    """No data.tokenizer and a model folder written by save_pretrained with its tokenizer: validate
+    says the model's own is used, the run's job.toml records the folder, <run>/model/tokenizer/
+    keeps its files, and what the worker loads from that job.toml is the HF tokenizer."""
+    job = auto_job(tmp_path, f'name_or_path = "{tiny_model}"')
+    assert S.load(job).data.tokenizer == str(tiny_model)
+    r = cli("validate", str(job), env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr
+    assert f"tokenizer  {tiny_model} (the model's own)" in r.stdout and "with pretrained weights" not in r.stdout
+    r = cli("submit", str(job), "--dry-run", env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr
+    (run,) = runfolder.list_runs(tmp_path / "runs")
+    assert f'tokenizer = "{tiny_model}"' in run.job_toml.read_text()
+    assert (run.model_dir / "tokenizer" / "tokenizer.json").is_file()
+    r = subprocess.run([sys.executable, "-c", TOKEN_IDS, str(run.path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # a transformers tokenizer (the fixture's has the byte ids: 256 bytes + bos, eos, pad), not the built-in one
+    assert r.stdout.startswith("transformers TokenIds(vocab=259, bos=256, eos=257, pad=258)"), r.stdout
+
+
+def test_auto_resolves_a_hub_model_to_its_snapshot_tokenizer_and_records_where_from(tiny_model, tmp_path):
+    hf_home = tmp_path / "hf"
+    snapshot = put_in_hub_cache(hf_home, "org/tiny", tiny_model)
+    env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+    job = auto_job(tmp_path, 'name_or_path = "org/tiny"')
+    assert S.load(job).data.tokenizer == "auto"  # a hub id: decided when it is resolved
+    r = cli("validate", str(job), env=env)
+    assert r.returncode == 0 and f"tokenizer  {snapshot} (the model's own)" in r.stdout, r.stdout + r.stderr
+    r = cli("submit", str(job), "--dry-run", env=env)
+    assert r.returncode == 0, r.stderr
+    (run,) = runfolder.list_runs(tmp_path / "runs")
+    assert run.spec().data.tokenizer == str(snapshot)
+    sources = json.loads((run.model_dir / "sources.json").read_text())
+    assert {(s["key"], s["given"], s["repo_id"], s["revision"]) for s in sources} == {
+        ("model.name_or_path", "org/tiny", "org/tiny", COMMIT),
+        ("data.tokenizer", "auto", "org/tiny", COMMIT),
+    }
+
+
+def test_auto_is_bytes_for_random_init_and_for_weights_without_a_tokenizer(tmp_path):
+    random_init = auto_job(tmp_path, 'preset = "llama-tiny"')
+    assert S.load(random_init).data.tokenizer == "bytes"
+    r = cli("validate", str(random_init))
+    assert r.returncode == 0 and "tokenizer  bytes (built-in byte-level)" in r.stdout, r.stdout + r.stderr
+    weights = _folder(tmp_path, "ok")  # config.json + safetensors, no tokenizer files
+    job = auto_job(tmp_path, f'name_or_path = "{weights}"')
+    assert S.load(job).data.tokenizer == "bytes"
+    r = cli("validate", str(job), env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0 and "tokenizer  bytes" in r.stdout, r.stdout + r.stderr
+    assert f"with pretrained weights: {weights} has no tokenizer files, so the model trains on ids" in r.stdout
+
+
+def test_explicit_bytes_with_a_model_that_has_a_tokenizer_is_kept_with_a_note(tiny_model, tmp_path):
+    job = job_file(tmp_path, f'name_or_path = "{tiny_model}"', tokenizer="bytes")
+    assert S.load(job).data.tokenizer == "bytes"
+    r = cli("validate", str(job), env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0 and "the model's own tokenizer is not used ('auto' uses it)" in r.stdout, r.stdout
+
+
+def test_chat_data_without_any_tokenizer_is_refused_before_queueing(tmp_path):
+    weights = _folder(tmp_path, "ok")
+    job = auto_job(tmp_path, f'name_or_path = "{weights}"')
+    job.write_text(job.read_text().replace("seq_len", 'format = "chat"\nseq_len'))
+    with pytest.raises(S.SpecError) as e:
+        S.load(job)
+    assert e.value.errors == [
+        f"{job}: data.format: 'chat' needs a tokenizer with a chat template; data.tokenizer = 'bytes' has none "
+        "(model.name_or_path has no tokenizer files: set data.tokenizer)"
+    ]
+    with pytest.raises(S.SpecError) as e:
+        S.loads('[data]\nsource = "files"\npaths = ["x"]\nformat = "chat"\n')
+    assert e.value.errors == [  # 'auto' without a model is 'bytes'
+        "data.format: 'chat' needs a tokenizer with a chat template; data.tokenizer = 'bytes' has none"
+    ]
+
+
+CACHE_ONLY = """
+import sys
+from clusterfsdp.control import modelsource, spec as S
+spec = S.loads('[model]\\nname_or_path = "org/not-cached"\\n[data]\\nsource = "files"\\npaths = ["/x"]\\n')
+out = modelsource.prepare(spec, mode="cache")
+print(out.spec.data.tokenizer)
+print("\\n".join(out.notes))
+"""
+
+
+def test_auto_with_a_hub_model_not_in_the_cache_is_decided_at_submit(tmp_path):
+    """The TUI's review (cache only): the model's tokenizer cannot be known yet; said, not refused."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
+    r = subprocess.run([sys.executable, "-c", CACHE_ONLY], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[0] == "bytes"
+    assert "data.tokenizer: 'auto' is decided when submit fetches org/not-cached" in r.stdout

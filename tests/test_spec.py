@@ -20,12 +20,15 @@ def errors_of(text: str, overrides: Sequence[str] = ()) -> list[str]:
 
 
 def test_defaults_load_from_empty_file():
-    assert S.loads("") == S.JobSpec()
+    """The defaults, with data.tokenizer = 'auto' decided: no model, so the byte tokenizer."""
+    assert S.JobSpec().data.tokenizer == "auto"
+    assert S.loads("") == S.default_tokenizer(S.JobSpec())
+    assert S.loads("").data.tokenizer == "bytes"
 
 
 def test_starter_file_loads_back_to_the_defaults_and_documents_every_key():
     text = S.starter_toml()
-    assert S.loads(text) == S.JobSpec()
+    assert S.loads(text) == S.default_tokenizer(S.JobSpec())
     for section in S.SECTIONS:
         if section != "env":
             for key, field in S.section_fields(section).items():

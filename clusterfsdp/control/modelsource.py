@@ -37,8 +37,6 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 # (not .bin/.pth/.gguf/onnx duplicates of the same weights).
 MODEL_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
 TOKENIZER_PATTERNS = ["*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
-# A folder is a tokenizer when it has one of these (AutoTokenizer needs one of them).
-TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 # Tokenizer files kept with the run (config.json too: AutoTokenizer reads model_type from it when
 # tokenizer_config.json names no tokenizer class).
 TOKENIZER_KEEP = (
@@ -116,17 +114,16 @@ def prepare(spec: specmod.JobSpec, mode: hub.Mode = "download") -> Prepared:
             f"model.from_config.model_type: {given_type!r} differs from the config's {base_type!r} "
             "(model_type cannot be overridden; remove it)"
         )
-    if d.tokenizer != "bytes":
+    if d.tokenizer == "auto":
+        _default_tokenizer(out, errors)
+    elif d.tokenizer != "bytes":
         revision = m.revision if d.tokenizer in (m.name_or_path, m.config) else ""
         path = _locate(out, errors, "data.tokenizer", d.tokenizer, revision, mode, TOKENIZER_PATTERNS)
         if path:
             errors += tokenizer_problems("data.tokenizer", Path(path))
             out.spec = _replace(out.spec, "data", tokenizer=path)
-    elif m.name_or_path and d.source == "files":
-        out.notes.append(
-            "data.tokenizer = 'bytes' with pretrained weights: the model's own tokenizer is not used "
-            "(set data.tokenizer to the model's folder or hub id to use it)"
-        )
+    if not errors and out.spec.data.tokenizer == "bytes" and d.source == "files":
+        _note_bytes_for_pretrained(out)
     data_paths = [_dataset(out, errors, f"data.paths[{i}]", x, mode) for i, x in enumerate(d.paths)]
     eval_paths = [_dataset(out, errors, f"eval.paths[{i}]", x, mode) for i, x in enumerate(spec.eval.paths)]
     out.spec = _replace(out.spec, "data", paths=data_paths)
@@ -137,6 +134,37 @@ def prepare(spec: specmod.JobSpec, mode: hub.Mode = "download") -> Prepared:
     if errors:
         raise specmod.SpecError(errors)
     return out
+
+
+def _note_bytes_for_pretrained(out: Prepared) -> None:
+    """The byte tokenizer with pretrained weights (said, not refused: fine-tuning on new ids is a choice)."""
+    model = Path(out.spec.model.name_or_path)
+    if out.spec.model.name_or_path and model.is_dir():
+        out.notes.append(
+            "data.tokenizer = 'bytes' with pretrained weights: "
+            + (
+                "the model's own tokenizer is not used ('auto' uses it)"
+                if specmod.has_tokenizer(model)
+                else f"{model} has no tokenizer files, so the model trains on ids it never saw (set data.tokenizer)"
+            )
+        )
+
+
+def _default_tokenizer(out: Prepared, errors: list[str]) -> None:
+    """data.tokenizer = 'auto' once the model is a local folder (a hub id resolved above): the
+    model's tokenizer when it has one, recorded in sources.json with the model's provenance."""
+    out.spec = spec = specmod.default_tokenizer(out.spec)
+    if problem := specmod.chat_problem(spec):
+        errors.append(problem)
+    if spec.data.tokenizer == "auto":  # validate or the TUI, with the model's hub id not in the cache
+        out.notes.append(
+            f"data.tokenizer: 'auto' is decided when submit fetches {spec.model.name_or_path} (its tokenizer if it "
+            "has one); the data checks here assume 'bytes'"
+        )
+        out.spec = _replace(spec, "data", tokenizer="bytes")
+    elif spec.data.tokenizer == spec.model.name_or_path:
+        model = next(s for s in out.sources if s.key == "model.name_or_path")
+        out.sources.append(dataclasses.replace(model, key="data.tokenizer", given="auto"))
 
 
 def _dataset(out: Prepared, errors: list[str], key: str, value: str, mode: hub.Mode) -> str:
@@ -289,9 +317,9 @@ def weight_problems(key: str, folder: Path, notes: list[str]) -> list[str]:
 
 
 def tokenizer_problems(key: str, folder: Path) -> list[str]:
-    if any((folder / name).is_file() for name in TOKENIZER_MARKERS):
+    if specmod.has_tokenizer(folder):
         return []
-    return [f"{key}: {folder} has no tokenizer files ({', '.join(TOKENIZER_MARKERS)})"]
+    return [f"{key}: {folder} has no tokenizer files ({', '.join(specmod.TOKENIZER_MARKERS)})"]
 
 
 def safetensors_header(path: Path) -> dict[str, Any]:

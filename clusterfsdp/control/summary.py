@@ -20,6 +20,7 @@ def summary(spec: specmod.JobSpec, where: str) -> str:
         f"model      {modelsource.describe(spec)}",
         f"data       {spec.data.source}{' ' + ', '.join(spec.data.paths) if spec.data.paths else ''}, "
         f"seq {spec.data.seq_len}" + (f", {spec.data.format}, {spec.packing} packing" if spec.data.paths else ""),
+        *([f"tokenizer  {_tokenizer(spec)}"] if spec.data.source == "files" else []),
         f"train      {t.steps} steps x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
         f"({t.micro_batch_size}/rank x {t.grad_accum} accum), lr {t.lr:g} {t.schedule}",
         f"checkpoint {f'every {every} steps' if every else 'at the end'}"
@@ -27,3 +28,13 @@ def summary(spec: specmod.JobSpec, where: str) -> str:
         f"runs on    {where}",
     ]
     return "\n".join(lines + [f"note       {n}" for n in spec.notices()])
+
+
+def _tokenizer(spec: specmod.JobSpec) -> str:
+    """Which tokenizer the data is tokenized with, and why when it was not named."""
+    d, m = spec.data, spec.model
+    if d.tokenizer == "bytes":
+        return "bytes (built-in byte-level)"
+    if d.tokenizer == m.name_or_path:
+        return f"{d.tokenizer} (the model's own)"
+    return d.tokenizer

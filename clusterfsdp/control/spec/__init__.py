@@ -8,7 +8,7 @@ fast. One module per concern:
 - `codec`: TOML data <-> JobSpec (`coerce`, `from_dict`, `loads`, `--set` overrides, `dumps`,
   `render_value`);
 - `checks`: cross-field checks; `allowlists`: what may reach a shell or `#SBATCH` line;
-- `paths`: job files, absolute paths, hub ids;
+- `paths`: job files, absolute paths, hub ids; `tokenizer`: what data.tokenizer = 'auto' is;
 - `docs`: `clusterfsdp schema`, `init`'s starter file, completion's key list.
 Import the names from here (`from clusterfsdp.control.spec import JobSpec`).
 """
@@ -51,10 +51,12 @@ from .schema import (
     toml_key,
     type_name,
 )
+from .tokenizer import TOKENIZER_MARKERS, chat_problem, default_tokenizer, has_tokenizer
 
 __all__ = [
     "MOUNT_PATH",
     "SECTIONS",
+    "TOKENIZER_MARKERS",
     "CheckpointSection",
     "ContainerSection",
     "DataSection",
@@ -70,11 +72,14 @@ __all__ = [
     "Tracker",
     "TrainSection",
     "apply_overrides",
+    "chat_problem",
     "check",
     "coerce",
+    "default_tokenizer",
     "describe_schema",
     "dumps",
     "from_dict",
+    "has_tokenizer",
     "key_paths",
     "load",
     "loads",

@@ -24,6 +24,7 @@ from .schema import (
     parse_time_minutes,
     short,
 )
+from .tokenizer import chat_problem
 
 
 def check(spec: JobSpec) -> None:
@@ -92,8 +93,9 @@ def check(spec: JobSpec) -> None:
     errors += _model_errors(spec.model)
     if d.source == "synthetic" and d.format == "chat":
         errors.append("data.format: 'chat' needs data.source = 'files'")
-    if d.format == "chat" and d.tokenizer == "bytes":
-        errors.append("data.format: 'chat' needs a tokenizer with a chat template; data.tokenizer = 'bytes' has none")
+    if problem := chat_problem(spec):
+        errors.append(problem)
+
     positive("data.prepare_workers", d.prepare_workers, 0, MAX_PREPARE_WORKERS)
     _check_eval(spec, errors)
     if spec.fsdp.version == 1 and spec.fsdp.compile:

@@ -25,6 +25,7 @@ import tomli_w
 from .. import secretenv
 from .checks import check
 from .schema import HINTS, SECTIONS, JobSpec, SpecError, describe_value, section_class, toml_key, type_name
+from .tokenizer import default_tokenizer
 
 # Integers must fit the 64-bit integers of the programs they reach (Slurm, JSON readers, torch).
 INT64 = range(-(2**63), 2**63)
@@ -125,6 +126,7 @@ def from_dict(data: dict[str, Any]) -> JobSpec:
         setattr(spec, name, _table(name, section_class(name), value, errors))
     if errors:
         raise SpecError(errors)
+    spec = default_tokenizer(spec)
     check(spec)
     return spec
 

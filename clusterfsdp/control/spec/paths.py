@@ -15,6 +15,7 @@ from pathlib import Path
 from ..runroot import default_run_root
 from .codec import loads, override_label, override_of
 from .schema import JobSpec, SpecError, short
+from .tokenizer import chat_problem, default_tokenizer
 
 # A job file is a few KB; anything far larger is a mistake (`validate /dev/zero`, a data file).
 MAX_JOB_FILE_BYTES = 1 << 20
@@ -107,7 +108,7 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
         spec.data,
         paths=[data_path(f"data.paths[{i}]", x) for i, x in enumerate(spec.data.paths)],
         tokenizer=spec.data.tokenizer
-        if spec.data.tokenizer == "bytes"
+        if spec.data.tokenizer in ("bytes", "auto")
         else source("data.tokenizer", spec.data.tokenizer),
         cache_dir=absolute("data.cache_dir", spec.data.cache_dir),
     )
@@ -120,6 +121,9 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
         name_or_path=source("model.name_or_path", spec.model.name_or_path),
         config=source("model.config", spec.model.config),
     )
+    out = default_tokenizer(out)
+    if problem := chat_problem(out):  # decided only now, with the model's folder
+        errors.append(problem)
     if errors:
         raise SpecError(errors)
     return out

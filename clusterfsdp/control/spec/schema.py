@@ -202,10 +202,13 @@ class DataSection:
     messages_key: str = F("messages", "Field holding the list of {role, content} messages (format = 'chat').")
     split: str = F("train", "Split to read from a dataset folder that holds several (save_to_disk or load_dataset).")
     tokenizer: str = F(
-        "bytes",
-        "'bytes' (built-in byte-level, no download), a local HF tokenizer folder or a hub id (resolved on the "
-        "submitting host like model.name_or_path, at model.revision when it is the model's id); with a chat "
-        "template for format = 'chat'.",
+        "auto",
+        "'auto': the tokenizer of model.name_or_path when that folder (or hub snapshot) has one "
+        "(tokenizer.json, tokenizer_config.json, ...), else 'bytes'; the run's job.toml records the choice. "
+        "'bytes': the built-in byte-level tokenizer (no download). Or a local HF tokenizer folder (write a "
+        "folder named auto or bytes as ./auto) or a hub id (resolved on the submitting host like "
+        "model.name_or_path, at model.revision when it is the model's id); with a chat template for "
+        "format = 'chat'.",
     )
     seq_len: int = F(128, "Tokens per sample.")
     packing: Literal["auto", "concat", "documents"] = F(
