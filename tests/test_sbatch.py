@@ -269,3 +269,40 @@ def test_the_worker_call_takes_the_signals_back_from_submitit(monkeypatch):
         for s, handler in saved.items():
             signal.signal(s, handler)
     assert set(seen.values()) == {signal.SIG_DFL}
+
+
+def test_wait_follows_the_attempt_that_takes_over_and_raises_submitits_error(fake_slurm):
+    """launch.wait: while job 100 runs (stub squeue), an automatic restart records job 101; once
+    100 has left the queue, wait follows 101, whose rank 0 failed: submitit's job.result() raises
+    FailedJobError with the rank's traceback (read from submitit's result pickle)."""
+    import pickle
+    import threading
+    import time
+
+    from submitit.core.utils import FailedJobError
+
+    stub(fake_slurm / "bin", "squeue", '[ -e "$FAKE/running" ] && echo "100|RUNNING||0:05|node1"; true')
+    stub(fake_slurm / "bin", "sacct", "true")
+    spec = S.loads(JOB.replace("RUNROOT", str(fake_slurm / "runs")))
+    run = runfolder.create_run(spec, Executor.SLURM, run_id="W1")
+    run.add_attempt("100", Executor.SLURM, "submit")
+    (fake_slurm / "running").touch()
+    outcome: list[BaseException | str] = []
+
+    def waiter() -> None:
+        try:
+            outcome.append(launch.wait(run, poll_s=0.1))
+        except BaseException as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.5)
+    assert thread.is_alive()  # job 100 is still running
+    (run.submitit_dir / "101").mkdir()
+    (run.submitit_dir / "101" / "101_0_result.pkl").write_bytes(pickle.dumps(("error", "Traceback: boom")))
+    run.add_attempt("101", Executor.SLURM, "automatic restart")
+    (fake_slurm / "running").unlink()
+    thread.join(timeout=30)
+    (error,) = outcome
+    assert isinstance(error, FailedJobError) and "boom" in str(error)

@@ -22,15 +22,16 @@ import secrets
 import shlex
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import slurmcli
+from . import procs, slurmcli
 from . import spec as specmod
 from .procs import ProcessId
-from .records import Executor
+from .records import Attempt, Executor, RunState
 from .runfolder import RunFolder
 
 if TYPE_CHECKING:
@@ -403,6 +404,46 @@ def write_call(run: RunFolder, job_id: str) -> Path | None:
     DelayedSubmission(WorkerCall(str(run.path))).dump(partial)
     os.replace(partial, path)
     return path
+
+
+def attempt_job(run: RunFolder, attempt: Attempt) -> submitit.Job[str]:
+    """submitit's job object of a recorded attempt, for its rank 0 (the task whose result is the
+    run's outcome): `result()`, `exception()`, `stdout()`, `paths`. A job submitted by hand from
+    `submit --dry-run`'s script keeps its files straight in submitit/."""
+    import submitit
+
+    folder = run.submitit_dir / "%j" if (run.submitit_dir / attempt.job_id).is_dir() else run.submitit_dir
+    kind = submitit.SlurmJob if attempt.executor is Executor.SLURM else submitit.LocalJob
+    return kind(folder=folder, job_id=attempt.job_id, tasks=(0,))
+
+
+def wait(run: RunFolder, poll_s: float = 10.0) -> str:
+    """Block until the run's newest attempt has ended, following requeues (the same job) and the
+    attempts that take over (a follow-up job or an automatic restart is recorded before the job
+    that submits it ends); then rank 0's outcome ('completed' or 'stopped') by submitit's
+    `job.result()`, which raises submitit's `FailedJobError` (a Python error, with the rank's
+    traceback) or `UncompletedJobError` (no result: cancelled, killed, out of restarts).
+    Liveness is asked as `status` asks it (slurmcli: squeue, then sacct, retried through an
+    outage, which is waited out) or, locally, of the recorded process group."""
+    while True:
+        last = run.record().last
+        if last is None:
+            raise SubmitError(f"run {run.id} has no attempt to wait for")
+        while _alive(last):
+            time.sleep(poll_s)
+        newest = run.record().last
+        if newest is not None and newest.job_id == last.job_id:
+            return attempt_job(run, last).result()
+
+
+def _alive(attempt: Attempt) -> bool:
+    if attempt.executor is not Executor.SLURM:
+        return attempt.leader is not None and procs.group_alive(attempt.leader)
+    try:
+        row = slurmcli.job_states([attempt.job_id]).get(attempt.job_id)
+    except slurmcli.SlurmError:
+        return True  # Slurm does not answer: the job may well still run
+    return row is not None and RunState.parse(row.state).live
 
 
 def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:
