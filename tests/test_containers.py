@@ -102,8 +102,8 @@ def test_pyxis_golden_script_and_argv(tmp_path):
         "/opt/venv/bin/python",
         "-u",
         "-m",
-        "clusterfsdp.worker",
-        str(run.path),
+        "submitit.core._submit",
+        str(run.submitit_dir),
     ]
 
 
@@ -116,7 +116,7 @@ def test_apptainer_golden_script_and_argv(tmp_path):
     runs = str(tmp_path / "runs")
     assert argv[argv.index("apptainer") :] == [
         "apptainer", "exec", "--nv", "--bind", f"{runs}:{runs},/shared/data:/data:ro", "--pwd", "/shared/proj",
-        "--cleanenv", "/shared/images/torch.sif", "python3", "-u", "-m", "clusterfsdp.worker", str(run.path),
+        "--cleanenv", "/shared/images/torch.sif", "python3", "-u", "-m", "submitit.core._submit", str(run.submitit_dir),
     ]  # fmt: skip
 
 
@@ -124,7 +124,7 @@ def test_oci_runs_the_bundles_python_through_srun_container(tmp_path):
     script, run = render(tmp_path, JOB.replace("gpus_per_node = 4", "gpus_per_node = 1") + OCI)
     argv = run_script(script, tmp_path, "srun")["srun"]
     assert argv[argv.index("--container=/shared/oci/torch") :] == [
-        "--container=/shared/oci/torch", "/usr/bin/python3", "-u", "-m", "clusterfsdp.worker", str(run.path),
+        "--container=/shared/oci/torch", "/usr/bin/python3", "-u", "-m", "submitit.core._submit", str(run.submitit_dir),
     ]  # fmt: skip
 
 
@@ -134,6 +134,7 @@ def test_submit_queues_the_same_script_the_image_runs_the_ranks_the_host_the_job
     the image's Python, the job steps around srun with this one (they run on the batch host)."""
     bindir = tmp_path / "bin"
     stub(bindir, "scontrol", 'echo "Slurmctld(primary) at head is UP"')
+    stub(bindir, "srun", "exit 0")
     keep = f'cp "${{@: -1}}" {tmp_path}/submitted.sh'  # the script is sbatch's last argument
     stub(bindir, "sbatch", f'[ "$1" = --version ] && echo "slurm 22.05.8" && exit\n{keep}\necho 4242')
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
@@ -143,7 +144,7 @@ def test_submit_queues_the_same_script_the_image_runs_the_ranks_the_host_the_job
     script = (tmp_path / "submitted.sh").read_text()
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in srun
-    assert srun.endswith(' /opt/venv/bin/python -u -m clusterfsdp.worker "$RUN"')
+    assert srun.endswith(f" /opt/venv/bin/python -u -m submitit.core._submit {sub.run.folder.submitit_dir}/%j")
     assert f"PY={sys.executable}" in script and '"$PY" -m clusterfsdp.control.jobstep after "$RUN" "$?"' in script
 
 

@@ -1,4 +1,6 @@
-"""sbatch rendering: golden text, and job.toml values can never run as shell code."""
+"""Slurm attempts through submitit's SlurmExecutor: its batch script (golden text), its pickled
+call and folder layout, sbatch through slurmcli's retries, and job.toml values that can never
+run as shell code."""
 
 from __future__ import annotations
 
@@ -61,8 +63,13 @@ def test_golden_two_node_script(tmp_path):
         "#SBATCH --time=120",
         "#SBATCH --mem=65536M",
         "#SBATCH --reservation=big",
+        "#SBATCH --no-kill",
     ]:
         assert line in text
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert "--kill-on-bad-exit=1" in srun
+    assert srun.endswith("<PYTHON> -u -m submitit.core._submit <TMP>/runs/llm/RUNID/submitit")
+    assert "--hold" not in text and "--comment" not in text  # a dry run: nobody would release it
 
 
 def test_requeue_false_renders_no_requeue(tmp_path):
@@ -132,7 +139,7 @@ def test_allowed_special_characters_do_not_execute(tmp_path):
     subprocess.run(["bash", "-c", body], env=env, check=True, cwd=tmp_path)
     assert not marker.exists()
     argv = (tmp_path / "argv").read_text().splitlines()
-    assert argv[-3:] == ["-m", "clusterfsdp.worker", str(run.path)]
+    assert argv[-3:] == ["-m", "submitit.core._submit", str(run.submitit_dir)]
 
 
 def test_dry_run_prepares_a_run_folder_and_writes_the_script(tmp_path):
@@ -140,3 +147,162 @@ def test_dry_run_prepares_a_run_folder_and_writes_the_script(tmp_path):
     run, script = Run.prepare(spec)
     assert (run.path / "sbatch.sh").read_text() == script
     assert run.folder.attempts == [] and run.folder.record().dry_run and S.load(run.folder.job_toml) == spec
+
+
+def stub(bindir: Path, name: str, body: str) -> None:
+    bindir.mkdir(exist_ok=True)
+    path = bindir / name
+    path.write_text(f"#!/bin/bash\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture
+def fake_slurm(tmp_path, monkeypatch) -> Path:
+    """Stub Slurm commands (no Slurm here; the devcluster runs the same path for real in
+    tests/test_slurm_e2e.py and test_slurm_oci.py): `scontrol ping` says UP, sbatch keeps its
+    argv and script and answers a job id, as Slurm does (after one "Unable to contact slurm
+    controller" when $FAKE/outage exists)."""
+    bindir = tmp_path / "bin"
+    stub(bindir, "scontrol", 'echo "Slurmctld(primary) at head is UP"')
+    stub(bindir, "srun", "exit 0")
+    stub(bindir, "squeue", 'cat "$FAKE/queue" 2>/dev/null; true')
+    stub(
+        bindir,
+        "sbatch",
+        '[ "$1" = --version ] && echo "slurm 22.05.8" && exit\n'
+        'echo "$*" >> "$FAKE/sbatch.argv"\n'
+        'if [ -e "$FAKE/outage" ]; then rm "$FAKE/outage"\n'
+        '  echo "sbatch: error: Batch job submission failed: Unable to contact slurm controller" >&2\n'
+        "  exit 1\nfi\n"
+        'cp "${@: -1}" "$FAKE/submitted.sh"; echo 4242',
+    )
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE", str(tmp_path))
+    return tmp_path
+
+
+def test_a_slurm_attempt_is_submitits_job_with_its_files(fake_slurm):
+    """What submit queues on Slurm is submitit's: the batch script it wrote (running
+    `submitit.core._submit` on the job's folder) sent held with a unique --comment, the pickled
+    WorkerCall in submitit/<job id>/, and a submitit job object; nothing queued another way has
+    these files."""
+    from submitit.helpers import DelayedSubmission
+
+    spec = S.loads(JOB.replace("RUNROOT", str(fake_slurm / "runs")))
+    sub = Run.submit(spec, "slurm")
+    folder = sub.run.folder
+    assert sub.job_id == "4242" and [a.job_id for a in folder.attempts] == ["4242"]
+    job_dir = folder.submitit_dir / "4242"
+    submitted = (fake_slurm / "submitted.sh").read_text()
+    assert (job_dir / "4242_submission.sh").read_text() == submitted
+    call = DelayedSubmission.load(job_dir / "4242_submitted.pkl")
+    assert call.function == launch.WorkerCall(str(folder.path)) and (call.args, call.kwargs) == ((), {})
+    srun = next(line for line in submitted.splitlines() if line.startswith("srun "))
+    assert srun.endswith(f"-u -m submitit.core._submit {folder.submitit_dir}/%j")
+    assert f"--output {folder.submitit_dir}/%j/%j_%t_log.out" in srun
+    (argv,) = (fake_slurm / "sbatch.argv").read_text().splitlines()
+    token = argv.split("--comment=")[1].split()[0]
+    assert token.startswith(f"clusterfsdp:{folder.id}:") and "--hold" in argv
+    assert "#SBATCH --hold" in submitted and f"#SBATCH --comment={token}" in submitted
+    assert "#SBATCH --signal=USR2@180" in submitted and "#SBATCH --requeue" in submitted
+
+
+def test_submitits_sbatch_is_retried_through_a_controller_outage(fake_slurm, monkeypatch):
+    """submitit runs sbatch once; here the batch file it wrote goes through slurmcli.submit, which
+    waits out an unanswered controller and looks for the job by its comment before resending."""
+    monkeypatch.setenv("CLUSTERFSDP_SLURM_RETRY_S", "30")
+    (fake_slurm / "outage").touch()
+    spec = S.loads(JOB.replace("RUNROOT", str(fake_slurm / "runs")))
+    sub = Run.submit(spec, "slurm")
+    assert sub.job_id == "4242" and len((fake_slurm / "sbatch.argv").read_text().splitlines()) == 2
+    assert (sub.run.folder.submitit_dir / "4242" / "4242_submitted.pkl").is_file()
+
+
+def test_a_refused_submission_leaves_no_submitit_files(fake_slurm, tmp_path):
+    """sbatch refuses (not retried): one line, and submitit's temporary script and pickle are
+    gone from the run folder of a resume (a first submit removes the whole folder)."""
+    spec = S.loads(JOB.replace("RUNROOT", str(fake_slurm / "runs")))
+    run = runfolder.create_run(spec, Executor.SLURM, run_id="R1")
+    stub(tmp_path / "bin", "sbatch", 'echo "sbatch: error: Batch job submission failed: Invalid account" >&2; exit 1')
+    with pytest.raises(launch.SubmitError, match=r"^sbatch refused the job: .*Invalid account"):
+        launch.queue(spec, Executor.SLURM, run)
+    assert list(run.submitit_dir.iterdir()) == []
+
+
+def test_the_dry_run_script_submitted_by_hand_finds_its_pickled_call(tmp_path):
+    """A hand-submitted job has an id no executor saw: the job step `before` pickles the call
+    where that script's `_submit` looks (once: a requeued incarnation finds it there)."""
+    from submitit.helpers import DelayedSubmission
+
+    from clusterfsdp.control import jobstep
+
+    run, script = Run.prepare(S.loads(JOB.replace("RUNROOT", str(tmp_path / "runs"))))
+    assert script.splitlines()[-1] == 'exec "$PY" -m clusterfsdp.control.jobstep after "$RUN" "$?"'
+    assert jobstep.before(run.folder, jobstep.SlurmJob("55", 0, "node1")) == 0
+    pickle = run.folder.submitit_dir / "55_submitted.pkl"
+    assert DelayedSubmission.load(pickle).function == launch.WorkerCall(str(run.path))
+    assert launch.write_call(run.folder, "55") is None  # there already
+
+
+def test_the_worker_call_takes_the_signals_back_from_submitit(monkeypatch):
+    """submitit's `_submit` installs handlers that ignore SIGTERM and requeue on SIGUSR2 just
+    before it calls the pickled function; WorkerCall puts the defaults back before it imports the
+    worker (whose stop flags are then installed first thing)."""
+    import signal
+    import types
+
+    seen = {}
+
+    def run(run_dir: str) -> str:
+        seen.update({s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)})
+        return "ok"
+
+    fake = types.ModuleType("clusterfsdp.worker.main")
+    setattr(fake, "run", run)  # noqa: B010 - a module has no declared attributes
+    monkeypatch.setitem(sys.modules, "clusterfsdp.worker.main", fake)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT)}
+    try:
+        for s in saved:
+            signal.signal(s, lambda *_: None)  # as submitit's SignalHandler
+        assert launch.WorkerCall("/x")() == "ok"
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    assert set(seen.values()) == {signal.SIG_DFL}
+
+
+def test_wait_follows_the_attempt_that_takes_over_and_raises_submitits_error(fake_slurm):
+    """launch.wait: while job 100 runs (stub squeue), an automatic restart records job 101; once
+    100 has left the queue, wait follows 101, whose rank 0 failed: submitit's job.result() raises
+    FailedJobError with the rank's traceback (read from submitit's result pickle)."""
+    import pickle
+    import threading
+    import time
+
+    from submitit.core.utils import FailedJobError
+
+    stub(fake_slurm / "bin", "squeue", '[ -e "$FAKE/running" ] && echo "100|RUNNING||0:05|node1"; true')
+    stub(fake_slurm / "bin", "sacct", "true")
+    spec = S.loads(JOB.replace("RUNROOT", str(fake_slurm / "runs")))
+    run = runfolder.create_run(spec, Executor.SLURM, run_id="W1")
+    run.add_attempt("100", Executor.SLURM, "submit")
+    (fake_slurm / "running").touch()
+    outcome: list[BaseException | str] = []
+
+    def waiter() -> None:
+        try:
+            outcome.append(launch.wait(run, poll_s=0.1))
+        except BaseException as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.5)
+    assert thread.is_alive()  # job 100 is still running
+    (run.submitit_dir / "101").mkdir()
+    (run.submitit_dir / "101" / "101_0_result.pkl").write_bytes(pickle.dumps(("error", "Traceback: boom")))
+    run.add_attempt("101", Executor.SLURM, "automatic restart")
+    (fake_slurm / "running").unlink()
+    thread.join(timeout=30)
+    (error,) = outcome
+    assert isinstance(error, FailedJobError) and "boom" in str(error)

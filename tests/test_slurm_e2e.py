@@ -262,7 +262,9 @@ def worker_pids(run: runfolder.RunFolder, job_id: str, rank: int | None = None) 
             env = dict(kv.split(b"=", 1) for kv in (proc / "environ").read_bytes().split(b"\0") if b"=" in kv)
         except OSError:
             continue
-        if b"clusterfsdp.worker" not in argv or str(run.path).encode() not in argv or b"srun" in argv[0]:
+        # each srun task runs submitit's `_submit` on the run's submitit folder (launch.slurm_executor)
+        task = b"submitit.core._submit" in argv and str(run.submitit_dir / "%j").encode() in argv
+        if not task or b"srun" in argv[0]:
             continue
         if env.get(b"SLURM_JOB_ID") == job_id.encode() and rank in (None, int(env.get(b"SLURM_PROCID", b"-1"))):
             out.append(int(proc.name))

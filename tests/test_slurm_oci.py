@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from procs import CORPUS, tiny_job_toml
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.control import launch, runfolder
 
 REPO = Path(__file__).resolve().parents[1]
 IN_BUNDLE = "/corpus-in-bundle.txt"
@@ -103,4 +103,9 @@ def test_two_node_job_trains_inside_an_oci_bundle(slurm_cluster, tmp_path):
     hosts = {json.loads(p.read_text())["hostname"] for p in run.nodes_dir.rglob("*.json")}
     assert hosts == {"node1", "node2"}
     assert not Path(IN_BUNDLE).exists()  # the data was only inside the bundle
-    assert f"--container={bundle}" in (run.submitit_dir / "attempt-0.sh").read_text()
+    (attempt,) = run.attempts
+    job_dir = run.submitit_dir / attempt.job_id  # submitit's: its batch script and the pickled call
+    script = (job_dir / f"{attempt.job_id}_submission.sh").read_text()
+    assert f"--container={bundle} {sys.executable} -u -m submitit.core._submit {run.submitit_dir}/%j" in script
+    assert (job_dir / f"{attempt.job_id}_submitted.pkl").is_file()
+    assert launch.wait(run, poll_s=1) == "completed"  # rank 0's result, through submitit's job object

@@ -1,6 +1,7 @@
-"""The control plane's steps in a Slurm attempt's batch script, around `srun` (launch.render_sbatch):
+"""The control plane's steps in a Slurm attempt's batch script (submitit's), around its `srun`
+line (launch.job_steps: the last `setup` line and the `teardown`):
 
-    python -m clusterfsdp.control.jobstep before RUN_DIR      # then srun ... clusterfsdp.worker
+    python -m clusterfsdp.control.jobstep before RUN_DIR      # then srun ... submitit.core._submit
     python -m clusterfsdp.control.jobstep after RUN_DIR RC    # RC: srun's exit status
 
 They run on the batch host, where a failed attempt is still alive to speak for itself (the
@@ -8,7 +9,8 @@ worker's ranks cannot: the failed one is dead, and the others may be too):
 
 - `before` records what Slurm did to the previous incarnation of this job when it left no
   record (Slurm requeued it: a preemption after GraceTime, a failed batch host, an admin) and
-  refuses to start when the run used up slurm.max_restarts;
+  refuses to start when the run used up slurm.max_restarts; for the script of `submit --dry-run`
+  submitted by hand, it puts the pickled call where submitit's `_submit` looks for it;
 - `after` classifies a failed attempt (control.outcomes: a node Slurm declared down, a rank
   that died, a collective that lost its peer, or a Python error) and, for the infrastructure
   causes, submits the next attempt through the run service: after this job ends, without the
@@ -64,6 +66,9 @@ def _event(run: runfolder.RunFolder, job: SlurmJob, kind: EventKind, restart: in
 
 def before(run: runfolder.RunFolder, job: SlurmJob) -> int:
     """0: start the workers; 1: do not (slurm.max_restarts used up)."""
+    record = run.record()
+    if record.dry_run and record.attempt(job.job_id) is None:
+        launch.write_call(run, job.job_id)  # submitted by hand: no executor pickled the call
     if job.restart > 0:
         previous = [e for e in run.events(job.job_id) if e.restart == job.restart - 1]
         if not any(e.event.ends_attempt for e in previous):

@@ -1,14 +1,15 @@
-"""Dispatch: how one attempt of a run is queued (Slurm: our own batch script through sbatch;
-otherwise submitit's local executor on this machine), and the exact sbatch script of a dry run.
-No run policy here: the run service (`control.run`) decides when an attempt may be submitted
-and records it.
+"""Dispatch: how one attempt of a run is queued, always by submitit (Slurm: its
+`SlurmExecutor`, with sbatch sent through slurmcli's retries, `control.slurmexec`; otherwise its
+`LocalExecutor` on this machine), and the exact batch script of a dry run. No run policy here:
+the run service (`control.run`) decides when an attempt may be submitted and records it.
 
-A Slurm attempt runs `python -m clusterfsdp.worker RUN_DIR` under srun, between two job steps
-of the control plane (`clusterfsdp.control.jobstep`). The local executor pickles
-`WorkerCall(run_dir)`, which imports `clusterfsdp.worker.main` by name: the control plane never
-imports the worker (or torch). Every rank reads the resolved job.toml from the run folder, so
-nothing queued carries a secret; secret [env] entries travel in the submitting process's
-environment instead (sbatch exports it; the local executor inherits it).
+Both executors pickle `WorkerCall(run_dir)`, which imports `clusterfsdp.worker.main` by name: the
+control plane never imports the worker (or torch). On Slurm, submitit's batch script runs the
+control plane's job steps (`clusterfsdp.control.jobstep`) around its srun line: `before` as the
+last `setup` line, `after` as the `teardown` (with srun's exit status). Every rank reads the
+resolved job.toml from the run folder, so nothing queued carries a secret; secret [env] entries
+travel in the submitting process's environment instead (sbatch exports it; the local executor
+inherits it).
 """
 
 from __future__ import annotations
@@ -19,22 +20,29 @@ import os
 import re
 import secrets
 import shlex
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from . import slurmcli
+from . import procs, slurmcli
 from . import spec as specmod
 from .procs import ProcessId
-from .records import Executor
-from .runfolder import RunFolder, atomic_write
+from .records import Attempt, Executor, RunState
+from .runfolder import RunFolder
+
+if TYPE_CHECKING:
+    import submitit
+
+    from .slurmexec import RetriedSlurmExecutor
 
 Requested = Literal["auto", "slurm", "local"]
-# Every path that reaches an `#SBATCH --output=...` line (the run folder's) is held to these.
 # submitit's local controller restarts on exit code 144 at most this many times.
 LOCAL_MAX_TIMEOUTS = 1_000_000
+# Every path that reaches an `#SBATCH --output=...` line (the run folder's) is held to these.
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+,:@%=~-]+$")
 
 
@@ -45,13 +53,21 @@ class SubmitError(RuntimeError):
 @dataclass(frozen=True)
 class WorkerCall:
     """What submitit pickles and every rank calls: `clusterfsdp.worker.main.run(run_dir)`,
-    imported by module name so that importing the control plane never imports the worker."""
+    imported by module name so that importing the control plane never imports the worker.
+
+    submitit's `_submit` installs its own handlers just before calling this: SIGTERM and SIGCONT
+    ignored (logged), SIGUSR2 `scontrol requeue` and exit. The worker decides what a stop signal
+    means (its stop flags, installed first thing in `run`; outcomes.classify_stop), so they are
+    put back to the defaults here at once: during the import below a signal ends the rank, as
+    before any Python ran, instead of being lost or requeueing the job behind the worker's back."""
 
     run_dir: str
 
     def __call__(self) -> str:
         import importlib
 
+        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT):
+            signal.signal(sig, signal.SIG_DFL)
         return importlib.import_module("clusterfsdp.worker.main").run(self.run_dir)
 
 
@@ -167,49 +183,74 @@ def check_trackers(spec: specmod.JobSpec) -> None:
 
 
 def sbatch_options(
-    spec: specmod.JobSpec, dependency: str | None = None, exclude: tuple[str, ...] = ()
-) -> list[tuple[str, str | None]]:
-    """The `#SBATCH` options of an attempt, as (name, value or None for a flag). Every string
-    value from the job file was held to an allowlist by `spec.check` (the `#SBATCH` parser
+    spec: specmod.JobSpec,
+    dependency: str | None = None,
+    exclude: tuple[str, ...] = (),
+    *,
+    token: str = "",
+    hold: bool = False,
+) -> dict[str, Any]:
+    """The parameters of submitit's `SlurmExecutor` for an attempt (`update_parameters`):
+    submitit's own for what it names, `additional_parameters` for `#SBATCH` options it does not
+    (its `_as_sbatch_flag` writes each `--key=value`, shell-quoted, or `--flag` for True). Every
+    string value from the job file was held to an allowlist by `spec.check` (the `#SBATCH` parser
     honours quotes and backslashes), so nothing here can add an option the job file did not name.
 
     `--no-kill`: when a node fails, Slurm shrinks the allocation instead of ending (and
     requeueing) the job, so the batch script lives on to classify the failure and resubmit
-    without that node (docs/recovery.md). The batch host's own failure still ends the job."""
+    without that node (docs/recovery.md). The batch host's own failure still ends the job.
+    `--signal=USR2@grace` whatever SUBMITIT_PREEMPT_SIGNAL says: the worker's stop flags listen
+    for SIGUSR2. `token` joins the job's `--comment` (found again after an unanswered sbatch) and
+    `hold` keeps it from starting until the attempt is recorded; a dry run has neither."""
     s = spec.slurm
-    opts: list[tuple[str, str | None]] = [
-        ("job-name", spec.job.name),
-        ("nodes", str(s.nodes)),
-        ("ntasks-per-node", str(spec.tasks_per_node)),
-        ("time", str(spec.time_minutes)),
-        ("signal", f"USR2@{s.signal_grace_s}"),
-        ("requeue" if s.requeue else "no-requeue", None),
-        ("no-kill", None),
-        ("open-mode", "append"),
-    ]
-    if s.gpus_per_node:
-        opts.append(("gpus-per-node", str(s.gpus_per_node)))
-    if s.cpus_per_task:
-        opts.append(("cpus-per-task", str(s.cpus_per_task)))
-    if s.mem_gb:
-        opts.append(("mem", f"{math.ceil(s.mem_gb * 1024)}M"))
-    for key in ("partition", "account", "qos", "constraint"):
-        if getattr(s, key):
-            opts.append((key, getattr(s, key)))
-    if s.exclusive:
-        opts.append(("exclusive", None))
-    if dependency:
-        opts.append(("dependency", dependency))
     extra = dict(s.extra)
+    comment = " ".join(part for part in (str(extra.pop("comment", "")), token) if part)
     if exclude:
         given = [str(extra.pop("exclude"))] if "exclude" in extra else []
-        opts.append(("exclude", ",".join([*given, *exclude])))
-    for key, value in sorted(extra.items()):
-        if value is True:
-            opts.append((key, None))
-        elif value is not False:
-            opts.append((key, str(value)))
-    return opts
+        extra["exclude"] = ",".join([*given, *exclude])
+    additional: dict[str, Any] = {
+        "signal": f"USR2@{s.signal_grace_s}",
+        "requeue" if s.requeue else "no-requeue": True,
+        "no-kill": True,
+        **({"hold": True} if hold else {}),
+        **{key: value if value is True else str(value) for key, value in extra.items() if value is not False},
+    }
+    chosen: dict[str, Any] = {
+        "job_name": spec.job.name,
+        "nodes": s.nodes,
+        "ntasks_per_node": spec.tasks_per_node,
+        "time": spec.time_minutes,
+        "signal_delay_s": s.signal_grace_s,
+        "gpus_per_node": s.gpus_per_node or None,
+        "cpus_per_task": s.cpus_per_task or None,
+        "mem": f"{math.ceil(s.mem_gb * 1024)}M" if s.mem_gb else None,
+        "partition": s.partition or None,
+        "account": s.account or None,
+        "qos": s.qos or None,
+        "constraint": s.constraint or None,
+        "exclusive": True if s.exclusive else None,
+        "dependency": dependency,
+        "comment": comment or None,
+        "wckey": None,  # submitit's default "submitit" is refused where wckeys are enforced
+        "srun_args": ["--kill-on-bad-exit=1", *task_launch(spec).srun_args],
+        "additional_parameters": additional,
+    }
+    return {key: value for key, value in chosen.items() if value is not None or key == "wckey"}
+
+
+def job_steps(run: RunFolder) -> tuple[list[str], list[str]]:
+    """submitit's `setup` and `teardown` lines around its srun line: the control plane's job
+    steps on the batch host (`clusterfsdp.control.jobstep`, this Python): `before` records what
+    Slurm did to the previous incarnation and stops a run that used up its restarts; `after`
+    (with srun's exit status, the last command before it) classifies a failed attempt and
+    submits the next one (docs/recovery.md)."""
+    setup = [
+        f"# clusterfsdp run {run.id}: the control plane's job steps around srun (clusterfsdp.control.jobstep)",
+        f"PY={shlex.quote(sys.executable)}",
+        f"RUN={shlex.quote(str(run.path))}",
+        '"$PY" -m clusterfsdp.control.jobstep before "$RUN" || exit $?',
+    ]
+    return setup, ['exec "$PY" -m clusterfsdp.control.jobstep after "$RUN" "$?"']
 
 
 def check_run_root(spec: specmod.JobSpec) -> None:
@@ -227,53 +268,38 @@ def check_run_root(spec: specmod.JobSpec) -> None:
         raise SubmitError(f"job.run_root: {existing} is not writable by you")
 
 
+def slurm_executor(
+    spec: specmod.JobSpec,
+    run: RunFolder,
+    *,
+    dependency: str | None = None,
+    exclude: tuple[str, ...] = (),
+    token: str = "",
+) -> RetriedSlurmExecutor:
+    """submitit's `SlurmExecutor` for an attempt (`control.slurmexec`). With a `token` it queues
+    held jobs into `submitit/<job id>/` (the job cannot start before submitit made that folder,
+    which Slurm needs for --output); without one it renders the dry run's script, whose job
+    writes straight into `submitit/` (a job submitted by hand could start before anyone made a
+    folder for its id). The ranks start as `task_launch(spec)` says (maybe the image's Python, in
+    a container), which runs `-u -m submitit.core._submit FOLDER`."""
+    from . import slurmexec
+
+    folder = run.submitit_dir / "%j" if token else run.submitit_dir
+    setup, teardown = job_steps(run)
+    parameters = sbatch_options(spec, dependency, exclude, token=token, hold=bool(token))
+    parameters.update(setup=[*spec.slurm.setup, *setup], teardown=teardown)
+    python = shlex.join(task_launch(spec).python)
+    comment = str(spec.slurm.extra.get("comment", ""))
+    return slurmexec.executor(folder, python, parameters, token=token, comment=comment)
+
+
 def render_sbatch(
     spec: specmod.JobSpec, run: RunFolder, *, dependency: str | None = None, exclude: tuple[str, ...] = ()
 ) -> str:
-    """The batch script of an attempt (also what `submit --dry-run` writes as sbatch.sh).
-
-    Around `srun` run the job steps of the control plane on the batch host
-    (`clusterfsdp.control.jobstep`): `before` records what Slurm did to the previous incarnation
-    and stops a run that used up its restarts; `after` classifies a failed attempt and submits
-    the next one (docs/recovery.md). `--kill-on-bad-exit`: one rank that dies ends the step at
-    once, instead of leaving the others blocked in a collective. The job steps run this Python on
-    the host; the ranks start as `task_launch(spec)` says (maybe the image's Python, in a
-    container). Logs go straight into submitit/ (`<job id>_<task>_log.out`): Slurm does not
-    create missing folders for --output."""
-    py, folder = shlex.quote(sys.executable), shlex.quote(str(run.path))
-    out = run.submitit_dir
-    lines = [
-        "#!/bin/bash",
-        f"# clusterfsdp run {run.id}: written by clusterfsdp (submit, resume, or an automatic restart);",
-        "# submitting it by hand (`submit --dry-run`) behaves the same.",
-    ]
-    options = [
-        *sbatch_options(spec, dependency, exclude),
-        ("output", f"{out}/%j_0_log.out"),
-        ("error", f"{out}/%j_0_log.err"),
-    ]
-    lines += [f"#SBATCH --{key}" + ("" if value is None else f"={shlex.quote(value)}") for key, value in options]
-    if spec.slurm.setup:
-        lines += ["", "# slurm.setup", *spec.slurm.setup]
-    task = task_launch(spec)
-    srun = [
-        "srun",
-        "--unbuffered",
-        "--kill-on-bad-exit=1",
-        f"--output={out}/%j_%t_log.out",
-        f"--error={out}/%j_%t_log.err",
-        *task.srun_args,
-    ]
-    lines += [
-        "",
-        f"PY={py}",
-        f"RUN={folder}",
-        '"$PY" -m clusterfsdp.control.jobstep before "$RUN" || exit $?',
-        f'{shlex.join(srun)} {task.command("-u", "-m", "clusterfsdp.worker")} "$RUN"',
-        'exec "$PY" -m clusterfsdp.control.jobstep after "$RUN" "$?"',
-        "",
-    ]
-    return "\n".join(lines)
+    """The batch script of an attempt as submitit writes it, without the hold and the unique
+    comment: what `submit --dry-run` writes as sbatch.sh (the job step `before` puts the pickled
+    call where submitit looks for it), and what the TUI shows."""
+    return slurm_executor(spec, run, dependency=dependency, exclude=exclude).script()
 
 
 @contextlib.contextmanager
@@ -299,11 +325,13 @@ def submission_env(spec: specmod.JobSpec) -> Iterator[None]:
 @dataclass(frozen=True)
 class Queued:
     """One queued attempt: the job id; for the local executor the process group leader; for
-    Slurm `held` (the job waits until `start` is called, once the attempt is recorded)."""
+    Slurm `held` (the job waits until `start` is called, once the attempt is recorded); `job`:
+    submitit's job object (state, `result()`, logs), for a caller that wants it."""
 
     job_id: str
     leader: ProcessId | None = None
     held: bool = False
+    job: Any = None
 
 
 def queue(
@@ -316,7 +344,8 @@ def queue(
     """Queue one attempt of `run` (its folder and job.toml exist) on `executor`."""
     with submission_env(spec):
         if executor is Executor.SLURM:
-            return Queued(_queue_slurm(spec, run, dependency, exclude), held=True)
+            job = _queue_slurm(spec, run, dependency, exclude)
+            return Queued(job.job_id, held=True, job=job)
         return _queue_local(spec, run)
 
 
@@ -331,20 +360,90 @@ def start(queued: Queued) -> None:
             ) from None
 
 
-def _queue_slurm(spec: specmod.JobSpec, run: RunFolder, dependency: str | None, exclude: tuple[str, ...]) -> str:
-    """sbatch the attempt's script, held, with a unique --comment (slurmcli.submit)."""
-    script = run.submitit_dir / f"attempt-{len(run.record().attempts)}.sh"
-    atomic_write(script, render_sbatch(spec, run, dependency=dependency, exclude=exclude))
+def _queue_slurm(
+    spec: specmod.JobSpec, run: RunFolder, dependency: str | None, exclude: tuple[str, ...]
+) -> submitit.Job[str]:
+    """submitit's `SlurmExecutor.submit(WorkerCall(run))`, held, with a unique --comment; its
+    sbatch through slurmcli.submit. What a failed submission left in submitit/ (its temporary
+    script and pickle) is removed."""
     token = f"clusterfsdp:{run.id}:{secrets.token_hex(4)}"
+    ex = slurm_executor(spec, run, dependency=dependency, exclude=exclude, token=token)
+    before = set(run.submitit_dir.iterdir()) if run.submitit_dir.is_dir() else set()
     try:
-        return slurmcli.submit(script, token, str(spec.slurm.extra.get("comment", "")))
+        return ex.submit(WorkerCall(str(run.path)))
     except slurmcli.SlurmError as e:
+        _remove_new_files(run.submitit_dir, before)
         raise SubmitError(str(e) if e.transient else _one_line_sbatch_error(str(e))) from None
+    except OSError as e:
+        _remove_new_files(run.submitit_dir, before)
+        raise SubmitError(f"submitit could not write {run.submitit_dir}: {e.strerror or e}") from None
+
+
+def _remove_new_files(folder: Path, before: set[Path]) -> None:
+    if folder.is_dir():
+        for path in set(folder.iterdir()) - before:
+            if path.is_file() or path.is_symlink():
+                path.unlink(missing_ok=True)
 
 
 def _one_line_sbatch_error(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if "error" in line.lower()]
     return "sbatch refused the job: " + (lines[-1] if lines else " ".join(text.split())[:300])
+
+
+def write_call(run: RunFolder, job_id: str) -> Path | None:
+    """For a job submitted by hand from `submit --dry-run`'s script: submitit's pickled call at
+    `submitit/<job id>_submitted.pkl`, where that script's `_submit` looks (submitit's
+    executor writes it for the jobs it queues). None when it is there already (a requeue)."""
+    from submitit.helpers import DelayedSubmission
+
+    path = run.submitit_dir / f"{job_id}_submitted.pkl"
+    if path.exists():
+        return None
+    partial = path.with_name(f".{path.name}.partial")
+    DelayedSubmission(WorkerCall(str(run.path))).dump(partial)
+    os.replace(partial, path)
+    return path
+
+
+def attempt_job(run: RunFolder, attempt: Attempt) -> submitit.Job[str]:
+    """submitit's job object of a recorded attempt, for its rank 0 (the task whose result is the
+    run's outcome): `result()`, `exception()`, `stdout()`, `paths`. A job submitted by hand from
+    `submit --dry-run`'s script keeps its files straight in submitit/."""
+    import submitit
+
+    folder = run.submitit_dir / "%j" if (run.submitit_dir / attempt.job_id).is_dir() else run.submitit_dir
+    kind = submitit.SlurmJob if attempt.executor is Executor.SLURM else submitit.LocalJob
+    return kind(folder=folder, job_id=attempt.job_id, tasks=(0,))
+
+
+def wait(run: RunFolder, poll_s: float = 10.0) -> str:
+    """Block until the run's newest attempt has ended, following requeues (the same job) and the
+    attempts that take over (a follow-up job or an automatic restart is recorded before the job
+    that submits it ends); then rank 0's outcome ('completed' or 'stopped') by submitit's
+    `job.result()`, which raises submitit's `FailedJobError` (a Python error, with the rank's
+    traceback) or `UncompletedJobError` (no result: cancelled, killed, out of restarts).
+    Liveness is asked as `status` asks it (slurmcli: squeue, then sacct, retried through an
+    outage, which is waited out) or, locally, of the recorded process group."""
+    while True:
+        last = run.record().last
+        if last is None:
+            raise SubmitError(f"run {run.id} has no attempt to wait for")
+        while _alive(last):
+            time.sleep(poll_s)
+        newest = run.record().last
+        if newest is not None and newest.job_id == last.job_id:
+            return attempt_job(run, last).result()
+
+
+def _alive(attempt: Attempt) -> bool:
+    if attempt.executor is not Executor.SLURM:
+        return attempt.leader is not None and procs.group_alive(attempt.leader)
+    try:
+        row = slurmcli.job_states([attempt.job_id]).get(attempt.job_id)
+    except slurmcli.SlurmError:
+        return True  # Slurm does not answer: the job may well still run
+    return row is not None and RunState.parse(row.state).live
 
 
 def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:

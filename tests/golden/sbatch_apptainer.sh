@@ -1,21 +1,29 @@
 #!/bin/bash
-# clusterfsdp run RUNID: written by clusterfsdp (submit, resume, or an automatic restart);
-# submitting it by hand (`submit --dry-run`) behaves the same.
+
+# Parameters
+#SBATCH --error=<TMP>/runs/llm/RUNID/submitit/%j_0_log.err
+#SBATCH --gpus-per-node=4
 #SBATCH --job-name=llm
+#SBATCH --no-kill
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=4
-#SBATCH --time=60
-#SBATCH --signal=USR2@120
-#SBATCH --requeue
-#SBATCH --no-kill
 #SBATCH --open-mode=append
-#SBATCH --gpus-per-node=4
-#SBATCH --partition=gpu
 #SBATCH --output=<TMP>/runs/llm/RUNID/submitit/%j_0_log.out
-#SBATCH --error=<TMP>/runs/llm/RUNID/submitit/%j_0_log.err
+#SBATCH --partition=gpu
+#SBATCH --requeue
+#SBATCH --signal=USR2@120
+#SBATCH --time=60
 
+# setup
+# clusterfsdp run RUNID: the control plane's job steps around srun (clusterfsdp.control.jobstep)
 PY=<PYTHON>
 RUN=<TMP>/runs/llm/RUNID
 "$PY" -m clusterfsdp.control.jobstep before "$RUN" || exit $?
-srun --unbuffered --kill-on-bad-exit=1 --output=<TMP>/runs/llm/RUNID/submitit/%j_%t_log.out --error=<TMP>/runs/llm/RUNID/submitit/%j_%t_log.err apptainer exec --nv --bind <TMP>/runs:<TMP>/runs,/shared/data:/data:ro --pwd /shared/proj --cleanenv /shared/images/torch.sif python3 -u -m clusterfsdp.worker "$RUN"
+
+# command
+export SUBMITIT_EXECUTOR=slurm
+srun --unbuffered --output <TMP>/runs/llm/RUNID/submitit/%j_%t_log.out --error <TMP>/runs/llm/RUNID/submitit/%j_%t_log.err --kill-on-bad-exit=1 apptainer exec --nv --bind <TMP>/runs:<TMP>/runs,/shared/data:/data:ro --pwd /shared/proj --cleanenv /shared/images/torch.sif python3 -u -m submitit.core._submit <TMP>/runs/llm/RUNID/submitit
+
+
+# teardown
 exec "$PY" -m clusterfsdp.control.jobstep after "$RUN" "$?"
