@@ -27,6 +27,7 @@ from typing import Literal
 
 from . import slurmcli
 from . import spec as specmod
+from .errors import UserError
 from .procs import ProcessId
 from .records import Executor
 from .runfolder import RunFolder, atomic_write
@@ -38,7 +39,7 @@ LOCAL_MAX_TIMEOUTS = 1_000_000
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+,:@%=~-]+$")
 
 
-class SubmitError(RuntimeError):
+class SubmitError(UserError, RuntimeError):
     """The attempt could not be queued; the message is one line for the user."""
 
 

@@ -25,10 +25,11 @@ from typing import Any, Literal, get_args, get_origin
 import tomli_w
 
 from . import secretenv
+from .errors import UserError
 from .runroot import default_run_root
 
 
-class SpecError(ValueError):
+class SpecError(UserError, ValueError):
     """A job spec that cannot be used. `errors` holds one line per problem."""
 
     def __init__(self, errors: list[str]):
