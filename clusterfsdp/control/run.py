@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -384,14 +385,16 @@ def _check_submittable(spec: specmod.JobSpec, backend: backends.Backend) -> None
 
 def check_run_root(spec: specmod.JobSpec) -> None:
     """The one run-root check of submit, the dry run and the notebook: a path sbatch lines can
-    carry, writable by its permissions, and a folder that can really be created there (root
-    passes every permission check, and some file systems, /proc for one, still refuse)."""
+    carry, writable by its permissions, and a place where a folder can really be made (root
+    passes every permission check, and some file systems, /proc for one, still refuse). The
+    probe folder is removed at once: a refused job leaves nothing behind."""
     launch.check_run_root(spec)
-    root = Path(spec.job.run_root).expanduser()
+    root = Path(spec.job.run_root).expanduser().resolve()
+    existing = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".clusterfsdp-probe-", dir=existing))
     except OSError as e:
-        raise launch.SubmitError(f"job.run_root: cannot create {root}: {e.strerror or e}") from None
+        raise launch.SubmitError(f"job.run_root: cannot create {root} ({existing}: {e.strerror or e})") from None
 
 
 def _create_run(spec: specmod.JobSpec, executor: Executor) -> RunFolder:
