@@ -503,20 +503,24 @@ def test_demo_notebook_runs_without_slurm(tiny_job, tmp_path):
 
 def test_failed_rank_gives_exit_status_per_rank(tiny_job, tmp_path):
     """A rank that fails stops the others (like srun --kill-on-bad-exit); the result has every rank's
-    exit status and its error, and check=True raises instead of returning."""
+    exit status and its error, and check=True raises instead of returning. The failure is one the
+    control plane cannot see before launching (it reads only the first record of each source, as
+    for `submit`): a .jsonl whose second line is not JSON, found by rank 0's data preparation."""
     import io
 
     from clusterfsdp import notebook
 
     out = io.StringIO()
-    bad = {"model.name_or_path": str(tmp_path / "no-such-model")}
+    data = tmp_path / "broken.jsonl"
+    data.write_text('{"text": "a first record that reads"}\nnot json\n')
+    bad = {"data.paths": [str(data)]}
     r = notebook.srun(tiny_job, overrides=bad, launcher="local", progress=False, out=out)
     text = out.getvalue()
     assert r.status == "failed" and not r.ok and set(r.exit_codes) == {0, 1}, text
     # the first rank to fail exits 1; the other one fails too or is stopped (SIGTERM: -15)
     assert 1 in r.exit_codes.values() and all(c not in (0, None) for c in r.exit_codes.values()), r.exit_codes
-    assert r.returncode != 0 and "FileNotFoundError" in text and "no-such-model" in r.message
-    assert re.search(r"^\[rank\d \S+\] FileNotFoundError", text, re.M)  # rank 0 live, others' tails at the end
+    assert r.returncode != 0 and "DataError" in text and "broken.jsonl:2" in r.message, (text, r.message)
+    assert re.search(r"^\[rank\d \S+\] \S*DataError: ", text, re.M)  # rank 0 live, others' tails at the end
     with pytest.raises(notebook.StepFailed) as e:
         notebook.srun(tiny_job, overrides=bad, launcher="local", progress=False, out=io.StringIO(), check=True)
     assert 1 in e.value.result.exit_codes.values()
