@@ -19,12 +19,13 @@ from pathlib import Path
 
 from . import __version__, term
 from .control import spec as specmod
+from .control.errors import UserError
 from .control.records import EventKind
 
 EXIT_BAD_INPUT = 2
 
 
-class CliError(Exception):
+class CliError(UserError):
     """A user-facing error: printed as one line, exit 2."""
 
 
@@ -101,7 +102,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         if args.parsable:
             raise CliError("--parsable prints a job id, and a dry run queues no job (use --json)")
-        run, script = Run.prepare(spec)
+        run, script = Run.dry_run(spec)
         print(_json(run.status()) if args.json else script)
         print(
             f"# run folder prepared: {run.path}\n# submit by hand with: sbatch {run.folder.sbatch_script}",
@@ -446,20 +447,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from .control import slurmcli
-    from .control.launch import SubmitError
-    from .control.run import RunError
-    from .control.slurmcli import SlurmError
 
     args = build_parser().parse_args(argv)
-    slurmcli.on_retry = slurmcli.say_on_stderr  # a controller outage is waited for, visibly
     try:
-        return args.fn(args)
-    except specmod.SpecError as e:
-        for line in e.errors:
+        with slurmcli.retry_notices(slurmcli.say_on_stderr):  # a controller outage is waited for, visibly
+            return args.fn(args)
+    except UserError as e:  # every front-end catches this one base (control.errors)
+        for line in e.lines:
             print(f"{term.style('error:', 'red', sys.stderr)} {line}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (CliError, RunError, SubmitError, SlurmError) as e:
-        print(f"{term.style('error:', 'red', sys.stderr)} {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130

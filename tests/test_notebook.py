@@ -235,6 +235,28 @@ def test_launcher_choice(tmp_path, monkeypatch):
     assert e.value._render_traceback_()[0].startswith("NotInAllocation: not inside a Slurm allocation")
 
 
+def test_a_notebook_launch_goes_through_the_run_service_checks(tiny_job, tmp_path):
+    """The notebook is no second run service: `srun` runs the same source preparation as
+    `clusterfsdp submit` (`Run.srun`: hub resolution, then the data check). A data file too small
+    for one batch is refused before any rank starts or any run folder is made, with the same
+    SpecError as submit, which IPython shows without a traceback (every UserError does)."""
+    import io
+
+    from clusterfsdp import notebook
+    from clusterfsdp.control import runfolder
+    from clusterfsdp.control import spec as specmod
+
+    small = tmp_path / "bad.jsonl"
+    small.write_text("not json\n")
+    out = io.StringIO()
+    with pytest.raises(specmod.SpecError) as e:
+        notebook.srun(str(tiny_job), launcher="local", progress=False, overrides={"data.paths": [str(small)]}, out=out)
+    assert any(str(small) in line and "not valid JSON" in line for line in e.value.errors), e.value.errors
+    assert e.value._render_traceback_()[0].startswith("SpecError: ")
+    assert runfolder.list_runs(tmp_path / "runs") == []
+    assert "launcher: local processes" in out.getvalue() and "[local]" not in out.getvalue()  # nothing started
+
+
 def test_srun_line_restates_resources_and_env_is_scrubbed(tiny_job, tmp_path):
     from clusterfsdp import notebook
 
@@ -409,10 +431,10 @@ def test_stop_button_cancels_local_ranks_and_kernel_stays_usable(tiny_job, tmp_p
     assert report["procs_after"] == [], report["procs_after"]  # every rank was gone when the cell returned
     r = json_line(nb.cells[2])
     assert r["status"] == "interrupted" and r["job_id"] == m.group(1) and r["step"] == ""
-    if how == "SIGTERM":  # within the grace period: the ranks stopped at a step boundary and saved
-        assert saved and r["exit_codes"] == {"0": 0, "1": 0}, (out, r)
-    if saved:
-        assert r["checkpoint"].endswith(f"step-{int(saved):08d}")
+    # within the grace period (20 s by default, as for `clusterfsdp cancel`) the ranks stopped at a
+    # step boundary and saved a checkpoint together (docs/notebooks.md "Stopping")
+    assert how == "SIGTERM" and saved and r["exit_codes"] == {"0": 0, "1": 0}, (out, r)
+    assert r["checkpoint"].endswith(f"step-{int(saved):08d}") and Path(r["checkpoint"]).is_dir(), r
     assert "ANSWER 42" in stream_text(nb.cells[3])
     st = subprocess.run(
         [sys.executable, "-m", "clusterfsdp.cli", "status", r["run_dir"]], capture_output=True, text=True, timeout=60
@@ -481,20 +503,24 @@ def test_demo_notebook_runs_without_slurm(tiny_job, tmp_path):
 
 def test_failed_rank_gives_exit_status_per_rank(tiny_job, tmp_path):
     """A rank that fails stops the others (like srun --kill-on-bad-exit); the result has every rank's
-    exit status and its error, and check=True raises instead of returning."""
+    exit status and its error, and check=True raises instead of returning. The failure is one the
+    control plane cannot see before launching (it reads only the first record of each source, as
+    for `submit`): a .jsonl whose second line is not JSON, found by rank 0's data preparation."""
     import io
 
     from clusterfsdp import notebook
 
     out = io.StringIO()
-    bad = {"model.name_or_path": str(tmp_path / "no-such-model")}
+    data = tmp_path / "broken.jsonl"
+    data.write_text('{"text": "a first record that reads"}\nnot json\n')
+    bad = {"data.paths": [str(data)]}
     r = notebook.srun(tiny_job, overrides=bad, launcher="local", progress=False, out=out)
     text = out.getvalue()
     assert r.status == "failed" and not r.ok and set(r.exit_codes) == {0, 1}, text
     # the first rank to fail exits 1; the other one fails too or is stopped (SIGTERM: -15)
     assert 1 in r.exit_codes.values() and all(c not in (0, None) for c in r.exit_codes.values()), r.exit_codes
-    assert r.returncode != 0 and "FileNotFoundError" in text and "no-such-model" in r.message
-    assert re.search(r"^\[rank\d \S+\] FileNotFoundError", text, re.M)  # rank 0 live, others' tails at the end
+    assert r.returncode != 0 and "DataError" in text and "broken.jsonl:2" in r.message, (text, r.message)
+    assert re.search(r"^\[rank\d \S+\] \S*DataError: ", text, re.M)  # rank 0 live, others' tails at the end
     with pytest.raises(notebook.StepFailed) as e:
         notebook.srun(tiny_job, overrides=bad, launcher="local", progress=False, out=io.StringIO(), check=True)
     assert 1 in e.value.result.exit_codes.values()

@@ -112,7 +112,7 @@ def test_an_extra_option_name_outside_the_allowlist_is_refused():
 def test_run_root_with_shell_characters_is_refused(tmp_path):
     spec = S.loads(f'[job]\nrun_root = "{tmp_path}/$(touch PWNED)"\n')
     with pytest.raises(launch.SubmitError, match="run_root"):
-        Run.prepare(spec)
+        Run.dry_run(spec)
     assert not list(tmp_path.rglob("PWNED"))
 
 
@@ -144,7 +144,7 @@ def test_allowed_special_characters_do_not_execute(tmp_path):
 
 def test_dry_run_prepares_a_run_folder_and_writes_the_script(tmp_path):
     spec = S.loads(JOB.replace("RUNROOT", str(tmp_path / "runs")))
-    run, script = Run.prepare(spec)
+    run, script = Run.dry_run(spec)
     assert (run.path / "sbatch.sh").read_text() == script
     assert run.folder.attempts == [] and run.folder.record().dry_run and S.load(run.folder.job_toml) == spec
 

@@ -354,10 +354,14 @@ def test_a_submission_the_hung_controller_processes_late_is_not_duplicated(slurm
     result: list[str] = []
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.slurm_conf))
     notes: list[str] = []
-    monkeypatch.setattr(slurmcli, "on_retry", notes.append)
     slurm_cluster.fault("ctld-freeze")
     try:
-        worker = threading.Thread(target=lambda: result.append(slurmcli.submit(script, token)))
+
+        def submit() -> None:
+            with slurmcli.retry_notices(notes.append):
+                result.append(slurmcli.submit(script, token))
+
+        worker = threading.Thread(target=submit)
         worker.start()
         time.sleep(15)  # past sbatch's 10 s MessageTimeout: it gave up once
     finally:

@@ -27,7 +27,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE", str(tmp_path))
     monkeypatch.setenv(slurmcli.ENV_RETRY_S, "30")
-    monkeypatch.setattr(slurmcli, "on_retry", None)
+    slurmcli.report_retries(None)
     return tmp_path
 
 
@@ -51,8 +51,8 @@ def test_transient_errors_are_retried_until_the_controller_answers(fake: Path, m
         'echo "7|RUNNING|None|1:00|node1"',
     )
     notes: list[str] = []
-    monkeypatch.setattr(slurmcli, "on_retry", notes.append)
-    assert slurmcli.squeue(["7"])["7"].state == "RUNNING"
+    with slurmcli.retry_notices(notes.append):
+        assert slurmcli.squeue(["7"])["7"].state == "RUNNING"
     assert len(calls(fake, "squeue")) == 3
     assert len(notes) == 1 and "retrying for up to" in notes[0] and TIMED_OUT in notes[0]
 

@@ -16,6 +16,7 @@ from textual.binding import Binding
 from textual.reactive import var
 
 from clusterfsdp.control import runfolder
+from clusterfsdp.control.errors import describe
 from clusterfsdp.control.partitions import Partition
 
 from .cluster_screen import ClusterScreen
@@ -107,7 +108,7 @@ class ClusterApp(App[None]):
         try:
             refresh = collect(self.run_root, self.slurm)
         except Exception as e:
-            self.call_from_thread(self._collected, None, f"reading {self.run_root}: {type(e).__name__}: {e}")
+            self.call_from_thread(self._collected, None, f"reading {self.run_root}: {describe(e)}")
             return
         self.call_from_thread(self._collected, refresh, refresh.error)
 

@@ -17,6 +17,7 @@ from textual.widgets import Button, Footer, Label, OptionList, Select, Static, T
 from textual.widgets.option_list import Option
 
 from clusterfsdp.control import launch, runfolder
+from clusterfsdp.control.errors import describe
 from clusterfsdp.control.partitions import Partition
 
 from . import actions, form
@@ -335,7 +336,7 @@ class ComposeScreen(Screen):
         try:
             sub = actions.submit(summary.spec, executor)
         except Exception as e:
-            self.app.call_from_thread(self._submitted, None, f"submit failed: {e}")
+            self.app.call_from_thread(self._submitted, None, f"submit failed: {describe(e)}")
             return
         self.app.call_from_thread(self._submitted, sub.run, f"run {sub.run.id}: job {sub.job_id} ({sub.notice})")
 

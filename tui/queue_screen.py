@@ -15,6 +15,8 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from clusterfsdp.control.errors import describe
+
 from .actions import cancel
 from .compose_screen import ComposeScreen
 from .confirm_screen import ConfirmScreen
@@ -218,7 +220,7 @@ class QueueScreen(Screen):
         try:
             text, severity = cancel(row, self.app.slurm), "information"
         except Exception as e:
-            text, severity = f"cancel failed: {e}", "error"
+            text, severity = f"cancel failed: {describe(e)}", "error"
         self.app.call_from_thread(self._cancelled, text, severity)
 
     def _cancelled(self, text: str, severity: SeverityLevel) -> None:

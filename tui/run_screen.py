@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from clusterfsdp.control import runfolder, status
 from clusterfsdp.control import spec as specmod
+from clusterfsdp.control.errors import describe
 from clusterfsdp.control.records import Attempt
 from clusterfsdp.control.run import Run
 
@@ -305,7 +306,7 @@ class RunScreen(Screen):
         try:
             sub = actions.resume(Run(run), request.step, request.overrides, request.executor)
         except Exception as e:
-            self.app.call_from_thread(self._resumed, run, request, f"resume failed: {e}", "error")
+            self.app.call_from_thread(self._resumed, run, request, f"resume failed: {describe(e)}", "error")
             return
         text = f"run {run.id}: attempt {sub.job_id} resumes from step {sub.resume_step}"
         self.app.call_from_thread(self._resumed, run, None, text, "information")

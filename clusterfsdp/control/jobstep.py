@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m clusterfsdp.control.jobstep before RUN_DIR | after RUN_DIR RC", file=sys.stderr)
         return 2
     run, job = runfolder.RunFolder(Path(argv[1])), SlurmJob.from_environ()
-    slurmcli.on_retry = slurmcli.say_on_stderr
+    slurmcli.report_retries(slurmcli.say_on_stderr)
     if argv[0] == "before":
         return before(run, job)
     rc = int(argv[2])

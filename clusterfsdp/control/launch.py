@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import procs, slurmcli
 from . import spec as specmod
+from .errors import UserError
 from .procs import ProcessId
 from .records import Attempt, Executor, RunState
 from .runfolder import RunFolder
@@ -46,7 +47,7 @@ LOCAL_MAX_TIMEOUTS = 1_000_000
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+,:@%=~-]+$")
 
 
-class SubmitError(RuntimeError):
+class SubmitError(UserError, RuntimeError):
     """The attempt could not be queued; the message is one line for the user."""
 
 

@@ -1,6 +1,8 @@
 """The run service: submit, resume, cancel, status and export of one run, the only code that
 changes a run folder from the control plane. The CLI, the TUI and the notebook call it; none of
-them orchestrates.
+them orchestrates. Where an attempt runs is a backend object (`control.backends`: Slurm, local,
+an srun step in the notebook's allocation): `submit`, `resume` and `srun` choose one, and
+`cancel` and the liveness checks ask the backend of the recorded attempt.
 
 Integrity rules it keeps (docs/run-folder.md):
 - Commands that change a run hold the run's lock file (`.lock`, NFS-safe, control.lock), so of
@@ -17,22 +19,27 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..data import checks as datachecks
-from . import ckptfolder, hub, launch, lock, modelsource, procs, runfolder, secretenv, slurmcli, status
+from . import backends, ckptfolder, hub, launch, lock, modelsource, runfolder, secretenv, slurmcli, status
 from . import spec as specmod
-from .records import Attempt, Cause, Executor, RunState
+from .errors import UserError
+from .records import Attempt, Cause, Executor
 from .runfolder import RunFolder
 
+# Seconds the workers of a cancelled attempt get to save before SIGKILL (where no scheduler decides).
+GRACE_S = 20.0
 
-class RunError(RuntimeError):
+
+class RunError(UserError, RuntimeError):
     """A request the run service refuses; the message is one line for the user (exit 2)."""
 
 
@@ -97,29 +104,45 @@ class Run:
         the compute nodes) and check the model and tokenizer folders, create the run folder (with
         the small files export needs in <run>/model/) and queue its first attempt; nothing is left
         behind if queueing fails."""
-        chosen, notice = launch.choose_executor(executor)
-        _check_submittable(spec, chosen)
+        backend, notice = backends.for_request(executor)
+        return cls._first_attempt(spec, backend, notice)
+
+    @classmethod
+    def srun(cls, spec: specmod.JobSpec, backend: backends.SrunStep | backends.LocalRanks, notice: str) -> Submission:
+        """A notebook's launch (`clusterfsdp.notebook.srun`): the same checks, hub resolution and
+        data check as `submit`, the run folder, and the launcher process started by `backend` (an
+        srun step of the kernel's allocation, or local ranks) and recorded as the first attempt.
+        The caller streams `backend.proc`'s output and stops it with `cancel`."""
+        return cls._first_attempt(spec, backend, notice)
+
+    @classmethod
+    def _first_attempt(cls, spec: specmod.JobSpec, backend: backends.Backend, notice: str) -> Submission:
+        """Check `spec` completely, prepare its sources, create the run folder and queue its first
+        attempt on `backend`; nothing is left behind if queueing fails."""
+        _check_submittable(spec, backend)
         prepared = prepare_sources(spec)
         spec = prepared.spec
-        folder = runfolder.create_run(spec, chosen)
+        folder = _create_run(spec, backend.executor)
         run = cls(folder)
         try:
             modelsource.keep(prepared, folder.model_dir)
-            queued = launch.queue(spec, chosen, folder)
+            queued = backend.queue(spec, folder)
         except BaseException:
             shutil.rmtree(folder.path, ignore_errors=True)
             raise
-        folder.add_attempt(queued.job_id, chosen, "submit", leader=queued.leader)
-        launch.start(queued)
-        return Submission(run, chosen, queued.job_id, notice, notes=tuple(prepared.notes))
+        fields = backend.attempt_fields(spec, folder)
+        folder.add_attempt(queued.job_id, backend.executor, backend.reason, leader=queued.leader, **fields)
+        backend.start(queued)
+        return Submission(run, backend.executor, queued.job_id, notice, notes=tuple(prepared.notes))
 
     @classmethod
-    def prepare(cls, spec: specmod.JobSpec) -> tuple[Run, str]:
-        """A dry run: the run folder and the exact sbatch script to submit by hand (sbatch.sh)."""
-        _check_submittable(spec, Executor.SLURM)
+    def dry_run(cls, spec: specmod.JobSpec) -> tuple[Run, str]:
+        """A dry run: the same checks and source preparation as `submit` for Slurm, the run folder,
+        and the exact sbatch script to submit by hand (sbatch.sh); nothing is queued."""
+        _check_submittable(spec, backends.Slurm())
         prepared = prepare_sources(spec)
         spec = prepared.spec
-        folder = runfolder.create_run(spec, Executor.SLURM)
+        folder = _create_run(spec, Executor.SLURM)
         modelsource.keep(prepared, folder.model_dir)
         record = folder.record()
         record.dry_run = True  # its worker records the hand-submitted job as an attempt
@@ -138,13 +161,10 @@ class Run:
         last = self.folder.record().last
         if last is None:
             return None
-        if last.executor is Executor.SLURM:
-            try:
-                row = slurmcli.job_states([last.job_id]).get(last.job_id)
-            except slurmcli.SlurmError as e:
-                raise RunError(f"run {self.id}: cannot tell whether job {last.job_id} is still live: {e}") from None
-            return last if row is not None and RunState.parse(row.state).live else None
-        return last if status.attempt_alive(last) else None
+        try:
+            return last if backends.for_attempt(last).is_live(last) else None
+        except slurmcli.SlurmError as e:
+            raise RunError(f"run {self.id}: cannot tell whether job {last.job_id} is still live: {e}") from None
 
     def _locked(self, purpose: str, timeout_s: float = 0.0) -> lock.FileLock:
         try:
@@ -176,8 +196,8 @@ class Run:
                     "wait for its checkpoint and resume"
                 )
             spec = self.folder.spec(list(overrides))
-            chosen, notice = launch.choose_executor(executor or _requested(self.folder.record().executor))
-            _check_submittable(spec, chosen)
+            backend, notice = backends.for_request(executor or backends.requested_for(self.folder.record().executor))
+            _check_submittable(spec, backend)
             problems = datachecks.problems(spec)  # (its sources were resolved at submit)
             if problems:
                 raise specmod.SpecError(problems)
@@ -193,17 +213,17 @@ class Run:
                 have = ", ".join(str(c.step) for c in ckptfolder.list_checkpoints(root)) or "none"
                 raise RunError(f"run {self.id}: no complete checkpoint at step {step} (have: {have})")
             if live is not None:
-                self._cancel_attempt(live)
+                self._cancel_attempt(live, backends.for_attempt(live))
                 self._wait_gone(wait_s)
                 target = ckptfolder.find(root, step)  # the cancelled attempt saved a newer one
-            return self._start_attempt(spec, chosen, notice, target, set_aside=step is not None)
+            return self._start_attempt(spec, backend, notice, target, set_aside=step is not None)
         finally:
             held.release()
 
     def _start_attempt(
         self,
         spec: specmod.JobSpec,
-        executor: Executor,
+        backend: backends.Backend,
         notice: str,
         target: ckptfolder.CheckpointInfo | None,
         *,
@@ -217,7 +237,7 @@ class Run:
         try:
             if set_aside and target is not None:
                 moved = ckptfolder.keep_only_up_to(target.path.parent, target.step)
-            queued = launch.queue(spec, executor, folder)
+            queued = backend.queue(spec, folder)
         except BaseException:
             for original, aside in moved:
                 os.replace(aside, original)
@@ -225,9 +245,9 @@ class Run:
             raise
         reason = f"resume from step {target.step}" if target else "resume from scratch (no checkpoint)"
         resume_step = target.step if target else None
-        folder.add_attempt(queued.job_id, executor, reason, resume_step=resume_step, leader=queued.leader)
-        launch.start(queued)
-        return Submission(self, executor, queued.job_id, notice, resume_step)
+        folder.add_attempt(queued.job_id, backend.executor, reason, resume_step=resume_step, leader=queued.leader)
+        backend.start(queued)
+        return Submission(self, backend.executor, queued.job_id, notice, resume_step)
 
     def follow_up(
         self,
@@ -250,12 +270,11 @@ class Run:
             if overrides:
                 spec = specmod.loads(specmod.dumps(spec), list(overrides))
                 runfolder.atomic_write(self.folder.job_toml, specmod.dumps(spec, redact=True))
-            queued = launch.queue(
-                spec, Executor.SLURM, self.folder, dependency=f"afterany:{after_job}", exclude=exclude
-            )
-            self.folder.add_attempt(queued.job_id, Executor.SLURM, reason, cause=cause, exclude=list(exclude))
-            launch.start(queued)
-            return Submission(self, Executor.SLURM, queued.job_id, "follow-up job")
+            slurm = backends.Slurm()
+            queued = slurm.queue(spec, self.folder, dependency=f"afterany:{after_job}", exclude=exclude)
+            self.folder.add_attempt(queued.job_id, slurm.executor, reason, cause=cause, exclude=list(exclude))
+            slurm.start(queued)
+            return Submission(self, slurm.executor, queued.job_id, "follow-up job")
         finally:
             held.release()
 
@@ -278,39 +297,55 @@ class Run:
         return self.follow_up(spec, f"follow-up: requeue refused ({why})", job_id, cause=cause), why
 
     # ---------------------------------------------------------------- cancel
-    def cancel(self, grace_s: float = 20.0) -> str:
+    def cancel(self, grace_s: float = GRACE_S, *, pause: Callable[[float], None] = time.sleep) -> str:
         """Stop the live attempt: its workers save a checkpoint at the next step boundary and exit
-        (Slurm: scancel; local: SIGTERM to the recorded process group, SIGKILL after `grace_s`)."""
+        (Slurm: scancel, and Slurm's own KillWait after that; otherwise its backend's SIGTERM, and
+        SIGKILL to what is left after `grace_s`). `pause(seconds)` is how to wait meanwhile (the
+        notebook keeps showing the ranks' output)."""
         held = self._locked("cancel", timeout_s=30.0)
         try:
             last = self.folder.record().last
             if last is None:
                 raise RunError(f"run {self.id} has no submitted attempt")
-            if last.executor is not Executor.SLURM and not status.attempt_alive(last):
+            backend = backends.for_attempt(last)
+            message = self._cancel_attempt(last, backend)
+            if message is None:
                 return f"run {self.id}: nothing running"
-            message = self._cancel_attempt(last)
-            if last.executor is Executor.SLURM or last.leader is None:
+            if backend.scheduled:
                 return message
             deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and procs.group_alive(last.leader):
-                time.sleep(0.2)
-            if procs.signal_group(last.leader, signal.SIGKILL):
-                return f"local job {last.job_id}: killed after {grace_s:.0f} s"
-            return f"local job {last.job_id}: stopped"
+            while time.monotonic() < deadline and backend.is_live(last):
+                pause(0.2)
+            if backend.is_live(last) and backend.kill(last):
+                return f"{backend.describe(last)}: killed after {grace_s:.0f} s"
+            return f"{backend.describe(last)}: stopped"
         finally:
             held.release()
 
-    def _cancel_attempt(self, attempt: Attempt) -> str:
+    def _cancel_attempt(self, attempt: Attempt, backend: backends.Backend) -> str | None:
+        """Record the cancel, then ask the backend; None if nothing was running (then nothing is recorded)."""
+        if not backend.scheduled and not backend.is_live(attempt):
+            return None
         self.folder.update_attempt(attempt.job_id, cancelled=time.time())
-        if attempt.executor is Executor.SLURM:
-            try:
-                slurmcli.scancel(attempt.job_id)
-            except slurmcli.SlurmError as e:
-                raise RunError(f"run {self.id}: {e}") from None
-            return f"scancel {attempt.job_id}: sent"
-        if attempt.leader is not None and procs.signal_group(attempt.leader, signal.SIGTERM):
-            return f"local job {attempt.job_id}: SIGTERM sent"
-        return f"run {self.id}: nothing running"
+        try:
+            return backend.cancel(attempt)
+        except slurmcli.SlurmError as e:
+            raise RunError(f"run {self.id}: {e}") from None
+
+    # ---------------------------------------------------------------- a launch the caller watches
+    def record_step(self, job_id: str, step: str) -> None:
+        """An srun attempt's step id, once a task reported it."""
+        self.folder.update_attempt(job_id, step=step)
+
+    def discard(self) -> None:
+        """Remove the folder of a run whose only attempt never started (a notebook's srun refused,
+        or stopped while it waited for resources): nothing half-created is left behind."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def record_end(self, job_id: str, returncode: int | None, exit_codes: dict[int, int | None], **more: Any) -> None:
+        """How a launch the caller watched ended (the notebook's: the exit status per rank)."""
+        codes = {str(r): c for r, c in sorted(exit_codes.items())}
+        self.folder.update_attempt(job_id, ended=time.time(), returncode=returncode, exit_codes=codes, **more)
 
     def _wait_gone(self, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
@@ -341,24 +376,34 @@ class Run:
         return subprocess.run(self.export_command(to, step, dtype, force)).returncode
 
 
-def _requested(previous: Executor) -> launch.Requested:
-    """A resume runs where the run ran, except a notebook's srun step, which needs an allocation."""
-    return "slurm" if previous is Executor.SLURM else "local" if previous is Executor.LOCAL else "auto"
-
-
-def _check_submittable(spec: specmod.JobSpec, executor: Executor) -> None:
+def _check_submittable(spec: specmod.JobSpec, backend: backends.Backend) -> None:
     """Everything that can be checked before a folder is made or anything is queued."""
     specmod.check(spec)
-    launch.check_run_root(spec)
-    launch.check_container(spec, executor)
+    check_run_root(spec)
+    backend.check(spec)
     launch.check_trackers(spec)
-    if executor is Executor.LOCAL and spec.slurm.nodes > 1:
-        raise launch.SubmitError(
-            f"slurm.nodes = {spec.slurm.nodes}: the local executor runs on one machine; "
-            "use Slurm (try `clusterfsdp devcluster up` for a local test cluster) or set slurm.nodes = 1"
-        )
-    if executor is Executor.SLURM:
-        launch.sbatch_options(spec)
+
+
+def check_run_root(spec: specmod.JobSpec) -> None:
+    """The one run-root check of submit, the dry run and the notebook: a path sbatch lines can
+    carry, writable by its permissions, and a place where a folder can really be made (root
+    passes every permission check, and some file systems, /proc for one, still refuse). The
+    probe folder is removed at once: a refused job leaves nothing behind."""
+    launch.check_run_root(spec)
+    root = Path(spec.job.run_root).expanduser().resolve()
+    existing = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".clusterfsdp-probe-", dir=existing))
+    except OSError as e:
+        raise launch.SubmitError(f"job.run_root: cannot create {root} ({existing}: {e.strerror or e})") from None
+
+
+def _create_run(spec: specmod.JobSpec, executor: Executor) -> RunFolder:
+    """The run folder; a folder the checked run root still refuses (a race, a full disk) is one line."""
+    try:
+        return runfolder.create_run(spec, executor)
+    except OSError as e:
+        raise launch.SubmitError(f"job.run_root: cannot create the run folder: {e}") from None
 
 
 def prepare_sources(spec: specmod.JobSpec, mode: hub.Mode = "download") -> modelsource.Prepared:

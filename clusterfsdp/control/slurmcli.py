@@ -17,17 +17,20 @@ timed out is checked against the job's state before it counts as failed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
+from .errors import UserError
 from .records import RunState
 
 T = TypeVar("T")
@@ -58,12 +61,29 @@ ENV_RETRY_S = "CLUSTERFSDP_SLURM_RETRY_S"
 QUERY_RETRY_S = 30.0  # status and the TUI should not hang for minutes
 MAX_DELAY_S = 15.0
 
-# Called with a one-line notice the first time a command is retried (the CLI prints it on
-# stderr, the worker into its log). None: quiet (the TUI, library use).
-on_retry: Callable[[str], None] | None = None
+# Who hears, in one line, that a command is being retried (`retry_notices`): per context (a
+# thread starts quiet), so the TUI's threads and library callers stay quiet whatever the process's
+# entry point chose.
+_on_retry: ContextVar[Callable[[str], None] | None] = ContextVar("clusterfsdp_slurm_on_retry", default=None)
 
 
-class SlurmError(RuntimeError):
+def report_retries(report: Callable[[str], None] | None) -> None:
+    """From here on in this thread, the first retry of a command is told to `report` (the CLI
+    prints it on stderr, the worker and the batch script's job steps into their logs)."""
+    _on_retry.set(report)
+
+
+@contextlib.contextmanager
+def retry_notices(report: Callable[[str], None] | None) -> Iterator[None]:
+    """`report_retries` for the length of a block."""
+    token = _on_retry.set(report)
+    try:
+        yield
+    finally:
+        _on_retry.reset(token)
+
+
+class SlurmError(UserError, RuntimeError):
     """A Slurm command failed; `transient` when the controller could not be reached (and the
     retry budget, if any, ran out)."""
 
@@ -166,8 +186,9 @@ def retrying(what: str, attempt: Callable[[], T], budget_s: float | None = None)
                     "try again once `scontrol ping` says UP",
                     transient=True,
                 ) from None
-            if delay == 1.0 and on_retry is not None:
-                on_retry(f"{what}: Slurm does not answer ({detail}); retrying for up to {budget:.0f} s")
+            report = _on_retry.get()
+            if delay == 1.0 and report is not None:
+                report(f"{what}: Slurm does not answer ({detail}); retrying for up to {budget:.0f} s")
             time.sleep(delay)
             delay = min(delay * 2, MAX_DELAY_S)
 
@@ -434,5 +455,5 @@ def hostnames(nodelist: str) -> list[str]:
 
 
 def say_on_stderr(message: str) -> None:
-    """An `on_retry` for command-line use."""
+    """A retry report for command-line use (`report_retries`)."""
     print(f"note: {message}", file=sys.stderr, flush=True)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..control.errors import UserError
+
 if TYPE_CHECKING:
     from .result import SrunResult
 
 
-class NotebookError(RuntimeError):
-    """A user-facing launch error; IPython shows the message without a traceback."""
-
-    def _render_traceback_(self) -> list[str]:
-        return [f"{type(self).__name__}: {line}" if i == 0 else line for i, line in enumerate(str(self).splitlines())]
+class NotebookError(UserError, RuntimeError):
+    """A user-facing launch error; IPython shows the message without a traceback (as for every
+    `UserError`: a bad job file, a refused submission)."""
 
 
 class NotInAllocation(NotebookError):

@@ -17,6 +17,8 @@ import sys
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from ..control.run import GRACE_S
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports errors as IPython UsageErrors instead of exiting the kernel."""
@@ -47,7 +49,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--overlap", action="store_true", help="srun --overlap: share resources with running steps")
     s.add_argument("--local", action="store_true", help="local processes on this machine, even inside an allocation")
     s.add_argument("--no-progress", action="store_true", help="no in-place progress display")
-    s.add_argument("--grace", type=float, default=3.0, help="seconds to save after the stop button before SIGKILL")
+    s.add_argument(
+        "--grace",
+        type=float,
+        default=GRACE_S,
+        help=f"seconds to save after the stop button before SIGKILL (default {GRACE_S:g})",
+    )
     s.add_argument(
         "--srun-arg",
         action="append",
@@ -76,40 +83,33 @@ class ClusterFsdpMagics(Magics):
         if args.command is None:
             print(p.format_help())
             return None
-        from ..control import spec as specmod
+        # A UserError (bad job file, refused submission, no allocation) shows as its message
+        # alone: every UserError renders itself in IPython (control.errors).
+        if args.command == "srun":
+            from .. import notebook
 
-        try:
-            if args.command == "srun":
-                from .. import notebook
-
-                return notebook.srun(
-                    args.job,
-                    nodes=args.nodes,
-                    gpus_per_node=args.gpus_per_node,
-                    tasks_per_node=args.tasks_per_node,
-                    overrides=args.set,
-                    all_ranks=args.all_ranks,
-                    overlap=args.overlap,
-                    launcher="local" if args.local else "auto",
-                    srun_args=args.srun_arg,
-                    progress=False if args.no_progress else None,
-                    grace_s=args.grace,
-                )
-            from .. import submit
-            from ..control import launch
-
-            try:
-                sub = submit(args.job, executor=args.executor, overrides=args.set)
-            except launch.SubmitError as e:
-                raise UsageError(str(e)) from None
-            print(sub.notice, file=sys.stderr)
-            print(
-                f"run {sub.run.id}  job {sub.job_id}  folder {sub.run.path}\n"
-                f"follow it with: clusterfsdp logs {sub.run.path} -f   (status: clusterfsdp status {sub.run.path})"
+            return notebook.srun(
+                args.job,
+                nodes=args.nodes,
+                gpus_per_node=args.gpus_per_node,
+                tasks_per_node=args.tasks_per_node,
+                overrides=args.set,
+                all_ranks=args.all_ranks,
+                overlap=args.overlap,
+                launcher="local" if args.local else "auto",
+                srun_args=args.srun_arg,
+                progress=False if args.no_progress else None,
+                grace_s=args.grace,
             )
-            return sub
-        except specmod.SpecError as e:
-            raise UsageError("job spec:\n" + str(e)) from None
+        from .. import submit
+
+        sub = submit(args.job, executor=args.executor, overrides=args.set)
+        print(sub.notice, file=sys.stderr)
+        print(
+            f"run {sub.run.id}  job {sub.job_id}  folder {sub.run.path}\n"
+            f"follow it with: clusterfsdp logs {sub.run.path} -f   (status: clusterfsdp status {sub.run.path})"
+        )
+        return sub
 
 
 def load_ipython_extension(ipython) -> None:

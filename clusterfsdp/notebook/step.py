@@ -1,14 +1,15 @@
-"""Running and watching one notebook launch: the launcher process in its own session, its output
-labelled by rank, the attempt recorded in the run folder, the stop button, and the result."""
+"""Watching one notebook launch: its output labelled by rank, the progress display, the stop
+button and the result. Everything that changes the run folder goes through the run service
+(`Run.srun` creates the run, checks and prepares its sources and starts the launcher through a
+backend, `control.backends.SrunStep` or `LocalRanks`; `Run.cancel` stops it); this module only
+shows what happens."""
 
 from __future__ import annotations
 
 import os
 import queue
 import re
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -16,9 +17,11 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
-from ..control import ckptfolder, procs, runfolder, slurmcli
+from ..control import backends, ckptfolder
 from ..control import spec as specmod
-from ..control.records import EventKind, Executor
+from ..control.records import EventKind
+from ..control.run import GRACE_S, Run, RunError
+from ..control.runfolder import RunFolder
 from .errors import SrunError, StepFailed, StepInterrupted
 from .job import load_job, with_layout
 from .placement import allocation_nodes, choose_launcher, launcher_env, srun_command
@@ -30,63 +33,48 @@ _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 _SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)$")
 
 
-def _pdeathsig_shim(cmd: list[str]) -> list[str]:
-    """Run `cmd` so that it gets SIGTERM if this (the kernel's main) thread dies: a kernel restart
-    then cancels the step instead of leaving it running. Only from the main thread (the death
-    signal follows the thread that forked)."""
-    if threading.current_thread() is not threading.main_thread() or not sys.platform.startswith("linux"):
-        return cmd
-    shim = (
-        "import ctypes,os,signal,sys\n"
-        "try:\n    ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))\nexcept Exception:\n    pass\n"
-        "if os.getppid() != int(sys.argv[1]):\n    sys.exit(143)\n"
-        "os.execvp(sys.argv[2], sys.argv[2:])"
-    )
-    return [sys.executable, "-c", shim, str(os.getpid()), *cmd]
+def _backend(
+    mode: str, spec: specmod.JobSpec, *, all_ranks: bool, overlap: bool, srun_args: Sequence[str]
+) -> backends.SrunStep | backends.LocalRanks:
+    """The backend of this launch, with the launcher command it starts for the run folder."""
+    env = launcher_env(mode, spec, all_ranks=all_ranks)
+    if mode == "srun":
+
+        def srun_line(run: RunFolder) -> tuple[list[str], dict[str, str]]:
+            name = backends.SrunStep.step_name(run)
+            return srun_command(spec, run.path, step_name=name, overlap=overlap, srun_args=srun_args), env
+
+        return backends.SrunStep(srun_line, allocation=os.environ.get("SLURM_JOB_ID", ""), nodes=allocation_nodes())
+
+    def local_ranks(run: RunFolder) -> tuple[list[str], dict[str, str]]:
+        world = str(spec.world_size)
+        return [sys.executable, "-u", "-m", "clusterfsdp.notebook.tasks", "_local", str(run.path), world], env
+
+    return backends.LocalRanks(local_ranks)
 
 
-def _squeue_steps(allocation: str) -> dict[str, str]:
-    """{step id 'J.S': step name} of the allocation's live steps."""
-    try:
-        out = slurmcli.run(["squeue", "--steps", "-h", "-j", allocation, "-o", "%i|%j"], timeout=15)
-    except slurmcli.SlurmError:
-        return {}
-    rows = {}
-    for line in out.splitlines():
-        step, _, name = line.strip().partition("|")
-        if step:
-            rows[step] = name
-    return rows
-
-
-class _Launch:
-    """One launch: the launcher process, its output stream, the progress display, cancel."""
+class _Watch:
+    """One launch as the cell shows it: the launcher's output, the progress display, the stop button."""
 
     def __init__(
         self,
         mode: str,
         spec: specmod.JobSpec,
-        run: runfolder.RunFolder,
+        run: Run,
+        job_id: str,
+        backend: backends.SrunStep | backends.LocalRanks,
         *,
         all_ranks: bool,
-        overlap: bool,
-        srun_args: Sequence[str],
         progress: bool,
         grace_s: float,
         out: IO[str],
     ):
-        self.mode, self.spec, self.run, self.all_ranks, self.grace_s, self.out = (
-            mode,
-            spec,
-            run,
-            all_ranks,
-            grace_s,
-            out,
-        )
+        assert backend.proc is not None and backend.proc.stdout is not None
+        self.mode, self.spec, self.run, self.job_id, self.backend = mode, spec, run, job_id, backend
+        self.folder = run.folder
+        self.all_ranks, self.grace_s, self.out = all_ranks, grace_s, out
+        self.proc = backend.proc
         self.world = spec.world_size
-        self.allocation = os.environ.get("SLURM_JOB_ID", "")
-        self.step_name = f"clusterfsdp-nb-{run.id}"
-        self.job_id = self.allocation if mode == "srun" else ""  # the run folder's attempt key
         self.step = ""  # srun: '<job>.<step>', known once a task reports or squeue lists it
         self.hosts: dict[int, str] = {}
         self.codes: dict[int, int | None] = {}
@@ -94,36 +82,17 @@ class _Launch:
         self.srun_lines: deque[str] = deque(maxlen=40)
         self.hinted_busy = False
         self.started = time.time()
-        self.metrics = MetricsTail(run.metrics_file)
+        self.metrics = MetricsTail(self.folder.metrics_file)
         self.progress = Progress(f"{spec.job.name} {run.id}", spec.train.steps, progress)
-        if mode == "srun":
-            cmd = srun_command(spec, run.path, step_name=self.step_name, overlap=overlap, srun_args=srun_args)
-        else:
-            cmd = [sys.executable, "-u", "-m", "clusterfsdp.notebook.tasks", "_local", str(run.path), str(self.world)]
-        env = launcher_env(mode, spec, all_ranks=all_ranks)
-        try:
-            self.proc = subprocess.Popen(
-                _pdeathsig_shim(cmd),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as e:
-            raise SrunError(f"could not start {cmd[0]}: {e}") from None
-        self.pgid = self.proc.pid  # its own session: the session leader's pid is the group id
-        self.leader = procs.ProcessId.of(self.pgid)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True, name="clusterfsdp-notebook-reader")
         self.reader.start()
-        if mode == "local":
-            self.job_id = f"nb{self.proc.pid}"  # the supervisor's CLUSTERFSDP_JOB_ID (the shim keeps the pid)
-        self._record_attempt()
+        start = f"a job step of allocation {job_id}" if mode == "srun" else self.where
+        self._print(f"[{mode}] {start}: {self.world} ranks, run folder {run.path}")
 
     # -- output
     def _read(self) -> None:
-        assert self.proc.stdout is not None
+        assert self.proc.stdout is not None  # a pipe (backends._Streamed)
         for raw in iter(self.proc.stdout.readline, b""):
             self.lines.put(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
         self.lines.put(None)
@@ -184,26 +153,10 @@ class _Launch:
             return f"local job {self.job_id}"
         return f"srun step {self.step}" if self.step else f"srun (no job step yet) in allocation {self.job_id}"
 
-    def _record_attempt(self) -> None:
-        """The attempt goes into state.json at once, with the launcher's process group, so
-        `clusterfsdp status` shows the run PENDING/RUNNING while it lives."""
-        extra: dict[str, Any] = {"leader": self.leader}
-        if self.mode == "srun":
-            extra.update(allocation=self.allocation, step_name=self.step_name)
-        self.run.add_attempt(
-            self.job_id,
-            Executor(self.mode),
-            "notebook srun" if self.mode == "srun" else "notebook (local processes)",
-            world_size=self.world,
-            **extra,
-        )
-        start = f"a job step of allocation {self.job_id}" if self.mode == "srun" else self.where
-        self._print(f"[{self.mode}] {start}: {self.world} ranks, run folder {self.run.path}")
-
     def _found_step(self, step: str) -> None:
         if not self.step:
             self.step = step
-            self.run.update_attempt(self.job_id, step=step)
+            self.run.record_step(self.job_id, step)
             self._print(f"[srun] job step {step} started")
 
     def _refresh(self) -> None:
@@ -245,69 +198,35 @@ class _Launch:
         return self._exit_seen
 
     # -- cancel
-    def _lookup_step(self) -> str:
-        """The step id, from squeue when no task has reported yet (srun may be waiting for resources)."""
-        if not self.step:
-            for step, name in _squeue_steps(self.allocation).items():
-                if name == self.step_name:
-                    self._found_step(step)
-        return self.step
-
-    def _signal(self, sig: signal.Signals) -> None:
-        if self.mode == "srun":
-            step = self._lookup_step()
-            if step:
-                try:
-                    slurmcli.run(["scancel", f"--signal={sig.name.removeprefix('SIG')}", step], timeout=15)
-                    return
-                except slurmcli.SlurmError:
-                    pass
-            try:  # no step yet (srun still waiting for resources): stop srun itself
-                os.killpg(self.pgid, sig)
-            except ProcessLookupError:
-                pass
-        else:
-            try:
-                os.killpg(self.pgid, sig)
-            except ProcessLookupError:
-                pass
+    def _attempt(self):
+        return self.folder.record().attempt(self.job_id)
 
     def _gone(self) -> bool:
-        if self.mode == "srun":
-            if self.proc.poll() is None:
-                return False
-            return not self.step or self.step not in _squeue_steps(self.allocation)
-        return not procs.group_alive(self.leader)
+        attempt = self._attempt()
+        return self.proc.poll() is not None and (attempt is None or not self.backend.is_live(attempt))
 
     def cancel(self) -> tuple[float, str]:
-        """SIGTERM every rank (they save at the next step boundary), SIGKILL after grace_s;
-        returns (seconds until all ranks were gone, how)."""
+        """`Run.cancel`: SIGTERM every rank (they save at the next step boundary), SIGKILL after
+        grace_s, showing their output meanwhile; then wait until every rank is gone. Returns
+        (seconds until all ranks were gone, how)."""
         t0 = time.time()
-        how = "SIGTERM"
         self._print(f"[{self.mode}] interrupted: cancelling {self.where} (SIGTERM, SIGKILL after {self.grace_s:g} s)")
+        pause = self._drain_for
         try:
-            self._signal(signal.SIGTERM)
-            self._drain(time.time() + self.grace_s)
+            said = self.run.cancel(self.grace_s, pause=pause)
         except KeyboardInterrupt:
             self._print(f"[{self.mode}] second interrupt: killing now")
+            said = self.run.cancel(0.0, pause=pause)
+        except RunError as e:
+            raise SrunError(f"{self.where}: {e}") from None
+        how = "SIGKILL" if "killed after" in said else "SIGTERM"
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # the rest is bounded (about 20 s at most)
-        if not self._gone():
-            how = "SIGKILL"
-            self._signal(signal.SIGKILL)
-            if self.mode == "srun" and self.step:
-                try:
-                    slurmcli.run(["scancel", self.step], timeout=15)
-                except slurmcli.SlurmError:
-                    pass
-            self._drain(time.time() + 5)
-            if self.proc.poll() is None:
-                os.killpg(self.pgid, signal.SIGKILL)
         deadline = time.time() + 15
         while not self._gone() and time.time() < deadline:
             self._drain(time.time() + 0.3)
         if not self._gone():
-            fix = f"scancel {self.step}" if self.mode == "srun" else f"kill -9 -{self.pgid}"
+            fix = f"scancel {self.step}" if self.mode == "srun" else f"kill -9 -{self.proc.pid}"
             raise SrunError(
                 f"{self.where}: ranks still alive {time.time() - t0:.0f} s after the interrupt; "
                 f"cancel it by hand: {fix}"
@@ -315,6 +234,9 @@ class _Launch:
         self.proc.wait()
         self._drain(time.time() + 0.5)
         return time.time() - t0, how
+
+    def _drain_for(self, seconds: float) -> None:
+        self._drain(time.time() + seconds)
 
     # -- the whole launch
     def watch(self) -> SrunResult:
@@ -345,9 +267,9 @@ class _Launch:
         for r in range(self.world):
             if r not in self.codes:
                 self.codes[r] = 0 if rc == 0 and not interrupted else None
-        end = next((e for e in reversed(self.run.events(self.job_id)) if e.event.ends_attempt), None)
-        ck = ckptfolder.find(self.run.checkpoints_dir(self.spec))
-        rows = self.run.metrics()
+        end = next((e for e in reversed(self.folder.events(self.job_id)) if e.event.ends_attempt), None)
+        ck = ckptfolder.find(self.folder.checkpoints_dir(self.spec))
+        rows = self.folder.metrics()
         ok = rc == 0 and all(c == 0 for c in self.codes.values())
         if interrupted:
             status = "interrupted"
@@ -356,7 +278,6 @@ class _Launch:
                 f"interrupted: {self.where} cancelled with {how}, all {self.world} ranks "
                 f"gone {gone_s:.1f} s after the interrupt{saved}"
             )
-            self.run.update_attempt(self.job_id, cancelled=time.time(), interrupt_to_gone_s=round(gone_s, 2))
         elif ok and (end is None or end.event is EventKind.COMPLETED):
             status, message = "completed", ""
         elif ok and end is not None and end.event is EventKind.STOPPED:
@@ -368,11 +289,10 @@ class _Launch:
             message = f"failed: {self.mode} exit status {rc}; ranks {bad or '?'} exited non-zero" + (
                 f"; {reason}" if reason else ""
             )
-        self.run.update_attempt(
-            self.job_id, ended=time.time(), returncode=rc, exit_codes={str(r): c for r, c in sorted(self.codes.items())}
-        )
+        more = {"interrupt_to_gone_s": round(gone_s, 2)} if interrupted else {}
+        self.run.record_end(self.job_id, rc, self.codes, **more)
         result = SrunResult(
-            self.run,
+            self.folder,
             self.mode,
             self.job_id,
             self.step,
@@ -399,10 +319,10 @@ class _Launch:
                 self._print(f"[rank{r} {self.hosts.get(r, '?')}] {line}")
 
     def _never_started(self, rc: int | None, interrupted: bool, gone_s: float) -> SrunResult:
-        shutil.rmtree(self.run.path, ignore_errors=True)  # nothing half-created is left behind
+        self.run.discard()  # nothing half-created is left behind
         if interrupted:
             result = SrunResult(
-                self.run,
+                self.folder,
                 self.mode,
                 self.job_id,
                 "",
@@ -433,7 +353,7 @@ def srun(
     launcher: str = "auto",
     srun_args: Sequence[str] = (),
     progress: bool | None = None,
-    grace_s: float = 3.0,
+    grace_s: float = GRACE_S,
     check: bool = False,
     out: IO[str] | None = None,
 ) -> SrunResult:
@@ -456,40 +376,19 @@ def srun(
     stream: IO[str] = out or sys.stdout
     spec = with_layout(load_job(job, overrides), nodes, gpus_per_node, tasks_per_node)
     mode, notice = choose_launcher(launcher)
-    if mode == "srun":
-        have = allocation_nodes()
-        if have is not None and spec.slurm.nodes > have:
-            raise SrunError(
-                f"the step needs {spec.slurm.nodes} nodes but allocation {os.environ['SLURM_JOB_ID']} "
-                f"has {have}: pass nodes={have} (or salloc more nodes)"
-            )
-    elif spec.slurm.nodes > 1:
-        raise SrunError(
-            f"slurm.nodes = {spec.slurm.nodes}: without Slurm the job runs as local processes on this "
-            "machine; pass nodes=1 (or run the kernel inside `salloc -N{n}`)".replace("{n}", str(spec.slurm.nodes))
-        )
+    backend = _backend(mode, spec, all_ranks=all_ranks, overlap=overlap, srun_args=srun_args)
     show = in_kernel() if progress is None else progress
-    run = runfolder.create_run(spec, Executor(mode))
     stream.write(f"{notice}\n")
     for note in spec.notices():
         stream.write(f"note: {note}\n")
     stream.flush()
-    try:
-        launch = _Launch(
-            mode,
-            spec,
-            run,
-            all_ranks=all_ranks,
-            overlap=overlap,
-            srun_args=srun_args,
-            progress=show,
-            grace_s=grace_s,
-            out=stream,
-        )
-    except BaseException:
-        shutil.rmtree(run.path, ignore_errors=True)
-        raise
-    result = launch.watch()
+    sub = Run.srun(spec, backend, notice)
+    for note in sub.notes:
+        stream.write(f"note: {note}\n")
+    watch = _Watch(
+        mode, spec, sub.run, sub.job_id, backend, all_ranks=all_ranks, progress=show, grace_s=grace_s, out=stream
+    )
+    result = watch.watch()
     if result.status == "interrupted":
         stream.write(result.message + "\n")
         stream.flush()

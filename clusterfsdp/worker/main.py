@@ -197,7 +197,7 @@ def _train(attempt: _Attempt, flags: StopFlags) -> str:
         if env.rank == 0 or every_rank:
             print(f"[rank{env.rank}] {msg}", flush=True)
 
-    slurmcli.on_retry = log
+    slurmcli.report_retries(log)
     verdict = torch.zeros(1)  # rank 0 tells the others whether this attempt may train
     if env.rank == 0:
         try:

@@ -18,6 +18,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
+from ..errors import UserError
+
 # Upper bounds of counts that start processes or threads on one host: more is a typo, and would
 # exhaust the node (or the login node, for prepare) before anything useful happens.
 MAX_TASKS_PER_NODE = 256  # slurm.tasks_per_node, slurm.gpus_per_node
@@ -41,7 +43,7 @@ LOADER_ENV = (
 )
 
 
-class SpecError(ValueError):
+class SpecError(UserError, ValueError):
     """A job spec that cannot be used. `errors` holds one line per problem."""
 
     def __init__(self, errors: list[str]):
