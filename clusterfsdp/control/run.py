@@ -145,6 +145,11 @@ class Run:
             return last if row is not None and RunState.parse(row.state).live else None
         return last if status.attempt_alive(last) else None
 
+    def _check_yours(self, action: str) -> None:
+        """Never act on a run another user could have planted or changed (runfolder.refusal)."""
+        if problem := runfolder.refusal(self.folder, action):
+            raise RunError(problem)
+
     def _locked(self, purpose: str, timeout_s: float = 0.0) -> lock.FileLock:
         try:
             return lock.FileLock(self.folder.lock_file, purpose).acquire(timeout_s)
@@ -165,6 +170,7 @@ class Run:
     ) -> Submission:
         """A new attempt from the newest complete checkpoint (or the one at `step`; newer ones are
         set aside, never deleted), with `overrides` applied to the run's job.toml."""
+        self._check_yours("resume")
         held = self._locked("resume")
         try:
             live = self.live_attempt()
@@ -280,6 +286,7 @@ class Run:
     def cancel(self, grace_s: float = 20.0) -> str:
         """Stop the live attempt: its workers save a checkpoint at the next step boundary and exit
         (Slurm: scancel; local: SIGTERM to the recorded process group, SIGKILL after `grace_s`)."""
+        self._check_yours("cancel")
         held = self._locked("cancel", timeout_s=30.0)
         try:
             last = self.folder.record().last
@@ -325,6 +332,9 @@ class Run:
         """The worker-side command that writes a checkpoint as a HuggingFace folder (run as a
         subprocess: the control plane never imports torch). It checks `to` itself (not empty
         without `force`) and prints one line on failure."""
+        self._check_yours("export")
+        if problem := runfolder.export_refusal(self.folder, to):
+            raise RunError(problem)
         spec = self.folder.spec()
         info = ckptfolder.find(self.folder.checkpoints_dir(spec), step)
         if info is None:
@@ -349,6 +359,8 @@ def _check_submittable(spec: specmod.JobSpec, executor: Executor) -> None:
     """Everything that can be checked before a folder is made or anything is queued."""
     specmod.check(spec)
     launch.check_run_root(spec)
+    if problem := runfolder.submit_refusal(spec):
+        raise RunError(problem)
     launch.check_container(spec, executor)
     launch.check_trackers(spec)
     if executor is Executor.LOCAL and spec.slurm.nodes > 1:
