@@ -331,7 +331,7 @@ def export_refusal(run: RunFolder, to: str | Path) -> str | None:
     home = Path.home().resolve()
     if dest == Path(dest.anchor) or home.is_relative_to(dest):
         return f"refusing --to {dest}: it is or contains your home folder {home}; export to a new folder"
-    guarded = [("the run root", run.path.parent.parent), ("the run root", default_run_root()), ("the run", run.path)]
+    guarded = [("the run", run.path)]
     try:
         spec = run.spec()
         guarded.append(("the run's checkpoints", run.checkpoints_dir(spec)))
@@ -339,12 +339,15 @@ def export_refusal(run: RunFolder, to: str | Path) -> str | None:
         guarded += [("the model's source folder", Path(p)) for p in sources if p and Path(p).is_absolute()]
     except (OSError, specmod.SpecError):
         pass
-    for label, path in guarded:
-        path = path.expanduser().resolve()
-        relation = (
-            "is" if dest == path else "lies inside" if dest.is_relative_to(path) else
-            "contains" if path.is_relative_to(dest) else ""
-        )  # fmt: skip
-        if relation:
-            return f"refusing --to {dest}: it {relation} {label} {path}; export to a folder outside it"
+    guarded += [("the run root", run.path.parent.parent), ("the run root", default_run_root())]
+    resolved = [(label, path.expanduser().resolve()) for label, path in guarded]
+    relations = (
+        ("is", lambda path: dest == path),
+        ("lies inside", dest.is_relative_to),
+        ("contains", lambda path: path.is_relative_to(dest)),
+    )
+    for relation, holds in relations:  # the closest relation names the folder best
+        for label, path in resolved:
+            if holds(path):
+                return f"refusing --to {dest}: it {relation} {label} {path}; export to a folder outside it"
     return None
