@@ -5,7 +5,9 @@ RUNNING for a finished run, and `cancel` never signals an unrelated process grou
 A pid read from a file (state.json, a lock file) may be corrupt or planted: 0 and -1 make
 `killpg` signal the caller's own group or every process it may signal, 1 is init, and one past
 the kernel's pid_max cannot exist. `pid_problem` is the one check: such a ProcessId is never
-alive, never signalled, and `status` says the record is invalid."""
+alive, never signalled, and `status` says the record is invalid. `signal_group` also never
+signals the caller's own process group (it is alive, so it is no invalid record: a lock held
+by a group leader stays held)."""
 
 from __future__ import annotations
 
@@ -38,8 +40,6 @@ def pid_problem(pid: int) -> str | None:
         return f"pid {pid} is not a process a run can own"
     if pid > pid_max():
         return f"pid {pid} is beyond the kernel's pid_max"
-    if pid == os.getpgrp():
-        return f"pid {pid} is this command's own process group"
     return None
 
 
@@ -126,8 +126,9 @@ def group_alive(leader: ProcessId) -> bool:
 
 
 def signal_group(leader: ProcessId, sig: signal.Signals) -> bool:
-    """Signal the group only if it is still the one recorded; True if a signal was sent."""
-    if not group_alive(leader):
+    """Signal the group only if it is still the one recorded, and is not our own; True if a
+    signal was sent."""
+    if leader.pid == os.getpgrp() or not group_alive(leader):
         return False
     try:
         os.killpg(leader.pid, sig)
