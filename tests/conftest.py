@@ -33,7 +33,7 @@ def _no_inherited_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key, raising=False)
 
 
-pytest_plugins = ["slurm_fixtures"]  # the session-wide `slurm_cluster` fixture (real daemons)
+pytest_plugins = ["slurm_fixtures", "users"]  # `slurm_cluster` (real daemons); a second user (tests/users.py)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the node id

@@ -101,3 +101,19 @@ def test_process_identity_survives_pid_reuse():
     assert not me.alive() and not procs.group_alive(me)
     elsewhere = procs.ProcessId(os.getpid(), procs.start_ticks(os.getpid()) or 0, "other-node", me.boot)
     assert not elsewhere.alive()  # never judged (or signalled) from another host
+
+
+def test_an_empty_or_unparseable_lock_is_stale_after_a_few_seconds_not_120(tmp_path: Path):
+    """Reproduced: an empty `.lock` (its creator died between creating and writing it) blocked
+    every command for 120 s. One older than lock.UNREADABLE_GRACE_S is broken at once; a younger
+    one may still be being written, and is not."""
+    path = tmp_path / "run.lock"
+    old = time.time() - 2 * lock.UNREADABLE_GRACE_S
+    for content in ("", "{not json", '{"pid": "x"}'):
+        path.write_text(content)
+        with pytest.raises(lock.LockHeld, match="unknown owner"):
+            lock.FileLock(path, "young").acquire(timeout_s=0)
+        os.utime(path, (old, old))
+        with lock.held(path, "after") as mine:
+            assert mine.held_by_me()
+        assert not path.exists()

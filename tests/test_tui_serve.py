@@ -2,7 +2,8 @@
 who is refused (no or wrong token, a foreign Host or Origin), and headless Chromium (Debian's
 package, over the DevTools protocol) opens the printed URL, reads what the app sent, drives it
 with a key press, and records every request the page made: none may leave the server. A
-screenshot is kept under tmp_path."""
+screenshot is kept under tmp_path. The token is printed only to a terminal and kept in a 0600
+file, the cookie is bound to the server's port, and a port in use is one line."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import base64
 import json
 import os
+import pty
 import re
 import signal
 import socket
@@ -29,7 +31,15 @@ import pytest
 from procs import free_port
 from tui_helpers import make_run
 
-from clusterfsdp.tui.serve_auth import TOKEN_ENV, Access, AccessConfigError, normalise_origin, rebase, take_token
+from clusterfsdp.tui.serve_auth import (
+    TOKEN_ENV,
+    Access,
+    AccessConfigError,
+    normalise_origin,
+    rebase,
+    take_token,
+    token_file,
+)
 
 RUN_ID = "20260101-120000-aaaa"
 SERVE = [sys.executable, "-m", "clusterfsdp.cli", "tui", "--serve"]
@@ -72,9 +82,10 @@ def _stop(proc: subprocess.Popen) -> None:
 @dataclass(frozen=True)
 class Served:
     port: int
-    url: str  # as printed: http://127.0.0.1:PORT/?token=...
+    url: str  # what to open: http://127.0.0.1:PORT/?token=... (the token from the printed file)
     token: str
     runs: Path
+    token_file: Path
 
     @property
     def base(self) -> str:
@@ -84,11 +95,14 @@ class Served:
 @contextmanager
 def serving(tmp_path: Path, *extra: str, token: str | None = None) -> Iterator[Served]:
     """`clusterfsdp tui --serve` on a free port over one run folder; `token` goes in through
-    $CLUSTERFSDP_TUI_TOKEN, else the server makes one and prints it."""
+    $CLUSTERFSDP_TUI_TOKEN, else the server makes one and writes it to the file it prints
+    (its output is a file, not a terminal: the token is not printed)."""
     runs = tmp_path / "runs"
     make_run(runs, RUN_ID)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV} | {"XDG_RUNTIME_DIR": str(runtime)}
     if token is not None:
         env[TOKEN_ENV] = token
     printed = tmp_path / "serve.out"
@@ -103,9 +117,14 @@ def serving(tmp_path: Path, *extra: str, token: str | None = None) -> Iterator[S
         )
     try:
         _wait_port(port, proc)
-        url = re.search(r"serving on (\S+)", printed.read_text())
-        assert url is not None, printed.read_text()
-        yield Served(port, url.group(1), url.group(1).split("?token=")[1], runs)
+        found = re.search(
+            r"serving on (\S+)/\?token=<the token in that file>\n  token file: (\S+) ", printed.read_text()
+        )
+        assert found is not None, printed.read_text()
+        path = Path(found.group(2))
+        assert path == runtime / "clusterfsdp" / f"tui-{port}.token" and path.stat().st_mode & 0o777 == 0o600
+        token = path.read_text().strip()
+        yield Served(port, f"{found.group(1)}/?token={token}", token, runs, path)
     finally:
         _stop(proc)
 
@@ -296,13 +315,15 @@ def test_serve_refuses_without_token_foreign_host_or_origin(tmp_path):
         assert served.token == token
         asyncio.run(_probe(served))
         printed = (tmp_path / "serve.out").read_text()  # aiohttp's access log would add `GET /?token=...`
-        assert printed.count(token) == 1 and "GET" not in printed, printed
+        assert token not in printed and "GET" not in printed, printed  # not a terminal: only the file has it
+    assert not served.token_file.exists()  # removed when the server stops
 
 
 async def _probe(served: Served) -> None:
     base, token = served.base, served.token
-    cookie_name = Access(token).cookie_name
-    own = {"Cookie": f"{cookie_name}={token}"}
+    access = Access(token, port=served.port)
+    cookie_name = access.cookie_name
+    own = {"Cookie": f"{cookie_name}={access.session_value}"}
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
 
         async def status(path: str, **headers: str) -> int:
@@ -320,7 +341,11 @@ async def _probe(served: Served) -> None:
         for path in ("/", "/ws", "/static/js/textual.js", "/static/", "/download/x", "/nothing"):
             assert await status(path) == 403, path
         assert await status("/?token=" + token[:-1] + "y") == 403
-        assert await status("/", Cookie=f"{cookie_name}={token}y") == 403
+        assert await status("/", Cookie=f"{cookie_name}={access.session_value}y") == 403
+        assert await status("/", Cookie=f"{cookie_name}={token}") == 403  # the raw token is no cookie
+        other_port = Access(token, port=served.port + 1)  # what a server on another port would set
+        assert await status("/", Cookie=f"{cookie_name}={other_port.session_value}") == 403
+        assert await status("/", Cookie=f"{other_port.cookie_name}={other_port.session_value}") == 403
         assert await ws_status() == 403
         assert await ws_status("?token=nope") == 403
         # a good token with a Host that is not this machine's (DNS rebinding) or a foreign Origin
@@ -334,7 +359,8 @@ async def _probe(served: Served) -> None:
         async with http.get(f"{base}/?token={token}&fontsize=14", allow_redirects=False) as r:
             assert r.status == 302 and r.headers["Location"] == "/?fontsize=14"
             cookie = r.cookies[cookie_name]
-            assert cookie.value == token and cookie["path"] == "/" and cookie["httponly"] is True
+            assert cookie.value == access.session_value != token and token not in cookie.value
+            assert cookie["path"] == "/" and cookie["httponly"] is True
             assert cookie["samesite"] == "Strict"
         for host in (f"127.0.0.1:{served.port}", "localhost:9000", "[::1]:8000"):  # any tunnel port
             async with http.get(base + "/", headers={**own, "Host": host}) as r:
@@ -393,6 +419,9 @@ def test_access_rules():
     assert not access.origin_ok("http://tui.example.org", "tui.example.org")
     assert access.token_ok("a" * 43) and not access.token_ok("a" * 42) and not access.token_ok(None)
     assert Access("b" * 43).cookie_name != access.cookie_name
+    on_8000, on_8001 = Access("a" * 43, port=8000), Access("a" * 43, port=8001)
+    assert on_8000.cookie_ok(on_8000.session_value) and not on_8000.cookie_ok(on_8001.session_value)
+    assert not on_8000.cookie_ok("a" * 43) and on_8000.cookie_name != on_8001.cookie_name
     for bad in ("tui.example.org", "ftp://x", "https://x/path", "https://u@x", "https://x?q=1"):
         with pytest.raises(AccessConfigError, match=r"^--allow-origin: "):
             normalise_origin(bad)
@@ -403,3 +432,58 @@ def test_access_rules():
     assert rebase(html, "http://127.0.0.1:8000", "https://t.org") == (
         '<a href="https://t.org/static/x"></a><div data-u="wss://t.org/ws"></div>'
     )
+
+
+def test_serve_on_a_terminal_prints_the_token_url_and_the_file(tmp_path):
+    """On a terminal (a person starting it) the URL to open is printed whole, and the file too."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV} | {"XDG_RUNTIME_DIR": str(runtime)}
+    leader, follower = pty.openpty()
+    argv = [*SERVE, "--port", str(port), "--run-root", str(tmp_path / "runs")]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=follower, stderr=follower, start_new_session=True)
+    os.close(follower)
+    try:
+        out = b""
+        while b"Ctrl+C" not in out:
+            chunk = os.read(leader, 4096)
+            assert chunk, out
+            out += chunk
+        path = runtime / "clusterfsdp" / f"tui-{port}.token"
+        text = out.decode()
+        assert f"serving on http://127.0.0.1:{port}/?token={path.read_text().strip()}" in text, text
+        assert f"token file: {path} (mode 0600)" in text, text
+    finally:
+        _stop(proc)
+        os.close(leader)
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path):
+    """Reproduced: a traceback after the URL was printed. Now one line, nothing printed before."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV} | {"XDG_RUNTIME_DIR": str(runtime)}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [*SERVE, "--port", str(port), "--run-root", str(tmp_path / "runs")],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr == f"error: --port {port}: 127.0.0.1:{port} is in use; choose another --port\n", proc.stderr
+    assert not (runtime / "clusterfsdp" / f"tui-{port}.token").exists()
+
+
+def test_the_token_file_lives_in_the_runtime_folder_else_the_config_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    assert token_file(8000) == tmp_path / "config" / "clusterfsdp" / "tui-8000.token"  # no such runtime folder
+    (tmp_path / "run").mkdir()
+    assert token_file(8000) == tmp_path / "run" / "clusterfsdp" / "tui-8000.token"

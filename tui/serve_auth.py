@@ -15,7 +15,15 @@ downloads) must pass three checks, else 403:
   let its WebSocket carry the cookie);
 - the token: `?token=` (the first page load, or a script) or the cookie that the first good page
   load sets (HttpOnly, SameSite=Strict, Path=/) while redirecting to the same URL without the
-  token, so it leaves the address bar and the history. Compared with hmac.compare_digest.
+  token, so it leaves the address bar and the history. Compared with hmac.compare_digest. The
+  cookie is not the token but a session value derived from it and the server's port (HMAC):
+  cookies ignore ports, so the browser sends it to every server on 127.0.0.1, and a server on
+  another port (another user's, or one given the same token) can neither use it nor learn the
+  token from it.
+
+The token is printed only to a terminal; it is always written to `token_file(port)` (mode 0600,
+in $XDG_RUNTIME_DIR/clusterfsdp or the user config folder), whose path is printed instead: a
+server started with its output in a log file (umask 022: readable by all) does not leak it.
 """
 
 from __future__ import annotations
@@ -25,8 +33,10 @@ import hmac
 import os
 import re
 import secrets
+import stat
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from aiohttp import hdrs, web
@@ -78,12 +88,18 @@ class Access:
 
     token: str
     extra_origins: tuple[str, ...] = ()  # normalised; from --allow-origin (reverse proxies)
+    port: int = 0  # the server's own port (not the browser's, which a tunnel may change)
+
+    @property
+    def session_value(self) -> str:
+        """The cookie's value: only this server (its token and its port) accepts it."""
+        return hmac.new(self.token.encode(), f"clusterfsdp-tui-session:{self.port}".encode(), "sha256").hexdigest()
 
     @property
     def cookie_name(self) -> str:
-        """Named after a digest of the token: cookies ignore ports, so two servers behind two
-        tunnels on one laptop would otherwise overwrite each other's cookie."""
-        return "clusterfsdp-tui-" + hashlib.sha256(self.token.encode()).hexdigest()[:12]
+        """Named after a digest of the session value: cookies ignore ports, so two servers behind
+        two tunnels on one laptop would otherwise overwrite each other's cookie."""
+        return "clusterfsdp-tui-" + hashlib.sha256(self.session_value.encode()).hexdigest()[:12]
 
     def host_ok(self, host: str) -> bool:
         """The Host header names the loopback (any port) or an --allow-origin host."""
@@ -104,6 +120,9 @@ class Access:
     def token_ok(self, candidate: str | None) -> bool:
         return candidate is not None and hmac.compare_digest(candidate.encode(), self.token.encode())
 
+    def cookie_ok(self, candidate: str | None) -> bool:
+        return candidate is not None and hmac.compare_digest(candidate.encode(), self.session_value.encode())
+
 
 def refusal(request: web.Request, access: Access) -> str | None:
     """Why this request is refused, or None when it may go on."""
@@ -113,7 +132,7 @@ def refusal(request: web.Request, access: Access) -> str | None:
     origin = request.headers.get(hdrs.ORIGIN)
     if origin is not None and not access.origin_ok(origin, host):
         return f"Origin {origin!r} may not use this server"
-    if not (access.token_ok(request.query.get("token")) or access.token_ok(request.cookies.get(access.cookie_name))):
+    if not (access.token_ok(request.query.get("token")) or access.cookie_ok(request.cookies.get(access.cookie_name))):
         return "missing or wrong token: open the URL that `clusterfsdp tui --serve` printed (…/?token=…)"
     return None
 
@@ -129,7 +148,7 @@ def guard(access: Access) -> Middleware:
             raise web.HTTPForbidden(text=f"403 Forbidden: {reason}\n")
         if request.path == "/" and "token" in request.query:
             response = web.HTTPFound(request.rel_url.without_query_params("token"))
-            response.set_cookie(access.cookie_name, access.token, path="/", httponly=True, samesite="Strict")
+            response.set_cookie(access.cookie_name, access.session_value, path="/", httponly=True, samesite="Strict")
             raise response
         return await handler(request)
 
@@ -162,6 +181,42 @@ def rebase(html: str, public_url: str, origin: str) -> str:
     return html.replace(ws_public + "/", ws_origin + "/").replace(public_url + "/", origin + "/")
 
 
-def from_environment(allow_origins: list[str]) -> Access:
+def from_environment(allow_origins: list[str], port: int) -> Access:
     """The Access for this process: token from the environment (removed there) or random."""
-    return Access(take_token(os.environ), tuple(normalise_origin(o) for o in allow_origins))
+    return Access(take_token(os.environ), tuple(normalise_origin(o) for o in allow_origins), port)
+
+
+def token_file(port: int) -> Path:
+    """Where the token of the server on `port` is kept: $XDG_RUNTIME_DIR/clusterfsdp (private to
+    the user and gone at logout), else the user config folder's clusterfsdp/."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    base = Path(runtime) if runtime and Path(runtime).is_dir() else None
+    if base is None:
+        base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "clusterfsdp" / f"tui-{port}.token"
+
+
+def write_token_file(access: Access) -> Path:
+    """The token in token_file(port), mode 0600, in a folder that only you can write (made 0700);
+    AccessConfigError if it belongs to someone else or others may write it."""
+    path = token_file(access.port)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.parent.stat()
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
+        raise AccessConfigError(f"token file: {path.parent} must be yours and writable by you only")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(access.token + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def remove_token_file(access: Access) -> None:
+    """At shutdown: the file, unless another server on the same port replaced it since."""
+    path = token_file(access.port)
+    try:
+        if path.read_text().strip() == access.token:
+            path.unlink()
+    except OSError:
+        pass

@@ -6,7 +6,10 @@ creating a file with O_CREAT|O_EXCL is atomic on NFSv3+ and local filesystems al
 holds its owner (host, pid, process start time, boot id). A lock is stale, and is broken, when
 its owner is on this machine and provably dead, or when its holder stopped refreshing it:
 long holders (a dataset prepare) touch the file every `heartbeat_s` from a thread, and a lock
-not touched for `stale_after_s` belongs to a dead host. Breaking renames the file to a unique
+not touched for `stale_after_s` belongs to a dead host. A lock file that names no owner (empty or
+unparseable: its creator died between creating and writing it, a full disk, a hand-made file) is
+stale once it is `UNREADABLE_GRACE_S` old: its creator writes the owner right after creating it,
+so only a lock that young can still be in the making. Breaking renames the file to a unique
 name first, so two processes that find the same stale lock cannot both take it.
 """
 
@@ -23,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .procs import ProcessId
+
+UNREADABLE_GRACE_S = 5.0
 
 
 class LockHeld(RuntimeError):
@@ -82,9 +87,11 @@ class FileLock:
             return False  # released meanwhile: just try again
         if owner is not None and self.takeover is not None and self.takeover(owner):
             return True
-        if owner is not None and owner.process.here:
+        if owner is None:
+            return idle > UNREADABLE_GRACE_S
+        if owner.process.here:
             return not owner.process.alive()
-        return idle > self.stale_after_s  # another host (or unreadable): judged by the heartbeat
+        return idle > self.stale_after_s  # another host: judged by the heartbeat
 
     # ---- acquire / release
     def _try_create(self) -> bool:

@@ -1,6 +1,13 @@
 """Process identity: a pid (or process-group id) is only trusted together with the process's start
 time and the machine's boot id, so that after PID reuse a stored id never makes `status` say
-RUNNING for a finished run, and `cancel` never signals an unrelated process group."""
+RUNNING for a finished run, and `cancel` never signals an unrelated process group.
+
+A pid read from a file (state.json, a lock file) may be corrupt or planted: 0 and -1 make
+`killpg` signal the caller's own group or every process it may signal, 1 is init, and one past
+the kernel's pid_max cannot exist. `pid_problem` is the one check: such a ProcessId is never
+alive, never signalled, and `status` says the record is invalid. `signal_group` also never
+signals the caller's own process group (it is alive, so it is no invalid record: a lock held
+by a group leader stays held)."""
 
 from __future__ import annotations
 
@@ -17,6 +24,23 @@ def boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return ""
+
+
+def pid_max() -> int:
+    """The largest pid the kernel hands out (2**22 is the most it can be set to)."""
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return 1 << 22
+
+
+def pid_problem(pid: int) -> str | None:
+    """Why `pid` (read from a file) may not be checked or signalled as a run's process, or None."""
+    if pid <= 1:
+        return f"pid {pid} is not a process a run can own"
+    if pid > pid_max():
+        return f"pid {pid} is beyond the kernel's pid_max"
+    return None
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -54,6 +78,11 @@ class ProcessId:
         except (KeyError, TypeError, ValueError):
             return None
 
+    @property
+    def problem(self) -> str | None:
+        """pid_problem of the recorded pid (a corrupt or planted record)."""
+        return pid_problem(self.pid)
+
     def record(self) -> dict:
         return {"pid": self.pid, "start": self.start, "host": self.host, "boot": self.boot}
 
@@ -64,7 +93,7 @@ class ProcessId:
 
     def alive(self) -> bool:
         """The very process recorded is still running (not a zombie, not a reused pid)."""
-        if not self.here:
+        if not self.here or self.problem:
             return False
         fields = _stat_fields(self.pid)
         return fields is not None and fields[0] != "Z" and int(fields[19]) == self.start
@@ -87,7 +116,7 @@ def group_alive(leader: ProcessId) -> bool:
     """The group led by `leader` still has live members, and its id was not reused: the leader is
     either itself alive, or gone while members of its group remain (the group id cannot be reused
     while any member lives)."""
-    if not leader.here:
+    if not leader.here or leader.problem:
         return False
     if leader.alive():
         return True
@@ -97,8 +126,9 @@ def group_alive(leader: ProcessId) -> bool:
 
 
 def signal_group(leader: ProcessId, sig: signal.Signals) -> bool:
-    """Signal the group only if it is still the one recorded; True if a signal was sent."""
-    if not group_alive(leader):
+    """Signal the group only if it is still the one recorded, and is not our own; True if a
+    signal was sent."""
+    if leader.pid == os.getpgrp() or not group_alive(leader):
         return False
     try:
         os.killpg(leader.pid, sig)

@@ -166,6 +166,11 @@ class Run:
         except slurmcli.SlurmError as e:
             raise RunError(f"run {self.id}: cannot tell whether job {last.job_id} is still live: {e}") from None
 
+    def _check_yours(self, action: str) -> None:
+        """Never act on a run another user could have planted or changed (runfolder.refusal)."""
+        if problem := runfolder.refusal(self.folder, action):
+            raise RunError(problem)
+
     def _locked(self, purpose: str, timeout_s: float = 0.0) -> lock.FileLock:
         try:
             return lock.FileLock(self.folder.lock_file, purpose).acquire(timeout_s)
@@ -186,6 +191,7 @@ class Run:
     ) -> Submission:
         """A new attempt from the newest complete checkpoint (or the one at `step`; newer ones are
         set aside, never deleted), with `overrides` applied to the run's job.toml."""
+        self._check_yours("resume")
         held = self._locked("resume")
         try:
             live = self.live_attempt()
@@ -302,6 +308,7 @@ class Run:
         (Slurm: scancel, and Slurm's own KillWait after that; otherwise its backend's SIGTERM, and
         SIGKILL to what is left after `grace_s`). `pause(seconds)` is how to wait meanwhile (the
         notebook keeps showing the ranks' output)."""
+        self._check_yours("cancel")
         held = self._locked("cancel", timeout_s=30.0)
         try:
             last = self.folder.record().last
@@ -361,6 +368,9 @@ class Run:
         """The worker-side command that writes a checkpoint as a HuggingFace folder (run as a
         subprocess: the control plane never imports torch). It checks `to` itself (not empty
         without `force`) and prints one line on failure."""
+        self._check_yours("export")
+        if problem := runfolder.export_refusal(self.folder, to):
+            raise RunError(problem)
         spec = self.folder.spec()
         info = ckptfolder.find(self.folder.checkpoints_dir(spec), step)
         if info is None:
@@ -380,6 +390,8 @@ def _check_submittable(spec: specmod.JobSpec, backend: backends.Backend) -> None
     """Everything that can be checked before a folder is made or anything is queued."""
     specmod.check(spec)
     check_run_root(spec)
+    if problem := runfolder.submit_refusal(spec):
+        raise RunError(problem)
     backend.check(spec)
     launch.check_trackers(spec)
 

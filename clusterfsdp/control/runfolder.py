@@ -18,13 +18,21 @@ TUI and the notebook (docs/run-folder.md lists every file and key).
 Every path is derived from the run folder and a job id, so nothing needs a database.
 Writes are atomic (temp file + rename) or append-only lines, so a crash never leaves a
 half-written state file.
+
+Run roots may be shared (a group folder, /scratch), so a run folder may have been written by
+another user: its state.json names the process group `cancel` signals and the job `scancel`
+stops, its job.toml the `slurm.setup` lines a resume runs. `refusal` is the one rule for every
+command that acts on a run (docs/run-folder.md, "Whose runs are acted on").
 """
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
 import secrets
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +42,8 @@ from typing import Any
 from . import spec as specmod
 from .records import Attempt, Event, Executor, RunRecord, TrackerIds
 from .runroot import ENV_RUN_ROOT, default_run_root
+
+ENV_TRUSTED_GROUP = "CLUSTERFSDP_TRUSTED_GROUP"
 
 
 class RunNotFound(LookupError):
@@ -190,10 +200,15 @@ class RunFolder:
         atomic_write(self.trackers_file, json.dumps(ids.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
+def job_folder(spec: specmod.JobSpec) -> Path:
+    """`<run_root>/<job.name>`: where the job's runs are made."""
+    root = Path(spec.job.run_root).expanduser().resolve() if spec.job.run_root else default_run_root()
+    return root / spec.job.name
+
+
 def create_run(spec: specmod.JobSpec, executor: Executor, run_id: str | None = None) -> RunFolder:
     """Make the folder for a new run and write its resolved, redacted job.toml."""
-    root = Path(spec.job.run_root).expanduser().resolve() if spec.job.run_root else default_run_root()
-    run = RunFolder(root / spec.job.name / (run_id or new_run_id()))
+    run = RunFolder(job_folder(spec) / (run_id or new_run_id()))
     run.path.mkdir(parents=True, exist_ok=False)
     for sub in ("submitit", "logs", "nodes"):
         (run.path / sub).mkdir()
@@ -229,3 +244,110 @@ def find_run(ref: str, run_root: str | Path | None = None) -> RunFolder:
     if not matches:
         raise RunNotFound(f"no run {ref!r} under {root} (give the run folder, --run-root, or set ${ENV_RUN_ROOT})")
     raise RunNotFound(f"{ref!r} matches {len(matches)} runs: {', '.join(r.id for r in matches[:5])}")
+
+
+# ---- whose runs are acted on
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _group(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return f"gid {gid}"
+
+
+def trusted_group() -> int | None:
+    """The group id named by $CLUSTERFSDP_TRUSTED_GROUP (a name or a number), else None: whose
+    members' runs this user may act on too. An unknown group trusts nobody."""
+    value = os.environ.get(ENV_TRUSTED_GROUP, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value) if value.isdigit() else grp.getgrnam(value).gr_gid
+    except KeyError:
+        return None
+
+
+def untrusted(path: Path) -> str | None:
+    """Why another user could have written `path` (None: they could not). Trusted: owned by you,
+    or by the trusted group; writable by nobody else (not by all, and by its group only when the
+    group is the trusted one or your own primary group)."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    me, group = os.geteuid(), trusted_group()
+    own_groups = {os.getegid()} | ({group} if group is not None else set())
+    if st.st_uid != me and st.st_gid != group:
+        return f"{path} is owned by {_name(st.st_uid)}, not by you ({_name(me)})"
+    if st.st_mode & stat.S_IWOTH:
+        return f"{path} is writable by every user"
+    if st.st_mode & stat.S_IWGRP and st.st_gid not in own_groups:
+        return f"{path} is writable by group {_group(st.st_gid)}"
+    return None
+
+
+def refusal(run: RunFolder, action: str) -> str | None:
+    """The one-line refusal for `action` (cancel, resume, export, ...) on a run another user
+    could have planted or changed, or None. Checked: the folder, state.json, job.toml and the
+    checkpoint folder (which may live elsewhere: checkpoint.dir). Read-only commands (status,
+    runs, logs, the TUI's lists) show every run and need no check."""
+    paths = [run.path, run.state_file, run.job_toml]
+    try:
+        checkpoints = run.checkpoints_dir()
+    except (OSError, specmod.SpecError):
+        checkpoints = None
+    if checkpoints is not None and checkpoints.exists():
+        paths.append(checkpoints)
+    problem = next((p for p in map(untrusted, paths) if p is not None), None)
+    if problem is None:
+        return None
+    return f"refusing to {action} run {run.path}: {problem} (to act on a group's runs: ${ENV_TRUSTED_GROUP}=<group>)"
+
+
+def submit_refusal(spec: specmod.JobSpec) -> str | None:
+    """A job folder (`<run_root>/<job.name>`) that exists and is not yours: a new run made in it
+    could be renamed away or replaced by its owner."""
+    folder = job_folder(spec)
+    problem = untrusted(folder) if folder.exists() else None
+    if problem is None:
+        return None
+    return f"refusing to submit into {folder}: {problem}; choose another job.name or run root"
+
+
+def export_refusal(run: RunFolder, to: str | Path) -> str | None:
+    """Why `export --to` may not write (and with --force replace) `to`, or None: it is `/`, is or
+    contains the home folder, or is, contains or lies inside the run root, the run, its
+    checkpoints or a source folder of its model or tokenizer. Symlinks are resolved first, so a
+    link to one of them is refused too."""
+    dest = Path(to).expanduser().resolve()
+    home = Path.home().resolve()
+    if dest == Path(dest.anchor) or home.is_relative_to(dest):
+        return f"refusing --to {dest}: it is or contains your home folder {home}; export to a new folder"
+    guarded = [("the run", run.path)]
+    try:
+        spec = run.spec()
+        guarded.append(("the run's checkpoints", run.checkpoints_dir(spec)))
+        sources = (spec.model.name_or_path, spec.model.config, spec.data.tokenizer)
+        guarded += [("the model's source folder", Path(p)) for p in sources if p and Path(p).is_absolute()]
+    except (OSError, specmod.SpecError):
+        pass
+    guarded += [("the run root", run.path.parent.parent), ("the run root", default_run_root())]
+    resolved = [(label, path.expanduser().resolve()) for label, path in guarded]
+    relations = (
+        ("is", lambda path: dest == path),
+        ("lies inside", dest.is_relative_to),
+        ("contains", lambda path: path.is_relative_to(dest)),
+    )
+    for relation, holds in relations:  # the closest relation names the folder best
+        for label, path in resolved:
+            if holds(path):
+                return f"refusing --to {dest}: it {relation} {label} {path}; export to a folder outside it"
+    return None

@@ -172,6 +172,8 @@ def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) 
         st.state, st.reason = _END_STATES[end.event], end.reason
     elif last.cancelled:
         st.state = RunState.CANCELLED
+    elif last.leader is not None and last.leader.problem:  # corrupt or planted: never PENDING forever
+        st.state, st.reason = RunState.UNKNOWN, f"state.json: invalid leader record ({last.leader.problem})"
     elif started:
         st.state, st.reason = RunState.FAILED, "workers exited without a final record (killed?); see `clusterfsdp logs`"
     elif last.executor is Executor.SLURM:

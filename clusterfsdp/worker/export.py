@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
 
     run = runfolder.RunFolder(Path(args.run_dir))
     out = Path(args.to).expanduser().absolute()
+    if problem := runfolder.export_refusal(run, out):
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not args.force)):
         problem = "not a folder" if not out.is_dir() else "not empty (use --force to replace it)"
         print(f"error: --to {out}: {problem}", file=sys.stderr)
