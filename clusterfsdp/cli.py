@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from . import __version__, term
 from .control import spec as specmod
-from .control.records import EventKind
+from .control.records import EventKind, RunState
 
 EXIT_BAD_INPUT = 2
 
@@ -206,12 +205,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1 if st.state.bad else 0
     print(f"run        {run.id} ({run.folder.name})\nfolder     {run.path}")
     print(f"state      {term.state_text(st.state, 0, sys.stdout)}{' - ' + st.reason if st.reason else ''}")
+    if st.state is RunState.UNREADABLE:
+        return 1
     print(
         f"progress   step {st.step or 0}/{st.steps or '?'}" + (f", loss {st.loss:.4f}" if st.loss is not None else "")
     )
     if st.eval_loss is not None:
-        ppl = math.exp(min(st.eval_loss, 700))
-        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {ppl:.2f}")
+        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {st.eval_ppl:.2f}")
     for a in st.attempts:
         when = datetime.fromtimestamp(a.submitted).strftime("%Y-%m-%d %H:%M:%S")
         print(f"attempt {a.attempt}  {a.executor} job {a.job_id}  {when}  {a.reason}")

@@ -22,7 +22,7 @@ from clusterfsdp.control.records import Event, EventKind, Executor, TrackerIds
 BIN = str(Path(sys.executable).parent)  # the venv's `clusterfsdp` script, for completion
 STATUS_KEYS = {
     "run_id", "name", "folder", "state", "live", "bad", "reason", "job_id", "executor", "step", "steps", "loss",
-    "checkpoints", "attempts", "events", "notes", "trackers",
+    "checkpoints", "attempts", "events", "notes", "trackers", "eval_step", "eval_loss", "eval_ppl",
 }  # fmt: skip
 
 

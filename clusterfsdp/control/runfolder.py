@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import jsonltail
 from . import spec as specmod
 from .records import Attempt, Event, Executor, RunRecord, TrackerIds
 from .runroot import ENV_RUN_ROOT, default_run_root
@@ -53,20 +54,12 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete line; a torn last line (writer killed mid-write) is skipped, not fatal."""
-    out = []
+    """Every complete line that is a JSON object; a torn last line (writer killed mid-write), a
+    line that is not UTF-8 or not an object is skipped, not fatal (jsonltail.parse_lines)."""
     try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(row, dict):
-                    out.append(row)
-    except FileNotFoundError:
-        pass
-    return out
+        return jsonltail.parse_lines(path.read_bytes())
+    except (FileNotFoundError, IsADirectoryError):
+        return []
 
 
 def new_run_id() -> str:

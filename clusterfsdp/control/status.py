@@ -5,11 +5,12 @@ Slurm is asked once per refresh for all runs together."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from . import ckptfolder, procs, slurmcli
+from . import ckptfolder, jsonltail, procs, slurmcli
 from . import spec as specmod
-from .records import Attempt, Cause, Event, EventKind, Executor, RunState, TrackerIds
+from .records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from .runfolder import RunFolder
 
 # The final record of an attempt -> the run state it means.
@@ -23,6 +24,13 @@ _END_STATES = {
     EventKind.AUTO_RESTART: RunState.REQUEUED,
     EventKind.STOPPED: RunState.CANCELLED,
 }
+# Ends after which the job does not run training again under its id: while Slurm still says
+# RUNNING, the batch script's `after` step is classifying the end (and may queue the next job).
+# A requeue is not among them: the next incarnation runs under the same id.
+_WRAPPING_UP = {
+    EventKind.COMPLETED, EventKind.STOPPED, EventKind.FAILED, EventKind.GAVE_UP, EventKind.AUTO_RESTART,
+    EventKind.FOLLOW_UP,
+}  # fmt: skip
 # Which record says how an incarnation ended, most telling first: the batch script's verdict on
 # a failure, Slurm's own requeue, the workers' decision, then the first rank that failed.
 _END_ORDER = (
@@ -83,14 +91,18 @@ class RunStatus:
     trackers: TrackerIds = field(default_factory=TrackerIds)
     eval_loss: float | None = None
     eval_step: int | None = None
+    eval_ppl: float | None = None
 
 
 @dataclass(frozen=True)
-class Progress:
+class LastLogged:
+    """The newest training row of metrics.jsonl (step, loss) and the newest evaluation."""
+
     step: int | None = None
     loss: float | None = None
     eval_step: int | None = None
     eval_loss: float | None = None
+    eval_ppl: float | None = None
 
 
 def attempt_alive(attempt: Attempt) -> bool:
@@ -98,14 +110,34 @@ def attempt_alive(attempt: Attempt) -> bool:
     return attempt.leader is not None and procs.group_alive(attempt.leader)
 
 
-def _progress(run: RunFolder) -> Progress:
-    """The last row's step and loss, and the last evaluation's."""
-    rows = run.metrics()
-    if not rows:
-        return Progress()
-    evals = [r for r in rows if r.get("eval_loss") is not None]
-    last_eval = evals[-1] if evals else {}
-    return Progress(rows[-1].get("step"), rows[-1].get("loss"), last_eval.get("step"), last_eval.get("eval_loss"))
+def _number(row: dict | None, key: str) -> float | None:
+    value = (row or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _step(row: dict) -> bool:
+    return type(row.get("step")) is int
+
+
+def _has(row: dict, key: str) -> bool:
+    return _step(row) and _number(row, key) is not None
+
+
+def last_logged(run: RunFolder) -> LastLogged:
+    """The newest row with a step, the newest with a loss and the newest with an eval_loss, read from the end of
+    metrics.jsonl (a bounded read: `runs` over thousands of long runs reads only their tails).
+    Values of the wrong type (a damaged or foreign row) read as absent."""
+    last, trained, evaluated = jsonltail.newest(
+        run.metrics_file, [_step, lambda r: _has(r, "loss"), lambda r: _has(r, "eval_loss")]
+    )
+    eval_loss = _number(evaluated, "eval_loss")
+    return LastLogged(
+        last["step"] if last else None,
+        _number(trained, "loss"),
+        evaluated["step"] if evaluated else None,
+        eval_loss,
+        _number(evaluated, "eval_ppl") or (math.exp(min(eval_loss, 700)) if eval_loss is not None else None),
+    )
 
 
 def _checkpoint_steps(run: RunFolder) -> list[int]:
@@ -116,9 +148,13 @@ def _checkpoint_steps(run: RunFolder) -> list[int]:
 
 
 def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) -> RunStatus:
-    """State of one run. `queue` is a pre-fetched {job id: row} (see `statuses`)."""
-    record = run.record()
-    progress = _progress(run)
+    """State of one run. `queue` is a pre-fetched {job id: row} (see `statuses`). A run whose
+    state.json cannot be read is UNREADABLE, with the reason: listing goes on past it."""
+    try:
+        record = RunRecord.read(run.state_file)
+    except RecordError as e:
+        return RunStatus(run, RunState.UNREADABLE, str(e))
+    progress = last_logged(run)
     try:
         steps = run.spec().train.steps
     except Exception:  # a hand-edited job.toml must not break listing
@@ -133,6 +169,7 @@ def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) 
         attempts=record.attempts,
         eval_loss=progress.eval_loss,
         eval_step=progress.eval_step,
+        eval_ppl=progress.eval_ppl,
     )
     events = run.events()
     st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run), run.tracker_ids()
@@ -159,6 +196,10 @@ def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) 
                 st.reason = str(e)
         if row is not None:
             slurm_state = RunState.parse(row.state)
+            if slurm_state is RunState.RUNNING and end is not None and end.event in _WRAPPING_UP:
+                st.state = RunState.COMPLETING
+                st.reason = f"the workers ended ({end.describe()}); the batch script's last step is running"
+                return st
             if slurm_state.live:
                 st.state, st.reason = slurm_state, ("" if row.reason in ("None", "") else row.reason)
                 return st
