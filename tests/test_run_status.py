@@ -8,11 +8,13 @@ workers' last record and the batch script's end (the devcluster tests cover the 
 from __future__ import annotations
 
 import json
+import os
 
 from tui_helpers import T0, make_run
 
-from clusterfsdp.control import jsonout, status
-from clusterfsdp.control.records import Event, EventKind, RunState
+from clusterfsdp import cli
+from clusterfsdp.control import jsonout, logs, status
+from clusterfsdp.control.records import Event, EventKind, Executor, RunState
 from clusterfsdp.control.slurmcli import JobRow
 
 
@@ -57,3 +59,32 @@ def test_status_finds_an_old_evaluation_behind_many_training_rows(tmp_path):
     st = status.run_status(run)
     assert (st.step, st.loss, st.eval_step, st.eval_loss) == (19_999, 0.5, 1, 1.0)
     assert abs((st.eval_ppl or 0) - 2.718281828) < 1e-6
+
+
+def test_following_a_new_attempt_starts_at_it_and_names_each_attempt(tmp_path):
+    """`resume --follow` / `submit --follow`: the previous attempt's log is not replayed (it looked
+    like a restart), and each log followed (the new attempt, then its requeue) starts with a banner."""
+    run = make_run(tmp_path, job_id="1001", ranks=1, log_lines=5)
+    run.add_attempt("1002", Executor.LOCAL, "resume from step 40")
+    calls = []
+
+    def done() -> bool:
+        calls.append(1)
+        if len(calls) <= 2:
+            log = run.log_path("1002", len(calls) - 1, 0)
+            log.parent.mkdir(parents=True)
+            log.write_text(f"attempt line {len(calls)}\n")
+            os.utime(log.parent, (T0 + 1000 * len(calls),) * 2)
+            return False
+        return True
+
+    text = "".join(logs.follow(run, 0, done, poll_s=0.01, job_id="1002"))
+    assert text == "==> 1002.0 (rank0.log) <==\nattempt line 1\n==> 1002.1 (rank0.log) <==\nattempt line 2\n"
+
+
+def test_logs_of_an_empty_rank_log_says_so(tmp_path, capsys):
+    run = make_run(tmp_path, ranks=2)
+    run.log_path("1001", 0, 1).write_text("")
+    assert cli.main(["logs", run.id, "--rank", "1", "--run-root", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and f"run {run.id}: rank 1's log is empty so far" in out.err

@@ -29,12 +29,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import jsonltail
-from . import spec as specmod
 from .records import Attempt, Event, Executor, RunRecord, TrackerIds
 from .runroot import ENV_RUN_ROOT, default_run_root
+
+if TYPE_CHECKING:  # imported where a spec is loaded or written: `status` and `runs` start without it
+    from . import spec as specmod
 
 
 class RunNotFound(LookupError):
@@ -97,9 +99,15 @@ class RunFolder:
 
     def checkpoints_dir(self, spec: specmod.JobSpec | None = None) -> Path:
         spec = spec or self.spec()
-        return Path(spec.checkpoint.dir).expanduser() / self.id if spec.checkpoint.dir else self.path / "checkpoints"
+        return self.checkpoints_in(spec.checkpoint.dir)
+
+    def checkpoints_in(self, checkpoint_dir: str) -> Path:
+        """The run's checkpoints when `checkpoint.dir` is `checkpoint_dir` ("": in the run folder)."""
+        return Path(checkpoint_dir).expanduser() / self.id if checkpoint_dir else self.path / "checkpoints"
 
     def spec(self, overrides: list[str] | tuple[str, ...] = ()) -> specmod.JobSpec:
+        from . import spec as specmod
+
         return specmod.load(self.job_toml, list(overrides))
 
     # ---- state.json (control plane)
@@ -185,6 +193,8 @@ class RunFolder:
 
 def create_run(spec: specmod.JobSpec, executor: Executor, run_id: str | None = None) -> RunFolder:
     """Make the folder for a new run and write its resolved, redacted job.toml."""
+    from . import spec as specmod
+
     root = Path(spec.job.run_root).expanduser().resolve() if spec.job.run_root else default_run_root()
     run = RunFolder(root / spec.job.name / (run_id or new_run_id()))
     run.path.mkdir(parents=True, exist_ok=False)

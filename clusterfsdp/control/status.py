@@ -6,10 +6,10 @@ Slurm is asked once per refresh for all runs together."""
 from __future__ import annotations
 
 import math
+import tomllib
 from dataclasses import dataclass, field
 
 from . import ckptfolder, jsonltail, procs, slurmcli
-from . import spec as specmod
 from .records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from .runfolder import RunFolder
 
@@ -140,10 +140,33 @@ def last_logged(run: RunFolder) -> LastLogged:
     )
 
 
-def _checkpoint_steps(run: RunFolder) -> list[int]:
+@dataclass(frozen=True)
+class ListedJob:
+    """The two keys of a run's job.toml that its status needs: train.steps and checkpoint.dir.
+    Read with tomllib alone, not through the spec: the run folder's job.toml is a complete dump
+    of the spec (spec.dumps writes every key), and loading and checking the whole spec for each
+    listed run cost most of `runs` and made `status` import the schema (bench/startup_bench.py).
+    A damaged or hand-edited job.toml gives None and '' (listing goes on)."""
+
+    steps: int | None = None
+    checkpoint_dir: str = ""
+
+    @classmethod
+    def read(cls, run: RunFolder) -> ListedJob:
+        try:
+            doc = tomllib.loads(run.job_toml.read_bytes().decode())
+        except (OSError, ValueError):
+            return cls()
+        train, checkpoint = doc.get("train"), doc.get("checkpoint")
+        steps = train.get("steps") if isinstance(train, dict) else None
+        folder = checkpoint.get("dir") if isinstance(checkpoint, dict) else ""
+        return cls(steps if type(steps) is int else None, folder if isinstance(folder, str) else "")
+
+
+def _checkpoint_steps(run: RunFolder, job: ListedJob) -> list[int]:
     try:
-        return [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_dir())]
-    except specmod.SpecError:  # a hand-edited job.toml must not break listing
+        return [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_in(job.checkpoint_dir))]
+    except (OSError, ValueError):  # an unreadable folder or metadata file must not break listing
         return []
 
 
@@ -155,16 +178,13 @@ def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) 
     except RecordError as e:
         return RunStatus(run, RunState.UNREADABLE, str(e))
     progress = last_logged(run)
-    try:
-        steps = run.spec().train.steps
-    except Exception:  # a hand-edited job.toml must not break listing
-        steps = None
+    job = ListedJob.read(run)
     st = RunStatus(
         run,
         RunState.PREPARED,
         executor=record.executor,
         step=progress.step,
-        steps=steps,
+        steps=job.steps,
         loss=progress.loss,
         attempts=record.attempts,
         eval_loss=progress.eval_loss,
@@ -172,7 +192,7 @@ def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) 
         eval_ppl=progress.eval_ppl,
     )
     events = run.events()
-    st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run), run.tracker_ids()
+    st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run, job), run.tracker_ids()
     st.notes = [f"step {e.step}: {e.reason}" for e in events if e.event is EventKind.CHECKPOINT_FALLBACK and e.reason]
     warnings = [e for e in events if e.event is EventKind.WARNING]
     if warnings:
