@@ -207,14 +207,16 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if error:
         print(f"warning: {error}", file=sys.stderr)
     if args.json:
-        print(_json({"runs": rows, "slurm_error": error}))
+        from .control import jsonout
+
+        sys.stdout.writelines(jsonout.listing(rows, error))
         return 0
     print(f"{'RUN':<22} {'NAME':<16} {'STATE':<11} {'STEP':>11} {'LOSS':>8} {'JOB':<14} CREATED")
     for st in rows:
         step = f"{st.step or 0}/{st.steps or '?'}"
         loss = f"{st.loss:.4f}" if st.loss is not None else "-"
         job = f"{st.executor}:{st.job_id}" if st.job_id else "-"
-        created = _age(st.run.record().created)
+        created = _age(st.created)
         state = term.state_text(st.state, 11, sys.stdout)
         print(f"{st.run.id:<22} {st.run.name[:16]:<16} {state} {step:>11} {loss:>8} {job:<14} {created}")
     return 0

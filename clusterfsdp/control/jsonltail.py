@@ -69,16 +69,16 @@ class JsonlTail:
 
 def newest(path: Path, wanted: Sequence[Callable[[Row], bool]], max_bytes: int = 4 << 20) -> list[Row | None]:
     """For each predicate of `wanted`, the newest row for which it holds (None if none), read
-    backwards from the end of the file in chunks, stopping when every one is found or after
-    `max_bytes`: the cost of a long history is its last lines."""
+    backwards from the end of the file, a line at a time in growing chunks, stopping when every
+    one is found or after `max_bytes`: the cost of a long history is its last lines."""
     found: list[Row | None] = [None] * len(wanted)
     try:
         with open(path, "rb") as f:
             end = f.seek(0, os.SEEK_END)
-            read = 0
+            read, size = 0, 4096
             carry = b""  # the start of a line whose beginning lies in the chunk before
             while end > 0 and read < max_bytes and None in found:
-                size = min(64 << 10, end, max_bytes - read)
+                size = min(size * 2, end, max_bytes - read)
                 end -= size
                 f.seek(end)
                 data = f.read(size) + carry
@@ -87,11 +87,26 @@ def newest(path: Path, wanted: Sequence[Callable[[Row], bool]], max_bytes: int =
                 if end > 0 and cut == 0:  # no line starts in here: read on back (within max_bytes)
                     carry = data
                     continue
-                carry, data = data[:cut], data[cut:]
-                for row in reversed(parse_lines(data)):
+                carry = data[:cut]
+                for line in reversed(data[cut:].split(b"\n")):
+                    row = _row(line)
+                    if row is None:
+                        continue
                     for i, test in enumerate(wanted):
                         if found[i] is None and test(row):
                             found[i] = row
+                    if None not in found:
+                        break
     except (FileNotFoundError, IsADirectoryError, PermissionError):
         pass
     return found
+
+
+def _row(line: bytes) -> Row | None:
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None

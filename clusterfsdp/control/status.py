@@ -80,6 +80,7 @@ class RunStatus:
     reason: str = ""
     job_id: str = ""
     executor: str = ""
+    created: float | None = None  # when the run folder was made (state.json)
     step: int | None = None
     steps: int | None = None
     loss: float | None = None
@@ -154,13 +155,25 @@ class ListedJob:
     @classmethod
     def read(cls, run: RunFolder) -> ListedJob:
         try:
-            doc = tomllib.loads(run.job_toml.read_bytes().decode())
+            tables = _tables(run.job_toml.read_bytes().decode(), ("train", "checkpoint"))
         except (OSError, ValueError):
             return cls()
-        train, checkpoint = doc.get("train"), doc.get("checkpoint")
-        steps = train.get("steps") if isinstance(train, dict) else None
-        folder = checkpoint.get("dir") if isinstance(checkpoint, dict) else ""
+        steps, folder = tables["train"].get("steps"), tables["checkpoint"].get("dir", "")
         return cls(steps if type(steps) is int else None, folder if isinstance(folder, str) else "")
+
+
+def _tables(text: str, names: tuple[str, ...]) -> dict[str, dict]:
+    """The top-level tables `names` of a TOML document as tomli_w writes it (a table starts with
+    its `[name]` line), each parsed on its own: parsing all of job.toml for two keys was most of
+    the time `runs` spent per run. ValueError if one does not parse."""
+    chunks: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("["):
+            current = chunks.setdefault(line.strip()[1:-1], []) if line.strip()[1:-1] in names else None
+        elif current is not None:
+            current.append(line)
+    return {name: tomllib.loads("\n".join(chunks.get(name, []))) for name in names}
 
 
 def _checkpoint_steps(run: RunFolder, job: ListedJob) -> list[int]:
@@ -170,19 +183,29 @@ def _checkpoint_steps(run: RunFolder, job: ListedJob) -> list[int]:
         return []
 
 
-def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) -> RunStatus:
-    """State of one run. `queue` is a pre-fetched {job id: row} (see `statuses`). A run whose
-    state.json cannot be read is UNREADABLE, with the reason: listing goes on past it."""
+def _read_record(run: RunFolder) -> RunRecord | RecordError:
     try:
-        record = RunRecord.read(run.state_file)
+        return RunRecord.read(run.state_file)
     except RecordError as e:
-        return RunStatus(run, RunState.UNREADABLE, str(e))
+        return e
+
+
+def run_status(
+    run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None, record: RunRecord | RecordError | None = None
+) -> RunStatus:
+    """State of one run. `queue` is a pre-fetched {job id: row}, `record` its state.json as read
+    already (see `statuses`). A run whose state.json cannot be read is UNREADABLE, with the
+    reason: listing goes on past it."""
+    record = _read_record(run) if record is None else record
+    if isinstance(record, RecordError):
+        return RunStatus(run, RunState.UNREADABLE, str(record))
     progress = last_logged(run)
     job = ListedJob.read(run)
     st = RunStatus(
         run,
         RunState.PREPARED,
         executor=record.executor,
+        created=record.created,
         step=progress.step,
         steps=job.steps,
         loss=progress.loss,
@@ -257,7 +280,8 @@ def _reason(end: AttemptEnd | None, row: slurmcli.JobRow, state: RunState) -> st
 
 def statuses(run_list: list[RunFolder]) -> tuple[list[RunStatus], str]:
     """Status of many runs with one squeue (+ one sacct) call; returns (rows, Slurm error or '')."""
-    lasts = [r.record().last for r in run_list]
+    records = [_read_record(r) for r in run_list]
+    lasts = [r.last for r in records if isinstance(r, RunRecord)]
     ids = [a.job_id for a in lasts if a is not None and a.executor is Executor.SLURM]
     queue: dict[str, slurmcli.JobRow] = {}
     error = ""
@@ -266,4 +290,4 @@ def statuses(run_list: list[RunFolder]) -> tuple[list[RunStatus], str]:
             queue = slurmcli.job_states(ids)
         except slurmcli.SlurmError as e:
             error = str(e)
-    return [run_status(r, queue) for r in run_list], error
+    return [run_status(r, queue, record) for r, record in zip(run_list, records, strict=True)], error
