@@ -4,23 +4,28 @@ runs in a worker subprocess.
 
 Exit codes: 0 ok, 1 the job/run failed, 2 bad input (spec errors, unknown run, Slurm refused,
 a run that is busy).
+
+Start-up is paid by every call (`--help`, `validate`, `status`, shell completion), so each command
+imports what it needs inside its function: `--help` imports nothing of the control plane, and the
+read-only commands (`runs`, `status`, `logs`) read the run folder without the run service's
+submit machinery (tests/test_cli.py counts the modules each imports; bench/startup_bench.py times them).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import sys
-import time
-from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import __version__, term
-from .control import spec as specmod
+from . import __version__
 from .control.errors import UserError
-from .control.records import EventKind
+
+if TYPE_CHECKING:
+    from .control import spec as specmod
+    from .control.runfolder import RunFolder
 
 EXIT_BAD_INPUT = 2
 
@@ -30,6 +35,8 @@ class CliError(UserError):
 
 
 def _load(args: argparse.Namespace) -> specmod.JobSpec:
+    from .control import spec as specmod
+
     return specmod.load(args.job, args.set or [])
 
 
@@ -45,8 +52,20 @@ def _find(args: argparse.Namespace):
     return Run.find(args.run, _run_root(args))
 
 
+def _find_folder(args: argparse.Namespace) -> RunFolder:
+    """The run folder, for the commands that only read it (status, logs)."""
+    from .control import runfolder
+
+    try:
+        return runfolder.find_run(args.run, _run_root(args))
+    except runfolder.RunNotFound as e:
+        raise CliError(str(e)) from None
+
+
 # ---------------------------------------------------------------- commands
 def cmd_init(args: argparse.Namespace) -> int:
+    from .control import spec as specmod
+
     path = Path(args.path)
     if path.exists() and not args.force:
         raise CliError(f"{path} exists (use --force to overwrite)")
@@ -56,6 +75,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    from .control import spec as specmod
+
     print("\n".join(specmod.describe_schema(args.key or "")))  # an unknown key: SpecError, exit 2
     return 0
 
@@ -115,7 +136,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"note: {n}", file=sys.stderr)
     _print_submission(sub, args, f"run {sub.run.id}  job {sub.job_id}  folder {sub.run.path}")
     if args.follow:
-        return _follow(sub.run, 0)
+        return _follow(sub.run, 0, sub.job_id)
     return 0
 
 
@@ -136,14 +157,15 @@ def _print_submission(sub, args: argparse.Namespace, line: str) -> None:
         print(line, flush=True)
 
 
-def _follow(run, rank: int) -> int:
+def _follow(run, rank: int, job_id: str | None = None) -> int:
+    """Stream a rank's log until the run ends (from attempt `job_id` on, if given)."""
     from .control import logs
 
     def done() -> bool:
         return run.status().state.final
 
     try:
-        for text in logs.follow(run.folder, rank, done):
+        for text in logs.follow(run.folder, rank, done, job_id=job_id):
             sys.stdout.write(text)
             sys.stdout.flush()
     except KeyboardInterrupt:
@@ -155,6 +177,8 @@ def _follow(run, rank: int) -> int:
 
 
 def _age(ts: float | None) -> str:
+    import time
+
     if not ts:
         return "-"
     secs = time.time() - ts
@@ -165,7 +189,7 @@ def _age(ts: float | None) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from .control import runfolder, status
+    from .control import runfolder
 
     root = _run_root(args)
     found = runfolder.list_runs(root)[: args.limit]
@@ -175,42 +199,51 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not found and not args.json:
         print(f"no runs under {root} (--run-root, or set $CLUSTERFSDP_RUN_ROOT)")
         return 0
+    from . import term
+    from .control import status
+
     rows, error = status.statuses(found)
     if error:
         print(f"warning: {error}", file=sys.stderr)
     if args.json:
-        print(_json({"runs": rows, "slurm_error": error}))
+        from .control import jsonout
+
+        sys.stdout.writelines(jsonout.listing(rows, error))
         return 0
     print(f"{'RUN':<22} {'NAME':<16} {'STATE':<11} {'STEP':>11} {'LOSS':>8} {'JOB':<14} CREATED")
     for st in rows:
         step = f"{st.step or 0}/{st.steps or '?'}"
         loss = f"{st.loss:.4f}" if st.loss is not None else "-"
         job = f"{st.executor}:{st.job_id}" if st.job_id else "-"
-        created = _age(st.run.record().created)
+        created = _age(st.created)
         state = term.state_text(st.state, 11, sys.stdout)
         print(f"{st.run.id:<22} {st.run.name[:16]:<16} {state} {step:>11} {loss:>8} {job:<14} {created}")
     return 0
 
 
-_SHOWN_EVENTS = {EventKind.FAILED, EventKind.RESUMED, EventKind.CHECKPOINT_FALLBACK}  # ends: under each attempt
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     if not args.run:
         return cmd_runs(args)
-    run = _find(args)
-    st = run.status()
+    from datetime import datetime
+
+    from . import term
+    from .control import status
+    from .control.records import EventKind, RunState
+
+    folder = _find_folder(args)
+    st = status.run_status(folder)
     if args.json:
         print(_json(st))
         return 1 if st.state.bad else 0
-    print(f"run        {run.id} ({run.folder.name})\nfolder     {run.path}")
+    print(f"run        {folder.id} ({folder.name})\nfolder     {folder.path}")
     print(f"state      {term.state_text(st.state, 0, sys.stdout)}{' - ' + st.reason if st.reason else ''}")
+    if st.state is RunState.UNREADABLE:
+        return 1
     print(
         f"progress   step {st.step or 0}/{st.steps or '?'}" + (f", loss {st.loss:.4f}" if st.loss is not None else "")
     )
     if st.eval_loss is not None:
-        ppl = math.exp(min(st.eval_loss, 700))
-        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {ppl:.2f}")
+        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {st.eval_ppl or 0:.2f}")
     for a in st.attempts:
         when = datetime.fromtimestamp(a.submitted).strftime("%Y-%m-%d %H:%M:%S")
         print(f"attempt {a.attempt}  {a.executor} job {a.job_id}  {when}  {a.reason}")
@@ -218,8 +251,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  ended    (restart {end.restart}) {end.describe()}")
     for note in st.notes:
         print(f"note       {note}")
-    for e in run.folder.events():
-        if e.event in _SHOWN_EVENTS:
+    shown = {EventKind.FAILED, EventKind.RESUMED, EventKind.CHECKPOINT_FALLBACK}  # ends: under each attempt
+    for e in st.events:
+        if e.event in shown:
             detail = e.reason or e.checkpoint
             print(f"event      {datetime.fromtimestamp(e.time):%H:%M:%S} job {e.job_id} {e.event} {detail}".rstrip())
     print(f"checkpoints {', '.join(f'step {c}' for c in st.checkpoints) or 'none'}")
@@ -229,14 +263,20 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     from .control import logs
 
-    run = _find(args)
+    folder = _find_folder(args)
     if args.follow:
-        return _follow(run, args.rank)
-    path = logs.log_file(run.folder, args.rank, args.attempt)
+        from .control.run import Run
+
+        return _follow(Run(folder), args.rank)
+    path = logs.log_file(folder, args.rank, args.attempt)
     if path is None:
-        have = ", ".join(logs.attempt_keys(run.folder)) or "none"
-        raise CliError(f"run {run.id}: no log for rank {args.rank} yet (attempts: {have})")
-    print(logs.tail(path, args.lines))
+        have = ", ".join(logs.attempt_keys(folder)) or "none"
+        raise CliError(f"run {folder.id}: no log for rank {args.rank} yet (attempts: {have})")
+    text = logs.tail(path, args.lines)
+    if not text:
+        print(f"run {folder.id}: rank {args.rank}'s log is empty so far ({path})", file=sys.stderr)
+        return 0
+    print(text)
     return 0
 
 
@@ -257,7 +297,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     origin = f"step {sub.resume_step}" if sub.resume_step is not None else "scratch (no checkpoint)"
     _print_submission(sub, args, f"run {run.id}  job {sub.job_id}  resumes from {origin}")
     if args.follow:
-        return _follow(run, 0)
+        return _follow(run, 0, sub.job_id)
     return 0
 
 
@@ -446,13 +486,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .control import slurmcli
-
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # --help and usage errors end here, before any import
     try:
+        if args.command in ("init", "schema", "completion") or getattr(args, "quiet", False):
+            return args.fn(args)
+        from .control import slurmcli
+
         with slurmcli.retry_notices(slurmcli.say_on_stderr):  # a controller outage is waited for, visibly
             return args.fn(args)
     except UserError as e:  # every front-end catches this one base (control.errors)
+        from . import term
+
         for line in e.lines:
             print(f"{term.style('error:', 'red', sys.stderr)} {line}", file=sys.stderr)
         return EXIT_BAD_INPUT

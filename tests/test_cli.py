@@ -92,3 +92,53 @@ assert not heavy, heavy
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _imported_by(argv: list[str]) -> tuple[set[str], int]:
+    """The clusterfsdp modules one command imports (in a fresh interpreter), and how many modules
+    it imports in all beyond what the interpreter had loaded before it."""
+    code = f"""
+import sys, io, contextlib
+before = set(sys.modules)
+from clusterfsdp.cli import main
+try:
+    with contextlib.redirect_stdout(io.StringIO()):
+        main({argv!r})
+except SystemExit:
+    pass
+new = set(sys.modules) - before
+print(" ".join(sorted(m for m in new if m.startswith("clusterfsdp"))), len(new), sep="\\n")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    names, count = r.stdout.splitlines()
+    return set(names.split()), int(count)
+
+
+READ_ONLY = {
+    "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.term", "clusterfsdp.control", "clusterfsdp.control.records",
+    "clusterfsdp.control.procs", "clusterfsdp.control.runfolder", "clusterfsdp.control.runroot",
+    "clusterfsdp.control.jsonltail", "clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
+    "clusterfsdp.control.ckptfolder",
+}  # fmt: skip
+
+
+def test_start_up_imports_only_what_each_command_needs(tmp_path):
+    """Start-up is paid by every call, shell completion included (issue 25 item 3): counted in
+    modules, not timed (bench/startup_bench.py times it). `--help` imports nothing of the control
+    plane; `status` and `runs` read run folders without the spec's schema or the run service's
+    submit machinery (launch, hub, modelsource, datasource); `runs --quiet` (completion) not even
+    status or Slurm."""
+    from tui_helpers import make_run
+
+    make_run(tmp_path, checkpoints=(20,), log_lines=1, ranks=1)
+    root = ["--run-root", str(tmp_path)]
+    names, count = _imported_by(["--help"])
+    assert names == {"clusterfsdp", "clusterfsdp.cli"} and count < 30, (names, count)
+    names, _ = _imported_by(["status", "20260101-120000-aaaa", *root])
+    assert names == READ_ONLY, names ^ READ_ONLY
+    names, _ = _imported_by(["runs", *root])
+    assert names == READ_ONLY, names ^ READ_ONLY
+    names, _ = _imported_by(["runs", "--quiet", *root])
+    assert names == READ_ONLY - {"clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
+                                 "clusterfsdp.control.ckptfolder", "clusterfsdp.term"}, names  # fmt: skip

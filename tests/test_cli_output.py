@@ -22,7 +22,8 @@ from clusterfsdp.control.records import Event, EventKind, Executor, TrackerIds
 BIN = str(Path(sys.executable).parent)  # the venv's `clusterfsdp` script, for completion
 STATUS_KEYS = {
     "run_id", "name", "folder", "state", "live", "bad", "reason", "job_id", "executor", "step", "steps", "loss",
-    "checkpoints", "attempts", "events", "notes", "trackers",
+    "checkpoints", "attempts", "events", "notes", "trackers", "eval_step", "eval_loss", "eval_ppl",
+    "created",
 }  # fmt: skip
 
 
@@ -125,3 +126,15 @@ def test_completion_scripts_complete_commands_options_keys_and_run_ids(shell, fi
     registered = "complete -p clusterfsdp" if shell == "bash" else "print -r -- $_comps[clusterfsdp]"
     r = subprocess.run([shell, "-c", f"{script}\n{registered}"], capture_output=True, text=True, timeout=60, env=env)
     assert "-F _clusterfsdp" in r.stdout
+
+
+def test_runs_json_written_a_run_at_a_time_is_the_same_document(tmp_path):
+    from tui_helpers import make_run
+
+    from clusterfsdp.control import jsonout, status
+
+    runs = [make_run(tmp_path, f"20260101-12000{i}-aaaa", checkpoints=(), ranks=1) for i in range(3)]
+    rows, _ = status.statuses(runs)
+    for chosen in (rows, []):
+        text = "".join(jsonout.listing(chosen, 'a "quoted" error'))
+        assert json.loads(text) == json.loads(jsonout.document({"runs": chosen, "slurm_error": 'a "quoted" error'}))

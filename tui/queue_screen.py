@@ -42,6 +42,7 @@ NARROW = ("run", "name", "state", "step", "loss", "reason")  # below NARROW_BELO
 NARROW_BELOW = 100
 STATE_STYLE = {
     "RUNNING": "bold green",
+    "COMPLETING": "green",
     "PENDING": "yellow",
     "CONFIGURING": "yellow",
     "REQUEUED": "yellow",
@@ -53,6 +54,7 @@ STATE_STYLE = {
     "CANCELLED": "dim",
     "PREPARED": "dim",
     "UNKNOWN": "magenta",
+    "UNREADABLE": "bold magenta",
 }
 
 
@@ -157,6 +159,8 @@ class QueueScreen(Screen):
         self._show_detail()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key is None:  # an empty table: Up, PageDown... highlight no row
+            return
         self.app.current_key = event.row_key.value
         self._show_detail()
 

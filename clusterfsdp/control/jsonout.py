@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import textwrap
+from collections.abc import Iterable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -55,9 +57,13 @@ def _status(st: RunStatus) -> dict[str, Any]:
         "reason": st.reason,
         "job_id": st.job_id,
         "executor": str(st.executor),
+        "created": st.created,
         "step": st.step,
         "steps": st.steps,
         "loss": st.loss,
+        "eval_step": st.eval_step,
+        "eval_loss": st.eval_loss,
+        "eval_ppl": st.eval_ppl,
         "checkpoints": st.checkpoints,
         "attempts": to_json(st.attempts),
         "events": to_json(st.events),
@@ -69,3 +75,12 @@ def _status(st: RunStatus) -> dict[str, Any]:
 def document(value: RunStatus | Submission | dict[str, Any]) -> str:
     """One JSON document: the schema version first, then the record's keys."""
     return json.dumps({"schema": SCHEMA, **to_json(value)}, indent=2)
+
+
+def listing(rows: Iterable[RunStatus], slurm_error: str) -> Iterator[str]:
+    """`runs --json`, the same document as `document({"runs": rows, "slurm_error": ...})`, in
+    pieces of one run each: 10,000 runs are never one structure in memory."""
+    yield f'{{\n  "schema": {SCHEMA},\n  "runs": ['
+    for i, row in enumerate(rows):
+        yield ("," if i else "") + "\n" + textwrap.indent(json.dumps(to_json(row), indent=2), "    ")
+    yield f'\n  ],\n  "slurm_error": {json.dumps(slurm_error)}\n}}\n'

@@ -19,9 +19,14 @@ def attempt_keys(run: runfolder.RunFolder) -> list[str]:
     return [p.name for p in sorted(dirs, key=lambda p: p.stat().st_mtime)]
 
 
-def log_file(run: runfolder.RunFolder, rank: int = 0, attempt: str | None = None) -> Path | None:
-    """This rank's log for an attempt (default: the newest), else submitit's task log."""
+def log_file(
+    run: runfolder.RunFolder, rank: int = 0, attempt: str | None = None, job_id: str | None = None
+) -> Path | None:
+    """This rank's log for an attempt (default: the newest; of job `job_id` if given), else
+    submitit's task log."""
     keys = attempt_keys(run)
+    if job_id is not None:
+        keys = [k for k in keys if k.rpartition(".")[0] == job_id]
     if attempt is None and keys:
         attempt = keys[-1]
     if attempt is not None:
@@ -29,14 +34,22 @@ def log_file(run: runfolder.RunFolder, rank: int = 0, attempt: str | None = None
         if p.is_file():
             return p
     last = run.record().last
-    if last is not None:
+    if job_id is None and last is not None:
         job_id = last.job_id
+    if job_id is not None:
         for folder in (run.submitit_dir / job_id, run.submitit_dir):  # submit, or a --dry-run script
             for suffix in ("out", "err"):
                 p = folder / f"{job_id}_{rank}_log.{suffix}"
                 if p.is_file() and p.stat().st_size:
                     return p
     return None
+
+
+def _banner(run: runfolder.RunFolder, path: Path) -> str:
+    """The line `follow` writes when it starts reading a log of another attempt (a requeue, the
+    new attempt of a resume), so a restart in the output is never mistaken for the old one."""
+    where = path.parent.name if path.parent.parent == run.logs_dir else "submitit"
+    return f"==> {where} ({path.name}) <==\n"
 
 
 def tail(path: Path, lines: int = 200, max_bytes: int = 1 << 20) -> str:
@@ -50,15 +63,25 @@ def tail(path: Path, lines: int = 200, max_bytes: int = 1 << 20) -> str:
 
 
 def follow(
-    run: runfolder.RunFolder, rank: int, is_done: Callable[[], bool], poll_s: float = 0.5, from_start: bool = True
+    run: runfolder.RunFolder,
+    rank: int,
+    is_done: Callable[[], bool],
+    poll_s: float = 0.5,
+    from_start: bool = True,
+    job_id: str | None = None,
 ) -> Iterator[str]:
-    """Yield new text of the rank's newest log until `is_done()`; switches file on a requeue."""
+    """Yield new text of the rank's newest log until `is_done()`; switches file on a requeue,
+    with a banner line naming the attempt. With `job_id` (the attempt just queued by `submit` or
+    `resume`), only that job's logs are read, from its first, banner first: an earlier attempt's
+    log is not replayed."""
     current: Path | None = None
     offset = 0
     idle_after_done = 0
     while True:
-        newest = log_file(run, rank)
+        newest = log_file(run, rank, job_id=job_id)
         if newest is not None and newest != current:
+            if current is not None or job_id is not None:
+                yield _banner(run, newest)
             current, offset = newest, 0 if from_start or current is not None else newest.stat().st_size
         chunk = b""
         if current is not None:

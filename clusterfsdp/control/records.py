@@ -1,16 +1,24 @@
 """The typed records of the run folder contract (docs/run-folder.md): the run's state file with
 its attempts, the events the workers append, and the states a run can be in.
 
-Readers are tolerant: unknown keys are kept out (a newer writer may add some) and a missing
-optional key takes its default, so an old run folder still reads. Writers only write what the
-dataclasses declare, so docs/run-folder.md can list every key.
+Readers are tolerant of age, strict about shape: unknown keys are kept out (a newer writer may
+add some) and a missing optional key takes its default, so an old run folder still reads; a value
+of the wrong type (a hand edit, a torn or foreign file) raises `RecordError` naming the key, so
+`status`, `runs` and the TUI can list the run as unreadable with the reason instead of failing
+later on a string where a number belongs. Writers only write what the dataclasses declare, so
+docs/run-folder.md can list every key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+import types
+import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, TypeVar
 
 from .procs import ProcessId
@@ -45,6 +53,7 @@ class RunState(StrEnum):
     REVOKED = "REVOKED"
     SPECIAL_EXIT = "SPECIAL_EXIT"
     UNKNOWN = "UNKNOWN"  # the controller could not be asked and the folder does not tell
+    UNREADABLE = "UNREADABLE"  # state.json cannot be read (the reason says why): nothing is known of it
 
     @classmethod
     def parse(cls, text: str) -> RunState:
@@ -77,7 +86,7 @@ _LIVE = {
 }  # fmt: skip
 _BAD = {
     RunState.FAILED, RunState.TIMEOUT, RunState.NODE_FAIL, RunState.OUT_OF_MEMORY, RunState.BOOT_FAIL,
-    RunState.DEADLINE, RunState.PREEMPTED, RunState.REVOKED, RunState.SPECIAL_EXIT,
+    RunState.DEADLINE, RunState.PREEMPTED, RunState.REVOKED, RunState.SPECIAL_EXIT, RunState.UNREADABLE,
 }  # fmt: skip
 _FINAL = _BAD | {RunState.COMPLETED, RunState.CANCELLED, RunState.PREPARED}
 
@@ -164,10 +173,80 @@ class Cause(StrEnum):
 T = TypeVar("T")
 
 
-def _from_dict(cls: type[T], data: dict[str, Any], **converted: Any) -> T:
-    """Build a record from a JSON object: known keys only, `converted` overriding raw values."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{**{k: v for k, v in data.items() if k in names}, **converted})
+def _short_reason(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class RecordError(ValueError):
+    """A record that does not have the shape its dataclass declares; the message names the key."""
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """`value`, read from JSON, has the declared type (an int is a float; a bool is no number)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if origin is list:
+        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_matches(v, args[1]) for v in value.values())
+    if isinstance(value, bool):
+        return hint is bool
+    if hint is float:
+        return isinstance(value, (int, float))
+    if issubclass(hint, StrEnum):
+        return isinstance(value, str)
+    return isinstance(value, hint)
+
+
+def _from_dict(cls: type[T], data: Any, **converted: Any) -> T:
+    """Build a record from a JSON object: known keys only, `converted` overriding raw values;
+    RecordError for a value of the wrong type."""
+    if not isinstance(data, dict):
+        raise RecordError(f"{cls.__name__}: expected a JSON object, found {type(data).__name__}")
+    hints = _hints(cls)
+    kept = {k: v for k, v in data.items() if k in hints and k not in converted}
+    for key, value in kept.items():
+        if not _matches(value, hints[key]):
+            raise RecordError(f"{key}: expected {hints[key]}, found {type(value).__name__} {_short(value)}")
+    try:
+        return cls(**{**kept, **converted})
+    except TypeError as e:  # a required key missing
+        raise RecordError(f"{cls.__name__}: {e}") from None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _required(data: Any, key: str, kind: type[T] | tuple[type, ...]) -> Any:
+    """A key the record cannot do without, of its type (JSON's int job ids are read as text)."""
+    if not isinstance(data, dict):
+        raise RecordError(f"expected a JSON object, found {type(data).__name__}")
+    if key not in data:
+        raise RecordError(f"{key}: missing")
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise RecordError(f"{key}: found {type(value).__name__} {_short(value)}")
+    return value
+
+
+def _enum(kind: type[StrEnum], data: Any, key: str, default: str | None = None) -> Any:
+    value = _required(data, key, str) if default is None or key in data else default
+    try:
+        return kind(value)
+    except ValueError:
+        raise RecordError(f"{key}: unknown {kind.__name__} {_short(value)}") from None
 
 
 def _to_dict(record: Any) -> dict[str, Any]:
@@ -208,13 +287,18 @@ class Attempt:
     exclude: list[str] = field(default_factory=list)  # nodes kept out of this attempt (--exclude)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Attempt:
-        leader = ProcessId.from_record(data["leader"]) if isinstance(data.get("leader"), dict) else None
+    def from_dict(cls, data: Any) -> Attempt:
+        job_id = str(_required(data, "job_id", (str, int)))
+        leader = None
+        if data.get("leader") is not None:  # a process the control plane may signal: never guessed at
+            leader = ProcessId.from_record(data["leader"]) if isinstance(data["leader"], dict) else None
+            if leader is None:
+                raise RecordError(f"leader: not a process record: {_short(data['leader'])}")
         return _from_dict(
             cls,
             data,
-            job_id=str(data["job_id"]),
-            executor=Executor(data["executor"]),
+            job_id=job_id,
+            executor=_enum(Executor, data, "executor"),
             leader=leader,
             cause=Cause.parse(data.get("cause")),
         )
@@ -235,9 +319,26 @@ class RunRecord:
     dry_run: bool = False
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
-        attempts = [Attempt.from_dict(a) for a in data.get("attempts", [])]
-        return _from_dict(cls, data, executor=Executor(data.get("executor", "local")), attempts=attempts)
+    def from_dict(cls, data: Any) -> RunRecord:
+        listed = data.get("attempts", []) if isinstance(data, dict) else None
+        if not isinstance(listed, list):
+            raise RecordError(f"attempts: expected a list, found {type(listed).__name__}")
+        attempts = []
+        for i, a in enumerate(listed):
+            try:
+                attempts.append(Attempt.from_dict(a))
+            except RecordError as e:
+                raise RecordError(f"attempts[{i}].{e}") from None
+        return _from_dict(cls, data, executor=_enum(Executor, data, "executor", "local"), attempts=attempts)
+
+    @classmethod
+    def read(cls, path: Path) -> RunRecord:
+        """state.json; RecordError (its message starts with the file's name) if it cannot be read."""
+        try:
+            return cls.from_dict(json.loads(path.read_bytes()))
+        except (OSError, ValueError) as e:  # RecordError, JSON and UTF-8 errors are ValueErrors
+            reason = e.strerror if isinstance(e, OSError) else str(e)
+            raise RecordError(f"{path.name}: {_short_reason(reason)}") from None
 
     def to_dict(self) -> dict[str, Any]:
         out = _to_dict(self)
@@ -276,17 +377,17 @@ class Event:
     signature: str = ""  # auto_restart, gave_up: the error and its step (the same twice: not retried)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Event | None:
-        """None for a line that is not an event we know (a newer writer's kind)."""
+    def from_dict(cls, data: Any) -> Event | None:
+        """None for a line that is not an event we know (a newer writer's kind, a damaged line)."""
         try:
             return _from_dict(
                 cls,
                 data,
-                event=EventKind(data["event"]),
-                job_id=str(data["job_id"]),
+                event=_enum(EventKind, data, "event"),
+                job_id=str(_required(data, "job_id", (str, int))),
                 cause=Cause.parse(data.get("cause")),
             )
-        except (KeyError, ValueError, TypeError):
+        except RecordError:
             return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -303,7 +404,9 @@ class TrackerIds:
     mlflow_experiment_id: str = ""
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrackerIds:
+    def from_dict(cls, data: Any) -> TrackerIds:
+        if not isinstance(data, dict):
+            raise RecordError(f"TrackerIds: expected a JSON object, found {type(data).__name__}")
         return _from_dict(cls, {k: str(v) for k, v in data.items()})
 
     def to_dict(self) -> dict[str, Any]:

@@ -37,11 +37,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import spec as specmod
+from . import jsonltail
 from .records import Attempt, Event, Executor, RunRecord, TrackerIds
 from .runroot import ENV_RUN_ROOT, default_run_root
+
+if TYPE_CHECKING:  # imported where a spec is loaded or written: `status` and `runs` start without it
+    from . import spec as specmod
 
 ENV_TRUSTED_GROUP = "CLUSTERFSDP_TRUSTED_GROUP"
 
@@ -63,20 +66,12 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete line; a torn last line (writer killed mid-write) is skipped, not fatal."""
-    out = []
+    """Every complete line that is a JSON object; a torn last line (writer killed mid-write), a
+    line that is not UTF-8 or not an object is skipped, not fatal (jsonltail.parse_lines)."""
     try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(row, dict):
-                    out.append(row)
-    except FileNotFoundError:
-        pass
-    return out
+        return jsonltail.parse_lines(path.read_bytes())
+    except (FileNotFoundError, IsADirectoryError):
+        return []
 
 
 def new_run_id() -> str:
@@ -114,9 +109,15 @@ class RunFolder:
 
     def checkpoints_dir(self, spec: specmod.JobSpec | None = None) -> Path:
         spec = spec or self.spec()
-        return Path(spec.checkpoint.dir).expanduser() / self.id if spec.checkpoint.dir else self.path / "checkpoints"
+        return self.checkpoints_in(spec.checkpoint.dir)
+
+    def checkpoints_in(self, checkpoint_dir: str) -> Path:
+        """The run's checkpoints when `checkpoint.dir` is `checkpoint_dir` ("": in the run folder)."""
+        return Path(checkpoint_dir).expanduser() / self.id if checkpoint_dir else self.path / "checkpoints"
 
     def spec(self, overrides: list[str] | tuple[str, ...] = ()) -> specmod.JobSpec:
+        from . import spec as specmod
+
         return specmod.load(self.job_toml, list(overrides))
 
     # ---- state.json (control plane)
@@ -208,6 +209,8 @@ def job_folder(spec: specmod.JobSpec) -> Path:
 
 def create_run(spec: specmod.JobSpec, executor: Executor, run_id: str | None = None) -> RunFolder:
     """Make the folder for a new run and write its resolved, redacted job.toml."""
+    from . import spec as specmod
+
     run = RunFolder(job_folder(spec) / (run_id or new_run_id()))
     run.path.mkdir(parents=True, exist_ok=False)
     for sub in ("submitit", "logs", "nodes"):

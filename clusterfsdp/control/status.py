@@ -5,11 +5,12 @@ Slurm is asked once per refresh for all runs together."""
 
 from __future__ import annotations
 
+import math
+import tomllib
 from dataclasses import dataclass, field
 
-from . import ckptfolder, procs, slurmcli
-from . import spec as specmod
-from .records import Attempt, Cause, Event, EventKind, Executor, RunState, TrackerIds
+from . import ckptfolder, jsonltail, procs, slurmcli
+from .records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from .runfolder import RunFolder
 
 # The final record of an attempt -> the run state it means.
@@ -23,6 +24,13 @@ _END_STATES = {
     EventKind.AUTO_RESTART: RunState.REQUEUED,
     EventKind.STOPPED: RunState.CANCELLED,
 }
+# Ends after which the job does not run training again under its id: while Slurm still says
+# RUNNING, the batch script's `after` step is classifying the end (and may queue the next job).
+# A requeue is not among them: the next incarnation runs under the same id.
+_WRAPPING_UP = {
+    EventKind.COMPLETED, EventKind.STOPPED, EventKind.FAILED, EventKind.GAVE_UP, EventKind.AUTO_RESTART,
+    EventKind.FOLLOW_UP,
+}  # fmt: skip
 # Which record says how an incarnation ended, most telling first: the batch script's verdict on
 # a failure, Slurm's own requeue, the workers' decision, then the first rank that failed.
 _END_ORDER = (
@@ -72,6 +80,7 @@ class RunStatus:
     reason: str = ""
     job_id: str = ""
     executor: str = ""
+    created: float | None = None  # when the run folder was made (state.json)
     step: int | None = None
     steps: int | None = None
     loss: float | None = None
@@ -83,14 +92,18 @@ class RunStatus:
     trackers: TrackerIds = field(default_factory=TrackerIds)
     eval_loss: float | None = None
     eval_step: int | None = None
+    eval_ppl: float | None = None
 
 
 @dataclass(frozen=True)
-class Progress:
+class LastLogged:
+    """The newest training row of metrics.jsonl (step, loss) and the newest evaluation."""
+
     step: int | None = None
     loss: float | None = None
     eval_step: int | None = None
     eval_loss: float | None = None
+    eval_ppl: float | None = None
 
 
 def attempt_alive(attempt: Attempt) -> bool:
@@ -98,44 +111,111 @@ def attempt_alive(attempt: Attempt) -> bool:
     return attempt.leader is not None and procs.group_alive(attempt.leader)
 
 
-def _progress(run: RunFolder) -> Progress:
-    """The last row's step and loss, and the last evaluation's."""
-    rows = run.metrics()
-    if not rows:
-        return Progress()
-    evals = [r for r in rows if r.get("eval_loss") is not None]
-    last_eval = evals[-1] if evals else {}
-    return Progress(rows[-1].get("step"), rows[-1].get("loss"), last_eval.get("step"), last_eval.get("eval_loss"))
+def _number(row: dict | None, key: str) -> float | None:
+    value = (row or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _checkpoint_steps(run: RunFolder) -> list[int]:
+def _step(row: dict) -> bool:
+    return type(row.get("step")) is int
+
+
+def _has(row: dict, key: str) -> bool:
+    return _step(row) and _number(row, key) is not None
+
+
+def last_logged(run: RunFolder) -> LastLogged:
+    """The newest row with a step, the newest with a loss and the newest with an eval_loss, read from the end of
+    metrics.jsonl (a bounded read: `runs` over thousands of long runs reads only their tails).
+    Values of the wrong type (a damaged or foreign row) read as absent."""
+    last, trained, evaluated = jsonltail.newest(
+        run.metrics_file, [_step, lambda r: _has(r, "loss"), lambda r: _has(r, "eval_loss")]
+    )
+    eval_loss = _number(evaluated, "eval_loss")
+    return LastLogged(
+        last["step"] if last else None,
+        _number(trained, "loss"),
+        evaluated["step"] if evaluated else None,
+        eval_loss,
+        _number(evaluated, "eval_ppl") or (math.exp(min(eval_loss, 700)) if eval_loss is not None else None),
+    )
+
+
+@dataclass(frozen=True)
+class ListedJob:
+    """The two keys of a run's job.toml that its status needs: train.steps and checkpoint.dir.
+    Read with tomllib alone, not through the spec: the run folder's job.toml is a complete dump
+    of the spec (spec.dumps writes every key), and loading and checking the whole spec for each
+    listed run cost most of `runs` and made `status` import the schema (bench/startup_bench.py).
+    A damaged or hand-edited job.toml gives None and '' (listing goes on)."""
+
+    steps: int | None = None
+    checkpoint_dir: str = ""
+
+    @classmethod
+    def read(cls, run: RunFolder) -> ListedJob:
+        try:
+            tables = _tables(run.job_toml.read_bytes().decode(), ("train", "checkpoint"))
+        except (OSError, ValueError):
+            return cls()
+        steps, folder = tables["train"].get("steps"), tables["checkpoint"].get("dir", "")
+        return cls(steps if type(steps) is int else None, folder if isinstance(folder, str) else "")
+
+
+def _tables(text: str, names: tuple[str, ...]) -> dict[str, dict]:
+    """The top-level tables `names` of a TOML document as tomli_w writes it (a table starts with
+    its `[name]` line), each parsed on its own: parsing all of job.toml for two keys was most of
+    the time `runs` spent per run. ValueError if one does not parse."""
+    chunks: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("["):
+            current = chunks.setdefault(line.strip()[1:-1], []) if line.strip()[1:-1] in names else None
+        elif current is not None:
+            current.append(line)
+    return {name: tomllib.loads("\n".join(chunks.get(name, []))) for name in names}
+
+
+def _checkpoint_steps(run: RunFolder, job: ListedJob) -> list[int]:
     try:
-        return [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_dir())]
-    except specmod.SpecError:  # a hand-edited job.toml must not break listing
+        return [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_in(job.checkpoint_dir))]
+    except (OSError, ValueError):  # an unreadable folder or metadata file must not break listing
         return []
 
 
-def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) -> RunStatus:
-    """State of one run. `queue` is a pre-fetched {job id: row} (see `statuses`)."""
-    record = run.record()
-    progress = _progress(run)
+def _read_record(run: RunFolder) -> RunRecord | RecordError:
     try:
-        steps = run.spec().train.steps
-    except Exception:  # a hand-edited job.toml must not break listing
-        steps = None
+        return RunRecord.read(run.state_file)
+    except RecordError as e:
+        return e
+
+
+def run_status(
+    run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None, record: RunRecord | RecordError | None = None
+) -> RunStatus:
+    """State of one run. `queue` is a pre-fetched {job id: row}, `record` its state.json as read
+    already (see `statuses`). A run whose state.json cannot be read is UNREADABLE, with the
+    reason: listing goes on past it."""
+    record = _read_record(run) if record is None else record
+    if isinstance(record, RecordError):
+        return RunStatus(run, RunState.UNREADABLE, str(record))
+    progress = last_logged(run)
+    job = ListedJob.read(run)
     st = RunStatus(
         run,
         RunState.PREPARED,
         executor=record.executor,
+        created=record.created,
         step=progress.step,
-        steps=steps,
+        steps=job.steps,
         loss=progress.loss,
         attempts=record.attempts,
         eval_loss=progress.eval_loss,
         eval_step=progress.eval_step,
+        eval_ppl=progress.eval_ppl,
     )
     events = run.events()
-    st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run), run.tracker_ids()
+    st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run, job), run.tracker_ids()
     st.notes = [f"step {e.step}: {e.reason}" for e in events if e.event is EventKind.CHECKPOINT_FALLBACK and e.reason]
     warnings = [e for e in events if e.event is EventKind.WARNING]
     if warnings:
@@ -159,6 +239,10 @@ def run_status(run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None) 
                 st.reason = str(e)
         if row is not None:
             slurm_state = RunState.parse(row.state)
+            if slurm_state is RunState.RUNNING and end is not None and end.event in _WRAPPING_UP:
+                st.state = RunState.COMPLETING
+                st.reason = f"the workers ended ({end.describe()}); the batch script's last step is running"
+                return st
             if slurm_state.live:
                 st.state, st.reason = slurm_state, ("" if row.reason in ("None", "") else row.reason)
                 return st
@@ -198,7 +282,8 @@ def _reason(end: AttemptEnd | None, row: slurmcli.JobRow, state: RunState) -> st
 
 def statuses(run_list: list[RunFolder]) -> tuple[list[RunStatus], str]:
     """Status of many runs with one squeue (+ one sacct) call; returns (rows, Slurm error or '')."""
-    lasts = [r.record().last for r in run_list]
+    records = [_read_record(r) for r in run_list]
+    lasts = [r.last for r in records if isinstance(r, RunRecord)]
     ids = [a.job_id for a in lasts if a is not None and a.executor is Executor.SLURM]
     queue: dict[str, slurmcli.JobRow] = {}
     error = ""
@@ -207,4 +292,4 @@ def statuses(run_list: list[RunFolder]) -> tuple[list[RunStatus], str]:
             queue = slurmcli.job_states(ids)
         except slurmcli.SlurmError as e:
             error = str(e)
-    return [run_status(r, queue) for r in run_list], error
+    return [run_status(r, queue, record) for r, record in zip(run_list, records, strict=True)], error

@@ -1,0 +1,90 @@
+"""What `status` says of a run in the moments the folder and Slurm disagree, and what it reads.
+
+The Slurm job table is handed to `status.run_status` as `statuses()` hands it (one squeue for all
+runs): rows as squeue prints them, so no controller is needed to set up the seconds between the
+workers' last record and the batch script's end (the devcluster tests cover the real sequence).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tui_helpers import T0, make_run
+
+from clusterfsdp import cli
+from clusterfsdp.control import jsonout, logs, status
+from clusterfsdp.control.records import Event, EventKind, Executor, RunState
+from clusterfsdp.control.slurmcli import JobRow
+
+
+def test_a_slurm_job_still_running_after_its_workers_completed_is_completing(tmp_path):
+    """The batch script's `after` step runs once srun returned: Slurm says RUNNING, the folder
+    says completed. `status` says COMPLETING (one field for a script to wait on), still live."""
+    run = make_run(tmp_path, executor="slurm", job_id="77", end="completed")
+    st = status.run_status(run, {"77": JobRow("77", "RUNNING", "None")})
+    assert st.state is RunState.COMPLETING and st.state.live and not st.state.final
+    assert st.reason == "the workers ended (completed); the batch script's last step is running"
+    doc = json.loads(jsonout.document(st))
+    assert doc["state"] == "COMPLETING" and doc["live"] is True
+    assert status.run_status(run, {}).state is RunState.COMPLETED  # once the job has left the queue
+
+
+def test_a_requeued_job_running_again_is_running_not_completing(tmp_path):
+    """After a requeue the next incarnation runs under the same job id before it writes `start`:
+    the previous incarnation's end says nothing of it."""
+    run = make_run(tmp_path, executor="slurm", job_id="78", end="requeued")
+    assert status.run_status(run, {"78": JobRow("78", "RUNNING", "None")}).state is RunState.RUNNING
+    run.append_event(Event(EventKind.START, "78", 1, 0, "node1", T0 + 100))
+    run.append_event(Event(EventKind.FAILED, "78", 1, 0, "node1", T0 + 120, reason="boom"))
+    st = status.run_status(run, {"78": JobRow("78", "RUNNING", "None")})
+    assert st.state is RunState.COMPLETING and st.reason.startswith("the workers ended (failed: boom)")
+
+
+def test_status_reads_the_last_training_row_and_the_last_evaluation(tmp_path):
+    run = make_run(tmp_path, steps=40, logged=40, eval_every=20)
+    st = status.run_status(run)
+    assert (st.step, st.loss) == (40, 2.5)
+    assert (st.eval_step, round(st.eval_loss or 0, 6), st.eval_ppl) == (40, 2.8, 10.0)
+    doc = json.loads(jsonout.document(st))
+    assert (doc["eval_step"], round(doc["eval_loss"], 6), doc["eval_ppl"]) == (40, 2.8, 10.0)
+
+
+def test_status_finds_an_old_evaluation_behind_many_training_rows(tmp_path):
+    """The last evaluation may lie thousands of rows back; it is found reading backwards, and a
+    row without eval_ppl gets exp(eval_loss)."""
+    run = make_run(tmp_path, steps=10, logged=0)
+    rows = [{"step": 1, "eval_loss": 1.0}] + [{"step": s, "loss": 0.5} for s in range(2, 20_000)]
+    run.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    st = status.run_status(run)
+    assert (st.step, st.loss, st.eval_step, st.eval_loss) == (19_999, 0.5, 1, 1.0)
+    assert abs((st.eval_ppl or 0) - 2.718281828) < 1e-6
+
+
+def test_following_a_new_attempt_starts_at_it_and_names_each_attempt(tmp_path):
+    """`resume --follow` / `submit --follow`: the previous attempt's log is not replayed (it looked
+    like a restart), and each log followed (the new attempt, then its requeue) starts with a banner."""
+    run = make_run(tmp_path, job_id="1001", ranks=1, log_lines=5)
+    run.add_attempt("1002", Executor.LOCAL, "resume from step 40")
+    calls = []
+
+    def done() -> bool:
+        calls.append(1)
+        if len(calls) <= 2:
+            log = run.log_path("1002", len(calls) - 1, 0)
+            log.parent.mkdir(parents=True)
+            log.write_text(f"attempt line {len(calls)}\n")
+            os.utime(log.parent, (T0 + 1000 * len(calls),) * 2)
+            return False
+        return True
+
+    text = "".join(logs.follow(run, 0, done, poll_s=0.01, job_id="1002"))
+    assert text == "==> 1002.0 (rank0.log) <==\nattempt line 1\n==> 1002.1 (rank0.log) <==\nattempt line 2\n"
+
+
+def test_logs_of_an_empty_rank_log_says_so(tmp_path, capsys):
+    run = make_run(tmp_path, ranks=2)
+    run.log_path("1001", 0, 1).write_text("")
+    assert cli.main(["logs", run.id, "--rank", "1", "--run-root", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and f"run {run.id}: rank 1's log is empty so far" in out.err
