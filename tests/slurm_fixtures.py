@@ -8,10 +8,19 @@ here for type hints only (importing the fixture into a module would make a secon
 up it brings it up (and takes it down again at the end of the session, unless
 CFDC_KEEP=1). It never skips: no root, no packages or a daemon that will not start is a
 test failure, with the script's output in the message.
+
+Every test that uses the cluster (marked ``slurm`` or asking for ``slurm_cluster``) also gets
+``_slurm_test_jobs`` (autouse): whatever happens in the test (a failed assertion, its own
+timeout), every job it queued is cancelled afterwards and the nodes are idle again before the
+next test starts, so one broken test cannot hold the nodes and fail every later one. The test's
+waits are bounded by its pytest timeout: ``time_left()`` is what remains of it, less what that
+cleanup needs (``bounded(s)`` caps a wait), so a wait that runs out fails the test with the name
+of what it waited for instead of pytest-timeout killing it mid-wait.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import subprocess
@@ -69,14 +78,16 @@ class SlurmCluster(devcluster.DevClusterInfo):
         return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
 
     def wait_for(self, what: str, predicate: Callable[[], T], timeout: float = 30, interval: float = 0.1) -> T:
-        """Poll predicate() (sleeping `interval`) until it returns something truthy."""
+        """Poll predicate() (sleeping `interval`) until it returns something truthy, for at most
+        `timeout` seconds or what the running test has left (`time_left`)."""
+        timeout = bounded(timeout)
         deadline = time.monotonic() + timeout
         while True:
             value = predicate()
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
             time.sleep(interval)
 
     def wait_sacct_rows(
@@ -132,3 +143,98 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     finally:
         if started and os.environ.get("CFDC_KEEP") != "1":
             _script("down", timeout=120)
+
+
+# ---------------------------------------------------------------- each Slurm test's jobs and time budget
+CLEANUP_S = 90.0  # the cleanup below: scancel, KillWait (2 s here), the nodes idle again; room to spare
+_STARTED = pytest.StashKey[float]()
+_deadline: float | None = None  # when the running Slurm test's waits must have ended (monotonic)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """pytest-timeout counts from here (setup, call and teardown): remember when."""
+    item.stash[_STARTED] = time.monotonic()
+
+
+def time_left() -> float:
+    """Seconds the running Slurm test may still wait (inf outside one)."""
+    return math.inf if _deadline is None else max(0.0, _deadline - time.monotonic())
+
+
+def bounded(timeout: float) -> float:
+    """A wait of `timeout` seconds cut to what the running test has left."""
+    return min(timeout, time_left())
+
+
+def _test_timeout(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    value = (marker.args[0] if marker.args else marker.kwargs.get("timeout")) if marker else None
+    if value is None:  # pytest-timeout's --timeout, else its ini setting
+        value = item.config.getoption("timeout", None) or item.config.getini("timeout")
+    return float(value) if value else math.inf
+
+
+def queued_jobs(cluster: SlurmCluster) -> set[str]:
+    """Ids of every job in the queue (pending, running, completing). Retried for a while: a test
+    that failed during a controller fault may leave slurmctld restarting."""
+    deadline = time.monotonic() + 60
+    while True:
+        proc = cluster.run(["squeue", "-h", "-o", "%i"], check=False)
+        if proc.returncode == 0:
+            return set(proc.stdout.split())
+        if time.monotonic() > deadline:
+            raise AssertionError(f"squeue failed for 60 s: {proc.stderr.strip()}")
+        time.sleep(1)
+
+
+def node_states(cluster: SlurmCluster) -> dict[str, str]:
+    proc = cluster.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
+    return dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
+
+
+def cancel_jobs_since(cluster: SlurmCluster, before: set[str], timeout: float = CLEANUP_S - 10) -> None:
+    """scancel every queued job that was not in `before` until none has appeared for 3 s (a
+    batch script or a rank may submit a next attempt while it is being cancelled), then wait for
+    every node to be idle."""
+    deadline = time.monotonic() + timeout
+    quiet_since: float | None = None
+    cancelled: set[str] = set()
+    while True:
+        new = queued_jobs(cluster) - before
+        now = time.monotonic()
+        if new:
+            cluster.run(["scancel", *sorted(new)], check=False)
+            cancelled |= new
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = now
+        states = node_states(cluster)
+        settled = {"idle"} if not before else {"idle", "mixed", "allocated"}  # jobs from before may run
+        if quiet_since is not None and now - quiet_since >= 3 and set(states.values()) <= settled:
+            return
+        if now > deadline:
+            raise AssertionError(
+                f"after the test, its jobs {sorted(cancelled)} were cancelled but after {timeout:.0f} s "
+                f"jobs {sorted(new)} are still queued and the nodes are {states}"
+            )
+        time.sleep(0.5)
+
+
+@pytest.fixture(autouse=True)
+def _slurm_test_jobs(request: pytest.FixtureRequest) -> Iterator[None]:
+    """For a test that uses the devcluster: bound its waits by its timeout, and cancel whatever
+    it queued when it ends, however it ends (the jobs it queued: those not in the queue before)."""
+    global _deadline
+    item = request.node
+    if not (item.get_closest_marker("slurm") or "slurm_cluster" in request.fixturenames):
+        yield
+        return
+    cluster: SlurmCluster = request.getfixturevalue("slurm_cluster")
+    before = queued_jobs(cluster)
+    _deadline = item.stash.get(_STARTED, time.monotonic()) + _test_timeout(item) - CLEANUP_S
+    try:
+        yield
+    finally:
+        _deadline = None
+        cancel_jobs_since(cluster, before)

@@ -415,10 +415,20 @@ def test_namespaces_are_isolated(slurm_cluster: SlurmCluster) -> None:
 
 @slurm
 def test_plain_sbatch_finds_the_cluster(slurm_cluster: SlurmCluster) -> None:
+    """Without /etc/slurm/slurm.conf (or with one devcluster.sh wrote), `up` installs its own, so
+    plain sinfo finds the cluster; someone else's is left alone (written before this bring-up,
+    still not ours), and env.sh's SLURM_CONF finds the cluster either way (docs/devcluster.md)."""
     etc = Path("/etc/slurm/slurm.conf")
     ours = etc.is_file() and "clusterfsdp-devcluster" in etc.read_text().splitlines()[0]
-    if etc.exists() and not ours:
-        # someone else's slurm.conf: devcluster.sh must have left it alone
+    sourced = subprocess.run(
+        ["bash", "-c", f". {slurm_cluster.state / 'env.sh'} && sinfo -h -o %P"],
+        env={k: v for k, v in os.environ.items() if k != "SLURM_CONF"},
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert sourced.returncode == 0 and sourced.stdout.split() == PARTITIONS, sourced.stdout + sourced.stderr
+    if etc.exists() and not ours:  # someone else's slurm.conf: devcluster.sh must have left it alone
+        assert etc.stat().st_mtime < slurm_cluster.slurm_conf.stat().st_mtime, "rewritten during our bring-up"
+        assert str(slurm_cluster.state) not in etc.read_text()
         return
     assert ours, "devcluster.sh up should have installed /etc/slurm/slurm.conf"
     assert etc.read_text() == slurm_cluster.slurm_conf.read_text()

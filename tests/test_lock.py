@@ -20,25 +20,40 @@ import sys, time
 from pathlib import Path
 from clusterfsdp.control.lock import FileLock, LockHeld
 path, start = Path(sys.argv[1]), float(sys.argv[2])
+release = Path(sys.argv[3]) if len(sys.argv) > 3 else None
 while time.time() < start:
     pass
 try:
     FileLock(path, "race").acquire()
     print("got", flush=True)
-    time.sleep(1.5)
+    if release is None:
+        time.sleep(1.5)
+    else:  # hold it (alive) until every other process has tried, then exit without releasing
+        deadline = time.time() + 120
+        while not release.exists() and time.time() < deadline:
+            time.sleep(0.05)
 except LockHeld as e:
     print("held", e.owner.purpose if e.owner else None, flush=True)
 """
 
 
 def test_of_many_concurrent_processes_exactly_one_gets_the_lock(tmp_path: Path):
-    path = tmp_path / "run.lock"
+    """Six processes start spinning at once. The winner stays alive until every other one has
+    answered: a straggler that started late (a loaded machine) must meet a live owner, not the
+    stale lock of a winner that already exited, which it would rightly break."""
+    path, release = tmp_path / "run.lock", tmp_path / "release"
     start = time.time() + 1.0
     ps = [
-        subprocess.Popen([sys.executable, "-c", RACE, str(path), str(start)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", RACE, str(path), str(start), str(release)], stdout=subprocess.PIPE, text=True
+        )
         for _ in range(6)
     ]
-    outs = [p.communicate(timeout=60)[0].strip() for p in ps]
+    try:
+        firsts = [p.stdout.readline().strip() if p.stdout else "" for p in ps]  # "got" or "held ..."
+    finally:
+        release.touch()
+    outs = [first + p.communicate(timeout=60)[0].strip() for first, p in zip(firsts, ps, strict=True)]
     assert sorted(outs) == ["got"] + ["held race"] * 5, outs
 
 

@@ -137,9 +137,18 @@ def test_slurm_error_lines_name_the_command_once(tmp_path, monkeypatch):
 @pytest.mark.slurm
 def test_sinfo_against_the_devcluster(slurm_cluster, monkeypatch):
     """The real sinfo of the test cluster (Slurm 22.05): the format is accepted and every
-    partition, node, CPU and (configured, fake) GPU is accounted for."""
+    partition, node, CPU and (configured, fake) GPU is accounted for: each partition spans every
+    node (slurm/slurm.conf.in: Nodes=ALL), each with the CPUs and `gpu` GRES that devcluster.sh
+    configured (CFDC_CPUS, CFDC_GPUS: slurm/gres.conf.in), so a parser that finds no GPU fails."""
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.slurm_conf))
     found = P.query_partitions()
-    assert found and sum(p.default for p in found) == 1
+    assert [p.name for p in found] == ["debug", "low", "high"]
+    assert [p.name for p in found if p.default] == [slurm_cluster.partition]
+    nodes = len(slurm_cluster.nodes)
+    assert slurm_cluster.gpus_per_node >= 1 and slurm_cluster.cpus_per_node >= 1
     for p in found:
-        assert p.up and p.nodes_total >= 1 and p.cpus_total >= p.cpus_free >= 0 and p.gpus_total >= p.gpus_free >= 0
+        assert p.up and p.nodes_total == nodes, p
+        assert p.gpus_total == nodes * slurm_cluster.gpus_per_node, p
+        assert p.gpus_max_per_node == slurm_cluster.gpus_per_node, p
+        assert p.cpus_total == nodes * slurm_cluster.cpus_per_node, p
+        assert p.cpus_total >= p.cpus_free >= 0 and p.gpus_total >= p.gpus_free >= 0, p

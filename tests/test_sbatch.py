@@ -120,7 +120,8 @@ def test_allowed_special_characters_do_not_execute(tmp_path):
     """Runs the rendered script with bash, with `srun` on PATH replaced by a stub that records its
     argv (the boundary: no Slurm needed to check the shell semantics of the script). Every
     character the allowlist lets through that means something to a shell (& | * ( ) [ ] : = @ %)
-    is in a value here; tests/test_slurm_e2e.py checks the same values against real sbatch."""
+    is in a value here; tests/test_slurm_e2e.py (test_sbatch_parses_every_allowlisted_value_as_rendered)
+    sends values with the same characters through `submit --dry-run` and the real sbatch's parser."""
     marker = tmp_path / "PWNED"
     job = JOB.replace('"h100&ib"', '"(h100&ib)|[a100*2]"').replace(
         'reservation = "big"', 'reservation = "big", exclude = "node[3-4]", "mail-user" = "me@x.org%"'

@@ -163,5 +163,9 @@ def test_a_job_cancelled_while_being_requeued_is_not_live(slurm_cluster, monkeyp
     slurm_cluster.run(["scontrol", "requeue", job])
     slurm_cluster.run(["scancel", job])
     slurm_cluster.wait_for("the job to leave the queue", lambda: slurm_cluster.squeue_state(int(job)) == "", 60)
-    assert slurm_cluster.sacct_attempts(job)[-1] == "REQUEUED"  # what accounting keeps
+    # slurmdbd records states after the controller: wait until it has recorded the requeue (rows
+    # RUNNING until then), then its last record must stay REQUEUED (what accounting keeps)
+    rows = slurm_cluster.wait_sacct_rows(job, lambda r: "REQUEUED" in r, "the requeue recorded")
+    assert rows[-1] == "REQUEUED", rows
     assert slurmcli.job_states([job])[job].state == "CANCELLED"
+    assert slurm_cluster.sacct_attempts(job)[-1] == "REQUEUED"  # still, after the controller said CANCELLED
