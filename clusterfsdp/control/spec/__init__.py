@@ -28,7 +28,7 @@ from .codec import (
     to_dict,
 )
 from .docs import describe_schema, key_paths, starter_toml
-from .paths import load, looks_like_hub_id, with_absolute_paths
+from .paths import load, looks_like_hub_id, read_job_file, with_absolute_paths
 from .schema import (
     SECTIONS,
     CheckpointSection,
@@ -86,6 +86,7 @@ __all__ = [
     "looks_like_hub_id",
     "parse_time_minutes",
     "plain",
+    "read_job_file",
     "render_key",
     "render_value",
     "secret_env",
