@@ -6,9 +6,12 @@ small eval set's shortfall of `eval.batches` is said. Real prepared data, real w
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
+import pytest
+from data_helpers import documents, job
 from procs import CORPUS, run_workers
 
 from clusterfsdp.control import runfolder
@@ -16,6 +19,7 @@ from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Executor
 from clusterfsdp.data import checks, samples
 from clusterfsdp.data import prepare as dataprep
+from clusterfsdp.data.sources import DataError
 
 DEMO = CORPUS.parents[1] / "tiny-cpu.toml"
 
@@ -73,3 +77,49 @@ def test_data_too_small_for_a_batch_and_an_eval_batch_is_refused_before_queueing
         "batch plus one evaluation batch (eval.fraction) = 16 samples"
     ]
     assert checks.problems(demo(tmp_path, "data.seq_len=1024", "train.micro_batch_size=4")) == []  # no eval: fits
+
+
+def dataset_dict(path: Path, train: list[str], test: list[str]) -> Path:
+    import datasets
+
+    train_ds = datasets.Dataset.from_list([{"text": t} for t in train])
+    test_ds = datasets.Dataset.from_list([{"text": t} for t in test])
+    datasets.DatasetDict({"train": train_ds, "test": test_ds}).save_to_disk(str(path))
+    return path
+
+
+TRAIN_DOCS = [d for d in documents(80) if len(d) >= 150]
+
+
+def test_an_eval_set_that_is_the_training_set_is_refused_and_eval_split_reads_another(tmp_path):
+    folder = dataset_dict(tmp_path / "dd", TRAIN_DOCS, ["a held-out document of its own. " * 8, TRAIN_DOCS[3]])
+    same = job(tmp_path, [folder], "bytes", f"eval.paths=[{str(folder)!r}]")
+    message = "eval.paths: the eval data is the training data (the same sources, split and format: prepared key "
+    (problem,) = checks.problems(same)  # before queueing
+    assert problem.startswith(message) and "set eval.split (e.g. 'test' of a DatasetDict folder)" in problem
+    with pytest.raises(DataError, match=re.escape(message)):
+        dataprep.ensure(same, workers=1)
+    assert checks.problems(job(tmp_path, [folder], "bytes", f"eval.paths=[{str(folder)!r}]", "eval.split='dev'")) == [
+        f"eval.paths[0]: {folder}: no split 'dev' (eval.split; it has: train, test)"
+    ]
+
+    spec = job(tmp_path, [folder], "bytes", f"eval.paths=[{str(folder)!r}]", "eval.split='test'")
+    assert checks.problems(spec) == []
+    lines: list[str] = []
+    train, held = dataprep.ensure(spec, lines.append, workers=1)
+    assert train.key != held.key
+    manifest = held.manifest()
+    assert manifest is not None and manifest["documents"] == 2  # the test split
+    warning = "eval.paths: 1 of 2 distinct eval documents are also training documents: their eval loss measures"
+    assert any(warning in line for line in lines), lines
+    assert any(line.startswith(f"warning: {warning}") for line in checks.prepared_state(spec))
+    assert checks.problems(spec) == []  # a warning, not a refusal
+
+
+def test_an_eval_set_with_documents_of_its_own_gives_no_warning(tmp_path):
+    folder = dataset_dict(tmp_path / "dd", TRAIN_DOCS, ["a held-out document of its own. " * 8, "another one. " * 12])
+    spec = job(tmp_path, [folder], "bytes", f"eval.paths=[{str(folder)!r}]", "eval.split='test'")
+    lines: list[str] = []
+    dataprep.ensure(spec, lines.append, workers=1)
+    assert not any("warning" in line for line in lines), lines
+    assert not any(line.startswith("warning") for line in checks.prepared_state(spec))

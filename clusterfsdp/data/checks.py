@@ -11,8 +11,9 @@ import os
 from pathlib import Path
 
 from ..control import spec as specmod
-from .cache import DatasetRef, dataset_refs
+from .cache import DatasetRef, dataset_refs, role_data, same_data_problem
 from .formats import column_problem, first_line, has_chat_template, parse_json_line, utf8_error
+from .overlap import shared_documents
 from .samplesets import (
     batch_problem,
     eval_batches_note,
@@ -70,7 +71,7 @@ def _saved_dataset_problems(source: Source, data: specmod.DataSection) -> list[s
     if (root / "dataset_dict.json").is_file():
         splits = json.loads((root / "dataset_dict.json").read_text()).get("splits", [])
         if data.split not in splits:
-            return [f"{where}: no split {data.split!r} (data.split; it has: {', '.join(splits)})"]
+            return [f"{where}: no split {data.split!r} ({source.split_key}; it has: {', '.join(splits)})"]
         root = root / data.split
     try:
         features = json.loads((root / "dataset_info.json").read_text()).get("features") or {}
@@ -110,7 +111,7 @@ def source_problems(spec: specmod.JobSpec) -> list[str]:
         sources += found
         errors += problems
     for s in sources[:SNIFF_FILES]:
-        errors += sniff(s, spec.data)
+        errors += sniff(s, role_data(spec, "eval" if s.split_key == "eval.split" else "train"))
     return errors + tokenizer_problems(spec.data)
 
 
@@ -152,12 +153,17 @@ def prepared_state(spec: specmod.JobSpec) -> list[str]:
         refs = dataset_refs(spec, budget=VALIDATE_HASH_BYTES)
     except (DataError, OSError) as e:
         return [f"error: {e}"]
+    if problem := same_data_problem(refs):
+        return [f"error: {problem}"]
     out = []
-    for ref in refs:
-        try:
+    try:
+        for ref in refs:
             out += _dataset_state(spec, ref)
-        except DataError as e:  # a cache entry not to trust
-            out.append(f"error: {e}")
+        shared = shared_documents(refs[0], refs[1]) if len(refs) == 2 else None
+    except DataError as e:  # a cache entry not to trust
+        return [*out, f"error: {e}"]
+    if shared is not None and (warning := shared.warning()):
+        out.append(f"warning: {warning}")
     return out
 
 
