@@ -25,7 +25,8 @@ one document: a corpus of a few big files), it holds out *windows* instead: ever
 cut into pieces of seq_len + 1 tokens, and max(fraction of the pieces, one evaluation batch)
 full pieces chosen by the seed are the eval split; every token is still in one split only, but
 eval text then comes from the same documents as training text (the log and `validate` say so).
-Both splits decide the same way, from the same counts.
+Both splits decide the same way, from the same counts, when the job that first builds them
+does (with its batch sizes); later jobs, and resumes on other world sizes, reuse what it built.
 
 The order: sample k of the training order in epoch e is `Permutation(n, seed, e)(k)`, a
 bijection of [0, n) computed on the fly (a 4-round Feistel network with cycle walking), so
@@ -232,7 +233,7 @@ def ensure(ref: DatasetRef, spec: JobSpec, role: str, log) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     padding = f", {100 * meta['padding']:.1f}% padding" if meta["padding"] else ""
-    what = "windows" if meta.get("holdout") == "windows" else "documents"
+    what = f"pieces of {meta['seq_len'] + 1} tokens" if meta.get("holdout") == "windows" else "documents"
     log(
         f"data: {role} samples: {meta['samples']:,} of seq_len {meta['seq_len']} ({meta['packing']} packing, "
         f"{meta['documents']:,} {what}{padding})"
