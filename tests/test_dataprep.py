@@ -204,15 +204,20 @@ def test_an_interrupted_prepare_is_never_used_and_is_continued(tmp_path, bpe):
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    kept = len(list((ref.partial / "shards").glob("[0-9]*.json")))
+    complete = {p.stem for p in (ref.partial / "shards").glob("[0-9]*.json")}
+    kept = len(complete)
     assert ref.manifest() is None and not ref.folder.exists() and kept >= 1
+    written = {name: os.stat(ref.partial / "shards" / f"{name}.tok") for name in complete}
     total = -(-big.stat().st_size // 16384)
     assert kept < total, "the prepare finished before it was killed"
 
     again = _prepare_cli(job_file, "--workers", "1", "--unit-bytes", "16384")
     out = again.communicate(timeout=300)[0]
     assert again.returncode == 0, out
-    assert f"({kept} shards kept)" in out or "shards kept)" in out
+    assert f"({kept} shards kept)" in out
+    for name, before in written.items():  # kept: the same files, not tokenized again
+        after = os.stat(ref.folder / "shards" / f"{name}.tok")
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), name
     assert not ref.partial.exists()
 
     fresh = job(tmp_path / "fresh", [big], str(bpe))
@@ -231,8 +236,10 @@ def test_a_second_preparer_waits_for_the_lock_and_uses_the_result(tmp_path):
     lines: list[str] = []
     t = threading.Thread(target=lambda: dataprep.ensure(spec, lines.append, workers=1))
     t.start()
-    time.sleep(1.0)
-    assert any("waiting for the prepare that holds the lock" in line for line in lines), lines
+    deadline = time.monotonic() + 120
+    while not any("waiting for the prepare that holds the lock" in line for line in lines):
+        assert t.is_alive() and time.monotonic() < deadline, lines
+        time.sleep(0.05)
     assert ref.manifest() is None and t.is_alive()
     holder.release()
     t.join(timeout=60)

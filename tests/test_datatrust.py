@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -130,3 +131,19 @@ def test_a_world_writable_entry_is_refused_and_a_trusted_groups_is_used(tmp_path
     (used,) = dataprep.ensure(victim, workers=1)
     assert used.folder.stat().st_uid == other_user.uid
     assert samples.open_for_training(victim, 0, print).train is not None
+
+
+def test_a_trusted_group_you_are_not_in_is_one_line_not_a_traceback(other_user, shared_root):
+    """`data prepare` run by the other user with $CLUSTERFSDP_TRUSTED_GROUP naming a group it is
+    not in (root): exit 2, one line; nothing prepared."""
+    write_jsonl(shared_root / "d.jsonl", [{"text": d} for d in DOCS])
+    job_file = shared_root / "job.toml"
+    job_file.write_text(f'[data]\nsource = "files"\npaths = ["d.jsonl"]\ncache_dir = "{shared_root / "cache"}"\n')
+    for path in (shared_root / "d.jsonl", job_file):
+        path.chmod(0o644)
+    env = {**os.environ, trust.GROUP_ENV: "root"}
+    done = other_user.run([sys.executable, "-m", "clusterfsdp.data.prepare", str(job_file)], env=env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: ${trust.GROUP_ENV}: cannot give {shared_root / 'cache'} the group root: you are not a member of it"
+    ]

@@ -23,6 +23,7 @@ users, so a file rewritten in place with its old mtime restored is still hashed 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -181,6 +182,7 @@ def dataset_refs(spec: specmod.JobSpec, *, budget: int | None = None, progress=N
         tok_id = f"hf:{tok_hash}" if tok_hash else None
     refs = []
     for role, field, paths in (("train", "data.paths", d.paths), ("eval", "eval.paths", spec.eval.paths)):
+        split = role_data(spec, role).split
         if not paths:
             continue
         sources, errors = local_sources(field, paths)
@@ -195,11 +197,29 @@ def dataset_refs(spec: specmod.JobSpec, *, budget: int | None = None, progress=N
                 "tokenizer": tok_id,
                 "format": d.format,
                 "key": record_key(d),
-                "split": d.split if any(s.is_folder for s in sources) else "",
+                "split": split if any(s.is_folder for s in sources) else "",
             }
             key = text_hash(json.dumps(payload, sort_keys=True))[:24]
         refs.append(DatasetRef(role, tuple(sources), key, root))
     return refs
+
+
+def role_data(spec: specmod.JobSpec, role: str) -> specmod.DataSection:
+    """The [data] section as the train or eval data is read: eval reads eval.split when set."""
+    if role == "eval" and spec.eval.split:
+        return dataclasses.replace(spec.data, split=spec.eval.split)
+    return spec.data
+
+
+def same_data_problem(refs: list[DatasetRef]) -> str | None:
+    """The error line for an eval set that is the training set (the same prepared key)."""
+    keys = {r.role: r.key for r in refs}
+    if keys.get("eval") is None or keys.get("eval") != keys.get("train"):
+        return None
+    return (
+        f"eval.paths: the eval data is the training data (the same sources, split and format: prepared key "
+        f"{keys['eval']}): set eval.split (e.g. 'test' of a DatasetDict folder) or name other data"
+    )
 
 
 def unhashed_bytes(spec: specmod.JobSpec) -> int:

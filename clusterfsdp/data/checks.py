@@ -11,9 +11,19 @@ import os
 from pathlib import Path
 
 from ..control import spec as specmod
-from .cache import DatasetRef, dataset_refs
+from .cache import DatasetRef, dataset_refs, role_data, same_data_problem
 from .formats import column_problem, first_line, has_chat_template, parse_json_line, utf8_error
-from .samplesets import batch_problem, index_meta, sample_roles
+from .overlap import shared_documents
+from .samplesets import (
+    batch_problem,
+    eval_batches_note,
+    eval_samples,
+    held_out_pieces,
+    holdout_note,
+    index_meta,
+    least_windows_problem,
+    sample_roles,
+)
 from .sources import DataError, Source, local_sources, matches, open_binary
 
 SNIFF_BYTES = 1 << 20  # what the checks read of a text file to judge it
@@ -61,7 +71,7 @@ def _saved_dataset_problems(source: Source, data: specmod.DataSection) -> list[s
     if (root / "dataset_dict.json").is_file():
         splits = json.loads((root / "dataset_dict.json").read_text()).get("splits", [])
         if data.split not in splits:
-            return [f"{where}: no split {data.split!r} (data.split; it has: {', '.join(splits)})"]
+            return [f"{where}: no split {data.split!r} ({source.split_key}; it has: {', '.join(splits)})"]
         root = root / data.split
     try:
         features = json.loads((root / "dataset_info.json").read_text()).get("features") or {}
@@ -101,7 +111,7 @@ def source_problems(spec: specmod.JobSpec) -> list[str]:
         sources += found
         errors += problems
     for s in sources[:SNIFF_FILES]:
-        errors += sniff(s, spec.data)
+        errors += sniff(s, role_data(spec, "eval" if s.split_key == "eval.split" else "train"))
     return errors + tokenizer_problems(spec.data)
 
 
@@ -143,28 +153,70 @@ def prepared_state(spec: specmod.JobSpec) -> list[str]:
         refs = dataset_refs(spec, budget=VALIDATE_HASH_BYTES)
     except (DataError, OSError) as e:
         return [f"error: {e}"]
+    if problem := same_data_problem(refs):
+        return [f"error: {problem}"]
     out = []
-    for ref in refs:
-        try:
+    try:
+        for ref in refs:
             out += _dataset_state(spec, ref)
-        except DataError as e:  # a cache entry not to trust
-            out.append(f"error: {e}")
+        shared = shared_documents(refs[0], refs[1]) if len(refs) == 2 else None
+    except DataError as e:  # a cache entry not to trust
+        return [*out, f"error: {e}"]
+    if shared is not None and (warning := shared.warning()):
+        out.append(f"warning: {warning}")
     return out
 
 
 def _dataset_state(spec: specmod.JobSpec, ref: DatasetRef) -> list[str]:
-    """validate's lines about one prepared dataset."""
+    """validate's lines about one prepared dataset (or one that is not prepared yet)."""
     if ref.key is None:
         return [f"{ref.role}: not looked up (sources over {VALIDATE_HASH_BYTES >> 20} MB not fingerprinted yet)"]
     manifest = ref.manifest()
     if manifest is None:
-        return [
+        out = [
             f"{ref.role}: not prepared yet: the job prepares it at start (or `clusterfsdp data prepare`) "
             f"into {ref.folder}"
         ]
+        bound = _byte_tokens(ref.sources, spec) if ref.role == "train" else None
+        if bound is not None:
+            out += _capacity_lines(spec, *bound, documents=len(ref.sources) if bound[1] else None)
+        return out
     out = [f"{ref.role}: prepared, {manifest['tokens']:,} tokens in {manifest['documents']:,} documents ({ref.folder})"]
+    if ref.role == "train":
+        out += _capacity_lines(spec, int(manifest["tokens"]), True, documents=int(manifest["documents"]))
     for role, data_role in sample_roles(spec):
         meta = index_meta(ref, spec, role) if data_role == ref.role else None
-        if meta is not None and (problem := batch_problem(spec, role, int(meta["samples"]))):
+        if meta is None:
+            continue
+        if problem := batch_problem(spec, role, int(meta["samples"])):
             out.append(f"error: {problem}")
+        elif role == "eval":
+            notes = [holdout_note(spec, meta), eval_batches_note(spec, int(meta["samples"]))]
+            out += [f"eval: {note}" for note in notes if note]
     return out
+
+
+def _byte_tokens(sources: tuple[Source, ...], spec: specmod.JobSpec) -> tuple[int, bool] | None:
+    """An upper bound of the tokens of sources not prepared yet, and whether it is exact, where
+    the file sizes tell: the byte tokenizer on uncompressed .txt (exact: its bytes and an EOS)
+    and .jsonl files (fewer: JSON syntax is not text)."""
+    if spec.data.tokenizer != "bytes" or any(s.compression or s.kind not in ("txt", "jsonl") for s in sources):
+        return None
+    txt = sum(s.kind == "txt" for s in sources)
+    return sum(s.size() for s in sources) + txt, txt == len(sources)
+
+
+def _capacity_lines(spec: specmod.JobSpec, tokens: int, exact: bool, documents: int | None) -> list[str]:
+    """An error line when the training data cannot hold the batches the job needs; with a
+    held-out fraction of one document (known exactly), what the held-out split will be."""
+    problem = least_windows_problem(spec, tokens, exact)
+    if problem:
+        return [f"error: {problem}"]
+    if not (exact and documents == 1 and spec.eval.fraction and not spec.eval.paths):
+        return []  # more documents: the index decides (documents or windows) when it is built
+    size = spec.data.seq_len + 1
+    held = held_out_pieces(spec, -(-tokens // size), tokens // size)
+    samples = eval_samples(spec, held)
+    meta = {"holdout": "windows", "documents": held, "of_documents": documents}
+    notes = [holdout_note(spec, meta), eval_batches_note(spec, samples)]
+    return [f"eval: {note}" for note in notes if note]

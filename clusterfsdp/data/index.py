@@ -19,7 +19,14 @@ Tables (`samples.i64`: n + 1 offsets into `segments.i64`: (start, length) rows) 
 meta.json: trust.py), and read with pread.
 
 The held-out split (eval.fraction) is by document: document d is held out when a hash of
-(seed, d) falls below the fraction, so no document is in both splits.
+(seed, d) falls below the fraction, so no document is in both splits. When that leaves fewer
+than one evaluation batch held out, or less than one global batch to train on (one .txt file is
+one document: a corpus of a few big files), it holds out *windows* instead: every document is
+cut into pieces of seq_len + 1 tokens, and max(fraction of the pieces, one evaluation batch)
+full pieces chosen by the seed are the eval split; every token is still in one split only, but
+eval text then comes from the same documents as training text (the log and `validate` say so).
+Both splits decide the same way, from the same counts, when the job that first builds them
+does (with its batch sizes); later jobs, and resumes on other world sizes, reuse what it built.
 
 The order: sample k of the training order in epoch e is `Permutation(n, seed, e)(k)`, a
 bijection of [0, n) computed on the fly (a 4-round Feistel network with cycle walking), so
@@ -39,7 +46,7 @@ import numpy as np
 from ..control.spec import JobSpec
 from . import trust
 from .cache import DatasetRef
-from .samplesets import index_id, index_meta
+from .samplesets import held_out_pieces, holdout_note, index_id, index_meta, per_batch
 from .shards import document_starts
 
 M64 = (1 << 64) - 1
@@ -94,14 +101,41 @@ def _uniform(seed: int, n: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- building
-def _split_documents(starts: np.ndarray, total: int, spec: JobSpec, role: str) -> tuple[np.ndarray, np.ndarray]:
-    """(start, length) of the documents in this split, in stream order."""
+def _least_samples(lengths: np.ndarray, spec: JobSpec) -> int:
+    """A lower bound of the samples these documents give (exact for concat)."""
+    if spec.packing == "concat":
+        return max(0, (int(lengths.sum()) - 1) // spec.data.seq_len)
+    return int(np.maximum(lengths - 1, 0).sum()) // spec.data.seq_len
+
+
+def _pieces(starts: np.ndarray, lengths: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every document cut into pieces of `size` tokens (its last one shorter): starts, lengths."""
+    count = -(-lengths // size)
+    doc = np.repeat(np.arange(len(starts)), count)
+    k = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    return starts[doc] + k * size, np.minimum(size, lengths[doc] - k * size)
+
+
+def _split_documents(starts: np.ndarray, total: int, spec: JobSpec, role: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """(start, length) of the documents (or pieces) in this split, in stream order, and how the
+    split was made: '' (no held-out split), 'documents' or 'windows'."""
     lengths = np.diff(np.append(starts, total))
-    if spec.eval.fraction and not spec.eval.paths:
-        held = _uniform(spec.job.seed, len(starts)) < spec.eval.fraction
+    if not spec.eval.fraction or spec.eval.paths:
+        return starts, lengths, ""
+    held = _uniform(spec.job.seed, len(starts)) < spec.eval.fraction
+    if _least_samples(lengths[held], spec) >= per_batch(spec, "eval") and _least_samples(
+        lengths[~held], spec
+    ) >= per_batch(spec, "train"):
         keep = held if role == "eval" else ~held
-        return starts[keep], lengths[keep]
-    return starts, lengths
+        return starts[keep], lengths[keep], "documents"
+    starts, lengths = _pieces(starts, lengths, spec.data.seq_len + 1)
+    full = np.flatnonzero(lengths == spec.data.seq_len + 1)
+    k = held_out_pieces(spec, len(starts), len(full))
+    held = np.zeros(len(starts), bool)
+    if k:
+        held[full[np.argpartition(_uniform(spec.job.seed + 1, len(full)), k - 1)[:k]]] = True
+    keep = held if role == "eval" else ~held
+    return starts[keep], lengths[keep], "windows"
 
 
 def _concat_table(starts: np.ndarray, lengths: np.ndarray, seq: int) -> tuple[np.ndarray, np.ndarray]:
@@ -162,8 +196,8 @@ def build(dataset: Path, out: Path, manifest: dict[str, Any], spec: JobSpec, rol
     if spec.packing == "concat" and not holdout:
         samples = max(0, (total - 1) // seq)
         return {**meta, "kind": "window", "samples": samples, "documents": manifest["documents"], "tokens": total}
-    starts, lengths = _split_documents(document_starts(dataset, manifest), total, spec, role)
-    meta.update(documents=len(starts), tokens=int(lengths.sum()))
+    starts, lengths, how = _split_documents(document_starts(dataset, manifest), total, spec, role)
+    meta.update(documents=len(starts), tokens=int(lengths.sum()), holdout=how, of_documents=manifest["documents"])
     if spec.packing == "concat":
         offsets, segments = _concat_table(starts, lengths, seq)
     else:
@@ -199,8 +233,11 @@ def ensure(ref: DatasetRef, spec: JobSpec, role: str, log) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     padding = f", {100 * meta['padding']:.1f}% padding" if meta["padding"] else ""
+    what = f"pieces of {meta['seq_len'] + 1} tokens" if meta.get("holdout") == "windows" else "documents"
     log(
         f"data: {role} samples: {meta['samples']:,} of seq_len {meta['seq_len']} ({meta['packing']} packing, "
-        f"{meta['documents']:,} documents{padding})"
+        f"{meta['documents']:,} {what}{padding})"
     )
+    if role == "eval" and (note := holdout_note(spec, meta)):
+        log(f"data: {note}")
     return meta

@@ -27,8 +27,8 @@ from typing import Any
 
 from ..control import spec as specmod
 from ..control.lock import FileLock, LockHeld
-from . import index, trust
-from .cache import FORMAT_VERSION, DatasetRef, cache_root, dataset_refs, unhashed_bytes
+from . import index, overlap, trust
+from .cache import FORMAT_VERSION, DatasetRef, cache_root, dataset_refs, role_data, same_data_problem, unhashed_bytes
 from .checks import source_problems
 from .pool import cpu_count, tokenize
 from .readers import Task
@@ -113,14 +113,15 @@ def build(
     workers = workers or cpu_count()
     if all(s.kind in ("txt", "jsonl") and not s.compression for s in ref.sources):
         workers = min(workers, -(-total // unit_bytes))
-    task = Task(spec.data, ref.sources, str(shards), str(ref.root))
+    data = role_data(spec, ref.role)
+    task = Task(data, ref.sources, str(shards), str(ref.root))
     log(
         f"data: preparing {ref.role} data ({len(ref.sources)} source(s), {total / 1e6:,.1f} MB) with "
         f"{max(1, workers)} process(es) into {ref.folder}" + (f" ({len(done)} shards kept)" if done else "")
     )
     progress = ByteProgress(f"tokenizing {ref.role} data", total, log, interactive)
     try:
-        tokenize(task, plan(ref.sources, spec.data, ref.root, unit_bytes), done, workers, progress.advance)
+        tokenize(task, plan(ref.sources, data, ref.root, unit_bytes), done, workers, progress.advance)
     except DataError:
         shutil.rmtree(partial, ignore_errors=True)  # this content can never complete
         raise
@@ -226,6 +227,8 @@ def ensure(
     finally:
         if progress is not None:
             progress.close()
+    if problem := same_data_problem(refs):
+        raise DataError(problem)
     trust.mkdirs(root)
     for ref in refs:
         if ref.manifest() is None:
@@ -243,6 +246,10 @@ def ensure(
         problem = batch_problem(spec, role, int(meta["samples"]))
         if problem:
             raise DataError(problem)
+    if "eval" in by_role:
+        shared = overlap.shared_documents(by_role["train"], by_role["eval"])
+        if shared is not None and (warning := shared.warning()):
+            log(f"data: warning: {warning}")
     return refs
 
 

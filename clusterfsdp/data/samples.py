@@ -29,7 +29,7 @@ from ..control.spec import JobSpec
 from ..worker.loss import IGNORE_INDEX
 from . import trust
 from .index import Permutation
-from .samplesets import index_id, sample_roles
+from .samplesets import eval_batches_note, index_id, sample_roles
 from .shards import shard_offsets
 from .sources import DataError
 
@@ -283,5 +283,7 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
         index = index_id(spec, role)
         opened[role] = PreparedSamples(Path(folders[data_role]), index, spec.data.seq_len, spec.job.seed, role)
     train, held = opened["train"], opened.get("eval")
+    if rank == 0 and held is not None and (note := eval_batches_note(spec, held.count)):
+        log(f"data: {note}")
     max_id = max(int(s.manifest["max_id"]) for s in opened.values())
     return TrainingData(train, held, int(train.manifest["vocab_size"]), max_id, Path(folders["train"]).name)

@@ -6,6 +6,7 @@ the index it builds (index.py)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,9 +49,14 @@ def sample_roles(spec: specmod.JobSpec) -> Iterator[tuple[str, str]]:
         yield "eval", "train"
 
 
+def per_batch(spec: specmod.JobSpec, role: str) -> int:
+    """Samples one step reads (train: the global batch) or one evaluation batch reads (eval)."""
+    return spec.global_batch if role == "train" else spec.world_size * spec.train.micro_batch_size
+
+
 def batch_problem(spec: specmod.JobSpec, role: str, samples: int) -> str | None:
     """An error line when a sample set is smaller than what one step (or one evaluation) reads."""
-    per_step = spec.global_batch if role == "train" else spec.world_size * spec.train.micro_batch_size
+    per_step = per_batch(spec, role)
     if samples >= per_step:
         return None
     what = (
@@ -63,4 +69,60 @@ def batch_problem(spec: specmod.JobSpec, role: str, samples: int) -> str | None:
     return (
         f"{key}: the {role} data gives {samples} samples of seq_len {spec.data.seq_len} ({spec.packing} packing), "
         f"fewer than {what} = {per_step}"
+    )
+
+
+def held_out_pieces(spec: specmod.JobSpec, pieces: int, full: int) -> int:
+    """How many of a dataset's `pieces` of seq_len + 1 tokens (`full` of them whole) a held-out
+    split by windows takes: the fraction, at least one evaluation batch, whole pieces only."""
+    return min(full, max(math.ceil(spec.eval.fraction * pieces), per_batch(spec, "eval")))
+
+
+def eval_samples(spec: specmod.JobSpec, pieces: int) -> int:
+    """The samples `pieces` whole pieces of seq_len + 1 tokens give."""
+    return (
+        pieces if spec.packing == "documents" else max(0, (pieces * (spec.data.seq_len + 1) - 1) // spec.data.seq_len)
+    )
+
+
+def holdout_note(spec: specmod.JobSpec, meta: dict[str, Any]) -> str | None:
+    """What the log and `validate` say about an eval split held out of the training data by
+    windows (index.py: too few documents to hold out whole ones)."""
+    if meta.get("holdout") != "windows":
+        return None
+    docs = int(meta.get("of_documents", 0))
+    return (
+        f"eval.fraction = {spec.eval.fraction:g}: {docs:,} document(s) are too few to hold out whole ones, so "
+        f"{meta['documents']:,} windows of {spec.data.seq_len + 1} tokens are held out instead (at least one "
+        f"evaluation batch); eval text comes from the same documents as the training text"
+    )
+
+
+def least_windows_problem(spec: specmod.JobSpec, tokens: int, exact: bool) -> str | None:
+    """An error line when `tokens` (an upper bound of the training data's tokens; `exact` when
+    it is the count) cannot give one global batch plus, with eval.fraction, one evaluation batch
+    of concat windows, however it is split. Cheap: validate and submit ask it before queueing."""
+    if spec.packing != "concat":
+        return None  # documents packing pads: its sample count has no bound from the tokens
+    holdout = bool(spec.eval.fraction) and not spec.eval.paths
+    need = per_batch(spec, "train") + (per_batch(spec, "eval") if holdout else 0)
+    windows = max(0, (tokens - 1) // spec.data.seq_len)
+    if windows >= need:
+        return None
+    wanted = "one global batch" + (" plus one evaluation batch (eval.fraction)" if holdout else "")
+    return (
+        f"data.paths: the training data holds {'' if exact else 'at most '}{tokens:,} tokens: {windows} windows of "
+        f"seq_len {spec.data.seq_len}, fewer than {wanted} = {need} samples"
+    )
+
+
+def eval_batches_note(spec: specmod.JobSpec, samples: int) -> str | None:
+    """What the log and `validate` say when the eval set is too small for eval.batches: each
+    evaluation runs fewer batches (the ones every rank can fill)."""
+    runs = samples // per_batch(spec, "eval")
+    if not runs or runs >= spec.eval.batches:
+        return None
+    return (
+        f"eval.batches = {spec.eval.batches}: the eval set gives {samples:,} samples, {runs} evaluation batch(es) of "
+        f"{spec.world_size} ranks x {spec.train.micro_batch_size}: each evaluation runs {runs}"
     )

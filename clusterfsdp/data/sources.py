@@ -51,6 +51,11 @@ class Source:
     def size(self) -> int:
         return sum(f.stat().st_size for f in self.files())
 
+    @property
+    def split_key(self) -> str:
+        """The job.toml key that names the split read from it (eval data: eval.split)."""
+        return "eval.split" if self.field.startswith("eval.") else "data.split"
+
 
 def _kind(path: Path) -> tuple[SourceKind, Compression] | None:
     if path.is_dir():

@@ -119,7 +119,12 @@ def secure(path: Path | int) -> None:
     mode = DIR_MODE if folder else FILE_MODE
     if group is not None:
         if st.st_gid != group:
-            os.chown(path, -1, group)
+            try:
+                os.chown(path, -1, group)
+            except PermissionError:
+                raise DataError(
+                    f"${GROUP_ENV}: cannot give {path} the group {_group(group)}: you are not a member of it"
+                ) from None
         mode |= 0o2020 if folder else 0o020
     os.chmod(path, mode)
 

@@ -142,7 +142,8 @@ def load_hf_dataset(src: Source, data: specmod.DataSection, cache: Path):
             ds = datasets.load_from_disk(src.path)
             if isinstance(ds, datasets.DatasetDict):
                 if data.split not in ds:
-                    raise DataError(f"{where}: no split {data.split!r} (data.split; it has: {', '.join(map(str, ds))})")
+                    it_has = ", ".join(map(str, ds))
+                    raise DataError(f"{where}: no split {data.split!r} ({src.split_key}; it has: {it_has})")
                 ds = ds[data.split]
         else:
             ds = datasets.load_dataset(src.path, split=data.split, cache_dir=str(cache / "hf-datasets"))

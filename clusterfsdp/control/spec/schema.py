@@ -244,6 +244,7 @@ class EvalSection:
     paths: list[str] = F(
         [], "Evaluation data instead of a held-out fraction: files or folders like data.paths (same format)."
     )
+    split: str = F("", "Split of the dataset folders in eval.paths (e.g. 'test' of a DatasetDict); empty: data.split.")
     every_steps: int = F(0, "Evaluate every N steps (0: only after the last step); with fraction or paths.")
     batches: int = F(
         10,
