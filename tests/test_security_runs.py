@@ -12,11 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tui_helpers import make_run
 from users import OtherUser
 
 from clusterfsdp.control import procs, runfolder
 from clusterfsdp.control import spec as S
+from clusterfsdp.control.records import Executor
 
 RUN_ID = "20260101-120000-aaaa"
 
@@ -151,3 +153,12 @@ def test_status_says_a_leader_pid_of_0_is_invalid_and_cancel_does_not_signal(tmp
     cancelled = subprocess.run([sys.executable, "-m", "clusterfsdp", "cancel", str(run.path)], capture_output=True,
                                text=True, timeout=120, start_new_session=True)  # fmt: skip
     assert cancelled.returncode == 0 and "nothing running" in cancelled.stdout, cancelled
+
+
+def test_a_notebook_run_is_not_made_in_another_users_job_folder(other_user, shared_root):
+    """The notebook makes its runs with runfolder.create_run directly: the same rule holds there."""
+    other_user.plant(shared_root, {"nb/README": b"mine\n"})
+    spec = S.loads(f'[job]\nname = "nb"\nrun_root = "{shared_root}"\n')
+    with pytest.raises(PermissionError, match=f"refusing to submit into {shared_root / 'nb'}: .* owned by cfsdp-other"):
+        runfolder.create_run(spec, Executor.SRUN)
+    assert [p.name for p in (shared_root / "nb").iterdir()] == ["README"]

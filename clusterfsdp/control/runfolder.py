@@ -208,9 +208,13 @@ def job_folder(spec: specmod.JobSpec) -> Path:
 
 
 def create_run(spec: specmod.JobSpec, executor: Executor, run_id: str | None = None) -> RunFolder:
-    """Make the folder for a new run and write its resolved, redacted job.toml."""
+    """Make the folder for a new run and write its resolved, redacted job.toml. PermissionError
+    (submit_refusal) in a job folder another user made: the run service says it first, as a
+    RunError; this guards the notebook's runs too."""
     from . import spec as specmod
 
+    if problem := submit_refusal(spec):
+        raise PermissionError(problem)
     run = RunFolder(job_folder(spec) / (run_id or new_run_id()))
     run.path.mkdir(parents=True, exist_ok=False)
     for sub in ("submitit", "logs", "nodes"):
