@@ -5,7 +5,10 @@ every command alike); bytecode is warmed by one untimed round. Prints the median
 wall time of each, and its ratio to `python -c pass` (both from the same round set, so the
 ratios are comparable within one run even when the machine is busy).
 
-    python bench/startup_bench.py [--repeat 30]
+    python bench/startup_bench.py [--repeat 30] [--tree DIR]
+
+`--tree DIR` measures another source tree, e.g. an older commit for before/after
+(`common.python_for`); `python -c pass` is then run the same way (`python -S`).
 
 The commands: `--help`, `validate` of a small job (no data to check: synthetic tokens),
 `status` of a finished run folder, `runs` over a run root of 20 runs, `runs --quiet` (what shell
@@ -23,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT
+from common import ROOT, python_for
 
 
 def _setup(tmp: Path) -> tuple[str, str]:
@@ -42,15 +45,16 @@ def _setup(tmp: Path) -> tuple[str, str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--tree", type=Path, help="the source tree to measure (default: this one)")
     args = p.parse_args()
-    py = sys.executable
+    py = python_for(args.tree)
     with tempfile.TemporaryDirectory() as tmp:
         root, job = _setup(Path(tmp))
-        cli = [py, "-m", "clusterfsdp"]
+        cli = [*py, "-m", "clusterfsdp"]
         commands = {
-            "python -c pass": [py, "-c", "pass"],
+            "python -c pass": [*py, "-c", "pass"],
             "clusterfsdp --help": [*cli, "--help"],
             "clusterfsdp validate": [*cli, "validate", job],
             "clusterfsdp status RUN": [*cli, "status", "20260101-120000-aaaa", "--run-root", root],

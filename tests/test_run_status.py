@@ -74,7 +74,7 @@ def test_following_a_new_attempt_starts_at_it_and_names_each_attempt(tmp_path):
             log = run.log_path("1002", len(calls) - 1, 0)
             log.parent.mkdir(parents=True)
             log.write_text(f"attempt line {len(calls)}\n")
-            os.utime(log.parent, (T0 + 1000 * len(calls),) * 2)
+            os.utime(log.parent, (T0 + 1000 * len(calls), T0 + 1000 * len(calls)))
             return False
         return True
 
