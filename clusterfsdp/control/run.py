@@ -170,6 +170,12 @@ class Run:
         try:
             live = self.live_attempt()
             if live is not None and not force:
+                st = self.status()
+                if st.state is RunState.COMPLETING:  # refused, not waited for: the step may queue a restart
+                    raise RunBusy(
+                        f"run {self.id} is COMPLETING ({st.reason}); resume once `clusterfsdp status {self.id}` "
+                        "shows how it ended"
+                    )
                 raise RunBusy(
                     f"run {self.id} has a live attempt: {live.executor} job {live.job_id} "
                     f"({self.status().state}); cancel it first, or resume with --force to cancel it, "
