@@ -2,7 +2,8 @@
 (issue 25 item 3). Each command is run `--repeat` times, interleaved round by round (as hyperfine
 would run them one after the other, but alternating, so a load spike on a shared machine hits
 every command alike); bytecode is warmed by one untimed round. Prints the median and the minimum
-wall time of each, and its ratio to `python -c pass` (both from the same round set, so the
+wall time of each (bytecode written by the warm-up round even where
+$PYTHONDONTWRITEBYTECODE is set), and its ratio to `python -c pass` (both from the same round set, so the
 ratios are comparable within one run even when the machine is busy).
 
     python bench/startup_bench.py [--repeat 30] [--tree DIR]
@@ -63,6 +64,7 @@ def main() -> None:
         }
         times: dict[str, list[float]] = {name: [] for name in commands}
         env = {**os.environ, "HOME": tmp, "CLUSTERFSDP_RUN_ROOT": root}  # HOME: no user config read
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as an installed package has it
         for round_ in range(args.repeat + 1):
             for name, argv in commands.items():
                 t0 = time.perf_counter()
