@@ -16,6 +16,21 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def python_for(tree: Path | None) -> list[str]:
+    """The interpreter command that imports clusterfsdp from `tree` (None: this checkout, through
+    the venv's editable install). Another tree (an older commit, `git archive`d and unpacked, with
+    `clusterfsdp/tui` linked to its `tui/`) goes ahead of site-packages on $PYTHONPATH with
+    `python -S`, since the editable install's finder would otherwise import this one; run the
+    command outside this checkout (the current directory comes first on sys.path)."""
+    if tree is None:
+        return [sys.executable]
+    import os
+
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    os.environ["PYTHONPATH"] = f"{tree.resolve()}:{site}"
+    return [sys.executable, "-S"]
+
+
 def bench_job(
     *,
     name: str,

@@ -6,10 +6,8 @@ ratio of `--json` to the table, both from the same run.
 
     python bench/listing_bench.py [--runs 10000] [--rows 300] [--root DIR] [--tree DIR]
 
-`--tree` measures another source tree (e.g. `git archive` of an older commit unpacked, with
-`clusterfsdp/tui` linked to its `tui/`): the commands then run with `python -S` and that tree
-ahead of the venv's site-packages, since the editable install's finder would otherwise import
-this one.
+`--tree DIR` measures another source tree, e.g. an older commit for before/after
+(`common.python_for`).
 
 The run root is built once (copies of one run folder made by the TUI tests' `make_run`) under
 `--root` (default: a temporary directory, removed afterwards; given, it is kept and reused).
@@ -19,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT
+from common import ROOT, python_for
 
 
 def build(root: Path, runs: int, rows: int) -> None:
@@ -63,7 +60,7 @@ def measure(argv: list[str], cwd: Path) -> tuple[float, float, int]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--runs", type=int, default=10_000)
     p.add_argument("--rows", type=int, default=300)
     p.add_argument("--root", type=Path)
@@ -72,11 +69,7 @@ def main() -> None:
     root = args.root or Path(tempfile.mkdtemp(prefix="listing-bench-"))
     try:
         build(root, args.runs, args.rows)
-        python = [sys.executable]
-        if args.tree:
-            site = next(p for p in sys.path if p.endswith("site-packages"))
-            os.environ["PYTHONPATH"] = f"{args.tree.resolve()}:{site}"
-            python.append("-S")
+        python = python_for(args.tree)
         cli = [*python, "-m", "clusterfsdp", "runs", "--limit", str(args.runs), "--run-root", str(root)]
         table = measure(cli, root)
         as_json = measure([*cli, "--json"], root)

@@ -2,10 +2,14 @@
 (issue 25 item 3). Each command is run `--repeat` times, interleaved round by round (as hyperfine
 would run them one after the other, but alternating, so a load spike on a shared machine hits
 every command alike); bytecode is warmed by one untimed round. Prints the median and the minimum
-wall time of each, and its ratio to `python -c pass` (both from the same round set, so the
+wall time of each (bytecode written by the warm-up round even where
+$PYTHONDONTWRITEBYTECODE is set), and its ratio to `python -c pass` (both from the same round set, so the
 ratios are comparable within one run even when the machine is busy).
 
-    python bench/startup_bench.py [--repeat 30]
+    python bench/startup_bench.py [--repeat 30] [--tree DIR]
+
+`--tree DIR` measures another source tree, e.g. an older commit for before/after
+(`common.python_for`); `python -c pass` is then run the same way (`python -S`).
 
 The commands: `--help`, `validate` of a small job (no data to check: synthetic tokens),
 `status` of a finished run folder, `runs` over a run root of 20 runs, `runs --quiet` (what shell
@@ -23,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT
+from common import ROOT, python_for
 
 
 def _setup(tmp: Path) -> tuple[str, str]:
@@ -42,15 +46,16 @@ def _setup(tmp: Path) -> tuple[str, str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--tree", type=Path, help="the source tree to measure (default: this one)")
     args = p.parse_args()
-    py = sys.executable
+    py = python_for(args.tree)
     with tempfile.TemporaryDirectory() as tmp:
         root, job = _setup(Path(tmp))
-        cli = [py, "-m", "clusterfsdp"]
+        cli = [*py, "-m", "clusterfsdp"]
         commands = {
-            "python -c pass": [py, "-c", "pass"],
+            "python -c pass": [*py, "-c", "pass"],
             "clusterfsdp --help": [*cli, "--help"],
             "clusterfsdp validate": [*cli, "validate", job],
             "clusterfsdp status RUN": [*cli, "status", "20260101-120000-aaaa", "--run-root", root],
@@ -59,6 +64,7 @@ def main() -> None:
         }
         times: dict[str, list[float]] = {name: [] for name in commands}
         env = {**os.environ, "HOME": tmp, "CLUSTERFSDP_RUN_ROOT": root}  # HOME: no user config read
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as an installed package has it
         for round_ in range(args.repeat + 1):
             for name, argv in commands.items():
                 t0 = time.perf_counter()

@@ -301,6 +301,26 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rm(args: argparse.Namespace) -> int:
+    """Remove runs (Run.remove refuses live runs and other users' runs); exit 2 if any was refused."""
+    from .control.run import Run, RunError
+
+    root = _run_root(args)
+    runs = [Run.find(ref, root) for ref in args.run]
+    if args.prepared:
+        runs += [r for r in Run.all(root) if r.folder.record().last is None and r not in runs]
+    if not runs:
+        raise CliError("nothing to remove: name runs, or --prepared for the dry runs never submitted")
+    refused = 0
+    for run in runs:
+        try:
+            print(run.remove())
+        except RunError as e:
+            refused += 1
+            print(f"error: {e}", file=sys.stderr)
+    return EXIT_BAD_INPUT if refused else 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     return _find(args).export(Path(args.to), args.step, args.dtype, args.force)
 
@@ -451,6 +471,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: model.dtype)")
     s.add_argument("--force", action="store_true", help="replace a non-empty --to folder")
     s.set_defaults(fn=cmd_export)
+
+    s = sub.add_parser("rm", help="remove runs: their folders and checkpoints (never a live run)")
+    s.add_argument("run", nargs="*", help="run ids (or unique prefixes) or run folders")
+    _add_run_root(s)
+    s.add_argument(
+        "--prepared", action="store_true", help="also every run never submitted (submit --dry-run leaves one)"
+    )
+    s.set_defaults(fn=cmd_rm)
 
     s = sub.add_parser("completion", help='print a shell completion script: eval "$(clusterfsdp completion bash)"')
     s.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")

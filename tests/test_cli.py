@@ -144,3 +144,47 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     names, _ = _imported_by(["runs", "--quiet", *root])
     assert names == READ_ONLY - {"clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
                                  "clusterfsdp.control.ckptfolder", "clusterfsdp.term"}, names  # fmt: skip
+
+
+def test_rm_removes_finished_and_prepared_runs_and_refuses_live_and_foreign_ones(tmp_path, capsys):
+    """`rm` through the run service (Run.remove): a finished run goes with its checkpoints, kept
+    outside the run folder by checkpoint.dir; `--prepared` takes the dry runs never submitted; a
+    run whose local attempt still runs (a real process group) and a run folder another user owns
+    (chowned to nobody: the suite runs as root) are refused, and stay."""
+    import os
+    import signal
+
+    from tui_helpers import make_run
+
+    from clusterfsdp.cli import main
+    from clusterfsdp.control import procs
+    from clusterfsdp.control.records import RunRecord
+
+    done = make_run(tmp_path, "20260101-120000-done")
+    outside = tmp_path / "ckpt" / done.id
+    (outside / "step-00000040").mkdir(parents=True)
+    spec = done.spec()
+    spec.checkpoint.dir = str(outside.parent)
+    done.job_toml.write_text(S.dumps(spec))
+    assert done.checkpoints_dir() == outside
+    prepared = make_run(tmp_path, "20260101-120001-prep")
+    prepared.write_record(RunRecord(prepared.id, prepared.name, prepared.record().executor, 1.0, dry_run=True))
+    live = make_run(tmp_path, "20260101-120002-live")
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    foreign = make_run(tmp_path, "20260101-120003-them")
+    try:
+        live.update_attempt("1001", leader=procs.ProcessId.of(sleeper.pid))
+        os.chown(foreign.path, 65534, 65534)
+        root = ["--run-root", str(tmp_path)]
+        assert main(["rm", done.id, *root]) == 0
+        assert not done.path.exists() and not outside.exists() and outside.parent.exists()
+        assert main(["rm", "--prepared", *root]) == 0 and not prepared.path.exists()
+        assert main(["rm", live.id, foreign.id, *root]) == 2
+        err = capsys.readouterr().err
+        assert f"run {live.id} has a live attempt (local job 1001); cancel it first" in err
+        assert f"run {foreign.id}: {foreign.path} belongs to another user (uid 65534); not removed" in err
+        assert live.state_file.exists() and foreign.state_file.exists()
+        assert main(["rm", *root]) == 2 and "nothing to remove" in capsys.readouterr().err
+    finally:
+        os.killpg(sleeper.pid, signal.SIGKILL)
+        sleeper.wait()

@@ -207,3 +207,19 @@ def test_read_jsonl_skips_lines_that_are_not_utf8(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_bytes(_row() + b'{"step": 2, "x": "\xff"}\n' + _row(step=30))
     assert [r["step"] for r in runfolder.read_jsonl(path)] == [10, 30]
+
+
+def test_jsonl_tail_hands_out_complete_rows_once_and_skips_damaged_lines(tmp_path):
+    """The one tail of the TUI's charts and the notebook's progress (control.jsonltail)."""
+    from clusterfsdp.control.jsonltail import JsonlTail
+
+    path = tmp_path / "metrics.jsonl"
+    tail = JsonlTail(path)
+    assert tail.new_rows() == []  # no file yet
+    path.write_bytes(_row(step=1) + b'{"step": 2, "x": "\xff"}\n' + b"[1]\n" + _row(step=3)[:5])
+    assert [r["step"] for r in tail.new_rows()] == [1]  # not UTF-8, not an object: skipped; torn: later
+    with open(path, "ab") as f:
+        f.write(_row(step=3)[5:] + b"z" * 5000 + b"\n" + _row(step=4))
+    chunks = tail.read_new(chunk_bytes=1024)  # a line longer than a chunk is skipped, a chunk at a time
+    assert [r["step"] for rows in chunks for r in rows] == [3, 4]
+    assert tail.new_rows() == [] and tail.offset == path.stat().st_size

@@ -74,7 +74,7 @@ def test_following_a_new_attempt_starts_at_it_and_names_each_attempt(tmp_path):
             log = run.log_path("1002", len(calls) - 1, 0)
             log.parent.mkdir(parents=True)
             log.write_text(f"attempt line {len(calls)}\n")
-            os.utime(log.parent, (T0 + 1000 * len(calls),) * 2)
+            os.utime(log.parent, (T0 + 1000 * len(calls), T0 + 1000 * len(calls)))
             return False
         return True
 
@@ -88,3 +88,25 @@ def test_logs_of_an_empty_rank_log_says_so(tmp_path, capsys):
     assert cli.main(["logs", run.id, "--rank", "1", "--run-root", str(tmp_path)]) == 0
     out = capsys.readouterr()
     assert out.out == "" and f"run {run.id}: rank 1's log is empty so far" in out.err
+
+
+def test_resume_of_a_completing_run_is_refused_with_what_is_happening(tmp_path, monkeypatch):
+    """Through a stub `squeue` on PATH that answers as Slurm 22.05 does for a job whose batch
+    script is still in its after-step (no Slurm here): resume is refused, not waited for (the
+    step may still queue an automatic restart), and the refusal says why, not "cancel it first"."""
+    import pytest
+
+    from clusterfsdp.control.run import Run, RunBusy
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "squeue").write_text("#!/bin/bash\necho '77|RUNNING|None|1:02|node1'\n")
+    (bindir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    run = make_run(tmp_path / "runs", executor="slurm", job_id="77", end="completed")
+    with pytest.raises(RunBusy) as refused:
+        Run(run).resume()
+    assert str(refused.value) == (
+        f"run {run.id} is COMPLETING (the workers ended (completed); the batch script's last step is running); "
+        f"resume once `clusterfsdp status {run.id}` shows how it ended"
+    )

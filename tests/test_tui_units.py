@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from pathlib import Path
 
 import pytest
 from tui_helpers import SINFO, FakeSlurm, job, make_run
@@ -413,3 +414,14 @@ def test_preset_is_a_choice_fed_from_the_presets_table(monkeypatch):
     assert field.kind == "choice" and field.choices == tuple(PRESETS)
     monkeypatch.setitem(PRESETS, "qwen-tiny", dict(PRESETS["llama-tiny"]))  # a family added to the table
     assert "qwen-tiny" in field.choices
+
+
+def test_compose_summary_names_the_run_folder_the_job_will_get(tmp_path):
+    """The summary's run folder is the one submit creates: run_root made absolute against the job
+    file's folder (it showed `/name/<run id>/` for a job without run_root)."""
+    from clusterfsdp.tui.job_summary import summarize
+
+    for toml, root in (('[job]\nname = "x"\nrun_root = "rr"\n', tmp_path / "rr"), ('[job]\nname = "x"\n', None)):
+        result = summarize(S.loads(toml), tmp_path, "local", False)
+        root = root or Path(result.spec.job.run_root)
+        assert root.is_absolute() and f"job        x -> {root}/x/<run id>/" in result.text, result.text

@@ -63,7 +63,7 @@ def summarize(
     partitions: list[Partition] | None = None,
 ) -> Summary:
     absolute = specmod.with_absolute_paths(spec, base)
-    text = summary(spec, where(executor, spec.slurm.nodes, slurm_available))
+    text = summary(absolute, where(executor, spec.slurm.nodes, slurm_available))
     if partitions is not None and (executor == "slurm" or (executor == "auto" and slurm_available)):
         text += "\npartition  " + partition_text(spec, partitions)
     memory = estimate(absolute)

@@ -14,31 +14,17 @@ the steps from it on are dropped, so the charts show the history the current wei
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+from clusterfsdp.control.jsonltail import JsonlTail, Row
+
 TRAIN_KEYS = ("loss", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_gb", "lr", "grad_norm")
 EVAL_KEYS = ("eval_loss", "eval_ppl")
 KEYS = TRAIN_KEYS + EVAL_KEYS
 NAN = math.nan
-
-
-def _rows(lines: list[bytes]) -> list[object]:
-    """The JSON values of `lines`: parsed as one array (one call, not one per line), or line by
-    line when some line is not JSON (a torn or foreign line is skipped, not fatal)."""
-    try:
-        return json.loads(b"[" + b",".join(lines) + b"]")
-    except ValueError:
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
 
 
 @dataclass(frozen=True)
@@ -73,39 +59,31 @@ class MetricsTail:
 
     def __init__(self, path: Path, max_points: int = 200_000) -> None:
         self.path, self.max_points = path, max_points
-        self.offset = 0
+        self.lines = JsonlTail(path)  # the bytes read so far: the shared JSONL tail (control.jsonltail)
         self.steps = array("q")
         self.columns = {k: array("d") for k in KEYS}
         self.last_train_step: int | None = None
+
+    @property
+    def offset(self) -> int:
+        return self.lines.offset
 
     def read_new(self, chunk_bytes: int = 1 << 20) -> bool:
         """Read complete lines appended since the last call; True if any value changed. A
         megabyte at a time, so a long file read for the first time never holds more than a
         megabyte of parsed rows at once."""
         changed = False
-        try:
-            with open(self.path, "rb") as f:
-                while True:
-                    f.seek(self.offset)
-                    data = f.read(chunk_bytes)
-                    end = data.rfind(b"\n") + 1  # a torn last line is read again next time
-                    if end == 0:
-                        if len(data) < chunk_bytes:
-                            break
-                        end = len(data)  # a line longer than a chunk is not a metrics row: skipped
-                    self.offset += end
-                    changed = self._parse(data[:end]) or changed
-        except FileNotFoundError:
-            return False
+        for rows in self.lines.read_new(chunk_bytes):
+            changed = self._parse(rows) or changed
         if len(self.steps) > self.max_points:  # thin the oldest half, keep the recent detail
             half = len(self.steps) // 2
             self._keep([i for i in range(len(self.steps)) if i >= half or i % 2])
         return changed
 
-    def _parse(self, data: bytes) -> bool:
+    def _parse(self, rows: list[Row]) -> bool:
         changed = False
-        for row in _rows([line for line in data.splitlines() if line.strip()]):
-            if not isinstance(row, dict) or type(step := row.get("step")) is not int:
+        for row in rows:
+            if type(step := row.get("step")) is not int:
                 continue
             # a number, else NaN (true and false are bools, not numbers); inline: it runs per key per row
             values = [

@@ -66,6 +66,10 @@ class JsonlTail:
             pass
         return out
 
+    def new_rows(self) -> list[Row]:
+        """The new rows in one list (for callers that take each row as it comes)."""
+        return [row for chunk in self.read_new() for row in chunk]
+
 
 def newest(path: Path, wanted: Sequence[Callable[[Row], bool]], max_bytes: int = 4 << 20) -> list[Row | None]:
     """For each predicate of `wanted`, the newest row for which it holds (None if none), read

@@ -337,7 +337,7 @@ class RunRecord:
         try:
             return cls.from_dict(json.loads(path.read_bytes()))
         except (OSError, ValueError) as e:  # RecordError, JSON and UTF-8 errors are ValueErrors
-            reason = e.strerror if isinstance(e, OSError) else str(e)
+            reason = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
             raise RecordError(f"{path.name}: {_short_reason(reason)}") from None
 
     def to_dict(self) -> dict[str, Any]:

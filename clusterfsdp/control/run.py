@@ -17,6 +17,7 @@ Integrity rules it keeps (docs/run-folder.md):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -196,6 +197,12 @@ class Run:
         try:
             live = self.live_attempt()
             if live is not None and not force:
+                st = self.status()
+                if st.state is RunState.COMPLETING:  # refused, not waited for: the step may queue a restart
+                    raise RunBusy(
+                        f"run {self.id} is COMPLETING ({st.reason}); resume once `clusterfsdp status {self.id}` "
+                        "shows how it ended"
+                    )
                 raise RunBusy(
                     f"run {self.id} has a live attempt: {live.executor} job {live.job_id} "
                     f"({self.status().state}); cancel it first, or resume with --force to cancel it, "
@@ -301,6 +308,35 @@ class Run:
                     raise
                 why = str(e)
         return self.follow_up(spec, f"follow-up: requeue refused ({why})", job_id, cause=cause), why
+
+    # ---------------------------------------------------------------- remove
+    def remove(self) -> str:
+        """Delete the run: its folder and its checkpoints (also where checkpoint.dir put them).
+        Refused for a folder another user owns and while an attempt is live (or Slurm cannot
+        say); under the run lock. state.json goes first, so a crash midway leaves no half run
+        in `runs`."""
+        checkpoints = self.path / "checkpoints"
+        try:
+            checkpoints = self.folder.checkpoints_dir()
+        except (specmod.SpecError, OSError):  # a damaged job.toml: the checkpoints in the folder only
+            pass
+        for path in (self.path, checkpoints):
+            if path.exists() and path.stat().st_uid != os.getuid():
+                raise RunError(f"run {self.id}: {path} belongs to another user (uid {path.stat().st_uid}); not removed")
+        held = self._locked("remove")
+        try:
+            live = self.live_attempt()
+            if live is not None:
+                raise RunBusy(f"run {self.id} has a live attempt ({live.executor} job {live.job_id}); cancel it first")
+            self.folder.state_file.unlink(missing_ok=True)
+            if not checkpoints.is_relative_to(self.path):
+                shutil.rmtree(checkpoints, ignore_errors=True)
+            shutil.rmtree(self.path)
+        finally:
+            held.release()
+        with contextlib.suppress(OSError):  # the job name's folder, once its last run is gone
+            self.path.parent.rmdir()
+        return f"removed run {self.id} ({self.path})"
 
     # ---------------------------------------------------------------- cancel
     def cancel(self, grace_s: float = GRACE_S, *, pause: Callable[[float], None] = time.sleep) -> str:

@@ -4,11 +4,11 @@ file it follows."""
 from __future__ import annotations
 
 import html
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from ..control.jsonltail import JsonlTail
 
 
 def in_kernel() -> bool:
@@ -65,25 +65,6 @@ class Progress:
             self.handle.update(self._data(), raw=True)
 
 
-class MetricsTail:
-    """New complete rows of metrics.jsonl since the last call (reads only new bytes)."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset = path, 0
-
-    def new_rows(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        end = data.rfind(b"\n") + 1
-        self.offset += end
-        rows = []
-        for line in data[:end].splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return rows
+# The notebook reads metrics.jsonl through the shared JSONL tail (the TUI's charts do too);
+# step.py knows it by this name.
+MetricsTail = JsonlTail
