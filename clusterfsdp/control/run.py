@@ -33,7 +33,7 @@ from ..data import checks as datachecks
 from . import backends, ckptfolder, hub, launch, lock, modelsource, runfolder, secretenv, slurmcli, status
 from . import spec as specmod
 from .errors import UserError
-from .records import Attempt, Cause, Executor
+from .records import Attempt, Cause, Executor, RunState
 from .runfolder import RunFolder
 
 # Seconds the workers of a cancelled attempt get to save before SIGKILL (where no scheduler decides).
