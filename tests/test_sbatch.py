@@ -237,7 +237,7 @@ def test_the_dry_run_script_submitted_by_hand_finds_its_pickled_call(tmp_path):
 
     from clusterfsdp.control import jobstep
 
-    run, script = Run.prepare(S.loads(JOB.replace("RUNROOT", str(tmp_path / "runs"))))
+    run, script = Run.dry_run(S.loads(JOB.replace("RUNROOT", str(tmp_path / "runs"))))
     assert script.splitlines()[-1] == 'exec "$PY" -m clusterfsdp.control.jobstep after "$RUN" "$?"'
     assert jobstep.before(run.folder, jobstep.SlurmJob("55", 0, "node1")) == 0
     pickle = run.folder.submitit_dir / "55_submitted.pkl"
