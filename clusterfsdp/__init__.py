@@ -11,12 +11,13 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .control.errors import UserError
     from .control.run import Run, Submission
     from .control.spec import JobSpec
     from .frames import metrics_frame
 
 __version__ = "0.1.0"
-__all__ = ["Run", "load_ipython_extension", "metrics_frame", "submit"]
+__all__ = ["Run", "UserError", "load_ipython_extension", "metrics_frame", "submit"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,6 +25,10 @@ def __getattr__(name: str) -> Any:
         from .control.run import Run
 
         return Run
+    if name == "UserError":  # the base of every error the user can act on (control.errors)
+        from .control.errors import UserError
+
+        return UserError
     if name == "metrics_frame":  # pandas only when a frame is asked for
         from .frames import metrics_frame
 
@@ -41,8 +46,8 @@ def submit(
     allocation): a job.toml path, TOML text or a JobSpec, with 'section.key=value' overrides (a
     list, or a dict {'section.key': value}); executor 'auto' (Slurm when a controller answers, else
     submitit's local executor), 'slurm' or 'local'. Returns the run service's Submission (run,
-    executor, job id). Raises spec.SpecError for a bad spec, launch.SubmitError when the job cannot
-    be queued."""
+    executor, job id). Raises a `clusterfsdp.UserError` (spec.SpecError for a bad spec,
+    launch.SubmitError when the job cannot be queued, ...), shown without a traceback in IPython."""
     from .control.run import Run
     from .notebook import load_job
 

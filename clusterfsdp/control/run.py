@@ -140,10 +140,11 @@ class Run:
     def dry_run(cls, spec: specmod.JobSpec) -> tuple[Run, str]:
         """A dry run: the same checks and source preparation as `submit` for Slurm, the run folder,
         and the exact sbatch script to submit by hand (sbatch.sh); nothing is queued."""
-        _check_submittable(spec, backends.Slurm())
+        slurm = backends.Slurm()
+        _check_submittable(spec, slurm)
         prepared = prepare_sources(spec)
         spec = prepared.spec
-        folder = _create_run(spec, Executor.SLURM)
+        folder = _create_run(spec, slurm.executor)
         modelsource.keep(prepared, folder.model_dir)
         record = folder.record()
         record.dry_run = True  # its worker records the hand-submitted job as an attempt

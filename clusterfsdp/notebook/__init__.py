@@ -21,13 +21,17 @@ Jupyter's stop button sends to the kernel's process group never reaches it uncon
 KeyboardInterrupt the step is cancelled explicitly (SIGTERM: the ranks save a checkpoint at the
 next step boundary; SIGKILL after `grace_s`), and this waits until every rank is gone.
 
-The run folder is a normal one (`runfolder.create_run`): `clusterfsdp status/logs` and the TUI see it.
+The run goes through the run service like `clusterfsdp submit` (`Run.srun`: the same checks, hub
+resolution and data check, then the run folder and the attempt record; the backend
+`control.backends.SrunStep` or `LocalRanks` starts the launcher), and the stop button is
+`Run.cancel`: `clusterfsdp status/logs/cancel` and the TUI see the run like any other.
 Each rank runs `python -m clusterfsdp.notebook.tasks _task RUN_DIR`, a thin wrapper over
 `clusterfsdp.worker.main.run` that reports its host and exit status on stdout.
 
 Modules: `job` (what a cell runs), `placement` (where: srun or local, and the exact srun line),
-`step` (one launch: start, watch, cancel, record), `progress` (the cell's display), `result`
-(what comes back), `tasks` (the rank and local-supervisor processes), `errors`, `magics`.
+`step` (one launch as the cell shows it: output by rank, progress, the stop button, the result),
+`progress` (the cell's display), `result` (what comes back), `tasks` (the rank and
+local-supervisor processes), `errors`, `magics`.
 Importing this package is cheap: no torch, no IPython (both are imported where needed).
 """
 
