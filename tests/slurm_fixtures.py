@@ -146,7 +146,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
 
 # ---------------------------------------------------------------- each Slurm test's jobs and time budget
-CLEANUP_S = 90.0  # the cleanup below: scancel, KillWait (2 s here), the nodes idle again; room to spare
+CLEANUP_S = 60.0  # the cleanup below: scancel, KillWait (2 s here), the nodes idle again; room to spare
 _STARTED = pytest.StashKey[float]()
 _deadline: float | None = None  # when the running Slurm test's waits must have ended (monotonic)
 

@@ -1,11 +1,15 @@
 """Every Slurm path of the product, through the real daemons of the local multi-node test
-cluster (slurm/devcluster.sh): sbatch, srun, squeue, sacct, scancel, scontrol requeue."""
+cluster (slurm/devcluster.sh): sbatch, srun, squeue, sacct, scancel, scontrol requeue.
+
+Every wait here is cut to what the test's timeout leaves (`slurm_fixtures.bounded`), and whatever
+a test queued is cancelled when it ends, however it ends (slurm_fixtures' `_slurm_test_jobs`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from procs import newest_checkpoint, newest_step, weights_folder
+from slurm_fixtures import bounded
 
 from clusterfsdp.control import ckptfolder, runfolder, status
 
@@ -26,8 +31,9 @@ TWO_NODES = ["--set", "slurm.nodes=2", "--set", "slurm.tasks_per_node=2"]
 
 def cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "clusterfsdp.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+        [sys.executable, "-m", "clusterfsdp.cli", *args],
+        capture_output=True, text=True, timeout=bounded(timeout), env=env,
+    )  # fmt: skip
 
 
 def only_run(root: Path) -> runfolder.RunFolder:
@@ -36,6 +42,8 @@ def only_run(root: Path) -> runfolder.RunFolder:
 
 
 def wait_for(predicate, timeout: float, what: str):
+    """Poll until predicate() is truthy, for `timeout` s or what the test has left if less."""
+    timeout = bounded(timeout)
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = predicate()
@@ -43,6 +51,10 @@ def wait_for(predicate, timeout: float, what: str):
             return value
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def read_or_empty(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""
 
 
 def max_step(run: runfolder.RunFolder) -> int:
@@ -181,7 +193,7 @@ def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
     )  # fmt: skip
     wait_for(lambda: max_step(running) >= 10, 300, "step 10")
     slurm_cluster.run(["scancel", running.attempts[-1].job_id])
-    out, _ = follow.communicate(timeout=300)
+    out, _ = follow.communicate(timeout=bounded(300))
     assert "step 10/2000" in out and "CANCELLED" in out
     # a cancel means stop: never requeued nor restarted (KillWait is 2 s here: the save may be cut short)
     assert slurm_cluster.wait_sacct(int(running.attempts[-1].job_id), "CANCELLED")
@@ -229,6 +241,83 @@ def test_queue_poll_is_one_batched_call_and_copes_without_sacct(slurm_cluster, t
     time.sleep(2)
     r = cli("runs", "--run-root", str(tmp_path / "runs"), env=env)
     assert r.returncode == 0 and r.stdout.count("CANCELLED") == 3, r.stdout + r.stderr
+
+
+def sbatch_directives(script: str) -> dict[str, str]:
+    """The script's `#SBATCH --key=value` lines as {key: value}, unquoted as a shell would (what
+    the renderer meant to say: its values are shell-quoted); a flag's value is ""."""
+    out = {}
+    for line in script.splitlines():
+        if line.startswith("#SBATCH --"):
+            key, _, value = line[len("#SBATCH --") :].partition("=")
+            (out[key],) = shlex.split(value) if value else [""]
+    return out
+
+
+def scontrol_job(slurm_cluster, job_id: int) -> dict[str, str]:
+    """`scontrol -o show job` as {field: value}: a value runs up to the next ` Field=` (the
+    values compared here hold no space followed by a word and `=`)."""
+    line = slurm_cluster.run(["scontrol", "-o", "show", "job", str(job_id)]).stdout.strip()
+    return {k: v.strip() for k, v in re.findall(r"(?:^| )([A-Za-z/:_]+)=(.*?)(?= +[A-Za-z/:_]+=|$)", line)}
+
+
+def ensure_account_and_qos(slurm_cluster, account: str, qos: str) -> None:
+    """Accounting without enforcement silently replaces an unknown account by the user's default
+    and drops an unknown QOS, so the test's own ones are made (once per cluster; idempotent)."""
+
+    def granted() -> bool:  # a `account|qos,qos...` row for root
+        out = slurm_cluster.run(["sacctmgr", "-n", "-P", "show", "assoc", "user=root", "format=account,qos"]).stdout
+        return any(a == account and qos in q.split(",") for a, _, q in (ln.partition("|") for ln in out.splitlines()))
+
+    if granted():
+        return
+    for argv in (["add", "qos", qos], ["add", "account", account], ["add", "user", "root", f"account={account}"],
+                 ["modify", "user", "root", "where", f"account={account}", "set", f"qos+={qos}"]):  # fmt: skip
+        slurm_cluster.run(["sacctmgr", "-i", *argv], check=False)  # "Nothing new added" when it exists
+    slurm_cluster.wait_for("the account and QOS in slurmdbd", granted)
+
+
+def test_sbatch_parses_every_allowlisted_value_as_rendered(slurm_cluster, tiny_job, tmp_path):
+    """Values with every character the allowlists let through that a shell or sbatch's `#SBATCH`
+    parser treats specially (& | * ( ) [ ] : = @ % + ~ , and the quotes the renderer adds around
+    them), in every job.toml key that reaches an `#SBATCH` line and in the run root (the --output
+    path), rendered by `submit --dry-run` and parsed by the real sbatch (a held job, never run):
+    Slurm's record of the job equals, field by field, what job.toml said. Spaces, quotes,
+    backslashes and `#` never reach these lines: the allowlists refuse them (tests/test_sbatch.py)."""
+    account, qos, partition = "acct.x-y_z", "q.x-y_z", "debug,low"
+    constraint = "(h100&ib)|[ib*2]"  # slurm/slurm.conf.in gives every node the features h100 and ib
+    comment = "x&y|(z)*[w]:a=b@c%d/e+f,g.h_i-j"
+    ensure_account_and_qos(slurm_cluster, account, qos)
+    root = tmp_path / "r~a+b,c=d@e:f"
+    extra = f"slurm.extra={{comment='{comment}', exclude='node[2]', mail-user='me+x@x.org', mail-type='END,FAIL'}}"
+    r = cli("submit", str(tiny_job), "--dry-run", "--set", f"job.run_root='{root}'", "--set", "job.name=a.b_c-d",
+            "--set", f"slurm.partition='{partition}'", "--set", f"slurm.account='{account}'",
+            "--set", f"slurm.qos='{qos}'", "--set", f"slurm.constraint='{constraint}'", "--set", extra)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = only_run(root)
+    said = sbatch_directives((run.path / "sbatch.sh").read_text())
+    assert {k: said[k] for k in ("job-name", "partition", "account", "qos", "constraint", "comment", "exclude",
+            "mail-user", "mail-type")} == {"job-name": "a.b_c-d", "partition": partition, "account": account,
+            "qos": qos, "constraint": constraint, "comment": comment, "exclude": "node[2]",
+            "mail-user": "me+x@x.org", "mail-type": "END,FAIL"}  # fmt: skip
+    assert said["output"].startswith(str(root)) and said["error"].startswith(str(root))
+    job_id = slurm_cluster.sbatch(["--hold", str(run.path / "sbatch.sh")])
+    got = scontrol_job(slurm_cluster, job_id)
+    assert got["JobState"] == "PENDING" and got["Reason"] == "JobHeldUser", got  # held: it never runs
+    slurm_cluster.run(["scancel", str(job_id)])
+    expanded = {k: said[k].replace("%j", str(job_id)) for k in ("output", "error")}
+    assert {
+        "JobName": said["job-name"], "Partition": said["partition"], "Account": said["account"],
+        "QOS": said["qos"], "Features": said["constraint"], "Comment": said["comment"],
+        "MailUser": said["mail-user"], "MailType": said["mail-type"],
+        "StdOut": expanded["output"], "StdErr": expanded["error"], "NumNodes": f"{said['nodes']}-{said['nodes']}",
+    } == {k: got.get(k) for k in ("JobName", "Partition", "Account", "QOS", "Features", "Comment", "MailUser",
+          "MailType", "StdOut", "StdErr", "NumNodes")}  # fmt: skip
+    hosts = [
+        slurm_cluster.run(["scontrol", "show", "hostnames", h]).stdout.split()
+        for h in (said["exclude"], got["ExcNodeList"])
+    ]
+    assert hosts[0] == hosts[1] == ["node2"]  # Slurm writes the node list its own way: compared expanded
 
 
 @pytest.mark.parametrize(
@@ -308,7 +397,7 @@ def test_controller_outages_and_a_killed_rank_are_survived(slurm_cluster, tiny_j
         time.sleep(20)
     finally:
         slurm_cluster.fault("ctld-start")
-    _, err = submit.communicate(timeout=180)
+    _, err = submit.communicate(timeout=bounded(180))
     assert submit.returncode == 0, err
     assert "Slurm does not answer" in err and "retrying" in err
     run = only_run(tmp_path / "runs")
@@ -317,15 +406,16 @@ def test_controller_outages_and_a_killed_rank_are_survived(slurm_cluster, tiny_j
     assert [line.split()[0] for line in queued.splitlines() if run.id in line] == [job_id]  # one job, not two
 
     wait_for(lambda: max_step(run) >= 10, 300, "step 10")
-    for pid in worker_pids(run, job_id):
-        os.kill(pid, signal.SIGUSR2)
-    slurm_cluster.fault("ctld-stop")
+    log0_path = run.logs_dir / f"{job_id}.0" / "rank0.log"
+    slurm_cluster.fault("ctld-stop")  # before the signal: the requeue must meet a controller that is down
     try:
-        time.sleep(20)
+        for pid in worker_pids(run, job_id):
+            os.kill(pid, signal.SIGUSR2)
+        wait_for(lambda: "Slurm does not answer" in read_or_empty(log0_path), 120, "rank 0 to retry the requeue")
     finally:
         slurm_cluster.fault("ctld-start")
     wait_for(lambda: any(e.event == "resumed" and e.restart == 1 for e in run.events()), 300, "the requeued job")
-    log0 = (run.logs_dir / f"{job_id}.0" / "rank0.log").read_text()
+    log0 = log0_path.read_text()
     assert "Slurm does not answer" in log0, log0[-2000:]
     (requeued,) = [e for e in run.events() if e.event == "requeued"]
     assert requeued.cause == "time_limit" and requeued.job_id == job_id
@@ -363,10 +453,11 @@ def test_a_submission_the_hung_controller_processes_late_is_not_duplicated(slurm
 
         worker = threading.Thread(target=submit)
         worker.start()
-        time.sleep(15)  # past sbatch's 10 s MessageTimeout: it gave up once
+        # until sbatch gave up once (its 10 s MessageTimeout) and slurmcli said it retries
+        slurm_cluster.wait_for("the first sbatch to time out", lambda: notes, timeout=120, interval=0.5)
     finally:
         slurm_cluster.fault("ctld-thaw")
-    worker.join(timeout=120)
+    worker.join(timeout=bounded(120))
     try:
         assert notes and "Socket timed out" in notes[0], notes  # the first sbatch went unanswered
         assert result and slurmcli.jobs_with_token(token) == result
@@ -399,3 +490,76 @@ def test_a_failed_node_is_left_out_and_the_run_resumes_on_the_remaining_node(slu
     assert (spec.slurm.nodes, spec.train.grad_accum, spec.effective_sharding) == (1, 2, "full")
     assert "saved by 4 ranks, now 2" in (run.logs_dir / f"{second.job_id}.0" / "rank0.log").read_text()
     assert node_hosts(run) == {"node1", "node2"} and set(logged_steps(run)) == set(range(5, 101, 5))
+
+
+def test_the_batch_hosts_death_is_requeued_by_slurm_and_resumes_on_the_other_node(slurm_cluster, tiny_job, tmp_path):
+    """The node running a 1-node job's batch script dies (its slurmd and every process on it).
+    Slurm declares it down (SlurmdTimeout=30 s), ends the job NODE_FAIL and requeues it (--requeue);
+    the next incarnation, on the other node, records `slurm_requeued` with the cause read from
+    sacct (`node_failure`), resumes from the newest checkpoint and completes (docs/recovery.md)."""
+    r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", "train.steps=60", "--set", "train.log_every=5",
+            "--set", "checkpoint.every_steps=10")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = only_run(tmp_path / "runs")
+    job_id = run.attempts[-1].job_id
+    wait_for(lambda: ckptfolder.find(run.checkpoints_dir()), 240, "a first checkpoint")
+    host = slurm_cluster.run(["squeue", "-h", "-j", job_id, "-o", "%B"]).stdout.strip()
+    assert host in slurm_cluster.nodes, host
+    try:
+        slurm_cluster.fault("node-kill", host)
+        wait_for(lambda: status.run_status(run).state == "COMPLETED", 420, "completion on the other node")
+    finally:
+        slurm_cluster.fault("node-start", host)
+    (requeued,) = [e for e in run.events() if e.event == "slurm_requeued"]
+    assert (requeued.cause, requeued.job_id, requeued.restart) == ("node_failure", job_id, 0), requeued
+    assert "failed; Slurm requeued the job" in requeued.reason
+    (resumed,) = [e for e in run.events() if e.event == "resumed"]
+    assert (resumed.job_id, resumed.restart) == (job_id, 1)
+    assert resumed.step == requeued.step and (resumed.step or 0) >= 10
+    assert len(run.attempts) == 1 and host in node_hosts(run) and len(node_hosts(run)) == 2  # then the other
+    assert set(logged_steps(run)) == set(range(5, 61, 5))
+    assert slurm_cluster.wait_sacct_rows(job_id, lambda r: r[:1] == ["NODE_FAIL"] and r[-1] == "COMPLETED", "rows")
+
+
+def test_the_same_error_at_the_same_step_twice_is_not_retried(slurm_cluster, tiny_job, tmp_path):
+    """A Python error after the first step (rank 0 cannot create the step-10 checkpoint's staging
+    folder: a file is in the way) fails the attempt; the batch script retries it once (`error`), the
+    new attempt fails the same way at the same step, and that is `repeated_error`: not retried,
+    the run FAILED (docs/recovery.md)."""
+    r = cli("submit", str(tiny_job), "--dry-run", "--set", "train.steps=40", "--set", "train.log_every=5",
+            "--set", "checkpoint.every_steps=10")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = only_run(tmp_path / "runs")
+    blocker = run.checkpoints_dir() / ".step-00000010.partial"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a folder\n")  # planted before the job exists: no race with the ranks
+    slurm_cluster.sbatch([str(run.path / "sbatch.sh")])
+    wait_for(lambda: status.run_status(run).state == "FAILED" and len(run.attempts) == 2, 420, "the second failure")
+    (restart,) = [e for e in run.events() if e.event == "auto_restart"]
+    assert restart.cause == "error" and "FileExistsError" in restart.reason
+    wait_for(lambda: any(e.event == "gave_up" for e in run.events()), 60, "the verdict on the second attempt")
+    (gave_up,) = [e for e in run.events() if e.event == "gave_up"]
+    assert gave_up.cause == "repeated_error" and gave_up.job_id == restart.job_id_next == run.attempts[-1].job_id
+    assert "again at step 10" in gave_up.reason and "not retried" in gave_up.reason
+    assert gave_up.signature == restart.signature
+    assert "repeated_error" in cli("status", str(run.path)).stdout
+
+
+def test_a_run_out_of_restarts_ends_failed_on_slurm(slurm_cluster, tiny_job, tmp_path):
+    """slurm.max_restarts = 0: a rank SIGKILLed (`rank_killed`, which costs a restart) ends the run
+    FAILED with `restarts_exhausted` instead of a new attempt; `resume` is the way on."""
+    r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", "slurm.max_restarts=0",
+            "--set", "train.steps=2000", "--set", "train.log_every=5")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = only_run(tmp_path / "runs")
+    job_id = run.attempts[-1].job_id
+    wait_for(lambda: max_step(run) >= 5, 240, "step 5")
+    (victim,) = worker_pids(run, job_id, rank=1)
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: status.run_status(run).state == "FAILED", 240, "FAILED")
+    (gave_up,) = [e for e in run.events() if e.event == "gave_up"]
+    assert gave_up.cause == "restarts_exhausted" and gave_up.job_id == job_id, gave_up
+    assert "rank(s) 1 died" in gave_up.reason and "slurm.max_restarts = 0" in gave_up.reason
+    assert len(run.attempts) == 1 and not any(e.event == "auto_restart" for e in run.events())
+    assert slurm_cluster.wait_sacct(job_id, "FAILED")
+    assert "restarts_exhausted" in cli("status", str(run.path)).stdout
