@@ -215,7 +215,7 @@ def test_staging_buffers_are_made_before_the_first_save_and_pruning_leaves_the_t
     monkeypatch.setattr(
         ck.shutil, "rmtree", lambda p, **kw: (deleted_by.append(threading.current_thread().name), rmtree(p, **kw))
     )
-    saver = ck.Checkpointer(tmp_path, model, opt, 0, 1, "", keep_last=1, async_save=True, writer_threads=3)
+    saver = ck.Checkpointer(tmp_path, model, opt, S.CheckpointSection(keep_last=1, async_=True, writer_threads=3))
     stager = saver._stager
     assert stager is not None and stager.ready.wait(60) and stager.state_dict_cache is not None
     buffers = stager.state_dict_cache

@@ -60,9 +60,9 @@ def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: 
     from transformers.utils import logging as hf_logging
 
     from . import model as modelmod
+    from .build import token_ids
     from .checkpoint import dcp_call
     from .progress import task
-    from .train import token_ids
     from .weights import compute_buffers
 
     hf_logging.set_verbosity_error()
