@@ -3,6 +3,7 @@ async saves, keep_last, and preemption (SIGUSR2) / cancel (SIGTERM) on the local
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -337,6 +338,8 @@ def test_cancel_saves_then_resume_finishes(tmp_path):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"resumes from step {saved}" in r.stdout
+    # the lr curve the resume follows (issue 25.7), said before the attempt is queued
+    assert f"note: learning rate: train.steps 400 -> {saved + 10} since the checkpoint" in r.stderr, r.stderr
     assert len(run.attempts) == 2 and status.run_status(run).state == "COMPLETED"
     assert newest(run).step == saved + 10
 
@@ -397,3 +400,55 @@ def test_max_restarts_bounds_comebacks_that_make_no_progress(tmp_path):
     reason = status.run_status(run).reason
     assert "no progress since the last restart" in reason and "max_restarts = 0" in reason, reason
     assert newest(run).step == requeued.step  # the state was saved all the same
+
+
+def _lr_of_attempt(run: runfolder.RunFolder, attempt: int) -> dict[int, float]:
+    return {r["step"]: r["lr"] for r in run.metrics() if r["attempt"] == attempt}
+
+
+def _resume_with(run: runfolder.RunFolder, overrides: list[str], back_to: int, job_id: str) -> tuple[dict, str]:
+    """Resume from step `back_to` (newer checkpoints set aside) with `overrides` in the run's
+    job.toml, on 1 rank: the resumed attempt's lr per step, and rank 0's output."""
+    ckptfolder.keep_only_up_to(run.checkpoints_dir(), back_to)
+    run.job_toml.write_text(S.dumps(S.load(run.job_toml, overrides)))
+    out = run_workers(run, 1, job_id=job_id)
+    attempt = sum(1 for e in run.events() if e.event == EventKind.START) - 1
+    return _lr_of_attempt(run, attempt), out[0][1]
+
+
+def test_changing_steps_on_resume_never_raises_the_lr_unless_asked(tmp_path):
+    """Issue 25.7: the lr curve a checkpoint was trained on (lr 3e-3, 2 warmup steps, cosine to
+    3e-4 at step 6) is recorded in it; a resume with other train.steps follows
+    train.resume_schedule, says so in its first lines, and prints no lr_scheduler warning."""
+    run = make_run(
+        JOB, tmp_path,
+        ["slurm.tasks_per_node=1", "train.micro_batch_size=4", "train.steps=6", "checkpoint.every_steps=3"],
+    )  # fmt: skip
+    run_workers(run, 1, job_id="s0")
+    first = _lr_of_attempt(run, 0)
+    peak, end = 3e-3, 3e-4
+    assert first[6] == pytest.approx(end) and first[2] == pytest.approx(peak)
+
+    lrs, out = _resume_with(run, ["train.steps=9"], 6, "s1")  # a finished run extended: stays at its end lr
+    assert sorted(lrs) == [7, 8, 9] and lrs == pytest.approx(dict.fromkeys(lrs, end)), lrs
+    assert (
+        "learning rate: train.steps 6 -> 9 since the checkpoint; train.resume_schedule = continue: from step 6 "
+        "the lr stays at 3.00e-04 to step 9" in out
+    ), out
+    assert "get_last_lr" not in out and "lr_scheduler" not in out
+
+    lrs, _ = _resume_with(run, ["train.steps=5"], 3, "s2")  # shortened mid-run: decays to the end, never up
+    assert first[3] > lrs[4] > lrs[5] == pytest.approx(end)
+
+    lrs, out = _resume_with(run, ["train.steps=9", "train.resume_schedule='keep'"], 3, "s3")
+    assert [lrs[s] for s in (4, 5, 6)] == [first[s] for s in (4, 5, 6)]  # the recorded curve, bit for bit
+    assert [lrs[s] for s in (7, 8, 9)] == pytest.approx([end] * 3)
+
+    lrs, _ = _resume_with(run, ["train.steps=9", "train.resume_schedule='rewarm'"], 3, "s4")
+    assert first[3] < lrs[4] < lrs[5] == pytest.approx(peak)  # warms up again over train.warmup = 2 steps
+    assert [lrs[s] for s in range(5, 10)] == sorted((lrs[s] for s in range(5, 10)), reverse=True)
+    assert lrs[9] == pytest.approx(end)
+
+    lrs, _ = _resume_with(run, ["train.steps=9", "train.resume_schedule='stretch'"], 3, "s5")
+    planned = {s: end + (peak - end) * 0.5 * (1 + math.cos(math.pi * (s - 2) / 7)) for s in range(4, 10)}
+    assert lrs == pytest.approx(planned)  # as if 9 steps had been the plan from the start

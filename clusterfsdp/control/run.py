@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import ckptfolder, datasource, hub, launch, lock, modelsource, procs, runfolder, secretenv, slurmcli, status
@@ -195,7 +195,10 @@ class Run:
                 self._cancel_attempt(live)
                 self._wait_gone(wait_s)
                 target = ckptfolder.find(root, step)  # the cancelled attempt saved a newer one
-            return self._start_attempt(spec, chosen, notice, target, set_aside=step is not None)
+            from . import lrschedule  # (only `resume` needs it)
+
+            sub = self._start_attempt(spec, chosen, notice, target, set_aside=step is not None)
+            return replace(sub, notes=lrschedule.resume_notes(target, spec.train))
         finally:
             held.release()
 

@@ -21,7 +21,7 @@ from typing import Any  # models: transformers PreTrainedModels wrapped by FSDP
 import torch
 import torch.distributed as dist
 
-from ..control import ckptfolder
+from ..control import ckptfolder, lrschedule
 from ..control.records import EventKind
 from ..control.spec import JobSpec
 from . import metrics as metricsmod
@@ -46,6 +46,7 @@ class TrainState:
     tokens_seen: int = 0
     elapsed_s: float = 0.0  # training time along the run's trajectory (metrics.Meter)
     data: str = ""  # the key of the prepared training dataset it was trained on
+    lr_schedule: dict[str, Any] = field(default_factory=dict)  # the lr curve (control.lrschedule.LrCurve)
     # Steps this incarnation ran, for the record of a failure (worker.main): an error before the
     # first one is deterministic (a bad config), not retried.
     steps_run: int = field(default=0, metadata={"saved": False})
@@ -115,21 +116,6 @@ class GraceCheck:
         self.on_event(EventKind.WARNING, step=step, reason=text)
 
 
-def lr_lambda(spec: JobSpec) -> Callable[[int], float]:
-    t = spec.train
-
-    def factor(step: int) -> float:
-        if step < t.warmup:
-            return (step + 1) / (t.warmup + 1)
-        if t.schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - t.warmup) / max(1, t.steps - t.warmup))
-        decay = 0.5 * (1 + math.cos(math.pi * progress)) if t.schedule == "cosine" else 1 - progress
-        return t.min_lr_ratio + (1 - t.min_lr_ratio) * decay
-
-    return factor
-
-
 class Trainer:
     """One rank's training run. Construction makes every component, in order (`_open_data`,
     `_build_model`, `_restore`, `_start_metrics`); `run` trains to train.steps or to a stop
@@ -146,12 +132,13 @@ class Trainer:
         self.data, self.samples, self.eval_batches = self._open_data()
         self.t_build = time.perf_counter()
         self.model, self.optimizer, self.config, self.counts = self._build_model()
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.spec))
         self.checkpointer = Checkpointer(
             ctx.checkpoints, self.model, self.optimizer, self.spec.checkpoint,
             rank=ctx.rank, world_size=ctx.world_size, spec_text=ctx.spec_text,
         )  # fmt: skip
-        self._restore()
+        self.curve = self._restore()
+        self.state.lr_schedule = self.curve.to_json()
+        self._set_lr()
         self.t_ready = time.perf_counter()
         self.meter = self._start_metrics()
         self.loss_fn = _loss_fn(self.spec)
@@ -188,9 +175,11 @@ class Trainer:
             self.samples = SyntheticSamples(spec.data.seq_len, config.vocab_size, spec.job.seed)
         return built
 
-    def _restore(self) -> None:
+    def _restore(self) -> lrschedule.LrCurve:
         """Load the newest checkpoint that loads on every rank (newer unreadable ones are set
-        aside, each with an event) into the model, the optimizer, the RNG and the TrainState."""
+        aside, each with an event) into the model, the optimizer, the RNG and the TrainState;
+        returns the lr curve to follow (the planned one, or the checkpoint's, reshaped as
+        train.resume_schedule says when [train] changed since: said in the log)."""
         ctx, state = self.ctx, self.state
         t0 = time.perf_counter()
         newest = ckptfolder.find(ctx.checkpoints)
@@ -202,14 +191,15 @@ class Trainer:
             self.log(f"checkpoint step {bad_step} did not load, set aside: {reason}")
             ctx.on_event(EventKind.CHECKPOINT_FALLBACK, step=bad_step, reason=f"did not load, set aside: {reason}")
         state.data = self.data.key
+        t = self.spec.train
+        planned = lrschedule.planned(lrschedule.Plan.of(t))
         if loaded is None:
-            return
+            return planned
         trained_on = saved.get("data", self.data.key)
         state.load_state_dict(saved)
         state.data = self.data.key
-        self.scheduler.last_epoch = state.step
-        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_lr(), strict=False):
-            group["lr"] = lr
+        old = lrschedule.recorded(saved, loaded.path) or planned
+        curve = lrschedule.reshape(old, t, state.step, lrschedule.ResumeSchedule(t.resume_schedule))
         self.log(
             f"resumed from {loaded.path.name} (step {state.step}, {state.consumed} samples seen, "
             f"saved by {saved['world_size']} ranks, now {ctx.world_size}) in {time.perf_counter() - t0:.2f} s"
@@ -221,6 +211,10 @@ class Trainer:
                 f"{self.data.key} (the sources, tokenizer or format changed): the data position "
                 f"({state.consumed} samples) continues in the new data"
             )
+        note = lrschedule.describe(old, curve, state.step, t.lr, t.resume_schedule)
+        if note:
+            self.log(note)
+        return curve
 
     def _start_metrics(self) -> metricsmod.Meter:
         spec, config, counts = self.spec, self.config, self.counts
@@ -280,8 +274,8 @@ class Trainer:
         grad_norm = _clip(self.model, t.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
         state.step += 1
+        self._set_lr()
         state.steps_run += 1
         tokens = world * t.grad_accum * mb * self.spec.data.seq_len
         state.tokens_seen += tokens
@@ -314,7 +308,7 @@ class Trainer:
         row = self.meter.row(
             step=step,
             loss=float(loss_sum),
-            lr=self.scheduler.get_last_lr()[0],
+            lr=self.optimizer.param_groups[0]["lr"],
             grad_norm=float(grad_norm),
             tokens_seen=self.state.tokens_seen,
             **self.maybe_eval(),
@@ -334,6 +328,12 @@ class Trainer:
         self.log(f"checkpoint step {step}: training blocked {blocked:.3f} s ({'async' if c.async_ else 'sync'})")
         if not c.async_:
             self.grace(self.checkpointer.last_save_s, self.ctx.flags.latency_s(), step)
+
+    def _set_lr(self) -> None:
+        """The lr of the next step: train.lr x the curve at this step."""
+        lr = self.spec.train.lr * self.curve.factor(self.state.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def _save(self, *, blocking: bool = False) -> float:
         self.state.elapsed_s = self.meter.elapsed()
