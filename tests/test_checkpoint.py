@@ -452,3 +452,67 @@ def test_changing_steps_on_resume_never_raises_the_lr_unless_asked(tmp_path):
     lrs, _ = _resume_with(run, ["train.steps=9", "train.resume_schedule='stretch'"], 3, "s5")
     planned = {s: end + (peak - end) * 0.5 * (1 + math.cos(math.pi * (s - 2) / 7)) for s in range(4, 10)}
     assert lrs == pytest.approx(planned)  # as if 9 steps had been the plan from the start
+
+
+class _Planted:
+    """What a planted pickle does when loaded: here, create a folder (the test looks for it)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def _plant(path: Path, payload: object, meta_file: Path, *, fix_checksum: bool) -> None:
+    """Replace a checkpoint file; with `fix_checksum` also its SHA-256 in clusterfsdp.json (an
+    attacker who can write the folder can rewrite both)."""
+    import hashlib
+    import json
+    import pickle
+
+    data = pickle.dumps(payload) if not isinstance(payload, bytes) else payload
+    path.write_bytes(data)
+    if fix_checksum:
+        meta = json.loads(meta_file.read_text())
+        name = path.relative_to(meta_file.parent).as_posix()
+        meta["sha256"][name] = hashlib.sha256(data).hexdigest()
+        meta_file.write_text(json.dumps(meta))
+
+
+def test_planted_pickles_are_refused_and_corrupt_payloads_detected(tmp_path):
+    """Issue 29.6: nothing in a checkpoint runs code on resume, and what was not written by the
+    save is detected: each bad checkpoint is set aside with a one-line reason (the fallback of
+    Checkpointer.load_newest) and the run resumes from the newest good one."""
+    run = make_run(
+        JOB, tmp_path,
+        ["slurm.tasks_per_node=1", "train.micro_batch_size=4", "checkpoint.every_steps=2", "train.steps=8"],
+    )  # fmt: skip
+    run_workers(run, 1, job_id="p1")
+    root = run.checkpoints_dir()
+    assert [c.step for c in ckptfolder.list_checkpoints(root)] == [2, 4, 6, 8]
+    marker = tmp_path / "pwned"
+
+    def meta(step: int) -> Path:
+        return ckptfolder.step_dir(root, step) / ckptfolder.COMPLETE
+
+    metadata8 = ckptfolder.step_dir(root, 8) / ckptfolder.DCP_METADATA
+    _plant(metadata8, _Planted(marker), meta(8), fix_checksum=True)  # DCP's .metadata: a pickle
+    rng6 = ckptfolder.rng_file(ckptfolder.step_dir(root, 6), 0)
+    _plant(rng6, {"cpu": _Planted(marker)}, meta(6), fix_checksum=True)
+    rng4 = ckptfolder.rng_file(ckptfolder.step_dir(root, 4), 0)
+    corrupt = bytearray(rng4.read_bytes())
+    corrupt[len(corrupt) // 2] ^= 0xFF  # in the RNG state's bytes: torch.load alone would take it silently
+    _plant(rng4, bytes(corrupt), meta(4), fix_checksum=False)
+    run.job_toml.write_text(run.job_toml.read_text().replace("steps = 8", "steps = 10"))
+
+    out = run_workers(run, 1, job_id="p2")
+    assert not marker.exists()
+    fallbacks = {e.step or 0: e.reason for e in run.events() if e.event is EventKind.CHECKPOINT_FALLBACK}
+    assert sorted(fallbacks) == [4, 6, 8] and all("\n" not in r for r in fallbacks.values()), fallbacks
+    assert "posix.mkdir is not allowed in a DCP .metadata file" in fallbacks[8], fallbacks[8]
+    assert "rng/rank0.pt: refused to unpickle it (not plain tensor data)" in fallbacks[6], fallbacks[6]
+    assert "rng/rank0.pt: SHA-256 does not match the one recorded" in fallbacks[4], fallbacks[4]
+    assert any(e.event == "resumed" and e.step == 2 and e.job_id == "p2" for e in run.events())
+    assert [c.step for c in ckptfolder.list_checkpoints(root)][-1] == 10
+    assert "checkpoint step 8 did not load, set aside" in out[0][1]

@@ -5,7 +5,8 @@ Python: no torch.
     checkpoints/step-00000100/
         .metadata  __0_0.distcp ...   DCP: model + optimizer, resharded on load
         rng/rank<R>.pt                 CPU (and CUDA) RNG state of each rank
-        clusterfsdp.json               the train state (step, data position, ...), world size, checksums
+        clusterfsdp.json               the train state (step, data position, lr curve, ...), world size,
+                                       SHA-256 of the small files and the size of every shard
         job.toml                       the spec it was made with
     checkpoints/.step-00000200.partial/   a save in progress (or one a crash cut off)
     checkpoints/.pruning/                 old checkpoints being deleted in the background
@@ -68,8 +69,13 @@ def set_aside_dir(root: Path) -> Path:
     return root / SET_ASIDE
 
 
+def rng_name(rank: int) -> str:
+    """A rank's RNG file, relative to its checkpoint (the key of its checksum)."""
+    return f"{RNG_DIR}/rank{rank}.pt"
+
+
 def rng_file(checkpoint: Path, rank: int) -> Path:
-    return checkpoint / RNG_DIR / f"rank{rank}.pt"
+    return checkpoint / rng_name(rank)
 
 
 def is_complete(path: Path) -> bool:

@@ -5,6 +5,7 @@ and FSDP1 alike. The folder layout (what a complete checkpoint is, where it live
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from typing import Any
 from ..control import ckptfolder
 from ..control.ckptfolder import COMPLETE, CheckpointInfo, list_checkpoints, step_dir
 from ..control.spec import CheckpointSection
+from . import safeload
 
 
 class CheckpointError(RuntimeError):
@@ -176,15 +178,29 @@ class Checkpointer:
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
+        payload = io.BytesIO()
+        torch.save(rng, payload)
         rng_file = ckptfolder.rng_file(partial, self.rank)
         rng_file.parent.mkdir(exist_ok=True)
-        torch.save(rng, rng_file)
+        rng_file.write_bytes(payload.getvalue())
+        digests = self._gather(safeload.sha256(payload.getvalue()))
         meta = {**meta, "step": step, "world_size": self.world_size, "saved": time.time()}
+        meta[safeload.SHA256] = {ckptfolder.rng_name(r): d for r, d in enumerate(digests)}
         try:
             self._write(partial, final, meta, blocking, t0)
         except CheckpointError as e:
             raise CheckpointError(f"{e} [{_free_space(self.root)}]") from None
         return time.perf_counter() - t0
+
+    def _gather(self, digest: str) -> list[str]:
+        """Every rank's digest, in rank order (on every rank; over gloo: small and host-side)."""
+        import torch.distributed as dist
+
+        if self._agree_pg is None:
+            return [digest]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, digest, group=self._agree_pg)
+        return out
 
     def _write(self, partial: Path, final: Path, meta: dict[str, Any], blocking: bool, t0: float) -> None:
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, async_save, save
@@ -233,6 +249,9 @@ class Checkpointer:
         if self.rank != 0:
             return
         (partial / ckptfolder.JOB_TOML).write_text(self.spec_text)
+        records = safeload.file_records(partial, {ckptfolder.JOB_TOML: self.spec_text.encode()})
+        meta = {**meta, safeload.SHA256: {**meta.get(safeload.SHA256, {}), **records[safeload.SHA256]},
+                safeload.SIZES: records[safeload.SIZES]}  # fmt: skip
         tmp = partial / f".{COMPLETE}.tmp"
         tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, partial / COMPLETE)
@@ -248,11 +267,12 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict_loader import load
 
         state = self._state()
-        dcp_call(f"loading {info.path.name}", load, state, checkpoint_id=str(info.path))
+        safeload.check_files(info.path, info.meta)
+        reader, planner = safeload.SafeReader(info.path, info.meta), safeload.SafePlanner()
+        dcp_call(f"loading {info.path.name}", load, state, storage_reader=reader, planner=planner)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        rng_file = ckptfolder.rng_file(info.path, self.rank)
-        if info.meta.get("world_size") == self.world_size and rng_file.is_file():
-            rng = torch.load(rng_file, weights_only=False)
+        if info.meta.get("world_size") == self.world_size and ckptfolder.rng_file(info.path, self.rank).is_file():
+            rng = safeload.load_rng(info.path, self.rank, info.meta)
             torch.set_rng_state(rng["cpu"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
