@@ -1,6 +1,6 @@
 """Checkpoint timings of the real Checkpointer on one GPU (issue 5).
 
-Builds the benchmark model and optimizer with `clusterfsdp.train.build` (FSDP2, 1 rank),
+Builds the benchmark model and optimizer with `clusterfsdp.worker.build.build` (FSDP2, 1 rank),
 takes one training step so AdamW's state exists, then times on one filesystem:
 
 - raw write bandwidth of that disk: `dd if=/dev/zero bs=64M conv=fsync` (same call);
@@ -74,7 +74,7 @@ def thread_sweep(ck_root: Path, make, meta: dict, size_of, dd_gb_s: float | None
     """Blocking saves with 1, 2, 4 and 8 writer threads (one checkpoint folder each, removed after)."""
     rows = []
     for n, threads in enumerate((1, 2, 4, 8)):
-        saver = make(ck_root / f"threads-{threads}", async_save=False, writer_threads=threads)
+        saver = make(ck_root / f"threads-{threads}", writer_threads=threads)
         secs = saver.save(n + 1, meta, blocking=True)
         size = size_of(saver.root)
         rows.append({"threads": threads, "s": round(secs, 2), "gb_s": round(size / secs / 1e9, 3)})
@@ -100,7 +100,7 @@ def async_modes(ck_root: Path, make, meta: dict, step, repeat: int) -> dict:
     out: dict = {}
     for mode in ("thread", "process"):
         t0 = time.perf_counter()
-        saver = make(ck_root / f"async-{mode}", async_save=True, async_mode=mode)
+        saver = make(ck_root / f"async-{mode}", async_=True, async_mode=mode)
         rows: list[dict] = [{"construct_s": round(time.perf_counter() - t0, 2)}]
         for i in range(repeat):
             idle, _ = steps_per_s(step, lambda: True)
@@ -130,7 +130,7 @@ def prune_cost(ck_root: Path, make, meta: dict, copies: int) -> dict:
     rename into `.pruning/` (now), each on its own copy of the same checkpoint."""
     from clusterfsdp.control import ckptfolder
 
-    saver = make(ck_root / "prune", async_save=False, writer_threads=4)
+    saver = make(ck_root / "prune", writer_threads=4)
     saver.save(1, meta, blocking=True)
     first = ckptfolder.step_dir(saver.root, 1)
     rows = []
@@ -239,8 +239,8 @@ def main() -> None:
     from clusterfsdp.control import ckptfolder
     from clusterfsdp.control import spec as specmod
     from clusterfsdp.data.samples import Batch
+    from clusterfsdp.worker import build, distenv, train
     from clusterfsdp.worker import checkpoint as ckpt
-    from clusterfsdp.worker import distenv, train
 
     env = distenv.from_environ()
     os.environ.update(env.export())
@@ -265,7 +265,7 @@ def main() -> None:
         overrides=a.set,
     )
     spec_text = specmod.dumps(spec)
-    model, opt, config, counts = train.build(spec, device, 1, None)
+    model, opt, config, counts = build.build(spec, device, 1, None)
     loss_fn = train._loss_fn(spec)
     gen = torch.Generator().manual_seed(0)
 
@@ -293,7 +293,9 @@ def main() -> None:
     meta0 = {"consumed": 0, "tokens_seen": 0}
 
     def make(folder: Path, **kw) -> Any:
-        return ckpt.Checkpointer(folder, model, opt, 0, 1, spec_text, 1, **kw)
+        """A Checkpointer keeping 1 checkpoint, with the given [checkpoint] fields."""
+        section = specmod.CheckpointSection(keep_last=1, **kw)
+        return ckpt.Checkpointer(folder, model, opt, section, spec_text=spec_text)
 
     if "threads" in parts:
         out["threads"] = thread_sweep(root, make, meta0, du, out.get("dd", {}).get("gb_s"))
@@ -312,7 +314,7 @@ def main() -> None:
         return ok
 
     ck = root / "checkpoints"
-    sync_saver = ckpt.Checkpointer(ck, model, opt, 0, 1, spec_text, 1, async_save=False)
+    sync_saver = make(ck)
     saves = []
     step_no = 0
     for _ in range(a.repeat if "sync" in parts else int("load" in parts)):
@@ -340,7 +342,7 @@ def main() -> None:
         print("sync dcp.save, FileSystemWriter threads", out["writer"], flush=True)
         shutil.rmtree(target, ignore_errors=True)
 
-    async_saver = ckpt.Checkpointer(ck, model, opt, 0, 1, spec_text, 1, async_save=True)
+    async_saver = make(ck, async_=True)
     asyncs = []
     for _ in range(a.repeat if "async" in parts else 0):
         if not room("async save"):

@@ -294,6 +294,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
         force=args.force,
         without_secrets=args.without_secrets,
     )
+    for note in sub.notes:
+        print(f"note: {note}", file=sys.stderr)
     origin = f"step {sub.resume_step}" if sub.resume_step is not None else "scratch (no checkpoint)"
     _print_submission(sub, args, f"run {run.id}  job {sub.job_id}  resumes from {origin}")
     if args.follow:

@@ -3,6 +3,7 @@ async saves, keep_last, and preemption (SIGUSR2) / cancel (SIGTERM) on the local
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -215,7 +216,7 @@ def test_staging_buffers_are_made_before_the_first_save_and_pruning_leaves_the_t
     monkeypatch.setattr(
         ck.shutil, "rmtree", lambda p, **kw: (deleted_by.append(threading.current_thread().name), rmtree(p, **kw))
     )
-    saver = ck.Checkpointer(tmp_path, model, opt, 0, 1, "", keep_last=1, async_save=True, writer_threads=3)
+    saver = ck.Checkpointer(tmp_path, model, opt, S.CheckpointSection(keep_last=1, async_=True, writer_threads=3))
     stager = saver._stager
     assert stager is not None and stager.ready.wait(60) and stager.state_dict_cache is not None
     buffers = stager.state_dict_cache
@@ -337,6 +338,8 @@ def test_cancel_saves_then_resume_finishes(tmp_path):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"resumes from step {saved}" in r.stdout
+    # the lr curve the resume follows (issue 25.7), said before the attempt is queued
+    assert f"note: learning rate: train.steps 400 -> {saved + 10} since the checkpoint" in r.stderr, r.stderr
     assert len(run.attempts) == 2 and status.run_status(run).state == "COMPLETED"
     assert newest(run).step == saved + 10
 
@@ -397,3 +400,119 @@ def test_max_restarts_bounds_comebacks_that_make_no_progress(tmp_path):
     reason = status.run_status(run).reason
     assert "no progress since the last restart" in reason and "max_restarts = 0" in reason, reason
     assert newest(run).step == requeued.step  # the state was saved all the same
+
+
+def _lr_of_attempt(run: runfolder.RunFolder, attempt: int) -> dict[int, float]:
+    return {r["step"]: r["lr"] for r in run.metrics() if r["attempt"] == attempt}
+
+
+def _resume_with(run: runfolder.RunFolder, overrides: list[str], back_to: int, job_id: str) -> tuple[dict, str]:
+    """Resume from step `back_to` (newer checkpoints set aside) with `overrides` in the run's
+    job.toml, on 1 rank: the resumed attempt's lr per step, and rank 0's output."""
+    ckptfolder.keep_only_up_to(run.checkpoints_dir(), back_to)
+    run.job_toml.write_text(S.dumps(S.load(run.job_toml, overrides)))
+    out = run_workers(run, 1, job_id=job_id)
+    attempt = sum(1 for e in run.events() if e.event == EventKind.START) - 1
+    return _lr_of_attempt(run, attempt), out[0][1]
+
+
+def test_changing_steps_on_resume_never_raises_the_lr_unless_asked(tmp_path):
+    """Issue 25.7: the lr curve a checkpoint was trained on (lr 3e-3, 2 warmup steps, cosine to
+    3e-4 at step 6) is recorded in it; a resume with other train.steps follows
+    train.resume_schedule, says so in its first lines, and prints no lr_scheduler warning."""
+    run = make_run(
+        JOB, tmp_path,
+        ["slurm.tasks_per_node=1", "train.micro_batch_size=4", "train.steps=6", "checkpoint.every_steps=3"],
+    )  # fmt: skip
+    run_workers(run, 1, job_id="s0")
+    first = _lr_of_attempt(run, 0)
+    peak, end = 3e-3, 3e-4
+    assert first[6] == pytest.approx(end) and first[2] == pytest.approx(peak)
+
+    lrs, out = _resume_with(run, ["train.steps=9"], 6, "s1")  # a finished run extended: stays at its end lr
+    assert sorted(lrs) == [7, 8, 9] and lrs == pytest.approx(dict.fromkeys(lrs, end)), lrs
+    assert (
+        "learning rate: train.steps 6 -> 9 since the checkpoint; train.resume_schedule = continue: from step 6 "
+        "the lr stays at 3.00e-04 to step 9" in out
+    ), out
+    assert "get_last_lr" not in out and "lr_scheduler" not in out
+
+    lrs, _ = _resume_with(run, ["train.steps=5"], 3, "s2")  # shortened mid-run: decays to the end, never up
+    assert first[3] > lrs[4] > lrs[5] == pytest.approx(end)
+
+    lrs, out = _resume_with(run, ["train.steps=9", "train.resume_schedule='keep'"], 3, "s3")
+    assert [lrs[s] for s in (4, 5, 6)] == [first[s] for s in (4, 5, 6)]  # the recorded curve, bit for bit
+    assert [lrs[s] for s in (7, 8, 9)] == pytest.approx([end] * 3)
+
+    lrs, _ = _resume_with(run, ["train.steps=9", "train.resume_schedule='rewarm'"], 3, "s4")
+    assert first[3] < lrs[4] < lrs[5] == pytest.approx(peak)  # warms up again over train.warmup = 2 steps
+    assert [lrs[s] for s in range(5, 10)] == sorted((lrs[s] for s in range(5, 10)), reverse=True)
+    assert lrs[9] == pytest.approx(end)
+
+    lrs, _ = _resume_with(run, ["train.steps=9", "train.resume_schedule='stretch'"], 3, "s5")
+    planned = {s: end + (peak - end) * 0.5 * (1 + math.cos(math.pi * (s - 2) / 7)) for s in range(4, 10)}
+    assert lrs == pytest.approx(planned)  # as if 9 steps had been the plan from the start
+
+
+class _Planted:
+    """What a planted pickle does when loaded: here, create a folder (the test looks for it)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def _plant(path: Path, payload: object, meta_file: Path, *, fix_checksum: bool) -> None:
+    """Replace a checkpoint file; with `fix_checksum` also its SHA-256 in clusterfsdp.json (an
+    attacker who can write the folder can rewrite both)."""
+    import hashlib
+    import json
+    import pickle
+
+    data = pickle.dumps(payload) if not isinstance(payload, bytes) else payload
+    path.write_bytes(data)
+    if fix_checksum:
+        meta = json.loads(meta_file.read_text())
+        name = path.relative_to(meta_file.parent).as_posix()
+        meta["sha256"][name] = hashlib.sha256(data).hexdigest()
+        meta_file.write_text(json.dumps(meta))
+
+
+def test_planted_pickles_are_refused_and_corrupt_payloads_detected(tmp_path):
+    """Issue 29.6: nothing in a checkpoint runs code on resume, and what was not written by the
+    save is detected: each bad checkpoint is set aside with a one-line reason (the fallback of
+    Checkpointer.load_newest) and the run resumes from the newest good one."""
+    run = make_run(
+        JOB, tmp_path,
+        ["slurm.tasks_per_node=1", "train.micro_batch_size=4", "checkpoint.every_steps=2", "train.steps=8"],
+    )  # fmt: skip
+    run_workers(run, 1, job_id="p1")
+    root = run.checkpoints_dir()
+    assert [c.step for c in ckptfolder.list_checkpoints(root)] == [2, 4, 6, 8]
+    marker = tmp_path / "pwned"
+
+    def meta(step: int) -> Path:
+        return ckptfolder.step_dir(root, step) / ckptfolder.COMPLETE
+
+    metadata8 = ckptfolder.step_dir(root, 8) / ckptfolder.DCP_METADATA
+    _plant(metadata8, _Planted(marker), meta(8), fix_checksum=True)  # DCP's .metadata: a pickle
+    rng6 = ckptfolder.rng_file(ckptfolder.step_dir(root, 6), 0)
+    _plant(rng6, {"cpu": _Planted(marker)}, meta(6), fix_checksum=True)
+    rng4 = ckptfolder.rng_file(ckptfolder.step_dir(root, 4), 0)
+    corrupt = bytearray(rng4.read_bytes())
+    corrupt[len(corrupt) // 2] ^= 0xFF  # in the RNG state's bytes: torch.load alone would take it silently
+    _plant(rng4, bytes(corrupt), meta(4), fix_checksum=False)
+    run.job_toml.write_text(run.job_toml.read_text().replace("steps = 8", "steps = 10"))
+
+    out = run_workers(run, 1, job_id="p2")
+    assert not marker.exists()
+    fallbacks = {e.step or 0: e.reason for e in run.events() if e.event is EventKind.CHECKPOINT_FALLBACK}
+    assert sorted(fallbacks) == [4, 6, 8] and all("\n" not in r for r in fallbacks.values()), fallbacks
+    assert "posix.mkdir is not allowed in a DCP .metadata file" in fallbacks[8], fallbacks[8]
+    assert "rng/rank0.pt: refused to unpickle it (not plain tensor data)" in fallbacks[6], fallbacks[6]
+    assert "rng/rank0.pt: SHA-256 does not match the one recorded" in fallbacks[4], fallbacks[4]
+    assert any(e.event == "resumed" and e.step == 2 and e.job_id == "p2" for e in run.events())
+    assert [c.step for c in ckptfolder.list_checkpoints(root)][-1] == 10
+    assert "checkpoint step 8 did not load, set aside" in out[0][1]

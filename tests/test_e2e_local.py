@@ -63,7 +63,8 @@ def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
 import torch, torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from clusterfsdp.control import ckptfolder, runfolder
-from clusterfsdp.worker import checkpoint, train
+from clusterfsdp.control.spec import CheckpointSection
+from clusterfsdp.worker import build, checkpoint
 
 text = "It is a truth universally acknowledged"
 tok = AutoTokenizer.from_pretrained({str(out)!r})
@@ -79,8 +80,8 @@ assert loss < 3.5, loss   # the trained model knows the corpus; random init give
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
 run = runfolder.RunFolder(__import__("pathlib").Path({str(run.path)!r}))
 spec = run.spec()
-model, opt, _, _ = train.build(spec, torch.device("cpu"), 1, train.token_ids(spec), kept=run.model_dir, resume=True)
-saver = checkpoint.Checkpointer(run.checkpoints_dir(), model, opt, 0, 1, "", 2, False)
+model, opt, _, _ = build.build(spec, torch.device("cpu"), 1, build.token_ids(spec), kept=run.model_dir, resume=True)
+saver = checkpoint.Checkpointer(run.checkpoints_dir(), model, opt, CheckpointSection(keep_last=2))
 saver.load(ckptfolder.find(run.checkpoints_dir()))
 model.eval()
 with torch.no_grad():

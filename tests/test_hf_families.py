@@ -5,7 +5,7 @@ files hold dense fused weights that transformers splits while loading), are save
 `save_pretrained` (every weight perturbed, so a weight that is not loaded cannot pass), plus
 GPT-2 as published on the hub (no `transformer.` prefix, old `attn.bias` buffers, no lm_head)
 and a Llama folder missing one tensor. One 1-rank and one 4-rank launch build every family
-through `train.build` with FSDP2 and FSDP1 (and HSDP 2x2 for two of them) and report, per rank:
+through `worker.build.build` with FSDP2 and FSDP1 (and HSDP 2x2 for two of them) and report, per rank:
 the max |logits - AutoModelForCausalLM.from_pretrained(folder) logits| in fp32, a digest of the
 random-init weights, the parameter counts, buffers against transformers' own, and the one-line
 errors of models that cannot be loaded. The assertions compare across ranks, world sizes and
@@ -97,7 +97,7 @@ from pathlib import Path
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM
 from clusterfsdp.control import spec as S
-from clusterfsdp.worker import distenv, train
+from clusterfsdp.worker import build as buildmod, distenv
 from clusterfsdp.worker.model import ModelError, canonical
 
 os.environ.update(distenv.from_environ().export())
@@ -115,7 +115,7 @@ def report(**fields):
     print("RESULT " + json.dumps({"rank": rank, "world": world, **fields}), flush=True)
 
 def build(text):
-    model, _, config, counts = train.build(S.loads(text), torch.device("cpu"), world, None)
+    model, _, config, counts = buildmod.build(S.loads(text), torch.device("cpu"), world, None)
     return model, config, counts
 
 references = {}
@@ -137,7 +137,8 @@ for fam, version, sharding, source in plan:
     tied = config.tie_word_embeddings
     report(fam=fam, version=version, sharding=sharding, source=source, digest=digest,
            diff=float((logits - expected).abs().max()), total=counts.total, active=counts.active,
-           buffers_equal=all(torch.equal(buffers[n], b) for n, b in ref_buffers.items() if n in buffers),
+           missing_buffers=sorted(n for n in ref_buffers if n not in buffers),
+           buffers_equal=all(n in buffers and torch.equal(buffers[n], b) for n, b in ref_buffers.items()),
            tie_kept=(not tied) or model.get_output_embeddings().weight is model.get_input_embeddings().weight)
     if world == 1 and source == "config":  # random init is the family's own init
         own = AutoModelForCausalLM.from_config(config).state_dict()
@@ -204,6 +205,7 @@ def test_every_family_loads_exactly_on_1_and_4_ranks_with_fsdp2_and_fsdp1(result
     assert {(r["fam"], r["version"]) for r in pretrained if r["sharding"] == "hybrid"} == HSDP
     bad = [r for r in pretrained if r["diff"] > 1e-5]
     assert not bad, bad
+    assert [r for r in loads(results) if r["missing_buffers"]] == []  # every buffer of transformers' own
     assert all(r["buffers_equal"] and r["tie_kept"] for r in loads(results))
 
 

@@ -285,7 +285,7 @@ import sys
 from pathlib import Path
 from clusterfsdp.control.runfolder import RunFolder
 from clusterfsdp.worker.train import token_ids
-from clusterfsdp.worker.tokens import load_tokenizer
+from clusterfsdp.data.tokens import load_tokenizer
 spec = RunFolder(Path(sys.argv[1])).spec()
 print(type(load_tokenizer(spec.data.tokenizer)).__module__.split(".")[0], token_ids(spec))
 """

@@ -1,11 +1,17 @@
 """The checkpoint folder layout, shared by the worker (which writes it) and the control plane
-(status, resume, export, the TUI, which read it). Pure Python: no torch.
+(status, resume, export, the TUI, which read it). Every name in it is spelled here once. Pure
+Python: no torch.
 
     checkpoints/step-00000100/
         .metadata  __0_0.distcp ...   DCP: model + optimizer, resharded on load
         rng/rank<R>.pt                 CPU (and CUDA) RNG state of each rank
-        clusterfsdp.json               step, tokens seen, data position, world size
+        clusterfsdp.json               the train state (step, data position, lr curve, ...), world size,
+                                       SHA-256 of the small files and the size of every shard
         job.toml                       the spec it was made with
+    checkpoints/.step-00000200.partial/   a save in progress (or one a crash cut off)
+    checkpoints/.pruning/                 old checkpoints being deleted in the background
+    checkpoints/set-aside/step-N-T        newer ones a `resume --step` moved away (never deleted)
+    checkpoints/set-aside/step-N-unreadable-T   ones that did not load on some rank
 
 A checkpoint is written under `.step-<N>.partial/` and renamed to `step-<N>` only after
 every rank's shards and DCP's `.metadata` are on disk, so a crash, a kill -9 or a full
@@ -24,7 +30,14 @@ from pathlib import Path
 from typing import Any
 
 COMPLETE = "clusterfsdp.json"
+DCP_METADATA = ".metadata"
+JOB_TOML = "job.toml"
+RNG_DIR = "rng"
+PRUNING = ".pruning"
+SET_ASIDE = "set-aside"
+UNREADABLE = "unreadable"
 _STEP = re.compile(r"^step-(\d+)$")
+_PARTIAL_GLOB = ".step-*.partial"
 
 
 @dataclass(frozen=True)
@@ -38,8 +51,35 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:08d}"
 
 
+def partial_dir(root: Path, step: int) -> Path:
+    """Where the save of `step` is written until it is complete."""
+    return root / f".step-{step:08d}.partial"
+
+
+def partial_dirs(root: Path) -> list[Path]:
+    """Saves in progress, or cut off by a crash."""
+    return sorted(root.glob(_PARTIAL_GLOB))
+
+
+def pruning_dir(root: Path) -> Path:
+    return root / PRUNING
+
+
+def set_aside_dir(root: Path) -> Path:
+    return root / SET_ASIDE
+
+
+def rng_name(rank: int) -> str:
+    """A rank's RNG file, relative to its checkpoint (the key of its checksum)."""
+    return f"{RNG_DIR}/rank{rank}.pt"
+
+
+def rng_file(checkpoint: Path, rank: int) -> Path:
+    return checkpoint / rng_name(rank)
+
+
 def is_complete(path: Path) -> bool:
-    return (path / ".metadata").is_file() and (path / COMPLETE).is_file()
+    return (path / DCP_METADATA).is_file() and (path / COMPLETE).is_file()
 
 
 def list_checkpoints(root: Path) -> list[CheckpointInfo]:
@@ -65,14 +105,17 @@ def find(root: Path, step: int | None = None) -> CheckpointInfo | None:
     return found[-1] if found else None
 
 
+def set_aside(checkpoint: Path, why: str = "") -> Path:
+    """Move one checkpoint into `set-aside/` (never deleted; no longer found nor counted by
+    keep_last) as `step-N[-why]-T`; returns where it went."""
+    label = f"-{why}" if why else ""
+    dest = set_aside_dir(checkpoint.parent) / f"{checkpoint.name}{label}-{int(time.time())}"
+    dest.parent.mkdir(exist_ok=True)
+    os.replace(checkpoint, dest)
+    return dest
+
+
 def keep_only_up_to(root: Path, step: int) -> list[tuple[Path, Path]]:
-    """Move complete checkpoints newer than `step` into `set-aside/` (never deleted), so a
-    resume picks `step`. Returns (original, new) paths, so that the move can be undone."""
-    moved: list[tuple[Path, Path]] = []
-    for info in list_checkpoints(root):
-        if info.step > step:
-            dest = root / "set-aside" / f"{info.path.name}-{int(time.time())}"
-            dest.parent.mkdir(exist_ok=True)
-            os.replace(info.path, dest)
-            moved.append((info.path, dest))
-    return moved
+    """Move complete checkpoints newer than `step` into `set-aside/`, so a resume picks `step`.
+    Returns (original, new) paths, so that the move can be undone."""
+    return [(info.path, set_aside(info.path)) for info in list_checkpoints(root) if info.step > step]

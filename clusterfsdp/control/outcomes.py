@@ -16,6 +16,17 @@ from .records import Cause, Event, EventKind
 from .slurmcli import JobInfo
 
 
+# ---------------------------------------------------------------- a rank's end
+class RankOutcome(StrEnum):
+    """How a rank's part of an attempt ended (what `worker.main.run` returns, and what the
+    experiment trackers are closed with)."""
+
+    COMPLETED = "completed"  # trained to train.steps and saved
+    PREEMPTED = "preempted"  # saved and comes back (requeue, follow-up job, local restart)
+    STOPPED = "stopped"  # saved and stops (a cancel); `clusterfsdp resume` continues
+    FAILED = "failed"  # an exception, or restarts used up
+
+
 # ---------------------------------------------------------------- a stop signal
 class StopAction(StrEnum):
     """What the ranks do after the collective save a stop signal triggered."""

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -230,7 +230,10 @@ class Run:
                 self._cancel_attempt(live, backends.for_attempt(live))
                 self._wait_gone(wait_s)
                 target = ckptfolder.find(root, step)  # the cancelled attempt saved a newer one
-            return self._start_attempt(spec, backend, notice, target, set_aside=step is not None)
+            from . import lrschedule  # (only `resume` needs it)
+
+            sub = self._start_attempt(spec, backend, notice, target, set_aside=step is not None)
+            return replace(sub, notes=lrschedule.resume_notes(target, spec.train))
         finally:
             held.release()
 

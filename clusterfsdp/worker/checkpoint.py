@@ -5,6 +5,7 @@ and FSDP1 alike. The folder layout (what a complete checkpoint is, where it live
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -12,7 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..control import ckptfolder
 from ..control.ckptfolder import COMPLETE, CheckpointInfo, list_checkpoints, step_dir
+from ..control.spec import CheckpointSection
+from . import safeload
 
 
 class CheckpointError(RuntimeError):
@@ -90,7 +94,7 @@ class _Pruner:
     def __init__(self, root: Path):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.trash = root / ".pruning"
+        self.trash = ckptfolder.pruning_dir(root)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-prune")
         self._last = self._pool.submit(self._empty)
 
@@ -114,25 +118,24 @@ class _Pruner:
 
 
 class Checkpointer:
-    """Saves and loads one run's checkpoints; every method is collective unless noted."""
+    """Saves and loads one run's checkpoints under `root` as its `[checkpoint]` section says
+    (keep_last, async, async_mode, writer_threads); every method is collective unless noted.
+    `spec_text` (the run's job.toml) is copied into every checkpoint."""
 
     def __init__(
         self,
         root: Path,
         model,
         optimizer,
-        rank: int,
-        world_size: int,
-        spec_text: str,
-        keep_last: int,
-        async_save: bool,
+        config: CheckpointSection,
         *,
-        writer_threads: int = 1,
-        async_mode: str = "thread",
+        rank: int = 0,
+        world_size: int = 1,
+        spec_text: str = "",
     ):
-        self.root, self.model, self.optimizer = root, model, optimizer
-        self.rank, self.world_size, self.spec_text, self.keep_last = rank, world_size, spec_text, keep_last
-        self.async_save, self.writer_threads, self.async_mode = async_save, writer_threads, async_mode
+        self.root, self.model, self.optimizer, self.config = root, model, optimizer, config
+        self.rank, self.world_size, self.spec_text = rank, world_size, spec_text
+        async_save, async_mode = config.async_, config.async_mode
         self._pending: tuple[Any, Path, Path, dict, float] | None = None
         self.last_save_s = 0.0  # wall time of the last completed save, async or not (the grace check)
         # Async saves coordinate over their own gloo group so they never queue behind NCCL work.
@@ -156,7 +159,7 @@ class Checkpointer:
     def _writer(self, path: Path):
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
-        return FileSystemWriter(str(path), thread_count=self.writer_threads)
+        return FileSystemWriter(str(path), thread_count=self.config.writer_threads)
 
     def save(self, step: int, meta: dict[str, Any], *, blocking: bool = False) -> float:
         """Save at `step`; returns the seconds training was blocked. Async unless `blocking`."""
@@ -164,32 +167,48 @@ class Checkpointer:
 
         t0 = time.perf_counter()
         self.wait()  # the previous async save must finish first
-        final, partial = step_dir(self.root, step), self.root / f".step-{step:08d}.partial"
+        final, partial = step_dir(self.root, step), ckptfolder.partial_dir(self.root, step)
         if final.exists():
             return time.perf_counter() - t0
         if self.rank == 0:
-            for stale in self.root.glob(".step-*.partial"):
+            for stale in ckptfolder.partial_dirs(self.root):
                 shutil.rmtree(stale, ignore_errors=True)
             partial.mkdir(parents=True)
         _barrier()
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
-        (partial / "rng").mkdir(exist_ok=True)
-        torch.save(rng, partial / "rng" / f"rank{self.rank}.pt")
+        payload = io.BytesIO()
+        torch.save(rng, payload)
+        rng_file = ckptfolder.rng_file(partial, self.rank)
+        rng_file.parent.mkdir(exist_ok=True)
+        rng_file.write_bytes(payload.getvalue())
+        digests = self._gather(safeload.sha256(payload.getvalue()))
         meta = {**meta, "step": step, "world_size": self.world_size, "saved": time.time()}
+        meta[safeload.SHA256] = {ckptfolder.rng_name(r): d for r, d in enumerate(digests)}
         try:
             self._write(partial, final, meta, blocking, t0)
         except CheckpointError as e:
             raise CheckpointError(f"{e} [{_free_space(self.root)}]") from None
         return time.perf_counter() - t0
 
+    def _gather(self, digest: str) -> list[str]:
+        """Every rank's digest, in rank order (on every rank; over gloo: small and host-side)."""
+        import torch.distributed as dist
+
+        if self._agree_pg is None:
+            return [digest]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, digest, group=self._agree_pg)
+        return out
+
     def _write(self, partial: Path, final: Path, meta: dict[str, Any], blocking: bool, t0: float) -> None:
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, async_save, save
 
         step = meta["step"]
-        if self.async_save and not blocking:
-            kind = AsyncCheckpointerType.PROCESS if self.async_mode == "process" else AsyncCheckpointerType.THREAD
+        if self.config.async_ and not blocking:
+            process = self.config.async_mode == "process"
+            kind = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
             future = async_save(
                 self._state(),
                 storage_writer=self._writer(partial),
@@ -229,14 +248,17 @@ class Checkpointer:
         self.last_save_s = time.perf_counter() - t0
         if self.rank != 0:
             return
-        (partial / "job.toml").write_text(self.spec_text)
+        (partial / ckptfolder.JOB_TOML).write_text(self.spec_text)
+        records = safeload.file_records(partial, {ckptfolder.JOB_TOML: self.spec_text.encode()})
+        meta = {**meta, safeload.SHA256: {**meta.get(safeload.SHA256, {}), **records[safeload.SHA256]},
+                safeload.SIZES: records[safeload.SIZES]}  # fmt: skip
         tmp = partial / f".{COMPLETE}.tmp"
         tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, partial / COMPLETE)
         os.replace(partial, final)
         _fsync_dir(self.root)
         if self._pruner is not None:
-            self._pruner.prune([old.path for old in list_checkpoints(self.root)[: -self.keep_last]])
+            self._pruner.prune([old.path for old in list_checkpoints(self.root)[: -self.config.keep_last]])
 
     def load(self, info: CheckpointInfo) -> dict[str, Any]:
         """Load model + optimizer (resharding to this world size) and this rank's RNG; returns the meta."""
@@ -245,11 +267,12 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict_loader import load
 
         state = self._state()
-        dcp_call(f"loading {info.path.name}", load, state, checkpoint_id=str(info.path))
+        safeload.check_files(info.path, info.meta)
+        reader, planner = safeload.SafeReader(info.path, info.meta), safeload.SafePlanner()
+        dcp_call(f"loading {info.path.name}", load, state, storage_reader=reader, planner=planner)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        rng_file = info.path / "rng" / f"rank{self.rank}.pt"
-        if info.meta.get("world_size") == self.world_size and rng_file.is_file():
-            rng = torch.load(rng_file, weights_only=False)
+        if info.meta.get("world_size") == self.world_size and ckptfolder.rng_file(info.path, self.rank).is_file():
+            rng = safeload.load_rng(info.path, self.rank, info.meta)
             torch.set_rng_state(rng["cpu"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
@@ -279,9 +302,7 @@ class Checkpointer:
                 return info, meta, failed
             failed.append((info.step, reason or "it did not load on another rank"))
             if self.rank == 0:
-                aside = self.root / "set-aside" / f"{info.path.name}-unreadable-{int(time.time())}"
-                aside.parent.mkdir(exist_ok=True)
-                os.replace(info.path, aside)
+                ckptfolder.set_aside(info.path, ckptfolder.UNREADABLE)
             _barrier()
         if failed:
             steps = ", ".join(str(step) for step, _ in failed)

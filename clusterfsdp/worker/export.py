@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -21,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..control import runfolder
+from ..control import ckptfolder, runfolder
 from ..control.spec import JobSpec, SpecError
 
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
@@ -60,9 +61,10 @@ def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: 
     from transformers.utils import logging as hf_logging
 
     from . import model as modelmod
+    from . import safeload
+    from .build import token_ids
     from .checkpoint import dcp_call
     from .progress import task
-    from .train import token_ids
     from .weights import compute_buffers
 
     hf_logging.set_verbosity_error()
@@ -78,7 +80,9 @@ def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: 
         compute_buffers(model)
     with task(f"loading checkpoint {checkpoint_dir.name}"):
         state = {"model": model.state_dict()}
-        dcp_call(f"loading {checkpoint_dir.name}", load, state, checkpoint_id=str(checkpoint_dir), no_dist=True)
+        meta = json.loads((checkpoint_dir / ckptfolder.COMPLETE).read_text())
+        reader, planner = safeload.SafeReader(checkpoint_dir, meta), safeload.SafePlanner()
+        dcp_call(f"loading {checkpoint_dir.name}", load, state, storage_reader=reader, planner=planner, no_dist=True)
         model.load_state_dict(state["model"])
         model.tie_weights()
 

@@ -15,12 +15,13 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ..control import lock, outcomes, runfolder, secretenv, slurmcli
 from ..control import spec as specmod
+from ..control.outcomes import RankOutcome
 from ..control.records import Cause, Event, EventKind, Executor
 from . import distenv
 from .stopflags import StopFlags
@@ -28,6 +29,7 @@ from .stopflags import StopFlags
 if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed the signal flags
     from .metrics import MetricsWriter
     from .trackers import Trackers
+    from .train import Outcome, TrainState
 
 LOCAL_REQUEUE_EXIT = 144  # submitit's local controller restarts the tasks on this exit code
 ENV_LOG_ALL_RANKS = "CLUSTERFSDP_LOG_ALL_RANKS"  # "1": every rank prints progress (notebook all_ranks=True)
@@ -90,12 +92,14 @@ def _apply_env(spec: specmod.JobSpec, chosen: dict[str, str]) -> None:
 class _Attempt:
     """This rank's view of the incarnation it runs, for the failure record: the environment
     (the local executor's restart count is known only after the process group is up), the
-    progress of the loop, and what rank 0 holds: the attempt lock and the metrics sink (with
-    the experiment trackers, closed with the attempt's outcome)."""
+    node's network facts, the Trainer's state once it exists, and what rank 0 holds: the
+    attempt lock and the metrics sink (with the experiment trackers, closed with the attempt's
+    outcome)."""
 
     run: runfolder.RunFolder
     env: distenv.DistEnv
-    progress: Any = None  # train.Progress, once torch and the loop are imported
+    facts: dict[str, Any] = field(default_factory=dict)
+    state: TrainState | None = None
     lock: lock.FileLock | None = None
     sink: MetricsWriter | None = None
 
@@ -106,16 +110,15 @@ class _Attempt:
         """Record the exception that ends this rank (its own view: a Python error, or a
         collective that lost its peer; control.outcomes weighs all ranks' views)."""
         reason = f"rank {self.env.rank} on {socket.gethostname()}: {type(e).__name__}: {e}"
-        step = self.progress.step if self.progress is not None else None
-        done = self.progress.steps_done if self.progress is not None else 0
+        step = self.state.step if self.state is not None else None
+        done = self.state.steps_run if self.state is not None else 0
         self.event(EventKind.FAILED, reason=" ".join(reason.split())[:500], cause=failure_cause(e), step=step,
                    steps_done=done)  # fmt: skip
-        self.close_trackers("failed")
+        self.close_trackers(RankOutcome.FAILED)
         if self.lock is not None:
             self.lock.release()
 
-    def close_trackers(self, outcome: str) -> None:
-        """outcome: 'completed', 'preempted' (it comes back), 'stopped' or 'failed'."""
+    def close_trackers(self, outcome: RankOutcome) -> None:
         if self.sink is not None and self.sink.trackers is not None:
             self.sink.trackers.finish(outcome)
             self.sink.trackers = None
@@ -139,9 +142,9 @@ def failure_cause(e: BaseException) -> Cause:
     return Cause.ERROR
 
 
-def run(run_dir: str) -> str:
-    """Train on this rank; returns the outcome ('completed', 'stopped') or exits (a requeue, a
-    restart of the local executor). Every exception is recorded as a `failed` event first."""
+def run(run_dir: str) -> RankOutcome:
+    """Train on this rank; returns the outcome (COMPLETED, STOPPED) or exits (a requeue, a
+    restart of the local executor, restarts used up). Every exception is recorded as a `failed` event first."""
     flags = StopFlags()  # first: a signal during the imports below must not be lost
     # Compute nodes never download: submit resolved every hub id to a local snapshot folder
     # (set before huggingface_hub is imported; [env] may still override it).
@@ -159,46 +162,107 @@ def run(run_dir: str) -> str:
         sys.stdout.flush()
 
 
-def _train(attempt: _Attempt, flags: StopFlags) -> str:
+def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
+    """The rank's set-up, in named steps, then the Trainer and what its end means."""
+    from . import train
+
+    spec = _load_spec(attempt)
+    device, backend = _init_process_group(attempt)
+    log = _tee_output(attempt)
+    slurmcli.report_retries(log)
+    _admit(attempt, spec, log)
+    _record_node(attempt, device, backend)
+    _record_start(attempt)
+    env, run = attempt.env, attempt.run
+    log(
+        f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
+        f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}"
+    )
+    ctx = train.RankContext(
+        spec,
+        device,
+        env.rank,
+        env.world_size,
+        run.checkpoints_dir(spec),
+        run.job_toml.read_text(),
+        run.model_dir,
+        log,
+        lambda event, **f: attempt.event(event, **f) if env.rank == 0 else None,
+        attempt.sink,
+        flags,
+    )
+    trainer = train.Trainer(ctx)
+    attempt.state = trainer.state
+    outcome = trainer.run()
+    if outcome.end is train.LoopEnd.INTERRUPTED:
+        return _interrupted(attempt, spec, outcome, log)
+    if env.rank == 0:
+        attempt.event(EventKind.COMPLETED, step=outcome.step, checkpoint=outcome.checkpoint, cause=Cause.COMPLETED)
+    _finish(attempt, RankOutcome.COMPLETED)
+    return RankOutcome.COMPLETED
+
+
+def _load_spec(attempt: _Attempt) -> specmod.JobSpec:
+    """The run's job.toml, and the environment it asks for: the network choices of this node
+    (distenv), [env] on top, then the torch.distributed variables."""
+    spec = specmod.load(attempt.run.job_toml)
+    chosen, attempt.facts = distenv.network_env(attempt.env, spec.env)
+    _apply_env(spec, chosen)
+    os.environ.update(attempt.env.export())
+    return spec
+
+
+def _init_process_group(attempt: _Attempt):
+    """The device (this node's GPU by local rank, else CPU) and the default process group
+    (NCCL on GPUs, gloo on CPUs). The local executor's restart count is counted from the
+    `start` events and agreed on here (Slurm counts restarts itself)."""
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
-    from . import metrics, train
-
-    run, env = attempt.run, attempt.env
-    attempt.progress = train.Progress()
-    spec = specmod.load(run.job_toml)
-    chosen, facts = distenv.network_env(env, spec.env)
-    _apply_env(spec, chosen)
-    os.environ.update(env.export())
-
     if torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", attempt.env.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         backend = "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    from datetime import timedelta
-
     dist.init_process_group(backend, timeout=timedelta(minutes=10), device_id=device if backend == "nccl" else None)
-    if env.launcher == "submitit-local":  # Slurm counts restarts; the local executor does not
-        count = torch.tensor([sum(1 for e in run.events(env.job_id) if e.event is EventKind.START)])
+    env = attempt.env
+    if env.launcher == "submitit-local":
+        count = torch.tensor([sum(1 for e in attempt.run.events(env.job_id) if e.event is EventKind.START)])
         dist.broadcast(count, 0)
-        env = attempt.env = distenv.DistEnv(**{**env.__dict__, "restart": int(count)})
+        attempt.env = distenv.DistEnv(**{**env.__dict__, "restart": int(count)})
+    return device, backend
 
-    log_path = run.log_path(env.job_id, env.restart, env.rank)
+
+def _tee_output(attempt: _Attempt) -> Callable[[str], None]:
+    """This rank's stdout and stderr also into logs/<job>.<restart>/rank<R>.log; returns the
+    progress log (rank 0's, or every rank's in a notebook with all_ranks=True)."""
+    env = attempt.env
+    log_path = attempt.run.log_path(env.job_id, env.restart, env.rank)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "a", buffering=1)  # noqa: SIM115 - stays open for the rest of the process
     sys.stdout, sys.stderr = Tee(sys.__stdout__ or log_file, log_file), Tee(sys.__stderr__ or log_file, log_file)
-
     every_rank = os.environ.get(ENV_LOG_ALL_RANKS) == "1"
 
     def log(msg: str) -> None:
         if env.rank == 0 or every_rank:
             print(f"[rank{env.rank}] {msg}", flush=True)
 
-    slurmcli.report_retries(log)
-    verdict = torch.zeros(1)  # rank 0 tells the others whether this attempt may train
+    return log
+
+
+def _admit(attempt: _Attempt, spec: specmod.JobSpec, log: Callable[[str], None]) -> None:
+    """Rank 0 takes the attempt lock and opens the metrics sink (with the trackers), then tells
+    the other ranks whether this attempt may train."""
+    import torch
+    import torch.distributed as dist
+
+    from . import metrics
+
+    run, env = attempt.run, attempt.env
+    verdict = torch.zeros(1)
     if env.rank == 0:
         try:
             attempt.lock = _attempt_lock(run, env)
@@ -213,51 +277,40 @@ def _train(attempt: _Attempt, flags: StopFlags) -> str:
         dist.broadcast(verdict, 0)
         if verdict.item():
             raise RuntimeError("rank 0 did not start this attempt (see its log); not starting")
-    if env.local_rank == 0:
-        distenv.write_node_record(
-            run.node_record(env.job_id, env.restart, socket.gethostname()),
-            env,
-            facts,
-            {
-                "backend": backend,
-                "device": str(device),
-                "torch": torch.__version__,
-                "nccl": _nccl_version() if backend == "nccl" else "",
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-                "python": sys.version.split()[0],
-            },
-        )
-    if env.rank == 0:
-        record = run.record()
-        if env.launcher == "slurm" and record.dry_run and record.attempt(env.job_id) is None:
-            run.add_attempt(env.job_id, Executor.SLURM, "submitted by hand (sbatch)")
-        number = attempt.sink.attempt if attempt.sink is not None else None
-        attempt.event(EventKind.START, world_size=env.world_size, nodes=env.num_nodes, attempt=number)
-    log(
-        f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
-        f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}"
+
+
+def _record_node(attempt: _Attempt, device, backend: str) -> None:
+    """The first rank of each node records the node's choices under nodes/."""
+    import torch
+
+    env = attempt.env
+    if env.local_rank != 0:
+        return
+    distenv.write_node_record(
+        attempt.run.node_record(env.job_id, env.restart, socket.gethostname()),
+        env,
+        attempt.facts,
+        {
+            "backend": backend,
+            "device": str(device),
+            "torch": torch.__version__,
+            "nccl": _nccl_version() if backend == "nccl" else "",
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "python": sys.version.split()[0],
+        },
     )
-    outcome = train.train(
-        spec,
-        device,
-        env.rank,
-        env.world_size,
-        run.checkpoints_dir(spec),
-        run.job_toml.read_text(),
-        log,
-        attempt.sink,
-        lambda event, **f: attempt.event(event, **f) if env.rank == 0 else None,
-        flags,
-        attempt.progress,
-        run.model_dir,
-    )
-    status = "completed"
-    if outcome.status == "interrupted":
-        status = _interrupted(attempt, spec, outcome, log)
-    elif env.rank == 0:
-        attempt.event(EventKind.COMPLETED, step=outcome.step, checkpoint=outcome.checkpoint, cause=Cause.COMPLETED)
-    _finish(attempt, status)
-    return status
+
+
+def _record_start(attempt: _Attempt) -> None:
+    """Rank 0: the `start` event (and the attempt itself when someone ran sbatch.sh by hand)."""
+    run, env = attempt.run, attempt.env
+    if env.rank != 0:
+        return
+    record = run.record()
+    if env.launcher == "slurm" and record.dry_run and record.attempt(env.job_id) is None:
+        run.add_attempt(env.job_id, Executor.SLURM, "submitted by hand (sbatch)")
+    number = attempt.sink.attempt if attempt.sink is not None else None
+    attempt.event(EventKind.START, world_size=env.world_size, nodes=env.num_nodes, attempt=number)
 
 
 def _nccl_version() -> str:
@@ -277,7 +330,7 @@ def _trackers(
     return Trackers.open(run, spec, attempt, log)
 
 
-def _finish(attempt: _Attempt, outcome: str) -> None:
+def _finish(attempt: _Attempt, outcome: RankOutcome) -> None:
     """End this rank's part: close the trackers with `outcome`, release the lock, leave the group."""
     import torch.distributed as dist
 
@@ -309,7 +362,7 @@ def _verdict(attempt: _Attempt, signal_name: str) -> outcomes.StopVerdict:
     return outcomes.classify_stop(signal_name, job, env.restart, cancel_asked)
 
 
-def _interrupted(attempt: _Attempt, spec: specmod.JobSpec, outcome, log) -> str:
+def _interrupted(attempt: _Attempt, spec: specmod.JobSpec, outcome: Outcome, log) -> RankOutcome:
     """After the collective save a signal triggered: rank 0 records why and brings the job
     back (requeue, follow-up job) or stops it; the local executor restarts on exit code 144.
     Comebacks are bounded by slurm.max_restarts when they made no progress (outcomes.restarts_used)."""
@@ -317,28 +370,29 @@ def _interrupted(attempt: _Attempt, spec: specmod.JobSpec, outcome, log) -> str:
     local = env.launcher == "submitit-local"
     verdict = _verdict(attempt, outcome.signal) if env.rank == 0 or local else None
     if verdict is None:  # Slurm, rank > 0: rank 0 acts
-        _finish(attempt, "preempted")
+        _finish(attempt, RankOutcome.PREEMPTED)
         sys.exit(0)
     saved = f"saved step {outcome.step}"
     if verdict.action is outcomes.StopAction.STOP:
         if env.rank == 0:
             attempt.event(EventKind.STOPPED, step=outcome.step, checkpoint=outcome.checkpoint, cause=verdict.cause,
                           reason=f"{verdict.reason}; {saved}")  # fmt: skip
-        return "stopped"
+        _finish(attempt, RankOutcome.STOPPED)
+        return RankOutcome.STOPPED
     cost = outcomes.charge(run.events(), env.job_id, env.restart, outcome.step)
     if cost.exhausted(spec.slurm.max_restarts):
         if env.rank == 0:
             reason = (f"{verdict.reason}; {saved}, no progress since the last restart, and {cost.used} restarts used "
                       f"(slurm.max_restarts = {spec.slurm.max_restarts})")  # fmt: skip
             attempt.event(EventKind.FAILED, step=outcome.step, cause=Cause.RESTARTS_EXHAUSTED, reason=reason)
-        _finish(attempt, "failed")
+        _finish(attempt, RankOutcome.FAILED)
         sys.exit(1)
     if env.rank == 0:
         attempt.event(EventKind.REQUEUED, step=outcome.step, checkpoint=outcome.checkpoint, cause=verdict.cause,
                       reason=f"{verdict.reason}; {saved}", restarts=cost.after())  # fmt: skip
         if env.launcher == "slurm":
             _come_back(attempt, spec, verdict, log)
-    _finish(attempt, "preempted")
+    _finish(attempt, RankOutcome.PREEMPTED)
     sys.exit(LOCAL_REQUEUE_EXIT if local else 0)
 
 

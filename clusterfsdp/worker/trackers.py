@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..control import spec as specmod
+from ..control.outcomes import RankOutcome
 from ..control.runfolder import RunFolder
 
 _SKIPPED = ("step", "time")  # the x axis and the wall clock
@@ -48,8 +49,8 @@ class Tracker(Protocol):
 
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
-    def finish(self, outcome: str) -> None:
-        """outcome: 'completed', 'preempted' (requeued), 'stopped' or 'failed'."""
+    def finish(self, outcome: RankOutcome) -> None:
+        """How the attempt ended on this rank (preempted: it comes back and logs on)."""
 
 
 def hyperparameters(spec: specmod.JobSpec) -> dict[str, Any]:
@@ -103,7 +104,7 @@ class TensorBoard:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
 
-    def finish(self, outcome: str) -> None:
+    def finish(self, outcome: RankOutcome) -> None:
         if self.writer is not None:
             self.writer.close()
 
@@ -143,13 +144,14 @@ class WandB:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.wb.log({**metrics, "train/step": step})
 
-    def finish(self, outcome: str) -> None:
-        self.wb.finish(exit_code=1 if outcome == "failed" else 0)
+    def finish(self, outcome: RankOutcome) -> None:
+        self.wb.finish(exit_code=1 if outcome is RankOutcome.FAILED else 0)
 
 
 class MLflow:
     name = "mlflow"
-    _STATUS = {"completed": "FINISHED", "failed": "FAILED"}  # preempted, stopped: KILLED until resumed
+    # preempted, stopped: KILLED until resumed
+    _STATUS = {RankOutcome.COMPLETED: "FINISHED", RankOutcome.FAILED: "FAILED"}
 
     def __init__(self, run: RunFolder, spec: specmod.JobSpec, attempt: int):
         try:
@@ -201,7 +203,7 @@ class MLflow:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
 
-    def finish(self, outcome: str) -> None:
+    def finish(self, outcome: RankOutcome) -> None:
         self.client.set_terminated(self.run_id, self._STATUS.get(outcome, "KILLED"))
 
 
@@ -243,5 +245,5 @@ class Trackers:
         values = numeric(row)
         self._each("logging", lambda t: t.log(values, row["step"]))
 
-    def finish(self, outcome: str) -> None:
+    def finish(self, outcome: RankOutcome) -> None:
         self._each("closing", lambda t: t.finish(outcome))

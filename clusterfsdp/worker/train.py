@@ -1,4 +1,7 @@
-"""The training run on one rank: build on meta -> parallelize -> materialize -> load -> loop.
+"""The training loop on one rank, in torchtitan's shape: a `Trainer` holding its typed
+components (data, model, optimizer, learning-rate schedule, Checkpointer, metrics) and a
+`TrainState` (what a checkpoint carries besides model and optimizer), with `step`,
+`maybe_eval`, `maybe_save` and `run() -> Outcome`.
 
 Stops cleanly at a step boundary when any rank got SIGUSR2 or SIGTERM (stopflags.py): a
 collective save, then `worker.main` decides with Slurm whether the job comes back (time limit,
@@ -10,42 +13,84 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any  # models: transformers PreTrainedModels wrapped by FSDP
 
 import torch
 import torch.distributed as dist
 
-from ..control import ckptfolder
+from ..control import ckptfolder, lrschedule
 from ..control.records import EventKind
 from ..control.spec import JobSpec
-from ..data.samples import Batch, PreparedSamples, SyntheticSamples, open_for_training
-from ..data.tokens import BOS, BYTE_VOCAB, EOS, PAD, load_tokenizer
-from . import checkpoint as ckpt
+from ..data.samples import Batch, PreparedSamples, SyntheticSamples, TrainingData, open_for_training
 from . import metrics as metricsmod
 from . import model as modelmod
-from . import parallelize, weights
+from .build import build, token_ids
+from .checkpoint import Checkpointer
 from .stopflags import SIGNAL_NAMES, StopFlags
 
 
 @dataclass
+class TrainState:
+    """Where the run is: what a checkpoint must carry besides model and optimizer for a resume
+    to continue exactly. `Stateful` (state_dict / load_state_dict) with JSON values: the
+    Checkpointer writes it into the checkpoint's clusterfsdp.json, which the control plane reads
+    without torch. Features that add state (epochs, the best eval metric, bad-step counters) add
+    a field with a default, so older checkpoints still load; fields marked `saved=False` are this
+    incarnation's only."""
+
+    step: int = 0
+    consumed: int = 0  # samples consumed: the data position, one integer whatever the world size
+    tokens_seen: int = 0
+    elapsed_s: float = 0.0  # training time along the run's trajectory (metrics.Meter)
+    data: str = ""  # the key of the prepared training dataset it was trained on
+    lr_schedule: dict[str, Any] = field(default_factory=dict)  # the lr curve (control.lrschedule.LrCurve)
+    # Steps this incarnation ran, for the record of a failure (worker.main): an error before the
+    # first one is deterministic (a bad config), not retried.
+    steps_run: int = field(default=0, metadata={"saved": False})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("saved", True)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for f in fields(self):
+            if f.metadata.get("saved", True) and f.name in state:
+                setattr(self, f.name, type(getattr(self, f.name))(state[f.name]))
+
+
+class LoopEnd(StrEnum):
+    """How `Trainer.run` ended."""
+
+    COMPLETED = "completed"  # train.steps reached; the final checkpoint saved
+    INTERRUPTED = "interrupted"  # a stop signal (SIGUSR2 or SIGTERM); saved at a step boundary
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """How the loop ended: 'completed', or 'interrupted' by `signal` (SIGUSR2 or SIGTERM) and saved."""
-
-    status: str
+    end: LoopEnd
     step: int
-    checkpoint: str = ""
-    signal: str = ""
+    checkpoint: str  # the checkpoint saved at `step`
+    signal: str = ""  # INTERRUPTED: SIGUSR2 or SIGTERM
 
 
-@dataclass
-class Progress:
-    """Where this rank is, for the record of a failure (worker.main): the step, and the steps
-    this incarnation completed (an error before the first one is deterministic: not retried)."""
+@dataclass(frozen=True)
+class RankContext:
+    """What the rank hands the Trainer: the spec, where this rank is, where the run's files go,
+    and the channels to the outside (the log, events of rank 0, the metrics sink, stop flags)."""
 
-    step: int | None = None
-    steps_done: int = 0
+    spec: JobSpec
+    device: torch.device
+    rank: int
+    world_size: int
+    checkpoints: Path
+    spec_text: str  # the run's job.toml, copied into every checkpoint
+    model_dir: Path | None  # the run's copy of the model's config (<run>/model)
+    log: Callable[[str], None]
+    on_event: Callable[..., None]  # events.jsonl (rank 0 only; a no-op elsewhere)
+    sink: metricsmod.MetricsWriter | None  # rank 0 only
+    flags: StopFlags
 
 
 class GraceCheck:
@@ -71,89 +116,238 @@ class GraceCheck:
         self.on_event(EventKind.WARNING, step=step, reason=text)
 
 
-def lr_lambda(spec: JobSpec) -> Callable[[int], float]:
-    t = spec.train
+class Trainer:
+    """One rank's training run. Construction makes every component, in order (`_open_data`,
+    `_build_model`, `_restore`, `_start_metrics`); `run` trains to train.steps or to a stop
+    signal. Every method is collective: all ranks call them in the same order."""
 
-    def factor(step: int) -> float:
-        if step < t.warmup:
-            return (step + 1) / (t.warmup + 1)
-        if t.schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - t.warmup) / max(1, t.steps - t.warmup))
-        decay = 0.5 * (1 + math.cos(math.pi * progress)) if t.schedule == "cosine" else 1 - progress
-        return t.min_lr_ratio + (1 - t.min_lr_ratio) * decay
+    def __init__(self, ctx: RankContext):
+        self.ctx, self.spec, self.log = ctx, ctx.spec, ctx.log
+        self.state = TrainState()
+        self.grace = GraceCheck(ctx.spec.slurm.signal_grace_s, ctx.log, ctx.on_event)
+        # Small agreements (stop flags, label counts) go over gloo: no device sync in the loop.
+        self.flag_group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        torch.manual_seed(self.spec.job.seed)
+        self.t_start = time.perf_counter()
+        self.data, self.samples, self.eval_batches = self._open_data()
+        self.t_build = time.perf_counter()
+        self.model, self.optimizer, self.config, self.counts = self._build_model()
+        self.checkpointer = Checkpointer(
+            ctx.checkpoints, self.model, self.optimizer, self.spec.checkpoint,
+            rank=ctx.rank, world_size=ctx.world_size, spec_text=ctx.spec_text,
+        )  # fmt: skip
+        self.curve = self._restore()
+        self.state.lr_schedule = self.curve.to_json()
+        self._set_lr()
+        self.t_ready = time.perf_counter()
+        self.meter = self._start_metrics()
+        self.loss_fn = _loss_fn(self.spec)
+        # FSDP2: no gradient sync on the inner micro-batches of a step.
+        self.gradient_sync: Callable[[bool], None] | None = getattr(self.model, "set_requires_gradient_sync", None)
 
-    return factor
+    # ---------------------------------------------------------------- set-up steps
+    def _open_data(self) -> tuple[TrainingData, PreparedSamples | SyntheticSamples | None, int]:
+        """The prepared data (rank 0 prepares it if missing) and how many eval micro-batches
+        every rank gets from the held-out set."""
+        ctx = self.ctx
+        data = open_for_training(self.spec, ctx.rank, self.log)
+        eval_batches = 0
+        if data.eval is not None:
+            per_batch = ctx.world_size * self.spec.train.micro_batch_size
+            eval_batches = min(self.spec.eval.batches, data.eval.count // per_batch)
+        return data, data.train, eval_batches
+
+    def _build_model(self) -> tuple[Any, torch.optim.Optimizer, Any, modelmod.ParamCount]:
+        """Model and optimizer (build.py), only buffers filled when a checkpoint follows; the
+        data's token ids must fit its vocabulary."""
+        spec, ctx = self.spec, self.ctx
+        resume = ckptfolder.find(ctx.checkpoints) is not None
+        what = spec.model.name_or_path or spec.model.config or f"preset {spec.model.preset}"
+        fill = "checkpoint" if resume else "load" if spec.model.name_or_path else "init"
+        self.log(f"building the model ({what}): meta -> shard -> {fill}")
+        built = build(spec, ctx.device, ctx.world_size, token_ids(spec), kept=ctx.model_dir, resume=resume)
+        config = built[2]
+        if self.data.max_id >= config.vocab_size:
+            raise ValueError(
+                f"data: token id {self.data.max_id} does not fit the model's vocab_size {config.vocab_size}"
+            )
+        if self.samples is None:
+            self.samples = SyntheticSamples(spec.data.seq_len, config.vocab_size, spec.job.seed)
+        return built
+
+    def _restore(self) -> lrschedule.LrCurve:
+        """Load the newest checkpoint that loads on every rank (newer unreadable ones are set
+        aside, each with an event) into the model, the optimizer, the RNG and the TrainState;
+        returns the lr curve to follow (the planned one, or the checkpoint's, reshaped as
+        train.resume_schedule says when [train] changed since: said in the log)."""
+        ctx, state = self.ctx, self.state
+        t0 = time.perf_counter()
+        newest = ckptfolder.find(ctx.checkpoints)
+        if newest is not None:
+            ranks = newest.meta.get("world_size", "?")
+            self.log(f"loading checkpoint {newest.path.name} (saved by {ranks} ranks) ...")
+        loaded, saved, unreadable = self.checkpointer.load_newest()
+        for bad_step, reason in unreadable:
+            self.log(f"checkpoint step {bad_step} did not load, set aside: {reason}")
+            ctx.on_event(EventKind.CHECKPOINT_FALLBACK, step=bad_step, reason=f"did not load, set aside: {reason}")
+        state.data = self.data.key
+        t = self.spec.train
+        planned = lrschedule.planned(lrschedule.Plan.of(t))
+        if loaded is None:
+            return planned
+        trained_on = saved.get("data", self.data.key)
+        state.load_state_dict(saved)
+        state.data = self.data.key
+        old = lrschedule.recorded(saved, loaded.path) or planned
+        curve = lrschedule.reshape(old, t, state.step, lrschedule.ResumeSchedule(t.resume_schedule))
+        self.log(
+            f"resumed from {loaded.path.name} (step {state.step}, {state.consumed} samples seen, "
+            f"saved by {saved['world_size']} ranks, now {ctx.world_size}) in {time.perf_counter() - t0:.2f} s"
+        )
+        ctx.on_event(EventKind.RESUMED, step=state.step, checkpoint=str(loaded.path))
+        if trained_on != self.data.key:
+            self.log(
+                f"data: this checkpoint was trained on prepared dataset {trained_on}, this attempt reads "
+                f"{self.data.key} (the sources, tokenizer or format changed): the data position "
+                f"({state.consumed} samples) continues in the new data"
+            )
+        note = lrschedule.describe(old, curve, state.step, t.lr, t.resume_schedule)
+        if note:
+            self.log(note)
+        return curve
+
+    def _start_metrics(self) -> metricsmod.Meter:
+        spec, config, counts = self.spec, self.config, self.counts
+        active = f" ({counts.active / 1e6:.2f}M active per token)" if counts.active != counts.total else ""
+        self.log(
+            f"model: {config.model_type}, {counts.total / 1e6:.2f}M params{active}, vocab {config.vocab_size}, "
+            f"mesh {spec.mesh_shape} ({spec.effective_sharding}, FSDP{spec.fsdp.version}), "
+            f"built in {self.t_ready - self.t_build:.2f} s"
+        )
+        fpt = modelmod.flops_per_token(config, counts.active, spec.data.seq_len)
+        if self.ctx.sink is not None:
+            self.ctx.sink.begin(self.state.step)
+        return metricsmod.Meter(fpt, self.ctx.device, self.ctx.world_size, self.state.elapsed_s)
+
+    # ---------------------------------------------------------------- the loop
+    def run(self) -> Outcome:
+        """Train to train.steps (then a final, blocking save), or until the ranks agree on a
+        stop signal (then a blocking save at that step boundary)."""
+        spec, flags, state = self.spec, self.ctx.flags, self.state
+        self.model.train()
+        first = state.step
+        while state.step < spec.train.steps:
+            stop = flags.agree(self.flag_group, state.step, spec.slurm.signal_grace_s) if flags.due(state.step) else 0
+            if stop:
+                return self._interrupted(SIGNAL_NAMES[stop])
+            loss_sum, grad_norm = self.step()
+            if state.step == first + 1:
+                self.log(
+                    f"first step done {time.perf_counter() - self.t_start:.2f} s after the start (data ready in "
+                    f"{self.t_build - self.t_start:.2f} s, model built in {self.t_ready - self.t_build:.2f} s)"
+                )
+            self._maybe_log(loss_sum, grad_norm)
+            self.maybe_save()
+        self.log(f"saving the final checkpoint (step {state.step}) ...")
+        secs = self._save(blocking=True)  # the last step always saves synchronously
+        self.checkpointer.close()
+        self.log(f"saved step {state.step} in {secs:.2f} s")
+        return Outcome(LoopEnd.COMPLETED, state.step, str(ckptfolder.step_dir(self.ctx.checkpoints, state.step)))
+
+    def step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over train.grad_accum micro-batches of this rank's slice of the
+        global batch; returns (the step's loss on this rank, the global grad norm)."""
+        ctx, t, state = self.ctx, self.spec.train, self.state
+        mb, world = t.micro_batch_size, ctx.world_size
+        assert self.samples is not None
+        at = [state.consumed + m * world * mb for m in range(t.grad_accum)]
+        batches = [self.samples.batch(consumed, ctx.rank, world, mb) for consumed in at]
+        scale = world / _label_total(self.spec, self.samples, batches, self.flag_group)
+        loss_sum = torch.zeros((), device=ctx.device)
+        for micro, batch in enumerate(batches):
+            state.consumed += world * mb
+            if self.gradient_sync is not None:
+                self.gradient_sync(micro == t.grad_accum - 1)
+            loss = self.loss_fn(self.model, batch.to(ctx.device)) * scale
+            loss.backward()
+            loss_sum += loss.detach()
+        grad_norm = _clip(self.model, t.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        self._set_lr()
+        state.steps_run += 1
+        tokens = world * t.grad_accum * mb * self.spec.data.seq_len
+        state.tokens_seen += tokens
+        self.meter.tick(tokens)
+        ctx.flags.tick()
+        if self.checkpointer.poll():
+            self.grace(self.checkpointer.last_save_s, ctx.flags.latency_s(), state.step)
+        return loss_sum, grad_norm
+
+    def maybe_eval(self) -> dict[str, float]:
+        """eval_loss and eval_ppl when this step evaluates (every eval.every_steps, and the last
+        step), else nothing."""
+        if not self._eval_due():
+            return {}
+        assert self.data.eval is not None
+        eval_loss = evaluate(self.model, self.loss_fn, self.data.eval, self.eval_batches, self.ctx, self.spec)
+        return {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0))}
+
+    def _eval_due(self) -> bool:
+        step, every = self.state.step, self.spec.eval.every_steps
+        return self.data.eval is not None and (step == self.spec.train.steps or (every > 0 and step % every == 0))
+
+    def _maybe_log(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """A metrics row every train.log_every steps, at the last step and at every eval."""
+        step, t = self.state.step, self.spec.train
+        if not (step % t.log_every == 0 or step == t.steps or self._eval_due()):
+            return
+        if dist.is_initialized():
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+        row = self.meter.row(
+            step=step,
+            loss=float(loss_sum),
+            lr=self.optimizer.param_groups[0]["lr"],
+            grad_norm=float(grad_norm),
+            tokens_seen=self.state.tokens_seen,
+            **self.maybe_eval(),
+        )
+        self.log(metricsmod.format_row(row, t.steps))
+        if self.ctx.sink is not None:
+            self.ctx.sink.write(row)
+
+    def maybe_save(self) -> None:
+        """A checkpoint every checkpoint.every_steps (async when configured); not at the last
+        step, which `run` saves blocking."""
+        c, step = self.spec.checkpoint, self.state.step
+        if not (c.every_steps and step % c.every_steps == 0 and step < self.spec.train.steps):
+            return
+        blocked = self._save()
+        self.ctx.flags.pause()
+        self.log(f"checkpoint step {step}: training blocked {blocked:.3f} s ({'async' if c.async_ else 'sync'})")
+        if not c.async_:
+            self.grace(self.checkpointer.last_save_s, self.ctx.flags.latency_s(), step)
+
+    def _set_lr(self) -> None:
+        """The lr of the next step: train.lr x the curve at this step."""
+        lr = self.spec.train.lr * self.curve.factor(self.state.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _save(self, *, blocking: bool = False) -> float:
+        self.state.elapsed_s = self.meter.elapsed()
+        return self.checkpointer.save(self.state.step, self.state.state_dict(), blocking=blocking)
+
+    def _interrupted(self, signal: str) -> Outcome:
+        step = self.state.step
+        secs = self._save(blocking=True)
+        self.checkpointer.close()
+        self.log(f"{signal}: saved step {step} in {secs:.2f} s")
+        return Outcome(LoopEnd.INTERRUPTED, step, str(ckptfolder.step_dir(self.ctx.checkpoints, step)), signal)
 
 
-def build(
-    spec: JobSpec,
-    device: torch.device,
-    world_size: int,
-    tokens: modelmod.TokenIds | None,
-    *,
-    kept: Path | None = None,
-    resume: bool = False,
-) -> tuple[Any, torch.optim.Optimizer, Any, modelmod.ParamCount]:
-    """Model and optimizer, in the one order that works for every option: build on meta ->
-    shard -> fill (pretrained load, random init, or only buffers when a checkpoint follows).
-
-    `kept`: the run's copy of the model's config (<run>/model), used when present so that a
-    resume does not need the original folder. Returns (model, optimizer, config, ParamCount)."""
-    config = modelmod.build_config(spec.model, tokens, kept)
-    meta = modelmod.build_meta(spec.model, config)  # 1. build on meta
-    counts = modelmod.param_count(meta, config)  # (unsharded: the same on every world size)
-    dtype = modelmod.DTYPES[spec.model.dtype]
-    mode = "buffers" if resume else "pretrained" if spec.model.name_or_path else "init"
-    filler = weights.Filler(
-        weights.plan(meta, dtype),  # (conversion mapping: before sharding renames the class)
-        mode,
-        spec.job.seed,
-        device,
-        Path(spec.model.name_or_path) if spec.model.name_or_path else None,
-        dtype,
-    )
-    mesh = parallelize.build_mesh(spec, device.type, world_size)
-    if spec.fsdp.activation_checkpointing:  # 2. parallelize
-        parallelize.apply_activation_checkpointing(meta)
-    if spec.fsdp.version == 1:  # FSDP1 materializes and fills (3.) each unit as it wraps it
-        init_fn = filler.fsdp1_init_fn(meta, lambda: modelmod.build_meta(spec.model, config))
-        model = parallelize.fsdp1(meta, spec, mesh, device, init_fn)
-        weights.check_materialized(model, filler.plan.model_type)
-    else:
-        if spec.fsdp.compile:
-            parallelize.apply_compile(meta)
-        dims = weights.shard_dims(meta, filler.plan, parallelize.shard_group_size(spec, mesh))
-        model = parallelize.fsdp2(meta, spec, mesh, dims)
-        filler.fsdp2(model, spec.fsdp.cpu_offload)  # 3. fill
-    _check_tied(model, config)
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=spec.train.lr,
-        weight_decay=spec.train.weight_decay,
-        betas=(0.9, 0.95),
-        fused=device.type == "cuda" and not spec.fsdp.cpu_offload,
-    )
-    return model, optimizer, config, counts
-
-
-def _check_tied(model, config) -> None:
-    if getattr(config, "tie_word_embeddings", False):
-        out, inp = model.get_output_embeddings(), model.get_input_embeddings()
-        if out is not None and out.weight is not inp.weight:
-            raise RuntimeError("tied embeddings came apart during sharding")
-
-
-def token_ids(spec: JobSpec) -> modelmod.TokenIds | None:
-    """What the data's tokenizer needs from the model config (vocab, special ids); None for synthetic data."""
-    if spec.data.source != "files":
-        return None
-    if spec.data.tokenizer == "bytes":
-        return modelmod.TokenIds(BYTE_VOCAB, BOS, EOS, PAD)
-    tok: Any = load_tokenizer(spec.data.tokenizer)  # a transformers tokenizer
-    return modelmod.TokenIds(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
-
-
+# ---------------------------------------------------------------- the objective
 def _loss_fn(spec: JobSpec) -> Callable[[torch.nn.Module, Batch], torch.Tensor]:
     """loss(model, batch): the cross-entropy summed over the batch's trained labels, from lm_head
     fused with a chunked cross-entropy where the model supports it (see loss.py; full fp32
@@ -187,184 +381,21 @@ def _label_total(spec: JobSpec, samples, batches: list[Batch], group) -> float:
     return max(1.0, float(total))
 
 
-def evaluate(model, loss_fn, samples: PreparedSamples, batches: int, rank: int, world_size: int, spec: JobSpec, device):
+def evaluate(model, loss_fn, samples: PreparedSamples, batches: int, ctx: RankContext, spec: JobSpec) -> float:
     """Mean loss over the first `batches` global micro-batches of the fixed evaluation order:
     every rank its slice, the sums of loss and of trained labels all-reduced."""
     mb = spec.train.micro_batch_size
-    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)
     model.eval()
     with torch.no_grad():
         for j in range(batches):
-            batch = samples.batch(j * world_size * mb, rank, world_size, mb)
-            totals[0] += loss_fn(model, batch.to(device)).double()
+            batch = samples.batch(j * ctx.world_size * mb, ctx.rank, ctx.world_size, mb)
+            totals[0] += loss_fn(model, batch.to(ctx.device)).double()
             totals[1] += batch.label_count
     model.train()
     if dist.is_initialized():
         dist.all_reduce(totals)
     return float(totals[0] / totals[1].clamp(min=1))
-
-
-def train(
-    spec: JobSpec,
-    device: torch.device,
-    rank: int,
-    world_size: int,
-    ckpt_root: Path,
-    spec_text: str,
-    log: Callable[[str], None],
-    metrics_out: metricsmod.MetricsWriter | None,
-    on_event: Callable[..., None],
-    flags: StopFlags,
-    progress: Progress,
-    model_dir: Path | None = None,
-) -> Outcome:
-    flag_group = dist.new_group(backend="gloo") if dist.is_initialized() else None
-    torch.manual_seed(spec.job.seed)
-    t_data = time.perf_counter()
-    data = open_for_training(spec, rank, log)
-    t_build = time.perf_counter()
-    latest = ckptfolder.find(ckpt_root)
-    what = spec.model.name_or_path or spec.model.config or f"preset {spec.model.preset}"
-    fill = "checkpoint" if latest else "load" if spec.model.name_or_path else "init"
-    log(f"building the model ({what}): meta -> shard -> {fill}")
-    model, optimizer, config, counts = build(
-        spec, device, world_size, token_ids(spec), kept=model_dir, resume=latest is not None
-    )
-    if data.max_id >= config.vocab_size:
-        raise ValueError(f"data: token id {data.max_id} does not fit the model's vocab_size {config.vocab_size}")
-    samples = data.train or SyntheticSamples(spec.data.seq_len, config.vocab_size, spec.job.seed)
-    eval_batches = 0
-    if data.eval is not None:
-        eval_batches = min(spec.eval.batches, data.eval.count // (world_size * spec.train.micro_batch_size))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec))
-    c = spec.checkpoint
-    saver = ckpt.Checkpointer(
-        ckpt_root,
-        model,
-        optimizer,
-        rank,
-        world_size,
-        spec_text,
-        c.keep_last,
-        c.async_,
-        writer_threads=c.writer_threads,
-        async_mode=c.async_mode,
-    )
-    grace = GraceCheck(spec.slurm.signal_grace_s, log, on_event)
-    step, consumed, tokens_seen, elapsed_before = 0, 0, 0, 0.0
-    t0 = time.perf_counter()
-    if latest is not None:
-        log(f"loading checkpoint {latest.path.name} (saved by {latest.meta.get('world_size', '?')} ranks) ...")
-    latest, saved, unreadable = saver.load_newest()
-    for bad_step, reason in unreadable:
-        log(f"checkpoint step {bad_step} did not load, set aside: {reason}")
-        on_event(EventKind.CHECKPOINT_FALLBACK, step=bad_step, reason=f"did not load, set aside: {reason}")
-    if latest is not None:
-        step, consumed, tokens_seen = saved["step"], saved["consumed"], saved["tokens_seen"]
-        elapsed_before = float(saved.get("elapsed_s", 0.0))  # older checkpoints did not record it
-        scheduler.last_epoch = step
-        for group, lr in zip(optimizer.param_groups, scheduler.get_lr(), strict=False):
-            group["lr"] = lr
-        log(
-            f"resumed from {latest.path.name} (step {step}, {consumed} samples seen, "
-            f"saved by {saved['world_size']} ranks, now {world_size}) in {time.perf_counter() - t0:.2f} s"
-        )
-        on_event(EventKind.RESUMED, step=step, checkpoint=str(latest.path))
-        if saved.get("data", data.key) != data.key:
-            log(
-                f"data: this checkpoint was trained on prepared dataset {saved['data']}, this attempt reads "
-                f"{data.key} (the sources, tokenizer or format changed): the data position ({consumed} samples) "
-                "continues in the new data"
-            )
-    t_model = time.perf_counter()
-    active = f" ({counts.active / 1e6:.2f}M active per token)" if counts.active != counts.total else ""
-    log(
-        f"model: {config.model_type}, {counts.total / 1e6:.2f}M params{active}, vocab {config.vocab_size}, "
-        f"mesh {spec.mesh_shape} "
-        f"({spec.effective_sharding}, FSDP{spec.fsdp.version}), built in {t_model - t_build:.2f} s"
-    )
-    fpt = modelmod.flops_per_token(config, counts.active, spec.data.seq_len)
-    meter = metricsmod.Meter(fpt, device, world_size, elapsed_before)
-    if metrics_out is not None:
-        metrics_out.begin(step)
-    loss_fn = _loss_fn(spec)
-    t = spec.train
-    mb = t.micro_batch_size
-    micro_tokens = mb * spec.data.seq_len
-
-    def meta() -> dict:
-        return {"consumed": consumed, "tokens_seen": tokens_seen, "elapsed_s": meter.elapsed(), "data": data.key}
-
-    gradient_sync: Callable[[bool], None] | None = getattr(model, "set_requires_gradient_sync", None)  # FSDP2
-    model.train()
-    first_step = progress.step = step
-    while step < t.steps:
-        stop = flags.agree(flag_group, step, spec.slurm.signal_grace_s) if flags.due(step) else 0
-        if stop:
-            secs = saver.save(step, meta(), blocking=True)
-            saver.close()
-            log(f"{SIGNAL_NAMES[stop]}: saved step {step} in {secs:.2f} s")
-            return Outcome("interrupted", step, str(ckptfolder.step_dir(ckpt_root, step)), SIGNAL_NAMES[stop])
-        batches = [samples.batch(consumed + m * world_size * mb, rank, world_size, mb) for m in range(t.grad_accum)]
-        scale = world_size / _label_total(spec, samples, batches, flag_group)
-        loss_sum = torch.zeros((), device=device)
-        for micro, batch in enumerate(batches):
-            consumed += world_size * mb
-            last = micro == t.grad_accum - 1
-            if gradient_sync is not None:
-                gradient_sync(last)
-            loss = loss_fn(model, batch.to(device)) * scale
-            loss.backward()
-            loss_sum += loss.detach()
-        grad_norm = _clip(model, t.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        step += 1
-        progress.step, progress.steps_done = step, progress.steps_done + 1
-        tokens_seen += world_size * t.grad_accum * micro_tokens
-        meter.tick(world_size * t.grad_accum * micro_tokens)
-        flags.tick()
-        if saver.poll():
-            grace(saver.last_save_s, flags.latency_s(), step)
-        if step == first_step + 1:
-            log(
-                f"first step done {time.perf_counter() - t_data:.2f} s after the start (data ready in "
-                f"{t_build - t_data:.2f} s, model built in {t_model - t_build:.2f} s)"
-            )
-        eval_now = data.eval is not None and (
-            step == t.steps or (spec.eval.every_steps > 0 and step % spec.eval.every_steps == 0)
-        )
-        if step % t.log_every == 0 or step == t.steps or eval_now:
-            if dist.is_initialized():
-                dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
-            extra = {}
-            if eval_now:
-                assert data.eval is not None
-                eval_loss = evaluate(model, loss_fn, data.eval, eval_batches, rank, world_size, spec, device)
-                extra = {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0))}
-            row = meter.row(
-                step=step,
-                loss=float(loss_sum),
-                lr=scheduler.get_last_lr()[0],
-                grad_norm=float(grad_norm),
-                tokens_seen=tokens_seen,
-                **extra,
-            )
-            log(metricsmod.format_row(row, t.steps))
-            if metrics_out is not None:
-                metrics_out.write(row)
-        if c.every_steps and step % c.every_steps == 0 and step < t.steps:
-            blocked = saver.save(step, meta())
-            flags.pause()
-            log(f"checkpoint step {step}: training blocked {blocked:.3f} s ({'async' if c.async_ else 'sync'})")
-            if not c.async_:
-                grace(saver.last_save_s, flags.latency_s(), step)
-    log(f"saving the final checkpoint (step {step}) ...")
-    secs = saver.save(step, meta(), blocking=True)  # the last step always saves synchronously
-    saver.close()
-    log(f"saved step {step} in {secs:.2f} s")
-    return Outcome("completed", step, str(ckptfolder.step_dir(ckpt_root, step)))
 
 
 def _clip(model, max_norm: float) -> torch.Tensor:

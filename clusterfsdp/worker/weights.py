@@ -1,6 +1,7 @@
 """Filling a meta-built, sharded model with weights, for any `AutoModelForCausalLM` family.
 
-Three ways, chosen by `train.build`:
+Three ways, chosen by `build.build` (one module, a little over 500 lines: they share the unit
+walk, the staging for FSDP1 and the collective verdict):
 
 - **pretrained**: transformers' own loader (`_load_pretrained_model` + `_finalize_model_loading`,
   the tail of `from_pretrained`) runs on the FSDP2-sharded model. It applies the family's key

@@ -266,6 +266,14 @@ class TrainSection:
     weight_decay: float = F(0.1, "AdamW weight decay.")
     max_grad_norm: float = F(1.0, "Gradient clipping norm over all shards (0: off).")
     log_every: int = F(10, "Write a metrics line every N steps.")
+    resume_schedule: Literal["continue", "keep", "rewarm", "stretch"] = F(
+        "continue",
+        "What a resume does to the learning-rate curve when steps, warmup, schedule or min_lr_ratio changed since "
+        "the checkpoint: continue = from the lr at the resumed step down to the end lr at the new steps (never "
+        "higher; an extended finished run stays at its end lr); keep = the checkpoint's curve unchanged; rewarm = "
+        "warm up again to `lr`, then decay to the new end; stretch = the curve planned for the new settings from "
+        "step 0 (the lr may jump).",
+    )
 
 
 @dataclass

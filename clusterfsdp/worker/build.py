@@ -1,0 +1,85 @@
+"""The model and optimizer of a training run, in the one order that works for every option and
+every `AutoModelForCausalLM` family: build on meta -> parallelize -> fill (pretrained load,
+random init, or only the buffers when a checkpoint follows). Used by the Trainer, export and
+the benches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any  # models: transformers PreTrainedModels wrapped by FSDP
+
+import torch
+
+from ..control.spec import JobSpec
+from ..data.tokens import BOS, BYTE_VOCAB, EOS, PAD, load_tokenizer
+from . import model as modelmod
+from . import parallelize, weights
+
+
+def build(
+    spec: JobSpec,
+    device: torch.device,
+    world_size: int,
+    tokens: modelmod.TokenIds | None,
+    *,
+    kept: Path | None = None,
+    resume: bool = False,
+) -> tuple[Any, torch.optim.Optimizer, Any, modelmod.ParamCount]:
+    """Model and optimizer, in the one order that works for every option: build on meta ->
+    shard -> fill (pretrained load, random init, or only buffers when a checkpoint follows).
+
+    `kept`: the run's copy of the model's config (<run>/model), used when present so that a
+    resume does not need the original folder. Returns (model, optimizer, config, ParamCount)."""
+    config = modelmod.build_config(spec.model, tokens, kept)
+    meta = modelmod.build_meta(spec.model, config)  # 1. build on meta
+    counts = modelmod.param_count(meta, config)  # (unsharded: the same on every world size)
+    dtype = modelmod.DTYPES[spec.model.dtype]
+    mode = "buffers" if resume else "pretrained" if spec.model.name_or_path else "init"
+    filler = weights.Filler(
+        weights.plan(meta, dtype),  # (conversion mapping: before sharding renames the class)
+        mode,
+        spec.job.seed,
+        device,
+        Path(spec.model.name_or_path) if spec.model.name_or_path else None,
+        dtype,
+    )
+    mesh = parallelize.build_mesh(spec, device.type, world_size)
+    if spec.fsdp.activation_checkpointing:  # 2. parallelize
+        parallelize.apply_activation_checkpointing(meta)
+    if spec.fsdp.version == 1:  # FSDP1 materializes and fills (3.) each unit as it wraps it
+        init_fn = filler.fsdp1_init_fn(meta, lambda: modelmod.build_meta(spec.model, config))
+        model = parallelize.fsdp1(meta, spec, mesh, device, init_fn)
+        weights.check_materialized(model, filler.plan.model_type)
+    else:
+        if spec.fsdp.compile:
+            parallelize.apply_compile(meta)
+        dims = weights.shard_dims(meta, filler.plan, parallelize.shard_group_size(spec, mesh))
+        model = parallelize.fsdp2(meta, spec, mesh, dims)
+        filler.fsdp2(model, spec.fsdp.cpu_offload)  # 3. fill
+    _check_tied(model, config)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=spec.train.lr,
+        weight_decay=spec.train.weight_decay,
+        betas=(0.9, 0.95),
+        fused=device.type == "cuda" and not spec.fsdp.cpu_offload,
+    )
+    return model, optimizer, config, counts
+
+
+def _check_tied(model, config) -> None:
+    if getattr(config, "tie_word_embeddings", False):
+        out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+        if out is not None and out.weight is not inp.weight:
+            raise RuntimeError("tied embeddings came apart during sharding")
+
+
+def token_ids(spec: JobSpec) -> modelmod.TokenIds | None:
+    """What the data's tokenizer needs from the model config (vocab, special ids); None for synthetic data."""
+    if spec.data.source != "files":
+        return None
+    if spec.data.tokenizer == "bytes":
+        return modelmod.TokenIds(BYTE_VOCAB, BOS, EOS, PAD)
+    tok: Any = load_tokenizer(spec.data.tokenizer)  # a transformers tokenizer
+    return modelmod.TokenIds(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
