@@ -127,7 +127,7 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     """Start-up is paid by every call, shell completion included (issue 25 item 3): counted in
     modules, not timed (bench/startup_bench.py times it). `--help` imports nothing of the control
     plane; `status` and `runs` read run folders without the spec's schema or the run service's
-    submit machinery (launch, hub, modelsource, datasource); `runs --quiet` (completion) not even
+    submit machinery (launch, hub, modelsource, data.checks); `runs --quiet` (completion) not even
     status or Slurm."""
     from tui_helpers import make_run
 

@@ -26,7 +26,7 @@ from ..control import ckptfolder, runfolder
 from ..control.spec import JobSpec, SpecError
 
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
-BYTE_SPECIALS = ("<bos>", "<eos>", "<pad>")  # ids 256, 257, 258 (worker/data.py)
+BYTE_SPECIALS = ("<bos>", "<eos>", "<pad>")  # ids 256, 257, 258 (data/tokens.py)
 
 
 def sources(spec: JobSpec, run: runfolder.RunFolder) -> JobSpec:

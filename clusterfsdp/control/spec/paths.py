@@ -1,6 +1,6 @@
 """Job files and the paths in them: reading a job file, making its relative paths absolute
 (relative to the file's folder, so the run's job.toml works from any directory on any node), and
-telling a hub id (`org/name`, resolved at submit by `modelsource`/`datasource`) from a local path.
+telling a hub id (`org/name`, resolved at submit by `modelsource`/`data.checks`) from a local path.
 """
 
 from __future__ import annotations
