@@ -116,6 +116,15 @@ def test_run_root_with_shell_characters_is_refused(tmp_path):
     assert not list(tmp_path.rglob("PWNED"))
 
 
+def test_run_root_with_a_percent_sign_is_refused(tmp_path):
+    """Slurm expands %x, %j... in --output: a run root `p%x` sent the logs to `ptiny-cpu/` (seen on
+    the devcluster), so the run's logs were not where status and logs read them."""
+    spec = S.loads(f'[job]\nrun_root = "{tmp_path}/p%x"\n')
+    with pytest.raises(launch.SubmitError, match="'%', which Slurm expands"):
+        Run.dry_run(spec)
+    assert not (tmp_path / "p%x").exists()
+
+
 def test_allowed_special_characters_do_not_execute(tmp_path):
     """Runs the rendered script with bash, with `srun` on PATH replaced by a stub that records its
     argv (the boundary: no Slurm needed to check the shell semantics of the script). Every

@@ -44,7 +44,7 @@ Requested = Literal["auto", "slurm", "local"]
 # submitit's local controller restarts on exit code 144 at most this many times.
 LOCAL_MAX_TIMEOUTS = 1_000_000
 # Every path that reaches an `#SBATCH --output=...` line (the run folder's) is held to these.
-_SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+,:@%=~-]+$")
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+,:@=~-]+$")
 
 
 class SubmitError(UserError, RuntimeError):
@@ -257,6 +257,8 @@ def job_steps(run: RunFolder) -> tuple[list[str], list[str]]:
 def check_run_root(spec: specmod.JobSpec) -> None:
     """The run root can hold run folders and can be named on an `#SBATCH --output` line."""
     root = Path(spec.job.run_root).expanduser().resolve()
+    if "%" in str(root):  # sbatch and srun expand %j, %x, ... in --output: the logs would go elsewhere
+        raise SubmitError(f"job.run_root: {str(root)!r} has '%', which Slurm expands in log file names")
     if not _SAFE_PATH.match(str(root)):
         raise SubmitError(
             f"job.run_root: {str(root)!r} has characters that sbatch option lines cannot carry "
