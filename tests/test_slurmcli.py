@@ -169,3 +169,23 @@ def test_a_job_cancelled_while_being_requeued_is_not_live(slurm_cluster, monkeyp
     assert rows[-1] == "REQUEUED", rows
     assert slurmcli.job_states([job])[job].state == "CANCELLED"
     assert slurm_cluster.sacct_attempts(job)[-1] == "REQUEUED"  # still, after the controller said CANCELLED
+
+
+@pytest.mark.parametrize(("state", "took_effect"), [("CANCELLED", True), ("COMPLETING", True), ("REQUEUE_HOLD", False)])
+def test_a_scancel_retried_after_an_outage_asks_the_one_live_list(fake: Path, state: str, took_effect: bool) -> None:
+    """The first scancel went unanswered, the retry is refused: whether the first one took effect
+    is decided by RunState.live (the one list of live states), not a shorter list of its own:
+    a requeue-held job is still live, so the cancel did not happen and that is said."""
+    stub(
+        fake,
+        "scancel",
+        f'if [ $n -eq 1 ]; then echo "scancel: error: {TIMED_OUT}" >&2; exit 1; fi\n'
+        'echo "scancel: error: Kill job error on job id 7: Job/step already completing or completed" >&2; exit 1',
+    )
+    stub(fake, "scontrol", f'echo "JobId=7 JobName=x JobState={state} Reason=None Restarts=1"')
+    if took_effect:
+        slurmcli.scancel("7")
+    else:
+        with pytest.raises(slurmcli.SlurmError, match="scancel"):
+            slurmcli.scancel("7")
+    assert len(calls(fake, "scancel")) == 2

@@ -427,8 +427,13 @@ def release(job_id: str) -> None:
 
 def scancel(job_id: str, signal: str | None = None) -> None:
     def gone() -> bool:
+        """The cancel took effect: the job left the live states (RunState.live, the one list),
+        or is ending (COMPLETING, SIGNALING: Slurm is stopping its processes)."""
         info = show_job(job_id)
-        return info is None or info.state not in ("PENDING", "RUNNING", "SUSPENDED", "CONFIGURING")
+        if info is None:
+            return True
+        state = RunState.parse(info.state)
+        return not state.live or state in (RunState.COMPLETING, RunState.SIGNALING)
 
     cmd = ["scancel", *([f"--signal={signal}"] if signal else []), job_id]
     _after_transient("scancel", cmd, gone if signal is None else lambda: False)
