@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 
 from ..control.spec import JobSpec
-from ..worker.loss import IGNORE_INDEX
 from . import trust
 from .index import Permutation
 from .samplesets import eval_batches_note, index_id, sample_roles
 from .shards import shard_offsets
 from .sources import DataError
+from .tokens import IGNORE_INDEX
 
 PREPARE_WAIT = timedelta(days=7)  # how long ranks > 0 wait for rank 0's prepare
 

@@ -23,6 +23,7 @@ from .sources import DataError
 
 BYTE_VOCAB = 260  # 256 bytes + BOS, EOS, PAD (+1 spare)
 BOS, EOS, PAD = 256, 257, 258
+IGNORE_INDEX = -100  # a label never trained on (prompts, padding, document ends): the loss skips it
 
 
 class ByteTokenizer:

@@ -29,7 +29,8 @@ from typing import Any, Literal  # models: transformers PreTrainedModels, possib
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from ..data.tokens import IGNORE_INDEX
+
 Reduction = Literal["mean", "sum"]
 # Largest chunk of logits formed at once, in elements (2**29: 1 GiB of bf16 logits, and as much
 # again for their gradient; 4096 tokens of a 128k vocabulary).
