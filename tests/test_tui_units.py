@@ -367,8 +367,11 @@ def test_checkpoint_scan_lists_complete_partial_and_set_aside(tmp_path):
     run = make_run(tmp_path / "runs", checkpoints=(20, 40), partial=(60,))
     root = run.path / "checkpoints"
     (root / "set-aside" / "step-00000080-1767268900").mkdir(parents=True)
+    (root / "set-aside" / "step-00000010-unreadable-1767268901").mkdir()  # ckptfolder.set_aside(..., why)
     rows = scan(root)
-    assert [(r.step, r.state) for r in rows] == [(80, "set aside"), (60, "partial"), (40, "complete"), (20, "complete")]
+    assert [(r.step, r.state) for r in rows] == [
+        (80, "set aside"), (60, "partial"), (40, "complete"), (20, "complete"), (10, "set aside")
+    ]  # fmt: skip
     assert rows[2].size == 51_000 + len('{"step": 40, "saved": 1767268840.0, "world_size": 2}')
     assert rows[2].resumable and not rows[1].resumable
 

@@ -5,15 +5,11 @@ from an older step. Sizes and times come from the folders, read in a worker."""
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from clusterfsdp.control import ckptfolder
-
-_PARTIAL = re.compile(r"^\.step-(\d+)\.partial$")
-_SET_ASIDE = re.compile(r"^step-(\d+)-\d+$")
 
 State = Literal["complete", "partial", "set aside"]
 
@@ -50,18 +46,11 @@ def scan(root: Path) -> list[CheckpointRow]:
         )
         for c in ckptfolder.list_checkpoints(root)
     ]
-    others: tuple[tuple[re.Pattern[str], Path, State], ...] = (
-        (_PARTIAL, root, "partial"),
-        (_SET_ASIDE, root / "set-aside", "set aside"),
-    )
-    for pattern, folder, state in others:
-        if not folder.is_dir():
-            continue
-        for p in folder.iterdir():
-            m = pattern.match(p.name)
-            if m:
-                try:
-                    rows.append(CheckpointRow(int(m.group(1)), p, state, p.stat().st_mtime, folder_size(p)))
-                except FileNotFoundError:
-                    pass  # renamed into place while we looked
+    others: list[tuple[int, Path, State]] = [(step, p, "partial") for step, p in ckptfolder.partial_steps(root)]
+    others.extend((step, p, "set aside") for step, p in ckptfolder.set_aside_steps(root))
+    for step, p, state in others:
+        try:
+            rows.append(CheckpointRow(step, p, state, p.stat().st_mtime, folder_size(p)))
+        except FileNotFoundError:
+            pass  # renamed into place while we looked
     return sorted(rows, key=lambda r: (r.step, r.state == "complete"), reverse=True)

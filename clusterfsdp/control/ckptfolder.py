@@ -38,6 +38,8 @@ SET_ASIDE = "set-aside"
 UNREADABLE = "unreadable"
 _STEP = re.compile(r"^step-(\d+)$")
 _PARTIAL_GLOB = ".step-*.partial"
+_PARTIAL_NAME = re.compile(r"^\.step-(\d+)\.partial$")
+_SET_ASIDE_NAME = re.compile(r"^step-(\d+)(?:-.+)?-\d+$")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,19 @@ def partial_dir(root: Path, step: int) -> Path:
 def partial_dirs(root: Path) -> list[Path]:
     """Saves in progress, or cut off by a crash."""
     return sorted(root.glob(_PARTIAL_GLOB))
+
+
+def partial_steps(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every save in progress or cut off by a crash."""
+    return [(int(m.group(1)), p) for p in partial_dirs(root) if (m := _PARTIAL_NAME.match(p.name))]
+
+
+def set_aside_steps(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every checkpoint `set_aside` moved away (`step-N[-why]-T`)."""
+    folder = set_aside_dir(root)
+    if not folder.is_dir():
+        return []
+    return [(int(m.group(1)), p) for p in folder.iterdir() if (m := _SET_ASIDE_NAME.match(p.name))]
 
 
 def pruning_dir(root: Path) -> Path:
