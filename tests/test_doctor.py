@@ -1,0 +1,172 @@
+"""`clusterfsdp doctor` names the right first cause from the run folder alone.
+
+The failed runs are real: two gloo worker processes each (tests/procs.py) on the tiny CPU job,
+one module-scoped fixture making them side by side. The faults are injected at an optimizer step
+by tests/faulty_worker.py (the real worker otherwise): a Python error in user code, a CUDA
+out-of-memory error (simulated: raised with CUDA's message, there is no GPU here), a SIGKILLed
+rank, and a rank stuck in a sleep whose stacks faulthandler dumps into diagnostics/ (the
+watchdog's stand-in) while the other rank times out in the collective. Two need no injection: a
+JSONL file broken after its first record (validate reads only the first) and a model config that
+validate accepts but the model cannot run (5 attention heads over 2 key/value heads).
+
+Preemption, time limit and node failure need Slurm; their run folders get the events the real
+code writes there: `outcomes.classify_stop` on `scontrol show job` output captured on the
+devcluster (tests/golden/scontrol/) and `outcomes.classify_failure` with the node Slurm declared
+down, recorded as the worker's rank 0 and the batch script's job step record them.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from procs import CORPUS, launch, make_run, tiny_job_toml, wait
+
+from clusterfsdp import cli
+from clusterfsdp.control import doctor, outcomes, runfolder
+from clusterfsdp.control.doctor import Finding
+from clusterfsdp.control.records import Cause, Event, EventKind, Executor
+from clusterfsdp.control.slurmcli import JobInfo
+
+FAULTY = str(Path(__file__).parent / "faulty_worker.py")
+GOLDEN = Path(__file__).parent / "golden" / "scontrol"
+FAULTS = {"error": "error@3:1", "oom": "oom@2:0", "kill": "kill@3:1"}
+
+
+def _broken_jsonl(folder: Path) -> Path:
+    path = folder / "broken.jsonl"
+    text = CORPUS.read_text()[:40000]
+    records = [json.dumps({"text": text[i : i + 400]}) for i in range(0, len(text), 400)]
+    records.insert(20, '{"text": "a record cut short')
+    path.write_text("\n".join(records) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def failed_runs(tmp_path_factory) -> dict[str, runfolder.RunFolder]:
+    root = tmp_path_factory.mktemp("doctor")
+    job = tiny_job_toml("doctor", 0, 6)
+    runs = {name: make_run(job, root) for name in [*FAULTS, "hang"]}
+    runs["data"] = make_run(job.replace(str(CORPUS), str(_broken_jsonl(root))), root)
+    runs["config"] = make_run(job.replace("[data]", "[model.from_config]\nnum_attention_heads = 5\n[data]"), root)
+    for name, run in runs.items():
+        run.add_attempt(name, Executor.LOCAL, "submit")  # as `submit` records it (no process group to watch)
+    started = [launch([FAULTY, str(runs[n].path)], 2, n, {"CLUSTERFSDP_TEST_FAULT": f}) for n, f in FAULTS.items()]
+    started += [launch(["-m", "clusterfsdp.worker", str(runs[n].path)], 2, n) for n in ("data", "config")]
+    for procs in started:
+        wait(procs, timeout=600)
+    # the hang last, once the data is prepared: its short collective timeout covers training only
+    hang = launch([FAULTY, str(runs["hang"].path)], 2, "hang", {"CLUSTERFSDP_TEST_FAULT": "hang@3:1"})
+    try:
+        hang[0].wait(timeout=300)  # rank 0 times out waiting for rank 1
+        dump = runs["hang"].path / "diagnostics" / "hang.0" / "rank1.txt"
+        deadline = time.monotonic() + 60
+        while not (dump.is_file() and dump.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        for p in hang:
+            p.send_signal(signal.SIGKILL)
+        wait(hang)
+    return runs
+
+
+def test_python_error_in_user_code(failed_runs):
+    d = doctor.diagnose(failed_runs["error"])
+    assert d.finding is Finding.PYTHON_ERROR and (d.rank, d.step, d.job_id) == (1, 2, "error"), d  # 2 steps done
+    assert d.host == socket.gethostname() and d.summary.startswith("ZeroDivisionError: float division by zero")
+    assert d.source == "logs/error.0/rank1.log"
+    assert "in divide_the_loss_by_the_padding" in d.lines[0]
+    assert d.lines[-1] == "ZeroDivisionError: float division by zero"
+    assert d.others and d.others[0].startswith("rank 0 ")  # the survivor's lost peer, after it
+
+
+def test_simulated_oom_names_the_rank_and_a_smaller_micro_batch(failed_runs):
+    d = doctor.diagnose(failed_runs["oom"])
+    assert d.finding is Finding.OOM and d.rank == 0 and "CUDA out of memory" in d.summary, d
+    assert any("OutOfMemoryError: CUDA out of memory" in line for line in d.lines)
+    assert f"clusterfsdp resume {failed_runs['oom'].id} --set train.micro_batch_size=" in d.next_steps[0]
+
+
+def test_a_killed_rank_is_the_cause_not_the_survivors_lost_peer(failed_runs):
+    d = doctor.diagnose(failed_runs["kill"])
+    assert d.finding is Finding.RANK_KILLED and d.rank == 1 and d.host == socket.gethostname(), d
+    assert d.others and "rank 0" in d.others[0]
+
+
+def test_a_hung_rank_and_its_stuck_frame(failed_runs):
+    d = doctor.diagnose(failed_runs["hang"])
+    assert d.finding is Finding.HANG and d.rank == 1, d
+    assert d.stuck_frame.startswith("wait_for_a_lock_that_never_comes (") and "faulty_worker.py:" in d.stuck_frame
+    assert d.source == "diagnostics/hang.0/rank1.txt"
+    assert d.others and "rank 0" in d.others[0] and "timed out" in d.others[0].lower()
+
+
+def test_a_broken_jsonl_record_is_a_data_error(failed_runs):
+    d = doctor.diagnose(failed_runs["data"])
+    assert d.finding is Finding.DATA_ERROR and "broken.jsonl:21: not valid JSON" in d.summary, d
+    assert d.lines and "DataError" in d.lines[-1]
+
+
+def test_a_config_that_validate_accepts_but_the_model_cannot_run(failed_runs, capsys):
+    run = failed_runs["config"]
+    assert cli.main(["validate", str(run.job_toml)]) == 0
+    d = doctor.diagnose(run)
+    assert d.finding is Finding.BAD_CONFIG and d.step in (0, None), d
+    assert d.lines and "Error" in d.lines[-1]
+
+
+def test_cli_doctor_json_and_the_status_block(failed_runs, capsys):
+    run = failed_runs["oom"]
+    assert cli.main(["doctor", str(run.path)]) == 0
+    text = capsys.readouterr().out
+    assert "cause      oom: OutOfMemoryError: CUDA out of memory" in text and "next       clusterfsdp resume" in text
+    assert cli.main(["doctor", str(run.path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["finding"] == "oom" and data["rank"] == 0 and data["lines"]
+    assert cli.main(["status", str(run.path)]) == 1
+    shown = capsys.readouterr().out
+    assert "state      FAILED" in shown and "cause      oom:" in shown and "next       " in shown
+
+
+def _slurm_run(tmp_path: Path, *events: Event) -> runfolder.RunFolder:
+    run = make_run(tiny_job_toml("slurmy", 0, 6), tmp_path)
+    for e in events:
+        run.append_event(e)
+    return run
+
+
+def _event(kind: EventKind, rank: int = 0, **fields) -> Event:
+    return Event(kind, "4242", 0, rank, "node1", time.time(), **fields)
+
+
+@pytest.mark.parametrize(
+    ("name", "signal_name", "finding"),
+    [("preempted_in_grace", "SIGTERM", Finding.PREEMPTED), ("", "SIGUSR2", Finding.TIME_LIMIT)],
+)
+def test_preemption_and_time_limit(tmp_path, name, signal_name, finding):
+    info = JobInfo.parse((GOLDEN / f"{name}.txt").read_text().strip()) if name else None
+    verdict = outcomes.classify_stop(signal_name, info, 0, cancel_asked=False)
+    run = _slurm_run(
+        tmp_path,
+        _event(EventKind.START, world_size=2, nodes=1),
+        _event(EventKind.REQUEUED, step=4, cause=verdict.cause, reason=f"{verdict.reason}; saved step 4"),
+    )
+    d = doctor.diagnose(run)
+    assert d.finding is finding and d.step == 4 and verdict.reason in d.summary, d
+    assert d.next_steps[0].startswith("nothing: the run saved")
+
+
+def test_node_failure(tmp_path):
+    start = _event(EventKind.START, world_size=4, nodes=2)
+    lost = _event(
+        EventKind.FAILED, 0, cause=Cause.COLLECTIVE, reason="rank 0 on node1: RuntimeError: Connection closed by peer"
+    )
+    failure = outcomes.classify_failure([start, lost], world_size=4, down_nodes=["node2"], srun_rc=1)
+    step = _event(EventKind.AUTO_RESTART, -1, cause=failure.cause, reason=f"automatic restart after {failure.cause}: "
+                  f"{failure.detail}", failed_nodes=list(failure.failed_nodes), job_id_next="4243")  # fmt: skip
+    d = doctor.diagnose(_slurm_run(tmp_path, start, lost, step))
+    assert d.finding is Finding.NODE_FAILURE and d.host == "node2" and "Slurm declared node2 down" in d.summary, d
