@@ -170,3 +170,50 @@ def test_node_failure(tmp_path):
                   f"{failure.detail}", failed_nodes=list(failure.failed_nodes), job_id_next="4243")  # fmt: skip
     d = doctor.diagnose(_slurm_run(tmp_path, start, lost, step))
     assert d.finding is Finding.NODE_FAILURE and d.host == "node2" and "Slurm declared node2 down" in d.summary, d
+
+
+def test_restarts_used_up_by_time_limits_that_saved_nothing_newer(tmp_path):
+    """Rank 0's own `failed` record (restarts_exhausted) is no error of a rank: the time limit is the cause."""
+    verdict = outcomes.classify_stop("SIGUSR2", None, 1, cancel_asked=False)
+    reason = f"{verdict.reason}; saved step 4, no progress since the last restart, and 3 restarts used"
+    run = _slurm_run(
+        tmp_path,
+        _event(EventKind.START, world_size=2, nodes=1),
+        _event(EventKind.FAILED, step=4, cause=Cause.RESTARTS_EXHAUSTED, reason=reason),
+    )
+    d = doctor.diagnose(run)
+    assert d.finding is Finding.TIME_LIMIT and d.summary == reason and "max_restarts ran out" in d.next_steps[0], d
+
+
+def test_the_tui_run_screen_shows_why_a_run_failed(tmp_path, monkeypatch):
+    """The run screen (4) of a FAILED run ends its header with the doctor's short explanation;
+    a fixed run folder as the worker leaves it after a CUDA out-of-memory error on rank 1."""
+    from tui_helpers import T0, FakeSlurm, make_run, rendered, run_app, until
+
+    from clusterfsdp.tui.app import ClusterApp
+    from clusterfsdp.tui.run_screen import RunScreen
+
+    monkeypatch.chdir(tmp_path)
+    run = make_run(tmp_path / "runs", end=None)
+    reason = "rank 1 on node1: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    run.append_event(Event(EventKind.FAILED, "1001", 0, 1, "node1", T0 + 60, step=40, reason=reason, cause=Cause.ERROR,
+                           steps_done=40))  # fmt: skip
+    log = run.log_path("1001", 0, 1)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(
+        'Traceback (most recent call last):\n  File "/job/model.py", line 9, in forward\n    return self.big(x)\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+    )
+    app = ClusterApp(tmp_path / "runs", slurm=FakeSlurm(), refresh_s=3600)
+
+    async def scenario(pilot):
+        await until(pilot, lambda: app.current_key is not None, "a selected run")
+        await pilot.press("4")
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        await until(pilot, lambda: "cause      oom:" in rendered(screen.query_one("#run-header")), "the diagnosis")
+        header = rendered(screen.query_one("#run-header"))
+        assert "rank 1 on node1" in header and "| torch.OutOfMemoryError" in header
+        assert f"next       clusterfsdp resume {run.id} --set train.micro_batch_size" in header
+
+    run_app(app, scenario)

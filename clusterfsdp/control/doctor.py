@@ -297,7 +297,9 @@ def diagnose(run: RunFolder, events: list[Event] | None = None, live: bool = Fal
 
 def _diagnose(run: RunFolder, inc: _Incarnation) -> Diagnosis:
     base = Diagnosis(run.id, Finding.UNKNOWN, "", inc.job_id, inc.restart)
-    failed = sorted((e for e in inc.events if e.event is EventKind.FAILED and e.rank >= 0), key=lambda e: e.time)
+    ranks = [e for e in inc.events if e.event is EventKind.FAILED and e.rank >= 0]
+    failed = sorted((e for e in ranks if e.cause is not Cause.RESTARTS_EXHAUSTED), key=lambda e: e.time)
+    exhausted = next((e for e in inc.events if e.cause is Cause.RESTARTS_EXHAUSTED), None)
     start = next((e for e in inc.events if e.event is EventKind.START), None)
     world = start.world_size if start else None
     # what Slurm did (job steps, or rank 0 after a save): a node, a preemption, the time limit
@@ -312,7 +314,9 @@ def _diagnose(run: RunFolder, inc: _Incarnation) -> Diagnosis:
         base.host = nodes
         base.next_steps = _next_steps(finding, run.id, nodes)
         return base
-    errors = [e for e in failed if e.cause is not Cause.COLLECTIVE and e.cause is not Cause.RESTARTS_EXHAUSTED]
+    if exhausted is not None and not failed:
+        return _exhausted(run, base, exhausted)
+    errors = [e for e in failed if e.cause is not Cause.COLLECTIVE]
     if errors:
         return _error(run, inc, base, errors[0], failed)
     silent = _silent_ranks(failed, world)
@@ -331,6 +335,29 @@ def _diagnose(run: RunFolder, inc: _Incarnation) -> Diagnosis:
     else:
         return _submitit_only(run, base)
     base.next_steps = _next_steps(base.finding, run.id)
+    return base
+
+
+def _exhausted(run: RunFolder, base: Diagnosis, record: Event) -> Diagnosis:
+    """Rank 0 stopped after a time limit or a preemption that saved nothing newer, with
+    slurm.max_restarts used up (a loop that never advances): the interruption is the cause."""
+    text = record.reason.lower()
+    base.finding = (
+        Finding.PREEMPTED if "preempt" in text
+        else Finding.TIME_LIMIT if "time limit" in text or "sigusr2" in text
+        else Finding.UNKNOWN
+    )  # fmt: skip
+    base.rank, base.host, base.time, base.step, base.summary = (
+        record.rank,
+        record.host,
+        record.time,
+        record.step,
+        record.reason,
+    )
+    base.next_steps = [
+        "the run stopped: it was interrupted again before it saved anything newer, and slurm.max_restarts ran out",
+        f"clusterfsdp resume {run.id} --set slurm.time=MINUTES  (or a larger slurm.signal_grace_s, so a save fits)",
+    ]
     return base
 
 
