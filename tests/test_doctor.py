@@ -9,15 +9,17 @@ watchdog's stand-in) while the other rank times out in the collective. Two need 
 JSONL file broken after its first record (validate reads only the first) and a model config that
 validate accepts but the model cannot run (5 attention heads over 2 key/value heads).
 
-Preemption, time limit and node failure need Slurm; their run folders get the events the real
-code writes there: `outcomes.classify_stop` on `scontrol show job` output captured on the
-devcluster (tests/golden/scontrol/) and `outcomes.classify_failure` with the node Slurm declared
-down, recorded as the worker's rank 0 and the batch script's job step record them.
+Preemption, time limit and node failure need Slurm: a failed node and a time limit followed by a
+killed rank come from run folders the Slurm recovery tests left on the devcluster (events.jsonl,
+state.json and nodes/ kept in tests/golden/doctor/); preemption gets the events the real code
+writes: `outcomes.classify_stop` on `scontrol show job` output captured on the devcluster
+(tests/golden/scontrol/), recorded as the worker's rank 0 records it.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import socket
 import time
@@ -34,6 +36,7 @@ from clusterfsdp.control.slurmcli import JobInfo
 
 FAULTY = str(Path(__file__).parent / "faulty_worker.py")
 GOLDEN = Path(__file__).parent / "golden" / "scontrol"
+GOLDEN_RUNS = Path(__file__).parent / "golden" / "doctor"
 FAULTS = {"error": "error@3:1", "oom": "oom@2:0", "kill": "kill@3:1"}
 
 
@@ -158,18 +161,36 @@ def test_preemption_and_time_limit(tmp_path, name, signal_name, finding):
     d = doctor.diagnose(run)
     assert d.finding is finding and d.step == 4 and verdict.reason in d.summary, d
     assert d.next_steps[0].startswith("nothing: the run saved")
+    for kind in (EventKind.START, EventKind.COMPLETED):  # the next incarnation completes: the interruption is history
+        run.append_event(Event(kind, "4242", 1, 0, "node1", time.time(), step=6))
+    d = doctor.diagnose(run)
+    assert d.finding is Finding.NONE and d.earlier == [f"job 4242.0: {finding}: {verdict.reason}; saved step 4"], d
 
 
-def test_node_failure(tmp_path):
-    start = _event(EventKind.START, world_size=4, nodes=2)
-    lost = _event(
-        EventKind.FAILED, 0, cause=Cause.COLLECTIVE, reason="rank 0 on node1: RuntimeError: Connection closed by peer"
-    )
-    failure = outcomes.classify_failure([start, lost], world_size=4, down_nodes=["node2"], srun_rc=1)
-    step = _event(EventKind.AUTO_RESTART, -1, cause=failure.cause, reason=f"automatic restart after {failure.cause}: "
-                  f"{failure.detail}", failed_nodes=list(failure.failed_nodes), job_id_next="4243")  # fmt: skip
-    d = doctor.diagnose(_slurm_run(tmp_path, start, lost, step))
+def _captured(tmp_path: Path, name: str, until: EventKind) -> runfolder.RunFolder:
+    """A run folder of tests/golden/doctor/<name> (events.jsonl, state.json and nodes/ copied from
+    the devcluster run of a Slurm recovery test), its events cut after the first `until`
+    record: the folder as it was when that attempt had just failed."""
+    run = runfolder.RunFolder(tmp_path / "tiny-cpu" / "20261125-010000-abcd")
+    shutil.copytree(GOLDEN_RUNS / name, run.path)
+    lines = run.events_file.read_text().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if json.loads(line)["event"] == until)
+    run.events_file.write_text("".join(lines[: cut + 1]))
+    return run
+
+
+def test_node_failure_from_a_devcluster_run(tmp_path):
+    """test_slurm_e2e's failed node: node2's slurmd and processes killed, the batch step's verdict."""
+    d = doctor.diagnose(_captured(tmp_path, "node_failure", EventKind.AUTO_RESTART))
     assert d.finding is Finding.NODE_FAILURE and d.host == "node2" and "Slurm declared node2 down" in d.summary, d
+
+
+def test_a_killed_rank_after_a_time_limit_from_a_devcluster_run(tmp_path):
+    """test_slurm_e2e's time limit (SIGUSR2, saved, requeued), then rank 1 SIGKILLed in the next incarnation."""
+    d = doctor.diagnose(_captured(tmp_path, "time_limit_then_rank_killed", EventKind.AUTO_RESTART))
+    assert d.finding is Finding.RANK_KILLED and (d.rank, d.host, d.restart) == (1, "node1", 1), d
+    assert d.earlier == ["job 16665123.0: time_limit: SIGUSR2 ahead of the time limit; saved step 16"]
+    assert d.others and d.others[0].startswith("rank 0 on node1: RuntimeError:") and "Connection closed" in d.others[0]
 
 
 def test_restarts_used_up_by_time_limits_that_saved_nothing_newer(tmp_path):

@@ -34,6 +34,7 @@ from .runfolder import RunFolder, read_jsonl
 TAIL_BYTES = 256 << 10  # of a rank log: a traceback and what led to it
 DUMP_BYTES = 64 << 10  # of a stack dump file
 MAX_DUMPS = 64  # stack dump files looked at, newest first
+MAX_EARLIER = 5  # earlier incarnations summed up in one line each
 HANG_EVENT = "hang"  # a watchdog's record of ranks that stopped making progress (rank, host, reason)
 
 
@@ -75,6 +76,7 @@ class Diagnosis:
     lines: list[str] = field(default_factory=list)
     stuck_frame: str = ""  # a hang: the innermost frame of the stuck rank's main thread
     others: list[str] = field(default_factory=list)
+    earlier: list[str] = field(default_factory=list)  # how the incarnations before this one ended (newest last)
     next_steps: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,6 +104,7 @@ class Diagnosis:
             out += [f"  | {line}" for line in shown]
         if not short:
             out += [f"then       {other}" for other in self.others]
+            out += [f"earlier    {line}" for line in self.earlier]
         out += [f"next       {step}" for step in (self.next_steps[:1] if short else self.next_steps)]
         return out
 
@@ -283,16 +286,28 @@ def diagnose(run: RunFolder, events: list[Event] | None = None, live: bool = Fal
     if not incarnations:
         return _submitit_only(run)
     newest = incarnations[-1]
+    found = None
     if any(e.event is EventKind.COMPLETED for e in newest.events):
-        return Diagnosis(run.id, Finding.NONE, "the run completed", newest.job_id, newest.restart)
-    if live and not newest.hangs and not any(e.event.ends_attempt for e in newest.events):
-        return Diagnosis(run.id, Finding.NONE, "the attempt is running", newest.job_id, newest.restart)
-    for inc in reversed(incarnations):
+        found = Diagnosis(run.id, Finding.NONE, "the run completed", newest.job_id, newest.restart)
+    elif live and not newest.hangs and not any(e.event.ends_attempt for e in newest.events):
+        found = Diagnosis(run.id, Finding.NONE, "the attempt is running", newest.job_id, newest.restart)
+    else:
         # the job step refusing to start (restarts used up) says nothing of the failure: the one before does
-        refusal = inc.events and all(e.rank < 0 and e.cause is Cause.RESTARTS_EXHAUSTED for e in inc.events)
-        if not refusal or inc is incarnations[0]:
-            return _diagnose(run, inc)
-    raise AssertionError("unreachable: the first incarnation is always diagnosed")
+        while len(incarnations) > 1 and _refusal(incarnations[-1]):
+            incarnations.pop()
+        found = _diagnose(run, incarnations[-1])
+    found.earlier = [_one_line(_diagnose(run, inc)) for inc in incarnations[:-1][-MAX_EARLIER:]]
+    return found
+
+
+def _refusal(inc: _Incarnation) -> bool:
+    return bool(inc.events) and all(e.rank < 0 and e.cause is Cause.RESTARTS_EXHAUSTED for e in inc.events)
+
+
+def _one_line(d: Diagnosis) -> str:
+    """'job 41.0: time_limit: SIGUSR2 ahead of the time limit; saved step 16' (`earlier`)."""
+    text = f"job {d.job_id}.{d.restart}: {d.finding}: {d.summary}"
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _diagnose(run: RunFolder, inc: _Incarnation) -> Diagnosis:
