@@ -238,3 +238,27 @@ def test_the_tui_run_screen_shows_why_a_run_failed(tmp_path, monkeypatch):
         assert f"next       clusterfsdp resume {run.id} --set train.micro_batch_size" in header
 
     run_app(app, scenario)
+
+
+def test_a_watchdogs_hang_record_and_a_py_spy_dump(tmp_path):
+    """A `hang` line in events.jsonl (the watchdog's record: which rank stopped, where) and a
+    `py-spy dump` of that rank under diagnostics/: the doctor names the rank and its stuck frame.
+    The watchdog is not built yet (issue 27.1): the line has the fields every event has, and the
+    dump is py-spy's own format (threads by name, innermost frame first)."""
+    run = _slurm_run(tmp_path, _event(EventKind.START, world_size=4, nodes=2))
+    hang = {"event": "hang", "job_id": "4242", "restart": 0, "rank": 3, "host": "node2", "time": time.time(),
+            "reason": "rank 3 on node2 made no progress for 95 s (slowest recent step 0.2 s)"}  # fmt: skip
+    with open(run.events_file, "a") as f:
+        f.write(json.dumps(hang) + "\n")
+    dump = run.path / "diagnostics" / "4242.0" / "rank3.txt"
+    dump.parent.mkdir(parents=True)
+    dump.write_text(
+        "Process 5120: python -u -m submitit.core._submit\nPython v3.11.2 (/usr/bin/python3.11)\n\n"
+        'Thread 5120 (idle): "MainThread"\n    wait (threading.py:331)\n    get (queue.py:180)\n'
+        "    next_batch (clusterfsdp/data/samples.py:212)\n"
+        'Thread 5177 (idle): "Thread-2 (_heartbeat)"\n    sleep (clusterfsdp/control/lock.py:90)\n'
+    )
+    d = doctor.diagnose(run, live=True)
+    assert d.finding is Finding.HANG and (d.rank, d.host) == (3, "node2") and "95 s" in d.summary, d
+    assert d.stuck_frame == "wait (threading.py:331)" and d.source == "diagnostics/4242.0/rank3.txt"
+    assert d.lines[-1] == "next_batch (clusterfsdp/data/samples.py:212)"
