@@ -257,7 +257,28 @@ def cmd_status(args: argparse.Namespace) -> int:
             detail = e.reason or e.checkpoint
             print(f"event      {datetime.fromtimestamp(e.time):%H:%M:%S} job {e.job_id} {e.event} {detail}".rstrip())
     print(f"checkpoints {', '.join(f'step {c}' for c in st.checkpoints) or 'none'}")
+    if st.state.bad or st.state.live:  # why it failed or hangs, in short (`clusterfsdp doctor RUN` says more)
+        from .control import doctor
+
+        found = doctor.diagnose(folder, st.events, live=st.state.live)
+        if st.state.bad or found.finding is doctor.Finding.HANG:
+            print("\n".join(found.render(short=True)))
     return 1 if st.state.bad else 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from .control import doctor, status
+
+    folder = _find_folder(args)
+    found = doctor.diagnose(folder, live=status.run_status(folder).state.live)
+    if args.json:
+        print(json.dumps({"schema": 1, **found.to_dict()}, indent=2))
+        return 0
+    print(f"run        {folder.id} ({folder.name})")
+    print("\n".join(found.render()))
+    return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -444,6 +465,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--attempt", help="attempt key <job id>.<restart> (default: newest)")
     s.add_argument("-n", "--lines", type=int, default=200, help="how many lines from the end (default 200)")
     s.set_defaults(fn=cmd_logs)
+
+    s = sub.add_parser("doctor", help="why a run failed: the first error across ranks, its cause, what to do")
+    _add_run(s)
+    s.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    s.set_defaults(fn=cmd_doctor)
 
     s = sub.add_parser("cancel", help="cancel a run's live attempt (workers save first)")
     _add_run(s)

@@ -18,10 +18,10 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Static
 
-from clusterfsdp.control import runfolder, status
+from clusterfsdp.control import doctor, runfolder, status
 from clusterfsdp.control import spec as specmod
 from clusterfsdp.control.errors import describe
-from clusterfsdp.control.records import Attempt
+from clusterfsdp.control.records import Attempt, RunState
 from clusterfsdp.control.run import Run
 
 from . import actions
@@ -57,6 +57,7 @@ class RunFacts:
     checkpoints: list[CheckpointRow]
     metrics: Metrics | None  # None: metrics unchanged since the last pass
     ends: dict[str, str] = field(default_factory=dict)  # job id -> how its last incarnation ended (classified)
+    diagnosis: doctor.Diagnosis | None = None  # why its newest incarnation failed or hangs (`clusterfsdp doctor`)
 
 
 def progress_text(metrics: Metrics, steps: int | None, per: str, smoothing: float) -> str:
@@ -172,8 +173,10 @@ class RunScreen(Screen):
                 root, nodes, steps, per = run.path / "checkpoints", 1, None, "rank"
             metrics = tail.snapshot() if tail.read_new() else None
             record = run.record()
-            ends = {e.job_id: e.label for e in status.attempt_ends(run.events())}
-            facts = RunFacts(record.attempts, record.executor, nodes, steps, per, scan(root), metrics, ends)
+            events = run.events()
+            ends = {e.job_id: e.label for e in status.attempt_ends(events)}
+            found = doctor.diagnose(run, events)
+            facts = RunFacts(record.attempts, record.executor, nodes, steps, per, scan(root), metrics, ends, found)
         finally:
             self.app.call_from_thread(self._read_done, time.monotonic() - started)
         self.app.call_from_thread(self._show_facts, run, facts)
@@ -263,15 +266,24 @@ class RunScreen(Screen):
         state = f"{row.state}{' - ' + row.reason if row.reason else ''}" if row else "…"
         facts = self.facts
         progress = progress_text(self.metrics, facts.steps if facts else None, self._per, self.smoothing)
+        found = facts.diagnosis if facts else None
+        shown_why = (
+            found is not None
+            and row is not None
+            and (RunState.parse(row.state).bad or found.finding is doctor.Finding.HANG)
+        )
+        why = "\n".join(found.render(short=True)) if found is not None and shown_why else ""
         header.update(
             Content.from_markup(
-                "[b]$id[/] ($name)  $state\n$progress",
+                "[b]$id[/] ($name)  $state\n$progress" + ("\n$why" if why else ""),
                 id=self.run.id,
                 name=self.run.name,
                 state=state,
                 progress=progress,
+                why=why,
             )
         )
+        header.styles.height = "auto" if why else 2
         attempts, ends = (facts.attempts, facts.ends) if facts else ([], {})
         ended = {job: f" -> {label}" for job, label in ends.items()}
         shown = [f"#{a.attempt} {a.executor}:{a.job_id} ({a.reason}){ended.get(a.job_id, '')}" for a in attempts]
