@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from .errors import UserError
+
 RepoType = Literal["model", "dataset"]
 # How hard to try: download what is missing (submit), ask the hub whether an uncached id exists
 # without downloading it (validate), or look at the local cache only (the TUI, on every keystroke).
@@ -28,7 +30,7 @@ _REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
-class HubError(Exception):
+class HubError(UserError):
     """A hub id that cannot be resolved; the message is one line and says how to fetch it."""
 
 

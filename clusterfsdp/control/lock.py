@@ -25,12 +25,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import UserError
 from .procs import ProcessId
 
 UNREADABLE_GRACE_S = 5.0
 
 
-class LockHeld(RuntimeError):
+class LockHeld(UserError, RuntimeError):
     """The lock belongs to a live owner; `owner` says who (None if unreadable)."""
 
     def __init__(self, path: Path, owner: LockOwner | None):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from . import slurmcli
+from .errors import UserError
 
 FIELDS = ("Partition", "Available", "Time", "Nodes", "StateLong", "CPUsState", "Gres", "GresUsed")
 SINFO_FORMAT = ",".join(f"{f}:0|" for f in FIELDS[:-1]) + f",{FIELDS[-1]}:0"
@@ -33,7 +34,7 @@ _COUNT = re.compile(r"^(\d+)([KMGT]?)$")
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
-class SinfoError(ValueError):
+class SinfoError(UserError, ValueError):
     """sinfo printed a line this parser does not understand (a newer or patched Slurm)."""
 
 

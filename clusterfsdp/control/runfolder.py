@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import jsonltail
+from .errors import UserError
 from .records import Attempt, Event, Executor, RunRecord, TrackerIds
 from .runroot import ENV_RUN_ROOT, default_run_root
 
@@ -49,7 +50,7 @@ if TYPE_CHECKING:  # imported where a spec is loaded or written: `status` and `r
 ENV_TRUSTED_GROUP = "CLUSTERFSDP_TRUSTED_GROUP"
 
 
-class RunNotFound(LookupError):
+class RunNotFound(UserError, LookupError):
     pass
 
 

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import IO, Literal
 
 from ..control import spec as specmod
+from ..control.errors import UserError
 
 SourceKind = Literal["txt", "jsonl", "parquet", "saved_dataset", "dataset_folder"]
 Compression = Literal["", "gz", "zst"]
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Data that cannot be used; the message is one line naming the key, file and line or record."""
 
 
