@@ -282,7 +282,7 @@ def test_the_worker_call_takes_the_signals_back_from_submitit(monkeypatch):
 
 
 def test_wait_follows_the_attempt_that_takes_over_and_raises_submitits_error(fake_slurm):
-    """launch.wait: while job 100 runs (stub squeue), an automatic restart records job 101; once
+    """Run.wait (launch.wait): while job 100 runs (stub squeue), an automatic restart records job 101; once
     100 has left the queue, wait follows 101, whose rank 0 failed: submitit's job.result() raises
     FailedJobError with the rank's traceback (read from submitit's result pickle)."""
     import pickle
@@ -301,7 +301,7 @@ def test_wait_follows_the_attempt_that_takes_over_and_raises_submitits_error(fak
 
     def waiter() -> None:
         try:
-            outcome.append(launch.wait(run, poll_s=0.1))
+            outcome.append(Run(run).wait(poll_s=0.1))  # the run service's wait is launch.wait
         except BaseException as e:
             outcome.append(e)
 

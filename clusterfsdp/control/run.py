@@ -421,6 +421,12 @@ class Run:
         argv += ["--dtype", dtype] if dtype else []
         return argv + (["--force"] if force else [])
 
+    def wait(self, poll_s: float = 10.0) -> str:
+        """Block until the run ends, following requeues, follow-up jobs and automatic restarts;
+        rank 0's outcome ('completed' or 'stopped') by submitit's `job.result()`, or submitit's
+        `FailedJobError` / `UncompletedJobError` (for a notebook or a script that wants to wait)."""
+        return launch.wait(self.folder, poll_s)
+
     def export(self, to: Path, step: int | None = None, dtype: str | None = None, force: bool = False) -> int:
         """Run the export in a subprocess (its progress goes to this terminal); its exit status."""
         return subprocess.run(self.export_command(to, step, dtype, force)).returncode
