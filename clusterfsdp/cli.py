@@ -83,16 +83,18 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .control import slurmcli
-    from .control.run import prepare_sources
-    from .control.summary import summary
-    from .data import checks as datachecks
 
-    prepared = prepare_sources(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
-    spec = prepared.spec
-    inside = datachecks.container_only_paths(spec)
-    for path in inside:
-        prepared.notes.append(f"data path {path} is not on this host: checked inside the container when the job starts")
-    reachable = slurmcli.available()
+    with slurmcli.Ping() as ping:  # asks Slurm while the job is checked (start-up)
+        from .control.sources import prepare_sources
+        from .control.summary import summary
+        from .data import checks as datachecks
+
+        prepared = prepare_sources(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
+        spec = prepared.spec
+        inside = datachecks.container_only_paths(spec)
+        later = "checked inside the container when the job starts"
+        prepared.notes += [f"data path {path} is not on this host: {later}" for path in inside]
+        reachable = ping.state() == "up"
     where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
     if not reachable and spec.slurm.nodes > 1:
         where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"

@@ -94,9 +94,10 @@ assert not heavy, heavy
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def _imported_by(argv: list[str]) -> tuple[set[str], int]:
-    """The clusterfsdp modules one command imports (in a fresh interpreter), and how many modules
-    it imports in all beyond what the interpreter had loaded before it."""
+def _imported_by(argv: list[str], also: tuple[str, ...] = ()) -> tuple[set[str], int]:
+    """The clusterfsdp modules (and those named in `also`) one command imports (in a fresh
+    interpreter), and how many modules it imports in all beyond what the interpreter had loaded
+    before it."""
     code = f"""
 import sys, io, contextlib
 before = set(sys.modules)
@@ -107,7 +108,7 @@ try:
 except SystemExit:
     pass
 new = set(sys.modules) - before
-print(" ".join(sorted(m for m in new if m.startswith("clusterfsdp"))), len(new), sep="\\n")
+print(" ".join(sorted(m for m in new if m.startswith("clusterfsdp") or m in {also!r})), len(new), sep="\\n")
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -120,6 +121,19 @@ READ_ONLY = {
     "clusterfsdp.control.procs", "clusterfsdp.control.runfolder", "clusterfsdp.control.runroot",
     "clusterfsdp.control.jsonltail", "clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
     "clusterfsdp.control.ckptfolder", "clusterfsdp.control.errors",
+}  # fmt: skip
+
+VALIDATE = {
+    "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.control", "clusterfsdp.control.errors",
+    "clusterfsdp.control.sources", "clusterfsdp.control.summary", "clusterfsdp.control.modelsource",
+    "clusterfsdp.control.hub", "clusterfsdp.control.presets", "clusterfsdp.control.slurmcli",
+    "clusterfsdp.control.records", "clusterfsdp.control.procs", "clusterfsdp.control.runfolder",
+    "clusterfsdp.control.runroot", "clusterfsdp.control.jsonltail", "clusterfsdp.control.secretenv",
+    "clusterfsdp.control.spec", "clusterfsdp.control.spec.allowlists", "clusterfsdp.control.spec.checks",
+    "clusterfsdp.control.spec.codec", "clusterfsdp.control.spec.docs", "clusterfsdp.control.spec.paths",
+    "clusterfsdp.control.spec.schema", "clusterfsdp.control.spec.tokenizer", "clusterfsdp.data",
+    "clusterfsdp.data.cache", "clusterfsdp.data.checks", "clusterfsdp.data.formats", "clusterfsdp.data.overlap",
+    "clusterfsdp.data.samplesets", "clusterfsdp.data.sources", "clusterfsdp.data.trust",
 }  # fmt: skip
 
 
@@ -144,6 +158,13 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     names, _ = _imported_by(["runs", "--quiet", *root])
     assert names == READ_ONLY - {"clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
                                  "clusterfsdp.control.ckptfolder", "clusterfsdp.term"}, names  # fmt: skip
+    # validate: the spec, the source checks and the summary, not the run service (run, backends,
+    # launch, lock, status); no data file: xxhash and gzip are imported where a hash or a
+    # compressed file needs them
+    job = tmp_path / "job.toml"
+    job.write_text(f'[job]\nname = "v"\nrun_root = "{tmp_path}"\n[data]\nsource = "synthetic"\n')
+    names, count = _imported_by(["validate", str(job)], also=("xxhash", "gzip"))
+    assert names == VALIDATE and count < 115, (names ^ VALIDATE, count)
 
 
 def test_rm_removes_finished_and_prepared_runs_and_refuses_live_and_foreign_ones(tmp_path, capsys):

@@ -189,3 +189,24 @@ def test_a_scancel_retried_after_an_outage_asks_the_one_live_list(fake: Path, st
         with pytest.raises(slurmcli.SlurmError, match="scancel"):
             slurmcli.scancel("7")
     assert len(calls(fake, "scancel")) == 2
+
+
+def test_controller_ping_answers_and_a_ping_left_running_is_killed_on_exit(fake: Path, monkeypatch) -> None:
+    """`controller()` reads `scontrol ping` (UP, DOWN, nothing known); `Ping` starts it on entry so
+    that `validate` checks the job meanwhile (issue 25 item 3), and on exit kills and reaps a ping
+    nobody waited for (a spec error before the answer was wanted), leaving no process behind."""
+    stub(fake, "sbatch", "exit 0")
+    stub(fake, "scontrol", 'echo "Slurmctld(primary) at c1 is UP"')
+    assert slurmcli.controller() == "up"
+    stub(fake, "scontrol", 'echo "Slurmctld(primary) at c1 is DOWN"')
+    assert slurmcli.controller() == "down"
+    stub(fake, "scontrol", "echo hello")
+    assert slurmcli.controller() == "none"
+    stub(fake, "scontrol", "exec sleep 60")
+    with pytest.raises(ValueError), slurmcli.Ping() as ping:
+        raise ValueError("the job's checks failed before the answer was wanted")
+    assert ping.proc is not None and ping.proc.returncode == -9
+    (fake / "bin" / "sbatch").unlink()
+    monkeypatch.setenv("PATH", str(fake / "bin"))  # no sbatch anywhere: no ping started
+    with slurmcli.Ping() as ping:
+        assert ping.proc is None and ping.state() == "none"

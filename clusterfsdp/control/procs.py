@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +57,12 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19]) if fields else None
 
 
+def hostname() -> str:
+    """socket.gethostname() without importing socket (a start-up cost of every read-only command):
+    on Linux both are the kernel's node name."""
+    return os.uname().nodename
+
+
 @dataclass(frozen=True)
 class ProcessId:
     """A process as recorded in the run folder: enough to recognise it again, on its own host."""
@@ -69,7 +74,7 @@ class ProcessId:
 
     @classmethod
     def of(cls, pid: int) -> ProcessId:
-        return cls(pid, start_ticks(pid) or 0, socket.gethostname(), boot_id())
+        return cls(pid, start_ticks(pid) or 0, hostname(), boot_id())
 
     @classmethod
     def from_record(cls, record: dict) -> ProcessId | None:
@@ -89,7 +94,7 @@ class ProcessId:
     @property
     def here(self) -> bool:
         """Recorded on this machine in this boot (only then can it be checked or signalled)."""
-        return self.host == socket.gethostname() and self.boot == boot_id()
+        return self.host == hostname() and self.boot == boot_id()
 
     def alive(self) -> bool:
         """The very process recorded is still running (not a zombie, not a reused pid)."""

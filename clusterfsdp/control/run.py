@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from ..data import checks as datachecks
-from . import backends, ckptfolder, hub, launch, lock, modelsource, runfolder, secretenv, slurmcli, status
+from . import backends, ckptfolder, launch, lock, modelsource, runfolder, secretenv, slurmcli, status
 from . import spec as specmod
 from .errors import UserError
 from .records import Attempt, Cause, Executor, RunState
 from .runfolder import RunFolder
+from .sources import prepare_sources
 
 # Seconds the workers of a cancelled attempt get to save before SIGKILL (where no scheduler decides).
 GRACE_S = 20.0
@@ -462,15 +463,3 @@ def _create_run(spec: specmod.JobSpec, executor: Executor) -> RunFolder:
         return runfolder.create_run(spec, executor)
     except OSError as e:
         raise launch.SubmitError(f"job.run_root: cannot create the run folder: {e}") from None
-
-
-def prepare_sources(spec: specmod.JobSpec, mode: hub.Mode = "download") -> modelsource.Prepared:
-    """After the cheap checks: hub ids resolved (submit: a missing snapshot downloaded here, never
-    on the compute nodes; validate: mode 'check'), the model and tokenizer folders checked, then
-    the data sources read (readable, not smaller than a batch; they may need the resolved
-    tokenizer). SpecError with every problem."""
-    prepared = modelsource.prepare(spec, mode)
-    problems = datachecks.problems(prepared.spec)
-    if problems:
-        raise specmod.SpecError(problems)
-    return prepared

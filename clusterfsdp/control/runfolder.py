@@ -31,7 +31,6 @@ import grp
 import json
 import os
 import pwd
-import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -76,6 +75,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def new_run_id() -> str:
+    import secrets  # here: its hashlib/hmac are a start-up cost of every read-only command
+
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from ..control import runfolder
 from ..control import spec as specmod
 from ..control.runroot import default_run_root
@@ -90,10 +88,14 @@ class FingerprintMemo:
 
 
 def text_hash(text: str) -> str:
+    import xxhash  # imported where a hash is computed: start-up (issue 25 item 3)
+
     return xxhash.xxh3_128(text.encode()).hexdigest()
 
 
 def hash_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
+    import xxhash
+
     h = xxhash.xxh3_128()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 23):

@@ -10,7 +10,6 @@ submitting host before the checks see the spec (they refuse ids they still find)
 from __future__ import annotations
 
 import glob
-import gzip
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +120,8 @@ def open_binary(path: str, compression: Compression, raw: IO[bytes] | None = Non
     """The decompressed bytes of a file (zstd across all frames); from `raw` when given (the
     caller closes it)."""
     if compression == "gz":
+        import gzip  # here, not at import: start-up of `validate` (issue 25 item 3)
+
         return gzip.GzipFile(fileobj=raw, mode="rb") if raw is not None else gzip.open(path, "rb")  # type: ignore[return-value]
     if compression == "zst":
         import io

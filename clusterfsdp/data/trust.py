@@ -28,8 +28,6 @@ import stat
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from .sources import DataError
 
 GROUP_ENV = "CLUSTERFSDP_TRUSTED_GROUP"
@@ -151,6 +149,8 @@ def mkdirs(path: Path) -> None:
 
 # ---------------------------------------------------------------- seals
 def file_hash(fd: int) -> str:
+    import xxhash  # imported where a hash is computed: start-up (issue 25 item 3)
+
     h = xxhash.xxh3_128()
     offset = 0
     while chunk := os.pread(fd, 1 << 23, offset):

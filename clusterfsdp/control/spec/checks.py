@@ -6,7 +6,6 @@ allowlists of `allowlists.py`.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from typing import Any
@@ -20,6 +19,7 @@ from .schema import (
     LogSection,
     ModelSection,
     SpecError,
+    closest,
     describe_value,
     parse_time_minutes,
     short,
@@ -164,8 +164,8 @@ def _model_errors(m: ModelSection) -> list[str]:
             return ['model.preset: "" needs model.from_config.model_type (or model.config, or model.name_or_path)']
         return []
     if m.preset not in PRESETS:
-        close = difflib.get_close_matches(m.preset, list(PRESETS), n=1)
-        hint = f"did you mean {close[0]}?" if close else f"valid presets: {', '.join(PRESETS)}"
+        close = closest(m.preset, list(PRESETS))
+        hint = f"did you mean {close}?" if close else f"valid presets: {', '.join(PRESETS)}"
         return [f"model.preset: unknown preset {m.preset!r}; {hint}"]
     preset_type = PRESETS[m.preset]["model_type"]
     if given_type is not None and given_type != preset_type:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import math
 import re
 import sys
@@ -20,11 +19,9 @@ import typing
 from collections.abc import Sequence
 from typing import Any, Literal, get_args, get_origin
 
-import tomli_w
-
 from .. import secretenv
 from .checks import check
-from .schema import HINTS, SECTIONS, JobSpec, SpecError, describe_value, section_class, toml_key, type_name
+from .schema import HINTS, SECTIONS, JobSpec, SpecError, closest, describe_value, section_class, toml_key, type_name
 from .tokenizer import default_tokenizer
 
 # Integers must fit the 64-bit integers of the programs they reach (Slurm, JSON readers, torch).
@@ -53,8 +50,8 @@ def coerce(path: str, tp: Any, value: Any) -> Any:
             return value
         hint = ""
         if isinstance(value, str):
-            close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            close = closest(value, [str(c) for c in choices])
+            hint = f"; did you mean {close!r}?" if close else ""
         raise SpecError([f"{path}: expected one of {type_name(tp)}, found {describe_value(value)}{hint}"])
     if origin in (types.UnionType, typing.Union):
         for option in get_args(tp):
@@ -101,8 +98,8 @@ def _check_plain(path: str, value: Any) -> None:
 
 def unknown_key(path: str, key: str, valid: list[str]) -> str:
     """The error line of an unknown key: the closest valid name, else the valid names."""
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]}?" if close else f"; valid keys: {', '.join(valid)}"
+    close = closest(key, valid)
+    hint = f"; did you mean {close}?" if close else f"; valid keys: {', '.join(valid)}"
     return f"{path}: unknown key{hint}"
 
 
@@ -243,6 +240,8 @@ def plain(value: Any) -> Any:
 
 
 def dumps(spec: JobSpec, *, redact: bool = False) -> str:
+    import tomli_w  # here, not at import: `validate` writes no TOML (start-up, issue 25 item 3)
+
     return tomli_w.dumps(to_dict(spec, redact=redact))
 
 
@@ -257,9 +256,11 @@ def render_value(value: Any) -> str:
         return (
             "{ " + ", ".join(f"{render_key(k)} = {render_value(v)}" for k, v in value.items()) + " }" if value else "{}"
         )
+    import tomli_w
+
     return tomli_w.dumps({"v": value}).strip()[4:]
 
 
 def render_key(key: str) -> str:
     """A TOML key, quoted only when it must be."""
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else tomli_w.dumps({"v": key}).strip()[4:]
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else render_value(key)

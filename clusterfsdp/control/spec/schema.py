@@ -447,6 +447,15 @@ def type_name(tp: Any) -> str:
     return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(tp, str(tp))
 
 
+def closest(word: str, choices: list[str]) -> str | None:
+    """The choice closest to a mistyped word, if any is close (difflib is imported here, not at
+    start-up: only an error line needs it)."""
+    import difflib
+
+    close = difflib.get_close_matches(word, choices, n=1)
+    return close[0] if close else None
+
+
 def describe_value(value: Any) -> str:
     """A value as error lines name it: its TOML kind and its repr, cut at 40 characters."""
     kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "table"}.get(
