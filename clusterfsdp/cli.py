@@ -85,7 +85,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .control import slurmcli
 
     with slurmcli.Ping() as ping:  # asks Slurm while the job is checked (start-up)
-        from .control.sources import prepare_sources
+        from .control.inputs import prepare_sources
         from .control.summary import summary
         from .data import checks as datachecks
 

@@ -125,7 +125,7 @@ READ_ONLY = {
 
 VALIDATE = {
     "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.control", "clusterfsdp.control.errors",
-    "clusterfsdp.control.sources", "clusterfsdp.control.summary", "clusterfsdp.control.modelsource",
+    "clusterfsdp.control.inputs", "clusterfsdp.control.summary", "clusterfsdp.control.modelsource",
     "clusterfsdp.control.hub", "clusterfsdp.control.presets", "clusterfsdp.control.slurmcli",
     "clusterfsdp.control.records", "clusterfsdp.control.procs", "clusterfsdp.control.runfolder",
     "clusterfsdp.control.runroot", "clusterfsdp.control.jsonltail", "clusterfsdp.control.secretenv",

@@ -35,7 +35,7 @@ from . import spec as specmod
 from .errors import UserError
 from .records import Attempt, Cause, Executor, RunState
 from .runfolder import RunFolder
-from .sources import prepare_sources
+from .inputs import prepare_sources
 
 # Seconds the workers of a cancelled attempt get to save before SIGKILL (where no scheduler decides).
 GRACE_S = 20.0

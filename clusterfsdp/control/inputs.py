@@ -1,4 +1,4 @@
-"""Source preparation before queueing (submit, resume) and for `validate`: the model's and the
+"""A job's inputs checked before queueing (submit, resume) and for `validate`: the model's and the
 tokenizer's sources resolved and checked (`modelsource`), then the data read (`data.checks`).
 Apart from the run service so that `validate` imports only this, not the submit machinery (run,
 backends, launch, lock): start-up is paid on every call (issue 25 item 3)."""
