@@ -33,9 +33,9 @@ from ..data import checks as datachecks
 from . import backends, ckptfolder, launch, lock, modelsource, runfolder, secretenv, slurmcli, status
 from . import spec as specmod
 from .errors import UserError
+from .inputs import prepare_sources
 from .records import Attempt, Cause, Executor, RunState
 from .runfolder import RunFolder
-from .inputs import prepare_sources
 
 # Seconds the workers of a cancelled attempt get to save before SIGKILL (where no scheduler decides).
 GRACE_S = 20.0
