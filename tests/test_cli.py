@@ -120,7 +120,7 @@ READ_ONLY = {
     "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.term", "clusterfsdp.control", "clusterfsdp.control.records",
     "clusterfsdp.control.procs", "clusterfsdp.control.runfolder", "clusterfsdp.control.runroot",
     "clusterfsdp.control.jsonltail", "clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
-    "clusterfsdp.control.ckptfolder", "clusterfsdp.control.errors",
+    "clusterfsdp.control.ckptfolder", "clusterfsdp.control.errors", "clusterfsdp.control.ownership",
 }  # fmt: skip
 
 VALIDATE = {
@@ -128,6 +128,7 @@ VALIDATE = {
     "clusterfsdp.control.inputs", "clusterfsdp.control.summary", "clusterfsdp.control.modelsource",
     "clusterfsdp.control.hub", "clusterfsdp.control.presets", "clusterfsdp.control.slurmcli",
     "clusterfsdp.control.records", "clusterfsdp.control.procs", "clusterfsdp.control.runfolder",
+    "clusterfsdp.control.ownership",
     "clusterfsdp.control.runroot", "clusterfsdp.control.jsonltail", "clusterfsdp.control.secretenv",
     "clusterfsdp.control.spec", "clusterfsdp.control.spec.allowlists", "clusterfsdp.control.spec.checks",
     "clusterfsdp.control.spec.codec", "clusterfsdp.control.spec.docs", "clusterfsdp.control.spec.paths",

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 import pytest
 from data_helpers import documents, job, write_jsonl
 
+from clusterfsdp.control import ownership
 from clusterfsdp.control.procs import ProcessId
-from clusterfsdp.data import cache, checks, samples, trust
+from clusterfsdp.data import cache, checks, samples
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data.sources import DataError
 
@@ -126,7 +127,7 @@ def test_a_world_writable_entry_is_refused_and_a_trusted_groups_is_used(tmp_path
     other_user.plant_copy(staged, shared_root)
     with pytest.raises(DataError, match=f"belongs to {other_user.name}"):
         shared.manifest()
-    monkeypatch.setenv(trust.GROUP_ENV, str(other_user.gid))
+    monkeypatch.setenv(ownership.ENV_TRUSTED_GROUP, str(other_user.gid))
     assert checks.problems(victim) == []
     (used,) = dataprep.ensure(victim, workers=1)
     assert used.folder.stat().st_uid == other_user.uid
@@ -141,9 +142,10 @@ def test_a_trusted_group_you_are_not_in_is_one_line_not_a_traceback(other_user, 
     job_file.write_text(f'[data]\nsource = "files"\npaths = ["d.jsonl"]\ncache_dir = "{shared_root / "cache"}"\n')
     for path in (shared_root / "d.jsonl", job_file):
         path.chmod(0o644)
-    env = {**os.environ, trust.GROUP_ENV: "root"}
+    env = {**os.environ, ownership.ENV_TRUSTED_GROUP: "root"}
     done = other_user.run([sys.executable, "-m", "clusterfsdp.data.prepare", str(job_file)], env=env)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip().splitlines() == [
-        f"error: ${trust.GROUP_ENV}: cannot give {shared_root / 'cache'} the group root: you are not a member of it"
+        f"error: ${ownership.ENV_TRUSTED_GROUP}: cannot give {shared_root / 'cache'} the group root: "
+        "you are not a member of it"
     ]

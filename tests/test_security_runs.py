@@ -16,7 +16,7 @@ import pytest
 from tui_helpers import make_run
 from users import OtherUser
 
-from clusterfsdp.control import procs, runfolder
+from clusterfsdp.control import ownership, procs, runfolder
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Executor
 
@@ -85,7 +85,7 @@ def test_scancel_resume_and_export_of_a_planted_run_are_refused(tmp_path, other_
 
 def test_a_trusted_group_makes_its_members_runs_yours_to_act_on(tmp_path, other_user, shared_root):
     planted = _planted(tmp_path, other_user, shared_root)  # a local attempt with no live leader
-    env = {**os.environ, runfolder.ENV_TRUSTED_GROUP: other_user.name}  # its own group, named
+    env = {**os.environ, ownership.ENV_TRUSTED_GROUP: other_user.name}  # its own group, named
     r = cli("cancel", str(planted), env=env)
     assert r.returncode == 0 and "nothing running" in r.stdout, r.stdout + r.stderr
 

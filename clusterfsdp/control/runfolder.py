@@ -27,26 +27,21 @@ command that acts on a run (docs/run-folder.md, "Whose runs are acted on").
 
 from __future__ import annotations
 
-import grp
 import json
 import os
-import pwd
-import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import jsonltail
+from . import jsonltail, ownership
 from .errors import UserError
 from .records import Attempt, Event, Executor, RunRecord, TrackerIds
 from .runroot import ENV_RUN_ROOT, default_run_root
 
 if TYPE_CHECKING:  # imported where a spec is loaded or written: `status` and `runs` start without it
     from . import spec as specmod
-
-ENV_TRUSTED_GROUP = "CLUSTERFSDP_TRUSTED_GROUP"
 
 
 class RunNotFound(UserError, LookupError):
@@ -258,48 +253,19 @@ def find_run(ref: str, run_root: str | Path | None = None) -> RunFolder:
 # ---- whose runs are acted on
 
 
-def _name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _group(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return f"gid {gid}"
-
-
-def trusted_group() -> int | None:
-    """The group id named by $CLUSTERFSDP_TRUSTED_GROUP (a name or a number), else None: whose
-    members' runs this user may act on too. An unknown group trusts nobody."""
-    value = os.environ.get(ENV_TRUSTED_GROUP, "").strip()
-    if not value:
-        return None
-    try:
-        return int(value) if value.isdigit() else grp.getgrnam(value).gr_gid
-    except KeyError:
-        return None
-
-
 def untrusted(path: Path) -> str | None:
-    """Why another user could have written `path` (None: they could not). Trusted: owned by you,
-    or by the trusted group; writable by nobody else (not by all, and by its group only when the
-    group is the trusted one or your own primary group)."""
+    """Why another user could have written `path` (None: they could not; `ownership.verdict`)."""
     try:
         st = path.stat()
     except OSError as e:
         return f"{path}: {e.strerror}"
-    me, group = os.geteuid(), trusted_group()
-    own_groups = {os.getegid()} | ({group} if group is not None else set())
-    if st.st_uid != me and st.st_gid != group:
-        return f"{path} is owned by {_name(st.st_uid)}, not by you ({_name(me)})"
-    if st.st_mode & stat.S_IWOTH:
+    why = ownership.verdict(st)
+    if why is ownership.Untrusted.OWNER:
+        return f"{path} is owned by {ownership.user_name(st.st_uid)}, not by you ({ownership.user_name(os.geteuid())})"
+    if why is ownership.Untrusted.WORLD_WRITABLE:
         return f"{path} is writable by every user"
-    if st.st_mode & stat.S_IWGRP and st.st_gid not in own_groups:
-        return f"{path} is writable by group {_group(st.st_gid)}"
+    if why is ownership.Untrusted.GROUP_WRITABLE:
+        return f"{path} is writable by group {ownership.group_name(st.st_gid)}"
     return None
 
 
@@ -318,7 +284,8 @@ def refusal(run: RunFolder, action: str) -> str | None:
     problem = next((p for p in map(untrusted, paths) if p is not None), None)
     if problem is None:
         return None
-    return f"refusing to {action} run {run.path}: {problem} (to act on a group's runs: ${ENV_TRUSTED_GROUP}=<group>)"
+    hint = f"to act on a group's runs: ${ownership.ENV_TRUSTED_GROUP}=<group>"
+    return f"refusing to {action} run {run.path}: {problem} ({hint})"
 
 
 def submit_refusal(spec: specmod.JobSpec) -> str | None:

@@ -21,64 +21,37 @@ hashed once, and a content mismatch stops the job with the file named (`verify`)
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import stat
 from pathlib import Path
 from typing import Any
 
+from ..control import ownership
 from .sources import DataError
 
-GROUP_ENV = "CLUSTERFSDP_TRUSTED_GROUP"
 FILE_MODE, DIR_MODE = 0o644, 0o755
 
 
-def trusted_gid() -> int | None:
-    """The group named by $CLUSTERFSDP_TRUSTED_GROUP; None when unset (an unknown group trusts
-    nobody)."""
-    name = os.environ.get(GROUP_ENV, "").strip()
-    if not name:
-        return None
-    try:
-        return int(name) if name.isdigit() else grp.getgrnam(name).gr_gid
-    except KeyError:
-        return None
-
-
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _group(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return f"gid {gid}"
-
-
 def owner_of(st: os.stat_result) -> str:
-    return f"{_user(st.st_uid)} (uid {st.st_uid})"
+    return f"{ownership.user_name(st.st_uid)} (uid {st.st_uid})"
 
 
 def stat_problem(path: Path, st: os.stat_result) -> str | None:
-    """Why a file with this stat may not be trusted (None: it may)."""
-    group = trusted_gid()
-    if st.st_uid != os.geteuid() and not (group is not None and st.st_gid == group):
+    """Why a file with this stat may not be trusted (None: it may; `ownership.verdict`)."""
+    why = ownership.verdict(st)
+    mode = f"mode {stat.S_IMODE(st.st_mode):o}"
+    env = ownership.ENV_TRUSTED_GROUP
+    if why is ownership.Untrusted.OWNER:
         return (
-            f"{path} belongs to {owner_of(st)}, not to you or the trusted group (${GROUP_ENV}): refusing to use it; "
+            f"{path} belongs to {owner_of(st)}, not to you or the trusted group (${env}): refusing to use it; "
             "remove it, or set data.cache_dir to a folder of your own"
         )
-    mode = f"mode {stat.S_IMODE(st.st_mode):o}"
-    if st.st_mode & stat.S_IWOTH:
+    if why is ownership.Untrusted.WORLD_WRITABLE:
         return f"{path} (owner {owner_of(st)}) is writable by every user ({mode}): refusing to use it"
-    if st.st_mode & stat.S_IWGRP and st.st_gid not in (group, os.getegid()):
+    if why is ownership.Untrusted.GROUP_WRITABLE:
         return (
-            f"{path} (owner {owner_of(st)}) is writable by group {_group(st.st_gid)} ({mode}), which is not the "
-            f"trusted group (${GROUP_ENV}): refusing to use it; chmod g-w it or set ${GROUP_ENV}"
+            f"{path} (owner {owner_of(st)}) is writable by group {ownership.group_name(st.st_gid)} ({mode}), which "
+            f"is not the trusted group (${env}): refusing to use it; chmod g-w it or set ${env}"
         )
     return None
 
@@ -112,7 +85,7 @@ def require(*paths: Path) -> None:
 def secure(path: Path | int) -> None:
     """Give a file or folder this cache creates its explicit modes (and the trusted group)."""
     st = os.stat(path) if isinstance(path, Path) else os.fstat(path)
-    group = trusted_gid()
+    group = ownership.trusted_group()
     folder = stat.S_ISDIR(st.st_mode)
     mode = DIR_MODE if folder else FILE_MODE
     if group is not None:
@@ -121,7 +94,8 @@ def secure(path: Path | int) -> None:
                 os.chown(path, -1, group)
             except PermissionError:
                 raise DataError(
-                    f"${GROUP_ENV}: cannot give {path} the group {_group(group)}: you are not a member of it"
+                    f"${ownership.ENV_TRUSTED_GROUP}: cannot give {path} the group {ownership.group_name(group)}: "
+                    "you are not a member of it"
                 ) from None
         mode |= 0o2020 if folder else 0o020
     os.chmod(path, mode)
