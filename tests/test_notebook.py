@@ -512,7 +512,8 @@ def test_failed_rank_gives_exit_status_per_rank(tiny_job, tmp_path):
 
     out = io.StringIO()
     data = tmp_path / "broken.jsonl"
-    data.write_text('{"text": "a first record that reads"}\nnot json\n')
+    first = json.dumps({"text": "a first record that reads, long enough for a global batch. " * 60})
+    data.write_text(f"{first}\nnot json\n")  # (the pre-queue size check sees enough tokens)
     bad = {"data.paths": [str(data)]}
     r = notebook.srun(tiny_job, overrides=bad, launcher="local", progress=False, out=out)
     text = out.getvalue()
