@@ -240,7 +240,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if st.state is RunState.UNREADABLE:
         return 1
     print(
-        f"progress   step {st.step or 0}/{st.steps or '?'}" + (f", loss {st.loss:.4f}" if st.loss is not None else "")
+        f"progress   step {st.step or 0}/{st.steps or '?'}"
+        + (f", epoch {st.epoch:.2f}" if st.epoch is not None else "")
+        + (f", loss {st.loss:.4f}" if st.loss is not None else "")
     )
     if st.eval_loss is not None:
         print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {st.eval_ppl or 0:.2f}")

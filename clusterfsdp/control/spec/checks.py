@@ -45,7 +45,14 @@ def check(spec: JobSpec) -> None:
     positive("slurm.mem_gb", s.mem_gb, 0)
     positive("slurm.signal_grace_s", s.signal_grace_s, 0)
     positive("slurm.max_restarts", s.max_restarts, 0)
-    positive("train.steps", t.steps)
+    if t.epochs > 0:
+        if not math.isfinite(t.epochs) or t.epochs > 1e6:
+            errors.append(f"train.epochs: expected a number of passes up to 1e6, found {t.epochs!r}")
+        if d.source != "files":
+            errors.append(f"train.epochs: needs data from files (data.source = {d.source!r} has no epochs)")
+    else:
+        positive("train.steps", t.steps)
+        positive("train.epochs", t.epochs, 0)
     positive("train.micro_batch_size", t.micro_batch_size)
     positive("train.grad_accum", t.grad_accum)
     positive("train.log_every", t.log_every)

@@ -256,7 +256,13 @@ class EvalSection:
 
 @dataclass
 class TrainSection:
-    steps: int = F(100, "Optimizer steps in total (a resumed run continues to this number).")
+    steps: int = F(100, "Optimizer steps in total (a resumed run continues to this number); with train.epochs: 0.")
+    epochs: float = F(
+        0.0,
+        "Passes over the training samples instead of train.steps (may be fractional; 0: unset, train.steps "
+        "counts). The job derives the steps from the prepared training set (after packing and the eval hold-out) "
+        "and the global batch, rounded up; giving both train.steps and train.epochs is an error.",
+    )
     micro_batch_size: int = F(8, "Samples per worker per forward pass.")
     grad_accum: int = F(1, "Micro-batches accumulated per optimizer step.")
     lr: float = F(3e-4, "Peak learning rate (AdamW).")
