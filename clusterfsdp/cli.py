@@ -347,7 +347,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    return _find(args).export(Path(args.to), args.step, args.dtype, args.force)
+    if args.best and args.step is not None:
+        raise CliError("export: give --step or --best, not both")
+    return _find(args).export(Path(args.to), args.step, args.dtype, args.force, best=args.best)
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
@@ -497,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("export", help="write a checkpoint as a HuggingFace model folder (weights, tokenizer)")
     _add_run(s)
     s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
+    s.add_argument("--best", action="store_true", help="the lowest-eval-loss checkpoint (checkpoint.keep_best)")
     s.add_argument("--to", required=True, help="output folder (created; a non-empty one only with --force)")
     s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: model.dtype)")
     s.add_argument("--force", action="store_true", help="replace a non-empty --to folder")

@@ -1,7 +1,7 @@
 """train.epochs (issue 23.1): the step count derived from the prepared training set and the
 global batch, for concat and documents packing, on real prepared data and real multi-process
 runs; kept across a resume on another world size; `epoch` in every metrics row, in `status` and
-in `validate`."""
+in `validate`. checkpoint.keep_best and train.early_stopping (issue 23.5) on real tiny runs."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from procs import make_run, run_workers, tiny_job_toml
 
 from clusterfsdp.control import ckptfolder, jsonout, status
 from clusterfsdp.control import spec as S
+from clusterfsdp.control.errors import UserError
+from clusterfsdp.control.records import EventKind, Executor, RunState
+from clusterfsdp.control.run import Run
 from clusterfsdp.data import cache, checks, samplesets
 
 JOB = tiny_job_toml(
@@ -123,3 +126,59 @@ def test_epochs_with_documents_packing_survive_a_resume_on_another_world_size(tm
     assert f"train.epochs: {longer} steps now, the checkpoint planned {expected}" in out[0][1]
     last = run.metrics()[-1]
     assert last["epoch"] == pytest.approx((8 + (longer - 2) * 2) / samples)
+
+
+# ---------------------------------------------------------------- keep-best and early stopping (issue 23.5)
+EVAL = ["eval.fraction=0.2", "eval.every_steps=2", "eval.batches=2", "checkpoint.every_steps=0"]
+
+
+def test_keep_best_keeps_the_lowest_eval_loss_past_keep_last_and_export_best_picks_it(tmp_path):
+    """4 steps at lr 3e-3, then the run extended to 8 steps at lr 0.9, which makes the loss
+    diverge: the lowest eval loss is at step 4; with keep_last = 1 that checkpoint is kept beside
+    the final one, every checkpoint's clusterfsdp.json names it, and `export --best` picks it."""
+    run = make_run(
+        JOB.replace("steps = 0", "steps = 4"),
+        tmp_path / "runs",
+        [*EVAL, "checkpoint.keep_last=1", "checkpoint.keep_best='eval_loss'"],
+    )
+    run_workers(run, 2, job_id="b1")
+    run.job_toml.write_text(S.dumps(S.load(run.job_toml, ["train.steps=8", "train.lr=0.9"])))
+    run_workers(run, 2, job_id="b2")
+    evals = {r["step"]: r["eval_loss"] for r in run.metrics() if "eval_loss" in r}
+    assert sorted(evals) == [2, 4, 6, 8]
+    best = min(evals, key=lambda s: evals[s])
+    assert best < 8, evals  # the scenario: the best is not the newest
+    kept = ckptfolder.list_checkpoints(run.checkpoints_dir())
+    assert [c.step for c in kept] == [best, 8]
+    assert kept[-1].meta[ckptfolder.BEST_STEP] == best and kept[-1].meta["best_eval_loss"] == evals[best]
+    assert ckptfolder.best(run.checkpoints_dir()) == kept[0]
+    argv = Run(run).export_command(tmp_path / "hf", best=True)
+    assert argv[argv.index("--step") + 1] == str(best)
+    with pytest.raises(UserError, match=r"--best needs checkpoint\.keep_best"):
+        Run(make_run(JOB.replace("steps = 0", "steps = 8"), tmp_path / "other", EVAL)).export_command(
+            tmp_path / "hf", best=True
+        )
+
+
+def test_early_stopping_ends_the_run_completed_with_its_reason(tmp_path):
+    """lr 1e-12 cannot move the eval loss by min_delta 0.01: the evaluation at step 2 sets the
+    best, those at 4 and 6 do not improve on it, so patience 2 stops the run at step 6 of 20,
+    saved, COMPLETED, with the reason in the completed event and in `status`."""
+    run = make_run(
+        JOB.replace("steps = 0", "steps = 20").replace("lr = 3e-3", "lr = 1e-12"),
+        tmp_path,
+        [*EVAL, "train.early_stopping={ metric = 'eval_loss', patience = 2, min_delta = 0.01 }"],
+    )
+    run.add_attempt("t1", Executor.LOCAL, "submit")  # as `submit` records it, for `status`
+    out = run_workers(run, 2, job_id="t1")
+    assert max(r["step"] for r in run.metrics()) == 6
+    assert [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_dir())] == [6]
+    done = [e for e in run.events() if e.event is EventKind.COMPLETED]
+    assert len(done) == 1 and done[0].step == 6
+    reason = done[0].reason
+    assert reason.startswith("early stopping at step 6: eval_loss has not improved by more than 0.01") and (
+        "at step 2) for 2 evaluation(s)" in reason
+    )
+    assert reason in out[0][1]
+    st = status.run_status(run)
+    assert st.state is RunState.COMPLETED and st.reason == reason

@@ -49,6 +49,9 @@ class TrainState:
     elapsed_s: float = 0.0  # training time along the run's trajectory (metrics.Meter)
     data: str = ""  # the key of the prepared training dataset it was trained on
     steps_total: int = 0  # the steps this run trains (train.steps, or derived from train.epochs)
+    best_eval_loss: float = 0.0  # the lowest eval loss so far (keep_best, early stopping), at best_step
+    best_step: int = 0  # 0: no evaluation yet (ckptfolder.BEST_STEP)
+    stale_evals: int = 0  # evaluations in a row without an improvement of early_stopping.min_delta
     lr_schedule: dict[str, Any] = field(default_factory=dict)  # the lr curve (control.lrschedule.LrCurve)
     # Steps this incarnation ran, for the record of a failure (worker.main): an error before the
     # first one is deterministic (a bad config), not retried.
@@ -66,7 +69,7 @@ class TrainState:
 class LoopEnd(StrEnum):
     """How `Trainer.run` ended."""
 
-    COMPLETED = "completed"  # train.steps reached; the final checkpoint saved
+    COMPLETED = "completed"  # train.steps reached, or early stopping (Outcome.reason); the final checkpoint saved
     INTERRUPTED = "interrupted"  # a stop signal (SIGUSR2 or SIGTERM); saved at a step boundary
 
 
@@ -76,6 +79,7 @@ class Outcome:
     step: int
     checkpoint: str  # the checkpoint saved at `step`
     signal: str = ""  # INTERRUPTED: SIGUSR2 or SIGTERM
+    reason: str = ""  # COMPLETED before train.steps: why (early stopping)
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,7 @@ class Trainer:
             ctx.checkpoints, self.model, self.optimizer, self.spec.checkpoint,
             rank=ctx.rank, world_size=ctx.world_size, spec_text=ctx.spec_text,
         )  # fmt: skip
+        self.new_best, self.stop_reason = False, ""  # what the last evaluation decided (_judge)
         self.curve = self._restore()
         self.state.lr_schedule = self.curve.to_json()
         self._set_lr()
@@ -275,11 +280,15 @@ class Trainer:
                 )
             self._maybe_log(loss_sum, grad_norm)
             self.maybe_save()
+            if self.stop_reason:
+                self.log(self.stop_reason)
+                break
         self.log(f"saving the final checkpoint (step {state.step}) ...")
         secs = self._save(blocking=True)  # the last step always saves synchronously
         self.checkpointer.close()
         self.log(f"saved step {state.step} in {secs:.2f} s")
-        return Outcome(LoopEnd.COMPLETED, state.step, str(ckptfolder.step_dir(self.ctx.checkpoints, state.step)))
+        final = str(ckptfolder.step_dir(self.ctx.checkpoints, state.step))
+        return Outcome(LoopEnd.COMPLETED, state.step, final, reason=self.stop_reason)
 
     def step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over train.grad_accum micro-batches of this rank's slice of the
@@ -319,7 +328,27 @@ class Trainer:
             return {}
         assert self.data.eval is not None
         eval_loss = evaluate(self.model, self.loss_fn, self.data.eval, self.eval_batches, self.ctx, self.spec)
+        self._judge(eval_loss)
         return {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0))}
+
+    def _judge(self, eval_loss: float) -> None:
+        """After an evaluation (the same all-reduced loss on every rank, so every rank decides
+        alike): a new lowest eval loss (saved at this step with checkpoint.keep_best), and
+        train.early_stopping's verdict, against the best before this evaluation."""
+        state, stop = self.state, self.spec.train.early_stopping
+        first = state.best_step == 0
+        if stop.metric and not first:
+            improved = eval_loss < state.best_eval_loss - stop.min_delta
+            state.stale_evals = 0 if improved else state.stale_evals + 1
+            if state.stale_evals >= stop.patience:
+                self.stop_reason = (
+                    f"early stopping at step {state.step}: eval_loss has not improved by more than {stop.min_delta:g} "
+                    f"on its best ({state.best_eval_loss:.4f} at step {state.best_step}) for {stop.patience} "
+                    "evaluation(s)"
+                )
+        self.new_best = first or eval_loss < state.best_eval_loss
+        if self.new_best:
+            state.best_eval_loss, state.best_step = eval_loss, state.step
 
     def _eval_due(self) -> bool:
         step, every = self.state.step, self.spec.eval.every_steps
@@ -354,10 +383,13 @@ class Trainer:
         return {"epoch": samplesets.epoch(self.state.consumed, self.samples.count)}
 
     def maybe_save(self) -> None:
-        """A checkpoint every checkpoint.every_steps (async when configured); not at the last
-        step, which `run` saves blocking."""
+        """A checkpoint every checkpoint.every_steps and, with checkpoint.keep_best, at an
+        evaluation with a new lowest eval loss (async when configured); not at the last step nor
+        when early stopping ends the run: `run` saves those blocking."""
         c, step = self.spec.checkpoint, self.state.step
-        if not (c.every_steps and step % c.every_steps == 0 and step < self.steps):
+        best, self.new_best = self.new_best and bool(c.keep_best), False
+        due = (c.every_steps and step % c.every_steps == 0) or best
+        if not due or step >= self.steps or self.stop_reason:
             return
         blocked = self._save()
         self.ctx.flags.pause()
