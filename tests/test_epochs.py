@@ -6,6 +6,8 @@ in `validate`. checkpoint.keep_best and train.early_stopping (issue 23.5) on rea
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 from data_helpers import documents, write_jsonl
@@ -152,8 +154,13 @@ def test_keep_best_keeps_the_lowest_eval_loss_past_keep_last_and_export_best_pic
     assert [c.step for c in kept] == [best, 8]
     assert kept[-1].meta[ckptfolder.BEST_STEP] == best and kept[-1].meta["best_eval_loss"] == evals[best]
     assert ckptfolder.best(run.checkpoints_dir()) == kept[0]
-    argv = Run(run).export_command(tmp_path / "hf", best=True)
-    assert argv[argv.index("--step") + 1] == str(best)
+    r = subprocess.run(
+        [sys.executable, "-m", "clusterfsdp", "export", run.id, "--best", "--to", str(tmp_path / "hf"),
+         "--run-root", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0 and f"exported step {best} to " in r.stdout, r.stdout + r.stderr
+    assert (tmp_path / "hf" / "config.json").is_file()
     with pytest.raises(UserError, match=r"--best needs checkpoint\.keep_best"):
         Run(make_run(JOB.replace("steps = 0", "steps = 8"), tmp_path / "other", EVAL)).export_command(
             tmp_path / "hf", best=True
