@@ -242,7 +242,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if st.state is RunState.UNREADABLE:
         return 1
     print(
-        f"progress   step {st.step or 0}/{st.steps or '?'}" + (f", loss {st.loss:.4f}" if st.loss is not None else "")
+        f"progress   step {st.step or 0}/{st.steps or '?'}"
+        + (f", epoch {st.epoch:.2f}" if st.epoch is not None else "")
+        + (f", loss {st.loss:.4f}" if st.loss is not None else "")
     )
     if st.eval_loss is not None:
         print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {st.eval_ppl or 0:.2f}")
@@ -347,7 +349,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    return _find(args).export(Path(args.to), args.step, args.dtype, args.force)
+    if args.best and args.step is not None:
+        raise CliError("export: give --step or --best, not both")
+    return _find(args).export(Path(args.to), args.step, args.dtype, args.force, best=args.best)
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
@@ -497,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("export", help="write a checkpoint as a HuggingFace model folder (weights, tokenizer)")
     _add_run(s)
     s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
+    s.add_argument("--best", action="store_true", help="the lowest-eval-loss checkpoint (checkpoint.keep_best)")
     s.add_argument("--to", required=True, help="output folder (created; a non-empty one only with --force)")
     s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: model.dtype)")
     s.add_argument("--force", action="store_true", help="replace a non-empty --to folder")

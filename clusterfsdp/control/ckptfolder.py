@@ -16,7 +16,8 @@ Python: no torch.
 A checkpoint is written under `.step-<N>.partial/` and renamed to `step-<N>` only after
 every rank's shards and DCP's `.metadata` are on disk, so a crash, a kill -9 or a full
 disk mid-save leaves a partial folder that resume never picks. `keep_last` deletes old
-ones only after a newer one is complete.
+ones only after a newer one is complete, never the best one (checkpoint.keep_best: the
+`best_step` every checkpoint's clusterfsdp.json records).
 """
 
 from __future__ import annotations
@@ -118,6 +119,25 @@ def find(root: Path, step: int | None = None) -> CheckpointInfo | None:
     if step is not None:
         found = [c for c in found if c.step == step]
     return found[-1] if found else None
+
+
+BEST_STEP = "best_step"  # clusterfsdp.json: the step of the lowest eval loss so far (0: none)
+
+
+def best(root: Path) -> CheckpointInfo | None:
+    """The checkpoint with the lowest eval loss so far, as the newest checkpoint records it
+    (checkpoint.keep_best); None when none is recorded or it is gone."""
+    found = list_checkpoints(root)
+    step = found[-1].meta.get(BEST_STEP) if found else None
+    return next((c for c in found if c.step == step), None) if type(step) is int and step > 0 else None
+
+
+def beyond_keep(root: Path, keep_last: int, keep_best: bool) -> list[Path]:
+    """The complete checkpoints `keep_last` lets go: all but the newest `keep_last` and, with
+    checkpoint.keep_best, the best."""
+    found = list_checkpoints(root)
+    kept = best(root) if keep_best else None
+    return [c.path for c in found[:-keep_last] if kept is None or c.step != kept.step]
 
 
 def set_aside(checkpoint: Path, why: str = "") -> Path:

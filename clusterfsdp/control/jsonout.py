@@ -61,6 +61,7 @@ def _status(st: RunStatus) -> dict[str, Any]:
         "step": st.step,
         "steps": st.steps,
         "loss": st.loss,
+        "epoch": st.epoch,
         "eval_step": st.eval_step,
         "eval_loss": st.eval_loss,
         "eval_ppl": st.eval_ppl,

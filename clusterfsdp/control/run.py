@@ -404,16 +404,24 @@ class Run:
 
     # ---------------------------------------------------------------- export
     def export_command(
-        self, to: Path, step: int | None = None, dtype: str | None = None, force: bool = False
+        self, to: Path, step: int | None = None, dtype: str | None = None, force: bool = False, best: bool = False
     ) -> list[str]:
-        """The worker-side command that writes a checkpoint as a HuggingFace folder (run as a
+        """The worker-side command that writes a checkpoint (the newest, the one at `step`, or
+        with `best` the one with the lowest eval loss) as a HuggingFace folder (run as a
         subprocess: the control plane never imports torch). It checks `to` itself (not empty
         without `force`) and prints one line on failure."""
         self._check_yours("export")
         if problem := runfolder.export_refusal(self.folder, to):
             raise RunError(problem)
         spec = self.folder.spec()
-        info = ckptfolder.find(self.folder.checkpoints_dir(spec), step)
+        if best:
+            if not spec.checkpoint.keep_best:
+                raise RunError(f"run {self.id}: --best needs checkpoint.keep_best (it is off for this run)")
+            info = ckptfolder.best(self.folder.checkpoints_dir(spec))
+            if info is None:
+                raise RunError(f"run {self.id}: no best checkpoint yet (no evaluation saved one)")
+        else:
+            info = ckptfolder.find(self.folder.checkpoints_dir(spec), step)
         if info is None:
             at = f" at step {step}" if step is not None else ""
             raise RunError(f"run {self.id}: no complete checkpoint{at}")
@@ -428,9 +436,11 @@ class Run:
         `FailedJobError` / `UncompletedJobError` (for a notebook or a script that wants to wait)."""
         return launch.wait(self.folder, poll_s)
 
-    def export(self, to: Path, step: int | None = None, dtype: str | None = None, force: bool = False) -> int:
+    def export(
+        self, to: Path, step: int | None = None, dtype: str | None = None, force: bool = False, best: bool = False
+    ) -> int:
         """Run the export in a subprocess (its progress goes to this terminal); its exit status."""
-        return subprocess.run(self.export_command(to, step, dtype, force)).returncode
+        return subprocess.run(self.export_command(to, step, dtype, force, best)).returncode
 
 
 def _check_submittable(spec: specmod.JobSpec, backend: backends.Backend) -> None:

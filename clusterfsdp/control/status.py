@@ -93,6 +93,7 @@ class RunStatus:
     eval_loss: float | None = None
     eval_step: int | None = None
     eval_ppl: float | None = None
+    epoch: float | None = None  # samples consumed / training samples, at the newest metrics row
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,8 @@ class LastLogged:
     eval_step: int | None = None
     eval_loss: float | None = None
     eval_ppl: float | None = None
+    epoch: float | None = None
+    total_steps: int | None = None  # the steps the run trains, as the worker counted them (train.epochs)
 
 
 def attempt_alive(attempt: Attempt) -> bool:
@@ -138,6 +141,8 @@ def last_logged(run: RunFolder) -> LastLogged:
         evaluated["step"] if evaluated else None,
         eval_loss,
         _number(evaluated, "eval_ppl") or (math.exp(min(eval_loss, 700)) if eval_loss is not None else None),
+        _number(last, "epoch"),
+        last["total_steps"] if last and type(last.get("total_steps")) is int else None,
     )
 
 
@@ -207,12 +212,13 @@ def run_status(
         executor=record.executor,
         created=record.created,
         step=progress.step,
-        steps=job.steps,
+        steps=job.steps or progress.total_steps,
         loss=progress.loss,
         attempts=record.attempts,
         eval_loss=progress.eval_loss,
         eval_step=progress.eval_step,
         eval_ppl=progress.eval_ppl,
+        epoch=progress.epoch,
     )
     events = run.events()
     st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run, job), run.tracker_ids()

@@ -11,6 +11,7 @@ def summary(spec: specmod.JobSpec, where: str) -> str:
     gpus = f"{s.gpus_per_node} GPU(s)" if s.gpus_per_node else "CPU"
     mesh = "replicate x shard" if len(spec.mesh_shape) == 2 else "shard"
     every = spec.checkpoint.every_steps
+    length = f"{t.epochs:g} epochs" if t.epochs > 0 else f"{t.steps} steps"
     lines = [
         f"job        {spec.job.name} -> {spec.job.run_root}/{spec.job.name}/<run id>/",
         f"resources  {s.nodes} node(s) x {spec.tasks_per_node} worker(s) ({gpus}) = {spec.world_size} ranks, "
@@ -21,7 +22,7 @@ def summary(spec: specmod.JobSpec, where: str) -> str:
         f"data       {spec.data.source}{' ' + ', '.join(spec.data.paths) if spec.data.paths else ''}, "
         f"seq {spec.data.seq_len}" + (f", {spec.data.format}, {spec.packing} packing" if spec.data.paths else ""),
         *([f"tokenizer  {_tokenizer(spec)}"] if spec.data.source == "files" else []),
-        f"train      {t.steps} steps x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
+        f"train      {length} x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
         f"({t.micro_batch_size}/rank x {t.grad_accum} accum), lr {t.lr:g} {t.schedule}",
         f"checkpoint {f'every {every} steps' if every else 'at the end'}"
         f"{' (async)' if spec.checkpoint.async_ else ''}, keep {spec.checkpoint.keep_last}",

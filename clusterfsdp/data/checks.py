@@ -16,6 +16,7 @@ from .formats import column_problem, first_line, has_chat_template, parse_json_l
 from .overlap import shared_documents
 from .samplesets import (
     batch_problem,
+    epochs_note,
     eval_batches_note,
     eval_samples,
     held_out_pieces,
@@ -23,6 +24,7 @@ from .samplesets import (
     index_meta,
     least_windows_problem,
     sample_roles,
+    total_steps,
 )
 from .sources import DataError, Source, local_sources, matches, open_binary
 
@@ -177,6 +179,8 @@ def _dataset_state(spec: specmod.JobSpec, ref: DatasetRef) -> list[str]:
             f"{ref.role}: not prepared yet: the job prepares it at start (or `clusterfsdp data prepare`) "
             f"into {ref.folder}"
         ]
+        if ref.role == "train" and spec.train.epochs > 0:
+            out.append(f"train: train.epochs = {spec.train.epochs:g}: the steps are counted once the data is prepared")
         bound = _byte_tokens(ref.sources, spec) if ref.role == "train" else None
         if bound is not None:
             out += _capacity_lines(spec, *bound, documents=len(ref.sources) if bound[1] else None)
@@ -190,6 +194,10 @@ def _dataset_state(spec: specmod.JobSpec, ref: DatasetRef) -> list[str]:
             continue
         if problem := batch_problem(spec, role, int(meta["samples"])):
             out.append(f"error: {problem}")
+        elif role == "train":
+            samples = int(meta["samples"])
+            if note := epochs_note(spec, samples, total_steps(spec, samples)):
+                out.append(f"train: {note}")
         elif role == "eval":
             notes = [holdout_note(spec, meta), eval_batches_note(spec, int(meta["samples"]))]
             out += [f"eval: {note}" for note in notes if note]

@@ -126,3 +126,38 @@ def eval_batches_note(spec: specmod.JobSpec, samples: int) -> str | None:
         f"eval.batches = {spec.eval.batches}: the eval set gives {samples:,} samples, {runs} evaluation batch(es) of "
         f"{spec.world_size} ranks x {spec.train.micro_batch_size}: each evaluation runs {runs}"
     )
+
+
+def total_steps(spec: specmod.JobSpec, samples: int, step: int = 0, consumed: int = 0) -> int:
+    """The steps the run trains: train.steps, or with train.epochs the step at which
+    epochs x `samples` (the training set's size) have been consumed, rounded up to a whole
+    step. From a checkpoint at `step` having consumed `consumed` samples (the data position),
+    the rest is divided by today's global batch: the same count when the global batch is
+    unchanged; when it changed, the run still ends after the same number of passes."""
+    if spec.train.epochs <= 0:
+        return spec.train.steps
+    left = max(0, round(spec.train.epochs * samples) - consumed)
+    return max(step + -(-left // spec.global_batch), 1)
+
+
+def epochs_note(spec: specmod.JobSpec, samples: int, steps: int) -> str | None:
+    """What the log and `validate` say about the steps and the passes over the data: always with
+    train.epochs; with train.steps only when the run trains more than one pass."""
+    passes = steps * spec.global_batch / max(samples, 1)
+    if spec.train.epochs <= 0 and passes <= 1:
+        return None
+    batch = (
+        f"global batch {spec.global_batch} = {spec.world_size} ranks x {spec.train.micro_batch_size} x "
+        f"{spec.train.grad_accum} accumulation"
+    )
+    if spec.train.epochs > 0:
+        return (
+            f"train.epochs = {spec.train.epochs:g}: {steps} steps ({samples:,} training samples, {batch}; "
+            f"{passes:.2f} passes)"
+        )
+    return f"{steps} steps = {passes:.1f} passes over the data ({samples:,} training samples, {batch})"
+
+
+def epoch(consumed: int, samples: int) -> float:
+    """The fractional epoch at a data position: samples consumed / samples per epoch."""
+    return consumed / max(samples, 1)

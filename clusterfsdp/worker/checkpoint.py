@@ -258,7 +258,7 @@ class Checkpointer:
         os.replace(partial, final)
         _fsync_dir(self.root)
         if self._pruner is not None:
-            self._pruner.prune([old.path for old in list_checkpoints(self.root)[: -self.config.keep_last]])
+            self._pruner.prune(ckptfolder.beyond_keep(self.root, self.config.keep_last, bool(self.config.keep_best)))
 
     def load(self, info: CheckpointInfo) -> dict[str, Any]:
         """Load model + optimizer (resharding to this world size) and this rank's RNG; returns the meta."""

@@ -197,7 +197,10 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
     if outcome.end is train.LoopEnd.INTERRUPTED:
         return _interrupted(attempt, spec, outcome, log)
     if env.rank == 0:
-        attempt.event(EventKind.COMPLETED, step=outcome.step, checkpoint=outcome.checkpoint, cause=Cause.COMPLETED)
+        attempt.event(
+            EventKind.COMPLETED, step=outcome.step, checkpoint=outcome.checkpoint, cause=Cause.COMPLETED,
+            reason=outcome.reason,
+        )  # fmt: skip
     _finish(attempt, RankOutcome.COMPLETED)
     return RankOutcome.COMPLETED
 

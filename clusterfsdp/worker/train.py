@@ -10,6 +10,7 @@ preemption) or stops (cancel).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from ..control import ckptfolder, lrschedule
 from ..control.records import EventKind
 from ..control.spec import JobSpec
+from ..data import samplesets
 from ..data.samples import Batch, PreparedSamples, SyntheticSamples, TrainingData, open_for_training
 from . import metrics as metricsmod
 from . import model as modelmod
@@ -46,6 +48,10 @@ class TrainState:
     tokens_seen: int = 0
     elapsed_s: float = 0.0  # training time along the run's trajectory (metrics.Meter)
     data: str = ""  # the key of the prepared training dataset it was trained on
+    steps_total: int = 0  # the steps this run trains (train.steps, or derived from train.epochs)
+    best_eval_loss: float = 0.0  # the lowest eval loss so far (keep_best, early stopping), at best_step
+    best_step: int = 0  # 0: no evaluation yet (ckptfolder.BEST_STEP)
+    stale_evals: int = 0  # evaluations in a row without an improvement of early_stopping.min_delta
     lr_schedule: dict[str, Any] = field(default_factory=dict)  # the lr curve (control.lrschedule.LrCurve)
     # Steps this incarnation ran, for the record of a failure (worker.main): an error before the
     # first one is deterministic (a bad config), not retried.
@@ -63,7 +69,7 @@ class TrainState:
 class LoopEnd(StrEnum):
     """How `Trainer.run` ended."""
 
-    COMPLETED = "completed"  # train.steps reached; the final checkpoint saved
+    COMPLETED = "completed"  # train.steps reached, or early stopping (Outcome.reason); the final checkpoint saved
     INTERRUPTED = "interrupted"  # a stop signal (SIGUSR2 or SIGTERM); saved at a step boundary
 
 
@@ -73,6 +79,7 @@ class Outcome:
     step: int
     checkpoint: str  # the checkpoint saved at `step`
     signal: str = ""  # INTERRUPTED: SIGUSR2 or SIGTERM
+    reason: str = ""  # COMPLETED before train.steps: why (early stopping)
 
 
 @dataclass(frozen=True)
@@ -130,12 +137,14 @@ class Trainer:
         torch.manual_seed(self.spec.job.seed)
         self.t_start = time.perf_counter()
         self.data, self.samples, self.eval_batches = self._open_data()
+        self.steps = self._count_steps()
         self.t_build = time.perf_counter()
         self.model, self.optimizer, self.config, self.counts = self._build_model()
         self.checkpointer = Checkpointer(
             ctx.checkpoints, self.model, self.optimizer, self.spec.checkpoint,
             rank=ctx.rank, world_size=ctx.world_size, spec_text=ctx.spec_text,
         )  # fmt: skip
+        self.new_best, self.stop_reason = False, ""  # what the last evaluation decided (_judge)
         self.curve = self._restore()
         self.state.lr_schedule = self.curve.to_json()
         self._set_lr()
@@ -156,6 +165,18 @@ class Trainer:
             per_batch = ctx.world_size * self.spec.train.micro_batch_size
             eval_batches = min(self.spec.eval.batches, data.eval.count // per_batch)
         return data, data.train, eval_batches
+
+    def _count_steps(self, step: int = 0, consumed: int = 0) -> int:
+        """The steps this run trains (samplesets.total_steps: train.epochs counts them from the
+        training set's size and the global batch), said in the log with the passes over the
+        data when train.epochs is set or the steps make more than one pass."""
+        if not isinstance(self.samples, PreparedSamples):
+            return self.spec.train.steps
+        steps = samplesets.total_steps(self.spec, self.samples.count, step, consumed)
+        if note := samplesets.epochs_note(self.spec, self.samples.count, steps):
+            self.log(note)
+        self.state.steps_total = steps
+        return steps
 
     def _build_model(self) -> tuple[Any, torch.optim.Optimizer, Any, modelmod.ParamCount]:
         """Model and optimizer (build.py), only buffers filled when a checkpoint follows; the
@@ -191,13 +212,24 @@ class Trainer:
             self.log(f"checkpoint step {bad_step} did not load, set aside: {reason}")
             ctx.on_event(EventKind.CHECKPOINT_FALLBACK, step=bad_step, reason=f"did not load, set aside: {reason}")
         state.data = self.data.key
-        t = self.spec.train
+        t = dataclasses.replace(self.spec.train, steps=self.steps)
         planned = lrschedule.planned(lrschedule.Plan.of(t))
         if loaded is None:
             return planned
         trained_on = saved.get("data", self.data.key)
         state.load_state_dict(saved)
         state.data = self.data.key
+        if self.spec.train.epochs > 0:
+            before = state.steps_total
+            self.steps = self._count_steps(state.step, state.consumed)
+            t = dataclasses.replace(t, steps=self.steps)
+            if before and before != self.steps:
+                self.log(
+                    f"train.epochs: {self.steps} steps now, the checkpoint planned {before} (the global batch, now "
+                    f"{self.spec.global_batch}, train.epochs or the data changed): the data position "
+                    f"({state.consumed} samples) continues and the run ends after {self.spec.train.epochs:g} passes"
+                )
+        state.steps_total = self.steps
         old = lrschedule.recorded(saved, loaded.path) or planned
         curve = lrschedule.reshape(old, t, state.step, lrschedule.ResumeSchedule(t.resume_schedule))
         self.log(
@@ -236,7 +268,7 @@ class Trainer:
         spec, flags, state = self.spec, self.ctx.flags, self.state
         self.model.train()
         first = state.step
-        while state.step < spec.train.steps:
+        while state.step < self.steps:
             stop = flags.agree(self.flag_group, state.step, spec.slurm.signal_grace_s) if flags.due(state.step) else 0
             if stop:
                 return self._interrupted(SIGNAL_NAMES[stop])
@@ -248,11 +280,15 @@ class Trainer:
                 )
             self._maybe_log(loss_sum, grad_norm)
             self.maybe_save()
+            if self.stop_reason:
+                self.log(self.stop_reason)
+                break
         self.log(f"saving the final checkpoint (step {state.step}) ...")
         secs = self._save(blocking=True)  # the last step always saves synchronously
         self.checkpointer.close()
         self.log(f"saved step {state.step} in {secs:.2f} s")
-        return Outcome(LoopEnd.COMPLETED, state.step, str(ckptfolder.step_dir(self.ctx.checkpoints, state.step)))
+        final = str(ckptfolder.step_dir(self.ctx.checkpoints, state.step))
+        return Outcome(LoopEnd.COMPLETED, state.step, final, reason=self.stop_reason)
 
     def step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over train.grad_accum micro-batches of this rank's slice of the
@@ -292,16 +328,36 @@ class Trainer:
             return {}
         assert self.data.eval is not None
         eval_loss = evaluate(self.model, self.loss_fn, self.data.eval, self.eval_batches, self.ctx, self.spec)
+        self._judge(eval_loss)
         return {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0))}
+
+    def _judge(self, eval_loss: float) -> None:
+        """After an evaluation (the same all-reduced loss on every rank, so every rank decides
+        alike): a new lowest eval loss (saved at this step with checkpoint.keep_best), and
+        train.early_stopping's verdict, against the best before this evaluation."""
+        state, stop = self.state, self.spec.train.early_stopping
+        first = state.best_step == 0
+        if stop.metric and not first:
+            improved = eval_loss < state.best_eval_loss - stop.min_delta
+            state.stale_evals = 0 if improved else state.stale_evals + 1
+            if state.stale_evals >= stop.patience:
+                self.stop_reason = (
+                    f"early stopping at step {state.step}: eval_loss has not improved by more than {stop.min_delta:g} "
+                    f"on its best ({state.best_eval_loss:.4f} at step {state.best_step}) for {stop.patience} "
+                    "evaluation(s)"
+                )
+        self.new_best = first or eval_loss < state.best_eval_loss
+        if self.new_best:
+            state.best_eval_loss, state.best_step = eval_loss, state.step
 
     def _eval_due(self) -> bool:
         step, every = self.state.step, self.spec.eval.every_steps
-        return self.data.eval is not None and (step == self.spec.train.steps or (every > 0 and step % every == 0))
+        return self.data.eval is not None and (step == self.steps or (every > 0 and step % every == 0))
 
     def _maybe_log(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """A metrics row every train.log_every steps, at the last step and at every eval."""
         step, t = self.state.step, self.spec.train
-        if not (step % t.log_every == 0 or step == t.steps or self._eval_due()):
+        if not (step % t.log_every == 0 or step == self.steps or self._eval_due()):
             return
         if dist.is_initialized():
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
@@ -311,17 +367,29 @@ class Trainer:
             lr=self.optimizer.param_groups[0]["lr"],
             grad_norm=float(grad_norm),
             tokens_seen=self.state.tokens_seen,
+            total_steps=self.steps,
+            **self._epoch(),
             **self.maybe_eval(),
         )
-        self.log(metricsmod.format_row(row, t.steps))
+        self.log(metricsmod.format_row(row, self.steps))
         if self.ctx.sink is not None:
             self.ctx.sink.write(row)
 
+    def _epoch(self) -> dict[str, float]:
+        """The fractional epoch (samples consumed / training samples) for a metrics row; none
+        for synthetic data."""
+        if not isinstance(self.samples, PreparedSamples):
+            return {}
+        return {"epoch": samplesets.epoch(self.state.consumed, self.samples.count)}
+
     def maybe_save(self) -> None:
-        """A checkpoint every checkpoint.every_steps (async when configured); not at the last
-        step, which `run` saves blocking."""
+        """A checkpoint every checkpoint.every_steps and, with checkpoint.keep_best, at an
+        evaluation with a new lowest eval loss (async when configured); not at the last step nor
+        when early stopping ends the run: `run` saves those blocking."""
         c, step = self.spec.checkpoint, self.state.step
-        if not (c.every_steps and step % c.every_steps == 0 and step < self.spec.train.steps):
+        best, self.new_best = self.new_best and bool(c.keep_best), False
+        due = (c.every_steps and step % c.every_steps == 0) or best
+        if not due or step >= self.steps or self.stop_reason:
             return
         blocked = self._save()
         self.ctx.flags.pause()

@@ -45,7 +45,14 @@ def check(spec: JobSpec) -> None:
     positive("slurm.mem_gb", s.mem_gb, 0)
     positive("slurm.signal_grace_s", s.signal_grace_s, 0)
     positive("slurm.max_restarts", s.max_restarts, 0)
-    positive("train.steps", t.steps)
+    if t.epochs > 0:
+        if not math.isfinite(t.epochs) or t.epochs > 1e6:
+            errors.append(f"train.epochs: expected a number of passes up to 1e6, found {t.epochs!r}")
+        if d.source != "files":
+            errors.append(f"train.epochs: needs data from files (data.source = {d.source!r} has no epochs)")
+    else:
+        positive("train.steps", t.steps)
+        positive("train.epochs", t.epochs, 0)
     positive("train.micro_batch_size", t.micro_batch_size)
     positive("train.grad_accum", t.grad_accum)
     positive("train.log_every", t.log_every)
@@ -115,6 +122,14 @@ def _check_eval(spec: JobSpec, errors: list[str]) -> None:
         errors.append(f"eval.every_steps: must be >= 0, found {e.every_steps!r}")
     if e.batches < 1:
         errors.append(f"eval.batches: must be >= 1, found {e.batches!r}")
+    stop = spec.train.early_stopping
+    if stop.patience < 1:
+        errors.append(f"train.early_stopping.patience: must be >= 1, found {stop.patience!r}")
+    if stop.min_delta < 0:
+        errors.append(f"train.early_stopping.min_delta: must be >= 0, found {stop.min_delta!r}")
+    for key, on in (("train.early_stopping.metric", stop.metric), ("checkpoint.keep_best", spec.checkpoint.keep_best)):
+        if on and not spec.eval_enabled:
+            errors.append(f"{key}: {on!r} needs an eval set ([eval] fraction or paths)")
     if (e.fraction or e.paths) and spec.data.source != "files":
         errors.append("eval: held-out or separate evaluation data needs data.source = 'files'")
     if e.every_steps and not (e.fraction or e.paths):

@@ -121,11 +121,23 @@ def from_dict(data: dict[str, Any]) -> JobSpec:
             errors.append(f"{name}: expected a table [{name}], found {describe_value(value)}")
             continue
         setattr(spec, name, _table(name, section_class(name), value, errors))
+    errors += _steps_or_epochs(spec, data.get("train"))
     if errors:
         raise SpecError(errors)
     spec = default_tokenizer(spec)
     check(spec)
     return spec
+
+
+def _steps_or_epochs(spec: JobSpec, train: Any) -> list[str]:
+    """train.epochs > 0 replaces train.steps, which is then 0 (derived by the job from the
+    prepared data): an error when the job file gives a nonzero train.steps too."""
+    if not spec.train.epochs > 0:
+        return []
+    if isinstance(train, dict) and train.get("steps", 0) != 0:
+        return ["train.steps and train.epochs: give one of them (train.epochs derives the steps from the data)"]
+    spec.train.steps = 0
+    return []
 
 
 def _table(path: str, cls: type, value: dict[str, Any], errors: list[str]) -> Any:

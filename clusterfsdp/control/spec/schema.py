@@ -6,6 +6,10 @@ file of `clusterfsdp init` and the TUI's compose form are generated from it (`do
 documentation cannot drift from the code. Also here: the lookups the codec, the checks and the
 docs share (TOML key of a field, annotation of a section's field, the names of types and values
 in error lines). Pure Python: no torch.
+
+Over 500 lines on purpose: every section's dataclass stays in this one module because its fields
+are made with `F`, and ruff's RUF009 (no function calls in dataclass defaults) accepts `F` as a
+field specifier only in the module that defines it; a split would scatter per-line exemptions.
 """
 
 from __future__ import annotations
@@ -255,8 +259,21 @@ class EvalSection:
 
 
 @dataclass
+class EarlyStopping:
+    metric: Literal["", "eval_loss"] = F("", "'eval_loss' ends the run when it stops improving; '': off.")
+    patience: int = F(3, "Evaluations in a row without an improvement of min_delta that end the run.")
+    min_delta: float = F(0.0, "How much lower than the best so far an eval_loss must be to count as an improvement.")
+
+
+@dataclass
 class TrainSection:
-    steps: int = F(100, "Optimizer steps in total (a resumed run continues to this number).")
+    steps: int = F(100, "Optimizer steps in total (a resumed run continues to this number); with train.epochs: 0.")
+    epochs: float = F(
+        0.0,
+        "Passes over the training samples instead of train.steps (may be fractional; 0: unset, train.steps "
+        "counts). The job derives the steps from the prepared training set (after packing and the eval hold-out) "
+        "and the global batch, rounded up; giving both train.steps and train.epochs is an error.",
+    )
     micro_batch_size: int = F(8, "Samples per worker per forward pass.")
     grad_accum: int = F(1, "Micro-batches accumulated per optimizer step.")
     lr: float = F(3e-4, "Peak learning rate (AdamW).")
@@ -273,6 +290,11 @@ class TrainSection:
         "higher; an extended finished run stays at its end lr); keep = the checkpoint's curve unchanged; rewarm = "
         "warm up again to `lr`, then decay to the new end; stretch = the curve planned for the new settings from "
         "step 0 (the lr may jump).",
+    )
+    early_stopping: EarlyStopping = F(
+        EarlyStopping(),
+        "Stop when the eval metric stops improving (needs [eval]): the run saves and ends COMPLETED, with the "
+        "reason in its completed event and `status`.",
     )
 
 
@@ -296,6 +318,11 @@ class CheckpointSection:
     dir: str = F("", "Where checkpoints go (empty: <run folder>/checkpoints).")
     every_steps: int = F(0, "Save every N steps (0: only at the end and on preemption).")
     keep_last: int = F(2, "Complete checkpoints to keep; older ones are deleted after a newer one is complete.")
+    keep_best: Literal["", "eval_loss"] = F(
+        "",
+        "'eval_loss': also save at every evaluation that beats the lowest eval loss so far, and keep that checkpoint "
+        "(never pruned by keep_last; `export --best`); '': off.",
+    )
     async_: bool = F(False, "Save in the background (DCP async_save) while training continues.", key="async")
     async_mode: Literal["thread", "process"] = F(
         "thread", "With async: write from a thread, or from a saver process per rank (started at the first save)."
@@ -410,6 +437,7 @@ HINTS: dict[type, dict[str, Any]] = {
         CheckpointSection,
         LogSection,
         ContainerSection,
+        EarlyStopping,
         JobSpec,
     )
 }
