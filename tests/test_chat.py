@@ -181,3 +181,28 @@ def test_chat_fine_tuning_reaches_near_zero_loss_and_eval_loss(tmp_path, chat_to
     assert [r["step"] for r in evals] == [20, 40]
     assert evals[-1]["eval_loss"] < 0.05 and evals[-1]["eval_ppl"] == pytest.approx(math.exp(evals[-1]["eval_loss"]))
     assert "documents packing" in out[0][1] and "eval_loss" in out[0][1]
+
+
+def test_conversations_that_cannot_be_read_or_rendered_are_skipped_and_named(tmp_path):
+    """data.bad_records = 'skip' with chat data: a message whose role is not a string (the record
+    check) and a role the template refuses (raise_exception) are left out, each named by line."""
+    strict = make_tokenizer(
+        tmp_path / "strict",
+        "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+        "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}<|im_start|>{{ m['role'] }}\n"
+        "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    )
+    records = conversations(40)
+    records[6] = {"messages": [{"role": 5, "content": "hi"}, {"role": "assistant", "content": "yes"}]}
+    records[22] = {"messages": [{"role": "tool", "content": "42"}, {"role": "assistant", "content": "yes"}]}
+    path = write_jsonl(tmp_path / "mixed.jsonl", records)
+    spec = S.loads(chat_job(tmp_path, strict, 5), [f"data.paths=['{path}']", "data.bad_records=skip:2"])
+    (ref,) = dataprep.ensure(spec, workers=1)
+    manifest = ref.manifest()
+    assert manifest is not None and manifest["documents"] == 38
+    assert manifest["bad_records"]["skipped"] == 2 and manifest["bad_records"]["records"] == 40
+    first = manifest["bad_records"]["first"]
+    assert first[0].startswith(f"data.paths[0]: {path}:7: messages[0] is not an object")
+    assert first[1] == f"data.paths[0]: {path}:23: the chat template refused this conversation: unknown role tool"
+    with pytest.raises(DataError, match=f"^data.paths\\[0\\]: {path}:7: messages\\[0\\]"):
+        dataprep.ensure(S.loads(chat_job(tmp_path, strict, 5), [f"data.paths=['{path}']"]), workers=1)

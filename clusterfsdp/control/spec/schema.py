@@ -228,6 +228,17 @@ class DataSection:
         "sources, the tokenizer and the format (empty: <run_root>/.cache/tokens). On a cluster: the shared "
         "filesystem.",
     )
+    bad_records: str = F(
+        "error",
+        "A record a prepare cannot read (broken JSON, a missing or mistyped key, text that is not UTF-8, a "
+        "conversation the chat template refuses): 'error' stops the prepare at the first, naming its file and "
+        "line; 'skip' leaves such records out and counts them (the count and the first locations go into the "
+        "prepared dataset's manifest, printed by `data prepare` and shown by `validate`); 'skip:N' fails the "
+        "prepare when more than N records are bad, 'skip:P%' when more than P percent of the records are. "
+        "Skipping makes a prepared dataset of its own (a different key: the bad records are absent); the limit "
+        "is checked again when a job reuses one. .txt files are whole documents, not records: bad UTF-8 there "
+        "always fails.",
+    )
     prepare_workers: int = F(
         0,
         "Processes that tokenize when a dataset is prepared (0: every CPU this process may use; at most "
