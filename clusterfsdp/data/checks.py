@@ -25,6 +25,7 @@ from .samplesets import (
     index_meta,
     least_windows_problem,
     sample_roles,
+    stats_line,
 )
 from .sources import DataError, Source, local_sources, matches, open_binary
 
@@ -194,6 +195,7 @@ def _dataset_state(spec: specmod.JobSpec, ref: DatasetRef) -> list[str]:
         meta = index_meta(ref, spec, role) if data_role == ref.role else None
         if meta is None:
             continue
+        out.append(stats_line(role, meta))
         if problem := batch_problem(spec, role, int(meta["samples"])):
             out.append(f"error: {problem}")
         elif role == "eval":

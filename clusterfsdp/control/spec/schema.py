@@ -222,6 +222,12 @@ class DataSection:
         "longer than seq_len is cut into seq_len-token pieces, each its own context. 'auto': 'documents' for "
         "format = 'chat', else 'concat'.",
     )
+    overlong: Literal["split", "truncate", "drop"] = F(
+        "split",
+        "A document longer than seq_len, packing = 'documents' (not 'concat'): 'split' into seq_len pieces, each "
+        "its own context; 'truncate' to its start (a conversation: the whole leading turns that fit, never an "
+        "answer without its prompt; none fits: dropped); 'drop'. Applied to the sample index, not the tokens.",
+    )
     cache_dir: str = F(
         "",
         "Folder of prepared (tokenized) datasets, shared by all ranks and jobs and keyed by the content of the "
@@ -230,14 +236,10 @@ class DataSection:
     )
     bad_records: str = F(
         "error",
-        "A record a prepare cannot read (broken JSON, a missing or mistyped key, text that is not UTF-8, a "
-        "conversation the chat template refuses): 'error' stops the prepare at the first, naming its file and "
-        "line; 'skip' leaves such records out and counts them (the count and the first locations go into the "
-        "prepared dataset's manifest, printed by `data prepare` and shown by `validate`); 'skip:N' fails the "
-        "prepare when more than N records are bad, 'skip:P%' when more than P percent of the records are. "
-        "Skipping makes a prepared dataset of its own (a different key: the bad records are absent); the limit "
-        "is checked again when a job reuses one. .txt files are whole documents, not records: bad UTF-8 there "
-        "always fails.",
+        "A record prepare cannot read (bad JSON, a missing or mistyped key, not UTF-8, a conversation the chat "
+        "template refuses): 'error' stops at the first (file:line named); 'skip' leaves them out, counted in the "
+        "prepared dataset's manifest (shown by `data prepare`, `validate`); 'skip:N' / 'skip:P%' fail beyond N "
+        "records / P percent of them. Skipping is a prepared dataset of its own. .txt files always fail.",
     )
     prepare_workers: int = F(
         0,
