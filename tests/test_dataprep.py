@@ -332,3 +332,16 @@ def test_a_prepared_dataset_over_a_jobs_limit_is_refused_on_reuse(tmp_path, bpe)
 def test_a_bad_records_value_that_is_not_a_policy_is_refused_at_load(tmp_path, value):
     with pytest.raises(S.SpecError, match=r"data.bad_records: must be 'error', 'skip', 'skip:N'"):
         job(tmp_path, [tmp_path / "d.jsonl"], "bytes", f"data.bad_records={value}")
+
+
+def test_a_count_limit_stops_the_prepare_before_the_rest_is_tokenized(tmp_path, bpe):
+    """'skip:1' with two bad lines early in the first source: the prepare fails at the second one
+    as soon as its shard is written, never reaching the second source (a .txt whose bad UTF-8
+    would otherwise be the error)."""
+    paths, bad, _ = _with_bad_records(tmp_path)
+    late = tmp_path / "z.txt"
+    late.write_bytes(b"fine text\n" * 50 + b"bad \xff byte\n")
+    spec = job(tmp_path, [paths[0], late], str(bpe), "data.bad_records=skip:1")
+    with pytest.raises(DataError) as e:
+        dataprep.ensure(spec, workers=1, unit_bytes=512)
+    assert str(e.value).startswith(bad[1]) and "over data.bad_records = 'skip:1'" in str(e.value)

@@ -120,8 +120,9 @@ def build(
         f"{max(1, workers)} process(es) into {ref.folder}" + (f" ({len(done)} shards kept)" if done else "")
     )
     progress = ByteProgress(f"tokenizing {ref.role} data", total, log, interactive)
+    limit = skipped.EarlyLimit(data.bad_records, shards)
     try:
-        tokenize(task, plan(ref.sources, data, ref.root, unit_bytes), done, workers, progress.advance)
+        tokenize(task, plan(ref.sources, data, ref.root, unit_bytes), done, workers, progress.advance, limit.written)
     except DataError:
         shutil.rmtree(partial, ignore_errors=True)  # this content can never complete
         raise

@@ -5,6 +5,8 @@ and again whenever a job reuses it, since the limit is not part of the key), and
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from ..control.spec import badrecords
@@ -24,6 +26,24 @@ def summary(policy_text: str, stats: list[dict[str, Any]]) -> dict[str, Any]:
     if policy.over(bad, records):
         raise DataError(_crossing(policy_text, policy, stats, records, bad))
     return {"policy": policy_text, "records": records, "skipped": bad, "first": first}
+
+
+class EarlyLimit:
+    """Stops a prepare as soon as the shards written so far hold more bad records than a
+    'skip:N' policy allows, instead of after tokenizing the rest (a share, 'skip:P%', is of all
+    the records, so only the end can tell). The error is `summary`'s, over the complete shards."""
+
+    def __init__(self, policy_text: str, shards: Path):
+        self.policy_text, self.shards, self.bad = policy_text, shards, 0
+        policy = badrecords.parse(policy_text)
+        self.count = policy.count if policy is not None and policy.skip else None
+
+    def written(self, stats: Any) -> None:
+        """After each new shard (a ShardStats)."""
+        self.bad += stats.bad
+        if self.count is not None and self.bad > self.count:
+            done = sorted(self.shards.glob("[0-9]*.json"), key=lambda p: int(p.stem))
+            summary(self.policy_text, [json.loads(p.read_text()) for p in done])  # raises
 
 
 def _crossing(text: str, policy: badrecords.BadRecords, stats: list[dict[str, Any]], records: int, bad: int) -> str:
