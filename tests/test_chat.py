@@ -181,3 +181,86 @@ def test_chat_fine_tuning_reaches_near_zero_loss_and_eval_loss(tmp_path, chat_to
     assert [r["step"] for r in evals] == [20, 40]
     assert evals[-1]["eval_loss"] < 0.05 and evals[-1]["eval_ppl"] == pytest.approx(math.exp(evals[-1]["eval_loss"]))
     assert "documents packing" in out[0][1] and "eval_loss" in out[0][1]
+
+
+def test_conversations_that_cannot_be_read_or_rendered_are_skipped_and_named(tmp_path):
+    """data.bad_records = 'skip' with chat data: a message whose role is not a string (the record
+    check) and a role the template refuses (raise_exception) are left out, each named by line."""
+    strict = make_tokenizer(
+        tmp_path / "strict",
+        "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+        "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}<|im_start|>{{ m['role'] }}\n"
+        "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    )
+    records = conversations(40)
+    records[6] = {"messages": [{"role": 5, "content": "hi"}, {"role": "assistant", "content": "yes"}]}
+    records[22] = {"messages": [{"role": "tool", "content": "42"}, {"role": "assistant", "content": "yes"}]}
+    path = write_jsonl(tmp_path / "mixed.jsonl", records)
+    spec = S.loads(chat_job(tmp_path, strict, 5), [f"data.paths=['{path}']", "data.bad_records=skip:2"])
+    (ref,) = dataprep.ensure(spec, workers=1)
+    manifest = ref.manifest()
+    assert manifest is not None and manifest["documents"] == 38
+    assert manifest["bad_records"]["skipped"] == 2 and manifest["bad_records"]["records"] == 40
+    first = manifest["bad_records"]["first"]
+    assert first[0].startswith(f"data.paths[0]: {path}:7: messages[0] is not an object")
+    assert first[1] == f"data.paths[0]: {path}:23: the chat template refused this conversation: unknown role tool"
+    with pytest.raises(DataError, match=f"^data.paths\\[0\\]: {path}:7: messages\\[0\\]"):
+        dataprep.ensure(S.loads(chat_job(tmp_path, strict, 5), [f"data.paths=['{path}']"]), workers=1)
+
+
+LONG_SECOND_TURN = [
+    {"role": "user", "content": "river stone"},
+    {"role": "assistant", "content": "first answer"},
+    {"role": "user", "content": " ".join(["lamp quiet north garden"] * 12)},
+    {"role": "assistant", "content": "zebra " * 20},
+]
+LONG_FIRST_PROMPT = [
+    {"role": "user", "content": " ".join(["silver window paper horse"] * 15)},
+    {"role": "assistant", "content": "yes"},
+]
+
+
+def _kept_documents(train: datamod.PreparedSamples, tokenizer: Path) -> list[str]:
+    """The text of every document (or piece) the sample index holds, decoded."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    n = int(train.offsets.read(train.count, 1)[0])
+    flat = train.segments.read(0, 2 * n)
+    return [tok.decode(train.tokens.read(int(flat[i]), int(flat[i + 1]))) for i in range(0, len(flat), 2)]
+
+
+@pytest.mark.parametrize(
+    ("policy", "counts"),
+    [
+        ("split", {"split": 2, "truncated": 0, "dropped": 0}),
+        ("truncate", {"split": 0, "truncated": 1, "dropped": 1}),
+        ("drop", {"split": 0, "truncated": 0, "dropped": 2}),
+    ],
+)
+def test_overlong_conversations_keep_each_answer_with_its_prompt(tmp_path, chat_tok, policy, counts):
+    """data.overlong on chat data (seq_len 96): 'truncate' keeps the whole first turn of a
+    conversation whose second turn does not fit (and nothing of its second answer), and drops one
+    whose first prompt alone does not fit; 'drop' drops both; 'split' cuts both into pieces."""
+    records = [*conversations(30), {"messages": LONG_SECOND_TURN}, {"messages": LONG_FIRST_PROMPT}]
+    path = write_jsonl(tmp_path / "long.jsonl", records)
+    spec = S.loads(
+        chat_job(tmp_path, chat_tok, 5),
+        [f"data.paths=['{path}']", f"data.overlong={policy}", "data.seq_len=96", "train.micro_batch_size=2"],
+    )
+    dataprep.ensure(spec, workers=1)
+    train = datamod.open_for_training(spec, 0, print).train
+    assert isinstance(train, datamod.PreparedSamples)
+    assert train.meta["overlong"] == {"overlong": 2, **counts}
+    kept = _kept_documents(train, chat_tok)
+    from transformers import AutoTokenizer
+
+    first_turn = AutoTokenizer.from_pretrained(chat_tok).apply_chat_template(LONG_SECOND_TURN[:2], tokenize=False)
+    zebras = sum("zebra" in d for d in kept)
+    if policy == "truncate":
+        assert first_turn in kept and zebras == 0 and not any("silver window" in d for d in kept)
+    elif policy == "drop":
+        assert not any("river stone" in d or "silver window" in d for d in kept)
+    else:
+        assert zebras >= 1 and any("silver window" in d for d in kept)
+    assert 0 < train.meta["trained"] < 1 - train.meta["padding"]  # prompts are not trained on

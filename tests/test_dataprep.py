@@ -5,7 +5,9 @@ for the lock instead of preparing again. Real files, a real BPE tokenizer, real 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -245,3 +247,101 @@ def test_a_second_preparer_waits_for_the_lock_and_uses_the_result(tmp_path):
     t.join(timeout=60)
     assert ref.manifest() is not None
     assert sum("data: preparing" in line for line in lines) == 1
+
+
+def _with_bad_records(folder: Path) -> tuple[list[Path], list[str], list[str]]:
+    """A .jsonl with three unreadable lines (broken JSON, a missing key, not UTF-8) and a parquet
+    with a null row; the sources, the error lines the four must give (in order), and the good texts."""
+    good = [d for d in DOCS[:50] if d]
+    lines = [json.dumps({"text": d}).encode() for d in good[:30]]
+    lines.insert(4, b'{"text": "unterminated')  # line 5
+    lines.insert(11, b'{"body": "no text"}')  # line 12
+    lines.insert(19, b'{"text": "caf\xe9"}')  # line 20
+    jsonl = folder / "d.jsonl"
+    jsonl.write_bytes(b"\n".join(lines) + b"\n")
+    parquet = write_parquet(
+        folder / "d.parquet", [*[{"text": d} for d in good[30:38]], {"text": None}, *[{"text": d} for d in good[38:]]]
+    )
+    bad = [
+        f"data.paths[0]: {jsonl}:5: not valid JSON",
+        f"data.paths[0]: {jsonl}:12: no 'text' key",
+        f"data.paths[0]: {jsonl}:20: not UTF-8",
+        f"data.paths[1]: {parquet} row 9: 'text' is null",
+    ]
+    return [jsonl, parquet], bad, good
+
+
+def test_skipped_records_are_counted_with_their_file_and_line_and_absent(tmp_path, bpe):
+    paths, bad, good = _with_bad_records(tmp_path)
+    with pytest.raises(DataError, match=f"^{re.escape(bad[0])}"):  # 'error' (the default) stops at the first
+        dataprep.ensure(job(tmp_path, paths, str(bpe)), workers=1, unit_bytes=512)
+    spec = job(tmp_path, paths, str(bpe), "data.bad_records=skip")
+    logged: list[str] = []
+    (ref,) = dataprep.ensure(spec, log=logged.append, workers=1, unit_bytes=512)
+    manifest = ref.manifest()
+    assert manifest is not None and len(manifest["shards"]) > 2  # lines counted across units
+    entry = manifest["bad_records"]
+    assert (entry["skipped"], entry["records"], entry["policy"]) == (4, len(good) + 4, "skip")
+    assert len(entry["first"]) == 4 and all(f.startswith(b) for f, b in zip(entry["first"], bad, strict=True))
+    tokens, starts = stream(ref)  # the good records only, in order
+    want_tokens, want_starts = expected(bpe, good)
+    assert np.array_equal(tokens, want_tokens) and np.array_equal(starts, want_starts)
+    assert f"data: train: 4 of {len(good) + 4} records skipped as unreadable" in "\n".join(logged)
+    assert any(bad[0] in line for line in logged)
+    # a dataset of its own: the error policy's key is another one; the limit is not in the key
+    (strict,) = cache.dataset_refs(job(tmp_path, paths, str(bpe)))
+    (limited,) = cache.dataset_refs(job(tmp_path, paths, str(bpe), "data.bad_records=skip:10"))
+    assert strict.key != ref.key == limited.key
+    # validate shows the count and the first locations
+    state = checks.prepared_state(spec)
+    assert f"train: 4 of {len(good) + 4} records skipped as unreadable" in state[1] and bad[0] in state[2]
+
+
+@pytest.mark.parametrize(
+    ("policy", "crossing"), [("skip:3", 3), ("skip:1", 1), ("skip:5%", 0), ("skip:4", None), ("skip:8%", None)]
+)
+def test_the_bad_records_limit_fails_the_prepare_at_the_record_that_crosses_it(tmp_path, bpe, policy, crossing):
+    """4 bad records of 54: 'skip:N' fails at bad record N+1 (named by file and line) and leaves
+    nothing; a share fails on the total; within the limit the dataset is prepared."""
+    paths, bad, _ = _with_bad_records(tmp_path)
+    spec = job(tmp_path, paths, str(bpe), f"data.bad_records={policy}")
+    if crossing is None:
+        (ref,) = dataprep.ensure(spec, workers=1, unit_bytes=512)
+        assert ref.manifest() is not None
+        return
+    with pytest.raises(DataError) as e:
+        dataprep.ensure(spec, workers=1, unit_bytes=512)
+    assert str(e.value).startswith(bad[crossing]) and f"over data.bad_records = '{policy}'" in str(e.value)
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+
+
+def test_a_prepared_dataset_over_a_jobs_limit_is_refused_on_reuse(tmp_path, bpe):
+    paths, bad, good = _with_bad_records(tmp_path)
+    dataprep.ensure(job(tmp_path, paths, str(bpe), "data.bad_records=skip"), workers=1, unit_bytes=512)
+    strict = job(tmp_path, paths, str(bpe), "data.bad_records=skip:2")
+    message = (
+        f"data.bad_records: the prepared train data left out 4 of {len(good) + 4} records that cannot be read "
+        f"(prepared with 'skip'), over 'skip:2'; the first: {bad[0]}"
+    )
+    with pytest.raises(DataError, match=f"^{re.escape(message)}"):
+        dataprep.ensure(strict, workers=1)
+    assert any(line.startswith(f"error: {message}") for line in checks.prepared_state(strict))
+
+
+@pytest.mark.parametrize("value", ["skip:", "skip:x", "error:3", "skip:150%", "skip:1.5", "drop"])
+def test_a_bad_records_value_that_is_not_a_policy_is_refused_at_load(tmp_path, value):
+    with pytest.raises(S.SpecError, match=r"data.bad_records: must be 'error', 'skip', 'skip:N'"):
+        job(tmp_path, [tmp_path / "d.jsonl"], "bytes", f"data.bad_records={value}")
+
+
+def test_a_count_limit_stops_the_prepare_before_the_rest_is_tokenized(tmp_path, bpe):
+    """'skip:1' with two bad lines early in the first source: the prepare fails at the second one
+    as soon as its shard is written, never reaching the second source (a .txt whose bad UTF-8
+    would otherwise be the error)."""
+    paths, bad, _ = _with_bad_records(tmp_path)
+    late = tmp_path / "z.txt"
+    late.write_bytes(b"fine text\n" * 50 + b"bad \xff byte\n")
+    spec = job(tmp_path, [paths[0], late], str(bpe), "data.bad_records=skip:1")
+    with pytest.raises(DataError) as e:
+        dataprep.ensure(spec, workers=1, unit_bytes=512)
+    assert str(e.value).startswith(bad[1]) and "over data.bad_records = 'skip:1'" in str(e.value)

@@ -214,3 +214,50 @@ def test_the_flattened_micro_batch_flash_attention_gets_has_the_same_loss(tmp_pa
         rows = train._loss_fn(S.loads("[model]\nattn_implementation = 'sdpa'\n"))(model, batch)
     assert shapes == [(1, 3 * SEQ), (3, SEQ)]
     torch.testing.assert_close(flat, rows, rtol=1e-5, atol=1e-4)
+
+
+OVERLONG_DOCS = ["abcdefghij" * 30, "short one", "k" * 100, "m" * 50, "n" * 30]  # positions 300, 9, 100, 50, 30
+
+
+@pytest.mark.parametrize(
+    ("policy", "samples", "counts"),
+    [
+        # in stream order, next-fit, a full piece a sample of its own: 4 x 64, 44+9, 64, 36, 50, 30
+        ("split", 9, {"split": 2, "truncated": 0, "dropped": 0}),
+        ("truncate", 5, {"split": 0, "truncated": 2, "dropped": 0}),  # 64, 9, 64, 50, 30
+        ("drop", 2, {"split": 0, "truncated": 0, "dropped": 2}),  # 9+50, 30
+    ],
+)
+def test_overlong_documents_follow_data_overlong(tmp_path, policy, samples, counts):
+    """data.overlong on real text documents (byte tokens, seq_len 64): the counts and samples each
+    policy gives, the trained fraction, and that a truncated document is its first seq_len + 1
+    tokens."""
+    data = open_samples(tmp_path, "documents", f"data.overlong={policy}", docs=OVERLONG_DOCS)
+    train = data.train
+    assert isinstance(train, datamod.PreparedSamples)
+    meta = train.meta
+    assert train.count == samples and meta["policy"] == policy
+    assert meta["overlong"] == {"overlong": 2, **counts}
+    kept = {"split": 300 + 9 + 100 + 50 + 30, "truncate": 64 + 64 + 9 + 50 + 30, "drop": 9 + 50 + 30}[policy]
+    assert meta["trained"] == pytest.approx(kept / (samples * SEQ)) == pytest.approx(1 - meta["padding"])
+    assert meta["lengths"] == {"min": 10, "median": 51, "p95": 261, "max": 301}
+    got = all_samples(train)
+    assert sum(int((g.labels != IGNORE_INDEX).sum()) for g in got) == kept
+    if policy == "truncate":
+        first = [g for g in got if g.input_ids[0] == ord("a")]
+        assert len(first) == 1 and bytes(first[0].input_ids.astype(np.uint8)) == OVERLONG_DOCS[0][:SEQ].encode()
+        assert bytes(first[0].labels.astype(np.uint8)) == OVERLONG_DOCS[0][1 : SEQ + 1].encode()
+
+
+def test_overlong_names_its_own_index_and_leaves_concat_alone(tmp_path):
+    from clusterfsdp.data.samplesets import index_id
+
+    def spec(*extra: str) -> S.JobSpec:
+        return S.loads('[data]\nsource = "files"\npaths = ["x.jsonl"]\n', list(extra))
+
+    documents_split = index_id(spec("data.packing=documents"), "train")
+    assert index_id(spec("data.packing=documents", "data.overlong=drop"), "train") != documents_split
+    assert index_id(spec("data.packing=documents", "data.overlong=split"), "train") == documents_split
+    assert index_id(spec("data.packing=concat", "data.overlong=drop"), "train") == index_id(
+        spec("data.packing=concat"), "train"
+    )

@@ -15,10 +15,11 @@ A *prepared dataset* is the token form of a list of sources, built once by
 
 The key is a hash of the *content* of the sources (a full xxh3-128 hash of every byte, so a
 renamed or copied corpus is found again and any edit is noticed), the tokenizer's files, and
-the options that change the tokens (format, record key, split). Hashing reads every byte once
-(about as fast as the disk); to keep the start of a job fast it is remembered per file
-identity (path, size, mtime, ctime, inode) in fingerprints.jsonl. ctime cannot be set by
-users, so a file rewritten in place with its old mtime restored is still hashed again.
+the options that change the tokens (format, record key, split, and data.bad_records = 'skip',
+whose skipped records are absent; not its limit, which only decides whether a prepare fails).
+Hashing reads every byte once (about as fast as the disk); to keep the start of a job fast it
+is remembered per file identity (path, size, mtime, ctime, inode) in fingerprints.jsonl.
+ctime cannot be set by users, so a file rewritten in place with its old mtime restored is still hashed again.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 from ..control import runfolder
 from ..control import spec as specmod
 from ..control.runroot import default_run_root
+from ..control.spec import badrecords
 from . import trust
 from .formats import record_key
 from .sources import DataError, Source, local_sources
@@ -201,6 +203,9 @@ def dataset_refs(spec: specmod.JobSpec, *, budget: int | None = None, progress=N
                 "key": record_key(d),
                 "split": split if any(s.is_folder for s in sources) else "",
             }
+            policy = badrecords.parse(d.bad_records)
+            if policy is not None and policy.skip:  # skipped records are absent (not the limit: it only fails)
+                payload["bad_records"] = "skip"
             key = text_hash(json.dumps(payload, sort_keys=True))[:24]
         refs.append(DatasetRef(role, tuple(sources), key, root))
     return refs

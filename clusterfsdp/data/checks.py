@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 from ..control import spec as specmod
+from ..control.spec import badrecords
+from . import skipped
 from .cache import DatasetRef, dataset_refs, role_data, same_data_problem
 from .formats import column_problem, first_line, has_chat_template, parse_json_line, utf8_error
 from .overlap import shared_documents
@@ -24,6 +26,7 @@ from .samplesets import (
     index_meta,
     least_windows_problem,
     sample_roles,
+    stats_line,
     total_steps,
 )
 from .sources import DataError, Source, local_sources, matches, open_binary
@@ -62,7 +65,8 @@ def sniff(source: Source, data: specmod.DataSection) -> list[str]:
     try:
         parse_json_line(line, data, where, line_no)
     except DataError as e:
-        return [str(e)]
+        policy = badrecords.parse(data.bad_records)
+        return [] if policy is not None and policy.skip else [str(e)]  # skipping: prepare counts it
     return []
 
 
@@ -186,12 +190,16 @@ def _dataset_state(spec: specmod.JobSpec, ref: DatasetRef) -> list[str]:
             out += _capacity_lines(spec, *bound, documents=len(ref.sources) if bound[1] else None)
         return out
     out = [f"{ref.role}: prepared, {manifest['tokens']:,} tokens in {manifest['documents']:,} documents ({ref.folder})"]
+    out += skipped.lines(ref.role, manifest)
+    if problem := skipped.reuse_problem(spec.data.bad_records, ref.role, manifest):
+        out.append(f"error: {problem}")
     if ref.role == "train":
         out += _capacity_lines(spec, int(manifest["tokens"]), True, documents=int(manifest["documents"]))
     for role, data_role in sample_roles(spec):
         meta = index_meta(ref, spec, role) if data_role == ref.role else None
         if meta is None:
             continue
+        out.append(stats_line(role, meta))
         if problem := batch_problem(spec, role, int(meta["samples"])):
             out.append(f"error: {problem}")
         elif role == "train":

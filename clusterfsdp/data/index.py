@@ -11,7 +11,16 @@ A sample is a list of token ranges of the prepared stream:
   is padding). A document of L tokens gives L - 1 positions (its last token is only a label).
   A document longer than seq_len + 1 tokens is cut into pieces of seq_len positions (each
   piece overlaps the next by the one token that is its last label), each its own context; the
-  last, shorter piece is packed like a short document.
+  last, shorter piece is packed like a short document. That is data.overlong = 'split';
+  'drop' leaves such documents out and 'truncate' keeps their start (text: the first seq_len + 1
+  tokens; a conversation: the longest run of whole leading turns that fits, a turn ending where
+  an answer's masked tokens end, so no answer is kept without its prompt; none fits: dropped).
+  The policy acts here, on the index (its id names it), not on the prepared tokens: the same
+  prepared dataset serves every seq_len and policy.
+
+meta.json also holds the index's statistics (documents, tokens, samples, what the policy did,
+padding, the fraction of label positions trained on, document lengths), which `data prepare`,
+a job's log and `validate` show.
 
 Tables (`samples.i64`: n + 1 offsets into `segments.i64`: (start, length) rows) and
 `meta.json` are built once, by the process that prepares the data, into
@@ -46,8 +55,8 @@ import numpy as np
 from ..control.spec import JobSpec
 from . import trust
 from .cache import DatasetRef
-from .samplesets import held_out_pieces, holdout_note, index_id, index_meta, per_batch
-from .shards import document_starts
+from .samplesets import held_out_pieces, holdout_note, index_id, index_meta, per_batch, stats_line
+from .shards import document_starts, read_sealed, shard_offsets
 
 M64 = (1 << 64) - 1
 
@@ -187,6 +196,75 @@ def _documents_table(starts: np.ndarray, lengths: np.ndarray, seq: int) -> tuple
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), segments, padding
 
 
+def _masks(dataset: Path, manifest: dict[str, Any], shards: np.ndarray) -> dict[int, np.ndarray]:
+    """The loss masks (uint8 per token) of the given shards, read whole and checked against their seals."""
+    return {
+        int(i): read_sealed(
+            dataset / "shards" / f"{i:05d}.msk", manifest["shards"][i]["files"][".msk"], dataset, np.uint8
+        )
+        for i in shards
+    }
+
+
+def _fit(
+    dataset: Path, manifest: dict[str, Any], starts: np.ndarray, lengths: np.ndarray, spec: JobSpec
+) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """data.overlong applied to the documents longer than seq_len positions: (starts, lengths, counts)."""
+    seq, policy = spec.data.seq_len, spec.data.overlong
+    over = lengths - 1 > seq
+    counts = {"overlong": int(over.sum()), "split": 0, "truncated": 0, "dropped": 0}
+    if policy == "split":
+        counts["split"] = counts["overlong"]
+        return starts, lengths, counts
+    keep = ~over
+    lengths = lengths.copy()
+    if policy == "truncate" and manifest["mask"]:
+        offsets = shard_offsets(manifest)
+        shard_of = np.searchsorted(offsets, starts, side="right") - 1
+        masks = _masks(dataset, manifest, np.unique(shard_of[over]))
+        for d in np.flatnonzero(over):
+            at = int(starts[d] - offsets[shard_of[d]])
+            m = masks[int(shard_of[d])][at : at + seq + 2].astype(np.int8)  # one past the longest prefix kept
+            ends = np.flatnonzero(np.diff(m) == -1) + 1  # token counts that end an answer
+            if len(ends):
+                lengths[d], keep[d] = int(ends[-1]), True
+    elif policy == "truncate":
+        lengths[over], keep[over] = seq + 1, True
+    counts["truncated"] = int((over & keep).sum())
+    counts["dropped"] = int((over & ~keep).sum())
+    return starts[keep], lengths[keep], counts
+
+
+def _trained(dataset: Path, manifest: dict[str, Any], segments: np.ndarray) -> int:
+    """Label positions trained on in these (start, length) segments: each segment's tokens after its
+    first, and for chat only those the mask marks."""
+    if not manifest["mask"]:
+        return int((segments[:, 1] - 1).sum())
+    offsets = shard_offsets(manifest)
+    shard_of = np.searchsorted(offsets, segments[:, 0], side="right") - 1
+    total = 0
+    for i, mask in _masks(dataset, manifest, np.unique(shard_of)).items():
+        cum = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
+        rows = segments[shard_of == i]
+        lo = rows[:, 0] - offsets[i] + 1
+        total += int((cum[lo + rows[:, 1] - 1] - cum[lo]).sum())
+    return total
+
+
+def _trained_share(dataset: Path, manifest: dict[str, Any]) -> float:
+    """The share of the whole stream's tokens the mask trains on (concat windows of chat data)."""
+    masks = _masks(dataset, manifest, np.arange(len(manifest["shards"])))
+    return sum(int(m.sum()) for m in masks.values()) / max(1, int(manifest["tokens"]))
+
+
+def _lengths(lengths: np.ndarray) -> dict[str, int]:
+    """Token-length statistics of the documents."""
+    if not len(lengths):
+        return {}
+    p50, p95 = np.percentile(lengths, [50, 95])
+    return {"min": int(lengths.min()), "median": round(p50), "p95": round(p95), "max": int(lengths.max())}
+
+
 def build(dataset: Path, out: Path, manifest: dict[str, Any], spec: JobSpec, role: str) -> dict[str, Any]:
     """The index's meta (and its tables, written into `out`) for the prepared `dataset` folder."""
     seq = spec.data.seq_len
@@ -195,13 +273,25 @@ def build(dataset: Path, out: Path, manifest: dict[str, Any], spec: JobSpec, rol
     holdout = bool(spec.eval.fraction) and not spec.eval.paths
     if spec.packing == "concat" and not holdout:
         samples = max(0, (total - 1) // seq)
-        return {**meta, "kind": "window", "samples": samples, "documents": manifest["documents"], "tokens": total}
+        trained = _trained_share(dataset, manifest) if manifest["mask"] else 1.0
+        return {
+            **meta,
+            "kind": "window",
+            "samples": samples,
+            "documents": manifest["documents"],
+            "tokens": total,
+            "trained": trained,
+        }
     starts, lengths, how = _split_documents(document_starts(dataset, manifest), total, spec, role)
     meta.update(documents=len(starts), tokens=int(lengths.sum()), holdout=how, of_documents=manifest["documents"])
+    meta["lengths"] = _lengths(lengths)
     if spec.packing == "concat":
         offsets, segments = _concat_table(starts, lengths, seq)
     else:
+        starts, lengths, meta["overlong"] = _fit(dataset, manifest, starts, lengths, spec)
+        meta["policy"] = spec.data.overlong
         offsets, segments, meta["padding"] = _documents_table(starts, lengths, seq)
+    meta["trained"] = _trained(dataset, manifest, segments) / max(1, (len(offsets) - 1) * seq)
     files = {}
     for name, table in (("samples.i64", offsets), ("segments.i64", segments)):
         table.tofile(out / name)
@@ -213,9 +303,16 @@ def build(dataset: Path, out: Path, manifest: dict[str, Any], spec: JobSpec, rol
 def ensure(ref: DatasetRef, spec: JobSpec, role: str, log) -> dict[str, Any]:
     """The index of `role` over the prepared dataset `ref`, built now if missing (atomically:
     into a temporary folder, renamed; a concurrent builder's identical result wins)."""
-    found = index_meta(ref, spec, role)
-    if found is not None:
-        return found
+    meta = index_meta(ref, spec, role)
+    if meta is None:
+        meta = _build_atomically(ref, spec, role)
+    log(f"data: {stats_line(role, meta)}")
+    if role == "eval" and (note := holdout_note(spec, meta)):
+        log(f"data: {note}")
+    return meta
+
+
+def _build_atomically(ref: DatasetRef, spec: JobSpec, role: str) -> dict[str, Any]:
     final = ref.folder / "index" / index_id(spec, role)
     manifest = ref.manifest()
     assert manifest is not None, ref.folder
@@ -232,12 +329,4 @@ def ensure(ref: DatasetRef, spec: JobSpec, role: str, log) -> dict[str, Any]:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    padding = f", {100 * meta['padding']:.1f}% padding" if meta["padding"] else ""
-    what = f"pieces of {meta['seq_len'] + 1} tokens" if meta.get("holdout") == "windows" else "documents"
-    log(
-        f"data: {role} samples: {meta['samples']:,} of seq_len {meta['seq_len']} ({meta['packing']} packing, "
-        f"{meta['documents']:,} {what}{padding})"
-    )
-    if role == "eval" and (note := holdout_note(spec, meta)):
-        log(f"data: {note}")
     return meta

@@ -60,14 +60,24 @@ def _pending(units: Iterator[Unit], done: set[int], advance: Callable[[int], Non
             yield unit
 
 
-def tokenize(task: Task, units: Iterator[Unit], done: set[int], workers: int, advance: Callable[[int], None]) -> None:
+def tokenize(
+    task: Task,
+    units: Iterator[Unit],
+    done: set[int],
+    workers: int,
+    advance: Callable[[int], None],
+    written: Callable[[ShardStats], None],
+) -> None:
     """Write the shard of every unit not in `done`, in `workers` processes (here when 1);
-    `advance(source bytes)` as units complete."""
+    `advance(source bytes)` as units complete, `written(stats)` as each new shard does, in shard
+    order (it may raise to stop the prepare)."""
     todo = _pending(units, done, advance)
     if workers <= 1:
         reader = UnitReader(task)
         for unit in todo:
-            advance(reader.run(unit).weight)
+            stats = reader.run(unit)
+            advance(stats.weight)
+            written(stats)
         return
     # Forked from a fresh server process that imported torch and transformers once (loading a
     # tokenizer imports both: 3 CPU seconds) rather than from this process, which may hold threads
@@ -78,6 +88,7 @@ def tokenize(task: Task, units: Iterator[Unit], done: set[int], workers: int, ad
         try:
             for stats in _bounded(ex, todo, 2 * workers):
                 advance(stats.weight)
+                written(stats)
         except BaseException:
             ex.shutdown(wait=True, cancel_futures=True)
             raise

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..control import spec as specmod
 from ..control.lock import FileLock, LockHeld
-from . import index, overlap, trust
+from . import index, overlap, skipped, trust
 from .cache import FORMAT_VERSION, DatasetRef, cache_root, dataset_refs, role_data, same_data_problem, unhashed_bytes
 from .checks import source_problems
 from .pool import cpu_count, tokenize
@@ -120,14 +120,20 @@ def build(
         f"{max(1, workers)} process(es) into {ref.folder}" + (f" ({len(done)} shards kept)" if done else "")
     )
     progress = ByteProgress(f"tokenizing {ref.role} data", total, log, interactive)
+    limit = skipped.EarlyLimit(data.bad_records, shards)
     try:
-        tokenize(task, plan(ref.sources, data, ref.root, unit_bytes), done, workers, progress.advance)
+        tokenize(task, plan(ref.sources, data, ref.root, unit_bytes), done, workers, progress.advance, limit.written)
     except DataError:
         shutil.rmtree(partial, ignore_errors=True)  # this content can never complete
         raise
     finally:
         progress.close()
     stats = [json.loads(p.read_text()) for p in sorted(shards.glob("[0-9]*.json"), key=lambda p: int(p.stem))]
+    try:
+        bad = skipped.summary(data.bad_records, stats)
+    except DataError:
+        shutil.rmtree(partial, ignore_errors=True)  # over the limit: this content can never complete
+        raise
     tokens = sum(s["tokens"] for s in stats)
     if tokens == 0:
         shutil.rmtree(partial, ignore_errors=True)
@@ -146,6 +152,7 @@ def build(
         "tokens": tokens,
         "documents": sum(s["documents"] for s in stats),
         "skipped": sum(s["skipped"] for s in stats),
+        "bad_records": bad,
         "max_id": max(s["max_id"] for s in stats),
         "shards": [{"tokens": s["tokens"], "documents": s["documents"], "files": s["files"]} for s in stats],
         "sources": [{"path": s.path, "kind": s.kind, "size": s.size()} for s in ref.sources],
@@ -161,11 +168,11 @@ def build(
         if ref.manifest() is None:
             raise
         shutil.rmtree(partial, ignore_errors=True)  # completed meanwhile by a process that broke our lock
-    skipped = f", {manifest['skipped']:,} empty records skipped" if manifest["skipped"] else ""
+    empty = f", {manifest['skipped']:,} empty records skipped" if manifest["skipped"] else ""
     log(
         f"data: prepared {tokens:,} tokens in {manifest['documents']:,} documents, {len(stats)} shards, "
         f"in {seconds:.1f} s ({total / 1e6 / max(seconds, 1e-9):.1f} MB/s, {manifest['cpu_seconds']:.1f} CPU-s "
-        f"tokenizing){skipped}"
+        f"tokenizing){empty}"
     )
     return manifest
 
@@ -240,6 +247,13 @@ def ensure(
                 interactive=interactive,
                 unit_bytes=unit_bytes,
             )
+    for ref in refs:
+        manifest = ref.manifest()
+        assert manifest is not None
+        if problem := skipped.reuse_problem(spec.data.bad_records, ref.role, manifest):
+            raise DataError(problem)
+        for line in skipped.lines(ref.role, manifest):
+            log(f"data: {line}")
     by_role = {r.role: r for r in refs}
     for role, data_role in sample_roles(spec):
         meta = index.ensure(by_role[data_role], spec, role, log)

@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..control import spec as specmod
+from ..control.spec import badrecords
 from .formats import parse_json_line, record_key, record_value, utf8_error
 from .shards import ShardStats, ShardWriter
+from .skipped import BAD_KEPT
 from .sources import DataError, Source
 from .tokens import DocumentEncoder, Encoded
 from .units import PIECE_BYTES, Unit, char_start, load_hf_dataset
@@ -44,12 +46,17 @@ class UnitReader:
         self.task = task
         self.encoder = DocumentEncoder(task.data.tokenizer)
         self.chat = task.data.format == "chat"
+        policy = badrecords.parse(task.data.bad_records)
+        self.skip_bad = policy is not None and policy.skip
         self._datasets: dict[int, Any] = {}
+        self._lines: dict[tuple[int, int], int] = {}  # (source, start) -> line number of a unit's start
+        self._stats: ShardStats | None = None  # of the unit being read
 
     def run(self, unit: Unit) -> ShardStats:
         cpu = time.process_time()
         src = self.task.sources[unit.source]
         writer = ShardWriter(Path(self.task.shards), unit.shard, self.encoder, self.chat)
+        self._stats = writer.stats
         if src.kind == "txt":
             self._txt(src, unit, writer)
         elif src.kind == "jsonl":
@@ -69,10 +76,27 @@ class UnitReader:
             f.seek(unit.start)
             return f.read(unit.stop - unit.start)
 
+    def _bad(self, error: DataError) -> None:
+        """A record that cannot be read: counted and left out with data.bad_records = 'skip' (the
+        limit is the prepare's to check, over all shards), else the prepare's error."""
+        if not self.skip_bad:
+            raise error
+        assert self._stats is not None
+        self._stats.records += 1
+        self._stats.bad += 1
+        if len(self._stats.bad_at) < BAD_KEPT:
+            self._stats.bad_at.append(str(error))
+
     def _first_line(self, src: Source, unit: Unit) -> int:
-        """Line number of the unit's first byte (counted from the file's start on an error path only)."""
+        """Line number of the unit's first byte (counted from the file's start, once per unit, only
+        when a record's location is needed)."""
         if unit.first_line:
             return unit.first_line
+        if (unit.source, unit.start) not in self._lines:
+            self._lines[(unit.source, unit.start)] = self._count_lines(src, unit)
+        return self._lines[(unit.source, unit.start)]
+
+    def _count_lines(self, src: Source, unit: Unit) -> int:
         line = 1
         with open(src.path, "rb") as f:
             left = unit.start
@@ -108,20 +132,30 @@ class UnitReader:
                 continue
             try:
                 value = parse_json_line(line, self.task.data, file, first + n)
-            except DataError:
-                if first:
-                    raise
-                first = self._first_line(src, unit)  # the error again, now with the file's line number
-                value = parse_json_line(line, self.task.data, file, first + n)
+            except DataError as e:
+                error = e
+                if not first:  # the error again, now with the file's line number
+                    first = self._first_line(src, unit)
+                    try:
+                        parse_json_line(line, self.task.data, file, first + n)
+                    except DataError as located:
+                        error = located
+                self._bad(error)
+                continue
             yield value, _Lazy(lambda n=n: f"{file}:{self._first_line(src, unit) + n}")
 
     def _rows(self, src: Source, values: list[Any], first_row: int) -> Iterator[tuple[Any, object]]:
         key = record_key(self.task.data)
         for n, value in enumerate(values):
             where = f"{src.field}: {src.path} row {first_row + n}"
-            if value is None:
-                raise DataError(f"{where}: {key!r} is null")
-            yield record_value({key: value}, self.task.data, where), where
+            try:
+                if value is None:
+                    raise DataError(f"{where}: {key!r} is null")
+                record = record_value({key: value}, self.task.data, where)
+            except DataError as e:
+                self._bad(e)
+                continue
+            yield record, where
 
     def _parquet(self, src: Source, unit: Unit) -> Iterator[tuple[Any, object]]:
         import pyarrow.parquet as pq
@@ -149,7 +183,9 @@ class UnitReader:
         batch: list[Any] = []
         wheres: list[object] = []
         size = 0
+        assert self._stats is not None
         for value, where in records:
+            self._stats.records += 1
             if not value:
                 writer.stats.skipped += 1
                 continue
@@ -163,9 +199,15 @@ class UnitReader:
             self._encode(batch, wheres, writer)
 
     def _encode(self, batch: list[Any], wheres: list[object], writer: ShardWriter) -> None:
-        docs = self.encoder.chats(batch, wheres) if self.chat else self.encoder.texts(batch)
+        docs = self.encoder.chats(batch, wheres, self._template_refused) if self.chat else self.encoder.texts(batch)
         for doc in docs:
             writer.add(doc)
+
+    def _template_refused(self, error: DataError) -> None:
+        """A conversation the chat template refuses: bad like an unreadable record (already counted)."""
+        assert self._stats is not None
+        self._stats.records -= 1
+        self._bad(error)
 
 
 class _Lazy:

@@ -16,7 +16,7 @@ from .cache import FORMAT_VERSION, DatasetRef, text_hash
 
 
 def index_id(spec: specmod.JobSpec, role: str) -> str:
-    """Names the sample index of one (seq_len, packing, split) of a prepared dataset."""
+    """Names the sample index of one (seq_len, packing, split, data.overlong) of a prepared dataset."""
     holdout = spec.eval.fraction if not spec.eval.paths else 0.0
     payload = {
         "v": FORMAT_VERSION,
@@ -26,6 +26,8 @@ def index_id(spec: specmod.JobSpec, role: str) -> str:
         "holdout": holdout,
         "seed": spec.job.seed if holdout else 0,
     }
+    if spec.packing == "documents" and spec.data.overlong != "split":  # 'split' keeps the ids built before it
+        payload["overlong"] = spec.data.overlong
     return text_hash(json.dumps(payload, sort_keys=True))[:16]
 
 
@@ -96,6 +98,30 @@ def holdout_note(spec: specmod.JobSpec, meta: dict[str, Any]) -> str | None:
         f"{meta['documents']:,} windows of {spec.data.seq_len + 1} tokens are held out instead (at least one "
         f"evaluation batch); eval text comes from the same documents as the training text"
     )
+
+
+def stats_line(role: str, meta: dict[str, Any]) -> str:
+    """One line of an index's statistics for the log, `data prepare` and `validate`: samples,
+    documents, tokens, what data.overlong did, padding, the trained fraction, document lengths."""
+    what = f"pieces of {meta['seq_len'] + 1} tokens" if meta.get("holdout") == "windows" else "documents"
+    parts = [
+        f"{role} samples: {meta['samples']:,} of seq_len {meta['seq_len']} ({meta['packing']} packing)",
+        f"{meta['documents']:,} {what}",
+    ]
+    if "tokens" in meta:
+        parts.append(f"{meta['tokens']:,} tokens")
+    fit = meta.get("overlong")
+    if fit and fit["overlong"]:
+        done = ", ".join(f"{fit[k]:,} {k}" for k in ("split", "truncated", "dropped") if fit[k])
+        parts.append(f"{fit['overlong']:,} longer than seq_len (data.overlong = {meta['policy']!r}: {done})")
+    if meta["padding"]:
+        parts.append(f"{100 * meta['padding']:.1f}% padding")
+    if "trained" in meta:
+        parts.append(f"{100 * meta['trained']:.1f}% of label positions trained on")
+    if lengths := meta.get("lengths"):
+        shown = "/".join(str(lengths[k]) for k in ("min", "median", "p95", "max"))
+        parts.append(f"document tokens {shown} (min/median/p95/max)")
+    return ", ".join(parts)
 
 
 def least_windows_problem(spec: specmod.JobSpec, tokens: int, exact: bool) -> str | None:

@@ -26,6 +26,9 @@ class ShardStats:
     tokens: int = 0
     documents: int = 0
     skipped: int = 0  # empty records
+    records: int = 0  # records read (documents of .txt files not counted), bad ones included
+    bad: int = 0  # records left out as unreadable (data.bad_records = 'skip')
+    bad_at: list[str] = field(default_factory=list)  # the first skipped.BAD_KEPT: their error lines (file:line)
     max_id: int = -1
     weight: int = 0
     cpu_s: float = 0.0  # CPU time the unit took in its process

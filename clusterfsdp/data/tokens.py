@@ -13,6 +13,7 @@ split exactly, and is refused with the record named.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,12 +129,25 @@ class DocumentEncoder:
             raise DataError(f"{where}: the chat template refused this conversation: {e}") from None
         return text, spans
 
-    def chats(self, conversations: list[list[dict[str, Any]]], wheres: list[object]) -> list[Encoded]:
+    def chats(
+        self,
+        conversations: list[list[dict[str, Any]]],
+        wheres: list[object],
+        refused: Callable[[DataError], None] | None = None,
+    ) -> list[Encoded]:
         """Conversations -> template tokens, mask 1 on the tokens that hold characters of an assistant
-        message. `wheres` name the records in errors (str() is taken only then)."""
+        message. `wheres` name the records in errors (str() is taken only then); a conversation the
+        template cannot render goes to `refused` (which raises to stop; None: raise) and is left out."""
         if self.backend is None or not hasattr(self.tok, "apply_chat_template"):
             raise DataError("data.format: 'chat' needs a HF tokenizer with a chat template")
-        rendered = [self._answer_spans(c, w) for c, w in zip(conversations, wheres, strict=True)]
+        rendered = []
+        for c, w in zip(conversations, wheres, strict=True):
+            try:
+                rendered.append(self._answer_spans(c, w))
+            except DataError as e:
+                if refused is None:
+                    raise
+                refused(e)
         encodings = self.backend.encode_batch([t for t, _ in rendered], add_special_tokens=False)
         out = []
         for (_, spans), enc in zip(rendered, encodings, strict=True):

@@ -10,6 +10,7 @@ import math
 import re
 from typing import Any
 
+from . import badrecords
 from .allowlists import container_errors, env_errors, sbatch_value_errors, setup_errors
 from .schema import (
     MAX_PREPARE_WORKERS,
@@ -104,6 +105,8 @@ def check(spec: JobSpec) -> None:
         errors.append(problem)
 
     positive("data.prepare_workers", d.prepare_workers, 0, MAX_PREPARE_WORKERS)
+    if badrecords.parse(d.bad_records) is None:
+        errors.append(f"data.bad_records: must be {badrecords.SYNTAX}, found {d.bad_records!r}")
     _check_eval(spec, errors)
     if spec.fsdp.version == 1 and spec.fsdp.compile:
         errors.append("fsdp.compile: supported with fsdp.version = 2 only")

@@ -226,11 +226,24 @@ class DataSection:
         "longer than seq_len is cut into seq_len-token pieces, each its own context. 'auto': 'documents' for "
         "format = 'chat', else 'concat'.",
     )
+    overlong: Literal["split", "truncate", "drop"] = F(
+        "split",
+        "A document longer than seq_len, packing = 'documents' (not 'concat'): 'split' into seq_len pieces, each "
+        "its own context; 'truncate' to its start (a conversation: the whole leading turns that fit, never an "
+        "answer without its prompt; none fits: dropped); 'drop'. Applied to the sample index, not the tokens.",
+    )
     cache_dir: str = F(
         "",
         "Folder of prepared (tokenized) datasets, shared by all ranks and jobs and keyed by the content of the "
         "sources, the tokenizer and the format (empty: <run_root>/.cache/tokens). On a cluster: the shared "
         "filesystem.",
+    )
+    bad_records: str = F(
+        "error",
+        "A record prepare cannot read (bad JSON, a missing or mistyped key, not UTF-8, a conversation the chat "
+        "template refuses): 'error' stops at the first (file:line named); 'skip' leaves them out, counted in the "
+        "prepared dataset's manifest (shown by `data prepare`, `validate`); 'skip:N' / 'skip:P%' fail beyond N "
+        "records / P percent of them. Skipping is a prepared dataset of its own. .txt files always fail.",
     )
     prepare_workers: int = F(
         0,
