@@ -83,11 +83,13 @@ class Meter:
 
 
 def format_row(row: dict, total_steps: int) -> str:
+    """A rank-0 log line; it starts `step N/M loss L` whatever else the row holds (scripts and the
+    notebook tests read that prefix)."""
     mfu = f" mfu {100 * row['mfu']:.1f}%" if row.get("mfu") is not None else ""
     epoch = f" epoch {row['epoch']:.2f}" if "epoch" in row else ""
     evaluated = f" eval_loss {row['eval_loss']:.4f} eval_ppl {row['eval_ppl']:.2f}" if "eval_loss" in row else ""
     return (
-        f"step {row['step']}/{total_steps}{epoch} loss {row['loss']:.4f}{evaluated} lr {row['lr']:.2e} "
+        f"step {row['step']}/{total_steps} loss {row['loss']:.4f}{epoch}{evaluated} lr {row['lr']:.2e} "
         f"grad_norm {row['grad_norm']:.3f} tokens/s {row['tokens_per_s']:,.0f}{mfu} mem {row['mem_peak_gb']:.2f} GB"
     )
 
