@@ -9,6 +9,9 @@ Start-up is paid by every call (`--help`, `validate`, `status`, shell completion
 imports what it needs inside its function: `--help` imports nothing of the control plane, and the
 read-only commands (`runs`, `status`, `logs`) read the run folder without the run service's
 submit machinery (tests/test_cli.py counts the modules each imports; bench/startup_bench.py times them).
+
+Over 500 lines on purpose: one short function per command (about twenty) plus the one parser that
+`--help` and shell completion read; each function only parses, calls the library and prints.
 """
 
 from __future__ import annotations

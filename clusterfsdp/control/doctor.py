@@ -8,7 +8,8 @@ steps recorded what Slurm did and how they classified it), the rank logs
 task logs (a worker that died before it opened its own log), and stack dumps (`diagnostics/`, or a
 faulthandler/py-spy dump in a rank log). From these it names the first error across ranks in time
 order, the rank and host it came from, the classified cause (`Finding`), the few log lines that
-show it and what to do next.
+show it and what to do next. (A little over 500 lines: the reading, the ordering rules and the
+words for each cause are one judgement and are kept together.)
 
 Root causes before consequences: when one rank raises, the others then lose their peer and
 record collective errors later; a rank that died without a record (SIGKILL, the OOM killer) or
