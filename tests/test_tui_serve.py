@@ -394,16 +394,14 @@ def test_serve_refuses_a_weak_token_or_a_bad_origin(tmp_path):
     bad = (((), "short", TOKEN_ENV), (("--allow-origin", "tui.example.org"), None, "--allow-origin"))
     for extra, token, key in bad:
         env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV} | ({TOKEN_ENV: token} if token else {})
-        proc = subprocess.run(
-            [*SERVE, "--port", str(free_port()), *extra],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = _serve_once([*SERVE, "--port", str(free_port()), *extra], tmp_path, env)
         assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
         assert proc.stderr.startswith(f"error: {key}: ") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def _serve_once(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`clusterfsdp tui --serve` expected to refuse and exit at once (a bad flag, a port in use)."""
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_access_rules():
@@ -468,14 +466,7 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run(
-            [*SERVE, "--port", str(port), "--run-root", str(tmp_path / "runs")],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = _serve_once([*SERVE, "--port", str(port), "--run-root", str(tmp_path / "runs")], tmp_path, env)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
     assert proc.stderr == f"error: --port {port}: 127.0.0.1:{port} is in use; choose another --port\n", proc.stderr
     assert not (runtime / "clusterfsdp" / f"tui-{port}.token").exists()
