@@ -22,6 +22,7 @@ import secrets
 import shlex
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -255,7 +256,10 @@ def job_steps(run: RunFolder) -> tuple[list[str], list[str]]:
 
 
 def check_run_root(spec: specmod.JobSpec) -> None:
-    """The run root can hold run folders and can be named on an `#SBATCH --output` line."""
+    """The one run-root check of submit, the dry run and the notebook: a path sbatch lines can
+    carry, writable by its permissions, and a place where a folder can really be made (root
+    passes every permission check, and some file systems, /proc for one, still refuse). The
+    probe folder is removed at once: a refused job leaves nothing behind."""
     root = Path(spec.job.run_root).expanduser().resolve()
     if "%" in str(root):  # sbatch and srun expand %j, %x, ... in --output: the logs would go elsewhere
         raise SubmitError(f"job.run_root: {str(root)!r} has '%', which Slurm expands in log file names")
@@ -269,6 +273,10 @@ def check_run_root(spec: specmod.JobSpec) -> None:
         raise SubmitError(f"job.run_root: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise SubmitError(f"job.run_root: {existing} is not writable by you")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".clusterfsdp-probe-", dir=existing))
+    except OSError as e:
+        raise SubmitError(f"job.run_root: cannot create {root} ({existing}: {e.strerror or e})") from None
 
 
 def slurm_executor(

@@ -22,7 +22,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -446,25 +445,11 @@ class Run:
 def _check_submittable(spec: specmod.JobSpec, backend: backends.Backend) -> None:
     """Everything that can be checked before a folder is made or anything is queued."""
     specmod.check(spec)
-    check_run_root(spec)
+    launch.check_run_root(spec)
     if problem := runfolder.submit_refusal(spec):
         raise RunError(problem)
     backend.check(spec)
     launch.check_trackers(spec)
-
-
-def check_run_root(spec: specmod.JobSpec) -> None:
-    """The one run-root check of submit, the dry run and the notebook: a path sbatch lines can
-    carry, writable by its permissions, and a place where a folder can really be made (root
-    passes every permission check, and some file systems, /proc for one, still refuse). The
-    probe folder is removed at once: a refused job leaves nothing behind."""
-    launch.check_run_root(spec)
-    root = Path(spec.job.run_root).expanduser().resolve()
-    existing = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".clusterfsdp-probe-", dir=existing))
-    except OSError as e:
-        raise launch.SubmitError(f"job.run_root: cannot create {root} ({existing}: {e.strerror or e})") from None
 
 
 def _create_run(spec: specmod.JobSpec, executor: Executor) -> RunFolder:
