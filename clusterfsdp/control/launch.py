@@ -10,6 +10,9 @@ last `setup` line, `after` as the `teardown` (with srun's exit status). Every ra
 resolved job.toml from the run folder, so nothing queued carries a secret; secret [env] entries
 travel in the submitting process's environment instead (sbatch exports it; the local executor
 inherits it).
+
+A little over 500 lines: the checks of what may reach sbatch (run root, containers, trackers) sit
+beside the submitit parameters they guard, so one module says everything an attempt is queued with.
 """
 
 from __future__ import annotations
