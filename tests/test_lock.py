@@ -132,3 +132,18 @@ def test_an_empty_or_unparseable_lock_is_stale_after_a_few_seconds_not_120(tmp_p
         with lock.held(path, "after") as mine:
             assert mine.held_by_me()
         assert not path.exists()
+
+
+def test_a_filesystem_without_hard_links_still_gets_an_exclusive_lock(tmp_path: Path, monkeypatch):
+    """The lock is linked into place whole; where link(2) is refused (some FUSE/CIFS mounts; the
+    refusal is simulated here) it falls back to an exclusive create, still one owner at a time."""
+
+    def no_links(*_args: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(lock.os, "link", no_links)
+    with lock.held(tmp_path / "run.lock", "first") as mine:
+        assert mine.held_by_me()
+        with pytest.raises(lock.LockHeld, match="first"):
+            lock.FileLock(tmp_path / "run.lock", "second").acquire()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no draft left behind

@@ -6,10 +6,10 @@ creating a file with O_CREAT|O_EXCL is atomic on NFSv3+ and local filesystems al
 holds its owner (host, pid, process start time, boot id). A lock is stale, and is broken, when
 its owner is on this machine and provably dead, or when its holder stopped refreshing it:
 long holders (a dataset prepare) touch the file every `heartbeat_s` from a thread, and a lock
-not touched for `stale_after_s` belongs to a dead host. A lock file that names no owner (empty or
-unparseable: its creator died between creating and writing it, a full disk, a hand-made file) is
-stale once it is `UNREADABLE_GRACE_S` old: its creator writes the owner right after creating it,
-so only a lock that young can still be in the making. Breaking renames the file to a unique
+not touched for `stale_after_s` belongs to a dead host. The lock file is written whole under a
+unique name and hard-linked into place, so it is never seen half-written. A lock file that names
+no owner anyway (a hand-made file, one left by an older version, a full disk) is stale once it is
+`UNREADABLE_GRACE_S` old. Breaking renames the file to a unique
 name first, so two processes that find the same stale lock cannot both take it.
 """
 
@@ -103,6 +103,21 @@ class FileLock:
             "purpose": self.purpose,
             "token": self._token,
         }
+        # Written whole under a unique name, then hard-linked into place: link(2) is atomic and
+        # fails if the name exists (NFSv3+ too), so a contender never reads a half-made lock.
+        draft = self.path.with_name(f"{self.path.name}.new-{self._token}")
+        draft.write_text(json.dumps(record) + "\n")
+        try:
+            os.link(draft, self.path)
+        except FileExistsError:
+            return False
+        except OSError:  # a filesystem without hard links: exclusive create, then write
+            return self._create_in_place(record)
+        finally:
+            draft.unlink(missing_ok=True)
+        return True
+
+    def _create_in_place(self, record: dict) -> bool:
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
