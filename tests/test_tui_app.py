@@ -139,6 +139,37 @@ def test_cancel_asks_first_and_cancels_a_slurm_job(root):
     run_app(app, scenario)
 
 
+def test_remove_asks_first_deletes_a_finished_run_and_refuses_a_live_one(root):
+    """`x` is `clusterfsdp rm` from the queue: a finished run's folder goes after a yes; a live
+    run stays, with the run service's refusal as the notification."""
+    done = make_run(root)
+    live = make_run(root, "20260101-130000-live", end=None)
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True)  # stands in for the worker processes
+    live.update_attempt("1001", leader=ProcessId.of(proc.pid))
+    app = ClusterApp(root, slurm=FakeSlurm(), refresh_s=3600)
+
+    async def scenario(pilot):
+        await until(pilot, lambda: app.refreshed == 1 and len(app.rows) == 2, "both runs")
+        app.current_key = next(r.key for r in app.rows if r.run and r.run.path == done.path)
+        await pilot.press("x")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        assert done.path.exists()
+        await pilot.press("x", "y")
+        await until(pilot, lambda: app.refreshed >= 2 and len(app.rows) == 1, "the refresh after removing")
+        assert not done.path.exists()
+        app.current_key = app.rows[0].key
+        await pilot.press("x", "y")
+        await until(pilot, lambda: app.refreshed >= 3 and app.activity == "", "the refused remove")
+        assert live.path.exists() and len(app.rows) == 1
+        assert any("remove failed" in str(n.message) and "live attempt" in str(n.message) for n in app._notifications)
+
+    try:
+        run_app(app, scenario)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_cancel_stops_a_local_run(root):
     run = make_run(root, end=None)
     proc = subprocess.Popen(["sleep", "300"], start_new_session=True)  # stands in for the worker processes

@@ -1,7 +1,7 @@
-"""What the TUI changes in the world: submit, resume, cancel. Blocking calls, run in workers.
+"""What the TUI changes in the world: submit, resume, cancel, remove. Blocking calls, run in workers.
 
 Each is one call into the run service (`clusterfsdp.control.run.Run`), exactly what the CLI
-calls, so the TUI cannot drift from `clusterfsdp submit/resume/cancel`. The local executor's
+calls, so the TUI cannot drift from `clusterfsdp submit/resume/cancel/rm`. The local executor's
 controller is started with its stdio on a log file by the service, so nothing it prints can
 scribble over the screen or hold a web session's pipe open.
 """
@@ -36,3 +36,9 @@ def cancel(row: QueueRow, slurm: Slurm) -> str:
         return Run(row.run).cancel()
     slurm.cancel(row.job_id)
     return f"scancel {row.job_id}: sent"
+
+
+def remove(row: QueueRow) -> str:
+    """Delete a run's folder and checkpoints, as `clusterfsdp rm` does (refused while live)."""
+    assert row.run is not None, "only rows with a run folder can be removed"
+    return Run(row.run).remove()

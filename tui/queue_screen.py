@@ -5,6 +5,7 @@ detail lines and REASON takes the width that is left (cut with … there, whole 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -17,7 +18,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from clusterfsdp.control.errors import describe
 
-from .actions import cancel
+from .actions import cancel, remove
 from .compose_screen import ComposeScreen
 from .confirm_screen import ConfirmScreen
 from .nav_bar import NavBar
@@ -99,6 +100,7 @@ class QueueScreen(Screen):
     BINDINGS = [
         Binding("r", "app.refresh_queue", "Refresh"),
         Binding("c", "cancel", "Cancel"),
+        Binding("delete,x", "remove", "Remove run"),
         Binding("l", "open('logs')", "Logs"),
         Binding("m", "open('run')", "Metrics"),
         Binding("e", "edit", "Copy job"),
@@ -208,26 +210,43 @@ class QueueScreen(Screen):
             if row.run
             else "This Slurm job has no run folder; scancel stops it."
         )
+        confirm = ConfirmScreen("Cancel job", question, yes="Cancel job")
+        self._ask_then(confirm, f"cancelling {row.label}…", "cancel", lambda: cancel(row, self.app.slurm))
+
+    def action_remove(self) -> None:
+        """Delete the selected run's folder and checkpoints, as `clusterfsdp rm` does (the run
+        service refuses a live run and another user's)."""
+        row = self.app.current_row
+        if row is None:
+            return
+        if row.run is None:
+            self.app.notify("only runs can be removed: this Slurm job has no run folder", severity="warning")
+            return
+        question = (f"Remove run {row.label} ({row.state})?\nIts folder {shown(row.run.path)} and its checkpoints "
+                    "are deleted; this cannot be undone. A live run is refused: cancel it first.")  # fmt: skip
+        confirm = ConfirmScreen("Remove run", question, yes="Remove run")
+        self._ask_then(confirm, f"removing {row.label}…", "remove", lambda: remove(row))
+
+    def _ask_then(self, confirm: ConfirmScreen, activity: str, verb: str, act: Callable[[], str]) -> None:
+        """Ask first; on yes, run `act` (a blocking call into the run service) in a worker thread
+        and show what it says, or why it failed, as a notification."""
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self._cancel(row)
+                self.app.activity = activity
+                self.run_worker(lambda: self._act_blocking(verb, act), thread=True, group=verb, exit_on_error=False)
 
-        self.app.push_screen(ConfirmScreen("Cancel job", question, yes="Cancel job"), answered)
+        self.app.push_screen(confirm, answered)
 
-    def _cancel(self, row: QueueRow) -> None:
-        self.app.activity = f"cancelling {row.label}…"
-        self.run_worker(lambda: self._cancel_blocking(row), thread=True, group="cancel", exit_on_error=False)
-
-    def _cancel_blocking(self, row: QueueRow) -> None:
+    def _act_blocking(self, verb: str, act: Callable[[], str]) -> None:
         severity: SeverityLevel
         try:
-            text, severity = cancel(row, self.app.slurm), "information"
+            text, severity = act(), "information"
         except Exception as e:
-            text, severity = f"cancel failed: {describe(e)}", "error"
-        self.app.call_from_thread(self._cancelled, text, severity)
+            text, severity = f"{verb} failed: {describe(e)}", "error"
+        self.app.call_from_thread(self._acted, text, severity)
 
-    def _cancelled(self, text: str, severity: SeverityLevel) -> None:
+    def _acted(self, text: str, severity: SeverityLevel) -> None:
         self.app.activity = ""
         self.app.notify(text, severity=severity)
         self.app.refresh_queue(now=True)
