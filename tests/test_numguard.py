@@ -98,6 +98,9 @@ def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def test_poisoned_samples_are_skipped_by_every_rank_and_a_rollback_ends_as_a_run_without_them(tmp_path):
+    """Run A reads the poisoned positions; run B (the reference) is the same job with positions
+    20-27 taken out of its data order before step 1. Then A resumes from the checkpoint it rolled
+    back to, with the poison still there."""
     poisoned, reference = make_run(JOB, tmp_path), make_run(JOB, tmp_path)
     env = {"CLUSTERFSDP_TEST_POISON": ",".join(map(str, (ISOLATED, *STREAK))), ENV_LOG_ALL_RANKS: "1"}
     procs = launch([POISON, str(poisoned.path)], 2, "a", env)
@@ -140,3 +143,12 @@ def test_poisoned_samples_are_skipped_by_every_rank_and_a_rollback_ends_as_a_run
     rolled_to = ckptfolder.find(poisoned.checkpoints_dir(), 4)
     assert rolled_to is not None
     assert rolled_to.meta["skipped"] == final.meta["skipped"] == final_ref.meta["skipped"] == [[20, 28]]
+    # a later resume from the checkpoint it went back to skips them too: no new bad step, the same rows
+    ckptfolder.keep_only_up_to(poisoned.checkpoints_dir(), 4)
+    out = wait(launch([POISON, str(poisoned.path)], 2, "c", env))
+    assert all(code == 0 for code, _ in out), "\n".join(text[-3000:] for _, text in out)
+    assert [e.step for e in poisoned.events() if e.event is EventKind.BAD_STEP] == [2, 6, 7]
+    *_, resumed = _rows(poisoned)
+    assert sorted(resumed) == list(range(5, 11))
+    for step in resumed:
+        assert [resumed[step][k] for k in keys] == [ref[step][k] for k in keys], step
