@@ -26,8 +26,9 @@ the data positions those steps read are skipped from then on (`data.samples.Skip
 TrainState.skipped, so in every later checkpoint, and written into the checkpoint rolled back
 to, so that a resume from it skips them too). The run then continues exactly as a run whose data
 order never held those samples: a checkpoint's data position counts samples read, and ranges are
-only ever added beyond it. Spikes are judged against this incarnation's history only: after a
-start or a rollback the spike checks wait for spike_window accepted steps.
+only ever added beyond it. The count of bad steps in a row and the spike history are this
+incarnation's: after a start or a rollback the spike checks wait for spike_window accepted
+steps, and a streak cut by a requeue starts again from zero.
 """
 
 from __future__ import annotations
@@ -126,9 +127,10 @@ class NumGuard:
             return Verdict.LOSS_SPIKE
         if self.grad_norm.is_spike(norm):
             return Verdict.GRAD_NORM_SPIKE
-        if loss is not None:
+        if loss is not None and math.isfinite(loss):
             self.loss.accept(loss)
-        self.grad_norm.accept(norm)
+        if math.isfinite(norm):  # with nonfinite = false a NaN step goes on, but is no measure of a spike
+            self.grad_norm.accept(norm)
         return Verdict.OK
 
     def record(self, verdict: Verdict, step: int, first: int, end: int, grad_norm: torch.Tensor) -> None:
@@ -143,7 +145,7 @@ class NumGuard:
         self.streak.steps += 1
         text = (
             f"step {step} skipped ({verdict}, grad norm {float(grad_norm):.4g}): no update on any rank, "
-            f"samples {first}-{end - 1} of the data position not learned from"
+            f"its samples (data positions {first}-{end - 1}) not learned from"
         )
         self.log(f"numerical guard: {text}")
         self.on_event(EventKind.BAD_STEP, step=step, reason=text)

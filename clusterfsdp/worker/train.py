@@ -6,6 +6,9 @@ components (data, model, optimizer, learning-rate schedule, Checkpointer, metric
 Stops cleanly at a step boundary when any rank got SIGUSR2 or SIGTERM (stopflags.py): a
 collective save, then `worker.main` decides with Slurm whether the job comes back (time limit,
 preemption) or stops (cancel).
+
+A step with a NaN/Inf or spiking loss or grad norm is skipped on every rank, and bad steps in a
+row roll back to a checkpoint with their samples skipped (numguard.py, train.guard).
 """
 
 from __future__ import annotations
