@@ -104,6 +104,7 @@ class NumGuard:
         self.streak = Streak()
         self.loss = Spikes(config.spike_loss, config.spike_window)
         self.grad_norm = Spikes(config.spike_grad_norm, config.spike_window)
+        self.rolled_back_from = 0  # the first bad step of the streak that made the last rollback
 
     @property
     def on(self) -> bool:
@@ -169,7 +170,9 @@ def roll_back(tr: Trainer) -> None:
     newer checkpoints set aside, model, optimizer, RNG and TrainState loaded in place, the
     streak's data positions skipped from now on (recorded in the TrainState and in that
     checkpoint's clusterfsdp.json), a rollback event and a log line. Raises NumericalError
-    when no checkpoint is older than the streak."""
+    when no checkpoint is older than the streak, or when training did not get past the streak
+    that made the previous rollback (bad steps that follow the model, not the samples: rolling
+    back again would skip data forever)."""
     ctx, state, guard = tr.ctx, tr.state, tr.guard
     streak = guard.streak
     skipped = Skipped.of(state.skipped).plus(streak.first_position, state.consumed)
@@ -177,12 +180,10 @@ def roll_back(tr: Trainer) -> None:
     tr.checkpointer.wait()
     _barrier(tr.flag_group)  # rank 0's rename of a finished async save is visible to every rank
     target = _newest_before(ctx.checkpoints, streak.first_step, ctx.rank, tr.flag_group)
-    if target is None:
-        text = f"{what} and no checkpoint before step {streak.first_step} to go back to"
-        ctx.on_event(EventKind.ROLLBACK, step=state.step, reason=text)
-        raise NumericalError(
-            f"numerical guard: {text} (set checkpoint.every_steps, or train.guard.rollback_after = 0 to only skip)"
-        )
+    if refusal := _refusal(what, streak.first_step, target, guard.rolled_back_from):
+        ctx.on_event(EventKind.ROLLBACK, step=state.step, reason=refusal)
+        raise NumericalError(f"numerical guard: {refusal}")
+    assert target is not None
     if ctx.rank == 0:
         ckptfolder.keep_only_up_to(ctx.checkpoints, target.step)
     _barrier(tr.flag_group)
@@ -198,6 +199,7 @@ def roll_back(tr: Trainer) -> None:
     if ctx.sink is not None:
         ctx.sink.begin(state.step)
     guard.reset()
+    guard.rolled_back_from = streak.first_step
     ranges = ", ".join(f"{a}-{b - 1}" for a, b in skipped.ranges)
     text = (
         f"{what}: rolled back to checkpoint step {target.step}; the data order's positions {ranges} "
@@ -206,6 +208,21 @@ def roll_back(tr: Trainer) -> None:
     tr.log(f"numerical guard: {text}")
     ctx.on_event(EventKind.ROLLBACK, step=target.step, checkpoint=str(target.path), reason=text)
     _barrier(tr.flag_group)
+
+
+def _refusal(what: str, first: int, target: CheckpointInfo | None, rolled_back_from: int) -> str:
+    """Why the run must not roll back ('' when it may)."""
+    if target is None:
+        return (
+            f"{what} and no checkpoint before step {first} to go back to (set checkpoint.every_steps, or "
+            "train.guard.rollback_after = 0 to only skip)"
+        )
+    if first <= rolled_back_from:
+        return (
+            f"{what} again, after a rollback that skipped the samples of the bad steps from step {rolled_back_from}: "
+            "the model or its settings (train.lr?), not the data"
+        )
+    return ""
 
 
 def _newest_before(root, step: int, rank: int, group) -> CheckpointInfo | None:

@@ -300,7 +300,7 @@ class Guard:
         3,
         "Skipped steps in a row after which the run goes back to the newest checkpoint before them and skips the "
         "samples those steps read, for good (recorded in later checkpoints); 0: never roll back. Without such a "
-        "checkpoint the run fails.",
+        "checkpoint, or when steps go bad again no later than before the last rollback, the run fails.",
     )
 
 
