@@ -112,6 +112,8 @@ class EventKind(StrEnum):
     STOPPED = "stopped"
     FAILED = "failed"
     WARNING = "warning"  # e.g. a save too slow for the time a signal leaves (slurm.signal_grace_s)
+    BAD_STEP = "bad_step"  # the numerical guard skipped a step (NaN/Inf or a spike; worker/numguard.py)
+    ROLLBACK = "rollback"  # bad steps in a row: back to `checkpoint` (at `step`), their samples skipped for good
     SLURM_REQUEUED = "slurm_requeued"  # the previous incarnation was requeued by Slurm itself, unrecorded
     AUTO_RESTART = "auto_restart"  # an infrastructure failure: a new attempt was submitted (job_id_next)
     GAVE_UP = "gave_up"  # a failure that is not retried (deterministic, or restarts used up)

@@ -73,6 +73,16 @@ def attempt_ends(events: list[Event]) -> list[AttemptEnd]:
     return out
 
 
+def guard_note(events: list[Event]) -> str:
+    """'numerical guard: 3 step(s) skipped, 1 rollback(s) (latest: ...)', or '' when none."""
+    bad = sum(e.event is EventKind.BAD_STEP for e in events)
+    rollbacks = [e for e in events if e.event is EventKind.ROLLBACK]
+    if not bad and not rollbacks:
+        return ""
+    latest = f" (latest: {rollbacks[-1].reason})" if rollbacks else ""
+    return f"numerical guard: {bad} step(s) skipped, {len(rollbacks)} rollback(s){latest}"
+
+
 @dataclass
 class RunStatus:
     run: RunFolder
@@ -226,6 +236,8 @@ def run_status(
     warnings = [e for e in events if e.event is EventKind.WARNING]
     if warnings:
         st.notes.append(f"warning (step {warnings[-1].step}): {warnings[-1].reason}")
+    if note := guard_note(events):
+        st.notes.append(note)
     st.ends = attempt_ends(events)
     last = record.last
     if last is None:

@@ -3,7 +3,9 @@ seeded global order that every data-parallel rank slices disjointly.
 
 The data position is one integer, `consumed` (global samples used so far). Batch k of any
 world size takes the next `world * micro_batch` samples of the same global order, so a
-resume on a different number of GPUs neither repeats nor skips a sample.
+resume on a different number of GPUs neither repeats nor skips a sample. Ranges of that order
+that the numerical guard took out (`Skipped`, worker/numguard.py) are passed over: the position
+counts the samples read, not the ranges jumped.
 
 Memory does not grow with the corpus: a sample's tokens are read from the shard files with
 pread (not memory-mapped: pages of a mapping that random reads touch would stay in the rank's
@@ -56,6 +58,48 @@ class Batch:
     @property
     def label_count(self) -> int:
         return int((self.labels != IGNORE_INDEX).sum())
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Ranges [start, end) of positions of the global order that are never read (the samples of a
+    run of bad steps, worker/numguard.py), sorted and disjoint. `raw` maps the data position
+    (samples read so far) to the position in the order: every range at or before it is jumped.
+    A range added beyond a position leaves every position before it where it was, so a
+    checkpoint's `consumed` keeps its meaning when ranges are added after it."""
+
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def of(cls, ranges: list[list[int]]) -> Skipped:
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted((int(a), int(b)) for a, b in ranges if b > a):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+            else:
+                merged.append((start, end))
+        return cls(tuple(merged))
+
+    def raw(self, position: int) -> int:
+        for start, end in self.ranges:
+            if position < start:
+                break
+            position += end - start
+        return position
+
+    def plus(self, first: int, end: int) -> Skipped:
+        """These ranges and the data positions [first, end) (in pieces where they straddle a range)."""
+        added, position = [list(r) for r in self.ranges], first
+        while position < end:
+            at = self.raw(position)
+            after = next((start for start, _ in self.ranges if start > at), None)
+            n = end - position if after is None else min(end - position, after - at)
+            added.append([at, at + n])
+            position += n
+        return Skipped.of(added)
+
+    def to_json(self) -> list[list[int]]:
+        return [[a, b] for a, b in self.ranges]
 
 
 @dataclass
@@ -160,6 +204,7 @@ class PreparedSamples:
         )
         self.pad = int(self.manifest["eos"])
         self._perm: tuple[int, Permutation] | None = None
+        self.skipped = Skipped()  # set by the numerical guard (training order only)
 
     @property
     def all_labels_trained(self) -> bool:
@@ -211,7 +256,7 @@ class PreparedSamples:
     def batch(self, consumed: int, dp_rank: int, dp_size: int, micro_batch: int) -> Batch:
         """This rank's micro-batch of the global batch that starts at sample `consumed`."""
         first = consumed + dp_rank * micro_batch
-        parts = [self.sample(self.index_of(first + i)) for i in range(micro_batch)]
+        parts = [self.sample(self.index_of(self.skipped.raw(first + i))) for i in range(micro_batch)]
         positions = [p.positions for p in parts if p.positions is not None]
         return Batch(
             torch.from_numpy(np.stack([p.input_ids for p in parts])),
@@ -228,12 +273,13 @@ class SyntheticSamples:
     def __init__(self, seq_len: int, vocab_size: int, seed: int):
         self.seq_len, self.vocab, self.seed = seq_len, vocab_size, seed
         self.count = 1 << 30
+        self.skipped = Skipped()
 
     def batch(self, consumed: int, dp_rank: int, dp_size: int, micro_batch: int) -> Batch:
         first = consumed + dp_rank * micro_batch
         rows = []
         for i in range(micro_batch):
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + first + i)
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.skipped.raw(first + i))
             rows.append(torch.randint(0, self.vocab, (self.seq_len + 1,), generator=g))
         tokens = torch.stack(rows)
         return Batch(tokens[:, :-1], tokens[:, 1:])

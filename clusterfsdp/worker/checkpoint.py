@@ -260,6 +260,15 @@ class Checkpointer:
         if self._pruner is not None:
             self._pruner.prune(ckptfolder.beyond_keep(self.root, self.config.keep_last, bool(self.config.keep_best)))
 
+    def amend(self, info: CheckpointInfo, fields: dict[str, Any]) -> None:
+        """Rank 0 adds TrainState fields to a complete checkpoint's clusterfsdp.json, replaced
+        whole (the numerical guard's skipped samples, so a resume from it skips them too)."""
+        if self.rank != 0:
+            return
+        tmp = info.path / f".{COMPLETE}.tmp"
+        tmp.write_text(json.dumps({**info.meta, **fields}, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, info.path / COMPLETE)
+
     def load(self, info: CheckpointInfo) -> dict[str, Any]:
         """Load model + optimizer (resharding to this world size) and this rank's RNG; returns the meta."""
         import torch

@@ -6,6 +6,9 @@ components (data, model, optimizer, learning-rate schedule, Checkpointer, metric
 Stops cleanly at a step boundary when any rank got SIGUSR2 or SIGTERM (stopflags.py): a
 collective save, then `worker.main` decides with Slurm whether the job comes back (time limit,
 preemption) or stops (cancel).
+
+A step with a NaN/Inf or spiking loss or grad norm is skipped on every rank, and bad steps in a
+row roll back to a checkpoint with their samples skipped (numguard.py, train.guard).
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from ..control import ckptfolder, lrschedule
 from ..control.records import EventKind
 from ..control.spec import JobSpec
 from ..data import samplesets
-from ..data.samples import Batch, PreparedSamples, SyntheticSamples, TrainingData, open_for_training
+from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples, TrainingData, open_for_training
 from . import metrics as metricsmod
 from . import model as modelmod
 from .build import build, token_ids
 from .checkpoint import Checkpointer
+from .numguard import NumGuard, Verdict, roll_back
 from .stopflags import SIGNAL_NAMES, StopFlags
 
 
@@ -53,6 +57,7 @@ class TrainState:
     best_step: int = 0  # 0: no evaluation yet (ckptfolder.BEST_STEP)
     stale_evals: int = 0  # evaluations in a row without an improvement of early_stopping.min_delta
     lr_schedule: dict[str, Any] = field(default_factory=dict)  # the lr curve (control.lrschedule.LrCurve)
+    skipped: list[list[int]] = field(default_factory=list)  # data positions never read (data.samples.Skipped)
     # Steps this incarnation ran, for the record of a failure (worker.main): an error before the
     # first one is deterministic (a bad config), not retried.
     steps_run: int = field(default=0, metadata={"saved": False})
@@ -148,6 +153,9 @@ class Trainer:
         self.curve = self._restore()
         self.state.lr_schedule = self.curve.to_json()
         self._set_lr()
+        self.guard = NumGuard(self.spec.train.guard, ctx.log, ctx.on_event)
+        assert self.samples is not None
+        self.samples.skipped = Skipped.of(self.state.skipped)
         self.t_ready = time.perf_counter()
         self.meter = self._start_metrics()
         self.loss_fn = _loss_fn(self.spec)
@@ -279,6 +287,9 @@ class Trainer:
                     f"{self.t_build - self.t_start:.2f} s, model built in {self.t_ready - self.t_build:.2f} s)"
                 )
             self._maybe_log(loss_sum, grad_norm)
+            if self.guard.rollback_due():
+                roll_back(self)
+                continue
             self.maybe_save()
             if self.stop_reason:
                 self.log(self.stop_reason)
@@ -299,6 +310,7 @@ class Trainer:
         at = [state.consumed + m * world * mb for m in range(t.grad_accum)]
         batches = [self.samples.batch(consumed, ctx.rank, world, mb) for consumed in at]
         scale = world / _label_total(self.spec, self.samples, batches, self.flag_group)
+        first = state.consumed
         loss_sum = torch.zeros((), device=ctx.device)
         for micro, batch in enumerate(batches):
             state.consumed += world * mb
@@ -308,9 +320,12 @@ class Trainer:
             loss.backward()
             loss_sum += loss.detach()
         grad_norm = _clip(self.model, t.max_grad_norm)
-        self.optimizer.step()
+        verdict = self.guard.judge(loss_sum, grad_norm)  # the same on every rank (numguard.py)
+        if verdict is Verdict.OK:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         state.step += 1
+        self.guard.record(verdict, state.step, first, state.consumed, grad_norm)
         self._set_lr()
         state.steps_run += 1
         tokens = world * t.grad_accum * mb * self.spec.data.seq_len
@@ -355,9 +370,11 @@ class Trainer:
         return self.data.eval is not None and (step == self.steps or (every > 0 and step % every == 0))
 
     def _maybe_log(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """A metrics row every train.log_every steps, at the last step and at every eval."""
+        """A metrics row every train.log_every steps, at the last step, at every eval and at a
+        step the numerical guard skipped."""
         step, t = self.state.step, self.spec.train
-        if not (step % t.log_every == 0 or step == self.steps or self._eval_due()):
+        skipped = self.guard.row()
+        if not (step % t.log_every == 0 or step == self.steps or self._eval_due() or skipped):
             return
         if dist.is_initialized():
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
@@ -369,6 +386,7 @@ class Trainer:
             tokens_seen=self.state.tokens_seen,
             total_steps=self.steps,
             **self._epoch(),
+            **skipped,
             **self.maybe_eval(),
         )
         self.log(metricsmod.format_row(row, self.steps))

@@ -108,6 +108,7 @@ def check(spec: JobSpec) -> None:
     if badrecords.parse(d.bad_records) is None:
         errors.append(f"data.bad_records: must be {badrecords.SYNTAX}, found {d.bad_records!r}")
     _check_eval(spec, errors)
+    _check_guard(spec, errors)
     if spec.fsdp.version == 1 and spec.fsdp.compile:
         errors.append("fsdp.compile: supported with fsdp.version = 2 only")
     errors += env_errors(spec.env, spec.job.allow_env)
@@ -137,6 +138,17 @@ def _check_eval(spec: JobSpec, errors: list[str]) -> None:
         errors.append("eval: held-out or separate evaluation data needs data.source = 'files'")
     if e.every_steps and not (e.fraction or e.paths):
         errors.append("eval.every_steps: set eval.fraction or eval.paths to say what to evaluate on")
+
+
+def _check_guard(spec: JobSpec, errors: list[str]) -> None:
+    g = spec.train.guard
+    for key, factor in (("spike_loss", g.spike_loss), ("spike_grad_norm", g.spike_grad_norm)):
+        if factor and not factor > 1:
+            errors.append(f"train.guard.{key}: must be 0 (off) or > 1, found {factor!r}")
+    if g.spike_window < 1:
+        errors.append(f"train.guard.spike_window: must be >= 1, found {g.spike_window!r}")
+    if g.rollback_after < 0:
+        errors.append(f"train.guard.rollback_after: must be >= 0, found {g.rollback_after!r}")
 
 
 def _config_override_errors(preset: dict[str, Any], overrides: dict[str, Any]) -> list[str]:

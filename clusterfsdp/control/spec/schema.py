@@ -279,6 +279,32 @@ class EarlyStopping:
 
 
 @dataclass
+class Guard:
+    nonfinite: bool = F(
+        True,
+        "Skip a step whose loss or gradient norm is NaN or Inf on any rank (no optimizer update; the step and "
+        "its samples count as done). Reads the global grad norm back once per step.",
+    )
+    spike_loss: float = F(
+        0.0,
+        "Skip a step whose loss (averaged over the ranks) is above this many times the median of the last "
+        "spike_window accepted steps (e.g. 3.0; 0: off). Adds one small all-reduce per step.",
+    )
+    spike_grad_norm: float = F(
+        0.0, "Skip a step whose gradient norm is above this many times the median of the last spike_window (0: off)."
+    )
+    spike_window: int = F(
+        20, "Accepted steps the spike checks compare with; they start once this many are seen (after each start)."
+    )
+    rollback_after: int = F(
+        3,
+        "Skipped steps in a row after which the run goes back to the newest checkpoint before them and skips the "
+        "samples those steps read, for good (recorded in later checkpoints); 0: never roll back. Without such a "
+        "checkpoint, or when steps go bad again no later than before the last rollback, the run fails.",
+    )
+
+
+@dataclass
 class TrainSection:
     steps: int = F(100, "Optimizer steps in total (a resumed run continues to this number); with train.epochs: 0.")
     epochs: float = F(
@@ -308,6 +334,11 @@ class TrainSection:
         EarlyStopping(),
         "Stop when the eval metric stops improving (needs [eval]): the run saves and ends COMPLETED, with the "
         "reason in its completed event and `status`.",
+    )
+    guard: Guard = F(
+        Guard(),
+        "The numerical guard: steps with a NaN/Inf or spiking loss or grad norm are skipped on every rank and "
+        "recorded (a bad_step event, a metrics row with `skipped`); repeated ones roll back (docs/recovery.md).",
     )
 
 
@@ -451,6 +482,7 @@ HINTS: dict[type, dict[str, Any]] = {
         LogSection,
         ContainerSection,
         EarlyStopping,
+        Guard,
         JobSpec,
     )
 }
