@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from data_helpers import make_tokenizer
 from procs import make_run, run_workers, tiny_job_toml
-from tui_helpers import FakeSlurm, rendered, run_app, until
+from tui_helpers import FakeSlurm, open_run_screen, rendered, run_app, until
 from tui_helpers import make_run as make_run_folder
 
 from clusterfsdp.control import evalsamples
@@ -20,7 +20,6 @@ from clusterfsdp.control import spec as S
 from clusterfsdp.control.evalsamples import EvalSample
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.eval_samples import EvalSamples
-from clusterfsdp.tui.run_screen import RunScreen
 
 SAMPLED = """[eval]
 fraction = 0.1
@@ -106,10 +105,7 @@ def test_run_screen_shows_the_newest_samples_and_the_epoch(tmp_path: Path, monke
     app = ClusterApp(root, slurm=FakeSlurm(), refresh_s=3600)
 
     async def scenario(pilot):
-        await until(pilot, lambda: app.current_key is not None, "a selected run")
-        await pilot.press("4")
-        screen = app.screen
-        assert isinstance(screen, RunScreen)
+        screen = await open_run_screen(pilot, app)
         table = screen.query_one(EvalSamples)
         await until(pilot, lambda: screen.facts is not None, "the run's files read")
         assert not table.display  # no samples yet: the room stays with the charts
