@@ -35,6 +35,7 @@ def test_the_fine_tuning_walkthrough_runs_as_written(tmp_path: Path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     said = done.stdout + done.stderr
     assert "COMPLETED" in said and "train.epochs = 2: " in said, said[-3000:]
+    assert re.search(r"^data +train samples: \d+ of seq_len 64 \(documents packing\).*% padding", said, re.M), said
     samples = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"step"')]
     assert samples and all(s["prompt"].endswith("<|im_start|>assistant\n") for s in samples), samples
     assert samples[-1]["completion"] == "yes", samples  # the eval samples: the trained answer

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..control import evalsamples
+from ..control import evalsamples, samplestats
 from ..control.runfolder import RunFolder
 from .trackers import Trackers
 
@@ -123,3 +123,7 @@ class MetricsWriter:
         evalsamples.write(RunFolder(self.path.parent).samples_dir, samples[0].step, samples)
         if self.trackers is not None:
             self.trackers.samples(samples)
+
+    def sample_sets(self, metas: dict[str, dict]) -> None:
+        """The statistics of the sample sets (role -> index meta) into the run folder's data.json."""
+        samplestats.write(RunFolder(self.path.parent).data_file, metas)

@@ -162,6 +162,9 @@ class Trainer:
         every rank gets from the held-out set."""
         ctx = self.ctx
         data = open_for_training(self.spec, ctx.rank, self.log)
+        if ctx.sink is not None:  # rank 0: the sample sets' statistics, for `status`
+            sets = (("train", data.train), ("eval", data.eval))
+            ctx.sink.sample_sets({role: s.meta for role, s in sets if isinstance(s, PreparedSamples)})
         eval_batches = 0
         if data.eval is not None:
             per_batch = ctx.world_size * self.spec.train.micro_batch_size
