@@ -18,6 +18,7 @@ from tui_helpers import make_run as make_run_folder
 from clusterfsdp.control import evalsamples
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.evalsamples import EvalSample
+from clusterfsdp.data import checks as datachecks
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.eval_samples import EvalSamples
 
@@ -89,11 +90,18 @@ samples_file = "{prompts}"
         SampleGenerator(S.loads(text), None)
 
 
-def test_samples_need_an_eval_set_and_a_readable_kind_of_file():
+def test_samples_need_an_eval_set_and_a_prompt_file_that_exists(tmp_path):
     with pytest.raises(S.SpecError) as e:
         S.loads('[data]\nsource = "files"\npaths = ["x.txt"]\n[eval]\nsamples = 2\nsamples_file = "p.csv"\n')
     assert "eval.samples: generating at each evaluation needs an eval set" in str(e.value)
     assert "eval.samples_file: expected a .txt or .jsonl file" in str(e.value)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text\n" * 50)
+    spec = S.loads(
+        f'[data]\nsource = "files"\npaths = ["{corpus}"]\n[eval]\nfraction = 0.1\nsamples = 2\n'
+        f'samples_file = "{tmp_path / "gone.txt"}"\n'
+    )
+    assert f"eval.samples_file: {tmp_path / 'gone.txt'} is not a file" in datachecks.problems(spec)
 
 
 def test_run_screen_shows_the_newest_samples_and_the_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -17,6 +17,7 @@ PROMPT_TOKENS tokens). A completion stops at the first special token (EOS, `<|im
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,10 @@ def greedy(model, prompt: list[int], max_new: int, stop: set[int], device: torch
     """Greedy decoding with the model's KV cache; rank 0's token broadcast at every step."""
     x = torch.tensor([prompt], dtype=torch.long, device=device)
     past, out = None, []
+    inner = getattr(model, "module", model)  # FSDP1 wraps the transformers model
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(inner.forward).parameters else {}
     for _ in range(max_new):
-        result = model(input_ids=x, past_key_values=past, use_cache=True, logits_to_keep=1)
+        result = model(input_ids=x, past_key_values=past, use_cache=True, **last_only)
         token = result.logits[0, -1].argmax().reshape(1)
         if dist.is_initialized():
             dist.broadcast(token, src=0)
