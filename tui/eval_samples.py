@@ -1,7 +1,8 @@
 """The run screen's eval samples: what the model generated at its newest evaluation
 (`[eval] samples`, `<run>/samples/step-N.jsonl`), one row a prompt. Hidden while the run has
 none, so runs without samples keep the room for their charts. It follows its folder itself
-(a listing every 2 s, the newest file read in a worker only when a newer step appears)."""
+(a listing every 2 s while its screen shows, the newest file read in a worker only when a newer
+step appears)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class EvalSamples(DataTable):
         self.refresh_samples()
 
     def refresh_samples(self) -> None:
-        if self.folder is not None:
+        if self.folder is not None and self.screen.is_current:  # not while another screen shows
             self._read(self.folder, self.step)
 
     @work(thread=True, exclusive=True, group="eval-samples", exit_on_error=False)
