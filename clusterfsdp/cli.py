@@ -232,7 +232,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from . import term
-    from .control import status
+    from .control import samplestats, status
     from .control.records import EventKind, RunState
 
     folder = _find_folder(args)
@@ -251,6 +251,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     if st.eval_loss is not None:
         print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {st.eval_ppl or 0:.2f}")
+    for line in samplestats.lines(folder.data_file):
+        print(f"data       {line}")
     for a in st.attempts:
         when = datetime.fromtimestamp(a.submitted).strftime("%Y-%m-%d %H:%M:%S")
         print(f"attempt {a.attempt}  {a.executor} job {a.job_id}  {when}  {a.reason}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from textual.widgets import DataTable, Footer, Input, OptionList, Select, TabbedContent
-from tui_helpers import SINFO, SMALL, FakeSlurm, job, make_run, rendered, run_app, settle, until
+from tui_helpers import SINFO, SMALL, FakeSlurm, job, make_run, open_run_screen, rendered, run_app, settle, until
 
 from clusterfsdp.control import slurmcli
 from clusterfsdp.control.presets import PRESETS
@@ -29,7 +29,6 @@ from clusterfsdp.tui.metric_chart import MetricChart
 from clusterfsdp.tui.path_screen import PathScreen
 from clusterfsdp.tui.queue_rows import Slurm
 from clusterfsdp.tui.resume_screen import ResumeScreen
-from clusterfsdp.tui.run_screen import RunScreen
 
 
 @pytest.fixture
@@ -336,10 +335,7 @@ def test_run_screen_charts_metrics_and_lists_checkpoints(root):
     app = ClusterApp(root, slurm=FakeSlurm(), refresh_s=3600)
 
     async def scenario(pilot):
-        await until(pilot, lambda: app.current_key is not None, "a selected run")
-        await pilot.press("4")
-        screen = app.screen
-        assert isinstance(screen, RunScreen)
+        screen = await open_run_screen(pilot, app)
         await until(pilot, lambda: screen.facts is not None and screen.facts.metrics is not None, "metrics")
         await settle(pilot)
         loss = screen.query_one("#loss", MetricChart)
@@ -396,10 +392,7 @@ def test_resume_dialog_keeps_what_was_typed_after_a_bad_override(root, monkeypat
     monkeypatch.setattr(actions, "resume", refuse)
 
     async def scenario(pilot):
-        await until(pilot, lambda: app.current_key is not None, "a selected run")
-        await pilot.press("4")
-        screen = app.screen
-        assert isinstance(screen, RunScreen)
+        screen = await open_run_screen(pilot, app)
         await until(pilot, lambda: screen.facts is not None and screen.facts.checkpoints, "checkpoints")
         await pilot.press("enter")
         dialog = app.screen

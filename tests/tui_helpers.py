@@ -195,6 +195,17 @@ async def until(pilot: Pilot, condition: Callable[[], object], what: str, timeou
         await pilot.pause(0.05)
 
 
+async def open_run_screen(pilot: Pilot, app: ClusterApp):
+    """Once the queue has selected a run, its run screen (key 4)."""
+    from clusterfsdp.tui.run_screen import RunScreen
+
+    await until(pilot, lambda: app.current_key is not None, "a selected run")
+    await pilot.press("4")
+    screen = app.screen
+    assert isinstance(screen, RunScreen)
+    return screen
+
+
 async def settle(pilot: Pilot) -> None:
     """Wait for every worker started so far and the messages they posted."""
     await pilot.app.workers.wait_for_complete()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from clusterfsdp.control.jsonltail import JsonlTail, Row
 
-TRAIN_KEYS = ("loss", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_gb", "lr", "grad_norm")
+TRAIN_KEYS = ("loss", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_gb", "lr", "grad_norm", "epoch")
 EVAL_KEYS = ("eval_loss", "eval_ppl")
 KEYS = TRAIN_KEYS + EVAL_KEYS
 NAN = math.nan

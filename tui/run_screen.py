@@ -26,6 +26,7 @@ from clusterfsdp.control.run import Run
 
 from . import actions
 from .checkpoints import CheckpointRow, scan
+from .eval_samples import EvalSamples
 from .metric_chart import MetricChart
 from .metrics_tail import EMPTY, Metrics, MetricsTail
 from .nav_bar import NavBar
@@ -62,10 +63,11 @@ class RunFacts:
 
 def progress_text(metrics: Metrics, steps: int | None, per: str, smoothing: float) -> str:
     """The header's second line: where the run is and what it costs."""
-    mfu, memory = metrics.latest("mfu"), metrics.latest("mem_peak_gb")
+    mfu, memory, epoch = metrics.latest("mfu"), metrics.latest("mem_peak_gb"), metrics.latest("epoch")
     return " · ".join(
         [
             f"step {metrics.last_step or 0}/{steps or '?'}",
+            *([] if epoch is None else [f"epoch {epoch:.2f}"]),
             f"MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'}",
             f"peak memory {'-' if memory is None else f'{memory:.2f} GB'} per {per}",
             f"smoothing {smoothing:g} (s)",
@@ -84,7 +86,8 @@ class RunScreen(Screen):
         "enlarges the focused one. Below: the run's checkpoints (complete ones can be resumed; "
         "partial ones are saves that never finished) and its attempts. Select a complete checkpoint "
         "and press enter to resume from it: a new attempt of the same run, optionally on other "
-        "nodes or with overrides; newer checkpoints are set aside, not deleted."
+        "nodes or with overrides; newer checkpoints are set aside, not deleted. With [eval] samples, what the "
+        "model generated at its newest evaluation shows above the checkpoints."
     )
     BINDINGS = [
         Binding("R", "resume", "Resume"),
@@ -115,6 +118,7 @@ class RunScreen(Screen):
         with Grid(id="charts"):
             for key, empty in CHARTS:
                 yield MetricChart(empty, id=key)
+        yield EvalSamples(id="eval-samples")
         yield DataTable(id="checkpoints", cursor_type="row")
         yield StatusLine()
         yield Footer(show_command_palette=False)
@@ -152,6 +156,7 @@ class RunScreen(Screen):
             self.metrics = EMPTY
             self._show_charts(charts(EMPTY, self.smoothing, "GPU"))
             self.query_one("#checkpoints", DataTable).clear()
+            self.query_one(EvalSamples).follow(run.samples_dir if run else None)
         self._show_header()
         self._read()
 

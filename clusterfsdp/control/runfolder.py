@@ -12,6 +12,8 @@ TUI and the notebook (docs/run-folder.md lists every file and key).
         model/                   copies of the model's config.json, generation_config.json and the
                                  tokenizer's files (never weights), sources.json: what hub ids resolved to
         checkpoints/step-<N>/    DCP checkpoints (control.ckptfolder)
+        samples/step-<N>.jsonl   what the model generated at the evaluation of step N ([eval] samples)
+        data.json                the statistics of the sample sets it reads (prepared index meta.json)
         .lock                    held while a command changes the run (resume, cancel)
         .attempt.lock            held by rank 0 of the attempt that is training
 
@@ -103,6 +105,8 @@ class RunFolder:
     model_dir = property(lambda self: self.path / "model")  # what export/resume need from the sources
     trackers_file = property(lambda self: self.path / "trackers.json")
     tensorboard_dir = property(lambda self: self.path / "tensorboard")
+    samples_dir = property(lambda self: self.path / "samples")  # [eval] samples (control.evalsamples)
+    data_file = property(lambda self: self.path / "data.json")  # the sample sets' statistics (control.samplestats)
 
     def checkpoints_dir(self, spec: specmod.JobSpec | None = None) -> Path:
         spec = spec or self.spec()

@@ -144,6 +144,9 @@ def problems(spec: specmod.JobSpec) -> list[str]:
             eval=dataclasses.replace(spec.eval, paths=[p for p in spec.eval.paths if p not in inside]),
         )
     errors = source_problems(spec)
+    prompts = spec.eval.samples_file
+    if prompts and not Path(prompts).is_file():  # read by every rank at the start
+        errors.append(f"eval.samples_file: {prompts} is not a file")
     if errors:
         return errors
     return [line.removeprefix("error: ") for line in prepared_state(spec) if line.startswith("error: ")]

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from ..control import evalsamples, samplestats
+from ..control.runfolder import RunFolder
 from .trackers import Trackers
 
 # Dense bf16 peak FLOP/s by device-name fragment (first match wins).
@@ -112,3 +114,16 @@ class MetricsWriter:
             f.write(json.dumps(row) + "\n")
         if self.trackers is not None:
             self.trackers.log(row)
+
+    def samples(self, samples: list[evalsamples.EvalSample]) -> None:
+        """An evaluation's generated samples ([eval] samples): `samples/step-N.jsonl` in the run
+        folder that holds metrics.jsonl, and the trackers."""
+        if not samples:
+            return
+        evalsamples.write(RunFolder(self.path.parent).samples_dir, samples[0].step, samples)
+        if self.trackers is not None:
+            self.trackers.samples(samples)
+
+    def sample_sets(self, metas: dict[str, dict]) -> None:
+        """The statistics of the sample sets (role -> index meta) into the run folder's data.json."""
+        samplestats.write(RunFolder(self.path.parent).data_file, metas)

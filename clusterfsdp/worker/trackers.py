@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..control import spec as specmod
+from ..control.evalsamples import EvalSample
 from ..control.outcomes import RankOutcome
 from ..control.runfolder import RunFolder
 
@@ -48,6 +49,9 @@ class Tracker(Protocol):
         """Training starts (again) at `step`: what comes later replaces what was logged past it."""
 
     def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def samples(self, samples: list[EvalSample]) -> None:
+        """What the model generated at an evaluation ([eval] samples), all of one step."""
 
     def finish(self, outcome: RankOutcome) -> None:
         """How the attempt ended on this rank (preempted: it comes back and logs on)."""
@@ -104,6 +108,9 @@ class TensorBoard:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
 
+    def samples(self, samples: list[EvalSample]) -> None:
+        self.writer.add_text("eval/samples", samples_markdown(samples), samples[0].step)
+
     def finish(self, outcome: RankOutcome) -> None:
         if self.writer is not None:
             self.writer.close()
@@ -143,6 +150,14 @@ class WandB:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.wb.log({**metrics, "train/step": step})
+
+    def samples(self, samples: list[EvalSample]) -> None:
+        import wandb
+
+        table = wandb.Table(columns=["step", "prompt", "completion"])
+        for s in samples:
+            table.add_data(s.step, s.prompt, s.completion)
+        self.wb.log({"eval/samples": table, "train/step": samples[0].step})
 
     def finish(self, outcome: RankOutcome) -> None:
         self.wb.finish(exit_code=1 if outcome is RankOutcome.FAILED else 0)
@@ -203,8 +218,21 @@ class MLflow:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
 
+    def samples(self, samples: list[EvalSample]) -> None:
+        self.client.log_text(self.run_id, samples_markdown(samples), f"samples/step-{samples[0].step}.md")
+
     def finish(self, outcome: RankOutcome) -> None:
         self.client.set_terminated(self.run_id, self._STATUS.get(outcome, "KILLED"))
+
+
+def samples_markdown(samples: list[EvalSample]) -> str:
+    """A Markdown table of prompts and completions (TensorBoard renders text as Markdown)."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", "<br>") or " "
+
+    lines = ["| prompt | completion |", "| --- | --- |"]
+    return "\n".join(lines + [f"| {cell(s.prompt)} | {cell(s.completion)} |" for s in samples])
 
 
 def _without_query(uri: str) -> str:
@@ -244,6 +272,9 @@ class Trackers:
     def log(self, row: dict[str, Any]) -> None:
         values = numeric(row)
         self._each("logging", lambda t: t.log(values, row["step"]))
+
+    def samples(self, samples: list[EvalSample]) -> None:
+        self._each("samples", lambda t: t.samples(samples))
 
     def finish(self, outcome: RankOutcome) -> None:
         self._each("closing", lambda t: t.finish(outcome))

@@ -34,6 +34,7 @@ from . import metrics as metricsmod
 from . import model as modelmod
 from .build import build, token_ids
 from .checkpoint import Checkpointer
+from .evalsamples import SampleGenerator
 from .numguard import NumGuard, Verdict, roll_back
 from .stopflags import SIGNAL_NAMES, StopFlags
 
@@ -143,6 +144,7 @@ class Trainer:
         self.t_start = time.perf_counter()
         self.data, self.samples, self.eval_batches = self._open_data()
         self.steps = self._count_steps()
+        self.sample_gen = SampleGenerator(self.spec, self.data.eval) if self.spec.eval.samples else None
         self.t_build = time.perf_counter()
         self.model, self.optimizer, self.config, self.counts = self._build_model()
         self.checkpointer = Checkpointer(
@@ -168,6 +170,9 @@ class Trainer:
         every rank gets from the held-out set."""
         ctx = self.ctx
         data = open_for_training(self.spec, ctx.rank, self.log)
+        if ctx.sink is not None:  # rank 0: the sample sets' statistics, for `status`
+            sets = (("train", data.train), ("eval", data.eval))
+            ctx.sink.sample_sets({role: s.meta for role, s in sets if isinstance(s, PreparedSamples)})
         eval_batches = 0
         if data.eval is not None:
             per_batch = ctx.world_size * self.spec.train.micro_batch_size
@@ -344,6 +349,10 @@ class Trainer:
         assert self.data.eval is not None
         eval_loss = evaluate(self.model, self.loss_fn, self.data.eval, self.eval_batches, self.ctx, self.spec)
         self._judge(eval_loss)
+        if self.sample_gen is not None:  # [eval] samples: every rank generates, rank 0 writes
+            samples = self.sample_gen.generate(self.model, self.state.step, self.ctx.device)
+            if self.ctx.sink is not None:
+                self.ctx.sink.samples(samples)
         return {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0))}
 
     def _judge(self, eval_loss: float) -> None:

@@ -138,6 +138,21 @@ def _check_eval(spec: JobSpec, errors: list[str]) -> None:
         errors.append("eval: held-out or separate evaluation data needs data.source = 'files'")
     if e.every_steps and not (e.fraction or e.paths):
         errors.append("eval.every_steps: set eval.fraction or eval.paths to say what to evaluate on")
+    _check_eval_samples(spec, errors)
+
+
+def _check_eval_samples(spec: JobSpec, errors: list[str]) -> None:
+    e = spec.eval
+    if e.samples < 0:
+        errors.append(f"eval.samples: must be >= 0, found {e.samples!r}")
+    if e.samples_max_new_tokens < 1:
+        errors.append(f"eval.samples_max_new_tokens: must be >= 1, found {e.samples_max_new_tokens!r}")
+    if e.samples and not spec.eval_enabled:
+        errors.append("eval.samples: generating at each evaluation needs an eval set ([eval] fraction or paths)")
+    if e.samples_file and not e.samples:
+        errors.append("eval.samples_file: set eval.samples to the number of its prompts to generate from")
+    if e.samples_file and not e.samples_file.endswith((".txt", ".jsonl")):
+        errors.append(f"eval.samples_file: expected a .txt or .jsonl file, found {e.samples_file!r}")
 
 
 def _check_guard(spec: JobSpec, errors: list[str]) -> None:

@@ -113,7 +113,9 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
         cache_dir=absolute("data.cache_dir", spec.data.cache_dir),
     )
     out.eval = dataclasses.replace(
-        spec.eval, paths=[data_path(f"eval.paths[{i}]", x) for i, x in enumerate(spec.eval.paths)]
+        spec.eval,
+        paths=[data_path(f"eval.paths[{i}]", x) for i, x in enumerate(spec.eval.paths)],
+        samples_file=absolute("eval.samples_file", spec.eval.samples_file),
     )
     out.checkpoint = dataclasses.replace(spec.checkpoint, dir=absolute("checkpoint.dir", spec.checkpoint.dir))
     out.model = dataclasses.replace(

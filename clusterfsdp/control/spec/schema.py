@@ -269,6 +269,19 @@ class EvalSection:
         "micro_batch_size samples of a fixed order, the same every time. eval_loss and eval_ppl go into "
         "metrics.jsonl.",
     )
+    samples: int = F(
+        0,
+        "Prompts generated greedily at every evaluation (0: off), written to <run>/samples/step-N.jsonl, the "
+        "trackers and the TUI's run screen: the first lines of eval.samples_file, else the first samples of the "
+        "eval set (a conversation up to its first answer, a text's first tokens). All ranks run the sharded "
+        "model (one layer gathered at a time), so any model size that trains can generate.",
+    )
+    samples_file: str = F(
+        "",
+        'Prompts for eval.samples instead of the eval set: .txt (one prompt a line) or .jsonl ({"prompt": ...} '
+        "a line); with data.format = 'chat' each is a user message rendered with the chat template.",
+    )
+    samples_max_new_tokens: int = F(64, "Tokens generated at most per prompt (generation stops at a special token).")
 
 
 @dataclass

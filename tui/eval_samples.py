@@ -1,0 +1,74 @@
+"""The run screen's eval samples: what the model generated at its newest evaluation
+(`[eval] samples`, `<run>/samples/step-N.jsonl`), one row a prompt. Hidden while the run has
+none, so runs without samples keep the room for their charts. It follows its folder itself
+(a listing every 2 s while its screen shows, the newest file read in a worker only when a newer
+step appears)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import work
+from textual.widgets import DataTable
+
+from clusterfsdp.control import evalsamples
+
+SHOWN_CHARS = 200  # of a prompt (its end: the part the completion follows) and of a completion
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", "⏎ ")
+
+
+class EvalSamples(DataTable):
+    DEFAULT_CSS = """
+    EvalSamples {
+        height: 8;
+        border: round $panel-lighten-2;
+        display: none;
+    }
+    EvalSamples.-shown {
+        display: block;
+    }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.folder: Path | None = None
+        self.step: int | None = None  # the step shown
+
+    def on_mount(self) -> None:
+        self.add_column("PROMPT", key="prompt")
+        self.add_column("COMPLETION", key="completion")
+        self.border_title = "eval samples"
+        self.set_interval(2.0, self.refresh_samples)
+
+    def follow(self, folder: Path | None) -> None:
+        """Show the samples of another run (its samples folder; None: no run)."""
+        if folder != self.folder:
+            self.folder, self.step = folder, None
+            self.clear()
+            self.remove_class("-shown")
+        self.refresh_samples()
+
+    def refresh_samples(self) -> None:
+        if self.folder is not None and self.screen.is_current:  # not while another screen shows
+            self._read(self.folder, self.step)
+
+    @work(thread=True, exclusive=True, group="eval-samples", exit_on_error=False)
+    def _read(self, folder: Path, shown: int | None) -> None:
+        steps = evalsamples.steps(folder)
+        if not steps or steps[-1] == shown:
+            return
+        samples = evalsamples.read(folder, steps[-1])
+        self.app.call_from_thread(self._show, folder, steps[-1], samples)
+
+    def _show(self, folder: Path, step: int, samples: list[evalsamples.EvalSample]) -> None:
+        if folder != self.folder:
+            return
+        self.step = step
+        self.clear()
+        for s in samples:
+            self.add_row(_one_line(s.prompt)[-SHOWN_CHARS:], _one_line(s.completion)[:SHOWN_CHARS])
+        self.border_title = f"eval samples at step {step} (greedy)"
+        self.set_class(bool(samples), "-shown")
