@@ -9,7 +9,7 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 
-from . import ckptfolder, jsonltail, procs, slurmcli
+from . import ckptfolder, jsonltail, procs, records, slurmcli
 from .records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from .runfolder import RunFolder
 
@@ -226,6 +226,7 @@ def run_status(
     warnings = [e for e in events if e.event is EventKind.WARNING]
     if warnings:
         st.notes.append(f"warning (step {warnings[-1].step}): {warnings[-1].reason}")
+    st.notes += [records.preflight_verdict(e) for e in records.preflight_failures(events)]
     st.ends = attempt_ends(events)
     last = record.last
     if last is None:
