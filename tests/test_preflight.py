@@ -18,6 +18,7 @@ import pytest
 from procs import launch, make_run, tiny_job_toml, wait
 
 from clusterfsdp.control import ckptfolder, doctor, outcomes, records, status
+from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Cause, EventKind, Executor
 from clusterfsdp.worker import distenv, preflight
 from clusterfsdp.worker.preflight import GIB, Check, NodeReport
@@ -123,7 +124,7 @@ def test_a_node_that_fails_stops_both_ranks_and_is_named_everywhere(tmp_path):
     """Two real gloo ranks on this host, whose checkpoint folder the test hook makes look full:
     both ranks stop before step 1 with the same line, each records it (cause preflight, the node in
     failed_nodes), the node record keeps every check; the batch script's classification, the
-    doctor and status name the node and why. slurm.preflight_free_gb is checked by validate."""
+    doctor and status name the node and why."""
     host = socket.gethostname()
     run = make_run(tiny_job_toml("preflight", 0, 2), tmp_path)
     run.add_attempt("pf", Executor.LOCAL, "submit")
@@ -145,3 +146,9 @@ def test_a_node_that_fails_stops_both_ranks_and_is_named_everywhere(tmp_path):
     d = doctor.diagnose(run)
     assert d.finding is doctor.Finding.PREFLIGHT and d.host == host and d.summary.startswith(line), d
     assert status.run_status(run).notes == [failure.detail]
+
+
+def test_the_thresholds_are_checked_by_validate():
+    with pytest.raises(S.SpecError, match=r"slurm.preflight_free_gb: must be >= 0, found -1.0"):
+        S.loads("[slurm]\npreflight_free_gb = -1.0\n")
+    assert not S.loads("[slurm]\npreflight = false\n").slurm.preflight
