@@ -124,7 +124,7 @@ def test_a_node_that_fails_stops_both_ranks_and_is_named_everywhere(tmp_path):
     """Two real gloo ranks on this host, whose checkpoint folder the test hook makes look full:
     both ranks stop before step 1 with the same line, each records it (cause preflight, the node in
     failed_nodes), the node record keeps every check; the batch script's classification, the
-    doctor and status name the node and why."""
+    doctor and status name the node and why. With slurm.preflight = false the same node trains."""
     host = socket.gethostname()
     run = make_run(tiny_job_toml("preflight", 0, 2), tmp_path)
     run.add_attempt("pf", Executor.LOCAL, "submit")
@@ -146,6 +146,14 @@ def test_a_node_that_fails_stops_both_ranks_and_is_named_everywhere(tmp_path):
     d = doctor.diagnose(run)
     assert d.finding is doctor.Finding.PREFLIGHT and d.host == host and d.summary.startswith(line), d
     assert status.run_status(run).notes == [failure.detail]
+
+    spec = run.spec()  # slurm.preflight = false: the same node trains (the hook is still set)
+    spec.slurm.preflight = False
+    run.job_toml.write_text(S.dumps(spec))
+    out = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], 2, "off", {preflight.ENV_TEST_FULL: host}))
+    assert all(code == 0 for code, _ in out), out
+    assert "preflight" not in json.loads(run.node_record("off", 0, host).read_text())
+    assert [e.event for e in run.events() if e.job_id == "off" and e.rank == 0][-1] is EventKind.COMPLETED
 
 
 def test_the_thresholds_are_checked_by_validate():
