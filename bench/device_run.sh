@@ -61,6 +61,11 @@ case "$PLAN" in
     step ours_bs16_nors_async_ckpt 200 python3 bench/train_bench.py --set checkpoint.dir=/tmp/cfsdp-ck-disk \
       --bs 16 --reshard false --steps 25 --ckpt-every 15 --async-ckpt --tag ours_bs16_nors_async_ckpt
     ;;
+  preflight)  # issue 27.2: the GPU check through CUDA, and the pre-flight's all-reduce bus bandwidth over the GPUs
+    info 2>&1 | tee -a "$LOG"
+    step preflight 120 python3 -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
+      bench/preflight_bench.py
+    ;;
   *) echo "unknown plan $PLAN"; exit 2 ;;
 esac
 (cd /tmp/inductor 2>/dev/null && tar -czf "$OUT/inductor-cache.tgz" . 2>/dev/null)

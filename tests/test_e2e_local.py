@@ -42,6 +42,7 @@ def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
     assert logs == [f"logs/{attempt.job_id}.0/rank0.log", f"logs/{attempt.job_id}.0/rank1.log"]
     node = json.loads(next(run.nodes_dir.rglob("*.json")).read_text())
     assert node["backend"] == "gloo" and node["dist"]["world_size"] == 2
+    assert node["preflight"]["passed"] and node["preflight"]["busbw_gbps"] > 0  # worker/preflight.py, 2 ranks
 
     st = cli("status", str(run.path), cwd=tmp_path)
     assert st.returncode == 0 and "state      COMPLETED" in st.stdout and "checkpoints step 150" in st.stdout
@@ -59,6 +60,7 @@ def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
     log = (run.logs_dir / f"{attempt.job_id}.0" / "rank0.log").read_text()
     assert "building the model (preset llama-tiny)" in log  # (tokenizing: whichever rank gets there first)
     assert "saving the final checkpoint (step 150) ..." in log
+    assert "pre-flight: 1 node(s) passed (gpus, checkpoint space, /dev/shm, network)" in log
     check = f"""
 import torch, torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -22,7 +22,7 @@ import pytest
 from procs import newest_checkpoint, newest_step, weights_folder
 from slurm_fixtures import bounded
 
-from clusterfsdp.control import ckptfolder, runfolder, status
+from clusterfsdp.control import ckptfolder, doctor, runfolder, status
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
@@ -490,6 +490,38 @@ def test_a_failed_node_is_left_out_and_the_run_resumes_on_the_remaining_node(slu
     assert (spec.slurm.nodes, spec.train.grad_accum, spec.effective_sharding) == (1, 2, "full")
     assert "saved by 4 ranks, now 2" in (run.logs_dir / f"{second.job_id}.0" / "rank0.log").read_text()
     assert node_hosts(run) == {"node1", "node2"} and set(logged_steps(run)) == set(range(5, 101, 5))
+
+
+def test_a_node_that_fails_its_preflight_is_left_out_and_the_run_completes_on_the_other(
+    slurm_cluster, tiny_job, tmp_path
+):
+    """The pre-flight's test hook (worker/preflight.py) makes node2's checkpoint folder look full:
+    every rank stops before step 1 with one line naming node2 and why; the batch script submits
+    the next attempt without node2 (a restart of slurm.max_restarts), on 1 node with twice the
+    gradient accumulation, which completes. status and doctor show the line; the node records keep
+    every check and the all-reduce bandwidth."""
+    r = cli("submit", str(tiny_job), "--executor", "slurm", *TWO_NODES, "--set", "train.steps=20",
+            "--set", "train.log_every=5", "--set", "env.CLUSTERFSDP_PREFLIGHT_TEST_FULL=node2")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = only_run(tmp_path / "runs")
+    job_id = run.attempts[-1].job_id
+    wait_for(lambda: status.run_status(run).state == "COMPLETED", 150, "completion on node1")
+    line = f"pre-flight failed on node2: checkpoint space: {run.checkpoints_dir()} has 0.00 GiB free, needs"
+    (restart,) = [e for e in run.events() if e.event == "auto_restart"]
+    assert restart.cause == "preflight" and restart.failed_nodes == ["node2"] and restart.restarts == 1
+    assert line in restart.reason and "; without node2; on 1 node(s)" in restart.reason, restart.reason
+    second = run.attempts[-1]
+    assert (second.cause, second.exclude) == ("preflight", ["node2"]) and second.job_id != job_id
+    assert (run.spec().slurm.nodes, run.spec().train.grad_accum) == (1, 2)
+    first = {p.stem: json.loads(p.read_text())["preflight"] for p in (run.nodes_dir / f"{job_id}.0").glob("*.json")}
+    assert {h: [c["ok"] for c in r["checks"]] for h, r in first.items()} == {
+        "node1": [True] * 4, "node2": [True, False, True, True]}  # fmt: skip
+    (then,) = [json.loads(p.read_text())["preflight"] for p in (run.nodes_dir / f"{second.job_id}.0").glob("*.json")]
+    assert then["passed"] and then["host"] == "node1" and then["busbw_gbps"] > 0
+    assert line in cli("status", str(run.path)).stdout
+    (earlier,) = doctor.diagnose(run).earlier  # the run completed: the doctor sums up the attempt before
+    assert earlier.startswith(f"job {job_id}.0: preflight: pre-flight failed on node2: checkpoint space: "), earlier
+    assert set(logged_steps(run)) == set(range(5, 21, 5))
 
 
 def test_the_batch_hosts_death_is_requeued_by_slurm_and_resumes_on_the_other_node(slurm_cluster, tiny_job, tmp_path):

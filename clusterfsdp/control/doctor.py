@@ -31,7 +31,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .records import Cause, Event, EventKind
+from .records import Cause, Event, EventKind, preflight_failures, preflight_verdict
 from .runfolder import RunFolder, read_jsonl
 
 TAIL_BYTES = 256 << 10  # of a rank log: a traceback and what led to it
@@ -56,6 +56,7 @@ class Finding(StrEnum):
     PYTHON_ERROR = "python_error"  # a Python error during training, in the model or user code
     RANK_KILLED = "rank_killed"  # a rank died without an exception (SIGKILL, the OOM killer, a crash)
     CANCELLED = "cancelled"
+    PREFLIGHT = "preflight"  # a node failed the pre-flight checks (GPUs, free space, network) and was left out
     UNKNOWN = "unknown"  # it ended badly and the run folder does not say why
     NONE = "none"  # nothing failed (completed, or still going)
 
@@ -241,6 +242,10 @@ def _next_steps(finding: Finding, run_id: str, detail: str = "") -> list[str]:
             f"{resume}  (it resumes from the newest checkpoint)",
         ],
         Finding.CANCELLED: [f"{resume}  continues from the saved checkpoint"],
+        Finding.PREFLIGHT: [
+            f"nothing, if an automatic restart followed without {detail or 'the node'}; else {resume}",
+            "fix the node (free space, GPUs, network) or tell the admins; slurm.preflight = false skips the checks",
+        ],
         Finding.UNKNOWN: [f"clusterfsdp logs {run_id} --rank R  for each rank, and the submitit/ logs"],
         Finding.NONE: [],
     }[finding]
@@ -324,6 +329,9 @@ def _diagnose(run: RunFolder, inc: _Incarnation) -> Diagnosis:
     told = [e for e in inc.events if e.cause in _FROM_CAUSE and e.event is not EventKind.FAILED]
     if inc.hangs:
         return _hang(run, inc, base, failed, world, inc.hangs)
+    preflight = preflight_failures(failed)
+    if preflight:
+        return _preflight(run, base, preflight[0])
     if told:
         first = told[0]
         finding = _FROM_CAUSE[first.cause] if first.cause else Finding.UNKNOWN
@@ -376,6 +384,15 @@ def _exhausted(run: RunFolder, base: Diagnosis, record: Event) -> Diagnosis:
         "the run stopped: it was interrupted again before it saved anything newer, and slurm.max_restarts ran out",
         f"clusterfsdp resume {run.id} --set slurm.time=MINUTES  (or a larger slurm.signal_grace_s, so a save fits)",
     ]
+    return base
+
+
+def _preflight(run: RunFolder, base: Diagnosis, first: Event) -> Diagnosis:
+    """A node failed its pre-flight (worker.preflight): every rank raised the same line naming it."""
+    nodes = ",".join(first.failed_nodes)
+    base.finding, base.host, base.time = Finding.PREFLIGHT, nodes, first.time
+    base.summary = preflight_verdict(first)
+    base.next_steps = _next_steps(Finding.PREFLIGHT, run.id, nodes)
     return base
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .records import Cause, Event, EventKind
+from .records import Cause, Event, EventKind, preflight_failures, preflight_verdict
 from .slurmcli import JobInfo
 
 
@@ -164,17 +164,22 @@ def classify_failure(
     """Why one incarnation failed, from its own events (those of its job id and restart), the
     nodes of its allocation that Slurm declares unusable, and srun's exit status.
 
-    In this order: a node Slurm took down; a Python error on some rank (the other ranks' collective
-    errors are its consequence): before the first optimizer step of the incarnation it is
-    deterministic (a bad config, a missing file), after it it is retried once, unless it is the
-    same error at the same step as the failure before; ranks that died without recording an
-    exception (SIGKILL, the OOM killer, a segfault, NCCL's watchdog abort), except a rank that
-    SIGUSR2 killed (srun exit status SIGUSR2_EXIT): a time-limit stop, the job comes back as
-    after a save (`Cause.interruption`); collective errors alone (a timeout, a lost peer)."""
+    In this order: a node Slurm took down; a node that failed its pre-flight checks (every rank
+    raised `PreflightFailed` naming it: retried without it, like a failed node); a Python error on
+    some rank (the other ranks' collective errors are its consequence): before the first optimizer
+    step of the incarnation it is deterministic (a bad config, a missing file), after it it is
+    retried once, unless it is the same error at the same step as the failure before; ranks that
+    died without recording an exception (SIGKILL, the OOM killer, a segfault, NCCL's watchdog
+    abort), except a rank that SIGUSR2 killed (srun exit status SIGUSR2_EXIT): a time-limit stop,
+    the job comes back as after a save (`Cause.interruption`); collective errors alone (a timeout, a lost peer)."""
     down = tuple(sorted(set(down_nodes)))
     if down:
         return Failure(Cause.NODE_FAILURE, f"Slurm declared {', '.join(down)} down", failed_nodes=down)
     failed = [e for e in events if e.event is EventKind.FAILED]
+    preflight = preflight_failures(failed)
+    if preflight:
+        nodes = tuple(sorted({node for e in preflight for node in e.failed_nodes}))
+        return Failure(Cause.PREFLIGHT, preflight_verdict(preflight[0]), failed_nodes=nodes)
     errors = sorted((e for e in failed if e.cause is Cause.ERROR), key=lambda e: (e.time, e.rank))
     if errors:
         first = errors[0]

@@ -16,6 +16,7 @@ import functools
 import json
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -145,6 +146,7 @@ class Cause(StrEnum):
     ERROR = "error"  # a Python error after the first step of the incarnation: retried once
     ERROR_BEFORE_FIRST_STEP = "error_before_first_step"  # config, missing file, bad model: not retried
     REPEATED_ERROR = "repeated_error"  # the same error at the same step as the previous failure: not retried
+    PREFLIGHT = "preflight"  # a node failed the pre-flight checks (worker.preflight): retried without it
     RESTARTS_EXHAUSTED = "restarts_exhausted"  # slurm.max_restarts reached
     UNKNOWN = "unknown"
 
@@ -161,9 +163,9 @@ class Cause(StrEnum):
     @property
     def retryable(self) -> bool:
         """A new attempt is likely to get further: the machines failed (a node, a rank, a
-        collective), or a Python error happened once after training had started (it may be
+        collective, a node's pre-flight), or a Python error happened once after training had started (it may be
         transient: an ECC error, a file system hiccup); the same error at the same step twice is not."""
-        return self in (Cause.NODE_FAILURE, Cause.RANK_KILLED, Cause.COLLECTIVE, Cause.ERROR)
+        return self in (Cause.NODE_FAILURE, Cause.RANK_KILLED, Cause.COLLECTIVE, Cause.ERROR, Cause.PREFLIGHT)
 
     @property
     def interruption(self) -> bool:
@@ -375,7 +377,8 @@ class Event:
     job_id_next: str = ""  # follow_up, auto_restart: the job that takes over
     cause: Cause | None = None  # requeued, stopped, failed (the rank's own view), warning-free jobstep kinds
     steps_done: int | None = None  # failed: optimizer steps this incarnation completed before it failed
-    failed_nodes: list[str] = field(default_factory=list)  # auto_restart, gave_up: nodes Slurm declared down
+    failed_nodes: list[str] = field(default_factory=list)  # auto_restart, gave_up: nodes Slurm declared down;
+    # failed (cause preflight): the nodes that failed the pre-flight
     signature: str = ""  # auto_restart, gave_up: the error and its step (the same twice: not retried)
 
     @classmethod
@@ -394,6 +397,24 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)
+
+
+PREFLIGHT_ERROR = "PreflightFailed"  # worker.preflight's exception, named in its `failed` events' reason
+
+
+def preflight_failures(events: Iterable[Event]) -> list[Event]:
+    """The first `failed` event of cause preflight of each incarnation, in time order (every rank
+    records the same verdict: one is enough)."""
+    first: dict[tuple[str, int], Event] = {}
+    for e in sorted(events, key=lambda e: (e.time, e.rank)):
+        if e.event is EventKind.FAILED and e.cause is Cause.PREFLIGHT:
+            first.setdefault((e.job_id, e.restart), e)
+    return list(first.values())
+
+
+def preflight_verdict(event: Event) -> str:
+    """'pre-flight failed on node2: checkpoint space: ...': the line without the rank, host and exception name."""
+    return event.reason.partition(f"{PREFLIGHT_ERROR}: ")[2] or event.reason
 
 
 @dataclass

@@ -9,7 +9,7 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 
-from . import ckptfolder, jsonltail, procs, slurmcli
+from . import ckptfolder, jsonltail, procs, records, slurmcli
 from .records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from .runfolder import RunFolder
 
@@ -238,6 +238,7 @@ def run_status(
         st.notes.append(f"warning (step {warnings[-1].step}): {warnings[-1].reason}")
     if note := guard_note(events):
         st.notes.append(note)
+    st.notes += [records.preflight_verdict(e) for e in records.preflight_failures(events)]
     st.ends = attempt_ends(events)
     last = record.last
     if last is None:

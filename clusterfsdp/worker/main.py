@@ -23,7 +23,7 @@ from ..control import lock, outcomes, runfolder, secretenv, slurmcli
 from ..control import spec as specmod
 from ..control.outcomes import RankOutcome
 from ..control.records import Cause, Event, EventKind, Executor
-from . import distenv
+from . import distenv, preflight
 from .stopflags import StopFlags
 
 if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed the signal flags
@@ -112,8 +112,9 @@ class _Attempt:
         reason = f"rank {self.env.rank} on {socket.gethostname()}: {type(e).__name__}: {e}"
         step = self.state.step if self.state is not None else None
         done = self.state.steps_run if self.state is not None else 0
+        nodes = e.nodes if isinstance(e, preflight.PreflightFailed) else []
         self.event(EventKind.FAILED, reason=" ".join(reason.split())[:500], cause=failure_cause(e), step=step,
-                   steps_done=done)  # fmt: skip
+                   steps_done=done, failed_nodes=nodes)  # fmt: skip
         self.close_trackers(RankOutcome.FAILED)
         if self.lock is not None:
             self.lock.release()
@@ -131,7 +132,10 @@ _COLLECTIVE = ("connection closed by peer", "connection reset by peer", "broken 
 
 def failure_cause(e: BaseException) -> Cause:
     """COLLECTIVE for torch.distributed's own errors and the RuntimeErrors of a lost peer or a
-    collective timeout (also inside a failed checkpoint save), ERROR for everything else."""
+    collective timeout (also inside a failed checkpoint save), PREFLIGHT for a node that failed
+    the pre-flight, ERROR for everything else."""
+    if isinstance(e, preflight.PreflightFailed):
+        return Cause.PREFLIGHT
     dist = sys.modules.get("torch.distributed")
     dist_error = getattr(dist, "DistError", None) if dist is not None else None
     if dist_error is not None and isinstance(e, dist_error):
@@ -172,6 +176,8 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
     slurmcli.report_retries(log)
     _admit(attempt, spec, log)
     _record_node(attempt, device, backend)
+    if spec.slurm.preflight:
+        preflight.run(spec, attempt.run, attempt.env, device, log)
     _record_start(attempt)
     env, run = attempt.env, attempt.run
     log(

@@ -46,6 +46,8 @@ def check(spec: JobSpec) -> None:
     positive("slurm.mem_gb", s.mem_gb, 0)
     positive("slurm.signal_grace_s", s.signal_grace_s, 0)
     positive("slurm.max_restarts", s.max_restarts, 0)
+    positive("slurm.preflight_free_gb", s.preflight_free_gb, 0)
+    positive("slurm.preflight_shm_gb", s.preflight_shm_gb, 0)
     if t.epochs > 0:
         if not math.isfinite(t.epochs) or t.epochs > 1e6:
             errors.append(f"train.epochs: expected a number of passes up to 1e6, found {t.epochs!r}")

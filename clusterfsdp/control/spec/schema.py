@@ -136,6 +136,20 @@ class SlurmSection:
         "Automatic restarts a run may use: after failures (a killed rank, a failed node, a collective "
         "timeout), and after interruptions (time limit, preemption) that saved no progress.",
     )
+    preflight: bool = F(
+        True,
+        "Before step 1 of every attempt each node checks its GPUs, the free space where checkpoints go and in "
+        "/dev/shm, its network path to the master, and a short all-reduce (nodes/<job>.<restart>/<host>.json); "
+        "a node that fails is left out of the next attempt, which uses a restart (docs/recovery.md).",
+    )
+    preflight_free_gb: float = F(
+        1.0, "Pre-flight: least free GiB where checkpoints go (the newest checkpoint's size when that is larger)."
+    )
+    preflight_shm_gb: float = F(
+        0.05,
+        "Pre-flight: least free GiB in /dev/shm (with checkpoint.async_mode = 'process', this node's share of the "
+        "newest checkpoint when that is larger: the saver's staging buffers live there).",
+    )
     extra: dict[str, str | int | bool] = F(
         {},
         "Extra sbatch options, e.g. { reservation = 'big', 'gres-flags' = 'enforce-binding' }. Options "
