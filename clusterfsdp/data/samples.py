@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from .samplesets import eval_batches_note, index_id, sample_roles
 from .shards import shard_offsets
 from .sources import DataError
 from .tokens import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from .mixsamples import MixtureSamples
 
 PREPARE_WAIT = timedelta(days=7)  # how long ranks > 0 wait for rank 0's prepare
 
@@ -211,13 +214,17 @@ class PreparedSamples:
     def batch(self, consumed: int, dp_rank: int, dp_size: int, micro_batch: int) -> Batch:
         """This rank's micro-batch of the global batch that starts at sample `consumed`."""
         first = consumed + dp_rank * micro_batch
-        parts = [self.sample(self.index_of(first + i)) for i in range(micro_batch)]
-        positions = [p.positions for p in parts if p.positions is not None]
-        return Batch(
-            torch.from_numpy(np.stack([p.input_ids for p in parts])),
-            torch.from_numpy(np.stack([p.labels for p in parts])),
-            torch.from_numpy(np.stack(positions)) if positions else None,
-        )
+        return stack([self.sample(self.index_of(first + i)) for i in range(micro_batch)])
+
+
+def stack(parts: list[Sample]) -> Batch:
+    """Samples as one micro-batch."""
+    positions = [p.positions for p in parts if p.positions is not None]
+    return Batch(
+        torch.from_numpy(np.stack([p.input_ids for p in parts])),
+        torch.from_numpy(np.stack([p.labels for p in parts])),
+        torch.from_numpy(np.stack(positions)) if positions else None,
+    )
 
 
 class SyntheticSamples:
@@ -244,7 +251,7 @@ class TrainingData:
     """What a rank reads: training samples, evaluation samples (or None), and the token ids the
     data can hold (the model's vocabulary must cover them; None for synthetic data)."""
 
-    train: PreparedSamples | SyntheticSamples | None
+    train: PreparedSamples | MixtureSamples | SyntheticSamples | None
     eval: PreparedSamples | None
     vocab_size: int | None
     max_id: int = -1
@@ -266,7 +273,7 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
 
         try:
             refs = prepare.ensure(spec, log)
-            answer = [{r.role: str(r.folder) for r in refs}]
+            answer = [[(r.role, str(r.folder)) for r in refs]]
         except Exception as e:  # every rank must hear of it, or they would wait for days
             failure = e
             answer = [str(e) if isinstance(e, DataError) else f"rank 0 could not prepare the data: {e!r}"]
@@ -277,13 +284,19 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
         raise failure
     if isinstance(answer[0], str):
         raise DataError(answer[0])
-    folders: dict[str, str] = answer[0]
+    folders: dict[str, str] = dict(answer[0])  # a mixture's train folders: its parts, below
     opened: dict[str, PreparedSamples] = {}
     for role, data_role in sample_roles(spec):
         index = index_id(spec, role)
         opened[role] = PreparedSamples(Path(folders[data_role]), index, spec.data.seq_len, spec.job.seed, role)
-    train, held = opened["train"], opened.get("eval")
+    train: PreparedSamples | MixtureSamples = opened["train"]
+    key = Path(folders["train"]).name
+    if spec.data.sources:
+        from .mixsamples import open_mixture
+
+        train, key = open_mixture(spec, [Path(f) for role, f in answer[0] if role == "train"])
+    held = opened.get("eval")
     if rank == 0 and held is not None and (note := eval_batches_note(spec, held.count)):
         log(f"data: {note}")
-    max_id = max(int(s.manifest["max_id"]) for s in opened.values())
-    return TrainingData(train, held, int(train.manifest["vocab_size"]), max_id, Path(folders["train"]).name)
+    max_id = max(int(s.manifest["max_id"]) for s in [train, *opened.values()])
+    return TrainingData(train, held, int(train.manifest["vocab_size"]), max_id, key)
