@@ -185,8 +185,7 @@ def test_a_mapping_that_names_a_key_absent_from_the_first_record_is_refused_with
         ]
     spec = _job(tmp_path, [sources[0], {**sources[1], **SHAREGPT, "role_key": "speaker"}], tokenizer=tokenizer)
     assert checks.problems(spec) == [
-        f"data.sources[1].path: {chats}:1: conversations[0]: no 'speaker' key "
-        "(role_key; the message has: from, value)"
+        f"data.sources[1].path: {chats}:1: conversations[0]: no 'speaker' key (role_key; the message has: from, value)"
     ]
 
 

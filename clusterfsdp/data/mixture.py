@@ -107,20 +107,9 @@ def label(spec: specmod.JobSpec, part: int) -> str:
     return f"data.sources[{part}] ({spec.data.sources[part].path})"
 
 
-def _part(spec: specmod.JobSpec, ref: DatasetRef, meta: dict[str, Any]) -> Part:
+def part(spec: specmod.JobSpec, ref: DatasetRef, meta: dict[str, Any]) -> Part:
     weight = spec.data.sources[ref.part].weight
     return Part(label(spec, ref.part), weight, int(meta["samples"]), float(meta.get("trained", 1.0)))
-
-
-def ensure_indexes(refs: list[DatasetRef], spec: specmod.JobSpec, log) -> int:
-    """Every source's training index (built if missing), its share said in the log; returns the
-    samples of one epoch of the mixture."""
-    from . import index  # numpy: prepare's half
-
-    parts = [_part(spec, r, index.ensure(r, spec, "train", log)) for r in refs if r.part >= 0]
-    for line in share_lines(parts):
-        log(f"data: {line}")
-    return epoch_samples(parts)
 
 
 def state_lines(spec: specmod.JobSpec, refs: list[DatasetRef]) -> list[str]:
@@ -129,7 +118,7 @@ def state_lines(spec: specmod.JobSpec, refs: list[DatasetRef]) -> list[str]:
     metas = [index_meta(r, spec, "train") if r.key is not None else None for r in refs if r.part >= 0]
     if not metas or any(m is None for m in metas):
         return []
-    parts = [_part(spec, r, m) for r, m in zip([r for r in refs if r.part >= 0], metas, strict=True) if m]
+    parts = [part(spec, r, m) for r, m in zip([r for r in refs if r.part >= 0], metas, strict=True) if m]
     samples = epoch_samples(parts)
     out = [f"train: {line}" for line in share_lines(parts)]
     if problem := batch_problem(spec, "train", samples):

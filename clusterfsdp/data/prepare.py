@@ -27,7 +27,7 @@ from typing import Any
 
 from ..control import spec as specmod
 from ..control.lock import FileLock, LockHeld
-from . import index, mixture, overlap, skipped, trust
+from . import index, mixindex, overlap, skipped, trust
 from .cache import FORMAT_VERSION, DatasetRef, cache_root, dataset_refs, ref_data, same_data_problem, unhashed_bytes
 from .checks import source_problems
 from .pool import cpu_count, tokenize
@@ -257,7 +257,7 @@ def ensure(
     by_role = {r.role: r for r in refs}
     for role, data_role in sample_roles(spec):
         if role == "train" and spec.data.sources:  # one index per source of the mixture
-            samples = mixture.ensure_indexes(refs, spec, log)
+            samples = mixindex.ensure_indexes(refs, spec, log)
         else:
             samples = int(index.ensure(by_role[data_role], spec, role, log)["samples"])
         problem = batch_problem(spec, role, samples)
