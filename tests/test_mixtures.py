@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from data_helpers import WORDS, make_tokenizer, write_jsonl, write_parquet
+from procs import CORPUS, make_run, run_workers, tiny_job_toml
 
+from clusterfsdp.control import ckptfolder
 from clusterfsdp.control import spec as S
 from clusterfsdp.data import cache, checks, samplesets
 from clusterfsdp.data import prepare as dataprep
@@ -211,3 +213,24 @@ def test_sources_round_trip_through_the_run_folders_job_toml(tmp_path):
     again = S.loads(S.dumps(spec))
     assert again.data.sources == spec.data.sources and again.data.sources[1].prompt == "{instruction}\n\n{input}"
     assert any(line.startswith("  sources[].roles = {}") for line in S.describe_schema("data.sources"))
+
+
+def test_a_run_trains_on_a_mixture_for_its_epochs(tmp_path):
+    """A real 1-rank run (llama-tiny, gloo): train.epochs counts the mixture's samples, every row
+    has its epoch, the log gives each source's share, and the checkpoint records the mixture."""
+    files = _letters(tmp_path)
+    tables = "".join(f'[[data.sources]]\npath = "{f}"\nweight = {w}\n' for f, w in zip(files, (3, 1, 1), strict=True))
+    job = tiny_job_toml("mix", seed=2, steps=0, tail=tables).replace(f'paths = ["{CORPUS}"]\n', "")
+    run = make_run(job.replace("steps = 0\n", "epochs = 0.05\n"), tmp_path, ["slurm.tasks_per_node=1"])
+    out = run_workers(run, 1)[0][1]
+    spec = S.load(run.job_toml)
+    counts = [
+        int(m["samples"]) for m in (samplesets.index_meta(r, spec, "train") for r in cache.dataset_refs(spec)) if m
+    ]
+    expected = -(-round(0.05 * sum(counts)) // 2)
+    rows = run.metrics()
+    assert [r["step"] for r in rows] == list(range(1, expected + 1))
+    assert rows[-1]["epoch"] == pytest.approx(expected * 2 / sum(counts))
+    assert f"data: mixture: data.sources[0] ({files[0]}): weight 3, {counts[0]:,} samples, 60.0% of the samples" in out
+    final = ckptfolder.find(run.checkpoints_dir())
+    assert final is not None and final.meta["data"] not in {"", *(r.key for r in cache.dataset_refs(spec))}

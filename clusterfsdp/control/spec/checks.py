@@ -96,7 +96,7 @@ def check(spec: JobSpec) -> None:
             f"{s.gpus_per_node} GPUs (set tasks_per_node = 0)"
         )
     if d.source == "files" and not d.paths and not d.sources:
-        errors.append("data.paths: source = 'files' needs at least one path (or [[data.sources]])")
+        errors.append("data.paths: source = 'files' needs at least one path")
     if d.source == "synthetic" and (d.paths or d.sources):
         errors.append(f"data.{'paths' if d.paths else 'sources'}: set data.source = 'files' to read these paths")
     errors += _sources_errors(spec)
