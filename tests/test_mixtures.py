@@ -234,3 +234,23 @@ def test_a_run_trains_on_a_mixture_for_its_epochs(tmp_path):
     assert f"data: mixture: data.sources[0] ({files[0]}): weight 3, {counts[0]:,} samples, 60.0% of the samples" in out
     final = ckptfolder.find(run.checkpoints_dir())
     assert final is not None and final.meta["data"] not in {"", *(r.key for r in cache.dataset_refs(spec))}
+
+
+def test_a_hub_dataset_id_as_a_source_is_resolved_like_one_in_data_paths(tmp_path):
+    """`validate` (offline, the HF cache only) reads a source named by a hub id from its snapshot;
+    without the snapshot the source is named in one line."""
+    from test_modelsource import cli, put_in_hub_cache
+
+    hf_home, files = tmp_path / "hf", tmp_path / "dataset"
+    files.mkdir()
+    write_jsonl(files / "train.jsonl", [{"body": f"document {i} " * 20} for i in range(40)])
+    put_in_hub_cache(hf_home, "org/corpus", files, kind="datasets")
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[job]\nrun_root = "{tmp_path / "runs"}"\n[data]\nsource = "files"\ntokenizer = "bytes"\nseq_len = 32\n'
+        '[[data.sources]]\npath = "org/corpus"\ntext_key = "body"\n'
+    )
+    r = cli("validate", str(job), env={"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0 and "train: not prepared yet" in r.stdout, r.stdout + r.stderr
+    r = cli("validate", str(job), env={"HF_HOME": str(tmp_path / "empty"), "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and r.stderr.startswith("error: data.sources[0].path: 'org/corpus' is not a local path")

@@ -108,7 +108,7 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
         spec.data,
         paths=[data_path(f"data.paths[{i}]", x) for i, x in enumerate(spec.data.paths)],
         sources=[
-            dataclasses.replace(s, path=absolute(f"data.sources[{i}].path", s.path))
+            dataclasses.replace(s, path=data_path(f"data.sources[{i}].path", s.path))
             for i, s in enumerate(spec.data.sources)
         ],
         tokenizer=spec.data.tokenizer
