@@ -95,6 +95,13 @@ def test_a_weighted_mixture_gives_its_token_shares_and_resumes_exactly(tmp_path)
         line.replace("data: ", "train: ", 1) for line in shares[:3]
     ]
     assert data.key != cache.dataset_refs(spec)[0].key  # the checkpoint's data key names the mixture
+    # eval data that is one of the sources is refused like eval data that is the training data
+    same = _job(
+        tmp_path,
+        [{"path": str(f), "weight": w} for f, w in zip(files, weights, strict=True)],
+        f"eval.paths=['{files[1]}']",
+    )
+    assert [p for p in checks.problems(same) if "the eval data is the training data" in p]
 
 
 def test_the_interleave_keeps_every_prefix_near_the_weights_and_never_leaves_a_source_out():

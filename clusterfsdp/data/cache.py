@@ -268,13 +268,14 @@ def ref_data(spec: specmod.JobSpec, ref: DatasetRef) -> specmod.DataSection:
 
 
 def same_data_problem(refs: list[DatasetRef]) -> str | None:
-    """The error line for an eval set that is the training set (the same prepared key)."""
-    keys = {r.role: r.key for r in refs}
-    if keys.get("eval") is None or keys.get("eval") != keys.get("train"):
+    """The error line for an eval set that is the training set, or one source of a mixture (the
+    same prepared key)."""
+    held = next((r.key for r in refs if r.role == "eval"), None)
+    if held is None or held not in {r.key for r in refs if r.role == "train"}:
         return None
     return (
         f"eval.paths: the eval data is the training data (the same sources, split and format: prepared key "
-        f"{keys['eval']}): set eval.split (e.g. 'test' of a DatasetDict folder) or name other data"
+        f"{held}): set eval.split (e.g. 'test' of a DatasetDict folder) or name other data"
     )
 
 
