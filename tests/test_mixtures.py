@@ -104,6 +104,30 @@ def test_a_weighted_mixture_gives_its_token_shares_and_resumes_exactly(tmp_path)
     assert [p for p in checks.problems(same) if "the eval data is the training data" in p]
 
 
+def test_eval_fraction_holds_out_of_every_source_and_reads_them_in_the_mixtures_proportions(tmp_path):
+    files = _letters(tmp_path)
+    tables = [{"path": str(f), "weight": w} for f, w in zip(files, (0.5, 0.3, 0.2), strict=True)]
+    spec = _job(tmp_path, tables, "eval.fraction=0.2")
+    data = open_for_training(spec, 0, lambda _: None)
+    held, train = data.eval, data.train
+    assert isinstance(held, MixtureSamples) and isinstance(train, MixtureSamples)
+    refs = [r for r in cache.dataset_refs(spec) if r.part >= 0]
+    metas = [samplesets.index_meta(r, spec, "eval") for r in refs]
+    assert all(m and m["holdout"] == "documents" for m in metas)
+    assert held.count == sum(int(m["samples"]) for m in metas if m) == sum(p.count for p in held.parts)
+    whole = open_for_training(_job(tmp_path, tables), 0, lambda _: None).train
+    assert isinstance(whole, MixtureSamples)  # the training indexes leave the held-out documents out
+    assert all(p.count < q.count for p, q in zip(train.parts, whole.parts, strict=True))
+    # the fixed eval order draws from every source
+    letters = [int(np.bincount(p.sample(0).input_ids).argmax()) for p in train.parts]
+    first = np.concatenate(_global(held, 0, 40, 1, 2))
+    assert all((first == t).any() for t in letters)
+    assert [line for line in checks.prepared_state(spec) if line.startswith("eval: ")] == [
+        f"eval: {held.count:,} samples held out of the sources "
+        f"({', '.join(str(p.count) for p in held.parts)}), read in the mixture's proportions"
+    ]
+
+
 def test_the_interleave_keeps_every_prefix_near_the_weights_and_never_leaves_a_source_out():
     assert block_counts([0.5, 0.3, 0.2]) == [2048, 1229, 819]
     assert block_counts([1.0, 1e-9]) == [4095, 1]
@@ -206,7 +230,6 @@ def test_a_mapping_that_names_a_key_absent_from_the_first_record_is_refused_with
         ([{"path": "a.jsonl", "prompt": "{x}", "format": "chat"}], (), "data.sources[0].response: a conversation"),
         ([{"weight": 1}], (), "data.sources[0].path: each source needs a path"),
         ([{"path": "a.jsonl"}], ("data.paths=['b.jsonl']",), "data.sources: give data.paths or [[data.sources]]"),
-        ([{"path": "a.jsonl"}], ("eval.fraction=0.1",), "eval.fraction: with [[data.sources]] name the eval data"),
     ],
 )
 def test_bad_sources_are_refused_at_load(tmp_path, tables, extra, error):

@@ -9,10 +9,12 @@ from .cache import DatasetRef
 from .mixture import epoch_samples, part, share_lines
 
 
-def ensure_indexes(refs: list[DatasetRef], spec: specmod.JobSpec, log) -> int:
-    """Every source's training index (built if missing), its share said in the log; returns the
-    samples of one epoch of the mixture."""
-    parts = [part(spec, r, index.ensure(r, spec, "train", log)) for r in refs if r.part >= 0]
-    for line in share_lines(parts):
-        log(f"data: {line}")
+def ensure_indexes(refs: list[DatasetRef], spec: specmod.JobSpec, log, role: str = "train") -> int:
+    """Every source's index of `role` (built if missing): the training samples, their shares said
+    in the log, or the held-out eval samples (eval.fraction); returns their number (training:
+    one epoch of the mixture)."""
+    parts = [part(spec, r, index.ensure(r, spec, role, log)) for r in refs if r.part >= 0]
+    if role == "train":
+        for line in share_lines(parts):
+            log(f"data: {line}")
     return epoch_samples(parts)

@@ -45,11 +45,13 @@ class MixtureSamples:
         return stack(samples)
 
 
-def open_mixture(spec: JobSpec, folders: list[Path]) -> tuple[MixtureSamples, str]:
-    """The mixture of the prepared datasets of data.sources (in its order), and its key for the
-    checkpoints: the parts' keys and weights (another mixture reads the position differently)."""
-    index = index_id(spec, "train")
-    parts = [PreparedSamples(f, index, spec.data.seq_len, spec.job.seed + i, "train") for i, f in enumerate(folders)]
+def open_mixture(spec: JobSpec, folders: list[Path], role: str = "train") -> tuple[MixtureSamples, str]:
+    """The mixture of the prepared datasets of data.sources (in its order), training samples or
+    the eval samples held out of each (eval.fraction: a fixed order, in the same proportions),
+    and its key for the checkpoints: the parts' keys and weights (another mixture reads the
+    position differently)."""
+    index = index_id(spec, role)
+    parts = [PreparedSamples(f, index, spec.data.seq_len, spec.job.seed + i, role) for i, f in enumerate(folders)]
     weights = [s.weight for s in spec.data.sources]
     key = text_hash(json.dumps([[f.name for f in folders], weights]))[:24]
     return MixtureSamples(parts, weights, spec.job.seed), key

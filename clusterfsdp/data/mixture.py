@@ -24,7 +24,7 @@ from typing import Any
 
 from ..control import spec as specmod
 from .cache import DatasetRef
-from .samplesets import batch_problem, epochs_note, index_meta, total_steps
+from .samplesets import batch_problem, epochs_note, eval_batches_note, index_meta, sample_roles, total_steps
 
 BLOCK = 1 << 12  # positions per block of the interleave: weights are kept to 1/4096
 
@@ -114,15 +114,25 @@ def part(spec: specmod.JobSpec, ref: DatasetRef, meta: dict[str, Any]) -> Part:
 
 def state_lines(spec: specmod.JobSpec, refs: list[DatasetRef]) -> list[str]:
     """validate's lines about a mixture whose sources are all indexed: each source's share, the
-    steps of train.epochs, and an error line when one epoch is less than one global batch."""
-    metas = [index_meta(r, spec, "train") if r.key is not None else None for r in refs if r.part >= 0]
-    if not metas or any(m is None for m in metas):
-        return []
-    parts = [part(spec, r, m) for r, m in zip([r for r in refs if r.part >= 0], metas, strict=True) if m]
-    samples = epoch_samples(parts)
-    out = [f"train: {line}" for line in share_lines(parts)]
-    if problem := batch_problem(spec, "train", samples):
-        return [*out, f"error: {problem}"]
-    if note := epochs_note(spec, samples, total_steps(spec, samples)):
-        out.append(f"train: {note}")
+    steps of train.epochs, the eval samples held out of the sources (eval.fraction), and an
+    error line when one epoch (or the held-out set) is less than one batch."""
+    mixed = [r for r in refs if r.part >= 0]
+    out = []
+    for role, data_role in sample_roles(spec):
+        metas = [index_meta(r, spec, role) if r.key is not None else None for r in mixed]
+        if data_role != "train" or not metas or None in metas:
+            continue
+        parts = [part(spec, r, m) for r, m in zip(mixed, metas, strict=True) if m]
+        samples = epoch_samples(parts)
+        if role == "train":
+            out += [f"train: {line}" for line in share_lines(parts)]
+        else:
+            each = ", ".join(f"{p.samples:,}" for p in parts)
+            out.append(f"eval: {samples:,} samples held out of the sources ({each}), read in the mixture's proportions")
+        if problem := batch_problem(spec, role, samples):
+            out.append(f"error: {problem}")
+        elif role == "train" and (note := epochs_note(spec, samples, total_steps(spec, samples))):
+            out.append(f"train: {note}")
+        elif role == "eval" and (note := eval_batches_note(spec, samples)):
+            out.append(f"eval: {note}")
     return out

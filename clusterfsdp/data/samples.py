@@ -252,7 +252,7 @@ class TrainingData:
     data can hold (the model's vocabulary must cover them; None for synthetic data)."""
 
     train: PreparedSamples | MixtureSamples | SyntheticSamples | None
-    eval: PreparedSamples | None
+    eval: PreparedSamples | MixtureSamples | None
     vocab_size: int | None
     max_id: int = -1
     key: str = ""  # the prepared training dataset's key (recorded in checkpoints)
@@ -290,12 +290,15 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
         index = index_id(spec, role)
         opened[role] = PreparedSamples(Path(folders[data_role]), index, spec.data.seq_len, spec.job.seed, role)
     train: PreparedSamples | MixtureSamples = opened["train"]
+    held: PreparedSamples | MixtureSamples | None = opened.get("eval")
     key = Path(folders["train"]).name
     if spec.data.sources:
         from .mixsamples import open_mixture
 
-        train, key = open_mixture(spec, [Path(f) for role, f in answer[0] if role == "train"])
-    held = opened.get("eval")
+        parts = [Path(f) for role, f in answer[0] if role == "train"]
+        train, key = open_mixture(spec, parts)
+        if held is not None and not spec.eval.paths:  # eval.fraction: held out of every source
+            held = open_mixture(spec, parts, "eval")[0]
     if rank == 0 and held is not None and (note := eval_batches_note(spec, held.count)):
         log(f"data: {note}")
     max_id = max(int(s.manifest["max_id"]) for s in [train, *opened.values()])

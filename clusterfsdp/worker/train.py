@@ -450,7 +450,9 @@ def _label_total(spec: JobSpec, samples, batches: list[Batch], group) -> float:
     return max(1.0, float(total))
 
 
-def evaluate(model, loss_fn, samples: PreparedSamples, batches: int, ctx: RankContext, spec: JobSpec) -> float:
+def evaluate(
+    model, loss_fn, samples: PreparedSamples | MixtureSamples, batches: int, ctx: RankContext, spec: JobSpec
+) -> float:
     """Mean loss over the first `batches` global micro-batches of the fixed evaluation order:
     every rank its slice, the sums of loss and of trained labels all-reduced."""
     mb = spec.train.micro_batch_size

@@ -210,16 +210,13 @@ def _log_errors(log: LogSection) -> list[str]:
 
 def _sources_errors(spec: JobSpec) -> list[str]:
     """[[data.sources]]: instead of data.paths, each with a path, a positive weight and templates
-    of plain column names; eval comes from eval.paths (a held-out fraction of a mixture is not
-    one dataset's)."""
+    of plain column names."""
     d = spec.data
     if not d.sources:
         return []
     errors = []
     if d.paths:
         errors.append("data.sources: give data.paths or [[data.sources]], not both")
-    if spec.eval.fraction:
-        errors.append("eval.fraction: with [[data.sources]] name the eval data in eval.paths")
     for i, s in enumerate(d.sources):
         key = f"data.sources[{i}]"
         if not s.path:
