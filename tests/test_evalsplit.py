@@ -49,7 +49,7 @@ def test_a_held_out_fraction_of_the_demo_jobs_one_document_holds_out_windows(tmp
     lines: list[str] = []
     dataprep.ensure(spec, lines.append)
     data = samples.open_for_training(spec, 0, lines.append)
-    assert data.eval is not None and isinstance(data.train, samples.PreparedSamples)
+    assert isinstance(data.eval, samples.PreparedSamples) and isinstance(data.train, samples.PreparedSamples)
     assert data.eval.count >= spec.world_size * spec.train.micro_batch_size
     assert any("windows of 129 tokens are held out instead" in line for line in lines), lines
     # every token is read by one split only

@@ -16,7 +16,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "safetensors", "datasets", "tokenizers", "numpy", "pandas")
 # clusterfsdp/data/: what the control plane may import (validate and submit check data with it)
-DATA_TORCH_FREE = ("sources", "formats", "trust", "cache", "samplesets", "overlap", "checks", "skipped")
+DATA_TORCH_FREE = (
+    "sources",
+    "formats",
+    "fieldmap",
+    "trust",
+    "cache",
+    "samplesets",
+    "mixture",
+    "overlap",
+    "checks",
+    "skipped",
+)
 DATA_DIR = REPO / "clusterfsdp" / "data"
 DATA_HEAVY = tuple(
     f"clusterfsdp.data.{p.stem}" for p in sorted(DATA_DIR.glob("*.py")) if p.stem not in (*DATA_TORCH_FREE, "__init__")

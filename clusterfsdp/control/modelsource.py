@@ -126,7 +126,11 @@ def prepare(spec: specmod.JobSpec, mode: hub.Mode = "download") -> Prepared:
         _note_bytes_for_pretrained(out)
     data_paths = [_dataset(out, errors, f"data.paths[{i}]", x, mode) for i, x in enumerate(d.paths)]
     eval_paths = [_dataset(out, errors, f"eval.paths[{i}]", x, mode) for i, x in enumerate(spec.eval.paths)]
-    out.spec = _replace(out.spec, "data", paths=data_paths)
+    mixed = [
+        dataclasses.replace(s, path=_dataset(out, errors, f"data.sources[{i}].path", s.path, mode))
+        for i, s in enumerate(d.sources)
+    ]
+    out.spec = _replace(out.spec, "data", paths=data_paths, sources=mixed)
     out.spec = _replace(out.spec, "eval", paths=eval_paths)
     revisions = {s.revision for s in out.sources if s.key.startswith("model.") and s.revision}
     if revisions:

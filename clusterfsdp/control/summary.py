@@ -19,8 +19,8 @@ def summary(spec: specmod.JobSpec, where: str) -> str:
         f"mesh       {' x '.join(map(str, spec.mesh_shape))} ({mesh}), sharding {spec.effective_sharding}, "
         f"FSDP{spec.fsdp.version}, {spec.fsdp.mixed_precision}",
         f"model      {modelsource.describe(spec)}",
-        f"data       {spec.data.source}{' ' + ', '.join(spec.data.paths) if spec.data.paths else ''}, "
-        f"seq {spec.data.seq_len}" + (f", {spec.data.format}, {spec.packing} packing" if spec.data.paths else ""),
+        f"data       {spec.data.source}{' ' + ', '.join(_paths(spec)) if _paths(spec) else ''}, "
+        f"seq {spec.data.seq_len}" + (f", {spec.data.format}, {spec.packing} packing" if _paths(spec) else ""),
         *([f"tokenizer  {_tokenizer(spec)}"] if spec.data.source == "files" else []),
         f"train      {length} x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
         f"({t.micro_batch_size}/rank x {t.grad_accum} accum), lr {t.lr:g} {t.schedule}",
@@ -39,3 +39,8 @@ def _tokenizer(spec: specmod.JobSpec) -> str:
     if d.tokenizer == m.name_or_path:
         return f"{d.tokenizer} (the model's own)"
     return d.tokenizer
+
+
+def _paths(spec: specmod.JobSpec) -> list[str]:
+    """data.paths, or each [[data.sources]] path with its weight."""
+    return spec.data.paths or [f"{s.path} (weight {s.weight:g})" for s in spec.data.sources]

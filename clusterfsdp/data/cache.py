@@ -37,7 +37,7 @@ from ..control import spec as specmod
 from ..control.runroot import default_run_root
 from ..control.spec import badrecords
 from . import trust
-from .formats import record_key
+from .fieldmap import FieldMap
 from .sources import DataError, Source, local_sources
 
 FORMAT_VERSION = 2  # of the prepared layout and of how documents become tokens (2: sealed files)
@@ -147,6 +147,7 @@ class DatasetRef:
     sources: tuple[Source, ...]
     key: str | None  # None: not computed (validate's hashing budget ran out)
     root: Path
+    part: int = -1  # its entry of data.sources (a mixture's part); -1: data.paths / eval.paths
 
     @property
     def folder(self) -> Path:
@@ -172,10 +173,35 @@ class DatasetRef:
             return None
 
 
+@dataclass(frozen=True)
+class DatasetInput:
+    """What one prepared dataset is made of, before its key: the role, the job.toml key naming
+    its paths, the paths, how its records are read, and its entry of data.sources (or -1)."""
+
+    role: str
+    field: str
+    paths: list[str]
+    data: specmod.DataSection
+    part: int = -1
+
+
+def dataset_inputs(spec: specmod.JobSpec) -> list[DatasetInput]:
+    """The prepared datasets a job reads, in order: the training data (data.paths, or one per
+    [[data.sources]] entry), then the eval data (eval.paths)."""
+    out = [DatasetInput("train", "data.paths", spec.data.paths, role_data(spec, "train"))]
+    if spec.data.sources:
+        out = [
+            DatasetInput("train", f"data.sources[{i}].path", [s.path], part_data(spec, i), i)
+            for i, s in enumerate(spec.data.sources)
+        ]
+    return [*out, DatasetInput("eval", "eval.paths", spec.eval.paths, role_data(spec, "eval"))]
+
+
 def dataset_refs(spec: specmod.JobSpec, *, budget: int | None = None, progress=None) -> list[DatasetRef]:
-    """The prepared datasets the job reads (train, then eval when eval.paths is set), with keys.
-    With a hashing `budget` (validate) nothing is written; keys it cannot afford are None.
-    Raises DataError when a path names nothing (`checks.problems` reports those first)."""
+    """The prepared datasets the job reads (train, or one per [[data.sources]] entry; then eval
+    when eval.paths is set), with keys. With a hashing `budget` (validate) nothing is written;
+    keys it cannot afford are None. Raises DataError when a path names nothing
+    (`checks.problems` reports those first)."""
     d = spec.data
     root = cache_root(spec)
     memo = FingerprintMemo(root, persist=budget is None)
@@ -185,47 +211,71 @@ def dataset_refs(spec: specmod.JobSpec, *, budget: int | None = None, progress=N
         tok_hash = content_hash(tokenizer_files(Path(d.tokenizer)), memo, left)
         tok_id = f"hf:{tok_hash}" if tok_hash else None
     refs = []
-    for role, field, paths in (("train", "data.paths", d.paths), ("eval", "eval.paths", spec.eval.paths)):
-        split = role_data(spec, role).split
-        if not paths:
+    for given in dataset_inputs(spec):
+        if not given.paths:
             continue
-        sources, errors = local_sources(field, paths)
+        sources, errors = local_sources(given.field, given.paths)
         if errors:
             raise DataError(errors[0])
         hashes = [content_hash(s.files(), memo, left, progress) for s in sources]
         key = None
         if tok_id is not None and None not in hashes:
+            data, fields = given.data, FieldMap.of(given.data)
             payload = {
                 "v": FORMAT_VERSION,
                 "sources": [[s.kind, s.compression, h] for s, h in zip(sources, hashes, strict=True)],
                 "tokenizer": tok_id,
-                "format": d.format,
-                "key": record_key(d),
-                "split": split if any(s.is_folder for s in sources) else "",
+                "format": data.format,
+                "key": fields.key,
+                "split": data.split if any(s.is_folder for s in sources) else "",
             }
+            if mapping := fields.key_payload():  # a field mapping reads other fields: other tokens
+                payload["map"] = mapping
             policy = badrecords.parse(d.bad_records)
             if policy is not None and policy.skip:  # skipped records are absent (not the limit: it only fails)
                 payload["bad_records"] = "skip"
             key = text_hash(json.dumps(payload, sort_keys=True))[:24]
-        refs.append(DatasetRef(role, tuple(sources), key, root))
+        refs.append(DatasetRef(given.role, tuple(sources), key, root, given.part))
     return refs
 
 
 def role_data(spec: specmod.JobSpec, role: str) -> specmod.DataSection:
-    """The [data] section as the train or eval data is read: eval reads eval.split when set."""
-    if role == "eval" and spec.eval.split:
-        return dataclasses.replace(spec.data, split=spec.eval.split)
+    """The [data] section as the train or eval data is read: eval reads eval.split when set,
+    and always the [data] keys, never a source's mapping."""
+    if role == "eval":
+        return dataclasses.replace(spec.data, split=spec.eval.split or spec.data.split, sources=[])
     return spec.data
 
 
+def part_data(spec: specmod.JobSpec, part: int) -> specmod.DataSection:
+    """The [data] section as one [[data.sources]] entry is read: its path, format, split and keys
+    (empty ones: the [data] keys) and its field mapping (fieldmap.FieldMap.of)."""
+    d, s = spec.data, spec.data.sources[part]
+    return dataclasses.replace(
+        d,
+        paths=[s.path],
+        format=s.format or d.format,
+        split=s.split or d.split,
+        text_key=s.text_key or d.text_key,
+        messages_key=s.messages_key or d.messages_key,
+        sources=[s],
+    )
+
+
+def ref_data(spec: specmod.JobSpec, ref: DatasetRef) -> specmod.DataSection:
+    """How the records of a prepared dataset are read."""
+    return part_data(spec, ref.part) if ref.part >= 0 else role_data(spec, ref.role)
+
+
 def same_data_problem(refs: list[DatasetRef]) -> str | None:
-    """The error line for an eval set that is the training set (the same prepared key)."""
-    keys = {r.role: r.key for r in refs}
-    if keys.get("eval") is None or keys.get("eval") != keys.get("train"):
+    """The error line for an eval set that is the training set, or one source of a mixture (the
+    same prepared key)."""
+    held = next((r.key for r in refs if r.role == "eval"), None)
+    if held is None or held not in {r.key for r in refs if r.role == "train"}:
         return None
     return (
         f"eval.paths: the eval data is the training data (the same sources, split and format: prepared key "
-        f"{keys['eval']}): set eval.split (e.g. 'test' of a DatasetDict folder) or name other data"
+        f"{held}): set eval.split (e.g. 'test' of a DatasetDict folder) or name other data"
     )
 
 
@@ -233,7 +283,7 @@ def unhashed_bytes(spec: specmod.JobSpec) -> int:
     """Bytes of source files whose content hash is not remembered yet (what a prepare hashes first)."""
     memo = FingerprintMemo(cache_root(spec))
     total = 0
-    for field, paths in (("data.paths", spec.data.paths), ("eval.paths", spec.eval.paths)):
-        for source in local_sources(field, paths)[0]:
+    for given in dataset_inputs(spec):
+        for source in local_sources(given.field, given.paths)[0]:
             total += sum(f.stat().st_size for f in source.files() if memo.get(f) is None)
     return total

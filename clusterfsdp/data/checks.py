@@ -12,8 +12,9 @@ from pathlib import Path
 
 from ..control import spec as specmod
 from ..control.spec import badrecords
-from . import skipped
-from .cache import DatasetRef, dataset_refs, role_data, same_data_problem
+from . import mixture, skipped
+from .cache import DatasetRef, dataset_inputs, dataset_refs, same_data_problem
+from .fieldmap import FieldMap, MissingKey
 from .formats import column_problem, first_line, has_chat_template, parse_json_line, utf8_error
 from .overlap import shared_documents
 from .samplesets import (
@@ -63,9 +64,11 @@ def sniff(source: Source, data: specmod.DataSection) -> list[str]:
     if not line.endswith(b"\n") and len(line) >= SNIFF_BYTES:
         return []  # a record longer than what we read: prepare checks it
     try:
-        parse_json_line(line, data, where, line_no)
+        parse_json_line(line, FieldMap.of(data), where, line_no)
     except DataError as e:
         policy = badrecords.parse(data.bad_records)
+        if isinstance(e, MissingKey) and data.sources:  # a source's mapping that names no field of its records
+            return [str(e)]
         return [] if policy is not None and policy.skip else [str(e)]  # skipping: prepare counts it
     return []
 
@@ -89,13 +92,16 @@ def _saved_dataset_problems(source: Source, data: specmod.DataSection) -> list[s
 
 def tokenizer_problems(data: specmod.DataSection) -> list[str]:
     if data.tokenizer == "bytes":
+        chat = [i for i, s in enumerate(data.sources) if s.format == "chat"]
+        if chat and data.format != "chat":  # data.format = 'chat': the spec's own checks say it
+            return [f"data.sources[{chat[0]}].format: 'chat' needs a tokenizer with a chat template; 'bytes' has none"]
         return []
     folder = Path(data.tokenizer)
     if not folder.is_dir():
         if specmod.looks_like_hub_id(data.tokenizer):
             return [f"data.tokenizer: {data.tokenizer!r} is a hub id; hub ids are resolved at submit"]
         return [f"data.tokenizer: {data.tokenizer!r} is neither 'bytes' nor a local tokenizer folder"]
-    if data.format == "chat" and not has_chat_template(folder):
+    if (data.format == "chat" or any(s.format == "chat" for s in data.sources)) and not has_chat_template(folder):
         return [
             f"data.tokenizer: {folder} has no chat template (tokenizer_config.json 'chat_template' or "
             "chat_template.jinja), which data.format = 'chat' needs"
@@ -111,13 +117,13 @@ def source_problems(spec: specmod.JobSpec) -> list[str]:
     if spec.data.source != "files":
         return []
     errors: list[str] = []
-    sources: list[Source] = []
-    for field, paths in (("data.paths", spec.data.paths), ("eval.paths", spec.eval.paths)):
-        found, problems = local_sources(field, paths)
-        sources += found
+    sources: list[tuple[Source, specmod.DataSection]] = []
+    for given in dataset_inputs(spec):
+        found, problems = local_sources(given.field, given.paths)
+        sources += [(s, given.data) for s in found]
         errors += problems
-    for s in sources[:SNIFF_FILES]:
-        errors += sniff(s, role_data(spec, "eval" if s.split_key == "eval.split" else "train"))
+    for s, data in sources[:SNIFF_FILES]:
+        errors += sniff(s, data)
     return errors + tokenizer_problems(spec.data)
 
 
@@ -168,6 +174,7 @@ def prepared_state(spec: specmod.JobSpec) -> list[str]:
     try:
         for ref in refs:
             out += _dataset_state(spec, ref)
+        out += mixture.state_lines(spec, refs)
         shared = shared_documents(refs[0], refs[1]) if len(refs) == 2 else None
     except DataError as e:  # a cache entry not to trust
         return [*out, f"error: {e}"]
@@ -186,9 +193,9 @@ def _dataset_state(spec: specmod.JobSpec, ref: DatasetRef) -> list[str]:
             f"{ref.role}: not prepared yet: the job prepares it at start (or `clusterfsdp data prepare`) "
             f"into {ref.folder}"
         ]
-        if ref.role == "train" and spec.train.epochs > 0:
+        if ref.role == "train" and ref.part <= 0 and spec.train.epochs > 0:
             out.append(f"train: train.epochs = {spec.train.epochs:g}: the steps are counted once the data is prepared")
-        bound = _byte_tokens(ref.sources, spec) if ref.role == "train" else None
+        bound = _byte_tokens(ref.sources, spec) if ref.role == "train" and ref.part < 0 else None
         if bound is not None:
             out += _capacity_lines(spec, *bound, documents=len(ref.sources) if bound[1] else None)
         return out
@@ -196,6 +203,9 @@ def _dataset_state(spec: specmod.JobSpec, ref: DatasetRef) -> list[str]:
     out += skipped.lines(ref.role, manifest)
     if problem := skipped.reuse_problem(spec.data.bad_records, ref.role, manifest):
         out.append(f"error: {problem}")
+    if ref.part >= 0:  # a source of a mixture: its index statistics; the rest is the mixture's (mixture.py)
+        meta = index_meta(ref, spec, "train")
+        return [*out, f"{stats_line('train', meta)} ({mixture.label(spec, ref.part)})"] if meta else out
     if ref.role == "train":
         out += _capacity_lines(spec, int(manifest["tokens"]), True, documents=int(manifest["documents"]))
     for role, data_role in sample_roles(spec):

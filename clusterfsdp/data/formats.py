@@ -7,12 +7,11 @@ from __future__ import annotations
 import codecs
 import json
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from ..control import spec as specmod
+from .fieldmap import FieldMap
 from .sources import DataError
-
-MESSAGE_KEYS = ("role", "content")
 
 
 def utf8_error(data: bytes, where: str, first_line: int = 1, final: bool = True) -> str | None:
@@ -26,53 +25,17 @@ def utf8_error(data: bytes, where: str, first_line: int = 1, final: bool = True)
         return f"{where}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); re-encode the file"
 
 
-def record_key(data: specmod.DataSection) -> str:
-    """The record field the job reads: the text, or the messages of a conversation."""
-    return data.messages_key if data.format == "chat" else data.text_key
-
-
-def record_field(data: specmod.DataSection) -> str:
-    """The job.toml key that names it."""
-    return "data.messages_key" if data.format == "chat" else "data.text_key"
-
-
 def column_problem(where: str, data: specmod.DataSection, columns: list[str]) -> str | None:
-    """The error line for a table (parquet, dataset) without the record key's column."""
-    key = record_key(data)
-    if key in columns:
+    """The error line for a table (parquet, dataset) without a column the record mapping reads."""
+    fm = FieldMap.of(data)
+    missing = [c for c in fm.columns() if c not in columns]
+    if not missing:
         return None
-    return f"{where}: no column {key!r} ({record_field(data)}; it has: {', '.join(columns)})"
+    field = fm.field if not fm.templated else f"a template of {fm.where or 'the source'}"
+    return f"{where}: no column {missing[0]!r} ({field}; it has: {', '.join(columns)})"
 
 
-def record_value(record: Any, data: specmod.DataSection, where: str) -> str | list[dict[str, str]]:
-    """The text (format 'text') or messages (format 'chat') of one decoded record; DataError
-    naming `where` (file:line or file row) and the key when the record does not have them."""
-    key = record_key(data)
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: not a JSON object")
-    if key not in record:
-        has = ", ".join(sorted(map(str, record))[:8]) or "none"
-        raise DataError(f"{where}: no {key!r} key ({record_field(data)}; the record has: {has})")
-    value = record[key]
-    if data.format == "text":
-        if not isinstance(value, str):
-            raise DataError(f"{where}: {key!r} is {type(value).__name__}, not a string")
-        return value
-    return check_messages(value, key, where)
-
-
-def check_messages(value: Any, key: str, where: str) -> list[dict[str, str]]:
-    if not isinstance(value, list) or not value:
-        raise DataError(f"{where}: {key!r} must be a non-empty list of {{role, content}} messages")
-    for n, m in enumerate(value):
-        if not isinstance(m, dict) or not all(isinstance(m.get(k), str) for k in MESSAGE_KEYS):
-            raise DataError(f"{where}: {key}[{n}] is not an object with string 'role' and 'content'")
-    if not any(m["role"] == "assistant" for m in value):
-        raise DataError(f"{where}: {key!r} has no 'assistant' message: nothing to train on")
-    return value
-
-
-def parse_json_line(line: bytes, data: specmod.DataSection, file: str, line_no: int) -> str | list[dict[str, str]]:
+def parse_json_line(line: bytes, fields: FieldMap, file: str, line_no: int) -> str | list[dict[str, str]]:
     """The text or messages of one .jsonl line; DataError naming file:line otherwise."""
     try:
         record = json.loads(line.rstrip(b"\r\n"))
@@ -80,7 +43,7 @@ def parse_json_line(line: bytes, data: specmod.DataSection, file: str, line_no: 
         raise DataError(utf8_error(line, file, line_no) or f"{file}:{line_no}: not UTF-8") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{file}:{line_no}: not valid JSON ({e.msg} at column {e.colno})") from None
-    return record_value(record, data, f"{file}:{line_no}")
+    return fields.apply(record, f"{file}:{line_no}")
 
 
 def first_line(stream: IO[bytes], limit: int) -> tuple[int, bytes]:

@@ -27,8 +27,8 @@ from typing import Any
 
 from ..control import spec as specmod
 from ..control.lock import FileLock, LockHeld
-from . import index, overlap, skipped, trust
-from .cache import FORMAT_VERSION, DatasetRef, cache_root, dataset_refs, role_data, same_data_problem, unhashed_bytes
+from . import index, mixindex, overlap, skipped, trust
+from .cache import FORMAT_VERSION, DatasetRef, cache_root, dataset_refs, ref_data, same_data_problem, unhashed_bytes
 from .checks import source_problems
 from .pool import cpu_count, tokenize
 from .readers import Task
@@ -113,7 +113,7 @@ def build(
     workers = workers or cpu_count()
     if all(s.kind in ("txt", "jsonl") and not s.compression for s in ref.sources):
         workers = min(workers, -(-total // unit_bytes))
-    data = role_data(spec, ref.role)
+    data = ref_data(spec, ref)
     task = Task(data, ref.sources, str(shards), str(ref.root))
     log(
         f"data: preparing {ref.role} data ({len(ref.sources)} source(s), {total / 1e6:,.1f} MB) with "
@@ -147,8 +147,8 @@ def build(
         "vocab_size": stats[0]["vocab_size"],
         "eos": stats[0]["eos"],
         "dtype": stats[0]["dtype"],
-        "format": spec.data.format,
-        "mask": spec.data.format == "chat",
+        "format": data.format,
+        "mask": data.format == "chat",
         "tokens": tokens,
         "documents": sum(s["documents"] for s in stats),
         "skipped": sum(s["skipped"] for s in stats),
@@ -256,8 +256,11 @@ def ensure(
             log(f"data: {line}")
     by_role = {r.role: r for r in refs}
     for role, data_role in sample_roles(spec):
-        meta = index.ensure(by_role[data_role], spec, role, log)
-        problem = batch_problem(spec, role, int(meta["samples"]))
+        if data_role == "train" and spec.data.sources:  # one index per source of the mixture
+            samples = mixindex.ensure_indexes(refs, spec, log, role)
+        else:
+            samples = int(index.ensure(by_role[data_role], spec, role, log)["samples"])
+        problem = batch_problem(spec, role, samples)
         if problem:
             raise DataError(problem)
     if "eval" in by_role:

@@ -18,7 +18,8 @@ import numpy as np
 
 from ..control import spec as specmod
 from ..control.spec import badrecords
-from .formats import parse_json_line, record_key, record_value, utf8_error
+from .fieldmap import FieldMap
+from .formats import parse_json_line, utf8_error
 from .shards import ShardStats, ShardWriter
 from .skipped import BAD_KEPT
 from .sources import DataError, Source
@@ -46,6 +47,7 @@ class UnitReader:
         self.task = task
         self.encoder = DocumentEncoder(task.data.tokenizer)
         self.chat = task.data.format == "chat"
+        self.fields = FieldMap.of(task.data)
         policy = badrecords.parse(task.data.bad_records)
         self.skip_bad = policy is not None and policy.skip
         self._datasets: dict[int, Any] = {}
@@ -131,27 +133,24 @@ class UnitReader:
             if not line.strip():
                 continue
             try:
-                value = parse_json_line(line, self.task.data, file, first + n)
+                value = parse_json_line(line, self.fields, file, first + n)
             except DataError as e:
                 error = e
                 if not first:  # the error again, now with the file's line number
                     first = self._first_line(src, unit)
                     try:
-                        parse_json_line(line, self.task.data, file, first + n)
+                        parse_json_line(line, self.fields, file, first + n)
                     except DataError as located:
                         error = located
                 self._bad(error)
                 continue
             yield value, _Lazy(lambda n=n: f"{file}:{self._first_line(src, unit) + n}")
 
-    def _rows(self, src: Source, values: list[Any], first_row: int) -> Iterator[tuple[Any, object]]:
-        key = record_key(self.task.data)
-        for n, value in enumerate(values):
+    def _rows(self, src: Source, rows: list[dict[str, Any]], first_row: int) -> Iterator[tuple[Any, object]]:
+        for n, row in enumerate(rows):
             where = f"{src.field}: {src.path} row {first_row + n}"
             try:
-                if value is None:
-                    raise DataError(f"{where}: {key!r} is null")
-                record = record_value({key: value}, self.task.data, where)
+                record = self.fields.apply(row, where)
             except DataError as e:
                 self._bad(e)
                 continue
@@ -163,20 +162,22 @@ class UnitReader:
         pf = pq.ParquetFile(src.path)
         row = unit.first_line
         for group in range(unit.start, unit.stop):
-            column = pf.read_row_group(group, columns=[record_key(self.task.data)]).column(0)
-            for at in range(0, len(column), ROWS_PER_READ):
-                values = column.slice(at, ROWS_PER_READ).to_pylist()
-                yield from self._rows(src, values, row + at)
-            row += len(column)
+            table = pf.read_row_group(group, columns=self.fields.columns())
+            for at in range(0, table.num_rows, ROWS_PER_READ):
+                yield from self._rows(src, table.slice(at, ROWS_PER_READ).to_pylist(), row + at)
+            row += table.num_rows
 
     def _dataset(self, src: Source, unit: Unit) -> Iterator[tuple[Any, object]]:
         if unit.source not in self._datasets:
             self._datasets[unit.source] = load_hf_dataset(src, self.task.data, Path(self.task.cache))
         ds = self._datasets[unit.source]
-        key = record_key(self.task.data)
+        columns = self.fields.columns()
         for at in range(unit.start, unit.stop, ROWS_PER_READ):
-            values = ds[at : min(unit.stop, at + ROWS_PER_READ)][key]
-            yield from self._rows(src, values, at + 1)
+            batch = ds[at : min(unit.stop, at + ROWS_PER_READ)]
+            rows = [
+                dict(zip(columns, values, strict=True)) for values in zip(*(batch[c] for c in columns), strict=True)
+            ]
+            yield from self._rows(src, rows, at + 1)
 
     # ---- tokenizing
     def _records(self, records: Iterator[tuple[Any, object]], writer: ShardWriter) -> None:

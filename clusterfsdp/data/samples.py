@@ -21,7 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -34,6 +34,9 @@ from .samplesets import eval_batches_note, index_id, sample_roles
 from .shards import shard_offsets
 from .sources import DataError
 from .tokens import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from .mixsamples import MixtureSamples
 
 PREPARE_WAIT = timedelta(days=7)  # how long ranks > 0 wait for rank 0's prepare
 
@@ -256,13 +259,17 @@ class PreparedSamples:
     def batch(self, consumed: int, dp_rank: int, dp_size: int, micro_batch: int) -> Batch:
         """This rank's micro-batch of the global batch that starts at sample `consumed`."""
         first = consumed + dp_rank * micro_batch
-        parts = [self.sample(self.index_of(self.skipped.raw(first + i))) for i in range(micro_batch)]
-        positions = [p.positions for p in parts if p.positions is not None]
-        return Batch(
-            torch.from_numpy(np.stack([p.input_ids for p in parts])),
-            torch.from_numpy(np.stack([p.labels for p in parts])),
-            torch.from_numpy(np.stack(positions)) if positions else None,
-        )
+        return stack([self.sample(self.index_of(self.skipped.raw(first + i))) for i in range(micro_batch)])
+
+
+def stack(parts: list[Sample]) -> Batch:
+    """Samples as one micro-batch."""
+    positions = [p.positions for p in parts if p.positions is not None]
+    return Batch(
+        torch.from_numpy(np.stack([p.input_ids for p in parts])),
+        torch.from_numpy(np.stack([p.labels for p in parts])),
+        torch.from_numpy(np.stack(positions)) if positions else None,
+    )
 
 
 class SyntheticSamples:
@@ -290,8 +297,8 @@ class TrainingData:
     """What a rank reads: training samples, evaluation samples (or None), and the token ids the
     data can hold (the model's vocabulary must cover them; None for synthetic data)."""
 
-    train: PreparedSamples | SyntheticSamples | None
-    eval: PreparedSamples | None
+    train: PreparedSamples | MixtureSamples | SyntheticSamples | None
+    eval: PreparedSamples | MixtureSamples | None
     vocab_size: int | None
     max_id: int = -1
     key: str = ""  # the prepared training dataset's key (recorded in checkpoints)
@@ -312,7 +319,7 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
 
         try:
             refs = prepare.ensure(spec, log)
-            answer = [{r.role: str(r.folder) for r in refs}]
+            answer = [[(r.role, str(r.folder)) for r in refs]]
         except Exception as e:  # every rank must hear of it, or they would wait for days
             failure = e
             answer = [str(e) if isinstance(e, DataError) else f"rank 0 could not prepare the data: {e!r}"]
@@ -323,13 +330,22 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
         raise failure
     if isinstance(answer[0], str):
         raise DataError(answer[0])
-    folders: dict[str, str] = answer[0]
+    folders: dict[str, str] = dict(answer[0])  # a mixture's train folders: its parts, below
     opened: dict[str, PreparedSamples] = {}
     for role, data_role in sample_roles(spec):
         index = index_id(spec, role)
         opened[role] = PreparedSamples(Path(folders[data_role]), index, spec.data.seq_len, spec.job.seed, role)
-    train, held = opened["train"], opened.get("eval")
+    train: PreparedSamples | MixtureSamples = opened["train"]
+    held: PreparedSamples | MixtureSamples | None = opened.get("eval")
+    key = Path(folders["train"]).name
+    if spec.data.sources:
+        from .mixsamples import open_mixture
+
+        parts = [Path(f) for role, f in answer[0] if role == "train"]
+        train, key = open_mixture(spec, parts)
+        if held is not None and not spec.eval.paths:  # eval.fraction: held out of every source
+            held = open_mixture(spec, parts, "eval")[0]
     if rank == 0 and held is not None and (note := eval_batches_note(spec, held.count)):
         log(f"data: {note}")
-    max_id = max(int(s.manifest["max_id"]) for s in opened.values())
-    return TrainingData(train, held, int(train.manifest["vocab_size"]), max_id, Path(folders["train"]).name)
+    max_id = max(int(s.manifest["max_id"]) for s in [train, *opened.values()])
+    return TrainingData(train, held, int(train.manifest["vocab_size"]), max_id, key)

@@ -54,6 +54,8 @@ class Source:
     @property
     def split_key(self) -> str:
         """The job.toml key that names the split read from it (eval data: eval.split)."""
+        if self.field.startswith("data.sources["):  # its own split, else data.split
+            return self.field.rsplit(".", 1)[0] + ".split"
         return "eval.split" if self.field.startswith("eval.") else "data.split"
 
 
@@ -92,7 +94,7 @@ def local_sources(field: str, patterns: list[str]) -> tuple[list[Source], list[s
     sources: list[Source] = []
     errors: list[str] = []
     for i, pattern in enumerate(patterns):
-        key = f"{field}[{i}]"
+        key = field if field.endswith(".path") else f"{field}[{i}]"  # data.sources[i].path: one path
         found = matches(pattern)
         if not found:
             if specmod.looks_like_hub_id(pattern):

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from ..control import evalsamples as records
 from ..control.spec import JobSpec
+from ..data.mixsamples import MixtureSamples
 from ..data.samples import PreparedSamples
 from ..data.tokens import IGNORE_INDEX, DocumentEncoder
 
@@ -42,7 +43,7 @@ class SampleGenerator:
     """Made once by the Trainer on every rank; `generate(model, step)` at every evaluation
     (collective) returns the samples (the same on every rank)."""
 
-    def __init__(self, spec: JobSpec, eval_set: PreparedSamples | None):
+    def __init__(self, spec: JobSpec, eval_set: PreparedSamples | MixtureSamples | None):
         self.spec, self.max_new = spec, spec.eval.samples_max_new_tokens
         self.encoder = DocumentEncoder(spec.data.tokenizer)
         tok: Any = self.encoder.tok  # a transformers tokenizer or the byte tokenizer
@@ -51,8 +52,11 @@ class SampleGenerator:
             self.prompts = [self._encode(p) for p in read_prompts(Path(spec.eval.samples_file), spec.eval.samples)]
         else:
             assert eval_set is not None  # spec checks: eval.samples needs an eval set
-            n = min(spec.eval.samples, eval_set.count)
-            self.prompts = [eval_prompt(eval_set, eval_set.index_of(i)) for i in range(n)]
+            # a mixture's eval set: its sources in turn, each its first samples
+            parts = eval_set.parts if isinstance(eval_set, MixtureSamples) else [eval_set]
+            n = min(spec.eval.samples, sum(part.count for part in parts))
+            picks = [(parts[i % len(parts)], i // len(parts)) for i in range(n)]
+            self.prompts = [eval_prompt(part, part.index_of(k)) for part, k in picks if k < part.count]
         # at most seq_len tokens: the end of a longer prompt, which the completion follows
         self.prompts = [ids[-spec.data.seq_len :] for ids in self.prompts]
 

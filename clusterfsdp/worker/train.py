@@ -29,6 +29,7 @@ from ..control import ckptfolder, lrschedule
 from ..control.records import EventKind
 from ..control.spec import JobSpec
 from ..data import samplesets
+from ..data.mixsamples import MixtureSamples
 from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples, TrainingData, open_for_training
 from . import metrics as metricsmod
 from . import model as modelmod
@@ -165,7 +166,7 @@ class Trainer:
         self.gradient_sync: Callable[[bool], None] | None = getattr(self.model, "set_requires_gradient_sync", None)
 
     # ---------------------------------------------------------------- set-up steps
-    def _open_data(self) -> tuple[TrainingData, PreparedSamples | SyntheticSamples | None, int]:
+    def _open_data(self) -> tuple[TrainingData, PreparedSamples | MixtureSamples | SyntheticSamples | None, int]:
         """The prepared data (rank 0 prepares it if missing) and how many eval micro-batches
         every rank gets from the held-out set."""
         ctx = self.ctx
@@ -183,7 +184,7 @@ class Trainer:
         """The steps this run trains (samplesets.total_steps: train.epochs counts them from the
         training set's size and the global batch), said in the log with the passes over the
         data when train.epochs is set or the steps make more than one pass."""
-        if not isinstance(self.samples, PreparedSamples):
+        if self.samples is None or isinstance(self.samples, SyntheticSamples):
             return self.spec.train.steps
         steps = samplesets.total_steps(self.spec, self.samples.count, step, consumed)
         if note := samplesets.epochs_note(self.spec, self.samples.count, steps):
@@ -405,7 +406,7 @@ class Trainer:
     def _epoch(self) -> dict[str, float]:
         """The fractional epoch (samples consumed / training samples) for a metrics row; none
         for synthetic data."""
-        if not isinstance(self.samples, PreparedSamples):
+        if self.samples is None or isinstance(self.samples, SyntheticSamples):
             return {}
         return {"epoch": samplesets.epoch(self.state.consumed, self.samples.count)}
 
@@ -476,7 +477,9 @@ def _label_total(spec: JobSpec, samples, batches: list[Batch], group) -> float:
     return max(1.0, float(total))
 
 
-def evaluate(model, loss_fn, samples: PreparedSamples, batches: int, ctx: RankContext, spec: JobSpec) -> float:
+def evaluate(
+    model, loss_fn, samples: PreparedSamples | MixtureSamples, batches: int, ctx: RankContext, spec: JobSpec
+) -> float:
     """Mean loss over the first `batches` global micro-batches of the fixed evaluation order:
     every rank its slice, the sums of loss and of trained labels all-reduced."""
     mb = spec.train.micro_batch_size

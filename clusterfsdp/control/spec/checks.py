@@ -25,6 +25,7 @@ from .schema import (
     parse_time_minutes,
     short,
 )
+from .templates import template_fields
 from .tokenizer import chat_problem
 
 
@@ -96,10 +97,11 @@ def check(spec: JobSpec) -> None:
             f"slurm.tasks_per_node: one worker per GPU is required, found {s.tasks_per_node} tasks for "
             f"{s.gpus_per_node} GPUs (set tasks_per_node = 0)"
         )
-    if d.source == "files" and not d.paths:
+    if d.source == "files" and not d.paths and not d.sources:
         errors.append("data.paths: source = 'files' needs at least one path")
-    if d.source == "synthetic" and d.paths:
-        errors.append("data.paths: set data.source = 'files' to read these paths")
+    if d.source == "synthetic" and (d.paths or d.sources):
+        errors.append(f"data.{'paths' if d.paths else 'sources'}: set data.source = 'files' to read these paths")
+    errors += _sources_errors(spec)
     errors += _model_errors(spec.model)
     if d.source == "synthetic" and d.format == "chat":
         errors.append("data.format: 'chat' needs data.source = 'files'")
@@ -232,4 +234,31 @@ def _log_errors(log: LogSection) -> list[str]:
         )
     if re.search(r"\s", log.mlflow_tracking_uri):
         errors.append(f"log.mlflow_tracking_uri: {short(log.mlflow_tracking_uri)} contains whitespace")
+    return errors
+
+
+def _sources_errors(spec: JobSpec) -> list[str]:
+    """[[data.sources]]: instead of data.paths, each with a path, a positive weight and templates
+    of plain column names."""
+    d = spec.data
+    if not d.sources:
+        return []
+    errors = []
+    if d.paths:
+        errors.append("data.sources: give data.paths or [[data.sources]], not both")
+    for i, s in enumerate(d.sources):
+        key = f"data.sources[{i}]"
+        if not s.path:
+            errors.append(f"{key}.path: each source needs a path")
+        if not (math.isfinite(s.weight) and s.weight > 0):
+            errors.append(f"{key}.weight: must be a number > 0, found {s.weight!r}")
+        for name in ("prompt", "response", "system"):
+            try:
+                template_fields(getattr(s, name))
+            except ValueError as e:
+                errors.append(f"{key}.{name}: not a template of column names ({e}); write {{column}}, {{{{ for a brace")
+        if s.system and not s.prompt and not s.response:
+            errors.append(f"{key}.system: a system template goes with prompt and response templates")
+        if (s.prompt or s.system) and not s.response and (s.format or d.format) == "chat":
+            errors.append(f"{key}.response: a conversation needs the template of its answer (e.g. '{{output}}')")
     return errors

@@ -248,6 +248,8 @@ def plain(value: Any) -> Any:
     """A section or nested table as TOML data (dataclasses become tables keyed by TOML key)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {toml_key(f): plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list):  # [[key]] tables
+        return [plain(v) for v in value]
     return copy.deepcopy(value)
 
 

@@ -5,6 +5,7 @@ commented starter file of `clusterfsdp init`, all generated from the fields' doc
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from .codec import plain, render_key, render_value, to_dict, unknown_key
 from .schema import HINTS, SECTIONS, JobSpec, SpecError, section_class, section_fields, toml_key, type_name
@@ -80,6 +81,9 @@ def _describe_table(cls: type, prefix: str, selector: str) -> list[str]:
         lines.append(
             f"  {key} = {render_value(plain(getattr(cls(), sf.name)))}    ({type_name(tp)})\n      {sf.metadata['doc']}"
         )
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+        if dataclasses.is_dataclass(item) and isinstance(item, type):  # [[key]] tables: their keys as key[].name
+            lines += _describe_table(item, key + "[].", "")
     return lines
 
 

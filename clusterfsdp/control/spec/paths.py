@@ -107,6 +107,10 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
     out.data = dataclasses.replace(
         spec.data,
         paths=[data_path(f"data.paths[{i}]", x) for i, x in enumerate(spec.data.paths)],
+        sources=[
+            dataclasses.replace(s, path=data_path(f"data.sources[{i}].path", s.path))
+            for i, s in enumerate(spec.data.sources)
+        ],
         tokenizer=spec.data.tokenizer
         if spec.data.tokenizer in ("bytes", "auto")
         else source("data.tokenizer", spec.data.tokenizer),

@@ -203,6 +203,43 @@ class ModelSection:
 
 
 @dataclass
+class DataSource:
+    """One `[[data.sources]]` entry: a dataset of a mixture, with its weight and field mapping."""
+
+    path: str = F(
+        "",
+        "A file, folder or glob like an entry of data.paths (relative to this file), read as its own prepared dataset.",
+    )
+    weight: float = F(
+        1.0,
+        "Its share of the training samples (weights are normalized over the sources; a sample is seq_len "
+        "positions of one source, so this is also its share of the tokens trained on).",
+    )
+    format: Literal["", "text", "chat"] = F("", "'text' or 'chat' (empty: data.format).")
+    split: str = F("", "Split of a dataset folder (empty: data.split).")
+    text_key: str = F("", "Field holding the text (format = 'text'; empty: data.text_key).")
+    messages_key: str = F(
+        "", "Field holding the conversation (format = 'chat'; empty: data.messages_key), e.g. 'conversations'."
+    )
+    role_key: str = F("role", "Field of each message holding its role, e.g. 'from' (ShareGPT).")
+    content_key: str = F("content", "Field of each message holding its text, e.g. 'value' (ShareGPT).")
+    roles: dict[str, str] = F(
+        {},
+        "Role values of the source and the chat role each becomes, e.g. { human = 'user', gpt = 'assistant' }; "
+        "values not named are kept.",
+    )
+    prompt: str = F(
+        "",
+        "Instead of a field: a template of the record's columns, {name} each (e.g. '{instruction}\\n\\n{input}', "
+        "Alpaca), rendered and stripped: the user message (format 'chat') or the start of the text ('text').",
+    )
+    response: str = F(
+        "", "With prompt: the template of the answer (e.g. '{output}'): the assistant message, or the rest of the text."
+    )
+    system: str = F("", "With prompt, format 'chat': the template of a system message (none when it renders empty).")
+
+
+@dataclass
 class DataSection:
     source: Literal["synthetic", "files"] = F("synthetic", "'synthetic' random tokens, or 'files' to read `paths`.")
     paths: list[str] = F(
@@ -221,6 +258,12 @@ class DataSection:
     text_key: str = F("text", "Field holding the text of .jsonl, parquet and dataset records (format = 'text').")
     messages_key: str = F("messages", "Field holding the list of {role, content} messages (format = 'chat').")
     split: str = F("train", "Split to read from a dataset folder that holds several (save_to_disk or load_dataset).")
+    sources: list[DataSource] = F(
+        [],
+        "Instead of paths: several datasets mixed by weight, each a [[data.sources]] table (path, weight, format, "
+        "split and a field mapping; docs/data.md). Samples are drawn from them in a seeded, resumable order; an "
+        "epoch is as many samples as the sources hold together.",
+    )
     tokenizer: str = F(
         "auto",
         "'auto': the tokenizer of model.name_or_path when that folder (or hub snapshot) has one "
@@ -464,9 +507,10 @@ class JobSpec:
 
     @property
     def packing(self) -> str:
-        """data.packing with 'auto' decided: 'documents' for chat data, else 'concat'."""
+        """data.packing with 'auto' decided: 'documents' for chat data (any chat source), else 'concat'."""
         if self.data.packing == "auto":
-            return "documents" if self.data.format == "chat" else "concat"
+            chat = self.data.format == "chat" or any(s.format == "chat" for s in self.data.sources)
+            return "documents" if chat else "concat"
         return self.data.packing
 
     @property
@@ -502,6 +546,7 @@ HINTS: dict[type, dict[str, Any]] = {
         SlurmSection,
         ModelSection,
         DataSection,
+        DataSource,
         TrainSection,
         EvalSection,
         FsdpSection,
