@@ -1,0 +1,247 @@
+"""Tokenizing a job's data as a Slurm job array of its own, so that no GPU waits on it.
+
+`clusterfsdp data prepare JOB --executor slurm` and `submit` of a job whose data is not prepared
+(`data.prepare = 'job'`, the default on Slurm) queue one job array through submitit's
+`map_array` (`slurmexec.RetriedSlurmExecutor`: sbatch retried through a controller outage, a
+unique `--comment`). Each task tokenizes its share of the units into the dataset's partial
+folder in the shared cache; the last one to finish renames it into place (data/array.py). The
+training job waits for it with `--dependency=afterok:<array>` and `--kill-on-invalid-dep=yes`:
+a failed array (bad input, a task killed) leaves the training job cancelled by Slurm, and
+`status` gives the reason from the cache (`note`). Torch-free: the tasks import the data side by
+name (`PrepareCall`), as `launch.WorkerCall` imports the worker.
+
+Sizing: one task per node of the job (or `--nodes N`: N tasks of a whole node each, or
+`--array-size K` tasks of `--cpus-per-task C` CPUs), each with a process per CPU it was given;
+docs/data.md says how to choose.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..data import arraystate
+from ..data.cache import DatasetRef, cache_root, dataset_refs
+from ..data.sources import DataError
+from . import slurmcli
+from . import spec as specmod
+from .errors import UserError
+from .records import RunState
+from .runfolder import RunFolder, atomic_write
+
+RECORD = "prepare.json"  # in a run folder: the array its training job waits for
+
+
+class PrepareError(UserError, RuntimeError):
+    """The prepare array could not be queued, or failed; one line for the user."""
+
+
+@dataclass(frozen=True)
+class ArrayOptions:
+    """How the array is sized: `nodes` tasks that each take a whole node, or `tasks` tasks of
+    `cpus_per_task` CPUs (0 for both: one task per node of the job, whole nodes)."""
+
+    nodes: int = 0
+    tasks: int = 0
+    partition: str = ""
+    cpus_per_task: int = 0
+    time_minutes: int = 0
+    unit_bytes: int = 0
+
+    def count(self, spec: specmod.JobSpec) -> int:
+        return self.nodes or self.tasks or spec.slurm.nodes
+
+    def whole_nodes(self) -> bool:
+        return not self.tasks
+
+
+@dataclass(frozen=True)
+class PrepareCall:
+    """What submitit pickles for the array; task `index` runs `data.array.run_task` on the
+    resolved job (secrets redacted: tokenizing needs none). Slurm's stop signals (scancel, the
+    time limit) end the task at once, releasing its unit claims; complete units are kept."""
+
+    job_toml: str
+    count: int
+    unit_bytes: int = 0
+    run_dir: str = ""
+
+    def __call__(self, index: int) -> bool:
+        import importlib
+        import os
+
+        for sig in (signal.SIGTERM, signal.SIGUSR2):
+            signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
+        array = importlib.import_module("clusterfsdp.data.array")
+        spec = specmod.loads(self.job_toml)
+        share = array.Share(index, self.count, os.environ.get("SLURM_ARRAY_JOB_ID", "") or "array")
+        try:
+            return array.run_task(spec, share, lambda line: print(line, flush=True), unit_bytes=self.unit_bytes)
+        except DataError as e:
+            sys.exit(f"error: {e}")  # recorded in the partial folder (failed.json) for status
+
+
+def missing(spec: specmod.JobSpec) -> list[DatasetRef]:
+    """The job's datasets that are not prepared (hashing sources not fingerprinted yet)."""
+    if spec.data.source != "files":
+        return []
+    try:
+        return [ref for ref in dataset_refs(spec) if ref.manifest() is None]
+    except DataError as e:
+        raise PrepareError(str(e)) from None
+
+
+def queue(spec: specmod.JobSpec, options: ArrayOptions, refs: list[DatasetRef], folder: Path, run_dir: str = "") -> str:
+    """Queue the prepare array of `refs` (submitit files under `folder`); its job id."""
+    from . import launch, slurmexec
+
+    count = options.count(spec)
+    s = spec.slurm
+    parameters = {
+        "job_name": f"{spec.job.name}-prepare",
+        "nodes": 1,
+        "ntasks_per_node": 1,
+        "time": options.time_minutes or spec.time_minutes,
+        "cpus_per_task": options.cpus_per_task or None,
+        "partition": options.partition or spec.data.prepare_partition or s.partition or None,
+        "account": s.account or None,
+        "qos": s.qos or None,
+        "exclusive": True if options.whole_nodes() else None,
+        "array_parallelism": count,
+        "wckey": None,  # submitit's default "submitit" is refused where wckeys are enforced
+        "setup": list(s.setup),
+        "srun_args": list(launch.task_launch(spec).srun_args),
+    }
+    token = f"clusterfsdp:prepare:{secrets.token_hex(4)}"
+    python = shlex.join(launch.task_launch(spec).python)
+    ex = slurmexec.executor(
+        folder / "%j",
+        python,
+        {k: v for k, v in parameters.items() if v is not None or k == "wckey"},
+        token=token,
+        hold=False,
+    )
+    call = PrepareCall(specmod.dumps(spec, redact=True), count, options.unit_bytes, run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with launch.submission_env(spec):
+            jobs = ex.map_array(call, list(range(count)))
+    except slurmcli.SlurmError as e:
+        raise PrepareError(f"the prepare array could not be queued: {e}") from None
+    job_id = str(jobs[0].job_id).split("_")[0]
+    for ref in refs:
+        arraystate.record_array(ref, job_id, count, run_dir)
+    return job_id
+
+
+# ---------------------------------------------------------------- submit
+def before_training(spec: specmod.JobSpec, run: RunFolder) -> str | None:
+    """For a Slurm submit: queue the prepare array when the job's data is not prepared
+    (`data.prepare = 'job'`), record it in the run folder and return the training job's
+    dependency; refuse with 'require'; None when nothing is missing or the job prepares itself."""
+    from ..data.checks import container_only_paths
+
+    if spec.data.source != "files" or spec.data.prepare == "in_job" or container_only_paths(spec):
+        return None
+    refs = missing(spec)
+    if not refs:
+        return None
+    if spec.data.prepare == "require":
+        roles = " and ".join(r.role for r in refs)
+        raise PrepareError(
+            f"data.prepare = 'require': the {roles} data is not prepared; run `clusterfsdp data prepare` first"
+        )
+    job_id = queue(spec, ArrayOptions(), refs, run.path / "prepare", str(run.path))
+    record = {
+        "job_id": job_id,
+        "datasets": [
+            {"role": r.role, "key": r.key, "root": str(r.root), "bytes": sum(s.size() for s in r.sources)} for r in refs
+        ],
+    }
+    atomic_write(run.path / RECORD, json.dumps(record))
+    return f"afterok:{job_id}"
+
+
+def recorded(run_path: Path) -> tuple[str, list[arraystate.Progress]] | None:
+    """The prepare array a run's training job waits for, with each dataset's progress."""
+    try:
+        record = json.loads((run_path / RECORD).read_text())
+        datasets = [(DatasetRef(d["role"], (), d["key"], Path(d["root"])), int(d["bytes"])) for d in record["datasets"]]
+        return str(record["job_id"]), [arraystate.progress(ref, total) for ref, total in datasets]
+    except (OSError, ValueError, KeyError, TypeError, DataError):
+        return None
+
+
+def note(run_path: Path, live: bool) -> str | None:
+    """What `status` says about the prepare array of a run's training job: while it waits, the
+    progress; once it was cancelled, why (bad input with file and line, or a task that died)."""
+    found = recorded(run_path)
+    if found is None:
+        return None
+    job_id, progress = found
+    if live:
+        return f"waiting for data prepare job {job_id}: " + "; ".join(p.line() for p in progress)
+    failed = [p for p in progress if p.phase is arraystate.Phase.FAILED]
+    if failed:
+        return f"data prepare job {job_id} failed: {failed[0].error}"
+    if any(p.phase is not arraystate.Phase.PREPARED for p in progress):
+        return (
+            f"data prepare job {job_id} ended before the data was complete (a task died?): "
+            f"{'; '.join(p.line() for p in progress)}; `clusterfsdp data prepare` continues it"
+        )
+    return None
+
+
+# ---------------------------------------------------------------- watching
+def array_live(job_id: str) -> bool:
+    """Whether any task of the array is still queued or running (True when Slurm does not answer)."""
+    try:
+        out = slurmcli.run(["squeue", "-h", "-r", "-j", job_id, "-o", "%T"], timeout=30)
+    except slurmcli.SlurmError as e:
+        return "Invalid job id" not in str(e)
+    return any(RunState.parse(state.strip()).live for state in out.splitlines() if state.strip())
+
+
+def status_lines(spec: specmod.JobSpec) -> list[str]:
+    """`clusterfsdp data status`: each dataset's state, from the cache (and Slurm for its array)."""
+    lines = []
+    for ref in dataset_refs(spec) if spec.data.source == "files" else []:
+        p = arraystate.progress(ref)
+        lines.append(p.line())
+        if p.array and p.phase is not arraystate.Phase.PREPARED:
+            live = array_live(str(p.array["job_id"]))
+            lines.append(f"{ref.role}: array job {p.array['job_id']} {'is queued or running' if live else 'has ended'}")
+    return lines or ["data.source = 'synthetic': nothing to prepare"]
+
+
+def follow(spec: specmod.JobSpec, job_id: str, out: Callable[[str], None] = print, poll_s: float = 2.0) -> int:
+    """Print progress until the array ends: 0 when the data is prepared, 1 otherwise."""
+    refs = dataset_refs(spec)
+    last = ""
+    while True:
+        live = array_live(job_id)
+        progress = [arraystate.progress(ref) for ref in refs]
+        text = "; ".join(p.line() for p in progress)
+        if text != last:
+            out(text)
+            last = text
+        if all(p.phase is arraystate.Phase.PREPARED for p in progress):
+            return 0
+        failed = [p for p in progress if p.phase is arraystate.Phase.FAILED]
+        if failed or not live:
+            why = failed[0].error if failed else "the array ended before the data was complete"
+            out(f"error: data prepare job {job_id}: {why}")
+            return 1
+        time.sleep(poll_s)
+
+
+def cache_folder(spec: specmod.JobSpec) -> Path:
+    """Where a standalone prepare array keeps its submitit files."""
+    return cache_root(spec) / ".prepare-jobs"
