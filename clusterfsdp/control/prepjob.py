@@ -142,18 +142,20 @@ def queue(spec: specmod.JobSpec, options: ArrayOptions, refs: list[DatasetRef], 
 
 
 # ---------------------------------------------------------------- submit
-def before_training(spec: specmod.JobSpec, run: RunFolder) -> str | None:
-    """For a Slurm submit: queue the prepare array when the job's data is not prepared
-    (`data.prepare = 'job'`), record it in the run folder and return the training job's
-    dependency; refuse with 'require'; None when nothing is missing or the job prepares itself."""
+def before_training(spec: specmod.JobSpec, run: RunFolder, *, slurm: bool) -> str | None:
+    """Before the first attempt is queued: with `data.prepare = 'job'` on Slurm, queue the prepare
+    array for the data that is not prepared, record it in the run folder and return the training
+    job's dependency; with 'require', refuse (any executor). None when nothing is missing or the
+    job prepares its data itself (in_job, the local executor, data only inside a container)."""
     from ..data.checks import container_only_paths
 
-    if spec.data.source != "files" or spec.data.prepare == "in_job" or container_only_paths(spec):
+    d = spec.data
+    if d.source != "files" or d.prepare == "in_job" or (d.prepare == "job" and not slurm) or container_only_paths(spec):
         return None
     refs = missing(spec)
     if not refs:
         return None
-    if spec.data.prepare == "require":
+    if d.prepare == "require":
         roles = " and ".join(r.role for r in refs)
         raise PrepareError(
             f"data.prepare = 'require': the {roles} data is not prepared; run `clusterfsdp data prepare` first"
@@ -167,6 +169,18 @@ def before_training(spec: specmod.JobSpec, run: RunFolder) -> str | None:
     }
     atomic_write(run.path / RECORD, json.dumps(record))
     return f"afterok:{job_id}"
+
+
+def abandon(run: RunFolder) -> None:
+    """Cancel the prepare array of a run whose training job could not be queued (best effort)."""
+    try:
+        job_id = str(json.loads((run.path / RECORD).read_text())["job_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    try:
+        slurmcli.scancel(job_id)
+    except slurmcli.SlurmError:
+        pass
 
 
 def recorded(run_path: Path) -> tuple[str, list[arraystate.Progress]] | None:

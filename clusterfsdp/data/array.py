@@ -45,7 +45,7 @@ from .units import Unit, plan, unit_size
 
 Log = Callable[[str], None]
 UNIT_HEARTBEAT_S, UNIT_STALE_S = 10.0, 60.0  # a unit claim's heartbeat, and when another host's is dead
-WAIT_S = 5.0  # how often a prepare looks again at units another prepare holds
+WAIT_S = 1.0  # how often a prepare looks again at units another prepare holds
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,25 @@ class Claims:
             yield unit
         self.units = seen
 
+    def _claimable(self, shard: int) -> bool:
+        """The unit is complete, or its holder let it go (or died): worth another pass."""
+        if self.complete(shard):
+            return True
+        lock = FileLock(claims_dir(self.ref) / f"{shard:05d}.lock", stale_after_s=UNIT_STALE_S)
+        try:
+            lock.acquire(0)
+        except LockHeld:
+            return False
+        lock.release()
+        return True
+
+    def wait_for_busy(self) -> None:
+        """Until a unit another prepare held is complete or may be claimed (another pass then
+        cuts the sources again, which for a compressed source means decompressing it: not on
+        every poll)."""
+        while not any(self._claimable(shard) for shard in sorted(self.busy)):
+            time.sleep(WAIT_S)
+
     def written(self, stats: ShardStats) -> None:
         self.counted.add(stats.shard)
         self.held.pop(stats.shard).release()
@@ -193,7 +212,7 @@ def tokenize_share(
             if not waiting:
                 log(f"data: {len(claims.busy)} unit(s) are being tokenized by another prepare: waiting for them")
                 waiting = True
-            time.sleep(WAIT_S)
+            claims.wait_for_busy()
     except DataError as e:
         if share.array:
             if not failed_file(ref).exists():
