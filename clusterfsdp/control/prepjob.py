@@ -81,7 +81,9 @@ class PrepareCall:
             signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
         array = importlib.import_module("clusterfsdp.data.array")
         spec = specmod.loads(self.job_toml)
-        share = array.Share(index, self.count, os.environ.get("SLURM_ARRAY_JOB_ID", "") or "array")
+        # (submitit queues a single task as a plain job, without SLURM_ARRAY_JOB_ID)
+        job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID") or f"pid{os.getpid()}"
+        share = array.Share(index, self.count, job)
         try:
             return array.run_task(spec, share, lambda line: print(line, flush=True), unit_bytes=self.unit_bytes)
         except DataError as e:
@@ -135,7 +137,7 @@ def queue(spec: specmod.JobSpec, options: ArrayOptions, refs: list[DatasetRef], 
             jobs = ex.map_array(call, list(range(count)))
     except slurmcli.SlurmError as e:
         raise PrepareError(f"the prepare array could not be queued: {e}") from None
-    job_id = str(jobs[0].job_id).split("_")[0]
+    job_id = str(jobs[0].job_id).split("_")[0]  # 'N_0' of an array ('N' for one task: a plain job)
     for ref in refs:
         arraystate.record_array(ref, job_id, count, run_dir)
     return job_id
@@ -200,17 +202,17 @@ def note(run_path: Path, live: bool) -> str | None:
     if found is None:
         return None
     job_id, progress = found
+    if all(p.phase is arraystate.Phase.PREPARED for p in progress):
+        return None
     if live:
         return f"waiting for data prepare job {job_id}: " + "; ".join(p.line() for p in progress)
     failed = [p for p in progress if p.phase is arraystate.Phase.FAILED]
     if failed:
         return f"data prepare job {job_id} failed: {failed[0].error}"
-    if any(p.phase is not arraystate.Phase.PREPARED for p in progress):
-        return (
-            f"data prepare job {job_id} ended before the data was complete (a task died?): "
-            f"{'; '.join(p.line() for p in progress)}; `clusterfsdp data prepare` continues it"
-        )
-    return None
+    return (
+        f"data prepare job {job_id} ended before the data was complete (a task died?): "
+        f"{'; '.join(p.line() for p in progress)}; `clusterfsdp data prepare` continues it"
+    )
 
 
 # ---------------------------------------------------------------- watching

@@ -251,7 +251,7 @@ def run_status(
                 return st
             if slurm_state.live:
                 st.state, st.reason = slurm_state, ("" if row.reason in ("None", "") else row.reason)
-                if row.reason == "Dependency":
+                if slurm_state is RunState.PENDING:  # (Slurm's reason is None until it scheduled the dependency)
                     st.reason = _prepare_note(run, live=True) or st.reason
                 return st
             if slurm_state is not RunState.COMPLETED and not (end and end.event is EventKind.COMPLETED):
