@@ -37,6 +37,7 @@ from .records import RunState
 from .runfolder import RunFolder, atomic_write
 
 RECORD = "prepare.json"  # in a run folder: the array its training job waits for
+HASH_BYTES = 1 << 30  # of sources the login node hashes to tell whether the data is prepared
 
 
 class PrepareError(UserError, RuntimeError):
@@ -91,11 +92,13 @@ class PrepareCall:
 
 
 def missing(spec: specmod.JobSpec) -> list[DatasetRef]:
-    """The job's datasets that are not prepared (hashing sources not fingerprinted yet)."""
+    """The job's datasets that are not prepared, or that cannot be told without hashing more than
+    HASH_BYTES of sources not fingerprinted yet here (their key is None: the array's tasks hash
+    them, and find them prepared if they are)."""
     if spec.data.source != "files":
         return []
     try:
-        return [ref for ref in dataset_refs(spec) if ref.manifest() is None]
+        return [ref for ref in dataset_refs(spec, budget=HASH_BYTES) if ref.manifest() is None]
     except DataError as e:
         raise PrepareError(str(e)) from None
 
@@ -139,7 +142,8 @@ def queue(spec: specmod.JobSpec, options: ArrayOptions, refs: list[DatasetRef], 
         raise PrepareError(f"the prepare array could not be queued: {e}") from None
     job_id = str(jobs[0].job_id).split("_")[0]  # 'N_0' of an array ('N' for one task: a plain job)
     for ref in refs:
-        arraystate.record_array(ref, job_id, count, run_dir)
+        if ref.key is not None:
+            arraystate.record_array(ref, job_id, count, run_dir)
     return job_id
 
 
@@ -228,7 +232,10 @@ def array_live(job_id: str) -> bool:
 def status_lines(spec: specmod.JobSpec) -> list[str]:
     """`clusterfsdp data status`: each dataset's state, from the cache (and Slurm for its array)."""
     lines = []
-    for ref in dataset_refs(spec) if spec.data.source == "files" else []:
+    for ref in dataset_refs(spec, budget=HASH_BYTES) if spec.data.source == "files" else []:
+        if ref.key is None:
+            lines.append(f"{ref.role}: not looked up (over {HASH_BYTES >> 20} MB of sources not fingerprinted yet)")
+            continue
         p = arraystate.progress(ref)
         lines.append(p.line())
         if p.array and p.phase is not arraystate.Phase.PREPARED:
@@ -239,11 +246,11 @@ def status_lines(spec: specmod.JobSpec) -> list[str]:
 
 def follow(spec: specmod.JobSpec, job_id: str, out: Callable[[str], None] = print, poll_s: float = 2.0) -> int:
     """Print progress until the array ends: 0 when the data is prepared, 1 otherwise."""
-    refs = dataset_refs(spec)
     last = ""
     while True:
         live = array_live(job_id)
-        progress = [arraystate.progress(ref) for ref in refs]
+        # (looked up again each time: the tasks fingerprint sources this host could not afford to)
+        progress = [arraystate.progress(ref) for ref in dataset_refs(spec, budget=HASH_BYTES)]
         text = "; ".join(p.line() for p in progress)
         if text != last:
             out(text)
