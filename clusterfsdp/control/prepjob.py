@@ -122,6 +122,9 @@ def queue(spec: specmod.JobSpec, options: ArrayOptions, refs: list[DatasetRef], 
         "array_parallelism": count,
         "wckey": None,  # submitit's default "submitit" is refused where wckeys are enforced
         "setup": list(s.setup),
+        # The batch step itself runs the task, with every CPU of its allocation: an srun step gets
+        # one CPU unless it asks for more (Slurm >= 20.11). A container needs srun to start it.
+        "use_srun": s.container.kind != "none",
         "srun_args": list(launch.task_launch(spec).srun_args),
     }
     token = f"clusterfsdp:prepare:{secrets.token_hex(4)}"
