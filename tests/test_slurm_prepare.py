@@ -132,9 +132,10 @@ def test_submit_queues_the_prepare_array_first_and_bad_input_cancels_the_trainin
     )
     assert r.returncode == 0, r.stdout + r.stderr
     run = next(x for x in runfolder.list_runs(root) if x.id != failed.id)
+    prepare_id = json.loads((run.path / "prepare.json").read_text())["job_id"]
+    assert f"waits for data prepare job {prepare_id}" in r.stderr, r.stderr
     waiting = status.run_status(run)
     assert waiting.state == "PENDING" and waiting.reason.startswith("waiting for data prepare job"), waiting.reason
     wait_for(lambda: status.run_status(run).state == "COMPLETED", 300, "the training run", 1)
-    prepare_id = json.loads((run.path / "prepare.json").read_text())["job_id"]
     assert slurm_cluster.wait_sacct(prepare_id, "COMPLETED")  # one task (slurm.nodes = 1): a plain job
     assert max(row["step"] for row in run.metrics()) == 10

@@ -137,6 +137,9 @@ class Run:
         fields = backend.attempt_fields(spec, folder)
         folder.add_attempt(queued.job_id, backend.executor, backend.reason, leader=queued.leader, **fields)
         backend.start(queued)
+        if dependency:  # (the training job is queued behind the prepare array)
+            array = dependency.removeprefix("afterok:")
+            prepared.notes.append(f"data: not prepared yet: job {queued.job_id} waits for data prepare job {array}")
         return Submission(run, backend.executor, queued.job_id, notice, notes=tuple(prepared.notes))
 
     @classmethod
