@@ -54,7 +54,6 @@ class ArrayOptions:
     partition: str = ""
     cpus_per_task: int = 0
     time_minutes: int = 0
-    unit_bytes: int = 0
 
     def count(self, spec: specmod.JobSpec) -> int:
         return self.nodes or self.tasks or spec.slurm.nodes
@@ -71,8 +70,6 @@ class PrepareCall:
 
     job_toml: str
     count: int
-    unit_bytes: int = 0
-    run_dir: str = ""
 
     def __call__(self, index: int) -> bool:
         import importlib
@@ -86,7 +83,7 @@ class PrepareCall:
         job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID") or f"pid{os.getpid()}"
         share = array.Share(index, self.count, job)
         try:
-            return array.run_task(spec, share, lambda line: print(line, flush=True), unit_bytes=self.unit_bytes)
+            return array.run_task(spec, share, lambda line: print(line, flush=True))
         except DataError as e:
             sys.exit(f"error: {e}")  # recorded in the partial folder (failed.json) for status
 
@@ -136,7 +133,7 @@ def queue(spec: specmod.JobSpec, options: ArrayOptions, refs: list[DatasetRef], 
         token=token,
         hold=False,
     )
-    call = PrepareCall(specmod.dumps(spec, redact=True), count, options.unit_bytes, run_dir)
+    call = PrepareCall(specmod.dumps(spec, redact=True), count)
     folder.mkdir(parents=True, exist_ok=True)
     try:
         with launch.submission_env(spec):
