@@ -20,6 +20,11 @@ tokenizer. Measured in one run, side by side:
   the model took. With --old, the same training on the 25 MB corpus with the code of an older
   checkout (every rank tokenizing the whole corpus into memory) for comparison.
 
+With `--slurm MB` (issue 24) it measures only this: a corpus of MB prepared with the BPE by a
+Slurm job array of 1 node and then of 2 nodes of the devcluster (`data prepare --executor slurm
+--nodes N --follow`, whole nodes, a process per CPU), the wall time of each and their ratio, and
+the tokenizing speed per CPU second of the units against the raw encoder.
+
 Prints a RESULT line per measurement (JSON) and a summary.
 """
 
@@ -203,6 +208,50 @@ def prepare(job_file: Path, workers: int) -> dict:
     return {"wall_s": wall, "cpu_s": sum(last.values()), "cpu_units_s": float(units.group(1)) if units else None}
 
 
+def slurm_prepare(job_file: Path, nodes: int) -> dict:
+    """`clusterfsdp data prepare --executor slurm --nodes N --follow` on a fresh cache (issue 24):
+    wall seconds from queueing the array to the renamed dataset, and from its manifest the
+    tokens and the CPU seconds its units took (all tasks)."""
+    t0 = time.perf_counter()
+    argv = ["-m", "clusterfsdp.cli", "data", "prepare", str(job_file), "--executor", "slurm", "--nodes", str(nodes)]
+    out = subprocess.run([sys.executable, *argv, "--follow"], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise RuntimeError(out.stdout + out.stderr)
+    cache = Path(re.search(r'cache_dir = "([^"]+)"', job_file.read_text()).group(1))  # type: ignore[union-attr]
+    (manifest,) = [json.loads(p.read_text()) for p in cache.glob("*/manifest.json")]
+    return {"wall_s": wall, "tokens": manifest["tokens"], "cpu_units_s": manifest["cpu_seconds"]}
+
+
+def slurm_scaling(work: Path, mb: int, bpe: Path, corpus: Path) -> None:
+    """The same corpus prepared by a 1-node and a 2-node array of the devcluster, one after the
+    other in this run (needs `clusterfsdp devcluster up`; take its lock if others use it)."""
+    raw = raw_speed(bpe, corpus)
+    raw_rate = raw["text_mb"] / raw["cpu_s"]
+    result(what="raw_encode", mb=mb, tokenizer="bpe32k", mb_per_cpu_s=raw_rate, **raw)
+    walls = {}
+    for nodes in (1, 2):
+        job_file = work / f"job-slurm-{mb}-{nodes}.toml"
+        text = job_text(
+            f"s{mb}n{nodes}", work / "runs", corpus, str(bpe), cache=str(work / f"cache-slurm-{mb}-{nodes}")
+        )
+        job_file.write_text(text)
+        prep = slurm_prepare(job_file, nodes)
+        walls[nodes] = prep["wall_s"]
+        unit_rate = raw["text_mb"] / prep["cpu_units_s"]
+        result(
+            what="slurm_prepare",
+            mb=mb,
+            nodes=nodes,
+            tokens_per_s=prep["tokens"] / prep["wall_s"],
+            tokens_per_unit_cpu_s=prep["tokens"] / prep["cpu_units_s"],
+            mb_per_unit_cpu_s=unit_rate,
+            ratio_to_raw=unit_rate / raw_rate,
+            **prep,
+        )
+    result(what="slurm_scaling", mb=mb, wall_1_node_over_2_nodes=walls[1] / walls[2])
+
+
 # Imports clusterfsdp from PYTHONPATH (the code of --old), not from the working directory ('' on
 # sys.path: this checkout); PYTHONPATH also comes before the editable install's finder.
 PRELUDE = "import sys; sys.path[:] = [p for p in sys.path if p]"
@@ -260,9 +309,16 @@ def main() -> int:
     ap.add_argument("--sizes", default="25,200", help="corpus sizes in MB")
     ap.add_argument("--old", type=Path, help="an older checkout to compare the training memory with (25 MB only)")
     ap.add_argument("--repeat", type=int, default=3, help="raw / prepare alternations on the smallest corpus")
+    ap.add_argument("--slurm", type=int, metavar="MB", help="only: a corpus of MB prepared by 1 vs 2 devcluster nodes")
     args = ap.parse_args()
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
+    if args.slurm:
+        corpus = make_corpus(work / f"corpus-{args.slurm}mb.jsonl", args.slurm, seed=args.slurm)
+        result(what="machine", cpus=os.cpu_count(), load=os.getloadavg(), date=time.strftime("%Y-%m-%d %H:%M"))
+        slurm_scaling(work, args.slurm, make_bpe(work / "bpe32k", corpus), corpus)
+        result(what="done", load=os.getloadavg())
+        return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     corpora = {mb: make_corpus(work / f"corpus-{mb}mb.jsonl", mb, seed=mb) for mb in sizes}
     bpe = make_bpe(work / "bpe32k", corpora[sizes[0]])

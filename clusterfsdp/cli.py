@@ -115,10 +115,50 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     never imports transformers or datasets."""
     import subprocess
 
+    if args.executor == "slurm":
+        return _data_prepare_array(args)
     argv = [sys.executable, "-m", "clusterfsdp.data.prepare", args.job, "--workers", str(args.workers)]
     for item in args.set or []:
         argv += ["--set", item]
     return subprocess.call(argv)
+
+
+def _data_prepare_array(args: argparse.Namespace) -> int:
+    """`data prepare --executor slurm`: one Slurm job array tokenizes the missing datasets
+    (control/prepjob.py); with --follow, its progress until it ends."""
+    from .control import launch, prepjob
+    from .control import spec as specmod
+    from .control.spec.allowlists import sbatch_name_error
+    from .data.checks import source_problems
+
+    spec = _load(args)
+    if errors := source_problems(spec):
+        raise specmod.SpecError(errors)
+    try:
+        minutes = specmod.parse_time_minutes(args.time) if args.time else 0
+    except ValueError as e:
+        raise CliError(f"--time: {e}") from None
+    if problem := sbatch_name_error("--partition", args.partition or ""):
+        raise CliError(problem)
+    launch.choose_executor("slurm")  # one line when no controller answers
+    refs = prepjob.missing(spec)
+    if not refs:
+        print("the job's data is prepared already")
+        return 0
+    options = prepjob.ArrayOptions(
+        args.nodes or 0, args.array_size or 0, args.partition or "", args.cpus_per_task or 0, minutes
+    )
+    job_id = prepjob.queue(spec, options, refs, prepjob.cache_folder(spec))
+    print(f"queued data prepare array job {job_id} ({options.count(spec)} tasks): `clusterfsdp data status` follows it")
+    return prepjob.follow(spec, job_id) if args.follow else 0
+
+
+def cmd_data_status(args: argparse.Namespace) -> int:
+    from .control import prepjob
+
+    for line in prepjob.status_lines(_load(args)):
+        print(line)
+    return 0
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -381,6 +421,12 @@ def cmd_tui(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- parser
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, found {text!r}")
+    return int(text)
+
+
 def _add_job(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="the job file (job.toml)")
     p.add_argument(
@@ -437,7 +483,20 @@ def build_parser() -> argparse.ArgumentParser:
     s = data_sub.add_parser("prepare", help="tokenize the job's data into its shared cache, once for all jobs")
     _add_job(s)
     s.add_argument("--workers", type=int, default=0, help="tokenizing processes (default: data.prepare_workers)")
+    s.add_argument(
+        "--executor", choices=["local", "slurm"], default="local", help="local (default): here; slurm: a job array"
+    )
+    size = s.add_mutually_exclusive_group()
+    size.add_argument("--nodes", type=_positive, help="slurm: one task per node, each with the whole node")
+    size.add_argument("--array-size", type=_positive, help="slurm: this many tasks of --cpus-per-task CPUs")
+    s.add_argument("--partition", help="slurm: partition (default: data.prepare_partition, else slurm.partition)")
+    s.add_argument("--cpus-per-task", type=_positive, help="slurm: CPUs of each task (a process per CPU)")
+    s.add_argument("--time", help="slurm: time limit of each task (default: slurm.time)")
+    s.add_argument("-f", "--follow", action="store_true", help="slurm: show the progress until the array ends")
     s.set_defaults(fn=cmd_data_prepare)
+    s = data_sub.add_parser("status", help="how far the job's data is prepared (and its prepare array)")
+    _add_job(s)
+    s.set_defaults(fn=cmd_data_status)
 
     s = sub.add_parser("submit", help="queue a job (Slurm, or locally without Slurm) and return")
     _add_job(s)

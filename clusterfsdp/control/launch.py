@@ -218,6 +218,8 @@ def sbatch_options(
         "requeue" if s.requeue else "no-requeue": True,
         "no-kill": True,
         **({"hold": True} if hold else {}),
+        # waiting for a prepare array (control/prepjob.py): cancelled by Slurm if that fails
+        **({"kill-on-invalid-dep": "yes"} if dependency and dependency.startswith("afterok:") else {}),
         **{key: value if value is True else str(value) for key, value in extra.items() if value is not False},
     }
     chosen: dict[str, Any] = {

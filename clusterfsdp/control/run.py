@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data import checks as datachecks
-from . import backends, ckptfolder, launch, lock, modelsource, runfolder, secretenv, slurmcli, status
+from . import backends, ckptfolder, launch, lock, modelsource, prepjob, runfolder, secretenv, slurmcli, status
 from . import spec as specmod
 from .errors import UserError
 from .inputs import prepare_sources
@@ -127,13 +127,19 @@ class Run:
         run = cls(folder)
         try:
             modelsource.keep(prepared, folder.model_dir)
-            queued = backend.queue(spec, folder)
+            # data.prepare = 'job' on Slurm: a prepare array first, the training job after it
+            dependency = prepjob.before_training(spec, folder, slurm=backend.executor is Executor.SLURM)
+            queued = backend.queue(spec, folder, dependency=dependency)
         except BaseException:
+            prepjob.abandon(folder)
             shutil.rmtree(folder.path, ignore_errors=True)
             raise
         fields = backend.attempt_fields(spec, folder)
         folder.add_attempt(queued.job_id, backend.executor, backend.reason, leader=queued.leader, **fields)
         backend.start(queued)
+        if dependency:  # (the training job is queued behind the prepare array)
+            array = dependency.removeprefix("afterok:")
+            prepared.notes.append(f"data: not prepared yet: job {queued.job_id} waits for data prepare job {array}")
         return Submission(run, backend.executor, queued.job_id, notice, notes=tuple(prepared.notes))
 
     @classmethod

@@ -264,9 +264,13 @@ def run_status(
                 return st
             if slurm_state.live:
                 st.state, st.reason = slurm_state, ("" if row.reason in ("None", "") else row.reason)
+                if slurm_state is RunState.PENDING:  # (Slurm's reason is None until it scheduled the dependency)
+                    st.reason = _prepare_note(run, live=True) or st.reason
                 return st
             if slurm_state is not RunState.COMPLETED and not (end and end.event is EventKind.COMPLETED):
                 st.state, st.reason = slurm_state, _reason(end, row, slurm_state)
+                if not started:
+                    st.reason = _prepare_note(run, live=False) or st.reason
                 return st
     elif attempt_alive(last):
         st.state = RunState.RUNNING if started else RunState.PENDING
@@ -284,6 +288,16 @@ def run_status(
     else:
         st.state, st.reason = RunState.FAILED, "never started; see the submitit logs"
     return st
+
+
+def _prepare_note(run: RunFolder, live: bool) -> str | None:
+    """The prepare array a training job waits for (or was cancelled for): control/prepjob.py,
+    imported only for a run that has one (prepjob.RECORD): `status` stays light."""
+    if not (run.path / "prepare.json").is_file():
+        return None
+    from . import prepjob
+
+    return prepjob.note(run.path, live)
 
 
 def _reason(end: AttemptEnd | None, row: slurmcli.JobRow, state: RunState) -> str:

@@ -11,15 +11,16 @@ shards.py) by a pool of processes (pool.py). Everything goes into `<cache>/.<key
 a prepare that is interrupted (Ctrl-C, a killed job) keeps its complete shards and the next
 one continues from them; only when every shard is complete is the manifest written and the
 folder renamed to `<key>`, which is the only thing a job reads. Bad input (exit 2, file and
-line named) removes the partial folder: it can never complete with that content.
+line named) removes the partial folder: it can never complete with that content. Each unit is
+claimed before it is tokenized, so several prepares of one dataset (the tasks of a Slurm job
+array, `--share I/K`: array.py) never write the same unit.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -27,14 +28,12 @@ from typing import Any
 
 from ..control import spec as specmod
 from ..control.lock import FileLock, LockHeld
-from . import index, mixindex, overlap, skipped, trust
-from .cache import FORMAT_VERSION, DatasetRef, cache_root, dataset_refs, ref_data, same_data_problem, unhashed_bytes
+from . import array, index, mixindex, overlap, skipped, trust
+from .cache import DatasetRef, cache_root, dataset_refs, same_data_problem, unhashed_bytes
 from .checks import source_problems
-from .pool import cpu_count, tokenize
-from .readers import Task
+from .pool import cpu_count
 from .samplesets import batch_problem, sample_roles
 from .sources import DataError
-from .units import plan, unit_size
 
 Log = Callable[[str], None]
 LOCK_RECHECK_S = 5.0  # how often a waiting prepare checks who holds the lock
@@ -93,88 +92,20 @@ class ByteProgress:
 def build(
     ref: DatasetRef, spec: specmod.JobSpec, log: Log, workers: int, interactive: bool, unit_bytes: int
 ) -> dict[str, Any]:
-    """Tokenize `ref`'s sources into its partial folder and rename it complete; returns the manifest."""
-    t0 = time.perf_counter()
-    partial, shards = ref.partial, ref.partial / "shards"
+    """Tokenize `ref`'s sources into its partial folder (every unit this process can claim, then
+    waiting for those another prepare holds: array.py) and rename it complete; the manifest."""
     total = sum(s.size() for s in ref.sources)
-    unit_bytes = unit_bytes or unit_size(total)
-    plan_id = {"version": FORMAT_VERSION, "unit_bytes": unit_bytes}
-    if partial.exists():
-        trust.require(partial, partial / "plan.json", shards)  # its shards would be kept
+    while True:
+        progress = ByteProgress(f"tokenizing {ref.role} data", total, log, interactive)
         try:
-            same = json.loads((partial / "plan.json").read_text()) == plan_id
-        except (OSError, ValueError):
-            same = False
-        if not same:
-            shutil.rmtree(partial)
-    trust.mkdirs(shards)
-    trust.write(partial / "plan.json", json.dumps(plan_id))
-    done = {int(p.stem) for p in shards.glob("[0-9]*.json")}
-    workers = workers or cpu_count()
-    if all(s.kind in ("txt", "jsonl") and not s.compression for s in ref.sources):
-        workers = min(workers, -(-total // unit_bytes))
-    data = ref_data(spec, ref)
-    task = Task(data, ref.sources, str(shards), str(ref.root))
-    log(
-        f"data: preparing {ref.role} data ({len(ref.sources)} source(s), {total / 1e6:,.1f} MB) with "
-        f"{max(1, workers)} process(es) into {ref.folder}" + (f" ({len(done)} shards kept)" if done else "")
-    )
-    progress = ByteProgress(f"tokenizing {ref.role} data", total, log, interactive)
-    limit = skipped.EarlyLimit(data.bad_records, shards)
-    try:
-        tokenize(task, plan(ref.sources, data, ref.root, unit_bytes), done, workers, progress.advance, limit.written)
-    except DataError:
-        shutil.rmtree(partial, ignore_errors=True)  # this content can never complete
-        raise
-    finally:
-        progress.close()
-    stats = [json.loads(p.read_text()) for p in sorted(shards.glob("[0-9]*.json"), key=lambda p: int(p.stem))]
-    try:
-        bad = skipped.summary(data.bad_records, stats)
-    except DataError:
-        shutil.rmtree(partial, ignore_errors=True)  # over the limit: this content can never complete
-        raise
-    tokens = sum(s["tokens"] for s in stats)
-    if tokens == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise DataError(f"{ref.sources[0].field}: the {ref.role} data holds no text")
-    seconds = time.perf_counter() - t0
-    manifest = {
-        "version": FORMAT_VERSION,
-        "key": ref.key,
-        "created": time.time(),
-        "tokenizer": spec.data.tokenizer,
-        "vocab_size": stats[0]["vocab_size"],
-        "eos": stats[0]["eos"],
-        "dtype": stats[0]["dtype"],
-        "format": data.format,
-        "mask": data.format == "chat",
-        "tokens": tokens,
-        "documents": sum(s["documents"] for s in stats),
-        "skipped": sum(s["skipped"] for s in stats),
-        "bad_records": bad,
-        "max_id": max(s["max_id"] for s in stats),
-        "shards": [{"tokens": s["tokens"], "documents": s["documents"], "files": s["files"]} for s in stats],
-        "sources": [{"path": s.path, "kind": s.kind, "size": s.size()} for s in ref.sources],
-        "bytes": total,
-        "seconds": seconds,
-        "cpu_seconds": sum(s["cpu_s"] for s in stats),  # tokenizing units, all processes
-        "workers": max(1, workers),
-    }
-    trust.write(partial / "manifest.json", json.dumps(manifest, indent=1))
-    try:
-        os.rename(partial, ref.folder)
-    except OSError:
-        if ref.manifest() is None:
-            raise
-        shutil.rmtree(partial, ignore_errors=True)  # completed meanwhile by a process that broke our lock
-    empty = f", {manifest['skipped']:,} empty records skipped" if manifest["skipped"] else ""
-    log(
-        f"data: prepared {tokens:,} tokens in {manifest['documents']:,} documents, {len(stats)} shards, "
-        f"in {seconds:.1f} s ({total / 1e6 / max(seconds, 1e-9):.1f} MB/s, {manifest['cpu_seconds']:.1f} CPU-s "
-        f"tokenizing){empty}"
-    )
-    return manifest
+            array.tokenize_share(
+                ref, spec, log, array.LOCAL, workers=workers, unit_bytes=unit_bytes, progress=progress.advance
+            )
+        finally:
+            progress.close()
+        manifest = array.finish(ref, spec, log, workers or cpu_count())
+        if manifest is not None:
+            return manifest
 
 
 def _refuse_foreign(lock: FileLock) -> None:
@@ -203,15 +134,46 @@ def _take(lock: FileLock, log: Log) -> None:
             continue
 
 
+def _dataset_lock(ref: DatasetRef) -> FileLock:
+    return FileLock(ref.lock_path, "prepare dataset", heartbeat_s=20, stale_after_s=120)
+
+
 def _prepare_locked(ref: DatasetRef, spec: specmod.JobSpec, log: Log, **kw: Any) -> None:
     """Build `ref` unless it is prepared; one process at a time per dataset, the others wait."""
-    lock = FileLock(ref.lock_path, "prepare dataset", heartbeat_s=20, stale_after_s=120)
+    lock = _dataset_lock(ref)
     _take(lock, log)
     try:
         if ref.manifest() is None:
             build(ref, spec, log, **kw)
     finally:
         lock.release()
+
+
+def finish_locked(ref: DatasetRef, spec: specmod.JobSpec, log: Log, workers: int) -> None:
+    """A task of a prepare array: complete `ref` if every unit is (array.finish), under its lock."""
+    lock = _dataset_lock(ref)
+    _take(lock, log)
+    try:
+        if ref.manifest() is None:
+            array.finish(ref, spec, log, workers or cpu_count())
+    finally:
+        lock.release()
+
+
+def dataset_refs_fingerprinted(spec: specmod.JobSpec, log: Log, interactive: bool = False) -> list[DatasetRef]:
+    """The job's datasets with their keys, fingerprinting the sources not hashed yet (with progress)."""
+    unhashed = unhashed_bytes(spec)
+    progress = ByteProgress("fingerprinting sources", unhashed, log, interactive) if unhashed else None
+    if progress is not None:
+        log(f"data: fingerprinting {unhashed / 1e6:,.1f} MB of sources (once per file version)")
+    try:
+        refs = dataset_refs(spec, progress=progress.advance if progress else None)
+    finally:
+        if progress is not None:
+            progress.close()
+    if problem := same_data_problem(refs):
+        raise DataError(problem)
+    return refs
 
 
 def ensure(
@@ -224,20 +186,14 @@ def ensure(
 ) -> list[DatasetRef]:
     """The job's prepared datasets and sample indexes, building what is missing; DataError for
     unusable data (a dataset smaller than one batch included)."""
-    root = cache_root(spec)
-    unhashed = unhashed_bytes(spec)
-    progress = ByteProgress("fingerprinting sources", unhashed, log, interactive) if unhashed else None
-    if progress is not None:
-        log(f"data: fingerprinting {unhashed / 1e6:,.1f} MB of sources (once per file version)")
-    try:
-        refs = dataset_refs(spec, progress=progress.advance if progress else None)
-    finally:
-        if progress is not None:
-            progress.close()
-    if problem := same_data_problem(refs):
-        raise DataError(problem)
-    trust.mkdirs(root)
+    refs = dataset_refs_fingerprinted(spec, log, interactive)
+    trust.mkdirs(cache_root(spec))
     for ref in refs:
+        if ref.manifest() is None and spec.data.prepare == "require":
+            raise DataError(
+                f"data.prepare = 'require': the {ref.role} data is not prepared ({ref.folder}); "
+                "prepare it with `clusterfsdp data prepare`"
+            )
         if ref.manifest() is None:
             _prepare_locked(
                 ref,
@@ -277,6 +233,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--workers", type=int, default=0, help="tokenizing processes (default: data.prepare_workers)")
     p.add_argument("--unit-bytes", type=int, default=0, help="source bytes per shard (default: from the data's size)")
+    p.add_argument(
+        "--share",
+        default="",
+        metavar="I/K",
+        help="tokenize only task I's share of K (what each task of a prepare array does; array.py)",
+    )
+    p.add_argument(
+        "--array",
+        default=os.environ.get("SLURM_ARRAY_JOB_ID", ""),
+        help="with --share: the id its tasks share (default: $SLURM_ARRAY_JOB_ID)",
+    )
     args = p.parse_args(argv)
     try:
         spec = specmod.load(args.job, args.set)
@@ -293,7 +260,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {line}", file=sys.stderr)
         return 2
     try:
-        refs = ensure(spec, workers=args.workers, interactive=sys.stderr.isatty(), unit_bytes=args.unit_bytes)
+        if args.share:
+            found = re.fullmatch(r"(\d+)/(\d+)", args.share)
+            if not found or int(found[1]) >= int(found[2]):
+                p.error(f"--share: {args.share!r} is not I/K with 0 <= I < K")
+            share = array.Share(int(found[1]), int(found[2]), args.array)
+            if not array.run_task(spec, share, workers=args.workers, unit_bytes=args.unit_bytes):
+                return 0
+            refs = dataset_refs(spec)
+        else:
+            refs = ensure(spec, workers=args.workers, interactive=sys.stderr.isatty(), unit_bytes=args.unit_bytes)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -23,6 +23,14 @@ _SBATCH_EXTRA_KEY = re.compile(r"[a-z][a-z0-9-]*")
 _SBATCH_EXTRA_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%/+*&|()\[\]-]*")
 
 
+def sbatch_name_error(field: str, value: str) -> str | None:
+    """A partition (account, qos) name from another section (data.prepare_partition) held to the
+    allowlist of slurm.partition."""
+    if value and not _SBATCH_NAME.fullmatch(value):
+        return f"{field}: {short(value)} may only contain letters, digits, '_', '.', ',' and '-'"
+    return None
+
+
 def sbatch_value_errors(s: SlurmSection) -> list[str]:
     """[slurm] values that would not stay one value on their `#SBATCH` line."""
     errors = []

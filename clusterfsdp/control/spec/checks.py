@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from . import badrecords
-from .allowlists import container_errors, env_errors, sbatch_value_errors, setup_errors
+from .allowlists import container_errors, env_errors, sbatch_name_error, sbatch_value_errors, setup_errors
 from .schema import (
     MAX_PREPARE_WORKERS,
     MAX_TASKS_PER_NODE,
@@ -109,6 +109,8 @@ def check(spec: JobSpec) -> None:
         errors.append(problem)
 
     positive("data.prepare_workers", d.prepare_workers, 0, MAX_PREPARE_WORKERS)
+    if problem := sbatch_name_error("data.prepare_partition", d.prepare_partition):
+        errors.append(problem)
     if badrecords.parse(d.bad_records) is None:
         errors.append(f"data.bad_records: must be {badrecords.SYNTAX}, found {d.bad_records!r}")
     _check_eval(spec, errors)

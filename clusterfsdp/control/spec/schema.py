@@ -307,6 +307,17 @@ class DataSection:
         "Processes that tokenize when a dataset is prepared (0: every CPU this process may use; at most "
         f"{MAX_PREPARE_WORKERS}).",
     )
+    prepare: Literal["job", "in_job", "require"] = F(
+        "job",
+        "Where data that is not prepared yet gets tokenized, when the job is submitted to Slurm: 'job' a Slurm "
+        "job array of its own (one task per node of the job, on prepare_partition), queued first, the training "
+        "job waiting for it (--dependency=afterok); 'in_job' rank 0 of the training job, while the other GPUs "
+        "wait; 'require' refuse to submit (prepare it with `clusterfsdp data prepare`). The local executor "
+        "always prepares in the job.",
+    )
+    prepare_partition: str = F(
+        "", "Slurm partition of the prepare job array (data.prepare = 'job'; empty: the job's slurm.partition)."
+    )
 
 
 @dataclass
