@@ -219,13 +219,20 @@ def flops_per_token(config, n_active: int, n_trainable: int, seq_len: int) -> fl
 # ---------------------------------------------------------------- the base a checkpoint was trained on
 def base_reference(spec: JobSpec) -> dict[str, Any]:
     """The base model a LoRA checkpoint needs: its resolved folder and hub commit (as the run's
-    job.toml records them), and each weight file's name, size and header digest (cheap to
-    recompute: a replaced or re-downloaded base shows, without reading the tensors)."""
+    job.toml records them), and each weight file's name, size, modification time, blob (hub
+    cache) and header digest: cheap to recompute at every save, and a replaced, rewritten or
+    re-downloaded base shows without reading the tensors."""
     folder = Path(spec.model.name_or_path)
     files = {}
     for f in weight_files(folder):
         header = json.dumps(safetensors_header(f), sort_keys=True).encode()
-        files[f.name] = {"size": f.stat().st_size, "header_sha256": hashlib.sha256(header).hexdigest()}
+        stat = f.stat()
+        files[f.name] = {
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+            "blob": f.resolve().name,  # a hub snapshot's file links to its blob, named by its content hash
+            "header_sha256": hashlib.sha256(header).hexdigest(),
+        }
     return {"folder": str(folder), "revision": spec.model.revision, "files": files}
 
 

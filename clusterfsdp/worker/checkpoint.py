@@ -156,6 +156,12 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
+        if self.trainable_only:  # (ignore_frozen_params keeps the second name of a tied frozen weight)
+            from .model import canonical
+
+            names = self.model.named_parameters(remove_duplicate=False)
+            trained = {canonical(n) for n, p in names if p.requires_grad}
+            model_sd = {k: v for k, v in model_sd.items() if k in trained}
         return {"model": model_sd, "optim": optim_sd}
 
     def _options(self):
