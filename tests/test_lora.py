@@ -119,8 +119,8 @@ except ModelError as e:
     refused = str(e)
 print("RESULT " + json.dumps(dict(
     merged_vs_adapter=(adapted - merged).abs().max().item(), adapter_vs_base=(adapted - plain).abs().max().item(),
-    half_dtype=str(half.dtype), base=config["base_model_name_or_path"], files=sorted(p.name for p in (out / "adapter").iterdir()),
-    refused=refused)))
+    half_dtype=str(half.dtype), base=config["base_model_name_or_path"],
+    files=sorted(p.name for p in (out / "adapter").iterdir()), refused=refused)))
 """
 
 
@@ -164,7 +164,7 @@ def test_chat_lora_run_resumes_exactly_and_exports_adapters_and_merged(bases, tm
         seed=5,
         steps=4,
         fsdp='sharding = "full"',
-        tail='[slurm]\ntasks_per_node = 2\n[checkpoint]\nevery_steps = 2\nkeep_last = 5\n'
+        tail="[slurm]\ntasks_per_node = 2\n[checkpoint]\nevery_steps = 2\nkeep_last = 5\n"
         '[peft]\nmethod = "lora"\nr = 4\nalpha = 8\ntarget_modules = ["q_proj", "v_proj", "down_proj"]\n'
         'modules_to_save = ["norm"]\n',
     )
@@ -184,7 +184,7 @@ def test_chat_lora_run_resumes_exactly_and_exports_adapters_and_merged(bases, tm
     root = run.checkpoints_dir()
     saved = json.loads((ckptfolder.step_dir(root, 4) / ckptfolder.COMPLETE).read_text())
     assert saved["peft_base"]["folder"] == str(bases / "llama")
-    from torch.distributed.checkpoint import FileSystemReader  # (metadata only)
+    from torch.distributed.checkpoint.filesystem import FileSystemReader  # (metadata only)
 
     keys = FileSystemReader(str(ckptfolder.step_dir(root, 4))).read_metadata().state_dict_metadata
     model_keys = [k for k in keys if k.startswith("model.")]
