@@ -228,10 +228,12 @@ def test_lora_spec_is_checked_before_queueing(bases):
     from clusterfsdp.control import inputs
 
     with pytest.raises(S.SpecError) as e:
-        S.loads('[peft]\nmethod = "lora"\nr = 0\ntarget_modules = "all"\nmodules_to_save = ["lm_head"]\n')
+        S.loads(
+            '[peft]\nmethod = "lora"\nr = 0\ntarget_modules = "all"\nmodules_to_save = ["lm_head"]\nuse_dora = true\n'
+        )
     text = str(e.value)
     for part in ("peft.r: must be >= 1", "peft.target_modules: expected a list", "'lm_head' is the output layer",
-                 "needs a pretrained base model"):  # fmt: skip
+                 "needs a pretrained base model", "peft.use_dora: DoRA is not supported"):  # fmt: skip
         assert part in text
     spec = S.loads(
         f'[model]\nname_or_path = "{bases / "mixtral"}"\n[data]\ntokenizer = "bytes"\n'
@@ -243,3 +245,17 @@ def test_lora_spec_is_checked_before_queueing(bases):
         "peft.target_modules: 'gate_proj' is not one of the linear layers of mixtral (k_proj, o_proj, q_proj, v_proj)",
         "peft.modules_to_save: the model's weights have no module 'nrom'",
     ]
+
+
+def test_memory_estimate_counts_a_frozen_base_and_the_adapters(bases):
+    """The compose screen's estimate: a LoRA job keeps the base without gradients or AdamW moments,
+    and the adapters with all of them (torch-free, from the config)."""
+    from clusterfsdp.tui import estimate
+
+    job = f'[model]\nname_or_path = "{bases / "llama"}"\n[slurm]\ngpus_per_node = 2\n'
+    full = estimate.estimate(S.loads(job))
+    lora = estimate.estimate(S.loads(job + '[peft]\nmethod = "lora"\nr = 8\n'))
+    assert full is not None and lora is not None and full.trainable == 0
+    assert lora.trainable == 8 * 2 * 64 * 7 * 2  # r x (in + out) x 7 matrices x 2 layers
+    assert lora.state_bytes == pytest.approx((4 * full.params + 16 * lora.trainable) / 2)
+    assert "LoRA params" in lora.describe("GPU") and lora.state_bytes < full.state_bytes / 2

@@ -60,6 +60,11 @@ def errors(spec: JobSpec) -> list[str]:
                     f"{key}: {name!r} is the output layer, which the fused loss reads directly; adapters and "
                     "trained copies go on the decoder's modules"
                 )
+    if p.use_dora:
+        out.append(
+            "peft.use_dora: DoRA is not supported (its magnitude vector needs each whole base weight, which "
+            "sharding splits); use plain LoRA or use_rslora"
+        )
     if not spec.model.name_or_path:
         out.append("peft.method: 'lora' needs a pretrained base model (model.name_or_path)")
     return out

@@ -368,6 +368,10 @@ class PeftSection:
         "Not the output layer nor tied embeddings.",
     )
     use_rslora: bool = F(False, "Rank-stabilized LoRA: scale by alpha / sqrt(r) instead of alpha / r.")
+    use_dora: bool = F(
+        False,
+        "Weight-decomposed LoRA (DoRA): not supported on sharded models (its magnitude needs each whole base weight).",
+    )
 
 
 Tracker = Literal["tensorboard", "wandb", "mlflow"]
