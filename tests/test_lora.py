@@ -55,6 +55,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 for family, version, nodes in (("llama", 2, 2), ("llama", 1, 2), ("mixtral", 2, 1)):
     text = (f'[model]\nname_or_path = "{root / family}"\n[peft]\nmethod = "lora"\nr = 4\n'
             f'[fsdp]\nversion = {version}\nsharding = "hybrid"\nmixed_precision = "fp32"\n'
+            f'activation_checkpointing = {str(version == 2 and nodes == 2).lower()}\n'
             f'[slurm]\nnodes = {nodes}\ntasks_per_node = {world // nodes}\n[train]\nlr = 2e-3\nmax_grad_norm = 1.0\n')
     spec = S.loads(text)
     model, opt, config, counts = buildmod.build(spec, torch.device("cpu"), world, None)
@@ -136,7 +137,8 @@ def bases(tmp_path_factory) -> Path:
 
 
 def test_every_layout_trains_the_adapters_and_leaves_the_base_bitwise(bases, tmp_path):
-    """HSDP 2x2 (FSDP2), FSDP1 HYBRID_SHARD 2x2 and Mixtral (fused experts, FSDP2 over 4 ranks): the
+    """HSDP 2x2 (FSDP2, activation checkpointing), FSDP1 HYBRID_SHARD 2x2 and Mixtral (fused experts,
+    FSDP2 over 4 ranks), gradient clipping on: the
     optimizer holds only the adapters, every base tensor equals its file after two steps, every
     adapter moved, and the same seed gives the same adapters and losses on every layout."""
     out = wait(launch(["-c", LAYOUTS, str(bases)], 4))
@@ -177,6 +179,8 @@ def test_chat_lora_run_resumes_exactly_and_exports_adapters_and_merged(bases, tm
             "data.format='chat'",
             f"data.tokenizer='{tokenizer}'",
             "train.lr=1e-2",
+            "train.micro_batch_size=1",
+            "train.grad_accum=2",
         ],
     )
     first = run_workers(run, 2, job_id="l1")
@@ -193,7 +197,7 @@ def test_chat_lora_run_resumes_exactly_and_exports_adapters_and_merged(bases, tm
     ckptfolder.keep_only_up_to(root, 2)
     run_workers(run, 2, job_id="l2")  # the same world size: bitwise
     ckptfolder.keep_only_up_to(root, 2)
-    spec = S.load(run.job_toml, ["slurm.tasks_per_node=1", "train.micro_batch_size=4"])
+    spec = S.load(run.job_toml, ["slurm.tasks_per_node=1", "train.micro_batch_size=2"])  # same global batch
     run.job_toml.write_text(S.dumps(spec))
     resharded = run_workers(run, 1, job_id="l3")
     attempts: list[dict[int, float]] = [{}]
