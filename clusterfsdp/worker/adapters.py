@@ -105,14 +105,6 @@ def base_view(model: nn.Module) -> Iterator[nn.Module]:
             setattr(parent, key, wrapper)
 
 
-def _adapter_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, str, nn.Parameter]]:
-    names = {id(m): canonical(n) for n, m in model.named_modules()}
-    for m in model.modules():
-        for key, p in m._parameters.items():
-            if p is not None and p.requires_grad:
-                yield f"{names[id(m)]}.{key}".lstrip("."), m, key, p
-
-
 def _materialize_fsdp2(model: nn.Module, device: torch.device) -> None:
     """Storage for the tensors still on meta (the adapters: the base loader fills only the base),
     then FSDP2 told of the new tensors, as its own `to_empty` does (`reset_sharded_param`,
@@ -196,13 +188,9 @@ def fsdp1_init_fn(
     return init
 
 
-def trainable(model: nn.Module) -> list[nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
 def trainable_count(model: nn.Module) -> int:
     """Trainable elements of the unsharded model (call on the meta model)."""
-    return sum(p.numel() for p in trainable(model))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def flops_per_token(config, n_active: int, n_trainable: int, seq_len: int) -> float:
