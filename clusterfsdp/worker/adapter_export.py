@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..control import runfolder
+from ..control.modelsource import SOURCES_FILE
 from ..control.spec import JobSpec
 from . import adapters
 from . import model as modelmod
@@ -55,7 +56,7 @@ def _adapted_meta(spec: JobSpec, config) -> nn.Module:
 def base_name(run: runfolder.RunFolder, spec: JobSpec) -> str:
     """What adapter_config.json names as the base: the hub id the run resolved, else its folder."""
     try:
-        sources = json.loads((run.model_dir / "sources.json").read_text())
+        sources = json.loads((run.model_dir / SOURCES_FILE).read_text())
     except (OSError, ValueError):
         sources = []
     for s in sources if isinstance(sources, list) else []:
