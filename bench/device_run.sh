@@ -3,6 +3,8 @@
 # all output in $OUT/all.log, RESULT lines in $OUT/results.txt, the inductor cache in
 # $OUT/inductor-cache.tgz (carry it back as .whl/inductor-cache.tgz to skip recompiles).
 #   bash bench/device_run.sh PLAN [BUDGET_S]        (from the repo root on the GPU machine)
+# Pending GPU figures with no plan here yet (bench/README.md "Pending"): LoRA against a full
+# fine-tune on GPUs (issue 22: peak memory, tokens/s, MFU; bench/lora_bench.py measures on CPU).
 set -u
 PLAN=${1:?plan}; BUDGET=${2:-560}
 OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"

@@ -396,7 +396,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     if args.best and args.step is not None:
         raise CliError("export: give --step or --best, not both")
-    return _find(args).export(Path(args.to), args.step, args.dtype, args.force, best=args.best)
+    return _find(args).export(Path(args.to), args.step, args.dtype, args.force, best=args.best, merge=args.merge)
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
@@ -569,6 +569,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--to", required=True, help="output folder (created; a non-empty one only with --force)")
     s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: model.dtype)")
     s.add_argument("--force", action="store_true", help="replace a non-empty --to folder")
+    s.add_argument(
+        "--merge", action="store_true", help="LoRA runs: a full model with the adapters merged (default: the adapters)"
+    )
     s.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("rm", help="remove runs: their folders and checkpoints (never a live run)")

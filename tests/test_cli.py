@@ -133,6 +133,7 @@ VALIDATE = {
     "clusterfsdp.control.spec", "clusterfsdp.control.spec.allowlists", "clusterfsdp.control.spec.checks",
     "clusterfsdp.control.spec.codec", "clusterfsdp.control.spec.docs", "clusterfsdp.control.spec.paths",
     "clusterfsdp.control.spec.schema", "clusterfsdp.control.spec.tokenizer", "clusterfsdp.control.spec.badrecords",
+    "clusterfsdp.control.spec.peft",
     "clusterfsdp.data", "clusterfsdp.data.skipped", "clusterfsdp.data.fieldmap", "clusterfsdp.data.mixture",
     "clusterfsdp.control.spec.templates",
     "clusterfsdp.data.cache", "clusterfsdp.data.checks", "clusterfsdp.data.formats", "clusterfsdp.data.overlap",

@@ -4,7 +4,11 @@ compose screen's live summary: the number to watch while changing nodes, shardin
 Counted: parameters, gradients and AdamW's two moments, all in the master dtype (that is what
 FSDP2 keeps per shard), divided over the shard group; plus the unsharded parameters that exist
 during compute (two layers at a time when params reshard after forward, the whole model
-otherwise). Not counted: activations, the allocator's cache, NCCL buffers. The parameter count
+otherwise). With `[peft] method = "lora"` the base holds only its parameters (frozen: no
+gradients, no moments) and the adapters hold all four, in fp32; the adapters are counted as
+r x (in + out) per adapted matrix with in = out = hidden size (7 matrices per layer for
+'all-linear'), a slight undercount for MLP matrices. Not counted: activations, the allocator's
+cache, NCCL buffers. The parameter count
 is `modelsource.estimate`'s, for any family: exact from a local weights folder's safetensors
 headers, else from the config (preset, config folder, or a hub id already in the HF cache).
 """
@@ -29,9 +33,16 @@ class Memory:
     state_bytes: float  # params + grads + AdamW moments held by one rank
     gathered_bytes: float  # unsharded params alive during forward/backward
     offloaded: bool  # state lives in CPU memory (fsdp.cpu_offload)
+    trainable: int = 0  # LoRA: the adapters' parameters (the base is frozen); 0: a full fine-tune
 
     def describe(self, per: str) -> str:
         where = "in CPU memory" if self.offloaded else f"per {per}"
+        if self.trainable:
+            return (
+                f"~{self.params / 1e6:,.1f}M frozen + ~{self.trainable / 1e6:,.2f}M LoRA params: "
+                f"{human_size(self.state_bytes)} base+adapters+grads+AdamW {where} (sharded over {self.shard_group}) "
+                f"+ {human_size(self.gathered_bytes)} gathered for compute; activations not included"
+            )
         return (
             f"~{self.params / 1e6:,.1f}M params: {human_size(self.state_bytes)} params+grads+AdamW {where} "
             f"(sharded over {self.shard_group}) + {human_size(self.gathered_bytes)} gathered for compute; "
@@ -51,8 +62,21 @@ def estimate(spec: specmod.JobSpec) -> Memory | None:
         return None
     n, layers = counted.total, counted.layers
     group = shard_group(spec)
-    state = 4 * MASTER_BYTES[spec.model.dtype] * n / group
+    trainable = lora_params(spec, layers)
+    copies = 1 if trainable else 4  # a frozen base: no gradients, no AdamW moments
+    state = (copies * MASTER_BYTES[spec.model.dtype] * n + 4 * 4 * trainable) / group
     compute = COMPUTE_BYTES[spec.fsdp.mixed_precision]
     keeps_gathered = spec.effective_sharding in ("grad_op", "none") or not spec.fsdp.reshard_after_forward
     gathered = n * compute if keeps_gathered else 2 * n / max(layers, 1) * compute
-    return Memory(n, group, state, gathered, spec.fsdp.cpu_offload)
+    return Memory(n, group, state, gathered, spec.fsdp.cpu_offload, trainable)
+
+
+def lora_params(spec: specmod.JobSpec, layers: int) -> int:
+    """Adapter parameters of a LoRA job, roughly (see the module doc); 0 for a full fine-tune."""
+    p = spec.peft
+    cfg = modelsource.model_config(spec) if p.method == "lora" else None
+    if cfg is None:
+        return 0
+    hidden = next((cfg[k] for k in ("hidden_size", "n_embd", "d_model") if isinstance(cfg.get(k), int)), 0)
+    matrices = 7 if isinstance(p.target_modules, str) else len(p.target_modules)
+    return p.r * 2 * hidden * matrices * layers

@@ -5,9 +5,12 @@ backends, launch, lock): start-up is paid on every call (issue 25 item 3)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..data import checks as datachecks
 from . import hub, modelsource
 from . import spec as specmod
+from .spec import peft
 
 
 def prepare_sources(spec: specmod.JobSpec, mode: hub.Mode = "download") -> modelsource.Prepared:
@@ -16,7 +19,22 @@ def prepare_sources(spec: specmod.JobSpec, mode: hub.Mode = "download") -> model
     the data sources read (readable, not smaller than a batch; they may need the resolved
     tokenizer). SpecError with every problem."""
     prepared = modelsource.prepare(spec, mode)
-    problems = datachecks.problems(prepared.spec)
+    problems = _peft_problems(prepared.spec) + datachecks.problems(prepared.spec)
     if problems:
         raise specmod.SpecError(problems)
     return prepared
+
+
+def _peft_problems(spec: specmod.JobSpec) -> list[str]:
+    """[peft] module names against the model (spec/peft.py): its config, and the tensor names of
+    its (resolved, local) weights folder."""
+    if spec.peft.method == "none":
+        return []
+    names = None
+    if spec.model.name_or_path:
+        try:
+            files = modelsource.weight_files(Path(spec.model.name_or_path))
+            names = [n for f in files for n in modelsource.safetensors_header(f) if n != "__metadata__"]
+        except (OSError, ValueError, KeyError):
+            names = None
+    return peft.module_problems(spec, modelsource.model_config(spec), names)

@@ -409,12 +409,19 @@ class Run:
 
     # ---------------------------------------------------------------- export
     def export_command(
-        self, to: Path, step: int | None = None, dtype: str | None = None, force: bool = False, best: bool = False
+        self,
+        to: Path,
+        step: int | None = None,
+        dtype: str | None = None,
+        force: bool = False,
+        best: bool = False,
+        merge: bool = False,
     ) -> list[str]:
         """The worker-side command that writes a checkpoint (the newest, the one at `step`, or
         with `best` the one with the lowest eval loss) as a HuggingFace folder (run as a
         subprocess: the control plane never imports torch). It checks `to` itself (not empty
-        without `force`) and prints one line on failure."""
+        without `force`) and prints one line on failure. A LoRA run exports its adapters (a PEFT
+        adapter folder), or with `merge` a full model with the adapters merged in."""
         self._check_yours("export")
         if problem := runfolder.export_refusal(self.folder, to):
             raise RunError(problem)
@@ -433,7 +440,7 @@ class Run:
         argv = [sys.executable, "-m", "clusterfsdp.worker.export", str(self.path), "--step", str(info.step)]
         argv += ["--to", str(Path(to).expanduser())]
         argv += ["--dtype", dtype] if dtype else []
-        return argv + (["--force"] if force else [])
+        return argv + (["--force"] if force else []) + (["--merge"] if merge else [])
 
     def wait(self, poll_s: float = 10.0) -> str:
         """Block until the run ends, following requeues, follow-up jobs and automatic restarts;
@@ -442,10 +449,16 @@ class Run:
         return launch.wait(self.folder, poll_s)
 
     def export(
-        self, to: Path, step: int | None = None, dtype: str | None = None, force: bool = False, best: bool = False
+        self,
+        to: Path,
+        step: int | None = None,
+        dtype: str | None = None,
+        force: bool = False,
+        best: bool = False,
+        merge: bool = False,
     ) -> int:
         """Run the export in a subprocess (its progress goes to this terminal); its exit status."""
-        return subprocess.run(self.export_command(to, step, dtype, force, best)).returncode
+        return subprocess.run(self.export_command(to, step, dtype, force, best, merge)).returncode
 
 
 def _check_submittable(spec: specmod.JobSpec, backend: backends.Backend) -> None:

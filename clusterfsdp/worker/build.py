@@ -6,6 +6,8 @@ the benches.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Any  # models: transformers PreTrainedModels wrapped by FSDP
 
@@ -13,8 +15,8 @@ import torch
 
 from ..control.spec import JobSpec
 from ..data.tokens import BOS, BYTE_VOCAB, EOS, PAD, load_tokenizer
+from . import adapters, parallelize, weights
 from . import model as modelmod
-from . import parallelize, weights
 
 
 def build(
@@ -35,7 +37,8 @@ def build(
     meta = modelmod.build_meta(spec.model, config)  # 1. build on meta
     counts = modelmod.param_count(meta, config)  # (unsharded: the same on every world size)
     dtype = modelmod.DTYPES[spec.model.dtype]
-    mode = "buffers" if resume else "pretrained" if spec.model.name_or_path else "init"
+    lora = adapters.enabled(spec)  # a LoRA checkpoint holds only the adapters: the base is loaded again
+    mode = "buffers" if resume and not lora else "pretrained" if spec.model.name_or_path else "init"
     filler = weights.Filler(
         weights.plan(meta, dtype),  # (conversion mapping: before sharding renames the class)
         mode,
@@ -44,22 +47,34 @@ def build(
         Path(spec.model.name_or_path) if spec.model.name_or_path else None,
         dtype,
     )
+    if lora:
+        adapters.inject(meta, spec.peft)
+        counts = dataclasses.replace(counts, trainable=adapters.trainable_count(meta))
+    base = adapters.base_view if lora else contextlib.nullcontext  # the base under its own names
     mesh = parallelize.build_mesh(spec, device.type, world_size)
     if spec.fsdp.activation_checkpointing:  # 2. parallelize
         parallelize.apply_activation_checkpointing(meta)
     if spec.fsdp.version == 1:  # FSDP1 materializes and fills (3.) each unit as it wraps it
-        init_fn = filler.fsdp1_init_fn(meta, lambda: modelmod.build_meta(spec.model, config))
+        with base(meta):
+            init_fn = filler.fsdp1_init_fn(meta, lambda: modelmod.build_meta(spec.model, config))
+        if lora:
+            init_fn = adapters.fsdp1_init_fn(init_fn, meta, spec.job.seed, device)
         model = parallelize.fsdp1(meta, spec, mesh, device, init_fn)
         weights.check_materialized(model, filler.plan.model_type)
     else:
         if spec.fsdp.compile:
             parallelize.apply_compile(meta)
-        dims = weights.shard_dims(meta, filler.plan, parallelize.shard_group_size(spec, mesh))
+        with base(meta):
+            dims = weights.shard_dims(meta, filler.plan, parallelize.shard_group_size(spec, mesh))
         model = parallelize.fsdp2(meta, spec, mesh, dims)
-        filler.fsdp2(model, spec.fsdp.cpu_offload)  # 3. fill
+        with base(model):
+            filler.fsdp2(model, spec.fsdp.cpu_offload)  # 3. fill
+        if lora:
+            adapters.fill(model, spec.job.seed, torch.device("cpu") if spec.fsdp.cpu_offload else device)
+            weights.check_materialized(model, filler.plan.model_type)
     _check_tied(model, config)
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters only
         lr=spec.train.lr,
         weight_decay=spec.train.weight_decay,
         betas=(0.9, 0.95),

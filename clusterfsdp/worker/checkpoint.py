@@ -132,8 +132,10 @@ class Checkpointer:
         rank: int = 0,
         world_size: int = 1,
         spec_text: str = "",
+        trainable_only: bool = False,
     ):
         self.root, self.model, self.optimizer, self.config = root, model, optimizer, config
+        self.trainable_only = trainable_only  # LoRA: the frozen base is not saved (loaded again from its folder)
         self.rank, self.world_size, self.spec_text = rank, world_size, spec_text
         async_save, async_mode = config.async_, config.async_mode
         self._pending: tuple[Any, Path, Path, dict, float] | None = None
@@ -153,8 +155,19 @@ class Checkpointer:
     def _state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
+        if self.trainable_only:  # (ignore_frozen_params keeps the second name of a tied frozen weight)
+            from .model import canonical
+
+            names = self.model.named_parameters(remove_duplicate=False)
+            trained = {canonical(n) for n, p in names if p.requires_grad}
+            model_sd = {k: v for k, v in model_sd.items() if k in trained}
         return {"model": model_sd, "optim": optim_sd}
+
+    def _options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(ignore_frozen_params=self.trainable_only, strict=not self.trainable_only)
 
     def _writer(self, path: Path):
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
@@ -279,7 +292,10 @@ class Checkpointer:
         safeload.check_files(info.path, info.meta)
         reader, planner = safeload.SafeReader(info.path, info.meta), safeload.SafePlanner()
         dcp_call(f"loading {info.path.name}", load, state, storage_reader=reader, planner=planner)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+            options=self._options(),
+        )  # fmt: skip
         if info.meta.get("world_size") == self.world_size and ckptfolder.rng_file(info.path, self.rank).is_file():
             rng = safeload.load_rng(info.path, self.rank, info.meta)
             torch.set_rng_state(rng["cpu"])

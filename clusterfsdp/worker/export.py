@@ -55,17 +55,16 @@ def byte_tokenizer():
     )
 
 
-def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: str | None, force: bool) -> Path:
-    from torch.distributed.checkpoint.state_dict_loader import load
-    from transformers import AutoTokenizer, GenerationConfig
+def export_hf(
+    run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: str | None, force: bool, merge: bool = False
+) -> Path:
+    from transformers import GenerationConfig
     from transformers.utils import logging as hf_logging
 
+    from . import adapter_export, adapters
     from . import model as modelmod
-    from . import safeload
     from .build import token_ids
-    from .checkpoint import dcp_call
     from .progress import task
-    from .weights import compute_buffers
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -75,32 +74,31 @@ def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: 
     trained = token_ids(spec)  # what the training config was built with (None for synthetic data)
     config = modelmod.build_config(spec.model, trained, kept)
     tokens = trained or token_ids(dataclasses.replace(spec, data=dataclasses.replace(spec.data, source="files")))
-    with task("building the model"):
-        model: Any = modelmod.build_meta(spec.model, config).to_empty(device="cpu")  # a transformers model
-        compute_buffers(model)
-    with task(f"loading checkpoint {checkpoint_dir.name}"):
-        state = {"model": model.state_dict()}
-        meta = json.loads((checkpoint_dir / ckptfolder.COMPLETE).read_text())
-        reader, planner = safeload.SafeReader(checkpoint_dir, meta), safeload.SafePlanner()
-        dcp_call(f"loading {checkpoint_dir.name}", load, state, storage_reader=reader, planner=planner, no_dist=True)
-        model.load_state_dict(state["model"])
-        model.tie_weights()
-
-    config.use_cache = True
-    assert tokens is not None  # (a tokenizer, or the byte tokenizer)
-    for name in ("bos", "eos", "pad"):
-        if getattr(tokens, name) is not None:
-            setattr(config, f"{name}_token_id", getattr(tokens, name))
-    model.to(modelmod.DTYPES[dtype or spec.model.dtype])
+    lora = adapters.enabled(spec)
     tmp = out.with_name(f".{out.name}.export-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
+        if lora and not merge:
+            with task(f"writing the adapters of {checkpoint_dir.name} to {out}"):
+                adapter_export.write_adapter(run, spec, config, checkpoint_dir, tmp)
+            _write_tokenizer(spec, tmp)
+            _replace(tmp, out, force)
+            return out
+        with task(f"loading checkpoint {checkpoint_dir.name}" + (" and merging the adapters" if lora else "")):
+            model: Any = (
+                adapter_export.merged_model(spec, config, checkpoint_dir)
+                if lora
+                else _full_model(spec, config, checkpoint_dir)
+            )
+        config.use_cache = True
+        assert tokens is not None  # (a tokenizer, or the byte tokenizer)
+        for name in ("bos", "eos", "pad"):
+            if getattr(tokens, name) is not None:
+                setattr(config, f"{name}_token_id", getattr(tokens, name))
+        model.to(modelmod.DTYPES[dtype or spec.model.dtype])
         with task(f"writing safetensors to {out}"):
             model.save_pretrained(tmp, safe_serialization=True)
-        if spec.data.tokenizer == "bytes":
-            byte_tokenizer().save_pretrained(tmp)
-        else:
-            AutoTokenizer.from_pretrained(spec.data.tokenizer).save_pretrained(tmp)
+        _write_tokenizer(spec, tmp)
         gen = (
             GenerationConfig.from_pretrained(kept)
             if kept is not None and (kept / "generation_config.json").is_file()
@@ -114,6 +112,35 @@ def export_hf(run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _full_model(spec: JobSpec, config, checkpoint_dir: Path) -> Any:
+    """The model of a full fine-tune's checkpoint, on the CPU (a transformers model)."""
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    from . import model as modelmod
+    from . import safeload
+    from .checkpoint import dcp_call
+    from .weights import compute_buffers
+
+    model: Any = modelmod.build_meta(spec.model, config).to_empty(device="cpu")
+    compute_buffers(model)
+    state = {"model": model.state_dict()}
+    meta = json.loads((checkpoint_dir / ckptfolder.COMPLETE).read_text())
+    reader, planner = safeload.SafeReader(checkpoint_dir, meta), safeload.SafePlanner()
+    dcp_call(f"loading {checkpoint_dir.name}", load, state, storage_reader=reader, planner=planner, no_dist=True)
+    model.load_state_dict(state["model"])
+    model.tie_weights()
+    return model
+
+
+def _write_tokenizer(spec: JobSpec, folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    if spec.data.tokenizer == "bytes":
+        byte_tokenizer().save_pretrained(folder)
+    else:
+        AutoTokenizer.from_pretrained(spec.data.tokenizer).save_pretrained(folder)
 
 
 def _replace(tmp: Path, out: Path, force: bool) -> None:
@@ -134,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--to", required=True)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: model.dtype of the run")
     p.add_argument("--force", action="store_true", help="replace a non-empty --to folder")
+    p.add_argument(
+        "--merge", action="store_true", help="LoRA runs: a full model with the adapters merged (default: the adapters)"
+    )
     args = p.parse_args(argv)
     from ..control import ckptfolder
 
@@ -157,15 +187,20 @@ def main(argv: list[str] | None = None) -> int:
         at = f" at step {args.step}" if args.step is not None else ""
         print(f"error: run {run.id}: no complete checkpoint{at}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    lora = run.spec().peft.method == "lora"
+    if args.merge and not lora:
+        print(f"error: --merge: run {run.id} is a full fine-tune (its export is a full model already)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
-        export_hf(run, info.path, out, args.dtype, args.force)
+        export_hf(run, info.path, out, args.dtype, args.force, args.merge)
     except Exception as e:  # one line, no traceback: a corrupt checkpoint, a missing tokenizer, a full disk
         reason = " ".join(str(e).split())[:500]
         print(
             f"error: exporting step {info.step} of run {run.id} failed: {type(e).__name__}: {reason}", file=sys.stderr
         )
         return EXIT_FAILED
-    print(f"exported step {info.step} to {out} (AutoModelForCausalLM / AutoTokenizer.from_pretrained)")
+    loads = "peft.PeftModel.from_pretrained(base, DIR)" if lora and not args.merge else "AutoModelForCausalLM"
+    print(f"exported step {info.step} to {out} ({loads} / AutoTokenizer.from_pretrained)")
     return 0
 
 

@@ -39,6 +39,7 @@ class ParamCount:
 
     total: int  # tied weights counted once
     active: int  # per token: a mixture of experts counts only the experts a token is routed to
+    trainable: int = 0  # LoRA: the adapters (and trained copies) beside the frozen base; 0: all of `total`
 
 
 def _transformers_version() -> str:

@@ -31,6 +31,7 @@ from ..control.spec import JobSpec
 from ..data import samplesets
 from ..data.mixsamples import MixtureSamples
 from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples, TrainingData, open_for_training
+from . import adapters
 from . import metrics as metricsmod
 from . import model as modelmod
 from .build import build, token_ids
@@ -151,6 +152,7 @@ class Trainer:
         self.checkpointer = Checkpointer(
             ctx.checkpoints, self.model, self.optimizer, self.spec.checkpoint,
             rank=ctx.rank, world_size=ctx.world_size, spec_text=ctx.spec_text,
+            trainable_only=adapters.enabled(self.spec),
         )  # fmt: skip
         self.new_best, self.stop_reason = False, ""  # what the last evaluation decided (_judge)
         self.curve = self._restore()
@@ -196,7 +198,10 @@ class Trainer:
         """Model and optimizer (build.py), only buffers filled when a checkpoint follows; the
         data's token ids must fit its vocabulary."""
         spec, ctx = self.spec, self.ctx
-        resume = ckptfolder.find(ctx.checkpoints) is not None
+        newest = ckptfolder.find(ctx.checkpoints)
+        resume = newest is not None
+        if resume and adapters.enabled(spec):
+            adapters.check_base(spec, newest.meta)  # (before loading a base the adapters do not fit)
         what = spec.model.name_or_path or spec.model.config or f"preset {spec.model.preset}"
         fill = "checkpoint" if resume else "load" if spec.model.name_or_path else "init"
         self.log(f"building the model ({what}): meta -> shard -> {fill}")
@@ -270,7 +275,15 @@ class Trainer:
             f"mesh {spec.mesh_shape} ({spec.effective_sharding}, FSDP{spec.fsdp.version}), "
             f"built in {self.t_ready - self.t_build:.2f} s"
         )
-        fpt = modelmod.flops_per_token(config, counts.active, spec.data.seq_len)
+        if counts.trainable:
+            share = 100 * counts.trainable / counts.total
+            self.log(
+                f"peft: LoRA r={spec.peft.r}, {counts.trainable / 1e6:.3f}M trainable params of "
+                f"{(counts.total + counts.trainable) / 1e6:.2f}M ({share:.2f}% of the base)"
+            )
+            fpt = adapters.flops_per_token(config, counts.active, counts.trainable, spec.data.seq_len)
+        else:
+            fpt = modelmod.flops_per_token(config, counts.active, spec.data.seq_len)
         if self.ctx.sink is not None:
             self.ctx.sink.begin(self.state.step)
         return metricsmod.Meter(fpt, self.ctx.device, self.ctx.world_size, self.state.elapsed_s)
@@ -433,7 +446,10 @@ class Trainer:
 
     def _save(self, *, blocking: bool = False) -> float:
         self.state.elapsed_s = self.meter.elapsed()
-        return self.checkpointer.save(self.state.step, self.state.state_dict(), blocking=blocking)
+        meta = self.state.state_dict()
+        if adapters.enabled(self.spec):
+            meta[adapters.BASE_KEY] = adapters.base_reference(self.spec)
+        return self.checkpointer.save(self.state.step, meta, blocking=blocking)
 
     def _interrupted(self, signal: str) -> Outcome:
         step = self.state.step

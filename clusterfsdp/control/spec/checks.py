@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from . import badrecords
+from . import peft as peftchecks
 from .allowlists import container_errors, env_errors, sbatch_name_error, sbatch_value_errors, setup_errors
 from .schema import (
     MAX_PREPARE_WORKERS,
@@ -117,6 +118,7 @@ def check(spec: JobSpec) -> None:
     _check_guard(spec, errors)
     if spec.fsdp.version == 1 and spec.fsdp.compile:
         errors.append("fsdp.compile: supported with fsdp.version = 2 only")
+    errors += peftchecks.errors(spec)
     errors += env_errors(spec.env, spec.job.allow_env)
     if errors:
         raise SpecError(errors)

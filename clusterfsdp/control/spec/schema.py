@@ -457,6 +457,35 @@ class CheckpointSection:
     )
 
 
+@dataclass
+class PeftSection:
+    method: Literal["none", "lora"] = F(
+        "none",
+        "'lora': fine-tune low-rank adapters (Hugging Face peft) on a frozen base model; checkpoints hold only the "
+        "adapters and their optimizer state, and `export` writes a PEFT adapter folder (`--merge`: a full model). "
+        "'none': full fine-tune.",
+    )
+    r: int = F(16, "LoRA rank.")
+    alpha: int = F(32, "LoRA alpha: the adapters' output is scaled by alpha / r (alpha / sqrt(r) with use_rslora).")
+    dropout: float = F(0.0, "Dropout on the adapters' input, in [0, 1).")
+    target_modules: list[str] | str = F(
+        "all-linear",
+        "Modules that get adapters: names (the last part of the module name, e.g. ['q_proj', 'v_proj']), or "
+        "'all-linear' (every linear layer of the decoder, not the output layer). Checked against the model's "
+        "config before queueing when its family is known.",
+    )
+    modules_to_save: list[str] = F(
+        [],
+        "Modules trained in full beside the adapters (e.g. ['norm']); saved in checkpoints and the adapter folder. "
+        "Not the output layer nor tied embeddings.",
+    )
+    use_rslora: bool = F(False, "Rank-stabilized LoRA: scale by alpha / sqrt(r) instead of alpha / r.")
+    use_dora: bool = F(
+        False,
+        "Weight-decomposed LoRA (DoRA): not supported on sharded models (its magnitude needs each whole base weight).",
+    )
+
+
 Tracker = Literal["tensorboard", "wandb", "mlflow"]
 
 
@@ -487,6 +516,7 @@ class JobSpec:
     fsdp: FsdpSection = field(default_factory=FsdpSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     log: LogSection = field(default_factory=LogSection)
+    peft: PeftSection = field(default_factory=PeftSection)
     env: dict[str, str] = field(
         default_factory=dict,
         metadata={"doc": "Extra environment for the workers; overrides everything clusterfsdp sets (NCCL_*, etc.)."},
@@ -563,6 +593,7 @@ HINTS: dict[type, dict[str, Any]] = {
         FsdpSection,
         CheckpointSection,
         LogSection,
+        PeftSection,
         ContainerSection,
         EarlyStopping,
         Guard,
