@@ -345,13 +345,22 @@ def test_cancel_saves_then_resume_finishes(tmp_path):
 
 
 def test_full_disk_mid_save_fails_clearly_and_resume_uses_the_last_complete_checkpoint(tmp_path):
-    """Checkpoints go to a real 2 MiB tmpfs: the step-2 checkpoint (~1.3 MB) fits, step 4 does not."""
+    """Checkpoints go to a real 2 MiB tmpfs: the step-2 checkpoint (~1.3 MB) fits, step 4 does not.
+    Pre-flight is off: it would refuse this disk before step 1 (slurm.preflight_free_gb), and the
+    disk that fills up mid-run is what is tested here."""
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
     try:
         run = make_run(
-            JOB, tmp_path, [f"checkpoint.dir={str(disk)!r}", "checkpoint.every_steps=2", "checkpoint.keep_last=3"]
+            JOB,
+            tmp_path,
+            [
+                f"checkpoint.dir={str(disk)!r}",
+                "checkpoint.every_steps=2",
+                "checkpoint.keep_last=3",
+                "slurm.preflight=false",
+            ],
         )
         out = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], 2, job_id="d1"))
         assert all(code != 0 for code, _ in out)
