@@ -226,6 +226,8 @@ def run_status(
     warnings = [e for e in events if e.event is EventKind.WARNING]
     if warnings:
         st.notes.append(f"warning (step {warnings[-1].step}): {warnings[-1].reason}")
+    st.notes += [f"{e.event} ({e.job_id}.{e.restart}): {e.reason}" for e in events
+                 if e.event in (EventKind.STRAGGLER, EventKind.HANG)]  # fmt: skip
     st.ends = attempt_ends(events)
     last = record.last
     if last is None:

@@ -31,6 +31,7 @@ from . import metrics as metricsmod
 from . import model as modelmod
 from .build import build, token_ids
 from .checkpoint import Checkpointer
+from .heartbeat import Heartbeat, Phase
 from .stopflags import SIGNAL_NAMES, StopFlags
 
 
@@ -98,6 +99,7 @@ class RankContext:
     on_event: Callable[..., None]  # events.jsonl (rank 0 only; a no-op elsewhere)
     sink: metricsmod.MetricsWriter | None  # rank 0 only
     flags: StopFlags
+    beat: Heartbeat | None = None  # this rank's heartbeat (train.watchdog), told at each step and phase
 
 
 class GraceCheck:
@@ -136,9 +138,11 @@ class Trainer:
         self.flag_group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         torch.manual_seed(self.spec.job.seed)
         self.t_start = time.perf_counter()
+        self._phase(Phase.DATA_PREP)
         self.data, self.samples, self.eval_batches = self._open_data()
         self.steps = self._count_steps()
         self.t_build = time.perf_counter()
+        self._phase(Phase.MODEL_LOAD)
         self.model, self.optimizer, self.config, self.counts = self._build_model()
         self.checkpointer = Checkpointer(
             ctx.checkpoints, self.model, self.optimizer, self.spec.checkpoint,
@@ -268,6 +272,7 @@ class Trainer:
         spec, flags, state = self.spec, self.ctx.flags, self.state
         self.model.train()
         first = state.step
+        self._phase(Phase.STEP)
         while state.step < self.steps:
             stop = flags.agree(self.flag_group, state.step, spec.slurm.signal_grace_s) if flags.due(state.step) else 0
             if stop:
@@ -298,6 +303,8 @@ class Trainer:
         assert self.samples is not None
         at = [state.consumed + m * world * mb for m in range(t.grad_accum)]
         batches = [self.samples.batch(consumed, ctx.rank, world, mb) for consumed in at]
+        if ctx.beat is not None:
+            ctx.beat.fetched()
         scale = world / _label_total(self.spec, self.samples, batches, self.flag_group)
         loss_sum = torch.zeros((), device=ctx.device)
         for micro, batch in enumerate(batches):
@@ -313,6 +320,8 @@ class Trainer:
         state.step += 1
         self._set_lr()
         state.steps_run += 1
+        if ctx.beat is not None:
+            ctx.beat.step(state.step)
         tokens = world * t.grad_accum * mb * self.spec.data.seq_len
         state.tokens_seen += tokens
         self.meter.tick(tokens)
@@ -327,7 +336,9 @@ class Trainer:
         if not self._eval_due():
             return {}
         assert self.data.eval is not None
+        self._phase(Phase.EVAL)
         eval_loss = evaluate(self.model, self.loss_fn, self.data.eval, self.eval_batches, self.ctx, self.spec)
+        self._phase(Phase.STEP)
         self._judge(eval_loss)
         return {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0))}
 
@@ -405,7 +416,14 @@ class Trainer:
 
     def _save(self, *, blocking: bool = False) -> float:
         self.state.elapsed_s = self.meter.elapsed()
-        return self.checkpointer.save(self.state.step, self.state.state_dict(), blocking=blocking)
+        self._phase(Phase.SAVE)
+        secs = self.checkpointer.save(self.state.step, self.state.state_dict(), blocking=blocking)
+        self._phase(Phase.STEP)
+        return secs
+
+    def _phase(self, phase: Phase) -> None:
+        if self.ctx.beat is not None:
+            self.ctx.beat.phase(phase)
 
     def _interrupted(self, signal: str) -> Outcome:
         step = self.state.step

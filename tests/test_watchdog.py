@@ -1,0 +1,135 @@
+"""The hang and straggler watchdog (control/health.py, worker/heartbeat.py, worker/watchdog.py)
+and the per-rank health the TUI's run screen shows (tui/rank_health.py).
+
+The rules are unit-tested on heartbeat records. The watchdog itself runs for real, in one run of
+two gloo worker processes (tests/procs.py, tests/faulty_worker.py, a module-scoped fixture):
+rank 1 sleeps SLOW_S in every step from its 3rd on (a straggler: one event, training goes on),
+then SIGSTOPs itself in its 30th step: the node watchdog, its own process, must notice, dump
+both ranks' stacks with py-spy (the stopped one included), record a `hang` naming rank 1 and
+kill both ranks. The restart after a hang is the batch script's (Slurm only):
+tests/test_slurm_e2e.py covers it, and a run that completes with a straggler.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from procs import launch, make_run, tiny_job_toml, wait
+
+from clusterfsdp.control import doctor, health, outcomes
+from clusterfsdp.control.doctor import Finding
+from clusterfsdp.control.health import Beat, Phase, WatchdogSettings
+from clusterfsdp.control.records import Cause, Event, EventKind
+
+FAULTY = str(Path(__file__).parent / "faulty_worker.py")
+FAST = WatchdogSettings(hang_min_s=10, hang_factor=2, startup_s=120, straggler_checks=2)
+WATCHDOG = """[train.watchdog]
+hang_min_s = 10
+hang_factor = 2
+startup_s = 120
+straggler_checks = 2
+"""
+
+
+def beat(rank: int, step: int, progress: float, at: float, phase: Phase = Phase.STEP, host: str = "n1",
+         late: float = 0.0) -> Beat:  # fmt: skip
+    """A heartbeat of steps of 0.1 s; `late`: the rank reaches both sync points of its last
+    MARKS steps this much after the others."""
+    marks = [[s, 10.0 + s * 0.1 + late, 10.05 + s * 0.1 + late] for s in range(max(0, step - health.MARKS), step)]
+    return Beat(rank, host, 1000 + rank, "7", 0, phase, step, progress, at, 0.1, 0.1, marks)
+
+
+# ---------------------------------------------------------------- the rules
+def test_the_timeout_follows_the_slowest_step_with_floors_per_phase():
+    s = WatchdogSettings()
+    assert health.hang_timeout_s(s, Phase.STEP, 0.2) == 60  # the floor
+    assert health.hang_timeout_s(s, Phase.STEP, 30.0) == 300  # 10 x the slowest recent step
+    assert health.hang_timeout_s(s, Phase.STEP, 0.0) == s.startup_s  # no step measured yet
+    assert health.hang_timeout_s(s, Phase.SAVE, 0.2) == s.save_s
+    assert health.hang_timeout_s(s, Phase.DATA_PREP, 0.2) == s.data_prep_s
+    assert health.collective_timeout_s(s, Phase.STEP, 30.0) == 300 + health.MARGIN_S
+
+
+def test_a_frozen_rank_is_named_and_a_slow_phase_is_not_a_hang():
+    now = 1000.0
+    frozen = {0: beat(0, 5, now - 30, now - 1), 1: beat(1, 4, now - 31, now - 29, host="n2")}
+    found = health.find_hang(frozen, 2, FAST, now)
+    assert found is not None and found.ranks == (1,) and found.hosts == ("n2",), found
+    assert "stopped answering" in found.reason and "rank 1 on n2" in found.reason
+    # every rank beats, one is a step behind: it holds the others
+    behind = {0: beat(0, 5, now - 30, now - 1), 1: beat(1, 4, now - 31, now - 1)}
+    assert health.find_hang(behind, 2, FAST, now).ranks == (1,)  # type: ignore[union-attr]
+    # the same silence while a rank saves a checkpoint is within the save's floor
+    saving = {0: beat(0, 5, now - 30, now - 1, Phase.SAVE), 1: beat(1, 5, now - 30, now - 1)}
+    assert health.find_hang(saving, 2, FAST, now) is None
+    assert health.find_hang(frozen, 2, FAST, now - 25) is None  # 5 s without progress: not yet
+    assert health.find_hang({0: beat(0, 0, now - 200, now - 1)}, 2, FAST, now).ranks == (1,)  # type: ignore[union-attr]
+
+
+def test_a_straggler_is_the_rank_whose_own_step_time_stands_out():
+    beats = {r: beat(r, 9, 0, 0, late=0.01 * r) for r in range(4)}  # jitter of 10 ms
+    assert health.stragglers(beats, FAST) == {}
+    beats[2] = beat(2, 9, 0, 0, late=0.08)  # 80 ms late on steps of 100 ms
+    assert health.stragglers(beats, FAST) == {2: pytest.approx(0.08)}
+    assert health.stragglers(beats, WatchdogSettings(straggler_factor=0)) == {}
+    beats[3] = beat(3, 2, 0, 0)  # its heartbeat shares too few steps with the others yet
+    assert health.stragglers(beats, FAST) == {}
+
+
+def test_a_heartbeat_file_round_trips_and_a_foreign_one_is_skipped(tmp_path):
+    health.write_beat(tmp_path, beat(0, 3, 1.0, 2.0))
+    (tmp_path / "rank1.json").write_text('{"rank": "one"}')
+    (tmp_path / "rank2.json").write_text("not json")
+    assert health.read_beats(tmp_path) == {0: beat(0, 3, 1.0, 2.0)}
+
+
+def test_a_hang_event_restarts_the_attempt_without_the_suspect_node():
+    hang = Event(EventKind.HANG, "7", 0, 1, "n2", 1.0, reason="no progress", ranks=[1], failed_nodes=["n2"])
+    killed = Event(EventKind.FAILED, "7", 0, 0, "n1", 2.0, reason="lost peer", cause=Cause.COLLECTIVE)
+    failure = outcomes.classify_failure([hang, killed], world_size=2, down_nodes=[], srun_rc=137)
+    assert failure.cause is Cause.HANG and failure.cause.retryable and failure.failed_nodes == ("n2",)
+
+
+# ---------------------------------------------------------------- real ranks
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory):
+    root = tmp_path_factory.mktemp("watchdog")
+    run = make_run(tiny_job_toml("watchdog", 0, 60, tail=WATCHDOG), root)
+    procs = launch([FAULTY, str(run.path)], 2, "w", {"CLUSTERFSDP_TEST_FAULT": "slow@3:1,stop@30:1"})
+    try:
+        out = wait(procs, timeout=240)
+    finally:
+        for p in procs:
+            p.kill()
+    return run, out
+
+
+def test_a_slow_rank_is_a_straggler_and_training_goes_on(watched):
+    run, _ = watched
+    events = run.events()
+    (slow,) = [e for e in events if e.event is EventKind.STRAGGLER]
+    assert slow.ranks == [1] and "is a straggler" in slow.reason and slow.step is not None, slow
+    (hang,) = [e for e in events if e.event is EventKind.HANG]
+    assert slow.time < hang.time and slow.step < 29  # noticed while it trained on (it stopped in step 30)
+    assert "[watchdog] warning: rank 1 on" in (run.path / "logs" / "w.0" / "rank0.log").read_text()
+    rows = health.rank_health(run.path, events, time.time())
+    assert [(r.rank, r.straggler, r.hung) for r in rows] == [(0, False, False), (1, True, True)]
+
+
+def test_a_stopped_rank_is_named_dumped_and_killed(watched):
+    run, out = watched
+    assert [code for code, _ in out] == [-9, -9], [text[-2000:] for _, text in out]
+    (hang,) = [e for e in run.events() if e.event is EventKind.HANG]
+    assert hang.ranks == [1] and hang.rank == 1 and "stopped answering" in hang.reason, hang
+    assert "stopped (SIGSTOP)" in hang.reason and not hang.failed_nodes  # one process, not the node
+    diag = run.path / "diagnostics" / "w.0"
+    stopped, waiting = (diag / "rank1.txt").read_text(), (diag / "rank0.txt").read_text()
+    assert '"MainThread"' in stopped and "faulty_step (" in stopped, stopped  # py-spy read the stopped rank
+    assert '"MainThread"' in waiting and "clusterfsdp-heartbeat" in waiting, waiting
+    d = doctor.diagnose(run)
+    assert d.finding is Finding.HANG and d.rank == 1 and d.source == "diagnostics/w.0/rank1.txt", d
+    assert d.stuck_frame.startswith("_fault (") and "faulty_worker.py:" in d.stuck_frame
+    beats = health.read_beats(run.path / "health" / "w.0")
+    assert beats[1].step < beats[0].step == 30  # rank 1 stopped inside its 30th step (its file may lag 2 s)
