@@ -12,16 +12,22 @@ tests/test_slurm_e2e.py covers it, and a run that completes with a straggler.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import pytest
 from procs import launch, make_run, tiny_job_toml, wait
+from tui_helpers import FakeSlurm, run_app, settle, until
+from tui_helpers import make_run as make_tui_run
 
 from clusterfsdp.control import doctor, health, outcomes
 from clusterfsdp.control.doctor import Finding
 from clusterfsdp.control.health import Beat, Phase, WatchdogSettings
 from clusterfsdp.control.records import Cause, Event, EventKind
+from clusterfsdp.tui.app import ClusterApp
+from clusterfsdp.tui.rank_health import RankHealthTable
+from clusterfsdp.tui.run_screen import RunScreen
 
 FAULTY = str(Path(__file__).parent / "faulty_worker.py")
 FAST = WatchdogSettings(hang_min_s=10, hang_factor=2, startup_s=120, straggler_checks=2)
@@ -97,7 +103,7 @@ def test_a_hang_event_restarts_the_attempt_without_the_suspect_node():
 def watched(tmp_path_factory):
     root = tmp_path_factory.mktemp("watchdog")
     run = make_run(tiny_job_toml("watchdog", 0, 60, tail=WATCHDOG), root)
-    procs = launch([FAULTY, str(run.path)], 2, "w", {"CLUSTERFSDP_TEST_FAULT": "slow@3:1,stop@30:1"})
+    procs = launch([FAULTY, str(run.path)], 2, "w", {"CLUSTERFSDP_TEST_FAULT": "slow@3:1,stop@20:1"})
     try:
         out = wait(procs, timeout=240)
     finally:
@@ -112,7 +118,7 @@ def test_a_slow_rank_is_a_straggler_and_training_goes_on(watched):
     (slow,) = [e for e in events if e.event is EventKind.STRAGGLER]
     assert slow.ranks == [1] and "is a straggler" in slow.reason and slow.step is not None, slow
     (hang,) = [e for e in events if e.event is EventKind.HANG]
-    assert slow.time < hang.time and slow.step < 29  # noticed while it trained on (it stopped in step 30)
+    assert slow.time < hang.time and slow.step < 19  # noticed while it trained on (it stopped in step 20)
     assert "[watchdog] warning: rank 1 on" in (run.path / "logs" / "w.0" / "rank0.log").read_text()
     rows = health.rank_health(run.path, events, time.time())
     assert [(r.rank, r.straggler, r.hung) for r in rows] == [(0, False, False), (1, True, True)]
@@ -132,4 +138,42 @@ def test_a_stopped_rank_is_named_dumped_and_killed(watched):
     assert d.finding is Finding.HANG and d.rank == 1 and d.source == "diagnostics/w.0/rank1.txt", d
     assert d.stuck_frame.startswith("_fault (") and "faulty_worker.py:" in d.stuck_frame
     beats = health.read_beats(run.path / "health" / "w.0")
-    assert beats[1].step < beats[0].step == 30  # rank 1 stopped inside its 30th step (its file may lag 2 s)
+    assert beats[1].step < beats[0].step == 20  # rank 1 stopped inside its 20th step (its file may lag 2 s)
+
+
+# ---------------------------------------------------------------- the TUI
+def test_the_run_screen_marks_the_hung_rank_and_the_straggler(tmp_path, monkeypatch):
+    """Heartbeats of a running 4-rank attempt (rank 3 frozen 40 s ago, rank 2 half a step late)
+    and the watchdog's events: the run screen's health table lists the marked ranks first."""
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    run = make_tui_run(root, ranks=4, end=None)
+    now = time.time()
+    folder = health.health_dir(run.path, "1001", 0)
+    folder.mkdir(parents=True)
+    for r in range(4):
+        frozen = r == 3
+        b = beat(r, 12 if frozen else 13, now - 40, now - (40 if frozen else 1), late=0.06 if r == 2 else 0.0)
+        health.write_beat(folder, dataclasses.replace(b, job_id="1001", host=f"node{r // 2 + 1}"))
+    for kind in (EventKind.STRAGGLER, EventKind.HANG):
+        rank = 2 if kind is EventKind.STRAGGLER else 3
+        run.append_event(Event(kind, "1001", 0, rank, "node2", now, reason=f"{kind} of rank {rank}", ranks=[rank]))
+    app = ClusterApp(root, slurm=FakeSlurm(), refresh_s=3600)
+
+    async def scenario(pilot):
+        await until(pilot, lambda: app.current_key is not None, "a selected run")
+        await pilot.press("4")
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        table = screen.query_one("#ranks", RankHealthTable)
+        await until(pilot, lambda: table.row_count == 4, "the ranks' rows")
+        await settle(pilot)
+        assert table.display and table.border_title == "ranks: 1 HUNG, 1 straggler, 2 ok"
+        rows = [table.get_row_at(i) for i in range(4)]
+        assert [row[0] for row in rows] == ["3", "2", "0", "1"]  # marked first
+        assert rows[0][1:4] == ["node2", "step", "12"] and rows[0][-1] == "HUNG"
+        assert rows[0][-2].endswith(" s ago") and int(rows[0][-2].split()[0]) >= 40  # its last heartbeat
+        assert rows[1][5] == "0.060 s" and rows[1][-1] == "straggler" and rows[2][-1] == "ok"
+        assert "0.100 s" in rows[2][4]  # the step time
+
+    run_app(app, scenario)

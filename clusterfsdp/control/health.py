@@ -250,7 +250,7 @@ def stragglers(beats: dict[int, Beat], settings: WatchdogSettings) -> dict[int, 
 
 
 def _doing(b: Beat) -> str:
-    return f"in step {b.step + 1}" if b.phase is Phase.STEP else f"{b.phase} after step {b.step}"
+    return f"{b.step} steps done" if b.phase is Phase.STEP else f"{b.phase}, {b.step} steps done"
 
 
 def _ranks(ranks: list[int]) -> str:
