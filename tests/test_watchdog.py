@@ -28,6 +28,7 @@ from clusterfsdp.control.records import Cause, Event, EventKind
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.rank_health import RankHealthTable
 from clusterfsdp.tui.run_screen import RunScreen
+from clusterfsdp.worker import distenv
 
 FAULTY = str(Path(__file__).parent / "faulty_worker.py")
 FAST = WatchdogSettings(hang_min_s=10, hang_factor=2, startup_s=120, straggler_checks=2)
@@ -96,6 +97,15 @@ def test_a_hang_event_restarts_the_attempt_without_the_suspect_node():
     killed = Event(EventKind.FAILED, "7", 0, 0, "n1", 2.0, reason="lost peer", cause=Cause.COLLECTIVE)
     failure = outcomes.classify_failure([hang, killed], world_size=2, down_nodes=[], srun_rc=137)
     assert failure.cause is Cause.HANG and failure.cause.retryable and failure.failed_nodes == ("n2",)
+
+
+def test_the_nccl_flight_recorder_dumps_into_the_attempts_diagnostics(tmp_path):
+    """The variables only (no GPU here: NCCL never reads them in this suite); [env] still wins."""
+    single = distenv.from_environ({})
+    chosen, _ = distenv.network_env(single, {"TORCH_FR_BUFFER_SIZE": "0"}, environ={}, diagnostics=tmp_path / "7.0")
+    assert chosen["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "7.0" / "nccl_trace_rank_")
+    assert chosen["TORCH_NCCL_TRACE_BUFFER_SIZE"] == distenv.FR_BUFFER and chosen["TORCH_FR_BUFFER_SIZE"] == "0"
+    assert "TORCH_FR_BUFFER_SIZE" not in distenv.network_env(single, {}, environ={})[0]
 
 
 # ---------------------------------------------------------------- real ranks

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
@@ -245,8 +244,13 @@ def stragglers(beats: dict[int, Beat], settings: WatchdogSettings) -> dict[int, 
     late = lags(beats)
     if not late:
         return {}
-    step_s = statistics.median(b.step_s for b in beats.values() if b.rank in late)
+    step_s = _median([b.step_s for b in beats.values() if b.rank in late])
     return {r: lag for r, lag in sorted(late.items()) if lag > (settings.straggler_factor - 1) * step_s > 0}
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2] if values else 0.0
 
 
 def _doing(b: Beat) -> str:

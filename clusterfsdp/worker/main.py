@@ -216,7 +216,9 @@ def _load_spec(attempt: _Attempt) -> specmod.JobSpec:
     """The run's job.toml, and the environment it asks for: the network choices of this node
     (distenv), [env] on top, then the torch.distributed variables."""
     spec = specmod.load(attempt.run.job_toml)
-    chosen, attempt.facts = distenv.network_env(attempt.env, spec.env)
+    env = attempt.env  # the local executor's restart count is known later: its flight records go to <job>.0
+    diagnostics = health.diagnostics_dir(attempt.run.path, env.job_id, env.restart)
+    chosen, attempt.facts = distenv.network_env(env, spec.env, diagnostics=diagnostics)
     _apply_env(spec, chosen)
     os.environ.update(attempt.env.export())
     return spec
@@ -236,6 +238,9 @@ def _init_process_group(attempt: _Attempt, timeout_s: float):
         device = torch.device("cuda", attempt.env.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         backend = "nccl"
+        trace = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+        if trace:  # where the flight recorder dumps (distenv.network_env)
+            Path(trace).parent.mkdir(parents=True, exist_ok=True)
     else:
         device, backend = torch.device("cpu"), "gloo"
     timeout = timedelta(seconds=timeout_s)
