@@ -21,7 +21,7 @@ from procs import launch, make_run, tiny_job_toml, wait
 from tui_helpers import FakeSlurm, run_app, settle, until
 from tui_helpers import make_run as make_tui_run
 
-from clusterfsdp.control import doctor, health, outcomes
+from clusterfsdp.control import doctor, health, outcomes, status
 from clusterfsdp.control.doctor import Finding
 from clusterfsdp.control.health import Beat, Phase, WatchdogSettings
 from clusterfsdp.control.records import Cause, Event, EventKind
@@ -130,6 +130,7 @@ def test_a_slow_rank_is_a_straggler_and_training_goes_on(watched):
     (hang,) = [e for e in events if e.event is EventKind.HANG]
     assert slow.time < hang.time and slow.step < 19  # noticed while it trained on (it stopped in step 20)
     assert "[watchdog] warning: rank 1 on" in (run.path / "logs" / "w.0" / "rank0.log").read_text()
+    assert any(n.startswith("straggler (w.0): rank 1 on") for n in status.run_status(run).notes)
     rows = health.rank_health(run.path, events, time.time())
     assert [(r.rank, r.straggler, r.hung) for r in rows] == [(0, False, False), (1, True, True)]
 
