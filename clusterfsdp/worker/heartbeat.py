@@ -128,17 +128,18 @@ class Heartbeat:
             self._timeout_s = want
 
 
-def start_node_watchdog(run_path: Path, job_id: str, restart: int, world_size: int, settings: WatchdogSettings,
-                        log_dir: Path) -> subprocess.Popen | None:  # fmt: skip
+def start_node_watchdog(run_path: Path, job_id: str, restart: int, world_size: int,
+                        settings: WatchdogSettings) -> subprocess.Popen | None:  # fmt: skip
     """The node's watchdog process (worker/watchdog.py), started by the node's first rank; it
-    ends when that rank does. Its lines go to `watchdog.<host>.log` beside the rank logs."""
+    ends when that rank does. Its lines go to `watchdog.<host>.log` beside the heartbeats."""
     import json
     from dataclasses import asdict
 
     argv = [sys.executable, "-m", "clusterfsdp.worker.watchdog", str(run_path), job_id, str(restart),
             str(world_size), str(os.getpid()), json.dumps(asdict(settings))]  # fmt: skip
     try:
-        with open(log_dir / f"watchdog.{socket.gethostname()}.log", "a") as out:
+        log = health.health_dir(run_path, job_id, restart) / f"watchdog.{socket.gethostname()}.log"
+        with open(log, "a") as out:
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     except OSError as e:
         print(f"watchdog: could not start ({e}); hangs fall back to the collective timeout", file=sys.stderr)

@@ -263,7 +263,7 @@ def _start_heartbeat(attempt: _Attempt, settings: health.WatchdogSettings) -> No
     log = run.log_path(env.job_id, env.restart, env.rank)
     attempt.beat = heartbeat.Heartbeat(run.path, env.job_id, env.restart, env.rank, settings, log)
     if env.local_rank == 0:
-        heartbeat.start_node_watchdog(run.path, env.job_id, env.restart, env.world_size, settings, log.parent)
+        heartbeat.start_node_watchdog(run.path, env.job_id, env.restart, env.world_size, settings)
 
 
 def _tee_output(attempt: _Attempt) -> Callable[[str], None]:
