@@ -57,7 +57,7 @@ def poll_s(folder: Path, ranks: int, polls: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--step-s", type=float, default=0.1)
     ap.add_argument("--ranks", type=int, default=64)
     ap.add_argument("--dir", default=None)

@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 
 HANG_TIMEOUT_S = 20
-SLOW_S = 0.4
+SLOW_S = 0.25
 
 
 def divide_the_loss_by_the_padding(padding: int) -> float:

@@ -97,6 +97,9 @@ def test_a_hang_event_restarts_the_attempt_without_the_suspect_node():
     killed = Event(EventKind.FAILED, "7", 0, 0, "n1", 2.0, reason="lost peer", cause=Cause.COLLECTIVE)
     failure = outcomes.classify_failure([hang, killed], world_size=2, down_nodes=[], srun_rc=137)
     assert failure.cause is Cause.HANG and failure.cause.retryable and failure.failed_nodes == ("n2",)
+    # a Python error before it is the root cause: the hang was its consequence
+    error = Event(EventKind.FAILED, "7", 0, 1, "n2", 0.5, reason="ValueError", cause=Cause.ERROR, steps_done=3, step=3)
+    assert outcomes.classify_failure([error, hang], world_size=2, down_nodes=[], srun_rc=137).cause is Cause.ERROR
 
 
 def test_the_nccl_flight_recorder_dumps_into_the_attempts_diagnostics(tmp_path):

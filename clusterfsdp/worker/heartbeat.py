@@ -115,10 +115,12 @@ class Heartbeat:
     # ---------------------------------------------------------------- the collective timeout
     def retime(self) -> None:
         """Set the default process group's timeout to the watchdog's rule plus a margin
-        (health.collective_timeout_s) when it changed by more than a quarter."""
+        (health.collective_timeout_s) when it changed by more than a quarter. Once training is
+        over (DONE: the comeback may wait minutes for a Slurm controller) the start-up one."""
         slowest = max(self._times, default=0.0)
-        want = health.collective_timeout_s(self.settings, self.beat.phase, slowest)
-        if self.beat.phase is Phase.DONE or abs(want - self._timeout_s) <= 0.25 * self._timeout_s:
+        phase = Phase.START_UP if self.beat.phase is Phase.DONE else self.beat.phase
+        want = health.collective_timeout_s(self.settings, phase, slowest)
+        if abs(want - self._timeout_s) <= 0.25 * self._timeout_s:
             return
         import torch.distributed as dist
         from torch.distributed import distributed_c10d

@@ -201,6 +201,8 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
     trainer = train.Trainer(ctx)
     attempt.state = trainer.state
     outcome = trainer.run()
+    if attempt.beat is not None:  # training is over: what follows may wait on Slurm, unwatched
+        attempt.beat.phase(health.Phase.DONE)
     if outcome.end is train.LoopEnd.INTERRUPTED:
         return _interrupted(attempt, spec, outcome, log)
     if env.rank == 0:
