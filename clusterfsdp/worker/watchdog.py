@@ -238,7 +238,10 @@ def _wait_for(predicate, timeout_s: float) -> bool:
 def main(argv: list[str]) -> int:
     run_dir, job_id, restart, world, parent, settings = argv
     dog = NodeWatchdog(Path(run_dir), job_id, int(restart), int(world), WatchdogSettings(**json.loads(settings)))
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Slurm's time-limit signal and a preemption's SIGTERM reach every process of the step: the
+    # ranks then save (a save can hang too) and the watchdog ends with its rank, not before.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     dog.watch(int(parent))
     return 0
 
