@@ -22,9 +22,11 @@ from tui_helpers import FakeSlurm, run_app, settle, until
 from tui_helpers import make_run as make_tui_run
 
 from clusterfsdp.control import doctor, health, outcomes, status
+from clusterfsdp.control import spec as S
 from clusterfsdp.control.doctor import Finding
 from clusterfsdp.control.health import Beat, Phase, WatchdogSettings
 from clusterfsdp.control.records import Cause, Event, EventKind
+from clusterfsdp.control.spec import SpecError
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.rank_health import RankHealthTable
 from clusterfsdp.tui.run_screen import RunScreen
@@ -191,3 +193,12 @@ def test_the_run_screen_marks_the_hung_rank_and_the_straggler(tmp_path, monkeypa
         assert "0.100 s" in rows[2][4]  # the step time
 
     run_app(app, scenario)
+
+
+def test_watchdog_settings_are_checked_before_queueing():
+    with pytest.raises(SpecError) as e:
+        S.loads(tiny_job_toml("w", 0, 4, tail="[train.watchdog]\nhang_min_s = 2\nhang_factor = 1\n"))
+    assert "train.watchdog.hang_min_s: must be >= 10, found 2.0" in e.value.errors
+    assert "train.watchdog.hang_factor: must be >= 2, found 1.0" in e.value.errors
+    spec = S.loads(tiny_job_toml("w", 0, 4, tail=WATCHDOG))
+    assert health.WatchdogSettings.of(spec.train.watchdog) == FAST
