@@ -13,6 +13,7 @@ tests/test_slurm_e2e.py covers it, and a run that completes with a straggler.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from clusterfsdp.control.spec import SpecError
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.rank_health import RankHealthTable
 from clusterfsdp.tui.run_screen import RunScreen
-from clusterfsdp.worker import distenv
+from clusterfsdp.worker import distenv, watchdog
 
 FAULTY = str(Path(__file__).parent / "faulty_worker.py")
 FAST = WatchdogSettings(hang_min_s=10, hang_factor=2, startup_s=120, straggler_checks=2)
@@ -202,3 +203,29 @@ def test_watchdog_settings_are_checked_before_queueing():
     assert "train.watchdog.hang_factor: must be >= 2, found 1.0" in e.value.errors
     spec = S.loads(tiny_job_toml("w", 0, 4, tail=WATCHDOG))
     assert health.WatchdogSettings.of(spec.train.watchdog) == FAST
+
+
+def test_the_hang_event_leaves_out_a_node_with_a_rank_in_d_state_or_a_silent_watchdog(tmp_path, monkeypatch):
+    """NodeWatchdog.record on the markers the node watchdogs leave: a rank stuck in the kernel (D)
+    points at its node, and so does a node whose watchdog never answered; a stopped process alone
+    does not; all nodes suspect is no evidence at all (nothing would be left to run on)."""
+    monkeypatch.setattr(watchdog, "DUMP_WAIT_S", 0.0)
+    run = make_run(tiny_job_toml("w", 0, 4), tmp_path)
+    beats = {r: beat(r, 5, 0, 0, host=f"n{r + 1}") for r in range(3)}
+    dog = watchdog.NodeWatchdog(run.path, "7", 0, 3, FAST)
+    dog.diag.mkdir(parents=True)
+
+    def record(states: dict[str, dict[str, str]]) -> Event:
+        for path in dog.diag.glob("dumped.*.json"):
+            path.unlink()
+        for host, ranks in states.items():
+            (dog.diag / f"dumped.{host}.json").write_text(json.dumps({"host": host, "states": ranks}))
+        dog.record(beats, health.Hang((1,), ("n2",), "no progress"))
+        return [e for e in run.events() if e.event is EventKind.HANG][-1]
+
+    stopped = record({"n1": {"0": "S"}, "n2": {"1": "T"}, "n3": {"2": "S"}})
+    assert stopped.failed_nodes == [] and stopped.ranks == [1] and "rank 1: stopped (SIGSTOP)" in stopped.reason
+    assert record({"n1": {"0": "S"}, "n2": {"1": "D"}, "n3": {"2": "S"}}).failed_nodes == ["n2"]
+    assert record({"n1": {"0": "S"}, "n3": {"2": "S"}}).failed_nodes == ["n2"]  # n2's watchdog is silent
+    assert record({}).failed_nodes == []
+    assert (dog.diag / "recorded").exists()
