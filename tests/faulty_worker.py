@@ -1,13 +1,15 @@
 """One rank of the worker with one fault injected at an optimizer step, for tests/test_doctor.py:
 
-    python tests/faulty_worker.py RUN_DIR      with CLUSTERFSDP_TEST_FAULT=KIND@STEP:RANK
+    python tests/faulty_worker.py RUN_DIR      with CLUSTERFSDP_TEST_FAULT=KIND@STEP:RANK[,KIND@STEP:RANK]
 
 KIND: `oom` raises torch.OutOfMemoryError with CUDA's own message (simulated: there is no GPU
 here), `error` a ZeroDivisionError in a function of this file (a bug in user code), `kill` sends
 the rank SIGKILL, `hang` stops the rank in a sleep after asking faulthandler to dump its stacks
 into diagnostics/<job>.<restart>/rank<R>.txt (the watchdog's stand-in) while the other ranks
 wait for it in a collective (the process group's timeout is cut to HANG_TIMEOUT_S so that the
-wait ends in a test's time). Everything else is the real worker (`clusterfsdp.worker.main.run`).
+wait ends in a test's time, and kept there: the heartbeat's own timeout rule is switched off),
+`stop` SIGSTOPs the rank (frozen: the node watchdog's case), `slow` sleeps SLOW_S in every step
+from STEP on (a straggler). Everything else is the real worker (`clusterfsdp.worker.main.run`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 
 HANG_TIMEOUT_S = 20
+SLOW_S = 0.25
 
 
 def divide_the_loss_by_the_padding(padding: int) -> float:
@@ -43,6 +46,10 @@ def _fault(kind: str, run_dir: Path, rank: int) -> None:
         divide_the_loss_by_the_padding(0)
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if kind == "slow":
+        time.sleep(SLOW_S)
     if kind == "hang":
         key = max((run_dir / "logs").iterdir(), key=lambda p: p.stat().st_mtime).name
         dump = run_dir / "diagnostics" / key / f"rank{rank}.txt"
@@ -52,23 +59,31 @@ def _fault(kind: str, run_dir: Path, rank: int) -> None:
 
 
 def main(run_dir: str) -> None:
-    kind, _, where = os.environ["CLUSTERFSDP_TEST_FAULT"].partition("@")
-    at_step, rank = (int(n) for n in where.split(":"))
+    faults = [f.partition("@") for f in os.environ["CLUSTERFSDP_TEST_FAULT"].split(",")]
     import torch
     import torch.distributed as dist
 
-    if kind == "hang":
+    if any(kind == "hang" for kind, _, _ in faults):
+        from torch.distributed import distributed_c10d
+
         init = dist.init_process_group
         dist.init_process_group = lambda *a, **k: init(*a, **{**k, "timeout": timedelta(seconds=HANG_TIMEOUT_S)})
-    if int(os.environ["RANK"]) == rank:
+        distributed_c10d._set_pg_timeout = lambda *a, **k: None
+    mine = [
+        (kind, int(where.split(":")[0]))
+        for kind, _, where in faults
+        if int(where.split(":")[1]) == int(os.environ["RANK"])
+    ]
+    if mine:
         step = torch.optim.AdamW.step
         calls = 0
 
         def faulty_step(self, *args, **kwargs):
             nonlocal calls
             calls += 1
-            if calls == at_step:
-                _fault(kind, Path(run_dir), rank)
+            for kind, at_step in mine:
+                if calls == at_step or (kind == "slow" and calls > at_step):
+                    _fault(kind, Path(run_dir), int(os.environ["RANK"]))
             return step(self, *args, **kwargs)
 
         torch.optim.AdamW.step = faulty_step  # ty: ignore

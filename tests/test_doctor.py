@@ -243,8 +243,8 @@ def test_the_tui_run_screen_shows_why_a_run_failed(tmp_path, monkeypatch):
 def test_a_watchdogs_hang_record_and_a_py_spy_dump(tmp_path):
     """A `hang` line in events.jsonl (the watchdog's record: which rank stopped, where) and a
     `py-spy dump` of that rank under diagnostics/: the doctor names the rank and its stuck frame.
-    The watchdog is not built yet (issue 27.1): the line has the fields every event has, and the
-    dump is py-spy's own format (threads by name, innermost frame first)."""
+    The line has the fields every event has (a watchdog's also has `ranks`; tests/test_watchdog.py
+    runs the real one), and the dump is py-spy's own format (threads by name, innermost frame first)."""
     run = _slurm_run(tmp_path, _event(EventKind.START, world_size=4, nodes=2))
     hang = {"event": "hang", "job_id": "4242", "restart": 0, "rank": 3, "host": "node2", "time": time.time(),
             "reason": "rank 3 on node2 made no progress for 95 s (slowest recent step 0.2 s)"}  # fmt: skip

@@ -433,6 +433,36 @@ def test_controller_outages_and_a_killed_rank_are_survived(slurm_cluster, tiny_j
     assert "auto_restart (rank_killed)" in cli("status", str(run.path)).stdout
 
 
+def test_a_frozen_rank_is_found_its_stacks_dumped_and_the_run_completes(slurm_cluster, tiny_job, tmp_path):
+    """Two nodes, one rank each; rank 1 SIGSTOPped at step 60: a node watchdog records a `hang`
+    naming rank 1 and its node (within 2 minutes of the freeze), leaves both ranks' stacks under
+    diagnostics/ (py-spy read the stopped one), kills the attempt (the stopped process too), and
+    the batch script's job step restarts it (`hang`) from the step-60 checkpoint: the run
+    completes by itself with every logged step (docs/recovery.md, "Hangs and stragglers")."""
+    r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", "slurm.nodes=2", "--set", "slurm.tasks_per_node=1",
+            "--set", "train.steps=100", "--set", "train.log_every=5", "--set", "checkpoint.every_steps=20",
+            "--set", "train.watchdog.hang_min_s=15")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = only_run(tmp_path / "runs")
+    job_id = run.attempts[-1].job_id
+    wait_for(lambda: newest_step(run) >= 60, 240, "the step-60 checkpoint")
+    (victim,) = worker_pids(run, job_id, rank=1)
+    os.kill(victim, signal.SIGSTOP)
+    frozen_at = time.time()
+    hang = wait_for(lambda: next((e for e in run.events() if e.event == "hang"), None), 150, "the hang event")
+    assert hang.ranks == [1] and hang.rank == 1 and hang.time - frozen_at < 120, hang
+    assert "stopped answering" in hang.reason and "stopped (SIGSTOP)" in hang.reason
+    assert hang.host in node_hosts(run) and not hang.failed_nodes
+    for rank in (0, 1):
+        dump = (run.path / "diagnostics" / f"{job_id}.0" / f"rank{rank}.txt").read_text()
+        assert '"MainThread"' in dump and "worker/train.py:" in dump, dump  # inside Trainer.run
+    wait_for(lambda: status.run_status(run).state == "COMPLETED", 300, "completion after the restart")
+    (restart,) = [e for e in run.events() if e.event == "auto_restart"]
+    assert restart.cause == "hang" and restart.job_id == job_id, restart
+    assert set(logged_steps(run)) == set(range(5, 101, 5))
+    assert "hang" in cli("status", str(run.path)).stdout
+
+
 def test_a_submission_the_hung_controller_processes_late_is_not_duplicated(slurm_cluster, tmp_path, monkeypatch):
     """A hung slurmctld (SIGSTOP): sbatch times out, yet the controller queues the job when it wakes
     (seen on the devcluster). The retry finds it by its --comment instead of queueing a second one."""

@@ -100,7 +100,7 @@ def chart(series: Sequence[Series], width: int, height: int) -> list[list[Run]]:
     y_ticks = ticks(lo, hi, y_step)
     for value, text in zip(y_ticks, labels(y_ticks, y_step), strict=True):
         y_labels.setdefault(round((hi - value) / (hi - lo) * (rows - 1)), text)
-    pad = max(map(len, y_labels.values()))
+    pad = max(map(len, y_labels.values()), default=0)  # a chart only a few rows high may have no tick
     cols = width - pad - 1
     if cols < 4:
         return []

@@ -1,6 +1,7 @@
 """Run: the selected run's charts (loss with the eval loss, learning rate, gradient norm,
-tokens/s) from metrics.jsonl (read incrementally), its step, MFU and memory, its attempts, and its
-checkpoints, from which it can be resumed as a new attempt."""
+tokens/s) from metrics.jsonl (read incrementally), its step, MFU and memory, each rank's health
+(heartbeats: hung ranks and stragglers marked), its attempts, and its checkpoints, from which it
+can be resumed as a new attempt."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Static
 
-from clusterfsdp.control import doctor, runfolder, status
+from clusterfsdp.control import doctor, health, runfolder, status
 from clusterfsdp.control import spec as specmod
 from clusterfsdp.control.errors import describe
 from clusterfsdp.control.records import Attempt, RunState
@@ -30,6 +31,7 @@ from .eval_samples import EvalSamples
 from .metric_chart import MetricChart
 from .metrics_tail import EMPTY, Metrics, MetricsTail
 from .nav_bar import NavBar
+from .rank_health import RankHealthTable
 from .resume_screen import ResumeRequest, ResumeScreen
 from .run_metrics import DEFAULT_SMOOTHING, SMOOTHING, ChartData, charts
 from .status_line import StatusLine
@@ -59,6 +61,7 @@ class RunFacts:
     metrics: Metrics | None  # None: metrics unchanged since the last pass
     ends: dict[str, str] = field(default_factory=dict)  # job id -> how its last incarnation ended (classified)
     diagnosis: doctor.Diagnosis | None = None  # why its newest incarnation failed or hangs (`clusterfsdp doctor`)
+    ranks: list[health.RankHealth] = field(default_factory=list)  # the newest attempt's heartbeats
 
 
 def progress_text(metrics: Metrics, steps: int | None, per: str, smoothing: float) -> str:
@@ -83,11 +86,13 @@ class RunScreen(Screen):
         "loss on the same axes, learning rate, gradient norm and tokens/s, each titled with its "
         "latest value. s changes the smoothing of loss, gradient norm and tokens/s (TensorBoard's "
         "exponential moving average; the raw values stay, dimmed); tab moves between charts and z "
-        "enlarges the focused one. Below: the run's checkpoints (complete ones can be resumed; "
-        "partial ones are saves that never finished) and its attempts. Select a complete checkpoint "
-        "and press enter to resume from it: a new attempt of the same run, optionally on other "
-        "nodes or with overrides; newer checkpoints are set aside, not deleted. With [eval] samples, what the "
-        "model generated at its newest evaluation shows above the checkpoints."
+        "enlarges the focused one. Below: each rank's health while it trains (heartbeat age, step, "
+        "step time, how late it reaches the others; hung ranks and stragglers first), the run's "
+        "checkpoints (complete ones can be resumed; partial ones are saves that never finished) and "
+        "its attempts. Select a complete checkpoint and press enter to resume from it: a new attempt "
+        "of the same run, optionally on other nodes or with overrides; newer checkpoints are set "
+        "aside, not deleted. With [eval] samples, what the model generated at its newest evaluation "
+        "shows above the checkpoints."
     )
     BINDINGS = [
         Binding("R", "resume", "Resume"),
@@ -118,6 +123,7 @@ class RunScreen(Screen):
         with Grid(id="charts"):
             for key, empty in CHARTS:
                 yield MetricChart(empty, id=key)
+        yield RankHealthTable(id="ranks")
         yield EvalSamples(id="eval-samples")
         yield DataTable(id="checkpoints", cursor_type="row")
         yield StatusLine()
@@ -181,7 +187,9 @@ class RunScreen(Screen):
             events = run.events()
             ends = {e.job_id: e.label for e in status.attempt_ends(events)}
             found = doctor.diagnose(run, events)
-            facts = RunFacts(record.attempts, record.executor, nodes, steps, per, scan(root), metrics, ends, found)
+            ranks = health.rank_health(run.path, events, time.time())
+            facts = RunFacts(record.attempts, record.executor, nodes, steps, per, scan(root), metrics, ends, found,
+                             ranks)  # fmt: skip
         finally:
             self.app.call_from_thread(self._read_done, time.monotonic() - started)
         self.app.call_from_thread(self._show_facts, run, facts)
@@ -204,6 +212,7 @@ class RunScreen(Screen):
             self._redraw()
         if old is None or old.checkpoints != facts.checkpoints:
             self._show_checkpoints(facts.checkpoints)
+        self.query_one("#ranks", RankHealthTable).show(facts.ranks)
         self._show_header()
 
     def _redraw(self) -> None:

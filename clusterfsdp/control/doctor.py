@@ -32,13 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from .records import Cause, Event, EventKind, preflight_failures, preflight_verdict
-from .runfolder import RunFolder, read_jsonl
+from .runfolder import RunFolder
 
 TAIL_BYTES = 256 << 10  # of a rank log: a traceback and what led to it
 DUMP_BYTES = 64 << 10  # of a stack dump file
 MAX_DUMPS = 64  # stack dump files looked at, newest first
 MAX_EARLIER = 5  # earlier incarnations summed up in one line each
-HANG_EVENT = "hang"  # a watchdog's record of ranks that stopped making progress (rank, host, reason)
 
 
 class Finding(StrEnum):
@@ -267,18 +266,15 @@ class _Incarnation:
     job_id: str
     restart: int
     events: list[Event]
-    hangs: list[dict[str, Any]]
+    hangs: list[Event]  # a node watchdog's records (EventKind.HANG): the ranks that stopped making progress
 
 
 def _incarnations(run: RunFolder, events: list[Event]) -> list[_Incarnation]:
     """Every incarnation with events or logs, in the order they started."""
     found: dict[tuple[str, int], _Incarnation] = {}
     for e in events:
-        found.setdefault((e.job_id, e.restart), _Incarnation(e.job_id, e.restart, [], [])).events.append(e)
-    for row in read_jsonl(run.events_file):
-        if row.get("event") == HANG_EVENT and isinstance(row.get("restart"), int):
-            key = (str(row.get("job_id", "")), row["restart"])
-            found.setdefault(key, _Incarnation(key[0], key[1], [], [])).hangs.append(row)
+        inc = found.setdefault((e.job_id, e.restart), _Incarnation(e.job_id, e.restart, [], []))
+        (inc.hangs if e.event is EventKind.HANG else inc.events).append(e)
     for folder in sorted(run.logs_dir.glob("*.*"), key=lambda p: p.stat().st_mtime) if run.logs_dir.is_dir() else []:
         job_id, _, restart = folder.name.rpartition(".")
         if restart.isdigit():
@@ -437,14 +433,14 @@ def _killed(run: RunFolder, inc: _Incarnation, base: Diagnosis, silent: list[int
 
 
 def _hang(
-    run: RunFolder, inc: _Incarnation, base: Diagnosis, failed: list[Event], world: int | None, hangs: list[dict]
+    run: RunFolder, inc: _Incarnation, base: Diagnosis, failed: list[Event], world: int | None, hangs: list[Event]
 ) -> Diagnosis:
     """A rank stopped making progress: named by a watchdog's `hang` record, else the rank that
     never reported while the others timed out in a collective; its stack from a dump, if any."""
     if hangs:
-        row = hangs[0]
-        rank = row.get("rank") if isinstance(row.get("rank"), int) else None
-        base.host, base.time, base.summary = str(row.get("host", "")), row.get("time"), str(row.get("reason", ""))
+        first = hangs[0]
+        rank = first.rank if first.rank >= 0 else None
+        base.host, base.time, base.summary, base.step = first.host, first.time, first.reason, first.step
     else:
         silent = _silent_ranks(failed, world)
         rank = silent[0]

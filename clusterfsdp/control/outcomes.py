@@ -168,10 +168,12 @@ def classify_failure(
     raised `PreflightFailed` naming it: retried without it, like a failed node); a Python error on
     some rank (the other ranks' collective errors are its consequence): before the first optimizer
     step of the incarnation it is deterministic (a bad config, a missing file), after it it is
-    retried once, unless it is the same error at the same step as the failure before; ranks that
-    died without recording an exception (SIGKILL, the OOM killer, a segfault, NCCL's watchdog
-    abort), except a rank that SIGUSR2 killed (srun exit status SIGUSR2_EXIT): a time-limit stop,
-    the job comes back as after a save (`Cause.interruption`); collective errors alone (a timeout, a lost peer)."""
+    retried once, unless it is the same error at the same step as the failure before; a hang a
+    node watchdog recorded (it killed the ranks after dumping their stacks, so they record nothing
+    themselves; the nodes the evidence points at are left out); ranks that died without recording
+    an exception (SIGKILL, the OOM killer, a segfault, NCCL's watchdog abort), except a rank that
+    SIGUSR2 killed (srun exit status SIGUSR2_EXIT): a time-limit stop, the job comes back as after
+    a save (`Cause.interruption`); collective errors alone (a timeout, a lost peer)."""
     down = tuple(sorted(set(down_nodes)))
     if down:
         return Failure(Cause.NODE_FAILURE, f"Slurm declared {', '.join(down)} down", failed_nodes=down)
@@ -189,6 +191,9 @@ def classify_failure(
         if signature == previous_signature:
             return Failure(Cause.REPEATED_ERROR, f"{first.reason} (again at step {first.step})", signature)
         return Failure(Cause.ERROR, first.reason, signature)
+    hang = next((e for e in events if e.event is EventKind.HANG), None)
+    if hang is not None:
+        return Failure(Cause.HANG, hang.reason, failed_nodes=tuple(sorted(set(hang.failed_nodes))))
     if srun_rc == SIGUSR2_EXIT:
         return Failure(
             Cause.TIME_LIMIT,

@@ -115,6 +115,8 @@ class EventKind(StrEnum):
     WARNING = "warning"  # e.g. a save too slow for the time a signal leaves (slurm.signal_grace_s)
     BAD_STEP = "bad_step"  # the numerical guard skipped a step (NaN/Inf or a spike; worker/numguard.py)
     ROLLBACK = "rollback"  # bad steps in a row: back to `checkpoint` (at `step`), their samples skipped for good
+    HANG = "hang"  # a node watchdog: the attempt stopped making progress (`ranks`; suspect nodes in failed_nodes)
+    STRAGGLER = "straggler"  # the watchdog on rank 0's node: one rank keeps the others waiting (no restart)
     SLURM_REQUEUED = "slurm_requeued"  # the previous incarnation was requeued by Slurm itself, unrecorded
     AUTO_RESTART = "auto_restart"  # an infrastructure failure: a new attempt was submitted (job_id_next)
     GAVE_UP = "gave_up"  # a failure that is not retried (deterministic, or restarts used up)
@@ -143,6 +145,7 @@ class Cause(StrEnum):
     NODE_FAILURE = "node_failure"  # Slurm declared a node of the job down
     RANK_KILLED = "rank_killed"  # a rank died without a Python exception (SIGKILL, OOM killer, segfault, abort)
     COLLECTIVE = "collective"  # a collective timed out or lost its peer (gloo/NCCL), no rank raised otherwise
+    HANG = "hang"  # the watchdog found no progress, dumped the stacks and killed the attempt
     ERROR = "error"  # a Python error after the first step of the incarnation: retried once
     ERROR_BEFORE_FIRST_STEP = "error_before_first_step"  # config, missing file, bad model: not retried
     REPEATED_ERROR = "repeated_error"  # the same error at the same step as the previous failure: not retried
@@ -165,7 +168,14 @@ class Cause(StrEnum):
         """A new attempt is likely to get further: the machines failed (a node, a rank, a
         collective, a node's pre-flight), or a Python error happened once after training had started (it may be
         transient: an ECC error, a file system hiccup); the same error at the same step twice is not."""
-        return self in (Cause.NODE_FAILURE, Cause.RANK_KILLED, Cause.COLLECTIVE, Cause.ERROR, Cause.PREFLIGHT)
+        return self in (
+            Cause.NODE_FAILURE,
+            Cause.RANK_KILLED,
+            Cause.COLLECTIVE,
+            Cause.HANG,
+            Cause.ERROR,
+            Cause.PREFLIGHT,
+        )
 
     @property
     def interruption(self) -> bool:
@@ -377,8 +387,10 @@ class Event:
     job_id_next: str = ""  # follow_up, auto_restart: the job that takes over
     cause: Cause | None = None  # requeued, stopped, failed (the rank's own view), warning-free jobstep kinds
     steps_done: int | None = None  # failed: optimizer steps this incarnation completed before it failed
-    failed_nodes: list[str] = field(default_factory=list)  # auto_restart, gave_up: nodes Slurm declared down;
+    # auto_restart, gave_up: nodes Slurm declared down; hang: the nodes the evidence points at;
     # failed (cause preflight): the nodes that failed the pre-flight
+    failed_nodes: list[str] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)  # hang, straggler: the ranks named
     signature: str = ""  # auto_restart, gave_up: the error and its step (the same twice: not retried)
 
     @classmethod

@@ -239,6 +239,8 @@ def run_status(
     if note := guard_note(events):
         st.notes.append(note)
     st.notes += [records.preflight_verdict(e) for e in records.preflight_failures(events)]
+    st.notes += [f"{e.event} ({e.job_id}.{e.restart}): {e.reason}" for e in events
+                 if e.event in (EventKind.STRAGGLER, EventKind.HANG)]  # fmt: skip
     st.ends = attempt_ends(events)
     last = record.last
     if last is None:

@@ -238,10 +238,18 @@ def infiniband_hcas(root: str = "/sys/class/infiniband") -> list[str]:
     return out
 
 
+FR_BUFFER = "2000"  # collectives the NCCL flight recorder keeps per rank (torchtitan's default)
+
+
 def network_env(
-    dist: DistEnv, user_env: dict[str, str], environ: dict[str, str] | None = None
+    dist: DistEnv, user_env: dict[str, str], environ: dict[str, str] | None = None, diagnostics: Path | None = None
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Variables for NCCL/gloo on this node: (to set, facts for the node record).
+
+    With `diagnostics` (the attempt's diagnostics/<job>.<restart>/ folder) the NCCL flight
+    recorder is on, as torchtitan sets it: its ring buffer (TORCH_FR_BUFFER_SIZE, and the older
+    name TORCH_NCCL_TRACE_BUFFER_SIZE) and where NCCL dumps it on a collective timeout
+    (TORCH_NCCL_DEBUG_INFO_TEMP_FILE, a prefix the rank is appended to). Untested here: no GPU.
 
     Precedence: what clusterfsdp detects < what the environment already has < the job's [env].
     """
@@ -254,6 +262,9 @@ def network_env(
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
     }
+    if diagnostics is not None:
+        chosen["TORCH_FR_BUFFER_SIZE"] = chosen["TORCH_NCCL_TRACE_BUFFER_SIZE"] = FR_BUFFER
+        chosen["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(diagnostics / "nccl_trace_rank_")
     if dist.num_nodes > 1:
         master_ip = resolve(dist.master_addr)
         if ipaddress.ip_address(master_ip).is_loopback:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ..control import lock, outcomes, runfolder, secretenv, slurmcli
+from ..control import health, lock, outcomes, runfolder, secretenv, slurmcli
 from ..control import spec as specmod
 from ..control.outcomes import RankOutcome
 from ..control.records import Cause, Event, EventKind, Executor
@@ -27,6 +27,7 @@ from . import distenv, preflight
 from .stopflags import StopFlags
 
 if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed the signal flags
+    from .heartbeat import Heartbeat
     from .metrics import MetricsWriter
     from .trackers import Trackers
     from .train import Outcome, TrainState
@@ -102,6 +103,7 @@ class _Attempt:
     state: TrainState | None = None
     lock: lock.FileLock | None = None
     sink: MetricsWriter | None = None
+    beat: Heartbeat | None = None
 
     def event(self, kind: EventKind, **fields) -> None:
         _event(self.run, self.env, kind, **fields)
@@ -163,6 +165,8 @@ def run(run_dir: str) -> RankOutcome:
         attempt.failed(e)
         raise
     finally:
+        if attempt.beat is not None:
+            attempt.beat.close()
         sys.stdout.flush()
 
 
@@ -171,8 +175,10 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
     from . import train
 
     spec = _load_spec(attempt)
-    device, backend = _init_process_group(attempt)
+    watch = health.WatchdogSettings.of(spec.train.watchdog)
+    device, backend = _init_process_group(attempt, health.collective_timeout_s(watch, health.Phase.START_UP, 0))
     log = _tee_output(attempt)
+    _start_heartbeat(attempt, watch)
     slurmcli.report_retries(log)
     _admit(attempt, spec, log)
     _record_node(attempt, device, backend)
@@ -196,10 +202,13 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
         lambda event, **f: attempt.event(event, **f) if env.rank == 0 else None,
         attempt.sink,
         flags,
+        attempt.beat,
     )
     trainer = train.Trainer(ctx)
     attempt.state = trainer.state
     outcome = trainer.run()
+    if attempt.beat is not None:  # training is over: what follows may wait on Slurm, unwatched
+        attempt.beat.phase(health.Phase.DONE)
     if outcome.end is train.LoopEnd.INTERRUPTED:
         return _interrupted(attempt, spec, outcome, log)
     if env.rank == 0:
@@ -215,16 +224,19 @@ def _load_spec(attempt: _Attempt) -> specmod.JobSpec:
     """The run's job.toml, and the environment it asks for: the network choices of this node
     (distenv), [env] on top, then the torch.distributed variables."""
     spec = specmod.load(attempt.run.job_toml)
-    chosen, attempt.facts = distenv.network_env(attempt.env, spec.env)
+    env = attempt.env  # the local executor's restart count is known later: its flight records go to <job>.0
+    diagnostics = health.diagnostics_dir(attempt.run.path, env.job_id, env.restart)
+    chosen, attempt.facts = distenv.network_env(env, spec.env, diagnostics=diagnostics)
     _apply_env(spec, chosen)
     os.environ.update(attempt.env.export())
     return spec
 
 
-def _init_process_group(attempt: _Attempt):
+def _init_process_group(attempt: _Attempt, timeout_s: float):
     """The device (this node's GPU by local rank, else CPU) and the default process group
-    (NCCL on GPUs, gloo on CPUs). The local executor's restart count is counted from the
-    `start` events and agreed on here (Slurm counts restarts itself)."""
+    (NCCL on GPUs, gloo on CPUs), its timeout the watchdog's start-up rule (the heartbeat
+    follows the phases and the step time later). The local executor's restart count is counted
+    from the `start` events and agreed on here (Slurm counts restarts itself)."""
     from datetime import timedelta
 
     import torch
@@ -234,15 +246,32 @@ def _init_process_group(attempt: _Attempt):
         device = torch.device("cuda", attempt.env.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         backend = "nccl"
+        trace = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+        if trace:  # where the flight recorder dumps (distenv.network_env)
+            Path(trace).parent.mkdir(parents=True, exist_ok=True)
     else:
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, timeout=timedelta(minutes=10), device_id=device if backend == "nccl" else None)
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None)
     env = attempt.env
     if env.launcher == "submitit-local":
         count = torch.tensor([sum(1 for e in attempt.run.events(env.job_id) if e.event is EventKind.START)])
         dist.broadcast(count, 0)
         attempt.env = distenv.DistEnv(**{**env.__dict__, "restart": int(count)})
     return device, backend
+
+
+def _start_heartbeat(attempt: _Attempt, settings: health.WatchdogSettings) -> None:
+    """This rank's heartbeat, and on each node's first rank the node's watchdog (train.watchdog)."""
+    from . import heartbeat
+
+    if not settings.enabled:
+        return
+    env, run = attempt.env, attempt.run
+    log = run.log_path(env.job_id, env.restart, env.rank)
+    attempt.beat = heartbeat.Heartbeat(run.path, env.job_id, env.restart, env.rank, settings, log)
+    if env.local_rank == 0:
+        heartbeat.start_node_watchdog(run.path, env.job_id, env.restart, env.world_size, settings)
 
 
 def _tee_output(attempt: _Attempt) -> Callable[[str], None]:

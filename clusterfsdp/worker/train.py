@@ -37,6 +37,7 @@ from . import model as modelmod
 from .build import build, token_ids
 from .checkpoint import Checkpointer
 from .evalsamples import SampleGenerator
+from .heartbeat import Heartbeat, Phase
 from .numguard import NumGuard, Verdict, roll_back
 from .stopflags import SIGNAL_NAMES, StopFlags
 
@@ -106,6 +107,7 @@ class RankContext:
     on_event: Callable[..., None]  # events.jsonl (rank 0 only; a no-op elsewhere)
     sink: metricsmod.MetricsWriter | None  # rank 0 only
     flags: StopFlags
+    beat: Heartbeat | None = None  # this rank's heartbeat (train.watchdog), told at each step and phase
 
 
 class GraceCheck:
@@ -144,10 +146,12 @@ class Trainer:
         self.flag_group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         torch.manual_seed(self.spec.job.seed)
         self.t_start = time.perf_counter()
+        self._phase(Phase.DATA_PREP)
         self.data, self.samples, self.eval_batches = self._open_data()
         self.steps = self._count_steps()
         self.sample_gen = SampleGenerator(self.spec, self.data.eval) if self.spec.eval.samples else None
         self.t_build = time.perf_counter()
+        self._phase(Phase.MODEL_LOAD)
         self.model, self.optimizer, self.config, self.counts = self._build_model()
         self.checkpointer = Checkpointer(
             ctx.checkpoints, self.model, self.optimizer, self.spec.checkpoint,
@@ -295,6 +299,7 @@ class Trainer:
         spec, flags, state = self.spec, self.ctx.flags, self.state
         self.model.train()
         first = state.step
+        self._phase(Phase.STEP)
         while state.step < self.steps:
             stop = flags.agree(self.flag_group, state.step, spec.slurm.signal_grace_s) if flags.due(state.step) else 0
             if stop:
@@ -328,6 +333,8 @@ class Trainer:
         assert self.samples is not None
         at = [state.consumed + m * world * mb for m in range(t.grad_accum)]
         batches = [self.samples.batch(consumed, ctx.rank, world, mb) for consumed in at]
+        if ctx.beat is not None:
+            ctx.beat.fetched()
         scale = world / _label_total(self.spec, self.samples, batches, self.flag_group)
         first = state.consumed
         loss_sum = torch.zeros((), device=ctx.device)
@@ -347,6 +354,8 @@ class Trainer:
         self.guard.record(verdict, state.step, first, state.consumed, grad_norm)
         self._set_lr()
         state.steps_run += 1
+        if ctx.beat is not None:
+            ctx.beat.step(state.step)
         tokens = world * t.grad_accum * mb * self.spec.data.seq_len
         state.tokens_seen += tokens
         self.meter.tick(tokens)
@@ -361,7 +370,9 @@ class Trainer:
         if not self._eval_due():
             return {}
         assert self.data.eval is not None
+        self._phase(Phase.EVAL)
         eval_loss = evaluate(self.model, self.loss_fn, self.data.eval, self.eval_batches, self.ctx, self.spec)
+        self._phase(Phase.STEP)
         self._judge(eval_loss)
         if self.sample_gen is not None:  # [eval] samples: every rank generates, rank 0 writes
             samples = self.sample_gen.generate(self.model, self.state.step, self.ctx.device)
@@ -446,10 +457,17 @@ class Trainer:
 
     def _save(self, *, blocking: bool = False) -> float:
         self.state.elapsed_s = self.meter.elapsed()
+        self._phase(Phase.SAVE)
         meta = self.state.state_dict()
         if adapters.enabled(self.spec):
             meta[adapters.BASE_KEY] = adapters.base_reference(self.spec)
-        return self.checkpointer.save(self.state.step, meta, blocking=blocking)
+        secs = self.checkpointer.save(self.state.step, meta, blocking=blocking)
+        self._phase(Phase.STEP)
+        return secs
+
+    def _phase(self, phase: Phase) -> None:
+        if self.ctx.beat is not None:
+            self.ctx.beat.phase(phase)
 
     def _interrupted(self, signal: str) -> Outcome:
         step = self.state.step

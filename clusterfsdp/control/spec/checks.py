@@ -68,6 +68,12 @@ def check(spec: JobSpec) -> None:
     positive("checkpoint.every_steps", c.every_steps, 0)
     positive("checkpoint.keep_last", c.keep_last)
     positive("checkpoint.writer_threads", c.writer_threads, 1, MAX_WRITER_THREADS)
+    w = t.watchdog  # the shortest timeout must leave room for a few heartbeats (2 s each)
+    for key in ("hang_min_s", "startup_s", "data_prep_s", "model_load_s", "eval_s", "save_s"):
+        positive(f"train.watchdog.{key}", getattr(w, key), 10, 7 * 24 * 3600)
+    positive("train.watchdog.hang_factor", w.hang_factor, 2)
+    positive("train.watchdog.straggler_factor", w.straggler_factor, 0)
+    positive("train.watchdog.straggler_checks", w.straggler_checks, 1)
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", spec.job.name) or spec.job.name in (".", ".."):
         errors.append(
             f"job.name: {short(spec.job.name)} must be 1-100 letters, digits, '.', '_' or '-', "

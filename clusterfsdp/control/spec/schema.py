@@ -386,6 +386,28 @@ class Guard:
 
 
 @dataclass
+class Watchdog:
+    enabled: bool = F(True, "Watch every rank's heartbeat for hangs and stragglers (docs/recovery.md).")
+    hang_min_s: float = F(
+        60.0,
+        "A run whose ranks made no step for max(hang_min_s, hang_factor x the slowest recent step) is hung: "
+        "the stacks are dumped into diagnostics/, the attempt is killed and restarted from the last checkpoint.",
+    )
+    hang_factor: float = F(10.0, "How many of the slowest recent steps without progress make a hang.")
+    startup_s: float = F(900.0, "Hang timeout in start-up and until the first steps are measured.")
+    data_prep_s: float = F(3600.0, "Hang timeout while the training data is prepared.")
+    model_load_s: float = F(1800.0, "Hang timeout while the model is built, filled and restored from a checkpoint.")
+    eval_s: float = F(900.0, "Hang timeout during an evaluation.")
+    save_s: float = F(900.0, "Hang timeout during a checkpoint save.")
+    straggler_factor: float = F(
+        1.5,
+        "A rank whose own step time (before it reaches the others) stays above this many times the others' "
+        "median is a straggler: a `straggler` event and a warning, no restart (0: off).",
+    )
+    straggler_checks: int = F(5, "Watchdog polls in a row (about 2 s each) a rank must be behind to be a straggler.")
+
+
+@dataclass
 class TrainSection:
     steps: int = F(100, "Optimizer steps in total (a resumed run continues to this number); with train.epochs: 0.")
     epochs: float = F(
@@ -420,6 +442,11 @@ class TrainSection:
         Guard(),
         "The numerical guard: steps with a NaN/Inf or spiking loss or grad norm are skipped on every rank and "
         "recorded (a bad_step event, a metrics row with `skipped`); repeated ones roll back (docs/recovery.md).",
+    )
+    watchdog: Watchdog = F(
+        Watchdog(),
+        "Hang and straggler watchdog: every rank's heartbeat is watched by one process per node; the collective "
+        "timeout follows the same rule (plus 60 s, so the watchdog acts first).",
     )
 
 
@@ -597,6 +624,7 @@ HINTS: dict[type, dict[str, Any]] = {
         ContainerSection,
         EarlyStopping,
         Guard,
+        Watchdog,
         JobSpec,
     )
 }
