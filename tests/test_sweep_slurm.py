@@ -1,0 +1,66 @@
+"""A sweep on the real devcluster (slurm/devcluster.sh): one job array whose tasks each train
+their own point's run folder, throttled by `%N`, watched with `status SWEEP --json`."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from slurm_fixtures import bounded
+
+from clusterfsdp.control import status
+from clusterfsdp.control.sweepfolder import all_sweeps
+
+pytestmark = pytest.mark.slurm
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "clusterfsdp.cli", *args], capture_output=True, text=True,
+                          timeout=bounded(timeout))  # fmt: skip
+
+
+def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_path):
+    """A 2x2 grid with --max-parallel 1: one sbatch (`--array=0-3%1`), point i trains in run
+    folder <sweep>-p<i> as array task <array>_<i>, never two tasks at once (sacct's start and end
+    times), all four COMPLETED, and `status SWEEP --json` lists each point's values, state and
+    loss, sorted by loss."""
+    root = tmp_path / "runs"
+    r = cli("sweep", str(tiny_job), "--executor", "slurm", "--grid", "train.lr=1e-3,3e-3",
+            "--grid", "train.micro_batch_size=2,4", "--max-parallel", "1", "--set", "slurm.tasks_per_node=1",
+            "--set", "train.steps=3", "--set", "train.log_every=1", "--set", "slurm.signal_grace_s=20")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (sweep,) = all_sweeps(root)
+    record = sweep.record()
+    assert record.job_id and [p.run_id for p in record.points] == [f"{sweep.id[2:]}-p{i}" for i in range(4)]
+    script = (sweep.submitit_dir / f"{record.job_id}_submission.sh").read_text()
+    assert "#SBATCH --array=0-3%1" in script
+    folders = [sweep.run_folder(p) for p in record.points]
+    assert [f.record().attempts[0].job_id for f in folders] == [f"{record.job_id}_{i}" for i in range(4)]
+
+    def done() -> bool:
+        return all(status.run_status(f).state.final for f in folders)
+
+    slurm_cluster.wait_for("every point to end", done, timeout=bounded(240), interval=1.0)
+    rows = slurm_cluster.run(["sacct", "-n", "-X", "-P", "-j", record.job_id, "-o", "JobID,State,Start,End"]).stdout
+    tasks = sorted(line.split("|") for line in rows.splitlines() if line.strip())
+    assert [(t[0], t[1]) for t in tasks] == [(f"{record.job_id}_{i}", "COMPLETED") for i in range(4)], tasks
+    spans = sorted((datetime.fromisoformat(t[2]), datetime.fromisoformat(t[3])) for t in tasks)
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans)), spans  # never two
+
+    st = cli("status", sweep.id[:12], "--run-root", str(root), "--json", "--sort", "loss")
+    assert st.returncode == 0, st.stderr
+    doc = json.loads(st.stdout)
+    points = doc["points"]
+    assert sorted(p["index"] for p in points) == [0, 1, 2, 3] and doc["job_id"] == record.job_id
+    assert all(p["state"] == "COMPLETED" and p["step"] == 3 and p["loss"] > 0 for p in points)
+    assert [p["loss"] for p in points] == sorted(p["loss"] for p in points)
+    assert {(p["values"]["train.lr"], p["values"]["train.micro_batch_size"]) for p in points} == {
+        (1e-3, 2), (1e-3, 4), (3e-3, 2), (3e-3, 4)}  # fmt: skip
+    for p in points:  # each point trained with its own values, in its own folder
+        job = Path(p["folder"], "job.toml").read_text()
+        assert f"micro_batch_size = {p['values']['train.micro_batch_size']}" in job
