@@ -323,8 +323,10 @@ def array_executor(spec: specmod.JobSpec, prefix: Path, count: int, parallel: in
     files land in that run folder's `submitit/<array id>_<i>/`, as for a single run's job)."""
     steps = _job_steps(f"sweep {prefix.parent.name}", f'RUN={shlex.quote(str(prefix))}"$SLURM_ARRAY_TASK_ID"')
     parameters = sbatch_options(spec, token=token, hold=True)
-    parameters.update(map_count=count, array_parallelism=parallel or count)
-    return _executor(spec, prefix.parent / f"{prefix.name}%a" / "submitit" / "%j", steps, parameters, token)
+    parameters.update(array_parallelism=parallel or count)
+    ex = _executor(spec, prefix.parent / f"{prefix.name}%a" / "submitit" / "%j", steps, parameters, token)
+    ex.parameters["map_count"] = count  # submitit's internal parameter (not `update_parameters`'), as it sets it
+    return ex
 
 
 def queue_array(specs: list[specmod.JobSpec], runs: list[RunFolder], prefix: Path, parallel: int) -> list[Queued]:
