@@ -42,6 +42,11 @@ def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_pa
     folders = [sweep.run_folder(p) for p in record.points]
     assert [f.record().attempts[0].job_id for f in folders] == [f"{record.job_id}_{i}" for i in range(4)]
 
+    # a second sweep, endless, queued beside the first (on the other node) for the cancel below
+    r = cli("sweep", str(tiny_job), "--executor", "slurm", "--grid", "train.lr=1e-3,3e-3", "--max-parallel", "1",
+            "--set", "slurm.tasks_per_node=1", "--set", "train.steps=100000", "--set", "train.log_every=1")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+
     def done() -> bool:
         return all(status.run_status(f).state.final for f in folders)
 
@@ -52,7 +57,7 @@ def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_pa
     spans = sorted((datetime.fromisoformat(t[2]), datetime.fromisoformat(t[3])) for t in tasks)
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans)), spans  # never two
 
-    st = cli("status", sweep.id[:12], "--run-root", str(root), "--json", "--sort", "loss")
+    st = cli("status", sweep.id[:-1], "--run-root", str(root), "--json", "--sort", "loss")
     assert st.returncode == 0, st.stderr
     doc = json.loads(st.stdout)
     points = doc["points"]
@@ -64,3 +69,17 @@ def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_pa
     for p in points:  # each point trained with its own values, in its own folder
         job = Path(p["folder"], "job.toml").read_text()
         assert f"micro_batch_size = {p['values']['train.micro_batch_size']}" in job
+
+    # cancel: the running point saves and stops, the pending one never starts; a sweep is one line in `runs`
+    (endless,) = [s for s in all_sweeps(root) if s.id != sweep.id]
+    running, pending = (endless.run_folder(p) for p in endless.record().points)
+    slurm_cluster.wait_for("point 0 to train", running.metrics, timeout=bounded(120), interval=1.0)
+    c = cli("cancel", endless.id, "--run-root", str(root))
+    assert c.returncode == 0 and c.stdout.count("scancel") == 2, c.stdout + c.stderr
+    for folder in (running, pending):
+        slurm_cluster.wait_for("the cancel", lambda f=folder: status.run_status(f).state == "CANCELLED", timeout=60)
+    stopped = [e for e in running.events() if e.event == "stopped"]
+    assert stopped and stopped[-1].cause == "cancelled" and Path(stopped[-1].checkpoint).is_dir()  # saved first
+    assert not pending.events() and not pending.metrics()  # never started
+    listing = cli("runs", "--run-root", str(root)).stdout.splitlines()
+    assert len(listing) == 2 and any(line.startswith(endless.id) and "2 CANCELLED" in line for line in listing)
