@@ -69,7 +69,8 @@ def sweep(
     """Queue a sweep of the job file `job` like `clusterfsdp sweep` (docs/sweeps.md): `grid`
     {'train.lr': [1e-4, 3e-4], ...} (the cross product), `zip` (keys varied together), over the
     file's [sweep] table; values typed by the schema. Every point is checked first: one bad
-    point raises a `clusterfsdp.UserError` naming it, and nothing is queued. The handle's `.frame()` is a DataFrame of the points' metrics."""
+    point raises a `clusterfsdp.UserError` naming it, and nothing is queued. The handle's
+    `.frame()` is a DataFrame of the points' final and best metrics."""
     from .control.spec.schema import SweepSection
     from .control.sweep import Sweep
     from .sweephandle import SweepHandle

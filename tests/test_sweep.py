@@ -132,3 +132,30 @@ def test_local_sweep_runs_points_in_turn_and_cancel_stops_the_live_one_after_a_s
     stopped = [e for e in second.events() if e.event == "stopped"]
     assert stopped and stopped[-1].checkpoint and Path(stopped[-1].checkpoint).is_dir()  # saved, then stopped
     assert handle.sweep.folder.driver() is not None and handle.sweep.record().cancelled is not None
+
+
+def test_mlflow_runs_of_a_sweeps_points_are_children_of_one_sweep_run(tiny_job, tmp_path, monkeypatch):
+    """The worker's MLflow tracker (its real file store; no worker process needed to open it) in
+    two points of one sweep folder: one parent run named after the sweep, made once, in the sweep
+    folder's store; both points' runs are its children."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from clusterfsdp.control import runfolder
+    from clusterfsdp.control import spec as S
+    from clusterfsdp.control.sweepfolder import SweepFolder
+    from clusterfsdp.worker.trackers import MLflow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    spec = S.load(tiny_job, ["job.name=tiny-swab", "log.project=tiny"])
+    sweep = SweepFolder(runfolder.job_folder(spec))
+    points = [SweepPoint(i, f"1-p{i}", {"train.lr": lr}) for i, lr in enumerate((1e-3, 3e-3))]
+    sweep.path.mkdir(parents=True)
+    sweep.write_record(SweepRecord("swab", "tiny", Executor.LOCAL, 1.0, ["train.lr"], points))
+    children = [MLflow(runfolder.create_run(spec, Executor.LOCAL, p.run_id), spec, 0).run_id for p in points]
+    client = MlflowClient(tracking_uri=(sweep.path / "mlruns").as_uri())
+    parents = {client.get_run(c).data.tags["mlflow.parentRunId"] for c in children}
+    (parent,) = parents
+    assert client.get_run(parent).info.run_name == "swab" and json.loads((sweep.path / "mlflow.json").read_text())[
+        "run_id"] == parent  # fmt: skip
+    assert not (sweep.path / points[0].run_id / "mlruns").exists()
