@@ -28,7 +28,8 @@ def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_pa
     """A 2x2 grid with --max-parallel 1: one sbatch (`--array=0-3%1`), point i trains in run
     folder <sweep>-p<i> as array task <array>_<i>, never two tasks at once (sacct's start and end
     times), all four COMPLETED, and `status SWEEP --json` lists each point's values, state and
-    loss, sorted by loss."""
+    loss, sorted by loss. A second sweep, in the preemptible partition: one point preempted comes
+    back by itself (its array task requeued), then `cancel SWEEP` stops both after a save."""
     root = tmp_path / "runs"
     r = cli("sweep", str(tiny_job), "--executor", "slurm", "--grid", "train.lr=1e-3,3e-3",
             "--grid", "train.micro_batch_size=2,4", "--max-parallel", "1", "--set", "slurm.tasks_per_node=1",
@@ -42,9 +43,10 @@ def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_pa
     folders = [sweep.run_folder(p) for p in record.points]
     assert [f.record().attempts[0].job_id for f in folders] == [f"{record.job_id}_{i}" for i in range(4)]
 
-    # a second sweep, endless, queued beside the first (on the other node) for the cancel below
-    r = cli("sweep", str(tiny_job), "--executor", "slurm", "--grid", "train.lr=1e-3,3e-3", "--max-parallel", "1",
-            "--set", "slurm.tasks_per_node=1", "--set", "train.steps=100000", "--set", "train.log_every=1")  # fmt: skip
+    # a second sweep, endless, in the preemptible partition, queued beside the first for the preemption and cancel
+    r = cli("sweep", str(tiny_job), "--executor", "slurm", "--grid", "train.lr=1e-3,3e-3",
+            "--set", "slurm.partition=low", "--set", "slurm.tasks_per_node=1", "--set", "train.steps=100000",
+            "--set", "train.log_every=1")  # fmt: skip
     assert r.returncode == 0, r.stderr
 
     def done() -> bool:
@@ -70,16 +72,29 @@ def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_pa
         job = Path(p["folder"], "job.toml").read_text()
         assert f"micro_batch_size = {p['values']['train.micro_batch_size']}" in job
 
-    # cancel: the running point saves and stops, the pending one never starts; a sweep is one line in `runs`
+    # one point preempted by a job in `high` on its node: it saves, its array task is requeued and resumes
     (endless,) = [s for s in all_sweeps(root) if s.id != sweep.id]
-    running, pending = (endless.run_folder(p) for p in endless.record().points)
-    slurm_cluster.wait_for("point 0 to train", running.metrics, timeout=bounded(120), interval=1.0)
+    array = endless.record().job_id
+    preempted, other = (endless.run_folder(p) for p in endless.record().points)
+    slurm_cluster.wait_for("point 0 to train", preempted.metrics, timeout=bounded(120), interval=1.0)
+    node = slurm_cluster.run(["squeue", "-h", "-j", f"{array}_0", "-o", "%N"]).stdout.strip()
+    slurm_cluster.sbatch(["-p", "high", "-w", node, "--exclusive", "-o", "/dev/null", "--wrap", "sleep 3"])
+
+    def resumed():
+        return next((e for e in preempted.events() if e.event == "resumed" and e.restart == 1), None)
+
+    back = slurm_cluster.wait_for("point 0 to come back", resumed, timeout=bounded(150), interval=1.0)
+    (requeued,) = [e for e in preempted.events() if e.event == "requeued"]
+    assert (requeued.cause, requeued.job_id, back.job_id, back.step) == ("preempted", f"{array}_0", f"{array}_0",
+                                                                         requeued.step)  # fmt: skip
+    assert len(preempted.record().attempts) == 1  # the same array task, requeued: no new job
+
+    # cancel: every live point saves and stops; a sweep is one line in `runs`
     c = cli("cancel", endless.id, "--run-root", str(root))
     assert c.returncode == 0 and c.stdout.count("scancel") == 2, c.stdout + c.stderr
-    for folder in (running, pending):
+    for folder in (preempted, other):
         slurm_cluster.wait_for("the cancel", lambda f=folder: status.run_status(f).state == "CANCELLED", timeout=60)
-    stopped = [e for e in running.events() if e.event == "stopped"]
+    stopped = [e for e in preempted.events() if e.event == "stopped"]
     assert stopped and stopped[-1].cause == "cancelled" and Path(stopped[-1].checkpoint).is_dir()  # saved first
-    assert not pending.events() and not pending.metrics()  # never started
     listing = cli("runs", "--run-root", str(root)).stdout.splitlines()
     assert len(listing) == 2 and any(line.startswith(endless.id) and "2 CANCELLED" in line for line in listing)
