@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from slurm_fixtures import bounded
 
-from clusterfsdp.control import status
+from clusterfsdp.control import ckptfolder, status
 from clusterfsdp.control.sweepfolder import all_sweeps
 
 pytestmark = pytest.mark.slurm
@@ -98,3 +98,10 @@ def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_pa
     assert stopped and stopped[-1].cause == "cancelled" and Path(stopped[-1].checkpoint).is_dir()  # saved first
     listing = cli("runs", "--run-root", str(root)).stdout.splitlines()
     assert len(listing) == 2 and any(line.startswith(endless.id) and "2 CANCELLED" in line for line in listing)
+
+    # resume: every unfinished point again, from its own save, as a single job of its run (no array)
+    r = cli("resume", endless.id, "--run-root", str(root))
+    assert r.returncode == 0 and r.stdout.count("resumes from step") == 2, r.stdout + r.stderr
+    for folder in (preempted, other):
+        last, saved = folder.record().attempts[-1], ckptfolder.find(folder.checkpoints_dir())
+        assert last.job_id.isdigit() and saved is not None and last.resume_step == saved.step
