@@ -249,10 +249,10 @@ def job_steps(run: RunFolder) -> tuple[list[str], list[str]]:
     Slurm did to the previous incarnation and stops a run that used up its restarts; `after`
     (with srun's exit status, the last command before it) classifies a failed attempt and
     submits the next one (docs/recovery.md)."""
-    return _job_steps(f"run {run.id}", f"RUN={shlex.quote(str(run.path))}")
+    return job_steps_for(f"run {run.id}", f"RUN={shlex.quote(str(run.path))}")
 
 
-def _job_steps(label: str, run_line: str) -> tuple[list[str], list[str]]:
+def job_steps_for(label: str, run_line: str) -> tuple[list[str], list[str]]:
     setup = [
         f"# clusterfsdp {label}: the control plane's job steps around srun (clusterfsdp.control.jobstep)",
         f"PY={shlex.quote(sys.executable)}",
@@ -302,10 +302,10 @@ def slurm_executor(
     a container), which runs `-u -m submitit.core._submit FOLDER`."""
     folder = run.submitit_dir / "%j" if token else run.submitit_dir
     parameters = sbatch_options(spec, dependency, exclude, token=token, hold=bool(token))
-    return _executor(spec, folder, job_steps(run), parameters, token)
+    return executor_for(spec, folder, job_steps(run), parameters, token)
 
 
-def _executor(
+def executor_for(
     spec: specmod.JobSpec, folder: Path, steps: tuple[list[str], list[str]], parameters: dict[str, Any], token: str
 ) -> RetriedSlurmExecutor:
     from . import slurmexec
@@ -315,47 +315,6 @@ def _executor(
     python = shlex.join(task_launch(spec).python)
     comment = str(spec.slurm.extra.get("comment", ""))
     return slurmexec.executor(folder, python, parameters, token=token, comment=comment)
-
-
-def array_executor(spec: specmod.JobSpec, prefix: Path, count: int, parallel: int, token: str) -> RetriedSlurmExecutor:
-    """submitit's `SlurmExecutor` for a sweep's job array (`--array=0-K%N`): task i runs the point
-    whose run folder is `<prefix><i>` (the job steps pick it by $SLURM_ARRAY_TASK_ID; submitit's
-    files land in that run folder's `submitit/<array id>_<i>/`, as for a single run's job)."""
-    steps = _job_steps(f"sweep {prefix.parent.name}", f'RUN={shlex.quote(str(prefix))}"$SLURM_ARRAY_TASK_ID"')
-    parameters = sbatch_options(spec, token=token, hold=True)
-    parameters.update(array_parallelism=parallel or count)
-    ex = _executor(spec, prefix.parent / f"{prefix.name}%a" / "submitit" / "%j", steps, parameters, token)
-    ex.parameters["map_count"] = count  # submitit's internal parameter (not `update_parameters`'), as it sets it
-    return ex
-
-
-def queue_array(specs: list[specmod.JobSpec], runs: list[RunFolder], prefix: Path, parallel: int) -> list[Queued]:
-    """Queue a sweep's points as one held Slurm job array (task i: `runs[i]`, at `<prefix><i>`);
-    their attempts' job ids are `<array id>_<i>`. One set of sbatch options for every point: a
-    sweep that varies them is refused (`array_refusal`) before any folder is made."""
-    token = f"clusterfsdp:{prefix.parent.name}:{secrets.token_hex(4)}"
-    scratch = prefix.parent / "submitit"
-    with submission_env(specs[0]):
-        ex = array_executor(specs[0], prefix, len(runs), parallel, token)
-        try:
-            ids = ex.submit_array([WorkerCall(str(r.path)) for r in runs], scratch)
-        except slurmcli.SlurmError as e:
-            raise SubmitError(str(e) if e.transient else _one_line_sbatch_error(str(e))) from None
-        except OSError as e:
-            raise SubmitError(f"submitit could not write {scratch}: {e.strerror or e}") from None
-    return [Queued(job_id, held=True) for job_id in ids]
-
-
-def array_refusal(specs: list[specmod.JobSpec]) -> str | None:
-    """Why the points cannot share one job array (their sbatch options or setup lines differ)."""
-    first = (sbatch_options(specs[0]), specs[0].slurm.setup, task_launch(specs[0]))
-    for i, spec in enumerate(specs[1:], 1):
-        if (sbatch_options(spec), spec.slurm.setup, task_launch(spec)) != first:
-            return (
-                f"point {i} needs other Slurm options than point 0 (a slurm.* key varies); one job array has "
-                "one set: sweep it with --executor local, or run separate sweeps"
-            )
-    return None
 
 
 def render_sbatch(
@@ -438,7 +397,7 @@ def _queue_slurm(
         return ex.submit(WorkerCall(str(run.path)))
     except slurmcli.SlurmError as e:
         _remove_new_files(run.submitit_dir, before)
-        raise SubmitError(str(e) if e.transient else _one_line_sbatch_error(str(e))) from None
+        raise SubmitError(str(e) if e.transient else sbatch_error_line(str(e))) from None
     except OSError as e:
         _remove_new_files(run.submitit_dir, before)
         raise SubmitError(f"submitit could not write {run.submitit_dir}: {e.strerror or e}") from None
@@ -451,7 +410,7 @@ def _remove_new_files(folder: Path, before: set[Path]) -> None:
                 path.unlink(missing_ok=True)
 
 
-def _one_line_sbatch_error(text: str) -> str:
+def sbatch_error_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if "error" in line.lower()]
     return "sbatch refused the job: " + (lines[-1] if lines else " ".join(text.split())[:300])
 

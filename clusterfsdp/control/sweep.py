@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import backends, launch, modelsource, procs, runfolder, slurmcli
+from . import arraylaunch, backends, launch, modelsource, procs, runfolder, slurmcli
 from . import spec as specmod
 from .errors import UserError
 from .records import Executor, RunState, SweepPoint, SweepRecord
@@ -129,7 +129,7 @@ class Sweep:
                 spec = _named(specmod.load(job, [*overrides, *fixed, *p.overrides()]), name)
                 specs.append(spec)
                 backend.check(spec)
-                if backend.executor is Executor.SLURM and (problem := launch.array_refusal(specs)):
+                if backend.executor is Executor.SLURM and (problem := arraylaunch.array_refusal(specs)):
                     raise SweepError([problem])
                 prepared.append(Run.check_new(spec, backend))
             except UserError as e:
@@ -146,8 +146,8 @@ class Sweep:
         folder = runfolder.job_folder(specs[0])
         run_prefix = planned.sweep_id.removeprefix("sw") + "-p"
         executor = planned.backend.executor
-        points = [SweepPoint(p.index, f"{run_prefix}{p.index}", p.values) for p in planned.points]
-        record = SweepRecord(planned.sweep_id, planned.name, executor, time.time(), planned.keys, points,
+        made = [SweepPoint(p.index, f"{run_prefix}{p.index}", p.values) for p in planned.points]
+        record = SweepRecord(planned.sweep_id, planned.name, executor, time.time(), planned.keys, made,
                              planned.max_parallel)  # fmt: skip
         try:
             folder.mkdir(parents=True, exist_ok=False)
@@ -156,7 +156,7 @@ class Sweep:
         sweep = cls(folder)
         try:
             sweep.folder.write_record(record)
-            runs = [Run.create(pr, executor, pt.run_id) for pr, pt in zip(planned.prepared, points, strict=True)]
+            runs = [Run.create(pr, executor, pt.run_id) for pr, pt in zip(planned.prepared, made, strict=True)]
             if executor is Executor.SLURM:
                 sweep._queue_array(record, runs, specs, folder / run_prefix)
             else:
@@ -167,17 +167,24 @@ class Sweep:
         return sweep
 
     def _queue_array(self, record: SweepRecord, runs: list[Run], specs: list[specmod.JobSpec], prefix: Path) -> None:
-        queued = launch.queue_array(specs, [r.folder for r in runs], prefix, record.max_parallel)
-        slurm = backends.Slurm()
-        for run, q, spec in zip(runs, queued, specs, strict=True):
-            run.record_first(q, slurm, spec)
+        """The held array, every point's attempt recorded, then released; an array that could
+        not be recorded is cancelled (it never ran: it was held)."""
+        queued = arraylaunch.queue_array(specs, [r.folder for r in runs], prefix, record.max_parallel)
         record.job_id = queued[0].job_id.split("_")[0]
-        self.folder.write_record(record)
+        try:
+            slurm = backends.Slurm()
+            for run, q, spec in zip(runs, queued, specs, strict=True):
+                run.record_first(q, slurm, spec)
+            self.folder.write_record(record)
+        except BaseException:
+            with contextlib.suppress(slurmcli.SlurmError):
+                slurmcli.scancel(record.job_id)
+            raise
         launch.start(launch.Queued(record.job_id, held=True))
 
     def _start_driver(self) -> None:
         """The local driver, detached (`drive --detach` forks again in a session of its own and
-        records itself in sweep.json): neither this terminal, a Ctrl-C there, nor this process's
+        records itself in driver.json): neither this terminal, a Ctrl-C there, nor this process's
         end reaches it, and no zombie of it is left to this process."""
         with open(self.folder.driver_log, "ab") as log:
             subprocess.run(
