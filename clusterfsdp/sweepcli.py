@@ -8,16 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from .control import sweepfolder
 from .control.errors import UserError
-from .control.sweepfolder import PointStatus, SweepFolder
-
-# What `status SWEEP --sort` may name besides a varied key.
-SORT_KEYS = ("index", "state", "step", "loss", "eval_loss")
+from .control.sweepfolder import SORT_KEYS, SweepFolder, SweepSummary, sort_key
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -60,14 +56,6 @@ def _values(values: dict[str, Any]) -> str:
     return " ".join(f"{k}={specmod.render_value(v)}" for k, v in values.items())
 
 
-def _sort_key(name: str, row: PointStatus) -> tuple[int, Any]:
-    """Rows without the value (no loss yet) last, whatever the order."""
-    st = row.status
-    value = {"index": row.point.index, "state": str(st.state), "step": st.step, "loss": st.loss,
-             "eval_loss": st.eval_loss}.get(name, row.point.values.get(name))  # fmt: skip
-    return (value is None, value if value is not None else 0)
-
-
 def cmd_status(args: argparse.Namespace, run_root: Path) -> int:
     from . import term
 
@@ -77,7 +65,7 @@ def cmd_status(args: argparse.Namespace, run_root: Path) -> int:
     sort = args.sort or "index"
     if sort not in (*SORT_KEYS, *record.keys):
         raise UserError(f"--sort {sort}: one of {', '.join([*SORT_KEYS, *record.keys])}")
-    rows.sort(key=lambda r: _sort_key(sort, r))
+    rows.sort(key=lambda r: sort_key(sort, r))
     if error:
         print(f"warning: {error}", file=sys.stderr)
     bad = any(r.status.state.bad for r in rows)
@@ -151,11 +139,8 @@ def sweep_lines(sweeps: list[SweepFolder]) -> list[str]:
         except RecordError as e:
             out.append(f"{folder.id:<22} {'?':<16} UNREADABLE  {e}")
             continue
-        states = Counter(str(r.status.state) for r in rows)
-        losses = [r.status.eval_loss if r.status.eval_loss is not None else r.status.loss for r in rows]
-        best = min((v for v in losses if v is not None), default=None)
-        counts = ", ".join(f"{n} {s}" for s, n in states.most_common())
+        summary = SweepSummary.of(rows)
         keys = ",".join(record.keys)
-        what = f"sweep of {len(rows)} ({keys}): {counts}; best {_num(best)}"
+        what = f"sweep of {len(rows)} ({keys}): {summary.counts}; best {_num(summary.best)}"
         out.append(f"{record.sweep_id:<22} {record.name[:16]:<16} {what}")
     return out

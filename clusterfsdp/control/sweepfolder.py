@@ -14,8 +14,10 @@ Sweep ids start with 'sw' and run ids with a digit, so one reference never means
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import runfolder, status
 from .errors import UserError
@@ -26,6 +28,8 @@ from .runroot import ENV_RUN_ROOT, default_run_root
 SWEEP_FILE = "sweep.json"
 DRIVER_FILE = "driver.json"
 ID_PREFIX = "sw"
+SORT_KEYS = ("index", "state", "step", "loss", "eval_loss")
+"""What the points may be sorted by besides a varied key (`status SWEEP --sort`, the TUI's s)."""
 
 
 class SweepNotFound(UserError, LookupError):
@@ -81,6 +85,34 @@ class SweepFolder:
         record = self.record()
         rows, error = status.statuses([self.run_folder(p) for p in record.points])
         return [PointStatus(p, st) for p, st in zip(record.points, rows, strict=True)], error
+
+
+def sort_key(name: str, row: PointStatus) -> tuple[bool, Any]:
+    """`name` (a SORT_KEYS entry or a varied key) of a row, for sorting; rows without the value
+    (no loss yet) last, whatever the order."""
+    st = row.status
+    value = {"index": row.point.index, "state": str(st.state), "step": st.step, "loss": st.loss,
+             "eval_loss": st.eval_loss}.get(name, row.point.values.get(name))  # fmt: skip
+    return (value is None, value if value is not None else 0)
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """One sweep in a line (`runs`, the TUI's sweep list): its points' states counted and the best
+    loss (a point's eval loss where it has one, else its training loss)."""
+
+    states: list[tuple[str, int]]  # most common first
+    best: float | None
+
+    @classmethod
+    def of(cls, rows: list[PointStatus]) -> SweepSummary:
+        states = Counter(str(r.status.state) for r in rows)
+        losses = [r.status.eval_loss if r.status.eval_loss is not None else r.status.loss for r in rows]
+        return cls(states.most_common(), min((v for v in losses if v is not None), default=None))
+
+    @property
+    def counts(self) -> str:
+        return ", ".join(f"{n} {s}" for s, n in self.states)
 
 
 def is_sweep_ref(ref: str) -> bool:
