@@ -1,4 +1,4 @@
-"""The top line of every screen: the five screens (click, or press their number) and the run
+"""The top line of every screen: the six screens (click, or press their number) and the run
 the Logs and Run screens are about."""
 
 from __future__ import annotations
@@ -11,7 +11,14 @@ from textual.widgets import Static
 if TYPE_CHECKING:
     from .app import ClusterApp
 
-SCREENS = (("compose", "Compose"), ("queue", "Queue"), ("logs", "Logs"), ("run", "Run"), ("cluster", "Cluster"))
+SCREENS = (
+    ("compose", "Compose"),
+    ("queue", "Queue"),
+    ("logs", "Logs"),
+    ("run", "Run"),
+    ("cluster", "Cluster"),
+    ("sweeps", "Sweeps"),
+)
 
 
 class NavBar(Static):
