@@ -5,7 +5,7 @@ metrics), no training. Slurm is the fake one (tests/tui_helpers.py): the sweep i
 from __future__ import annotations
 
 from textual.widgets import DataTable
-from tui_helpers import T0, FakeSlurm, make_run, run_app, until
+from tui_helpers import T0, FakeSlurm, make_run, run_app, settle, until
 
 from clusterfsdp.control.records import Executor, SweepPoint, SweepRecord
 from clusterfsdp.control.sweepfolder import SweepFolder
@@ -30,6 +30,11 @@ def test_sweeps_screen_lists_sorts_charts_and_selects_points(tmp_path):
                  eval_every=10 if p.index == 0 else 0)  # fmt: skip
     sweep = SweepFolder(root / "tiny-swab")
     sweep.write_record(SweepRecord("swab", "tiny", Executor.LOCAL, T0, ["train.lr"], points, max_parallel=1))
+    older = SweepFolder(root / "tiny-swaa")  # listed second (ids newest first)
+    make_run(root, "aa-p0", name="tiny-swaa", end=None, log_lines=0, checkpoints=())
+    older.write_record(
+        SweepRecord("swaa", "tiny", Executor.LOCAL, T0, ["train.seed"], [SweepPoint(0, "aa-p0", {"train.seed": 7})])
+    )
     app = ClusterApp(root, FakeSlurm(), refresh_s=60)
 
     async def scenario(pilot):
@@ -59,5 +64,17 @@ def test_sweeps_screen_lists_sorts_charts_and_selects_points(tmp_path):
         assert _column(table, "SHOWN") == ["", "●", "●"]
         await pilot.press("enter")
         assert app.current_key == str(sweep.path / "ab-p1")
+
+        sweeps.focus()  # the other sweep: its points, and it stays selected across a refresh
+        await pilot.press("down")
+        for _ in range(2):
+            done = screen.refreshed
+            await pilot.press("r")
+            await until(pilot, lambda done=done: screen.refreshed > done, "a refresh")
+            await settle(pilot)
+            await settle(pilot)
+            assert screen.refreshed == done + 1  # rebuilding the table selected nothing, so read nothing
+            assert screen.selected == str(older.path) and _column(table, "train.seed") == ["7"]
+            assert [s.tag for s in chart.series] == ["p0"]
 
     run_app(app, scenario)

@@ -121,6 +121,10 @@ class SweepsScreen(Screen):
     # ---- showing
     def _show_sweeps(self) -> None:
         table = self.query_one("#sweeps", DataTable)
+        with self.prevent(DataTable.RowHighlighted):  # rebuilding moves the cursor: not a selection
+            self._fill_sweeps(table)
+
+    def _fill_sweeps(self, table: DataTable) -> None:
         table.clear()
         for s in self.sweeps:
             if s.record is None or s.summary is None:
@@ -141,11 +145,15 @@ class SweepsScreen(Screen):
 
     def _show_points(self) -> None:
         table = self.query_one("#sweep-points", DataTable)
+        with self.prevent(DataTable.RowHighlighted):
+            self._fill_points(table)
+        self._show_chart()
+
+    def _fill_points(self, table: DataTable) -> None:
         sweep = self.current
         cursor = table.cursor_row
         table.clear(columns=True)
         if sweep is None or sweep.record is None:
-            self._show_chart()
             return
         keys = sweep.record.keys
         for label in (*POINT_COLUMNS, *keys, *STATUS_COLUMNS):
@@ -166,7 +174,6 @@ class SweepsScreen(Screen):
                 key=str(r.point.index),
             )
         table.move_cursor(row=min(cursor, max(0, table.row_count - 1)), scroll=False)
-        self._show_chart()
 
     def _show_chart(self) -> None:
         chart = self.query_one(SweepChart)
