@@ -113,9 +113,10 @@ class SweepsScreen(Screen):
                 self.selected = self.sweeps[0].key if self.sweeps else None
             self._show_sweeps()
             self._show_points()
-        self.query_one("#sweeps-detail", Static).update(
-            error or ("" if self.sweeps else f"no sweeps under {self.app.run_root}: `clusterfsdp sweep` starts one")
-        )
+        detail = self.query_one("#sweeps-detail", Static)
+        text = error or ("" if self.sweeps else f"no sweeps under {self.app.run_root}: `clusterfsdp sweep` starts one")
+        detail.update(text)
+        detail.display = bool(text)  # no empty line above the status line
         self.refreshed += 1
 
     # ---- showing
