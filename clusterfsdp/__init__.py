@@ -15,9 +15,10 @@ if TYPE_CHECKING:
     from .control.run import Run, Submission
     from .control.spec import JobSpec
     from .frames import metrics_frame
+    from .sweephandle import SweepHandle
 
 __version__ = "0.1.0"
-__all__ = ["Run", "UserError", "load_ipython_extension", "metrics_frame", "submit"]
+__all__ = ["Run", "UserError", "load_ipython_extension", "metrics_frame", "submit", "sweep"]
 
 
 def __getattr__(name: str) -> Any:
@@ -54,6 +55,34 @@ def submit(
     if executor not in ("auto", "slurm", "local"):
         raise ValueError(f"executor must be 'auto', 'slurm' or 'local', not {executor!r}")
     return Run.submit(load_job(job, overrides), executor)  # type: ignore[arg-type]
+
+
+def sweep(
+    job: str | os.PathLike[str],
+    grid: Mapping[str, Iterable[Any]] | None = None,
+    *,
+    zip: Mapping[str, Iterable[Any]] | None = None,  # (the CLI's --zip)
+    max_parallel: int | None = None,
+    overrides: Iterable[str] = (),
+    executor: str = "auto",
+) -> SweepHandle:
+    """Queue a sweep of the job file `job` like `clusterfsdp sweep` (docs/sweeps.md): `grid`
+    {'train.lr': [1e-4, 3e-4], ...} (the cross product), `zip` (keys varied together), over the
+    file's [sweep] table; values typed by the schema. Every point is checked first: one bad
+    point raises a `clusterfsdp.UserError` naming it, and nothing is queued. The handle's
+    `.frame()` is a DataFrame of the points' final and best metrics."""
+    from .control.spec.schema import SweepSection
+    from .control.sweep import Sweep
+    from .sweephandle import SweepHandle
+
+    if executor not in ("auto", "slurm", "local"):
+        raise ValueError(f"executor must be 'auto', 'slurm' or 'local', not {executor!r}")
+    values = SweepSection(
+        grid={k: list(v) for k, v in (grid or {}).items()}, zip={k: list(v) for k, v in (zip or {}).items()}
+    )
+    planned = Sweep.plan(os.fspath(job), values=values, max_parallel=max_parallel, overrides=list(overrides),
+                         executor=executor)  # type: ignore[arg-type]  # fmt: skip
+    return SweepHandle(Sweep.submit(planned))
 
 
 def load_ipython_extension(ipython: Any) -> None:

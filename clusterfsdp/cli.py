@@ -163,8 +163,11 @@ def cmd_data_status(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from .control.run import Run
+    from .control.sweepplan import has_table
 
     spec = _load(args)
+    if has_table(Path(args.job)):
+        raise CliError(f"{args.job} has a [sweep] table: `clusterfsdp sweep {args.job}` runs its points")
     if args.dry_run:
         if args.parsable:
             raise CliError("--parsable prints a job id, and a dry run queues no job (use --json)")
@@ -233,11 +236,31 @@ def _age(ts: float | None) -> str:
     return f"{int(secs)}s ago"
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from . import sweepcli
+
+    return sweepcli.cmd_sweep(args)
+
+
+def _names_sweep(args: argparse.Namespace) -> bool:
+    """The command's reference names a sweep (ids start with 'sw'; runs' with a digit)."""
+    return args.run.startswith("sw") or (Path(args.run).expanduser() / "sweep.json").is_file()
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     from .control import runfolder
 
     root = _run_root(args)
     found = runfolder.list_runs(root)[: args.limit]
+    swept = sorted({r.path.parent for r in found if (r.path.parent / "sweep.json").is_file()}, reverse=True)
+    if swept and not (args.quiet or args.json):  # a sweep is one line (`status SWEEP` lists its points)
+        from . import sweepcli
+        from .control.sweepfolder import SweepFolder
+
+        print("\n".join(sweepcli.sweep_lines([SweepFolder(p) for p in swept])))
+        found = [r for r in found if r.path.parent not in swept]
+        if not found:
+            return 0
     if args.quiet:  # run ids only: for scripts and shell completion (no Slurm query)
         print("\n".join(r.id for r in found))
         return 0
@@ -269,6 +292,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     if not args.run:
         return cmd_runs(args)
+    if _names_sweep(args):
+        from . import sweepcli
+
+        return sweepcli.cmd_status(args, _run_root(args))
     from datetime import datetime
 
     from . import term
@@ -351,11 +378,19 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    if _names_sweep(args):
+        from . import sweepcli
+
+        return sweepcli.cmd_cancel(args, _run_root(args))
     print(_find(args).cancel())
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    if _names_sweep(args):
+        from . import sweepcli
+
+        return sweepcli.cmd_resume(args, _run_root(args))
     run = _find(args)
     sub = run.resume(
         step=args.step,
@@ -513,6 +548,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(s)
     s.set_defaults(fn=cmd_submit)
 
+    s = sub.add_parser("sweep", help="queue many runs of a job: a grid of values (one Slurm job array)")
+    _add_job(s)
+    s.add_argument("--grid", action="append", metavar="KEY=V1,V2", help="vary a key (repeatable: the cross product)")
+    s.add_argument("--zip", action="append", metavar="KEY=V1,V2", help="vary keys together (lists of one length)")
+    s.add_argument("--max-parallel", type=int, metavar="N", help="points running at once (default: [sweep] or 0)")
+    s.add_argument("--executor", choices=["auto", "slurm", "local"], default="auto", help="as for submit")
+    s.add_argument("--dry-run", action="store_true", help="check every point and list them; make and queue nothing")
+    s.add_argument("--json", action="store_true", help="print the sweep record as JSON")
+    s.set_defaults(fn=cmd_sweep)
+
     s = sub.add_parser("runs", help="list runs")
     _add_run_root(s)
     s.add_argument("--limit", type=int, default=50, help="show at most this many, newest first (default 50)")
@@ -520,8 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="print only run ids, newest first (no Slurm query)")
     s.set_defaults(fn=cmd_runs)
 
-    s = sub.add_parser("status", help="state of one run (or all runs)")
-    s.add_argument("run", nargs="?", help="run id (or unique prefix) or run folder; none: list runs")
+    s = sub.add_parser("status", help="state of one run or sweep (or all runs)")
+    s.add_argument("run", nargs="?", help="run or sweep id (or unique prefix), or its folder; none: list runs")
+    s.add_argument("--sort", metavar="KEY", help="a sweep's points by eval_loss, loss, step, state or a varied key")
     _add_run_root(s)
     s.add_argument("--limit", type=int, default=50, help="without RUN: show at most this many runs")
     s.add_argument("--json", action="store_true", help="print the status as JSON (docs/json.md)")
@@ -541,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     s.set_defaults(fn=cmd_doctor)
 
-    s = sub.add_parser("cancel", help="cancel a run's live attempt (workers save first)")
+    s = sub.add_parser("cancel", help="cancel a run's (or every point of a sweep's) live attempt (workers save first)")
     _add_run(s)
     s.set_defaults(fn=cmd_cancel)
 

@@ -26,6 +26,7 @@ from .logs_screen import LogsScreen
 from .queue_rows import QueueRow, Refresh, Slurm, collect
 from .queue_screen import QueueScreen
 from .run_screen import RunScreen
+from .sweeps_screen import SweepsScreen
 
 
 class ClusterApp(App[None]):
@@ -37,6 +38,7 @@ class ClusterApp(App[None]):
         "logs": LogsScreen,
         "run": RunScreen,
         "cluster": ClusterScreen,
+        "sweeps": SweepsScreen,
     }
     DEFAULT_MODE = "queue"
     BINDINGS = [
@@ -45,6 +47,7 @@ class ClusterApp(App[None]):
         Binding("3", "switch_mode('logs')", "Logs", show=False),
         Binding("4", "switch_mode('run')", "Run", show=False),
         Binding("5", "switch_mode('cluster')", "Cluster", show=False),
+        Binding("6", "switch_mode('sweeps')", "Sweeps", show=False),
         Binding("f1", "help", "Help", priority=True),
         Binding("question_mark", "help", "Help", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True, show=False),
@@ -146,7 +149,7 @@ class ClusterApp(App[None]):
         question_mark = screen.active_bindings.get("question_mark")  # the Logs screen searches upwards with ?
         question_mark_is_help = question_mark is None or question_mark.binding.action == "help"
         rows = [(k, d) for d, k in keys.items()] + [
-            ("1 2 3 4 5", "Compose, Queue, Logs, Run, Cluster"),
+            ("1 2 3 4 5 6", "Compose, Queue, Logs, Run, Cluster, Sweeps"),
             ("? / F1" if question_mark_is_help else "F1", "this help"),
         ]
         self.push_screen(HelpScreen(type(screen).__name__.removesuffix("Screen"), getattr(screen, "HELP", ""), rows))

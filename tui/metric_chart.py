@@ -16,6 +16,8 @@ TAGS = (AXIS, "raw", "main", "eval")
 class MetricChart(Widget, can_focus=True):
     COMPONENT_CLASSES = {"metric-chart--axis", "metric-chart--raw", "metric-chart--main", "metric-chart--eval"}
 
+    TAGS = TAGS  # the tags its series use, each styled by the component class metric-chart--<tag>
+
     series: reactive[list[Series]] = reactive(list, always_update=True)
 
     def __init__(self, empty: str, *, id: str | None = None) -> None:
@@ -26,7 +28,7 @@ class MetricChart(Widget, can_focus=True):
         lines = chart(self.series, self.content_size.width, self.content_size.height)
         if not lines:
             return Text(self.empty if not any(s.xs for s in self.series) else "", style=self.rich_style)
-        styles = {tag: self.get_component_rich_style(f"metric-chart--{tag or 'axis'}") for tag in TAGS}
+        styles = {tag: self.get_component_rich_style(f"metric-chart--{tag or 'axis'}") for tag in self.TAGS}
         text = Text(no_wrap=True, end="")
         for i, line in enumerate(lines):
             if i:

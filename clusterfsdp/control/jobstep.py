@@ -50,7 +50,7 @@ class SlurmJob:
     @classmethod
     def from_environ(cls) -> SlurmJob:
         return cls(
-            os.environ["SLURM_JOB_ID"],
+            slurmcli.batch_job_id(os.environ),
             int(os.environ.get("SLURM_RESTART_COUNT") or 0),
             os.environ.get("SLURM_JOB_NODELIST", ""),
         )

@@ -251,10 +251,14 @@ def job_steps(run: RunFolder) -> tuple[list[str], list[str]]:
     Slurm did to the previous incarnation and stops a run that used up its restarts; `after`
     (with srun's exit status, the last command before it) classifies a failed attempt and
     submits the next one (docs/recovery.md)."""
+    return job_steps_for(f"run {run.id}", f"RUN={shlex.quote(str(run.path))}")
+
+
+def job_steps_for(label: str, run_line: str) -> tuple[list[str], list[str]]:
     setup = [
-        f"# clusterfsdp run {run.id}: the control plane's job steps around srun (clusterfsdp.control.jobstep)",
+        f"# clusterfsdp {label}: the control plane's job steps around srun (clusterfsdp.control.jobstep)",
         f"PY={shlex.quote(sys.executable)}",
-        f"RUN={shlex.quote(str(run.path))}",
+        run_line,
         '"$PY" -m clusterfsdp.control.jobstep before "$RUN" || exit $?',
     ]
     return setup, ['exec "$PY" -m clusterfsdp.control.jobstep after "$RUN" "$?"']
@@ -298,11 +302,17 @@ def slurm_executor(
     writes straight into `submitit/` (a job submitted by hand could start before anyone made a
     folder for its id). The ranks start as `task_launch(spec)` says (maybe the image's Python, in
     a container), which runs `-u -m submitit.core._submit FOLDER`."""
+    folder = run.submitit_dir / "%j" if token else run.submitit_dir
+    parameters = sbatch_options(spec, dependency, exclude, token=token, hold=bool(token))
+    return executor_for(spec, folder, job_steps(run), parameters, token)
+
+
+def executor_for(
+    spec: specmod.JobSpec, folder: Path, steps: tuple[list[str], list[str]], parameters: dict[str, Any], token: str
+) -> RetriedSlurmExecutor:
     from . import slurmexec
 
-    folder = run.submitit_dir / "%j" if token else run.submitit_dir
-    setup, teardown = job_steps(run)
-    parameters = sbatch_options(spec, dependency, exclude, token=token, hold=bool(token))
+    setup, teardown = steps
     parameters.update(setup=[*spec.slurm.setup, *setup], teardown=teardown)
     python = shlex.join(task_launch(spec).python)
     comment = str(spec.slurm.extra.get("comment", ""))
@@ -389,7 +399,7 @@ def _queue_slurm(
         return ex.submit(WorkerCall(str(run.path)))
     except slurmcli.SlurmError as e:
         _remove_new_files(run.submitit_dir, before)
-        raise SubmitError(str(e) if e.transient else _one_line_sbatch_error(str(e))) from None
+        raise SubmitError(str(e) if e.transient else sbatch_error_line(str(e))) from None
     except OSError as e:
         _remove_new_files(run.submitit_dir, before)
         raise SubmitError(f"submitit could not write {run.submitit_dir}: {e.strerror or e}") from None
@@ -402,7 +412,7 @@ def _remove_new_files(folder: Path, before: set[Path]) -> None:
                 path.unlink(missing_ok=True)
 
 
-def _one_line_sbatch_error(text: str) -> str:
+def sbatch_error_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if "error" in line.lower()]
     return "sbatch refused the job: " + (lines[-1] if lines else " ".join(text.split())[:300])
 

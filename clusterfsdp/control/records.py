@@ -276,6 +276,15 @@ def _to_dict(record: Any) -> dict[str, Any]:
     return out
 
 
+def _read(cls: Any, path: Path) -> Any:
+    """`cls.from_dict` of a JSON file; RecordError starting with the file's name if it cannot be read."""
+    try:
+        return cls.from_dict(json.loads(path.read_bytes()))
+    except (OSError, ValueError) as e:  # RecordError, JSON and UTF-8 errors are ValueErrors
+        reason = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+        raise RecordError(f"{path.name}: {_short_reason(reason)}") from None
+
+
 @dataclass
 class Attempt:
     """One submission of a run: a Slurm job (which Slurm may requeue, keeping its id), a local
@@ -348,11 +357,7 @@ class RunRecord:
     @classmethod
     def read(cls, path: Path) -> RunRecord:
         """state.json; RecordError (its message starts with the file's name) if it cannot be read."""
-        try:
-            return cls.from_dict(json.loads(path.read_bytes()))
-        except (OSError, ValueError) as e:  # RecordError, JSON and UTF-8 errors are ValueErrors
-            reason = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
-            raise RecordError(f"{path.name}: {_short_reason(reason)}") from None
+        return _read(cls, path)
 
     def to_dict(self) -> dict[str, Any]:
         out = _to_dict(self)
@@ -446,3 +451,55 @@ class TrackerIds:
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)
+
+
+@dataclass
+class SweepPoint:
+    """One point of a sweep: its index (the Slurm array task id), its run and the values it sets."""
+
+    index: int
+    run_id: str
+    values: dict[str, Any]
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SweepPoint:
+        return _from_dict(cls, data)
+
+
+@dataclass
+class SweepRecord:
+    """sweep.json, in the sweep folder beside its points' run folders: what was swept and where
+    each point runs. Written by the control plane only (control.sweep)."""
+
+    sweep_id: str
+    name: str  # the job's name; the sweep folder is <run_root>/<name>-<sweep id>
+    executor: Executor
+    created: float
+    keys: list[str]
+    points: list[SweepPoint]
+    max_parallel: int = 0
+    job_id: str = ""  # Slurm: the job array's id (point i is job <job_id>_<i>)
+    cancelled: float | None = None  # `cancel SWEEP`: no point starts after this
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SweepRecord:
+        listed = data.get("points", []) if isinstance(data, dict) else None
+        if not isinstance(listed, list):
+            raise RecordError(f"points: expected a list, found {type(listed).__name__}")
+        points = []
+        for i, p in enumerate(listed):
+            try:
+                points.append(SweepPoint.from_dict(p))
+            except RecordError as e:
+                raise RecordError(f"points[{i}].{e}") from None
+        return _from_dict(cls, data, executor=_enum(Executor, data, "executor"), points=points)
+
+    @classmethod
+    def read(cls, path: Path) -> SweepRecord:
+        """sweep.json; RecordError (its message starts with the file's name) if it cannot be read."""
+        return _read(cls, path)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = _to_dict(self)
+        out["points"] = [_to_dict(p) for p in self.points]
+        return out

@@ -120,42 +120,75 @@ class Run:
     def _first_attempt(cls, spec: specmod.JobSpec, backend: backends.Backend, notice: str) -> Submission:
         """Check `spec` completely, prepare its sources, create the run folder and queue its first
         attempt on `backend`; nothing is left behind if queueing fails."""
-        _check_submittable(spec, backend)
-        prepared = prepare_sources(spec)
-        spec = prepared.spec
-        folder = _create_run(spec, backend.executor)
-        run = cls(folder)
+        prepared = cls.check_new(spec, backend)
+        run = cls.create(prepared, backend.executor)
         try:
-            modelsource.keep(prepared, folder.model_dir)
             # data.prepare = 'job' on Slurm: a prepare array first, the training job after it
-            dependency = prepjob.before_training(spec, folder, slurm=backend.executor is Executor.SLURM)
-            queued = backend.queue(spec, folder, dependency=dependency)
+            dependency = prepjob.before_training(prepared.spec, run.folder, slurm=backend.executor is Executor.SLURM)
+            queued = backend.queue(prepared.spec, run.folder, dependency=dependency)
         except BaseException:
-            prepjob.abandon(folder)
-            shutil.rmtree(folder.path, ignore_errors=True)
+            prepjob.abandon(run.folder)
+            shutil.rmtree(run.path, ignore_errors=True)
             raise
-        fields = backend.attempt_fields(spec, folder)
-        folder.add_attempt(queued.job_id, backend.executor, backend.reason, leader=queued.leader, **fields)
+        run.record_first(queued, backend, prepared.spec)
         backend.start(queued)
+        notes = list(prepared.notes)
         if dependency:  # (the training job is queued behind the prepare array)
             array = dependency.removeprefix("afterok:")
-            prepared.notes.append(f"data: not prepared yet: job {queued.job_id} waits for data prepare job {array}")
-        return Submission(run, backend.executor, queued.job_id, notice, notes=tuple(prepared.notes))
+            notes.append(f"data: not prepared yet: job {queued.job_id} waits for data prepare job {array}")
+        return Submission(run, backend.executor, queued.job_id, notice, notes=tuple(notes))
+
+    @classmethod
+    def check_new(cls, spec: specmod.JobSpec, backend: backends.Backend) -> modelsource.Prepared:
+        """Every check of a new run on `backend`, then its sources prepared (hub ids resolved, the
+        data read); nothing is made. A sweep checks all its points this way before making any."""
+        _check_submittable(spec, backend)
+        return prepare_sources(spec)
+
+    @classmethod
+    def create(cls, prepared: modelsource.Prepared, executor: Executor, run_id: str | None = None) -> Run:
+        """The run folder of a checked spec (`check_new`), with the small files export needs in
+        <run>/model/; no attempt yet (`record_first`, or `start_first` for a prepared point)."""
+        folder = _create_run(prepared.spec, executor, run_id)
+        try:
+            modelsource.keep(prepared, folder.model_dir)
+        except BaseException:
+            shutil.rmtree(folder.path, ignore_errors=True)
+            raise
+        return cls(folder)
+
+    def record_first(self, queued: launch.Queued, backend: backends.Backend, spec: specmod.JobSpec) -> None:
+        """Record a queued first attempt (before `backend.start` lets it run)."""
+        fields = backend.attempt_fields(spec, self.folder)
+        self.folder.add_attempt(queued.job_id, backend.executor, backend.reason, leader=queued.leader, **fields)
+
+    def start_first(self, backend: backends.Backend) -> Submission | None:
+        """Queue the first attempt of a run folder made by `create` and not started yet (a local
+        sweep's next point), under the run lock; None when it has an attempt already."""
+        self._check_yours("start")
+        held = self._locked("start")
+        try:
+            if self.folder.record().attempts:
+                return None
+            spec = self.folder.spec()
+            queued = backend.queue(spec, self.folder)
+            self.record_first(queued, backend, spec)
+            backend.start(queued)
+            return Submission(self, backend.executor, queued.job_id, "sweep point")
+        finally:
+            held.release()
 
     @classmethod
     def dry_run(cls, spec: specmod.JobSpec) -> tuple[Run, str]:
         """A dry run: the same checks and source preparation as `submit` for Slurm, the run folder,
         and the exact sbatch script to submit by hand (sbatch.sh); nothing is queued."""
         slurm = backends.Slurm()
-        _check_submittable(spec, slurm)
-        prepared = prepare_sources(spec)
-        spec = prepared.spec
-        folder = _create_run(spec, slurm.executor)
-        modelsource.keep(prepared, folder.model_dir)
+        prepared = cls.check_new(spec, slurm)
+        folder = cls.create(prepared, slurm.executor).folder
         record = folder.record()
         record.dry_run = True  # its worker records the hand-submitted job as an attempt
         folder.write_record(record)
-        script = launch.render_sbatch(spec, folder)
+        script = launch.render_sbatch(prepared.spec, folder)
         runfolder.atomic_write(folder.sbatch_script, script)
         return cls(folder), script
 
@@ -471,9 +504,9 @@ def _check_submittable(spec: specmod.JobSpec, backend: backends.Backend) -> None
     launch.check_trackers(spec)
 
 
-def _create_run(spec: specmod.JobSpec, executor: Executor) -> RunFolder:
+def _create_run(spec: specmod.JobSpec, executor: Executor, run_id: str | None = None) -> RunFolder:
     """The run folder; a folder the checked run root still refuses (a race, a full disk) is one line."""
     try:
-        return runfolder.create_run(spec, executor)
+        return runfolder.create_run(spec, executor, run_id)
     except OSError as e:
         raise launch.SubmitError(f"job.run_root: cannot create the run folder: {e}") from None

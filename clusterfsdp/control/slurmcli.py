@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -271,7 +271,7 @@ def wait_for_controller(what: str) -> None:
 
 def squeue(job_ids: list[str] | None = None) -> dict[str, JobRow]:
     """Queued/running jobs: the given ids, or all of the current user's. One call."""
-    cmd = ["squeue", "-h", "-o", "%i|%T|%r|%M|%N"]
+    cmd = ["squeue", "-h", "-r", "-o", "%i|%T|%r|%M|%N"]  # -r: an array's pending tasks one per line
     if job_ids:
         cmd += ["-j", ",".join(job_ids)]
     else:
@@ -375,13 +375,22 @@ def usable(state: str) -> bool:
 _JOB_ID = re.compile(r"\d+(_\d+)?")
 
 
+def batch_job_id(env: Mapping[str, str]) -> str:
+    """The id of the job this environment belongs to, as squeue, sacct, scancel and scontrol take
+    it and the run records it: `<array id>_<task id>` for a task of a sweep's job array (whose
+    own SLURM_JOB_ID is an id no submitter knew), else SLURM_JOB_ID."""
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID", "0")
+
+
 def _user() -> str:
     return os.environ.get("USER") or str(os.getuid())
 
 
 def jobs_with_token(token: str) -> list[str]:
     """Ids of this user's queued jobs whose --comment holds `token` (oldest first)."""
-    out = run(["squeue", "-h", "-u", _user(), "-o", "%i|%k"])
+    out = run(["squeue", "-h", "-r", "-u", _user(), "-o", "%i|%k"])
     found = [line.split("|", 1)[0] for line in out.splitlines() if "|" in line and token in line.split("|", 1)[1]]
     return sorted(found, key=lambda j: int(j) if j.isdigit() else 0)
 

@@ -17,6 +17,9 @@ submitit's import costs about 0.1 s.
 
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,37 @@ class RetriedSlurmExecutor(submitit.SlurmExecutor):
             raise RuntimeError("a script rendered for `submit --dry-run` is not submitted by clusterfsdp")
         job_id = slurmcli.submit(submission_file_path, self.token, self.comment, hold=self.hold)
         return ["echo", f"Submitted batch job {job_id}"]
+
+    def submit_array(self, calls: list[Callable[[], Any]], scratch: Path) -> list[str]:
+        """Several calls as one job array (the parameters have `map_count`): submitit's own array
+        path (`_internal_process_submissions`) submits through a plain `SlurmExecutor` and
+        cannot format a folder with `%a`, so it is done here the same way: the calls pickled,
+        the script sent once through slurmcli (held), each pickle moved to its task's folder
+        (`<job id>_<i>_submitted.pkl`, where the task's `_submit` looks). The tasks' job ids."""
+        from submitit.core.utils import DelayedSubmission, JobPaths
+
+        scratch.mkdir(parents=True, exist_ok=True)
+        tag = uuid.uuid4().hex
+        script = scratch / f".submission_{tag}.sh"
+        pickles = [scratch / f".{tag}_{i}.pkl" for i in range(len(calls))]
+        try:
+            for call, path in zip(calls, pickles, strict=True):
+                delayed = DelayedSubmission(call)
+                delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
+                delayed.dump(path)
+            script.write_text(self.script())
+            job_id = slurmcli.submit(script, self.token, self.comment, hold=self.hold)
+        except BaseException:
+            for path in [script, *pickles]:
+                path.unlink(missing_ok=True)
+            raise
+        os.replace(script, scratch / f"{job_id}_submission.sh")
+        ids = [f"{job_id}_{i}" for i in range(len(calls))]
+        for task, path in zip(ids, pickles, strict=True):
+            paths = JobPaths(self.folder, job_id=task)
+            paths.folder.mkdir(parents=True, exist_ok=True)
+            os.replace(path, paths.submitted_pickle)
+        return ids
 
     def script(self) -> str:
         """The batch script this executor writes for a submission (submitit's own text)."""

@@ -11,6 +11,10 @@ local restart, `clusterfsdp resume` on another node count) logs into the same on
 - MLflow: the run id (and experiment id) is kept in trackers.json; each attempt reopens the run
   and appends to the metric histories. Tracking URI: `[log] mlflow_tracking_uri`, else
   $MLFLOW_TRACKING_URI, else a file store in `<run folder>/mlruns`.
+- Sweeps (docs/sweeps.md): W&B groups the points by job.name (the sweep folder's name), in the
+  job's project; TensorBoard's parent folder is the sweep folder; MLflow makes one run per sweep
+  (`<sweep folder>/mlflow.json`) whose children the points' runs are, in the sweep folder's
+  `mlruns` when no tracking URI is set.
 
 Hyperparameters are the job spec, flattened (`train.lr`, `slurm.nodes`, ...), without [env]:
 environment values are not hyperparameters and must not leave the cluster. Secrets (W&B's key,
@@ -23,6 +27,7 @@ its plots. One that cannot start fails the attempt before training, with the rea
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -31,8 +36,10 @@ from typing import Any, Protocol
 
 from ..control import spec as specmod
 from ..control.evalsamples import EvalSample
+from ..control.lock import held
 from ..control.outcomes import RankOutcome
-from ..control.runfolder import RunFolder
+from ..control.runfolder import RunFolder, atomic_write
+from ..control.sweepfolder import SweepFolder, sweep_of
 
 _SKIPPED = ("step", "time")  # the x axis and the wall clock
 INSTALL_HINT = "install it where the workers run: pip install 'clusterfsdp[trackers]'"
@@ -175,9 +182,10 @@ class MLflow:
             raise TrackerError(
                 f"log.trackers: 'mlflow' needs the mlflow(-skinny) package ({e}); {INSTALL_HINT}"
             ) from None
+        sweep = sweep_of(run)
         uri = spec.log.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
         if not uri:  # MLflow 3 wants an opt-in for the file store; it is the one that needs no server
-            uri = (run.path / "mlruns").as_uri()
+            uri = ((sweep.path if sweep else run.path) / "mlruns").as_uri()
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         ids = run.tracker_ids()
@@ -188,9 +196,11 @@ class MLflow:
                 name = spec.log.project or spec.job.name
                 found = self.client.get_experiment_by_name(name)
                 ids.mlflow_experiment_id = found.experiment_id if found else self.client.create_experiment(name)
-                created = self.client.create_run(
-                    ids.mlflow_experiment_id, run_name=run.id, tags={"clusterfsdp.run_folder": str(run.path)}
-                )
+                tags = {"clusterfsdp.run_folder": str(run.path)}
+                if sweep is not None:  # a point of a sweep: a child of the sweep's run
+                    tags.update({"mlflow.parentRunId": self._parent(sweep, uri, ids.mlflow_experiment_id),
+                                 "clusterfsdp.sweep": sweep.id})  # fmt: skip
+                created = self.client.create_run(ids.mlflow_experiment_id, run_name=run.id, tags=tags)
                 ids.mlflow_run_id = created.info.run_id
                 run.write_tracker_ids(ids)
                 self._log_params(ids.mlflow_run_id, hyperparameters(spec))
@@ -200,6 +210,24 @@ class MLflow:
                 f"log.trackers: mlflow at {_without_query(uri)} failed: {type(e).__name__}: {e}"
             ) from None
         self.run_id = ids.mlflow_run_id
+
+    def _parent(self, sweep: SweepFolder, uri: str, experiment_id: str) -> str:
+        """The sweep's MLflow run, made by its first point (under a lock in the sweep folder: points
+        start side by side) and kept in `<sweep folder>/mlflow.json` with its tracking URI."""
+        record = sweep.path / "mlflow.json"
+        with held(sweep.path / ".mlflow.lock", "mlflow parent run", timeout_s=60.0):
+            try:
+                known = json.loads(record.read_text())
+                if known.get("uri") == _without_query(uri) and isinstance(known.get("run_id"), str):
+                    return known["run_id"]
+            except (OSError, ValueError, AttributeError):
+                pass
+            parent = self.client.create_run(
+                experiment_id, run_name=sweep.id, tags={"clusterfsdp.sweep_folder": str(sweep.path)}
+            )
+            self.client.set_terminated(parent.info.run_id)  # it logs nothing; its children do
+            atomic_write(record, json.dumps({"uri": _without_query(uri), "run_id": parent.info.run_id}) + "\n")
+            return parent.info.run_id
 
     def _log_params(self, run_id: str, params: dict[str, Any]) -> None:
         """Parameters are immutable in MLflow: logged once, when the run is created."""

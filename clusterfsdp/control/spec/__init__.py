@@ -20,12 +20,14 @@ from .codec import (
     coerce,
     dumps,
     from_dict,
+    key_type,
     loads,
     plain,
     render_key,
     render_value,
     secret_env,
     to_dict,
+    unknown_key_line,
 )
 from .docs import describe_schema, key_paths, starter_toml
 from .paths import load, looks_like_hub_id, read_job_file, with_absolute_paths
@@ -85,6 +87,7 @@ __all__ = [
     "from_dict",
     "has_tokenizer",
     "key_paths",
+    "key_type",
     "load",
     "loads",
     "looks_like_hub_id",
@@ -100,5 +103,6 @@ __all__ = [
     "to_dict",
     "toml_key",
     "type_name",
+    "unknown_key_line",
     "with_absolute_paths",
 ]

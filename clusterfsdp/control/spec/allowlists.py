@@ -73,8 +73,8 @@ _MANAGED_SBATCH = {
         ("ntasks", "ntasks-per-node", "tasks-per-node", "ntasks-per-core", "ntasks-per-socket", "ntasks-per-gpu"),
         "one task per GPU is managed: set slurm.tasks_per_node (or gpus_per_node)",
     ),
-    "array": "every array task would train into the same run folder; submit one run per point "
-    "(`clusterfsdp sweep` is planned to do that as one job array)",
+    "array": "every array task would train into the same run folder; `clusterfsdp sweep JOB --grid KEY=V1,V2` "
+    "queues one job array whose tasks each train their own point (docs/sweeps.md)",
     **dict.fromkeys(("export", "export-file"), "[env] and the submitting environment are how variables reach the job"),
     **dict.fromkeys(
         ("output", "error", "open-mode", "input"), "the job's logs are managed (<run folder>/submitit/, logs/)"

@@ -21,7 +21,18 @@ from typing import Any, Literal, get_args, get_origin
 
 from .. import secretenv
 from .checks import check
-from .schema import HINTS, SECTIONS, JobSpec, SpecError, closest, describe_value, section_class, toml_key, type_name
+from .schema import (
+    HINTS,
+    SECTIONS,
+    JobSpec,
+    SpecError,
+    SweepSection,
+    closest,
+    describe_value,
+    section_class,
+    toml_key,
+    type_name,
+)
 from .tokenizer import default_tokenizer
 
 # Integers must fit the 64-bit integers of the programs they reach (Slurm, JSON readers, torch).
@@ -108,8 +119,13 @@ def from_dict(data: dict[str, Any]) -> JobSpec:
     errors: list[str] = []
     spec = JobSpec()
     for name, value in data.items():
-        if name not in SECTIONS:
-            errors.append(unknown_key(name, name, list(SECTIONS)))
+        if name not in SECTIONS and name != "sweep":
+            errors.append(unknown_key(name, name, [*SECTIONS, "sweep"]))
+            continue
+        if name == "sweep":  # `clusterfsdp sweep`'s table (control.sweep): typed here, no part of a run's spec
+            _table("sweep", SweepSection, value, errors) if isinstance(value, dict) else errors.append(
+                f"sweep: expected a table [sweep], found {describe_value(value)}"
+            )
             continue
         if name == "env":
             try:
@@ -215,6 +231,28 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:
             target[parts[-1]] = value
     if errors:
         raise SpecError(errors)
+
+
+def key_type(key: str) -> Any:
+    """The annotation of a `--set` key (`train.lr`, `slurm.container.kind`), or None if unknown."""
+    parts = key.split(".")
+    return _field_type(parts) if len(parts) >= 2 and all(parts) else None
+
+
+def unknown_key_line(key: str) -> str:
+    """Why `key` names no field, with the closest name (the loader's words)."""
+    parts = key.split(".")
+    if parts[0] not in SECTIONS:
+        return unknown_key(key, parts[0], list(SECTIONS))
+    tp: Any = section_class(parts[0]) if parts[0] != "env" else None
+    for i, part in enumerate(parts[1:], 1):
+        if not (dataclasses.is_dataclass(tp) and isinstance(tp, type)):
+            return f"{key}: {'.'.join(parts[:i])} is a key, not a table"
+        names = {toml_key(f): f for f in dataclasses.fields(tp)}
+        if part not in names:
+            return unknown_key(key, part, list(names))
+        tp = HINTS[tp][names[part].name]
+    return f"{key}: a table, not a key"
 
 
 def _field_type(parts: list[str]) -> Any:

@@ -8,7 +8,17 @@ import dataclasses
 import typing
 
 from .codec import plain, render_key, render_value, to_dict, unknown_key
-from .schema import HINTS, SECTIONS, JobSpec, SpecError, section_class, section_fields, toml_key, type_name
+from .schema import (
+    HINTS,
+    SECTIONS,
+    JobSpec,
+    SpecError,
+    SweepSection,
+    section_class,
+    section_fields,
+    toml_key,
+    type_name,
+)
 
 
 def describe_schema(selector: str = "") -> list[str]:
@@ -17,6 +27,9 @@ def describe_schema(selector: str = "") -> list[str]:
     if selector:
         _check_selector(selector)
     lines = []
+    if selector.split(".")[0] == "sweep":  # `clusterfsdp sweep`'s table, beside the run's sections
+        under = selector.split(".", 1)[1] if "." in selector else ""
+        return ["[sweep]  (read by `clusterfsdp sweep`; docs/sweeps.md)", *_describe_table(SweepSection, "", under)]
     for f in dataclasses.fields(JobSpec):
         if selector and f.name != selector.split(".")[0]:
             continue
@@ -32,6 +45,11 @@ def _check_selector(selector: str) -> None:
     """Raise the loader's unknown-key error (closest name suggested) for the first part of
     `selector` that names no section, table or key; any name under [env] is a variable."""
     parts = selector.split(".")
+    if parts[0] == "sweep":
+        keys = [toml_key(f) for f in dataclasses.fields(SweepSection)]
+        if len(parts) > 2 or (len(parts) == 2 and parts[1] not in keys):
+            raise SpecError([unknown_key(selector, parts[-1], keys)])
+        return
     if parts[0] == "env":
         if len(parts) > 2:
             raise SpecError([f"{selector}: [env] holds variables (env.NAME), not tables"])

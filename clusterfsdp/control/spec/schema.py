@@ -532,6 +532,32 @@ class LogSection:
     )
 
 
+# Points of one sweep at most: Slurm's default MaxArraySize (1001) holds array indices 0-1000,
+# and every point is a run folder made before anything is queued.
+MAX_SWEEP_POINTS = 1000
+
+
+@dataclass
+class SweepSection:
+    """[sweep]: read by `clusterfsdp sweep` (control.sweep), never part of a run's JobSpec: each
+    point is a normal run whose job.toml has the point's values in place."""
+
+    grid: dict[str, list[Any]] = F(
+        {},
+        "Keys to vary, each with its list of values ('train.lr' = [1e-4, 3e-4]); every combination is a point "
+        "(the cross product with zip). Values are typed by the schema as --set types them.",
+    )
+    zip: dict[str, list[Any]] = F(
+        {},
+        "Keys varied together: lists of one length, the i-th values of all of them make one point.",
+    )
+    max_parallel: int = F(
+        0,
+        "Points running at once (Slurm: the job array's %N throttle; local: processes at once); 0: Slurm all, "
+        f"local 1. At most {MAX_SWEEP_POINTS} points per sweep.",
+    )
+
+
 @dataclass
 class JobSpec:
     job: JobSection = field(default_factory=JobSection)
@@ -625,6 +651,7 @@ HINTS: dict[type, dict[str, Any]] = {
         EarlyStopping,
         Guard,
         Watchdog,
+        SweepSection,
         JobSpec,
     )
 }

@@ -1,0 +1,147 @@
+"""The sweep folder: paths and typed reads of one sweep (control.sweep makes and changes it), and
+finding sweeps by id or prefix, for the read-only commands (`status SWEEP`, `runs`, the notebook
+frame) that must not import the run service.
+
+    <run_root>/<job.name>-<sweep id>/      every point's job.name, so `runs` finds the points
+        sweep.json                         SweepRecord (records.py)
+        driver.json, driver.log            local sweeps: the driver's identity and output
+        submitit/                          the job array's batch script (Slurm)
+        <sweep id without 'sw'>-p<i>/      point i's run folder
+
+Sweep ids start with 'sw' and run ids with a digit, so one reference never means both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import runfolder, status
+from .errors import UserError
+from .procs import ProcessId
+from .records import SweepPoint, SweepRecord
+from .runroot import ENV_RUN_ROOT, default_run_root
+
+SWEEP_FILE = "sweep.json"
+DRIVER_FILE = "driver.json"
+ID_PREFIX = "sw"
+SORT_KEYS = ("index", "state", "step", "loss", "eval_loss")
+"""What the points may be sorted by besides a varied key (`status SWEEP --sort`, the TUI's s)."""
+
+
+class SweepNotFound(UserError, LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class PointStatus:
+    """One row of `status SWEEP`: the point, its varied values and its run's status."""
+
+    point: SweepPoint
+    status: status.RunStatus
+
+
+@dataclass(frozen=True)
+class SweepFolder:
+    path: Path
+
+    @property
+    def id(self) -> str:
+        """The id in the folder's name (<job.name>-<sweep id>), read without opening sweep.json."""
+        name = self.path.name
+        at = name.rfind(f"-{ID_PREFIX}")
+        return name[at + 1 :] if at >= 0 else name
+
+    record_file = property(lambda self: self.path / SWEEP_FILE)
+    driver_file = property(lambda self: self.path / DRIVER_FILE)
+    driver_log = property(lambda self: self.path / "driver.log")
+    submitit_dir = property(lambda self: self.path / "submitit")
+
+    def record(self) -> SweepRecord:
+        """sweep.json (RecordError naming the file if it cannot be read)."""
+        return SweepRecord.read(self.record_file)
+
+    def write_record(self, record: SweepRecord) -> None:
+        runfolder.atomic_write(self.record_file, json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    def run_folder(self, point: SweepPoint) -> runfolder.RunFolder:
+        return runfolder.RunFolder(self.path / point.run_id)
+
+    def driver(self) -> ProcessId | None:
+        """The local driver's identity, if one was started."""
+        try:
+            return ProcessId.from_record(json.loads(self.driver_file.read_text()))
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def write_driver(self, me: ProcessId) -> None:
+        runfolder.atomic_write(self.driver_file, json.dumps(me.record(), sort_keys=True) + "\n")
+
+    def statuses(self) -> tuple[list[PointStatus], str]:
+        """Every point's run status (one squeue + sacct for all) and Slurm's error, if any."""
+        record = self.record()
+        rows, error = status.statuses([self.run_folder(p) for p in record.points])
+        return [PointStatus(p, st) for p, st in zip(record.points, rows, strict=True)], error
+
+
+def sort_key(name: str, row: PointStatus) -> tuple[bool, Any]:
+    """`name` (a SORT_KEYS entry or a varied key) of a row, for sorting; rows without the value
+    (no loss yet) last, whatever the order."""
+    st = row.status
+    value = {"index": row.point.index, "state": str(st.state), "step": st.step, "loss": st.loss,
+             "eval_loss": st.eval_loss}.get(name, row.point.values.get(name))  # fmt: skip
+    return (value is None, value if value is not None else 0)
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """One sweep in a line (`runs`, the TUI's sweep list): its points' states counted and the best
+    loss (a point's eval loss where it has one, else its training loss)."""
+
+    states: list[tuple[str, int]]  # most common first
+    best: float | None
+
+    @classmethod
+    def of(cls, rows: list[PointStatus]) -> SweepSummary:
+        states = Counter(str(r.status.state) for r in rows)
+        losses = [r.status.eval_loss if r.status.eval_loss is not None else r.status.loss for r in rows]
+        return cls(states.most_common(), min((v for v in losses if v is not None), default=None))
+
+    @property
+    def counts(self) -> str:
+        return ", ".join(f"{n} {s}" for s, n in self.states)
+
+
+def is_sweep_ref(ref: str) -> bool:
+    """`ref` names a sweep (its id or a prefix of one, or its folder), not a run."""
+    return ref.startswith(ID_PREFIX) or (Path(ref).expanduser() / SWEEP_FILE).is_file()
+
+
+def all_sweeps(run_root: str | Path | None = None) -> list[SweepFolder]:
+    """Sweeps under the run root, newest first."""
+    root = Path(run_root).expanduser() if run_root is not None else default_run_root()
+    found = [SweepFolder(p.parent.resolve()) for p in root.glob(f"*/{SWEEP_FILE}")] if root.is_dir() else []
+    return sorted(found, key=lambda s: s.id, reverse=True)
+
+
+def find_sweep(ref: str, run_root: str | Path | None = None) -> SweepFolder:
+    """A sweep from its folder, its id or a unique prefix of its id."""
+    if (Path(ref).expanduser() / SWEEP_FILE).is_file():
+        return SweepFolder(Path(ref).expanduser().resolve())
+    every = all_sweeps(run_root)
+    found = [s for s in every if s.id == ref] or [s for s in every if s.id.startswith(ref)]
+    if len(found) == 1:
+        return found[0]
+    root = Path(run_root).expanduser() if run_root is not None else default_run_root()
+    if not found:
+        hint = f"give the sweep folder, --run-root, or set ${ENV_RUN_ROOT}"
+        raise SweepNotFound(f"no sweep {ref!r} under {root} ({hint})")
+    raise SweepNotFound(f"{ref!r} matches {len(found)} sweeps: {', '.join(s.id for s in found[:5])}")
+
+
+def sweep_of(run: runfolder.RunFolder) -> SweepFolder | None:
+    """The sweep a run is a point of, if any."""
+    return SweepFolder(run.path.parent) if (run.path.parent / SWEEP_FILE).is_file() else None

@@ -1,0 +1,161 @@
+"""Sweeps (`clusterfsdp sweep`, issue 28) without Slurm: the grid typed by the schema, bad input
+refused whole before anything is made, the sweep record, and a real local sweep (two tiny
+points trained one after another by the local driver, then cancelled mid-point). The job
+array on the devcluster is tests/test_sweep_slurm.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+import clusterfsdp
+from clusterfsdp.cli import main
+from clusterfsdp.control import status
+from clusterfsdp.control.records import Executor, RecordError, SweepPoint, SweepRecord
+from clusterfsdp.control.spec.schema import MAX_SWEEP_POINTS
+from clusterfsdp.control.sweepfolder import all_sweeps
+
+
+def sweep_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["sweep", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+ZIP_LENGTHS = "error: zipped lists must have one length: train.lr has 2, train.warmup has 3"
+BAD_POINT = "error: point 1 (train.lr=0.001 train.micro_batch_size=0): train.micro_batch_size: must be >= 1, found 0"
+HUNDRED = ",".join(map(str, range(1, 101)))
+TOO_MANY = f"error: the sweep has 10000 points; at most {MAX_SWEEP_POINTS} (docs/sweeps.md): split it"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--grid", "train.lrr=1e-3,3e-3"], "error: --grid train.lrr: unknown key; did you mean lr?"),
+        (["--grid", "train.lr=1e-3,fast"], "error: --grid train.lr: expected number, found string 'fast'"),
+        (["--grid", "train.lr="], "error: --grid train.lr: an empty list (give at least one value)"),
+        (["--grid", "job.name=a,b"], "error: --grid job.name: a sweep cannot vary job.name (its points share it)"),
+        (["--zip", "train.lr=1e-3,3e-3", "--zip", "train.warmup=1,2,3"], ZIP_LENGTHS),
+        (["--grid", "train.lr=1e-3", "--grid", "train.micro_batch_size=2,0"], BAD_POINT),
+        (["--grid", f"train.steps=[{HUNDRED}]", "--grid", f"train.warmup=[{HUNDRED}]"], TOO_MANY),
+    ],
+    ids=["unknown-key", "wrong-type", "empty", "fixed-key", "zip-lengths", "bad-point", "10000-points"],
+)
+def test_bad_sweeps_are_one_line_exit_2_and_leave_nothing(tiny_job, tmp_path, capsys, args, line):
+    code, out, err = sweep_cli(capsys, str(tiny_job), "--executor", "local", *args)
+    assert (code, out, err.splitlines()[-1]) == (2, "", line), err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()
+
+
+def test_sweep_table_is_typed_by_the_schema_and_the_command_line_replaces_a_key(tiny_job, capsys):
+    """[sweep] in the job file: an int where a float is declared becomes a float (as --set does),
+    zipped keys advance together (innermost), a --grid item replaces the table's key; `validate`
+    accepts the file, `submit` refuses it (it would train one run), `schema sweep` documents it."""
+    text = tiny_job.read_text()
+    text += '\n[sweep]\nmax_parallel = 2\ngrid = { "train.max_grad_norm" = [1, 2] }\n'
+    text += 'zip = { "train.warmup" = [1, 2], "job.seed" = [5, 6] }\n'
+    tiny_job.write_text(text)
+    code, out, _ = sweep_cli(capsys, str(tiny_job), "--executor", "local", "--dry-run", "--json",
+                             "--grid", "train.micro_batch_size=[2, 4]")  # fmt: skip
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["keys"] == ["train.max_grad_norm", "train.warmup", "job.seed", "train.micro_batch_size"]
+    values = [p["values"] for p in doc["points"]]
+    first = {"train.max_grad_norm": 1.0, "train.micro_batch_size": 2, "train.warmup": 1, "job.seed": 5}
+    assert len(values) == 8 and values[0] == first and type(values[0]["train.max_grad_norm"]) is float
+    assert values[1] == {**first, "job.seed": 6, "train.warmup": 2}
+    assert main(["submit", str(tiny_job), "--executor", "local"]) == 2
+    assert "has a [sweep] table: `clusterfsdp sweep" in capsys.readouterr().err
+    assert main(["schema", "sweep"]) == 0 and "max_parallel = 0    (integer)" in capsys.readouterr().out
+    tiny_job.write_text(text.replace("max_parallel = 2", "max_paralel = 2"))
+    assert main(["validate", str(tiny_job)]) == 2
+    assert "sweep.max_paralel: unknown key; did you mean max_parallel?" in capsys.readouterr().err
+
+
+def test_sweep_record_round_trips_and_rejects_a_wrong_type(tmp_path):
+    record = SweepRecord("sw1", "job", Executor.SLURM, 1.0, ["train.lr"], [SweepPoint(0, "1-p0", {"train.lr": 0.1})],
+                         max_parallel=1, job_id="77")  # fmt: skip
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(record.to_dict()))
+    assert SweepRecord.read(path) == record
+    path.write_text(json.dumps({**record.to_dict(), "points": [{"index": "0", "run_id": "x", "values": {}}]}))
+    with pytest.raises(RecordError, match=r"sweep.json: points\[0\].index: expected <class 'int'>"):
+        SweepRecord.read(path)
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.timeout(300)
+def test_local_sweep_runs_points_in_turn_and_cancel_stops_the_live_one_after_a_save(tiny_job, tmp_path, capsys):
+    """Two real points on the local executor, one rank each, `max_parallel` 1: point 0 (3 steps)
+    completes before point 1 starts; point 1 (endless) is stopped by `cancel SWEEP` after a save.
+    `status SWEEP --sort loss`, `runs` (one line for the sweep) and the handle's DataFrame
+    (`clusterfsdp.sweep(...).frame()`) show the points with their values."""
+    handle = clusterfsdp.sweep(tiny_job, {"train.steps": [3, 1_000_000]}, executor="local", max_parallel=1,
+                               overrides=["slurm.tasks_per_node=1", "train.log_every=1"])  # fmt: skip
+    root = tmp_path / "runs"
+    assert [s.id for s in all_sweeps(root)] == [handle.id]
+    first, second = (handle.sweep.folder.run_folder(p) for p in handle.sweep.record().points)
+    wait_until(lambda: second.metrics(), 240, "point 1 to train a step")
+    assert status.run_status(first).state == "COMPLETED"
+    assert first.record().attempts[0].submitted < second.record().attempts[0].submitted
+    assert first.events()[-1].time <= second.record().attempts[0].submitted  # in turn, never side by side
+
+    assert main(["status", handle.id, "--run-root", str(root), "--sort", "loss"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[2].split()[:3] == ["POINT", "RUN", "train.steps"]
+    rows = [row.split() for row in table[3:]]
+    assert {r[0]: (r[2], r[3]) for r in rows} == {"0": ("3", "COMPLETED"), "1": ("1000000", "RUNNING")}
+    assert [float(r[5]) for r in rows] == sorted(float(r[5]) for r in rows)  # --sort loss
+    assert main(["runs", "--run-root", str(root)]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(handle.id) and "sweep of 2 (train.steps)" in line
+
+    frame = handle.frame()
+    assert list(frame.index) == [0, 1] and list(frame["train.steps"]) == [3, 1_000_000]
+    assert frame.loc[0, "state"] == "COMPLETED" and frame.loc[0, "final_loss"] > 0
+
+    assert main(["cancel", handle.id[:10], "--run-root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"run {first.id}: COMPLETED" and out.splitlines()[1].endswith(": stopped")
+    wait_until(lambda: status.run_status(second).state.final, 120, "point 1 to stop")
+    stopped = [e for e in second.events() if e.event == "stopped"]
+    assert stopped and stopped[-1].checkpoint and Path(stopped[-1].checkpoint).is_dir()  # saved, then stopped
+    assert handle.sweep.folder.driver() is not None and handle.sweep.record().cancelled is not None
+
+
+def test_mlflow_runs_of_a_sweeps_points_are_children_of_one_sweep_run(tiny_job, tmp_path, monkeypatch):
+    """The worker's MLflow tracker (its real file store; no worker process needed to open it) in
+    two points of one sweep folder: one parent run named after the sweep, made once, in the sweep
+    folder's store; both points' runs are its children."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from clusterfsdp.control import runfolder
+    from clusterfsdp.control import spec as S
+    from clusterfsdp.control.sweepfolder import SweepFolder
+    from clusterfsdp.worker.trackers import MLflow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    spec = S.load(tiny_job, ["job.name=tiny-swab", "log.project=tiny"])
+    sweep = SweepFolder(runfolder.job_folder(spec))
+    points = [SweepPoint(i, f"1-p{i}", {"train.lr": lr}) for i, lr in enumerate((1e-3, 3e-3))]
+    sweep.path.mkdir(parents=True)
+    sweep.write_record(SweepRecord("swab", "tiny", Executor.LOCAL, 1.0, ["train.lr"], points))
+    children = [MLflow(runfolder.create_run(spec, Executor.LOCAL, p.run_id), spec, 0).run_id for p in points]
+    client = MlflowClient(tracking_uri=(sweep.path / "mlruns").as_uri())
+    parents = {client.get_run(c).data.tags["mlflow.parentRunId"] for c in children}
+    (parent,) = parents
+    assert client.get_run(parent).info.run_name == "swab" and json.loads((sweep.path / "mlflow.json").read_text())[
+        "run_id"] == parent  # fmt: skip
+    assert not (sweep.path / points[0].run_id / "mlruns").exists()
