@@ -27,6 +27,7 @@ DATA_TORCH_FREE = (
     "overlap",
     "checks",
     "skipped",
+    "arraystate",
 )
 DATA_DIR = REPO / "clusterfsdp" / "data"
 DATA_HEAVY = tuple(
