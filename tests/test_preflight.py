@@ -27,8 +27,11 @@ from clusterfsdp.worker.preflight import GIB, Check, NodeReport
 class FakeGpus:
     """A stand-in for CUDA (no GPU here): `errors` maps a device index to the error it raises."""
 
-    def __init__(self, visible: int, errors: dict[int, str] | None = None):
-        self.visible, self.errors = visible, errors or {}
+    def __init__(self, visible: int, errors: dict[int, str] | None = None, cuda: bool = True):
+        self.visible, self.errors, self.cuda = visible, errors or {}, cuda
+
+    def cuda_build(self) -> bool:
+        return self.cuda
 
     def count(self) -> int:
         return self.visible
@@ -45,6 +48,8 @@ def test_gpu_check_counts_visible_devices_and_names_an_unusable_one(monkeypatch)
     broken = preflight.check_gpus(2, FakeGpus(2, {1: "AcceleratorError: CUDA error: uncorrectable ECC error"}))
     assert not broken.ok and broken.detail == "cuda:1: AcceleratorError: CUDA error: uncorrectable ECC error"
     assert preflight.check_gpus(2, FakeGpus(2)) == Check("gpus", True, "2 visible and usable")
+    cpu_torch = preflight.check_gpus(2, FakeGpus(0, cuda=False))  # the devcluster's fake GPUs
+    assert cpu_torch.ok and cpu_torch.detail.startswith("not checked: torch is a CPU build")
 
 
 def _checkpoint(root: Path, step: int, size: int) -> None:

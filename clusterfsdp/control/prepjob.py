@@ -139,7 +139,7 @@ def queue(spec: specmod.JobSpec, options: ArrayOptions, refs: list[DatasetRef], 
         with launch.submission_env(spec):
             jobs = ex.map_array(call, list(range(count)))
     except slurmcli.SlurmError as e:
-        raise PrepareError(f"the prepare array could not be queued: {e}") from None
+        raise PrepareError(f"{launch.sbatch_error_line(str(e))} (the data prepare array, queued first)") from None
     job_id = str(jobs[0].job_id).split("_")[0]  # 'N_0' of an array ('N' for one task: a plain job)
     for ref in refs:
         if ref.key is not None:

@@ -87,6 +87,10 @@ class NodeReport:
 
 # ---------------------------------------------------------------- GPUs
 class GpuProbe(Protocol):
+    def cuda_build(self) -> bool:
+        """Whether torch was built with CUDA (a CPU build runs every rank on CPU, GPUs or not)."""
+        ...
+
     def count(self) -> int: ...
 
     def use(self, index: int) -> str:
@@ -97,6 +101,11 @@ class GpuProbe(Protocol):
 class TorchGpus:
     """The real probe (CUDA). Untested here: no GPU on the test machines; `check_gpus`'s logic
     is tested with a fake probe."""
+
+    def cuda_build(self) -> bool:
+        import torch
+
+        return torch.version.cuda is not None
 
     def count(self) -> int:
         import torch
@@ -118,6 +127,8 @@ def check_gpus(expected: int, probe: GpuProbe) -> Check:
     """`expected` GPUs visible (slurm.gpus_per_node; 0: a CPU job, nothing to check) and each usable."""
     if expected <= 0:
         return Check("gpus", True, "none asked for")
+    if not probe.cuda_build():  # e.g. the devcluster's fake GPUs: the ranks train on CPU by design
+        return Check("gpus", True, f"not checked: torch is a CPU build ({expected} asked for; the ranks use CPU)")
     visible = probe.count()
     if visible < expected:
         cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")

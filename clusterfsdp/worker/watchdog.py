@@ -110,7 +110,8 @@ class NodeWatchdog:
             self.record(beats, found)
         else:
             _wait_for(lambda: (self.diag / "recorded").exists(), RECORD_WAIT_S)
-        for beat in mine.values():
+        # the node's first rank (our parent) last: its death ends this process (PR_SET_PDEATHSIG)
+        for beat in sorted(mine.values(), key=lambda b: b.pid == os.getppid()):
             _kill(beat.pid)
 
     def record(self, beats: dict[int, Beat], found: Hang) -> None:
@@ -219,6 +220,9 @@ def _state_word(state: str) -> str:
     return _STATES.get(state, state)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)  # also ends a stopped process; a D-state one dies when it leaves the kernel
@@ -242,8 +246,21 @@ def main(argv: list[str]) -> int:
     # ranks then save (a save can hang too) and the watchdog ends with its rank, not before.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
     dog.watch(int(parent))
     return 0
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process the moment its parent (the node's first rank) dies, so a
+    cancelled step leaves no watchdog behind for the poll's 2 s (nor at all where the step's
+    processes are not tracked by cgroup); elsewhere the poll of getppid() is the rule."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":
