@@ -29,7 +29,7 @@ from torch import nn
 from ..control.modelsource import safetensors_header, weight_files
 from ..control.spec import JobSpec, PeftSection
 from .model import ModelError, canonical
-from .weights import _unit_seed
+from .weights import take_shards, unit_seed
 
 ADAPTER = "default"  # peft's adapter name
 BASE_KEY = "peft_base"  # the base reference in a checkpoint's clusterfsdp.json
@@ -138,7 +138,7 @@ def fill(
     (FSDP2, after the base is filled): each sharded tensor takes its shard; keep=True (FSDP1's
     param_init_fn, before flattening; `names` from the whole model): the full tensors stay, for
     the wrappers still on meta."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import DTensor
 
     names = names or layer_names(model)
     if not keep:
@@ -153,22 +153,15 @@ def fill(
             m._parameters[key] = full[id(p)]
         if hasattr(wrapper, "reset_lora_parameters"):
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                torch.manual_seed(_unit_seed(seed, names[id(wrapper)]))
+                torch.manual_seed(unit_seed(seed, names[id(wrapper)]))
                 wrapper.reset_lora_parameters(ADAPTER, True)  # type: ignore[operator]
         else:  # a trained copy starts as the base module
             base = dict(inner.named_parameters())
             for name, p in wrapper.modules_to_save[ADAPTER].named_parameters():  # type: ignore[union-attr]
                 value = base[name]
                 p.copy_(value.full_tensor() if isinstance(value, DTensor) else value)
-        if keep:
-            continue
-        for m, key, p in trained:
-            m._parameters[key] = p
-            value = full[id(p)].detach()
-            if isinstance(p, DTensor):
-                p.copy_(distribute_tensor(value, p.device_mesh, p.placements, src_data_rank=None))
-            else:
-                p.copy_(value)
+        if not keep:
+            take_shards(trained, full)
 
 
 def fsdp1_init_fn(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -196,7 +196,8 @@ def _run_init(modules: list[nn.Module], owners: dict[int, Any]) -> None:
                 owner._init_weights(m)
 
 
-def _unit_seed(seed: int, name: str) -> int:
+def unit_seed(seed: int, name: str) -> int:
+    """The seed of one unit's init: the same on every rank and for every world size."""
     return (seed * 2_147_483_647 + zlib.crc32(name.encode())) % 2**63
 
 
@@ -215,8 +216,6 @@ def init_unit(unit: Unit, owners: dict[int, Any], seed: int, device: torch.devic
     parameters. keep=False (FSDP2, after to_empty): each sharded parameter takes its local shard
     of the full tensor. Every float tensor starts as NaN, so one that the
     family's init leaves unset is an error rather than garbage."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     modules = list(_post_order(unit.module, unit.skip))
     swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
     full: dict[int, nn.Parameter] = {}
@@ -237,7 +236,7 @@ def init_unit(unit: Unit, owners: dict[int, Any], seed: int, device: torch.devic
     for _, _, buf in _float_buffers(modules):
         buf.fill_(float("nan"))
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(_unit_seed(seed, unit.name))
+        torch.manual_seed(unit_seed(seed, unit.name))
         _run_init(modules, owners)
     unset = [
         f"{unit.name}.{key}".lstrip(".")
@@ -247,8 +246,15 @@ def init_unit(unit: Unit, owners: dict[int, Any], seed: int, device: torch.devic
     if unset:
         model_type = getattr(getattr(owners.get(id(unit.module)), "config", None), "model_type", "?")
         raise ModelError(f"model type {model_type!r}: its _init_weights leaves {', '.join(unset[:4])} unset")
-    if keep:
-        return
+    if not keep:
+        take_shards(swapped, full)
+
+
+def take_shards(swapped: Sequence[tuple[nn.Module, str, nn.Parameter]], full: Mapping[int, torch.Tensor]) -> None:
+    """Put each (sharded) parameter back in its module, holding its local shard of the full-size
+    tensor it was initialized on (`full`, by the parameter's id)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
     for m, key, param in swapped:
         m._parameters[key] = param
         value = full[id(param)].detach()
