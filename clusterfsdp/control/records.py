@@ -16,7 +16,7 @@ import functools
 import json
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -263,6 +263,21 @@ def _enum(kind: type[StrEnum], data: Any, key: str, default: str | None = None) 
         raise RecordError(f"{key}: unknown {kind.__name__} {_short(value)}") from None
 
 
+def _list_of(read: Callable[[Any], T], data: Any, key: str) -> list[T]:
+    """The list of records under `key` (absent: empty), each read by `read`; an error names the
+    item (`attempts[2].job_id: ...`)."""
+    listed = data.get(key, []) if isinstance(data, dict) else None
+    if not isinstance(listed, list):
+        raise RecordError(f"{key}: expected a list, found {type(listed).__name__}")
+    out = []
+    for i, item in enumerate(listed):
+        try:
+            out.append(read(item))
+        except RecordError as e:
+            raise RecordError(f"{key}[{i}].{e}") from None
+    return out
+
+
 def _to_dict(record: Any) -> dict[str, Any]:
     """JSON object of a record, without the optional keys that are unset (None or empty)."""
     out = {}
@@ -343,15 +358,7 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: Any) -> RunRecord:
-        listed = data.get("attempts", []) if isinstance(data, dict) else None
-        if not isinstance(listed, list):
-            raise RecordError(f"attempts: expected a list, found {type(listed).__name__}")
-        attempts = []
-        for i, a in enumerate(listed):
-            try:
-                attempts.append(Attempt.from_dict(a))
-            except RecordError as e:
-                raise RecordError(f"attempts[{i}].{e}") from None
+        attempts = _list_of(Attempt.from_dict, data, "attempts")
         return _from_dict(cls, data, executor=_enum(Executor, data, "executor", "local"), attempts=attempts)
 
     @classmethod
@@ -483,15 +490,7 @@ class SweepRecord:
 
     @classmethod
     def from_dict(cls, data: Any) -> SweepRecord:
-        listed = data.get("points", []) if isinstance(data, dict) else None
-        if not isinstance(listed, list):
-            raise RecordError(f"points: expected a list, found {type(listed).__name__}")
-        points = []
-        for i, p in enumerate(listed):
-            try:
-                points.append(SweepPoint.from_dict(p))
-            except RecordError as e:
-                raise RecordError(f"points[{i}].{e}") from None
+        points = _list_of(SweepPoint.from_dict, data, "points")
         return _from_dict(cls, data, executor=_enum(Executor, data, "executor"), points=points)
 
     @classmethod
