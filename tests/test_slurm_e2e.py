@@ -94,12 +94,43 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
     assert st.returncode == 0 and "state      COMPLETED" in st.stdout
 
 
+def batch_shell_pid(job_id: int) -> int:
+    """The batch script's shell of a running job (slurmstepd runs `bash .../slurm_script`)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"/slurm_script") for a in argv) and f"SLURM_JOB_ID={job_id}".encode() in env:
+            return int(proc.name)
+    raise AssertionError(f"no batch shell of job {job_id}")
+
+
 def test_dry_run_script_submitted_by_hand_behaves_like_submit(slurm_cluster, tiny_job, tmp_path):
+    """The dry run's script, sbatch'ed by hand, trains like submit. On the way it shows the end of
+    an attempt as a script waiting on `status` sees it: the batch shell is stopped (SIGSTOP) while
+    srun runs, so after the workers end the job stays RUNNING in Slurm with its `after` step not
+    yet run; `status` (and --json) says COMPLETING, `resume` is refused naming it, and once the
+    shell goes on the run is COMPLETED."""
     r = cli("submit", str(tiny_job), *TWO_NODES, "--set", "train.steps=20", "--dry-run")
     assert r.returncode == 0 and r.stdout.startswith("#!/bin/bash")
     run = only_run(tmp_path / "runs")
     assert status.run_status(run).state == "PREPARED"
     job_id = slurm_cluster.sbatch([str(run.path / "sbatch.sh")])
+    wait_for(lambda: any(e.event == "start" for e in run.events()), 300, "the workers' start")
+    shell = batch_shell_pid(job_id)
+    os.kill(shell, signal.SIGSTOP)
+    try:
+        wait_for(lambda: status.run_status(run).state == "COMPLETING", 300, "COMPLETING")
+        assert slurm_cluster.squeue_state(job_id) == "RUNNING"
+        assert "batch script's last step is running" in status.run_status(run).reason
+        doc = json.loads(cli("status", str(run.path), "--json").stdout)
+        assert (doc["state"], doc["live"]) == ("COMPLETING", True)
+        refused = cli("resume", str(run.path))
+        assert refused.returncode == 2 and f"run {run.id} is COMPLETING" in refused.stderr, refused.stderr
+    finally:
+        os.kill(shell, signal.SIGCONT)
     wait_for(lambda: status.run_status(run).state == "COMPLETED", 300, "the hand-submitted job")
     assert run.attempts[-1].job_id == str(job_id) and node_hosts(run) == {"node1", "node2"}
     assert newest_checkpoint(run.checkpoints_dir()).step == 20
