@@ -13,7 +13,7 @@ from pathlib import Path
 
 from data_helpers import documents, write_jsonl
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.control import fileio, runfolder
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Executor
 
@@ -116,7 +116,7 @@ def _run_with_eval(tmp_path: Path) -> runfolder.RunFolder:
         row = {"step": step, "loss": 3.0 - step / 100, **base}
         if step == 20:
             row.update(eval_loss=1.25, eval_ppl=3.49)
-        runfolder.append_jsonl(run.metrics_file, row)
+        fileio.append_jsonl(run.metrics_file, row)
     return run
 
 

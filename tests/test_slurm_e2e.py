@@ -497,7 +497,7 @@ def test_a_frozen_rank_is_found_its_stacks_dumped_and_the_run_completes(slurm_cl
 def test_a_submission_the_hung_controller_processes_late_is_not_duplicated(slurm_cluster, tmp_path, monkeypatch):
     """A hung slurmctld (SIGSTOP): sbatch times out, yet the controller queues the job when it wakes
     (seen on the devcluster). The retry finds it by its --comment instead of queueing a second one."""
-    from clusterfsdp.control import slurmcli
+    from clusterfsdp.control import retrynotes, slurmcli
 
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH -o /dev/null\ntrue\n")
@@ -509,7 +509,7 @@ def test_a_submission_the_hung_controller_processes_late_is_not_duplicated(slurm
     try:
 
         def submit() -> None:
-            with slurmcli.retry_notices(notes.append):
+            with retrynotes.retry_notices(notes.append):
                 result.append(slurmcli.submit(script, token))
 
         worker = threading.Thread(target=submit)

@@ -33,8 +33,9 @@ from ..data.sources import DataError
 from . import slurmcli
 from . import spec as specmod
 from .errors import UserError
+from .fileio import atomic_write
 from .records import RunState
-from .runfolder import RunFolder, atomic_write
+from .runfolder import RunFolder
 
 RECORD = "prepare.json"  # in a run folder: the array its training job waits for
 HASH_BYTES = 1 << 30  # of sources the login node hashes to tell whether the data is prepared
