@@ -190,7 +190,7 @@ def abandon(run: RunFolder) -> None:
         pass
 
 
-def recorded(run_path: Path) -> tuple[str, list[arraystate.Progress]] | None:
+def recorded(run_path: Path) -> tuple[str, list[arraystate.PrepareProgress]] | None:
     """The prepare array a run's training job waits for, with each dataset's progress."""
     try:
         record = json.loads((run_path / RECORD).read_text())
