@@ -65,6 +65,16 @@ def node_hosts(run: runfolder.RunFolder) -> set[str]:
     return {json.loads(p.read_text())["hostname"] for p in run.nodes_dir.rglob("*.json")}
 
 
+def assert_every_attempt_is_submitits(run: runfolder.RunFolder) -> None:
+    """Each attempt (a submit, rank 0's follow-up, the batch script's automatic restart) was queued
+    by submitit's SlurmExecutor: its folder holds submitit's batch script running `_submit` and
+    the pickled call (issue 26)."""
+    for attempt in run.attempts:
+        folder = run.submitit_dir / attempt.job_id
+        script = (folder / f"{attempt.job_id}_submission.sh").read_text()
+        assert "-m submitit.core._submit" in script and (folder / f"{attempt.job_id}_submitted.pkl").is_file()
+
+
 @pytest.mark.parametrize("version", [2, 1])
 def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, version):
     r = cli(
@@ -89,6 +99,7 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
     assert rows[-1]["step"] == 40 and rows[0]["loss"] - rows[-1]["loss"] > 0.8
     assert newest_checkpoint(run.checkpoints_dir()).step == 40
     job_id = run.attempts[-1].job_id
+    assert_every_attempt_is_submitits(run)
     assert slurm_cluster.wait_sacct(int(job_id), "COMPLETED")
     st = cli("status", str(run.path))
     assert st.returncode == 0 and "state      COMPLETED" in st.stdout
@@ -191,6 +202,7 @@ def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, 
     assert resumed.job_id == second.job_id and resumed.step is not None and resumed.step >= 20
     assert any(e.event == "follow_up" and e.job_id_next == second.job_id for e in run.events())
     assert newest_checkpoint(run.checkpoints_dir()).step == 150
+    assert_every_attempt_is_submitits(run)
 
 
 def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
@@ -459,6 +471,7 @@ def test_controller_outages_and_a_killed_rank_are_survived(slurm_cluster, tiny_j
     assert restart.cause == "rank_killed" and restart.job_id == job_id and "rank(s) 1 died" in restart.reason
     assert [a.job_id for a in run.attempts] == [job_id, restart.job_id_next]
     assert run.attempts[-1].cause == "rank_killed"
+    assert_every_attempt_is_submitits(run)
     assert set(logged_steps(run)) == set(range(5, 161, 5))  # every step; those after the checkpoint twice
     assert slurm_cluster.wait_sacct(job_id, "FAILED")
     assert "auto_restart (rank_killed)" in cli("status", str(run.path)).stdout
