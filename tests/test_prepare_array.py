@@ -94,6 +94,34 @@ def test_the_shares_of_chat_data_give_the_same_tokens_and_loss_masks(tmp_path):
     assert len(got[1]["shards"]) > 2 and any(name.endswith(".msk") for name in got[0]) and got == want
 
 
+def test_a_task_that_comes_late_finds_the_dataset_complete_and_leaves_it_alone(tmp_path, monkeypatch):
+    """A tiny corpus is one unit: task 0 of 2 tokenizes it and renames the dataset into place
+    while task 1 is still on its way (on the devcluster task 1 failed with FileNotFoundError on the
+    partial folder's claims/ and the training job was cancelled). Task 1 between its look for a
+    manifest and the partial folder, and task 1 while it opens the partial folder: both end
+    without an error, the dataset untouched and no partial folder made again."""
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": d} for d in documents(20)])
+    spec = job(tmp_path, [path], "bytes")
+    (ref,) = cache.dataset_refs(spec)
+    opened = array.trust.mkdirs
+
+    def task0_finishes_meanwhile(folder):  # task 1 is opening the partial folder task 0 renames
+        opened(folder)
+        if folder.name == "claims":
+            monkeypatch.setattr(array.trust, "mkdirs", opened)
+            assert array.run_task(spec, array.Share(0, 2, "a9"), lambda _: None, workers=1)
+
+    monkeypatch.setattr(array.trust, "mkdirs", task0_finishes_meanwhile)
+    lines: list[str] = []
+    array.tokenize_share(ref, spec, lines.append, array.Share(1, 2, "a9"), workers=1, unit_bytes=1 << 20)
+    assert ref.manifest() is not None and not ref.partial.exists(), lines
+    before = dataset_bytes(ref)
+    array.tokenize_share(ref, spec, lines.append, array.Share(1, 2, "a9"), workers=1, unit_bytes=1 << 20)
+    assert "data: the train data is prepared (by another task): nothing to do" in lines
+    assert not ref.partial.exists() and dataset_bytes(ref) == before
+    assert array.run_task(spec, array.Share(1, 2, "a9"), lambda _: None, workers=1) is True
+
+
 def test_a_rerun_keeps_the_finished_units_and_waits_for_a_unit_another_prepare_holds(tmp_path):
     """Task 0 of 2 alone (task 1 died before it started): its units are complete, the dataset is
     not. A local prepare then keeps those units untouched, leaves alone the unit another live

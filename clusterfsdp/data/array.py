@@ -67,12 +67,25 @@ class Share:
 LOCAL = Share()
 
 
-def open_partial(ref: DatasetRef, unit_bytes: int, share: Share) -> None:
+def open_partial(ref: DatasetRef, unit_bytes: int, share: Share) -> bool:
     """The partial folder of `ref`, kept when it was cut the same way (its complete units are kept)
-    and made anew otherwise, or when an earlier prepare failed on its content. A task of an array
-    that already failed stops with that error instead."""
+    and made anew otherwise, or when an earlier prepare failed on its content; False when there is
+    nothing left to do: the dataset is complete (another task renamed the folder into place,
+    perhaps while this one was opening it). A task of an array that already failed stops with that
+    error instead."""
+    try:
+        return _open_partial(ref, unit_bytes, share)
+    except FileNotFoundError:
+        if ref.manifest() is None:
+            raise
+        return False
+
+
+def _open_partial(ref: DatasetRef, unit_bytes: int, share: Share) -> bool:
     partial, shards = ref.partial, ref.partial / "shards"
     plan_id = {"version": FORMAT_VERSION, "unit_bytes": unit_bytes}
+    if not partial.exists() and ref.manifest() is not None:
+        return False  # (a rename is atomic: no partial folder, and then the complete one)
     if partial.exists():
         trust.require(partial, partial / "plan.json", shards, claims_dir(ref))
         failed = read_json(failed_file(ref))
@@ -85,6 +98,7 @@ def open_partial(ref: DatasetRef, unit_bytes: int, share: Share) -> None:
     trust.write(partial / "plan.json", json.dumps(plan_id))
     if not started_file(ref).exists():
         trust.write(started_file(ref), json.dumps({"time": time.time()}))
+    return True
 
 
 class Claims:
@@ -180,7 +194,9 @@ def tokenize_share(
     error there for its other tasks, status and the next prepare."""
     total = sum(s.size() for s in ref.sources)
     unit_bytes = unit_bytes or unit_size(total)
-    open_partial(ref, unit_bytes, share)
+    if not open_partial(ref, unit_bytes, share):
+        log(f"data: the {ref.role} data is prepared (by another task): nothing to do")
+        return
     shards = ref.partial / "shards"
     done = len(list(shards.glob("[0-9]*.json")))
     workers = workers or cpu_count()
@@ -213,6 +229,10 @@ def tokenize_share(
                 log(f"data: {len(claims.busy)} unit(s) are being tokenized by another prepare: waiting for them")
                 waiting = True
             claims.wait_for_busy()
+    except FileNotFoundError:
+        if ref.manifest() is None:
+            raise
+        log(f"data: the {ref.role} data was completed by another task meanwhile")  # (its folder renamed)
     except DataError as e:
         if share.array:
             if not failed_file(ref).exists():
