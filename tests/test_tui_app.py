@@ -373,7 +373,7 @@ def test_run_screen_charts_metrics_and_lists_checkpoints(root):
         with open(run.metrics_file, "a") as f:  # new rows appear without rereading the file
             f.write('{"step": 50, "loss": 1.5, "tokens_per_s": 1.0}\n')
         await until(pilot, lambda: "step 50/40" in rendered(screen.query_one("#run-header")), "the new row", 10)
-        assert "loss 1.5000" in rendered(loss)
+        await until(pilot, lambda: "loss 1.5000" in rendered(loss), "the new row in the loss chart", 10)
 
     run_app(app, scenario)
 
