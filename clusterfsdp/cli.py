@@ -21,7 +21,7 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .control.errors import UserError
@@ -85,9 +85,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .control import slurmcli
+    from .control.slurmping import Ping
 
-    with slurmcli.Ping() as ping:  # asks Slurm while the job is checked (start-up)
+    with Ping() as ping:  # asks Slurm while the job is checked (start-up)
         from .control.inputs import prepare_sources
         from .control.summary import summary
         from .data import checks as datachecks
@@ -492,28 +492,46 @@ def _add_run(p: argparse.ArgumentParser) -> None:
     _add_run_root(p)
 
 
+class _Unbuilt:
+    """Stands in for the parser of a command this call does not run: every call builds only the
+    parser of the command it names (`build_parser(only)`), since argparse's work for the other
+    twenty (a gettext lookup per help string) is a start-up cost of every call."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self
+
+
 @functools.cache  # built once per process (the fuzz test calls main() thousands of times)
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command-line parser: every command (for --help, completion and an unknown command), or
+    only the command `only` when that names one."""
     p = argparse.ArgumentParser(
         prog="clusterfsdp", description="job.toml -> multi-node FSDP training on Slurm (or locally)."
     )
     p.add_argument("--version", action="version", version=f"clusterfsdp {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    built: list[str] = []
 
-    s = sub.add_parser("init", help="write a commented starter job.toml")
+    def command(name: str, help: str) -> Any:
+        if only not in (None, name):
+            return _Unbuilt()
+        built.append(name)
+        return sub.add_parser(name, help=help)
+
+    s = command("init", help="write a commented starter job.toml")
     s.add_argument("path", nargs="?", default="job.toml", help="file to write (default job.toml)")
     s.add_argument("--force", action="store_true", help="overwrite an existing file")
     s.set_defaults(fn=cmd_init)
 
-    s = sub.add_parser("schema", help="document every job.toml key (or one section / key)")
+    s = command("schema", help="document every job.toml key (or one section / key)")
     s.add_argument("key", nargs="?", help="a section or section.key, e.g. slurm or train.lr")
     s.set_defaults(fn=cmd_schema)
 
-    s = sub.add_parser("validate", help="check a job and print what it will do")
+    s = command("validate", help="check a job and print what it will do")
     _add_job(s)
     s.set_defaults(fn=cmd_validate)
 
-    s = sub.add_parser("data", help="prepare (tokenize) a job's data before it runs")
+    s = command("data", help="prepare (tokenize) a job's data before it runs")
     data_sub = s.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     s = data_sub.add_parser("prepare", help="tokenize the job's data into its shared cache, once for all jobs")
     _add_job(s)
@@ -533,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job(s)
     s.set_defaults(fn=cmd_data_status)
 
-    s = sub.add_parser("submit", help="queue a job (Slurm, or locally without Slurm) and return")
+    s = command("submit", help="queue a job (Slurm, or locally without Slurm) and return")
     _add_job(s)
     s.add_argument(
         "--executor",
@@ -548,7 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(s)
     s.set_defaults(fn=cmd_submit)
 
-    s = sub.add_parser("sweep", help="queue many runs of a job: a grid of values (one Slurm job array)")
+    s = command("sweep", help="queue many runs of a job: a grid of values (one Slurm job array)")
     _add_job(s)
     s.add_argument("--grid", action="append", metavar="KEY=V1,V2", help="vary a key (repeatable: the cross product)")
     s.add_argument("--zip", action="append", metavar="KEY=V1,V2", help="vary keys together (lists of one length)")
@@ -558,14 +576,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the sweep record as JSON")
     s.set_defaults(fn=cmd_sweep)
 
-    s = sub.add_parser("runs", help="list runs")
+    s = command("runs", help="list runs")
     _add_run_root(s)
     s.add_argument("--limit", type=int, default=50, help="show at most this many, newest first (default 50)")
     s.add_argument("--json", action="store_true", help="print the runs as JSON (docs/json.md)")
     s.add_argument("-q", "--quiet", action="store_true", help="print only run ids, newest first (no Slurm query)")
     s.set_defaults(fn=cmd_runs)
 
-    s = sub.add_parser("status", help="state of one run or sweep (or all runs)")
+    s = command("status", help="state of one run or sweep (or all runs)")
     s.add_argument("run", nargs="?", help="run or sweep id (or unique prefix), or its folder; none: list runs")
     s.add_argument("--sort", metavar="KEY", help="a sweep's points by eval_loss, loss, step, state or a varied key")
     _add_run_root(s)
@@ -574,7 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="without RUN: print only run ids")
     s.set_defaults(fn=cmd_status)
 
-    s = sub.add_parser("logs", help="show a rank's log")
+    s = command("logs", help="show a rank's log")
     _add_run(s)
     s.add_argument("-f", "--follow", action="store_true", help="follow across requeues until the run ends")
     s.add_argument("--rank", type=int, default=0, help="which rank's log (default 0)")
@@ -582,16 +600,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-n", "--lines", type=int, default=200, help="how many lines from the end (default 200)")
     s.set_defaults(fn=cmd_logs)
 
-    s = sub.add_parser("doctor", help="why a run failed: the first error across ranks, its cause, what to do")
+    s = command("doctor", help="why a run failed: the first error across ranks, its cause, what to do")
     _add_run(s)
     s.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     s.set_defaults(fn=cmd_doctor)
 
-    s = sub.add_parser("cancel", help="cancel a run's (or every point of a sweep's) live attempt (workers save first)")
+    s = command("cancel", help="cancel a run's (or every point of a sweep's) live attempt (workers save first)")
     _add_run(s)
     s.set_defaults(fn=cmd_cancel)
 
-    s = sub.add_parser("resume", help="submit a new attempt of a run from its newest (or a chosen) checkpoint")
+    s = command("resume", help="submit a new attempt of a run from its newest (or a chosen) checkpoint")
     _add_run(s)
     s.add_argument("--step", type=int, help="resume from this checkpoint step (newer ones are set aside)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE", help="override keys, e.g. slurm.nodes=1")
@@ -608,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(s)
     s.set_defaults(fn=cmd_resume)
 
-    s = sub.add_parser("export", help="write a checkpoint as a HuggingFace model folder (weights, tokenizer)")
+    s = command("export", help="write a checkpoint as a HuggingFace model folder (weights, tokenizer)")
     _add_run(s)
     s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
     s.add_argument("--best", action="store_true", help="the lowest-eval-loss checkpoint (checkpoint.keep_best)")
@@ -620,7 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(fn=cmd_export)
 
-    s = sub.add_parser("rm", help="remove runs: their folders and checkpoints (never a live run)")
+    s = command("rm", help="remove runs: their folders and checkpoints (never a live run)")
     s.add_argument("run", nargs="*", help="run ids (or unique prefixes) or run folders")
     _add_run_root(s)
     s.add_argument(
@@ -628,15 +646,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(fn=cmd_rm)
 
-    s = sub.add_parser("completion", help='print a shell completion script: eval "$(clusterfsdp completion bash)"')
+    s = command("completion", help='print a shell completion script: eval "$(clusterfsdp completion bash)"')
     s.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
     s.set_defaults(fn=cmd_completion)
 
-    s = sub.add_parser("devcluster", help="a real multi-node Slurm on this machine (root)")
+    s = command("devcluster", help="a real multi-node Slurm on this machine (root)")
     s.add_argument("action", choices=["up", "down", "status"], help="start, stop, or show the cluster")
     s.set_defaults(fn=cmd_devcluster)
 
-    s = sub.add_parser("tui", help="the terminal UI")
+    s = command("tui", help="the terminal UI")
     _add_run_root(s)
     s.add_argument(
         "--serve",
@@ -658,17 +676,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between queue refreshes (default: $CLUSTERFSDP_TUI_REFRESH_S or 10)",
     )
     s.set_defaults(fn=cmd_tui)
-    return p
+    return p if built else build_parser()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)  # --help and usage errors end here, before any import
+    argv = sys.argv[1:] if argv is None else argv
+    named = argv[0] if argv and not argv[0].startswith("-") else None
+    args = build_parser(named).parse_args(argv)  # --help and usage errors end here, before any import
     try:
         if args.command in ("init", "schema", "completion") or getattr(args, "quiet", False):
             return args.fn(args)
-        from .control import slurmcli
+        from .control import retrynotes
 
-        with slurmcli.retry_notices(slurmcli.say_on_stderr):  # a controller outage is waited for, visibly
+        with retrynotes.retry_notices(retrynotes.say_on_stderr):  # a controller outage is waited for, visibly
             return args.fn(args)
     except UserError as e:  # every front-end catches this one base (control.errors)
         from . import term

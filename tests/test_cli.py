@@ -121,14 +121,14 @@ READ_ONLY = {
     "clusterfsdp.control.procs", "clusterfsdp.control.runfolder", "clusterfsdp.control.runroot",
     "clusterfsdp.control.jsonltail", "clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
     "clusterfsdp.control.ckptfolder", "clusterfsdp.control.errors", "clusterfsdp.control.ownership",
+    "clusterfsdp.control.fileio", "clusterfsdp.control.retrynotes", "clusterfsdp.control.slurmping",
 }  # fmt: skip
 
 VALIDATE = {
     "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.control", "clusterfsdp.control.errors",
     "clusterfsdp.control.inputs", "clusterfsdp.control.summary", "clusterfsdp.control.modelsource",
-    "clusterfsdp.control.hub", "clusterfsdp.control.presets", "clusterfsdp.control.slurmcli",
-    "clusterfsdp.control.records", "clusterfsdp.control.procs", "clusterfsdp.control.runfolder",
-    "clusterfsdp.control.ownership",
+    "clusterfsdp.control.hub", "clusterfsdp.control.presets", "clusterfsdp.control.slurmping",
+    "clusterfsdp.control.retrynotes", "clusterfsdp.control.fileio", "clusterfsdp.control.ownership",
     "clusterfsdp.control.runroot", "clusterfsdp.control.jsonltail", "clusterfsdp.control.secretenv",
     "clusterfsdp.control.spec", "clusterfsdp.control.spec.allowlists", "clusterfsdp.control.spec.checks",
     "clusterfsdp.control.spec.codec", "clusterfsdp.control.spec.docs", "clusterfsdp.control.spec.paths",
@@ -162,10 +162,11 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     assert names == READ_ONLY, names ^ READ_ONLY
     names, _ = _imported_by(["runs", "--quiet", *root])
     assert names == READ_ONLY - {"clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
+                                 "clusterfsdp.control.slurmping", "clusterfsdp.control.retrynotes",
                                  "clusterfsdp.control.ckptfolder", "clusterfsdp.term"}, names  # fmt: skip
     # validate: the spec, the source checks and the summary, not the run service (run, backends,
-    # launch, lock, status); no data file: xxhash and gzip are imported where a hash or a
-    # compressed file needs them
+    # launch, lock, status) nor the run folder's records or Slurm's job table; no data file: xxhash
+    # and gzip are imported where a hash or a compressed file needs them
     job = tmp_path / "job.toml"
     job.write_text(f'[job]\nname = "v"\nrun_root = "{tmp_path}"\n[data]\nsource = "synthetic"\n')
     names, count = _imported_by(["validate", str(job)], also=("xxhash", "gzip"))

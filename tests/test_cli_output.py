@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from procs import on_a_tty
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.control import fileio, runfolder
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Event, EventKind, Executor, TrackerIds
 
@@ -41,7 +41,7 @@ def finished_run(tmp_path: Path) -> runfolder.RunFolder:
     run.add_attempt("777", Executor.LOCAL, "submit")
     now = time.time()
     run.append_event(Event(EventKind.START, "777", 0, 0, "host", now, world_size=2, nodes=1, attempt=0))
-    runfolder.append_jsonl(run.metrics_file, {"step": 20, "loss": 2.5, "attempt": 0})
+    fileio.append_jsonl(run.metrics_file, {"step": 20, "loss": 2.5, "attempt": 0})
     run.append_event(Event(EventKind.COMPLETED, "777", 0, 0, "host", now + 1, step=20))
     run.write_tracker_ids(TrackerIds(wandb_run_id="abcd1234"))
     return run

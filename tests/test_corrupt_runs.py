@@ -18,7 +18,7 @@ import pytest
 from tui_helpers import FakeSlurm, make_run, run_app, settle
 
 from clusterfsdp import cli
-from clusterfsdp.control import runfolder
+from clusterfsdp.control import fileio
 from clusterfsdp.control.records import RunState
 from clusterfsdp.tui.app import ClusterApp
 
@@ -206,7 +206,7 @@ def test_tui_queue_on_an_empty_run_root_ignores_the_keys(tmp_path):
 def test_read_jsonl_skips_lines_that_are_not_utf8(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_bytes(_row() + b'{"step": 2, "x": "\xff"}\n' + _row(step=30))
-    assert [r["step"] for r in runfolder.read_jsonl(path)] == [10, 30]
+    assert [r["step"] for r in fileio.read_jsonl(path)] == [10, 30]
 
 
 def test_jsonl_tail_hands_out_complete_rows_once_and_skips_damaged_lines(tmp_path):

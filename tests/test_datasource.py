@@ -13,7 +13,7 @@ from pathlib import Path
 
 from data_helpers import documents, write_jsonl
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.control import fileio, runfolder
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Executor
 
@@ -116,12 +116,12 @@ def _run_with_eval(tmp_path: Path) -> runfolder.RunFolder:
         row = {"step": step, "loss": 3.0 - step / 100, **base}
         if step == 20:
             row.update(eval_loss=1.25, eval_ppl=3.49)
-        runfolder.append_jsonl(run.metrics_file, row)
+        fileio.append_jsonl(run.metrics_file, row)
     return run
 
 
 def test_eval_loss_is_shown_by_status_the_tui_and_the_notebook(tmp_path):
-    from clusterfsdp.notebook.progress import Progress
+    from clusterfsdp.notebook.progress import StepDisplay
     from clusterfsdp.tui.metrics_tail import MetricsTail
 
     run = _run_with_eval(tmp_path)
@@ -130,7 +130,7 @@ def test_eval_loss_is_shown_by_status_the_tui_and_the_notebook(tmp_path):
     tail = MetricsTail(run.metrics_file)
     tail.read_new()
     assert tail.snapshot().series("eval_loss") == ([20], [1.25])  # the run screen's chart draws this series
-    progress = Progress("job", 30, enabled=False)
+    progress = StepDisplay("job", 30, enabled=False)
     for row in run.metrics():
         progress.update(row)
     assert "loss 2.7000 eval_loss 1.2500" in progress._data()["text/plain"]

@@ -2,9 +2,9 @@
 
 The Slurm job table is handed to `status.run_status` as `statuses()` hands it (one squeue for all
 runs): rows as squeue prints them, so no controller is needed to set up the seconds between the
-workers' last record and the batch script's end. On the devcluster that window is the `after`
-step's second or so: too short to catch without a hook in the product, so the real sequence is
-not covered there (said in the issue note).
+workers' last record and the batch script's end. The real sequence on real Slurm is
+tests/test_slurm_e2e.py::test_dry_run_script_submitted_by_hand_behaves_like_submit (the batch shell
+held with SIGSTOP so the window stays open).
 """
 
 from __future__ import annotations

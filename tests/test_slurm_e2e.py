@@ -65,6 +65,16 @@ def node_hosts(run: runfolder.RunFolder) -> set[str]:
     return {json.loads(p.read_text())["hostname"] for p in run.nodes_dir.rglob("*.json")}
 
 
+def assert_every_attempt_is_submitits(run: runfolder.RunFolder) -> None:
+    """Each attempt (a submit, rank 0's follow-up, the batch script's automatic restart) was queued
+    by submitit's SlurmExecutor: its folder holds submitit's batch script running `_submit` and
+    the pickled call (issue 26)."""
+    for attempt in run.attempts:
+        folder = run.submitit_dir / attempt.job_id
+        script = (folder / f"{attempt.job_id}_submission.sh").read_text()
+        assert "-m submitit.core._submit" in script and (folder / f"{attempt.job_id}_submitted.pkl").is_file()
+
+
 @pytest.mark.parametrize("version", [2, 1])
 def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, version):
     r = cli(
@@ -89,17 +99,49 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
     assert rows[-1]["step"] == 40 and rows[0]["loss"] - rows[-1]["loss"] > 0.8
     assert newest_checkpoint(run.checkpoints_dir()).step == 40
     job_id = run.attempts[-1].job_id
+    assert_every_attempt_is_submitits(run)
     assert slurm_cluster.wait_sacct(int(job_id), "COMPLETED")
     st = cli("status", str(run.path))
     assert st.returncode == 0 and "state      COMPLETED" in st.stdout
 
 
+def batch_shell_pid(job_id: int) -> int:
+    """The batch script's shell of a running job (slurmstepd runs `bash .../slurm_script`)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"/slurm_script") for a in argv) and f"SLURM_JOB_ID={job_id}".encode() in env:
+            return int(proc.name)
+    raise AssertionError(f"no batch shell of job {job_id}")
+
+
 def test_dry_run_script_submitted_by_hand_behaves_like_submit(slurm_cluster, tiny_job, tmp_path):
+    """The dry run's script, sbatch'ed by hand, trains like submit. On the way it shows the end of
+    an attempt as a script waiting on `status` sees it: the batch shell is stopped (SIGSTOP) while
+    srun runs, so after the workers end the job stays RUNNING in Slurm with its `after` step not
+    yet run; `status` (and --json) says COMPLETING, `resume` is refused naming it, and once the
+    shell goes on the run is COMPLETED."""
     r = cli("submit", str(tiny_job), *TWO_NODES, "--set", "train.steps=20", "--dry-run")
     assert r.returncode == 0 and r.stdout.startswith("#!/bin/bash")
     run = only_run(tmp_path / "runs")
     assert status.run_status(run).state == "PREPARED"
     job_id = slurm_cluster.sbatch([str(run.path / "sbatch.sh")])
+    wait_for(lambda: any(e.event == "start" for e in run.events()), 300, "the workers' start")
+    shell = batch_shell_pid(job_id)
+    os.kill(shell, signal.SIGSTOP)
+    try:
+        wait_for(lambda: status.run_status(run).state == "COMPLETING", 300, "COMPLETING")
+        assert slurm_cluster.squeue_state(job_id) == "RUNNING"
+        assert "batch script's last step is running" in status.run_status(run).reason
+        doc = json.loads(cli("status", str(run.path), "--json").stdout)
+        assert (doc["state"], doc["live"]) == ("COMPLETING", True)
+        refused = cli("resume", str(run.path))
+        assert refused.returncode == 2 and f"run {run.id} is COMPLETING" in refused.stderr, refused.stderr
+    finally:
+        os.kill(shell, signal.SIGCONT)
     wait_for(lambda: status.run_status(run).state == "COMPLETED", 300, "the hand-submitted job")
     assert run.attempts[-1].job_id == str(job_id) and node_hosts(run) == {"node1", "node2"}
     assert newest_checkpoint(run.checkpoints_dir()).step == 20
@@ -160,6 +202,7 @@ def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, 
     assert resumed.job_id == second.job_id and resumed.step is not None and resumed.step >= 20
     assert any(e.event == "follow_up" and e.job_id_next == second.job_id for e in run.events())
     assert newest_checkpoint(run.checkpoints_dir()).step == 150
+    assert_every_attempt_is_submitits(run)
 
 
 def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
@@ -428,6 +471,7 @@ def test_controller_outages_and_a_killed_rank_are_survived(slurm_cluster, tiny_j
     assert restart.cause == "rank_killed" and restart.job_id == job_id and "rank(s) 1 died" in restart.reason
     assert [a.job_id for a in run.attempts] == [job_id, restart.job_id_next]
     assert run.attempts[-1].cause == "rank_killed"
+    assert_every_attempt_is_submitits(run)
     assert set(logged_steps(run)) == set(range(5, 161, 5))  # every step; those after the checkpoint twice
     assert slurm_cluster.wait_sacct(job_id, "FAILED")
     assert "auto_restart (rank_killed)" in cli("status", str(run.path)).stdout
@@ -466,7 +510,7 @@ def test_a_frozen_rank_is_found_its_stacks_dumped_and_the_run_completes(slurm_cl
 def test_a_submission_the_hung_controller_processes_late_is_not_duplicated(slurm_cluster, tmp_path, monkeypatch):
     """A hung slurmctld (SIGSTOP): sbatch times out, yet the controller queues the job when it wakes
     (seen on the devcluster). The retry finds it by its --comment instead of queueing a second one."""
-    from clusterfsdp.control import slurmcli
+    from clusterfsdp.control import retrynotes, slurmcli
 
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH -o /dev/null\ntrue\n")
@@ -478,7 +522,7 @@ def test_a_submission_the_hung_controller_processes_late_is_not_duplicated(slurm
     try:
 
         def submit() -> None:
-            with slurmcli.retry_notices(notes.append):
+            with retrynotes.retry_notices(notes.append):
                 result.append(slurmcli.submit(script, token))
 
         worker = threading.Thread(target=submit)

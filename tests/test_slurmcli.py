@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterfsdp.control import slurmcli
+from clusterfsdp.control import retrynotes, slurmcli, slurmping
 
 TIMED_OUT = "Socket timed out on send/recv operation"
 
@@ -27,7 +27,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE", str(tmp_path))
     monkeypatch.setenv(slurmcli.ENV_RETRY_S, "30")
-    slurmcli.report_retries(None)
+    retrynotes.report_retries(None)
     return tmp_path
 
 
@@ -51,7 +51,7 @@ def test_transient_errors_are_retried_until_the_controller_answers(fake: Path, m
         'echo "7|RUNNING|None|1:00|node1"',
     )
     notes: list[str] = []
-    with slurmcli.retry_notices(notes.append):
+    with retrynotes.retry_notices(notes.append):
         assert slurmcli.squeue(["7"])["7"].state == "RUNNING"
     assert len(calls(fake, "squeue")) == 3
     assert len(notes) == 1 and "retrying for up to" in notes[0] and TIMED_OUT in notes[0]
@@ -197,16 +197,16 @@ def test_controller_ping_answers_and_a_ping_left_running_is_killed_on_exit(fake:
     nobody waited for (a spec error before the answer was wanted), leaving no process behind."""
     stub(fake, "sbatch", "exit 0")
     stub(fake, "scontrol", 'echo "Slurmctld(primary) at c1 is UP"')
-    assert slurmcli.controller() == "up"
+    assert slurmping.controller() == "up"
     stub(fake, "scontrol", 'echo "Slurmctld(primary) at c1 is DOWN"')
-    assert slurmcli.controller() == "down"
+    assert slurmping.controller() == "down"
     stub(fake, "scontrol", "echo hello")
-    assert slurmcli.controller() == "none"
+    assert slurmping.controller() == "none"
     stub(fake, "scontrol", "exec sleep 60")
-    with pytest.raises(ValueError), slurmcli.Ping() as ping:
+    with pytest.raises(ValueError), slurmping.Ping() as ping:
         raise ValueError("the job's checks failed before the answer was wanted")
     assert ping.proc is not None and ping.proc.returncode == -9
     (fake / "bin" / "sbatch").unlink()
     monkeypatch.setenv("PATH", str(fake / "bin"))  # no sbatch anywhere: no ping started
-    with slurmcli.Ping() as ping:
+    with slurmping.Ping() as ping:
         assert ping.proc is None and ping.state() == "none"

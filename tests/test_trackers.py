@@ -16,7 +16,7 @@ import pytest
 from procs import launch, make_run, run_workers, tiny_job_toml, wait
 
 import clusterfsdp
-from clusterfsdp.control import ckptfolder, runfolder
+from clusterfsdp.control import ckptfolder, fileio, runfolder
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import EventKind
 
@@ -37,7 +37,7 @@ def two_attempts(tmp_path_factory: pytest.TempPathFactory, monkeypatch_module) -
     run_workers(run, world=2, job_id="a0")
     root = run.checkpoints_dir()
     ckptfolder.keep_only_up_to(root, 4)
-    runfolder.atomic_write(run.job_toml, S.dumps(run.spec(["train.steps=8"]), redact=True))
+    fileio.atomic_write(run.job_toml, S.dumps(run.spec(["train.steps=8"]), redact=True))
     run_workers(run, world=1, job_id="a1")
     return run
 

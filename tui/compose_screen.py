@@ -19,7 +19,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Label, OptionList, Select, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
-from clusterfsdp.control import launch, runfolder, sweepplan
+from clusterfsdp.control import fileio, launch, sweepplan
 from clusterfsdp.control import spec as specmod
 from clusterfsdp.control.errors import describe
 from clusterfsdp.control.partitions import Partition
@@ -293,7 +293,7 @@ class ComposeScreen(Screen):
             return
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            runfolder.atomic_write(path, text)
+            fileio.atomic_write(path, text)
         except OSError as e:
             self.app.call_from_thread(self.app.notify, f"cannot write {path}: {e}", severity="error")
             return

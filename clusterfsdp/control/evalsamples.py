@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .runfolder import atomic_write, read_jsonl
+from .fileio import atomic_write, read_jsonl
 
 _FILE = re.compile(r"^step-(\d+)\.jsonl$")
 

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ckptfolder, launch, outcomes, runfolder, slurmcli
+from . import ckptfolder, launch, outcomes, retrynotes, runfolder, slurmcli
 from . import spec as specmod
 from .records import Cause, Event, EventKind
 from .run import Run, RunError
@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m clusterfsdp.control.jobstep before RUN_DIR | after RUN_DIR RC", file=sys.stderr)
         return 2
     run, job = runfolder.RunFolder(Path(argv[1])), SlurmJob.from_environ()
-    slurmcli.report_retries(slurmcli.say_on_stderr)
+    retrynotes.report_retries(retrynotes.say_on_stderr)
     if argv[0] == "before":
         return before(run, job)
     rc = int(argv[2])

@@ -28,8 +28,8 @@ from typing import Any
 
 from . import hub
 from . import spec as specmod
+from .fileio import atomic_write
 from .presets import PRESETS
-from .runfolder import atomic_write
 
 WEIGHTS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
@@ -78,6 +78,8 @@ class Prepared:
 
 @dataclass(frozen=True)
 class ParamEstimate:
+    """The model's parameter count, for the memory estimate and MFU."""
+
     total: int
     active: int  # per token: for a mixture of experts, only the experts a token is routed to
     layers: int

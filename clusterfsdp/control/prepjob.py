@@ -33,8 +33,9 @@ from ..data.sources import DataError
 from . import slurmcli
 from . import spec as specmod
 from .errors import UserError
+from .fileio import atomic_write
 from .records import RunState
-from .runfolder import RunFolder, atomic_write
+from .runfolder import RunFolder
 
 RECORD = "prepare.json"  # in a run folder: the array its training job waits for
 HASH_BYTES = 1 << 30  # of sources the login node hashes to tell whether the data is prepared
@@ -189,7 +190,7 @@ def abandon(run: RunFolder) -> None:
         pass
 
 
-def recorded(run_path: Path) -> tuple[str, list[arraystate.Progress]] | None:
+def recorded(run_path: Path) -> tuple[str, list[arraystate.PrepareProgress]] | None:
     """The prepare array a run's training job waits for, with each dataset's progress."""
     try:
         record = json.loads((run_path / RECORD).read_text())

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data import checks as datachecks
-from . import backends, ckptfolder, launch, lock, modelsource, prepjob, runfolder, secretenv, slurmcli, status
+from . import backends, ckptfolder, fileio, launch, lock, modelsource, prepjob, runfolder, secretenv, slurmcli, status
 from . import spec as specmod
 from .errors import UserError
 from .inputs import prepare_sources
@@ -189,7 +189,7 @@ class Run:
         record.dry_run = True  # its worker records the hand-submitted job as an attempt
         folder.write_record(record)
         script = launch.render_sbatch(prepared.spec, folder)
-        runfolder.atomic_write(folder.sbatch_script, script)
+        fileio.atomic_write(folder.sbatch_script, script)
         return cls(folder), script
 
     # ---------------------------------------------------------------- state
@@ -288,7 +288,7 @@ class Run:
         """Write the new job.toml, set newer checkpoints aside and queue; undo both on failure."""
         folder = self.folder
         previous = folder.job_toml.read_text()
-        runfolder.atomic_write(folder.job_toml, specmod.dumps(spec, redact=True))
+        fileio.atomic_write(folder.job_toml, specmod.dumps(spec, redact=True))
         moved: list[tuple[Path, Path]] = []
         try:
             if set_aside and target is not None:
@@ -297,7 +297,7 @@ class Run:
         except BaseException:
             for original, aside in moved:
                 os.replace(aside, original)
-            runfolder.atomic_write(folder.job_toml, previous)
+            fileio.atomic_write(folder.job_toml, previous)
             raise
         reason = f"resume from step {target.step}" if target else "resume from scratch (no checkpoint)"
         resume_step = target.step if target else None
@@ -325,7 +325,7 @@ class Run:
         try:
             if overrides:
                 spec = specmod.loads(specmod.dumps(spec), list(overrides))
-                runfolder.atomic_write(self.folder.job_toml, specmod.dumps(spec, redact=True))
+                fileio.atomic_write(self.folder.job_toml, specmod.dumps(spec, redact=True))
             slurm = backends.Slurm()
             queued = slurm.queue(spec, self.folder, dependency=f"afterany:{after_job}", exclude=exclude)
             self.folder.add_attempt(queued.job_id, slurm.executor, reason, cause=cause, exclude=list(exclude))

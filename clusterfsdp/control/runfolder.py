@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import jsonltail, ownership
+from . import ownership
 from .errors import UserError
+from .fileio import append_jsonl, atomic_write, read_jsonl
 from .records import Attempt, Event, Executor, RunRecord, TrackerIds
 from .runroot import ENV_RUN_ROOT, default_run_root
 
@@ -48,27 +49,6 @@ if TYPE_CHECKING:  # imported where a spec is loaded or written: `status` and `r
 
 class RunNotFound(UserError, LookupError):
     pass
-
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append one line; a single write() of a short line is atomic on local filesystems and NFS appends."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete line that is a JSON object; a torn last line (writer killed mid-write), a
-    line that is not UTF-8 or not an object is skipped, not fatal (jsonltail.parse_lines)."""
-    try:
-        return jsonltail.parse_lines(path.read_bytes())
-    except (FileNotFoundError, IsADirectoryError):
-        return []
 
 
 def new_run_id() -> str:

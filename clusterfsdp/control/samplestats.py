@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .runfolder import atomic_write
+from .fileio import atomic_write
 
 _LEFT_OUT = ("files",)  # the index tables' seals: the cache's business, not the run's
 

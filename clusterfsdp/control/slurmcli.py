@@ -17,21 +17,20 @@ timed out is checked against the job's state before it counts as failed.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
+from . import retrynotes
 from .errors import UserError
 from .records import RunState
+from .slurmping import controller
 
 T = TypeVar("T")
 
@@ -60,27 +59,6 @@ TRANSIENT = (
 ENV_RETRY_S = "CLUSTERFSDP_SLURM_RETRY_S"
 QUERY_RETRY_S = 30.0  # status and the TUI should not hang for minutes
 MAX_DELAY_S = 15.0
-
-# Who hears, in one line, that a command is being retried (`retry_notices`): per context (a
-# thread starts quiet), so the TUI's threads and library callers stay quiet whatever the process's
-# entry point chose.
-_on_retry: ContextVar[Callable[[str], None] | None] = ContextVar("clusterfsdp_slurm_on_retry", default=None)
-
-
-def report_retries(report: Callable[[str], None] | None) -> None:
-    """From here on in this thread, the first retry of a command is told to `report` (the CLI
-    prints it on stderr, the worker and the batch script's job steps into their logs)."""
-    _on_retry.set(report)
-
-
-@contextlib.contextmanager
-def retry_notices(report: Callable[[str], None] | None) -> Iterator[None]:
-    """`report_retries` for the length of a block."""
-    token = _on_retry.set(report)
-    try:
-        yield
-    finally:
-        _on_retry.reset(token)
 
 
 class SlurmError(UserError, RuntimeError):
@@ -186,7 +164,7 @@ def retrying(what: str, attempt: Callable[[], T], budget_s: float | None = None)
                     "try again once `scontrol ping` says UP",
                     transient=True,
                 ) from None
-            report = _on_retry.get()
+            report = retrynotes.listener()
             if delay == 1.0 and report is not None:
                 report(f"{what}: Slurm does not answer ({detail}); retrying for up to {budget:.0f} s")
             time.sleep(delay)
@@ -216,44 +194,6 @@ def version() -> tuple[int, int] | None:
 def available() -> bool:
     """sbatch is installed and a controller answers (`scontrol ping`), so a job can be queued."""
     return controller() == "up"
-
-
-def controller() -> str:
-    """'up', 'down' (Slurm is configured here and names a controller that does not answer: a
-    restart or an outage, worth waiting for) or 'none' (no Slurm on this machine)."""
-    with Ping() as ping:
-        return ping.state()
-
-
-class Ping:
-    """`scontrol ping` started on entry, its answer (`controller`'s) read by `state()`: a caller
-    overlaps the ping (milliseconds of a subprocess) with its own work, as `validate` does with its
-    checks (start-up, issue 25 item 3). On exit a ping still running is killed and reaped."""
-
-    def __enter__(self) -> Ping:
-        self.proc: subprocess.Popen[str] | None = None
-        if shutil.which("sbatch") is not None and shutil.which("scontrol") is not None:
-            self.proc = subprocess.Popen(
-                ["scontrol", "ping"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-            )
-        return self
-
-    def state(self) -> str:
-        if self.proc is None:
-            return "none"
-        try:
-            out, _ = self.proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            return "none"
-        if "is UP" in out:
-            return "up"
-        return "down" if "is DOWN" in out else "none"
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-        if self.proc is not None:
-            self.proc.communicate()
 
 
 def wait_for_controller(what: str) -> None:
@@ -490,8 +430,3 @@ def requeue(job_id: str, restarts_before: int) -> None:
 
 def hostnames(nodelist: str) -> list[str]:
     return run(["scontrol", "show", "hostnames", nodelist]).split()
-
-
-def say_on_stderr(message: str) -> None:
-    """A retry report for command-line use (`report_retries`)."""
-    print(f"note: {message}", file=sys.stderr, flush=True)

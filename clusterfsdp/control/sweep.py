@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import arraylaunch, backends, launch, modelsource, procs, runfolder, slurmcli
+from . import arraylaunch, backends, launch, modelsource, procs, retrynotes, runfolder, slurmcli
 from . import spec as specmod
 from .errors import UserError
 from .records import Executor, RunState, SweepPoint, SweepRecord
@@ -287,7 +287,7 @@ def main(argv: list[str]) -> int:
     sweep = Sweep(Path(argv[1]))
     if argv[2:]:
         sweep.detach()
-    slurmcli.report_retries(slurmcli.say_on_stderr)
+    retrynotes.report_retries(retrynotes.say_on_stderr)
     with contextlib.suppress(KeyboardInterrupt):
         return sweep.drive()
     return 130

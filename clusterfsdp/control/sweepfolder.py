@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import runfolder, status
+from . import fileio, runfolder, status
 from .errors import UserError
 from .procs import ProcessId
 from .records import SweepPoint, SweepRecord
@@ -65,7 +65,7 @@ class SweepFolder:
         return SweepRecord.read(self.record_file)
 
     def write_record(self, record: SweepRecord) -> None:
-        runfolder.atomic_write(self.record_file, json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n")
+        fileio.atomic_write(self.record_file, json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n")
 
     def run_folder(self, point: SweepPoint) -> runfolder.RunFolder:
         return runfolder.RunFolder(self.path / point.run_id)
@@ -78,7 +78,7 @@ class SweepFolder:
             return None
 
     def write_driver(self, me: ProcessId) -> None:
-        runfolder.atomic_write(self.driver_file, json.dumps(me.record(), sort_keys=True) + "\n")
+        fileio.atomic_write(self.driver_file, json.dumps(me.record(), sort_keys=True) + "\n")
 
     def statuses(self) -> tuple[list[PointStatus], str]:
         """Every point's run status (one squeue + sacct for all) and Slurm's error, if any."""

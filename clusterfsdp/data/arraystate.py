@@ -70,7 +70,7 @@ def record_array(ref: DatasetRef, job_id: str, tasks: int, run: str = "") -> Non
 
 
 @dataclass(frozen=True)
-class Progress:
+class PrepareProgress:
     """How far the preparation of one dataset got."""
 
     role: str
@@ -98,23 +98,24 @@ class Progress:
         return f"{self.role}: preparing, {self.shards}{of} units ({share:.0f}%, {mb}) tokenized{job}"
 
 
-def progress(ref: DatasetRef, total: int | None = None) -> Progress:
+def progress(ref: DatasetRef, total: int | None = None) -> PrepareProgress:
     """Read from the cache alone (a few small files per unit): no Slurm query, no tokenizer.
     `total`: the sources' bytes, when `ref` was rebuilt from a record without its sources."""
     array = read_json(array_file(ref)) if ref.key else None
     manifest = ref.manifest()
     if manifest is not None:
-        return Progress(ref.role, Phase.PREPARED, shards=len(manifest["shards"]), tokens=int(manifest["tokens"]))
+        return PrepareProgress(ref.role, Phase.PREPARED, shards=len(manifest["shards"]), tokens=int(manifest["tokens"]))
     total = sum(s.size() for s in ref.sources) if total is None else total
     if ref.key is None or not ref.partial.is_dir():
-        return Progress(ref.role, Phase.MISSING, total_bytes=total, array=array)
+        return PrepareProgress(ref.role, Phase.MISSING, total_bytes=total, array=array)
     trust.require(ref.partial)
     failed = read_json(failed_file(ref))
     if failed is not None:
-        return Progress(ref.role, Phase.FAILED, total_bytes=total, error=str(failed.get("error", "")), array=array)
+        error = str(failed.get("error", ""))
+        return PrepareProgress(ref.role, Phase.FAILED, total_bytes=total, error=error, array=array)
     stats = [json.loads(p.read_text()) for p in (ref.partial / "shards").glob("[0-9]*.json")]
     counted = read_json(units_file(ref))
-    return Progress(
+    return PrepareProgress(
         ref.role,
         Phase.PREPARING,
         done_bytes=sum(int(s["weight"]) for s in stats),

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..control import runfolder
+from ..control import fileio
 from ..control import spec as specmod
 from ..control.runroot import default_run_root
 from ..control.spec import badrecords
@@ -71,7 +71,7 @@ class FingerprintMemo:
     def table(self) -> dict[str, str]:
         if self._table is None:
             trust.require(self.path)
-            self._table = {r["id"]: r["hash"] for r in runfolder.read_jsonl(self.path) if "id" in r and "hash" in r}
+            self._table = {r["id"]: r["hash"] for r in fileio.read_jsonl(self.path) if "id" in r and "hash" in r}
         return self._table
 
     def get(self, path: Path) -> str | None:
@@ -83,7 +83,7 @@ class FingerprintMemo:
             if self.persist:
                 trust.mkdirs(self.path.parent)
                 new = not self.path.exists()
-                runfolder.append_jsonl(self.path, {"id": ident, "hash": digest})
+                fileio.append_jsonl(self.path, {"id": ident, "hash": digest})
                 if new:
                     trust.secure(self.path)
             self.table()[ident] = digest

@@ -23,6 +23,8 @@ BUDGET_BYTES = 64 << 20  # token bytes read of each dataset at most
 
 @dataclass(frozen=True)
 class Overlap:
+    """How many eval documents are also training documents (a leak worth a warning)."""
+
     shared: int  # distinct eval documents that are also training documents
     checked: int  # distinct eval documents compared
     complete: bool  # False: a budget ran out before every candidate was compared

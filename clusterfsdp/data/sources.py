@@ -28,6 +28,8 @@ class DataError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class Source:
+    """One data file or dataset folder a job names, as found on this host."""
+
     field: str  # the job.toml key that named it, e.g. "data.paths[0]"
     path: str  # absolute
     kind: SourceKind

@@ -19,7 +19,7 @@ def in_kernel() -> bool:
     return ip is not None and getattr(ip, "kernel", None) is not None
 
 
-class Progress:
+class StepDisplay:
     """An in-place display (step / total, loss, tokens/s) updated from metrics.jsonl."""
 
     def __init__(self, title: str, total: int, enabled: bool):

@@ -25,7 +25,7 @@ from ..control.runfolder import RunFolder
 from .errors import SrunError, StepFailed, StepInterrupted
 from .job import load_job, with_layout
 from .placement import allocation_nodes, choose_launcher, launcher_env, srun_command
-from .progress import MetricsTail, Progress, in_kernel
+from .progress import MetricsTail, StepDisplay, in_kernel
 from .result import SrunResult, remember
 from .tasks import MARK
 
@@ -83,7 +83,7 @@ class _Watch:
         self.hinted_busy = False
         self.started = time.time()
         self.metrics = MetricsTail(self.folder.metrics_file)
-        self.progress = Progress(f"{spec.job.name} {run.id}", spec.train.steps, progress)
+        self.progress = StepDisplay(f"{spec.job.name} {run.id}", spec.train.steps, progress)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True, name="clusterfsdp-notebook-reader")
         self.reader.start()

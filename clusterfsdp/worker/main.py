@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ..control import health, lock, outcomes, runfolder, secretenv, slurmcli
+from ..control import health, lock, outcomes, retrynotes, runfolder, secretenv, slurmcli
 from ..control import spec as specmod
 from ..control.outcomes import RankOutcome
 from ..control.records import Cause, Event, EventKind, Executor
@@ -179,7 +179,7 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
     device, backend = _init_process_group(attempt, health.collective_timeout_s(watch, health.Phase.START_UP, 0))
     log = _tee_output(attempt)
     _start_heartbeat(attempt, watch)
-    slurmcli.report_retries(log)
+    retrynotes.report_retries(log)
     _admit(attempt, spec, log)
     _record_node(attempt, device, backend)
     if spec.slurm.preflight:

@@ -36,9 +36,10 @@ from typing import Any, Protocol
 
 from ..control import spec as specmod
 from ..control.evalsamples import EvalSample
+from ..control.fileio import atomic_write
 from ..control.lock import held
 from ..control.outcomes import RankOutcome
-from ..control.runfolder import RunFolder, atomic_write
+from ..control.runfolder import RunFolder
 from ..control.sweepfolder import SweepFolder, sweep_of
 
 _SKIPPED = ("step", "time")  # the x axis and the wall clock

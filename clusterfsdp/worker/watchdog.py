@@ -44,7 +44,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..control import health, runfolder
+from ..control import fileio, health, runfolder
 from ..control.health import Beat, Hang, WatchdogSettings
 from ..control.records import Event, EventKind
 from .heartbeat import DUMP_SIGNAL
@@ -105,7 +105,7 @@ class NodeWatchdog:
         for rank, beat in sorted(mine.items()):
             self.dump(rank, beat, states[rank])
         done = self.diag / f"dumped.{self.host}.json"
-        runfolder.atomic_write(done, json.dumps({"host": self.host, "states": states}))
+        fileio.atomic_write(done, json.dumps({"host": self.host, "states": states}))
         if won and found is not None:
             self.record(beats, found)
         else:
@@ -151,10 +151,10 @@ class NodeWatchdog:
                 text = r.stdout if r.returncode == 0 else f"py-spy failed ({r.returncode}): {r.stderr}"
             except (OSError, subprocess.TimeoutExpired) as e:
                 text = f"py-spy failed: {e}"
-            runfolder.atomic_write(out, text)
+            fileio.atomic_write(out, text)
             return
         if state in ("T", "D", "?"):
-            runfolder.atomic_write(out, f"rank {rank} (pid {beat.pid}) is in state {state}: faulthandler cannot run "
+            fileio.atomic_write(out, f"rank {rank} (pid {beat.pid}) is in state {state}: faulthandler cannot run "
                                         "in it; install py-spy to read its stack\n")  # fmt: skip
             return
         log = self.run.log_path(self.job_id, self.restart, rank)
@@ -166,7 +166,7 @@ class NodeWatchdog:
         time.sleep(2.0)
         with open(log, "rb") as f:
             f.seek(start)
-            runfolder.atomic_write(out, f.read(1 << 20).decode("utf-8", errors="replace"))
+            fileio.atomic_write(out, f.read(1 << 20).decode("utf-8", errors="replace"))
 
     # ---------------------------------------------------------------- stragglers
     def watch_stragglers(self, beats: dict[int, Beat]) -> None:

@@ -22,13 +22,13 @@ from typing import Any, Literal, get_args, get_origin
 from .. import secretenv
 from .checks import check
 from .schema import (
-    HINTS,
     SECTIONS,
     JobSpec,
     SpecError,
     SweepSection,
     closest,
     describe_value,
+    hints,
     section_class,
     toml_key,
     type_name,
@@ -160,7 +160,7 @@ def _table(path: str, cls: type, value: dict[str, Any], errors: list[str]) -> An
     """An instance of the dataclass `cls` (a section or a nested table like [slurm.container])
     from a TOML table: defaults for missing keys, one error per unknown or mistyped key."""
     fields = {toml_key(f): f for f in dataclasses.fields(cls)}
-    hints = HINTS[cls]
+    types_of = hints(cls)
     table = cls()
     for key, v in value.items():
         here = f"{path}.{key}"
@@ -168,7 +168,7 @@ def _table(path: str, cls: type, value: dict[str, Any], errors: list[str]) -> An
             errors.append(unknown_key(here, key, list(fields)))
             continue
         try:
-            setattr(table, fields[key].name, coerce(here, hints[fields[key].name], v))
+            setattr(table, fields[key].name, coerce(here, types_of[fields[key].name], v))
         except SpecError as e:
             errors += e.errors
     return table
@@ -251,7 +251,7 @@ def unknown_key_line(key: str) -> str:
         names = {toml_key(f): f for f in dataclasses.fields(tp)}
         if part not in names:
             return unknown_key(key, part, list(names))
-        tp = HINTS[tp][names[part].name]
+        tp = hints(tp)[names[part].name]
     return f"{key}: a table, not a key"
 
 
@@ -268,7 +268,7 @@ def _field_type(parts: list[str]) -> Any:
         f = {toml_key(f): f for f in dataclasses.fields(tp)}.get(part)
         if f is None:
             return None
-        tp = HINTS[tp][f.name]
+        tp = hints(tp)[f.name]
     return tp
 
 

@@ -9,11 +9,11 @@ import typing
 
 from .codec import plain, render_key, render_value, to_dict, unknown_key
 from .schema import (
-    HINTS,
     SECTIONS,
     JobSpec,
     SpecError,
     SweepSection,
+    hints,
     section_class,
     section_fields,
     toml_key,
@@ -73,7 +73,7 @@ def key_paths() -> list[str]:
     def walk(cls: type, prefix: str) -> list[str]:
         out = []
         for f in dataclasses.fields(cls):
-            tp = HINTS[cls][f.name]
+            tp = hints(cls)[f.name]
             if dataclasses.is_dataclass(tp) and isinstance(tp, type):
                 out += walk(tp, f"{prefix}{toml_key(f)}.")
             else:
@@ -90,7 +90,7 @@ def _describe_table(cls: type, prefix: str, selector: str) -> list[str]:
         key = prefix + toml_key(sf)
         if selector and not (key == selector or key.startswith(selector + ".") or selector.startswith(key + ".")):
             continue
-        tp = HINTS[cls][sf.name]
+        tp = hints(cls)[sf.name]
         if dataclasses.is_dataclass(tp) and isinstance(tp, type):
             if not selector or selector == key or key.startswith(selector + "."):
                 lines.append(f"  {key}    (table)\n      {sf.metadata['doc']}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -65,6 +66,8 @@ def F(default: Any, doc: str, *, key: str | None = None) -> Any:
 
 @dataclass
 class JobSection:
+    """[job]: the run's name, where its folder goes, its seed."""
+
     name: str = F("job", "Job name; runs go to <run_root>/<name>/<run id>/ and it names the Slurm job.")
     run_root: str = F(
         "",
@@ -83,6 +86,8 @@ class JobSection:
 
 @dataclass
 class ContainerSection:
+    """[slurm.container]: the image the workers run in (pyxis, Apptainer, OCI)."""
+
     kind: Literal["none", "pyxis", "apptainer", "oci"] = F(
         "none",
         "Run the workers in a container: 'pyxis' (srun --container-image, NVIDIA clusters with pyxis/enroot), "
@@ -112,6 +117,8 @@ class ContainerSection:
 
 @dataclass
 class SlurmSection:
+    """[slurm]: what each attempt asks of Slurm, and how it comes back after an interruption."""
+
     partition: str = F("", "Slurm partition (empty: the cluster's default).")
     account: str = F("", "Slurm account to charge (empty: your default).")
     qos: str = F("", "Slurm QOS (empty: default).")
@@ -170,6 +177,8 @@ class SlurmSection:
 
 @dataclass
 class ModelSection:
+    """[model]: which model (a folder, a hub id, a config or a preset) and its dtype."""
+
     name_or_path: str = F(
         "",
         "Pretrained weights: a local HF model folder (config.json + *.safetensors) or a hub id (org/name), "
@@ -241,6 +250,8 @@ class DataSource:
 
 @dataclass
 class DataSection:
+    """[data]: the training data, its format, tokenizer, packing and prepared cache."""
+
     source: Literal["synthetic", "files"] = F("synthetic", "'synthetic' random tokens, or 'files' to read `paths`.")
     paths: list[str] = F(
         [],
@@ -322,6 +333,8 @@ class DataSection:
 
 @dataclass
 class EvalSection:
+    """[eval]: the held-out set and how often it is evaluated."""
+
     fraction: float = F(
         0.0,
         "Fraction of the training documents held out for evaluation (chosen by job.seed, never trained on); 0: none.",
@@ -354,6 +367,8 @@ class EvalSection:
 
 @dataclass
 class EarlyStopping:
+    """[train.early_stopping]: stop when the eval loss stops improving."""
+
     metric: Literal["", "eval_loss"] = F("", "'eval_loss' ends the run when it stops improving; '': off.")
     patience: int = F(3, "Evaluations in a row without an improvement of min_delta that end the run.")
     min_delta: float = F(0.0, "How much lower than the best so far an eval_loss must be to count as an improvement.")
@@ -361,6 +376,8 @@ class EarlyStopping:
 
 @dataclass
 class Guard:
+    """[train.guard]: skip steps with a NaN/Inf or spiking loss, roll back after several."""
+
     nonfinite: bool = F(
         True,
         "Skip a step whose loss or gradient norm is NaN or Inf on any rank (no optimizer update; the step and "
@@ -387,6 +404,8 @@ class Guard:
 
 @dataclass
 class Watchdog:
+    """[train.watchdog]: when a rank counts as hung or late."""
+
     enabled: bool = F(True, "Watch every rank's heartbeat for hangs and stragglers (docs/recovery.md).")
     hang_min_s: float = F(
         60.0,
@@ -409,6 +428,8 @@ class Watchdog:
 
 @dataclass
 class TrainSection:
+    """[train]: steps or epochs, batch, optimizer and learning-rate schedule."""
+
     steps: int = F(100, "Optimizer steps in total (a resumed run continues to this number); with train.epochs: 0.")
     epochs: float = F(
         0.0,
@@ -452,6 +473,8 @@ class TrainSection:
 
 @dataclass
 class FsdpSection:
+    """[fsdp]: sharding, FSDP version, mixed precision, activation checkpointing, compile."""
+
     version: Literal[1, 2] = F(2, "2 = FSDP2 `fully_shard` (default); 1 = FullyShardedDataParallel.")
     sharding: Literal["hybrid", "full", "grad_op", "none"] = F(
         "hybrid",
@@ -467,6 +490,8 @@ class FsdpSection:
 
 @dataclass
 class CheckpointSection:
+    """[checkpoint]: how often and where the sharded checkpoints are written, and how many kept."""
+
     dir: str = F("", "Where checkpoints go (empty: <run folder>/checkpoints).")
     every_steps: int = F(0, "Save every N steps (0: only at the end and on preemption).")
     keep_last: int = F(2, "Complete checkpoints to keep; older ones are deleted after a newer one is complete.")
@@ -486,6 +511,8 @@ class CheckpointSection:
 
 @dataclass
 class PeftSection:
+    """[peft]: LoRA adapters (Hugging Face peft) instead of a full fine-tune."""
+
     method: Literal["none", "lora"] = F(
         "none",
         "'lora': fine-tune low-rank adapters (Hugging Face peft) on a frozen base model; checkpoints hold only the "
@@ -518,6 +545,8 @@ Tracker = Literal["tensorboard", "wandb", "mlflow"]
 
 @dataclass
 class LogSection:
+    """[log]: experiment trackers rank 0 logs to."""
+
     trackers: list[Tracker] = F(
         [],
         "Experiment trackers rank 0 logs to, any of 'tensorboard' (<run folder>/tensorboard/), 'wandb' "
@@ -560,6 +589,8 @@ class SweepSection:
 
 @dataclass
 class JobSpec:
+    """A whole job.toml, typed: one field per section, and the facts derived from them."""
+
     job: JobSection = field(default_factory=JobSection)
     slurm: SlurmSection = field(default_factory=SlurmSection)
     model: ModelSection = field(default_factory=ModelSection)
@@ -633,28 +664,13 @@ class JobSpec:
 
 
 SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(JobSpec)}  # type: ignore[misc]
-HINTS: dict[type, dict[str, Any]] = {
-    cls: typing.get_type_hints(cls)
-    for cls in (
-        JobSection,
-        SlurmSection,
-        ModelSection,
-        DataSection,
-        DataSource,
-        TrainSection,
-        EvalSection,
-        FsdpSection,
-        CheckpointSection,
-        LogSection,
-        PeftSection,
-        ContainerSection,
-        EarlyStopping,
-        Guard,
-        Watchdog,
-        SweepSection,
-        JobSpec,
-    )
-}
+
+
+@functools.cache
+def hints(cls: type) -> dict[str, Any]:
+    """The resolved annotations of a schema dataclass, per field name; resolved when first asked
+    (the codec asks only for the sections a job file has): start-up is paid on every call."""
+    return typing.get_type_hints(cls)
 
 
 def toml_key(f: dataclasses.Field) -> str:
@@ -670,7 +686,7 @@ def section_fields(section: str) -> dict[str, dataclasses.Field]:
 
 def section_class(section: str) -> type:
     """The dataclass of one section (`slurm` -> SlurmSection); [env] is a plain table and has none."""
-    return {f.name: HINTS[JobSpec][f.name] for f in dataclasses.fields(JobSpec) if f.name != "env"}[section]
+    return {f.name: hints(JobSpec)[f.name] for f in dataclasses.fields(JobSpec) if f.name != "env"}[section]
 
 
 def type_name(tp: Any) -> str:

@@ -1,0 +1,48 @@
+"""Is there a Slurm controller, and does it answer? One `scontrol ping`, started early and read
+late, so that a caller overlaps it with its own work (`validate` checks the job meanwhile).
+
+Apart from `slurmcli` (whose job table, retries and records `validate` does not need): start-up
+is paid on every call (issue 25 item 3)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+
+def controller() -> str:
+    """'up', 'down' (Slurm is configured here and names a controller that does not answer: a
+    restart or an outage, worth waiting for) or 'none' (no Slurm on this machine)."""
+    with Ping() as ping:
+        return ping.state()
+
+
+class Ping:
+    """`scontrol ping` started on entry, its answer (`controller`'s) read by `state()`: a caller
+    overlaps the ping (milliseconds of a subprocess) with its own work, as `validate` does with its
+    checks (start-up, issue 25 item 3). On exit a ping still running is killed and reaped."""
+
+    def __enter__(self) -> Ping:
+        self.proc: subprocess.Popen[str] | None = None
+        if shutil.which("sbatch") is not None and shutil.which("scontrol") is not None:
+            self.proc = subprocess.Popen(
+                ["scontrol", "ping"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            )
+        return self
+
+    def state(self) -> str:
+        if self.proc is None:
+            return "none"
+        try:
+            out, _ = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            return "none"
+        if "is UP" in out:
+            return "up"
+        return "down" if "is DOWN" in out else "none"
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.communicate()
