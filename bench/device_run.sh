@@ -3,8 +3,6 @@
 # all output in $OUT/all.log, RESULT lines in $OUT/results.txt, the inductor cache in
 # $OUT/inductor-cache.tgz (carry it back as .whl/inductor-cache.tgz to skip recompiles).
 #   bash bench/device_run.sh PLAN [BUDGET_S]        (from the repo root on the GPU machine)
-# Pending GPU figures with no plan here yet (bench/README.md "Pending"): LoRA against a full
-# fine-tune on GPUs (issue 22: peak memory, tokens/s, MFU; bench/lora_bench.py measures on CPU).
 set -u
 PLAN=${1:?plan}; BUDGET=${2:-560}
 OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
@@ -67,6 +65,15 @@ case "$PLAN" in
     info 2>&1 | tee -a "$LOG"
     step preflight 120 python3 -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
       bench/preflight_bench.py
+    ;;
+  lora)  # issue 22: a full fine-tune, LoRA and LoRA on a bf16 base of one pretrained llama-1b (random weights
+    # written by save_pretrained), bf16 compute, compile: peak memory, tokens/s, MFU, checkpoint size
+    info 2>&1 | tee -a "$LOG"
+    step lora_base 150 python3 bench/lora_bench.py --work /tmp/lora-bench --preset llama-1b --base-only
+    LB="$TB --bs 8 --steps 30 --set model.name_or_path=/tmp/lora-bench/base-llama-1b"
+    step full_pretrained_bs8 130 $LB --tag full_pretrained_bs8
+    step lora_bs8 130 $LB --set peft.method=lora --tag lora_bs8
+    step lora_bf16_base_bs8 130 $LB --set peft.method=lora --set peft.base_dtype=bfloat16 --tag lora_bf16_base_bs8
     ;;
   *) echo "unknown plan $PLAN"; exit 2 ;;
 esac

@@ -1,16 +1,20 @@
-"""LoRA against a full fine-tune of the same model (issue 22), CPU: per-rank peak RSS, checkpoint
-size and step time, side by side in one run.
+"""LoRA against a full fine-tune of the same model (issue 22), CPU: per-rank peak RSS and
+parameter bytes, checkpoint size and step time, side by side in one run.
 
     python bench/lora_bench.py --work /tmp/lora-bench [--preset llama-small] [--steps 12] [--world 2]
+    python bench/lora_bench.py --work /tmp/lora-bench --preset llama-1b --base-only   # a base for the GPU plan
 
 The base is the preset's config with random weights, written by `save_pretrained` (no
-downloads). Both runs train it through the real worker (`clusterfsdp.worker.main.run` on a run
-folder, `world` local gloo ranks, FSDP2, fp32, synthetic tokens, the same seed, batch and
-steps): once as a full fine-tune, once with `[peft] method = "lora"` (r 16, all-linear). Each
-rank reports its peak RSS (ru_maxrss) when it exits; the final checkpoint's size is the sum of
-its files; the step time is the mean wall time per step over the steps after the first two
-(from metrics.jsonl's `elapsed_s`). Prints a RESULT line per run (JSON) and the LoRA / full
-ratios of the three.
+downloads). Three runs train it through the real worker (`clusterfsdp.worker.main.run` on a run
+folder, `world` local gloo ranks, FSDP2, fp32 compute, synthetic tokens, the same seed, batch and
+steps): a full fine-tune, LoRA (`[peft] method = "lora"`, r 16, all-linear) on the fp32 base, and
+LoRA with the frozen base kept in bf16 (`peft.base_dtype = "bfloat16"`, fp32 adapters). Each rank
+reports its peak RSS (ru_maxrss) when it exits and the bytes of the parameter shards it holds
+once the model is built (where a bf16 base shows exactly; the RSS of a small model is mostly the
+torch runtime, activations and gathered compute copies); the final checkpoint's size is the sum
+of its files; the step time is the mean wall time per step over the steps after the first two (from
+metrics.jsonl's `elapsed_s`). Prints a RESULT line per run (JSON) and the ratios of the four
+figures: each LoRA run against the full fine-tune, and the bf16 base against the fp32 one.
 """
 
 from __future__ import annotations
@@ -38,17 +42,29 @@ AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **keys)).save_
 
 RANK = r"""
 import resource, sys
+from clusterfsdp.worker import train
 from clusterfsdp.worker.main import run
+
+built = train.build
+def build(*args, **kwargs):  # the bytes of the parameter shards this rank holds, once built
+    out = built(*args, **kwargs)
+    local = [getattr(p, "_local_tensor", p) for p in out[0].parameters()]
+    print("PARAM_BYTES", sum(t.numel() * t.element_size() for t in local), flush=True)
+    return out
+train.build = build
 run(sys.argv[1])
 print("MAXRSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
 """
 
 
-def job(base: Path, steps: int, world: int, lora: bool) -> str:
-    peft = '[peft]\nmethod = "lora"\nr = 16\nalpha = 32\n' if lora else ""
+LORA = '[peft]\nmethod = "lora"\nr = 16\nalpha = 32\n'
+KINDS = {"full": "", "lora": LORA, "lora_bf16_base": LORA + 'base_dtype = "bfloat16"\n'}  # kind -> [peft]
+
+
+def job(base: Path, steps: int, world: int, kind: str) -> str:
     return f"""
 [job]
-name = "{"lora" if lora else "full"}"
+name = "{kind}"
 seed = 1
 [model]
 name_or_path = "{base}"
@@ -64,7 +80,11 @@ tasks_per_node = {world}
 [fsdp]
 sharding = "full"
 mixed_precision = "fp32"
-{peft}"""
+{KINDS[kind]}"""
+
+
+def _per_rank(outs: list[str], key: str) -> list[int]:
+    return [int(re.search(rf"{key} (\d+)", o).group(1)) for o in outs]  # type: ignore[union-attr]
 
 
 def train(text: str, root: Path, world: int) -> dict:
@@ -73,7 +93,8 @@ def train(text: str, root: Path, world: int) -> dict:
     outs = [out for _, out in results]
     if any(code for code, _ in results):
         raise RuntimeError("\n".join(o[-3000:] for o in outs))
-    rss = [int(re.search(r"MAXRSS_KB (\d+)", o).group(1)) / 1024 for o in outs]  # type: ignore[union-attr]
+    rss = [kb / 2**10 for kb in _per_rank(outs, "MAXRSS_KB")]
+    params = [b / 2**20 for b in _per_rank(outs, "PARAM_BYTES")]
     rows = run.metrics()
     timed = [r for r in rows if r["step"] > 2]
     step_s = (timed[-1]["elapsed_s"] - rows[1]["elapsed_s"]) / len(timed)
@@ -82,6 +103,7 @@ def train(text: str, root: Path, world: int) -> dict:
     trainable = re.search(r"peft: LoRA r=\d+, ([\d.]+)M trainable params", outs[0])
     return {
         "rss_mb": rss,
+        "params_mb": params,
         "checkpoint_mb": size / 2**20,
         "step_s": step_s,
         "trainable_m": float(trainable.group(1)) if trainable else None,
@@ -95,21 +117,28 @@ def main() -> int:
     ap.add_argument("--preset", default="llama-small")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument(
+        "--base-only", action="store_true", help="write WORK/base-PRESET and stop (the GPU plan `device_run.sh lora`)"
+    )
     args = ap.parse_args()
     base = args.work / f"base-{args.preset}"
     if not (base / "config.json").is_file():
         subprocess.run([sys.executable, "-c", MAKE, str(base), args.preset], check=True)
+    if args.base_only:
+        return 0
     out = {}
-    for kind in ("full", "lora"):
-        out[kind] = train(job(base, args.steps, args.world, kind == "lora"), args.work / "runs", args.world)
+    for kind in KINDS:
+        out[kind] = train(job(base, args.steps, args.world, kind), args.work / "runs", args.world)
         print("RESULT " + json.dumps({"kind": kind, "preset": args.preset, "world": args.world, **out[kind]}))
-    full, lora = out["full"], out["lora"]
-    ratios = {
-        "rss": max(lora["rss_mb"]) / max(full["rss_mb"]),
-        "checkpoint": lora["checkpoint_mb"] / full["checkpoint_mb"],
-        "step_time": lora["step_s"] / full["step_s"],
-    }
-    print("RESULT " + json.dumps({"kind": "ratio lora/full", **ratios}))
+    for over, under in (("lora", "full"), ("lora_bf16_base", "full"), ("lora_bf16_base", "lora")):
+        a, b = out[over], out[under]
+        ratios = {
+            "rss": max(a["rss_mb"]) / max(b["rss_mb"]),
+            "params": max(a["params_mb"]) / max(b["params_mb"]),
+            "checkpoint": a["checkpoint_mb"] / b["checkpoint_mb"],
+            "step_time": a["step_s"] / b["step_s"],
+        }
+        print("RESULT " + json.dumps({"kind": f"ratio {over}/{under}", **ratios}))
     return 0
 
 

@@ -631,7 +631,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
     s.add_argument("--best", action="store_true", help="the lowest-eval-loss checkpoint (checkpoint.keep_best)")
     s.add_argument("--to", required=True, help="output folder (created; a non-empty one only with --force)")
-    s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: model.dtype)")
+    s.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="weights dtype (default: model.dtype; LoRA --merge: peft.base_dtype when set)",
+    )
     s.add_argument("--force", action="store_true", help="replace a non-empty --to folder")
     s.add_argument(
         "--merge", action="store_true", help="LoRA runs: a full model with the adapters merged (default: the adapters)"

@@ -13,7 +13,7 @@ import pytest
 
 import clusterfsdp
 from clusterfsdp.cli import main
-from clusterfsdp.control import status
+from clusterfsdp.control import status, sweepplan
 from clusterfsdp.control.records import Executor, RecordError, SweepPoint, SweepRecord
 from clusterfsdp.control.spec.schema import MAX_SWEEP_POINTS
 from clusterfsdp.control.sweepfolder import all_sweeps
@@ -84,6 +84,23 @@ def test_sweep_record_round_trips_and_rejects_a_wrong_type(tmp_path):
     path.write_text(json.dumps({**record.to_dict(), "points": [{"index": "0", "run_id": "x", "values": {}}]}))
     with pytest.raises(RecordError, match=r"sweep.json: points\[0\].index: expected <class 'int'>"):
         SweepRecord.read(path)
+
+
+@pytest.mark.parametrize(
+    ("values", "text"),
+    [
+        ([1e-4, 3e-4], "0.0001, 0.0003"),
+        (["gpu", "a,b", True], '["gpu", "a,b", true]'),
+        ([["a.txt"], ["b.txt", "c.txt"]], '[["a.txt"], ["b.txt", "c.txt"]]'),
+        ([{"image": "x.sqsh"}], '{ image = "x.sqsh" }'),
+        ([], ""),
+    ],
+    ids=["numbers", "a-comma", "arrays", "a-table", "none"],
+)
+def test_values_render_as_one_line_that_grid_reads_back(values, text):
+    """What the TUI shows a list of values as (`render_values`) is what `--grid KEY=...` reads."""
+    assert sweepplan.render_values(values) == text
+    assert sweepplan.parse_item(f"k.v={text}", "--grid") == ("k.v", values)
 
 
 def wait_until(predicate, timeout: float, what: str):

@@ -92,6 +92,25 @@ def test_compose_screen_with_an_error(root, snap_compare):
     assert snap_compare(_app(root), terminal_size=SIZE, run_before=run_before)
 
 
+def test_compose_screen_with_a_list_of_values(root, snap_compare):
+    """train.lr turned into a list of values (ctrl+l): the field says so, the summary counts the
+    sweep's points and lists what they vary."""
+
+    async def run_before(pilot) -> None:
+        await pilot.press("1")
+        screen = pilot.app.screen
+        screen.query_one("#f-job-run_root Input", Input).value = "/srv/runs"
+        screen.query_one("#sections").active = "tab-train"
+        screen.query_one("#f-train-lr Input", Input).focus()
+        await pilot.press("ctrl+l")
+        await until(pilot, lambda: screen.query_one("#f-train-lr .values", Input).has_focus, "the list's input")
+        await pilot.press("ctrl+u", *"1e-4, 3e-4", "escape")  # over the value it starts with; no blinking cursor
+        await until(pilot, lambda: screen.review is not None and screen.review.sweep, "the sweep's review")
+        await _drained(pilot)
+
+    assert snap_compare(_app(root), terminal_size=SIZE, run_before=run_before)
+
+
 async def _logs_screen(pilot) -> None:
     await _refreshed(pilot)
     await pilot.press("3")

@@ -4,12 +4,21 @@ metrics), no training. Slurm is the fake one (tests/tui_helpers.py): the sweep i
 
 from __future__ import annotations
 
-from textual.widgets import DataTable
-from tui_helpers import T0, FakeSlurm, make_run, run_app, settle, until
+import tomllib
+from pathlib import Path
 
+from textual.widgets import DataTable, Input, Select, TabbedContent
+from tui_helpers import T0, FakeSlurm, make_run, rendered, run_app, settle, until
+
+from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Executor, SweepPoint, SweepRecord
+from clusterfsdp.control.sweep import Sweep
 from clusterfsdp.control.sweepfolder import SweepFolder
+from clusterfsdp.tui import actions
 from clusterfsdp.tui.app import ClusterApp
+from clusterfsdp.tui.compose_screen import ComposeScreen
+from clusterfsdp.tui.confirm_screen import ConfirmScreen
+from clusterfsdp.tui.field_editor import FieldEditor
 from clusterfsdp.tui.sweep_chart import SweepChart
 from clusterfsdp.tui.sweeps_screen import SweepsScreen
 
@@ -78,3 +87,127 @@ def test_sweeps_screen_lists_sorts_charts_and_selects_points(tmp_path):
             assert [s.tag for s in chart.series] == ["p0"]
 
     run_app(app, scenario)
+
+
+def test_compose_turns_a_field_into_a_list_of_values_and_submits_a_sweep(tmp_path, monkeypatch):
+    """Compose, ctrl+l on train.lr: its list of values is checked as `clusterfsdp sweep` checks it
+    (a value of the wrong type is an error under the field, naming the key, and nothing is made),
+    the summary counts the points; a point the sweep service refuses at submit is named under the
+    field at fault; then submitting makes the sweep (the real sweep service, local executor; its
+    driver, which trains the points, is not started here: test_sweep.py runs it), which the Sweeps
+    screen shows. job.name cannot be a list (said why); train.lr turned back into one value
+    submits a plain run with that value."""
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    (tmp_path / "a-file").write_text("")
+    drivers: list[Path] = []
+    monkeypatch.setattr(Sweep, "_start_driver", lambda self: drivers.append(self.path))
+    runs: list[S.JobSpec] = []
+    monkeypatch.setattr(actions, "submit", lambda spec, executor: runs.append(spec) or _stop())
+    app = ClusterApp(root, FakeSlurm(), refresh_s=3600)
+
+    async def scenario(pilot):
+        await pilot.press("1")
+        screen = app.screen
+        assert isinstance(screen, ComposeScreen)
+        run_root = screen.query_one("#f-job-run_root Input", Input)
+        run_root.value = str(tmp_path / "a-file")  # checked at submit, as a run's is
+        screen.query_one("#executor", Select).value = "local"
+        screen.query_one("#f-job-name Input", Input).focus()
+        await pilot.press("ctrl+l")
+        assert not screen.query_one("#f-job-name", FieldEditor).listed
+        assert any("a sweep cannot vary job.name" in str(n.message) for n in app._notifications)
+
+        screen.query_one("#sections", TabbedContent).active = "tab-train"
+        lr = screen.query_one("#f-train-lr", FieldEditor)
+        lr.query_one(".value", Input).focus()
+        await pilot.press("ctrl+l")
+        values = lr.query_one(".values", Input)
+        await until(pilot, lambda: values.has_focus, "the list's input")
+        assert lr.listed and values.value == "0.0003"  # the single value, to add to
+        await pilot.press(*", fast")
+        wrong = "sweep.grid train.lr: expected number, found string 'fast'"
+        await until(pilot, lambda: rendered(lr.query_one(".errors")).strip() == wrong, "the wrong type")
+        await pilot.press("ctrl+g")  # refused: nothing is made
+        await settle(pilot)
+        assert not isinstance(app.screen, ConfirmScreen) and not root.exists()
+
+        await pilot.press(*["backspace"] * 4, *"1e-4")
+        await until(pilot, lambda: "train.lr = 0.0003, 0.0001" in rendered(screen.query_one("#summary")), "the grid")
+        assert "sweep      2 points" in rendered(screen.query_one("#summary"))
+        await pilot.press("ctrl+g")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+        assert "sweep      2 points" in rendered(app.screen.query_one(".dialog"))
+        await pilot.press("y")
+        await until(pilot, lambda: screen.review is not None and screen.review.errors, "the refusal")
+        screen.query_one("#sections", TabbedContent).active = "tab-job"
+        await pilot.pause()
+        at_fault = " ".join(rendered(screen.query_one("#f-job-run_root .errors")).split())  # wrapped
+        assert at_fault == f"point 0 (train.lr=0.0003): job.run_root: {tmp_path / 'a-file'} is a file, not a folder"
+        assert not drivers and not root.exists()
+        run_root.value = str(root)
+        await until(pilot, lambda: screen.review is not None and not screen.review.errors, "the review of the fix")
+        await pilot.press("ctrl+g")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+        await pilot.press("y")
+        await until(pilot, lambda: isinstance(app.screen, SweepsScreen) and app.screen.refreshed, "the Sweeps screen")
+        sweeps = app.screen
+        assert isinstance(sweeps, SweepsScreen)
+        await until(pilot, lambda: sweeps.current is not None and sweeps.current.record is not None, "the sweep")
+        (folder,) = [SweepFolder(p) for p in drivers]
+        assert sweeps.selected == str(folder.path)
+        record = folder.record()
+        assert record.executor is Executor.LOCAL and record.keys == ["train.lr"]
+        assert [p.values for p in record.points] == [{"train.lr": 3e-4}, {"train.lr": 1e-4}]
+        assert [folder.run_folder(p).spec().train.lr for p in record.points] == [3e-4, 1e-4]
+        assert _column(sweeps.query_one("#sweep-points", DataTable), "train.lr") == ["0.0003", "0.0001"]
+
+        await pilot.press("1")  # back to one value: a plain run of the value it had
+        lr.focus_editor()
+        await pilot.press("ctrl+l")
+        await until(pilot, lambda: screen.summary is not None and screen.summary.sweep is None, "one value")
+        assert not lr.listed and lr.query_one(".value", Input).has_focus
+        assert "sweep" not in rendered(screen.query_one("#summary"))
+        await pilot.press("ctrl+g")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+        await pilot.press("y")
+        await until(pilot, lambda: runs, "the plain submit")
+        assert runs[0].train.lr == 3e-4 and len(drivers) == 1
+
+    run_app(app, scenario)
+
+
+def test_compose_opens_a_sweeps_job_file_with_its_lists_and_saves_them_back(tmp_path, monkeypatch):
+    """A job file with a [sweep] table (as `clusterfsdp sweep` reads it): its grid's keys open as
+    lists of values, the rest of the table is kept, the file is not "modified" by opening it, and
+    saving after a change writes the grid back."""
+    monkeypatch.chdir(tmp_path)
+    job = tmp_path / "job.toml"
+    job.write_text('[train]\nlr = 0.0001\n\n[sweep]\nmax_parallel = 1\n\n[sweep.grid]\n"train.lr" = [0.0001, 0.0003]\n')
+    app = ClusterApp(tmp_path / "runs", FakeSlurm(), refresh_s=3600)
+
+    async def scenario(pilot):
+        await pilot.press("1")
+        screen = app.screen
+        assert isinstance(screen, ComposeScreen)
+        screen.open_file(job)
+        await settle(pilot)
+        await settle(pilot)
+        lr = screen.query_one("#f-train-lr", FieldEditor)
+        assert lr.listed and lr.values_text == "0.0001, 0.0003"
+        assert "sweep      2 points" in rendered(screen.query_one("#summary"))
+        assert "(modified)" not in rendered(screen.query_one("#compose-file"))
+        lr.query_one(".values", Input).value = "0.0001, 0.0003, 0.001"
+        await until(pilot, lambda: "sweep      3 points" in rendered(screen.query_one("#summary")), "three points")
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert tomllib.loads(job.read_text()) == {
+            "train": {"lr": 0.0001},
+            "sweep": {"max_parallel": 1, "grid": {"train.lr": [0.0001, 0.0003, 0.001]}},
+        }
+
+    run_app(app, scenario)
+
+
+def _stop():
+    raise RuntimeError("stop here: a plain run is test_tui_e2e.py's")

@@ -168,10 +168,11 @@ def test_review_checks_the_model_and_tokenizer_folders_like_submit(tmp_path):
 
 def test_from_toml_round_trips_values_and_keeps_short_files_short(tmp_path):
     text = '[slurm]\nnodes = 2\ntime = "1-00:00:00"\nbogus = 1\n[train]\nlr = 3e-3\n[env]\nNCCL_DEBUG = "WARN"\n'
-    values, present, problems = form.from_toml(text)
-    assert problems == ["slurm.bogus: unknown key (ignored)"]
-    assert present == {"slurm.nodes", "slurm.time", "train.lr", "env"}
-    raw = {f.path: form.display(f, values[f.path]) for f in form.FIELDS}
+    opened = form.from_toml(text)
+    assert opened.problems == ["slurm.bogus: unknown key (ignored)"]
+    present = opened.present
+    assert present == {"slurm.nodes", "slurm.time", "train.lr", "env"} and not opened.lists and not opened.sweep
+    raw = {f.path: form.display(f, opened.values[f.path]) for f in form.FIELDS}
     r = form.review(raw)
     assert r.errors == []
     saved = form.dumps(form.to_data(r.values, keep=present))
@@ -188,6 +189,46 @@ def test_errors_map_to_the_longest_field_path():
     assert form.field_of("data.paths[0]: expected string") == "data.paths"
     assert form.field_of("env.1BAD: not a valid environment variable name") == "env"
     assert form.field_of("not valid TOML: x") is None
+    assert form.field_of("sweep.grid train.lr: expected number, found string 'x'") == "train.lr"
+    assert form.field_of('point 1 (data.paths=["a, b"] train.lr=0.1): train.steps: must be >= 1') == "train.steps"
+    assert form.field_of("the sweep has 1001 points; at most 1000 (docs/sweeps.md): split it") is None
+
+
+def test_a_sweeps_lists_open_check_point_by_point_and_save_as_its_grid(tmp_path):
+    """[sweep] grid keys that are form fields open as lists of values (their text as --grid reads
+    it); what else the table has is kept. Each point is checked as a job spec (a bad one named);
+    saved, the lists are the grid again, in their order, and their first values the job's own."""
+    text = (
+        '[data]\nsource = "files"\n[train]\nsteps = 20\n[sweep]\nmax_parallel = 2\n'
+        'grid = { "train.warmup" = [5, 50], "data.paths" = [["a, b.txt"], ["c.txt"]], '
+        '"slurm.container.image" = ["x"] }\n'
+    )
+    opened = form.from_toml(text)
+    assert opened.lists == {"train.warmup": "5, 50", "data.paths": '[["a, b.txt"], ["c.txt"]]'}
+    assert opened.sweep == {"max_parallel": 2, "grid": {"slurm.container.image": ["x"]}}
+    assert opened.values["train.warmup"] == 5 and opened.values["data.paths"] == ["a, b.txt"]  # the first values
+    raw = {f.path: form.display(f, opened.values[f.path]) for f in form.FIELDS}
+    lists = {"train.warmup": "5, -1", "data.paths": '["a.txt"], ["c.txt"]'}  # arrays as values: one TOML array
+    r = form.review_job(raw, lists, {"max_parallel": 2}, tmp_path)
+    assert r.for_field("data.paths")[-1] == 'sweep.grid data.paths: \'["a.txt"], ["c.txt"]\' is not a TOML array'
+    lists["data.paths"] = '[["a.txt"], ["c.txt"]]'  # its first value stands for the job's own (paths = [] is not one)
+    r = form.review_job(raw, lists, {"max_parallel": 2}, tmp_path)
+    assert r.spec is None and r.sweep is None
+    assert r.errors == ['point 2 (train.warmup=-1 data.paths=["a.txt"]): train.warmup: must be >= 0, found -1']
+    assert r.for_field("train.warmup") == r.errors
+    lists["train.warmup"] = "5, 10"
+    r = form.review_job(raw, lists, {"max_parallel": 2}, tmp_path)
+    assert r.errors == [] and r.sweep is not None and len(r.sweep.points) == 4
+    assert [p.values for p in r.sweep.points[:2]] == [
+        {"train.warmup": 5, "data.paths": ["a.txt"]},
+        {"train.warmup": 5, "data.paths": ["c.txt"]},
+    ]
+    assert r.sweep.specs[1].data.paths == [str(tmp_path / "c.txt")]  # relative to the job's folder
+    saved = tomllib.loads(form.dumps(form.to_data(r.values, keep={"train.steps"}, sweep=r.table)))
+    grid = {"train.warmup": [5, 10], "data.paths": [["a.txt"], ["c.txt"]]}
+    assert saved == {"data": {"source": "files", "paths": ["a.txt"]}, "train": {"steps": 20, "warmup": 5},
+                     "sweep": {"max_parallel": 2, "grid": grid}}  # fmt: skip
+    assert S.loads(form.dumps(saved)).data.paths == ["a.txt"]  # a job file `clusterfsdp sweep` takes
 
 
 # ---------------------------------------------------------------- estimate, plot, metrics

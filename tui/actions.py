@@ -1,18 +1,24 @@
-"""What the TUI changes in the world: submit, resume, cancel, remove. Blocking calls, run in workers.
+"""What the TUI changes in the world: submit, sweep, resume, cancel, remove. Blocking calls, run in workers.
 
-Each is one call into the run service (`clusterfsdp.control.run.Run`), exactly what the CLI
-calls, so the TUI cannot drift from `clusterfsdp submit/resume/cancel/rm`. The local executor's
+Each is one call into the run service (`clusterfsdp.control.run.Run`) or the sweep service
+(`clusterfsdp.control.sweep.Sweep`), exactly what the CLI calls, so the TUI cannot drift from
+`clusterfsdp submit/sweep/resume/cancel/rm`. The local executor's
 controller is started with its stdio on a log file by the service, so nothing it prints can
 scribble over the screen or hold a web session's pipe open.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from clusterfsdp.control import launch
 from clusterfsdp.control import spec as specmod
 from clusterfsdp.control.run import Run, Submission
 
 from .queue_rows import QueueRow, Slurm
+
+if TYPE_CHECKING:
+    from clusterfsdp.control.sweep import Sweep
 
 
 def requested(value: object) -> launch.Requested:
@@ -22,6 +28,16 @@ def requested(value: object) -> launch.Requested:
 
 def submit(spec: specmod.JobSpec, executor: launch.Requested) -> Submission:
     return Run.submit(spec, executor)
+
+
+def sweep(job: specmod.JobText, executor: launch.Requested) -> tuple[Sweep, str]:
+    """A sweep of the compose form's job (its [sweep] table from the fields that are lists), as
+    `clusterfsdp sweep` makes one: every point checked as a run, then queued; and the executor's
+    notice. The sweep service is imported here, when first used."""
+    from clusterfsdp.control.sweep import Sweep
+
+    planned = Sweep.plan(job, executor=executor)
+    return Sweep.submit(planned), planned.notice
 
 
 def resume(run: Run, step: int | None, overrides: list[str], executor: launch.Requested) -> Submission:

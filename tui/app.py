@@ -57,6 +57,8 @@ class ClusterApp(App[None]):
     """The queue as of the last refresh: runs newest first, then the user's other Slurm jobs."""
     current_key: var[str | None] = var(None)
     """The selected row's key (a run folder, or 'job:<id>'): what Logs and Run show."""
+    current_sweep: var[str | None] = var(None)
+    """A sweep folder for the Sweeps screen to select: the sweep Compose submitted last."""
     partitions: var[list[Partition] | None] = var(None)
     """The partitions as of the last refresh (one sinfo call); None while Slurm does not answer."""
     slurm_error = var("")

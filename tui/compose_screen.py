@@ -1,9 +1,12 @@
 """Compose: a form over the whole job.toml schema, one tab per section, every key with its
 docstring. Each change is validated (in a worker) with validate's own messages, shown under
-the field and listed under Problems; Summary and sbatch show what would be submitted."""
+the field and listed under Problems; Summary and sbatch show what would be submitted. Any field
+can be a list of values (ctrl+l): the job is then a sweep, checked point by point and submitted
+as `clusterfsdp sweep` does (tui/actions.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +19,8 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Label, OptionList, Select, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
-from clusterfsdp.control import fileio, launch, runfolder
+from clusterfsdp.control import fileio, launch, sweepplan
+from clusterfsdp.control import spec as specmod
 from clusterfsdp.control.errors import describe
 from clusterfsdp.control.partitions import Partition
 
@@ -42,13 +46,17 @@ class ComposeScreen(Screen):
         "jump to it). Numbers and times are typed as in TOML; lists and tables as TOML literals, e.g. "
         '["a.txt"] or { KEY = "value" }. Relative paths are relative to the job file\'s folder '
         "(the current directory until it is saved). Save writes the keys the file had plus every "
-        "key that differs from its default. Esc leaves a field, so 1-4 switch screens."
+        "key that differs from its default. Esc leaves a field, so 1-6 switch screens. "
+        "ctrl+l turns the field you are in into a list of values, e.g. 1e-4, 3e-4 (and back): the "
+        "job is then a sweep, one run per point (the cross product of the lists), checked point by "
+        "point as `clusterfsdp sweep` checks it; saved, the lists are the file's [sweep] grid."
     )
     BINDINGS = [
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+o", "open", "Open"),
         Binding("ctrl+n", "new", "New"),
         Binding("ctrl+g", "submit", "Submit"),
+        Binding("ctrl+l", "toggle_list", "List/value"),
         Binding("escape", "leave_field", "Leave field", show=False),
     ]
 
@@ -57,6 +65,8 @@ class ComposeScreen(Screen):
         self.path: Path | None = None  # the file edited; None: new, or a copy of a run's job
         self.origin = "new job"
         self.present: set[str] = set()  # keys the opened file had (saving keeps them)
+        self.sweep_rest: dict[str, Any] = {}  # the opened file's [sweep] table but the lists in fields
+        self.list_order: list[str] = []  # the fields that are lists, in the order of the [sweep] grid
         self.saved_text: str | None = None
         self.review: form.Review | None = None
         self.summary: Summary | None = None
@@ -117,9 +127,11 @@ class ComposeScreen(Screen):
 
     def _start_review(self) -> None:
         self._review_queued = False
-        raw = {e.field.path: e.raw for e in self.query(FieldEditor)}
+        editors = {e.field.path: e for e in self.query(FieldEditor)}
+        raw = {path: e.raw for path, e in editors.items()}
+        lists = {path: editors[path].values_text for path in self.list_order}
         executor = str(self.query_one("#executor", Select).value)
-        self._review(raw, self._base(), executor, self.app.slurm_available, self.app.partitions)
+        self._review(raw, lists, self._base(), executor, self.app.slurm_available, self.app.partitions)
 
     def _base(self) -> Path:
         return (self.path.parent if self.path else Path.cwd()).absolute()
@@ -128,13 +140,16 @@ class ComposeScreen(Screen):
     def _review(
         self,
         raw: dict[str, Any],
+        lists: dict[str, str],
         base: Path,
         executor: str,
         slurm_available: bool | None,
         partitions: list[Partition] | None,
     ) -> None:
-        review = form.check_sources(form.review(raw), base)
-        summary = summarize(review.spec, base, executor, slurm_available, partitions) if review.spec else None
+        review = form.review_job(raw, lists, self.sweep_rest, base)
+        summary = None
+        if review.spec is not None:
+            summary = summarize(review.spec, base, executor, slurm_available, partitions, review.sweep)
         self.app.call_from_thread(self._show_review, review, summary)
 
     def _show_review(self, review: form.Review, summary: Summary | None) -> None:
@@ -178,7 +193,7 @@ class ComposeScreen(Screen):
     def _text(self) -> str | None:
         if self.review is None or self.review.errors:
             return None
-        return form.dumps(form.to_data(self.review.values, keep=self.present))
+        return form.dumps(form.to_data(self.review.values, keep=self.present, sweep=self.review.table))
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         """A problem picked: show its field."""
@@ -187,15 +202,29 @@ class ComposeScreen(Screen):
             return
         editor = self.query_one(f"#{editor_id(path)}", FieldEditor)
         self.query_one("#sections", TabbedContent).active = f"tab-{editor.field.section}"
-        editor.query_one("Input, Select, Switch").focus()
+        editor.focus_editor()
         editor.scroll_visible()
 
     def action_leave_field(self) -> None:
         self.set_focus(None)
 
+    def action_toggle_list(self) -> None:
+        """The focused field becomes a list of values (a sweep), or one value again."""
+        editor = next((a for a in self.focused.ancestors if isinstance(a, FieldEditor)), None) if self.focused else None
+        if editor is None:
+            self.app.notify("ctrl+l acts on the field you are in: tab to one first", severity="warning")
+            return
+        if (why := sweepplan.fixed_reason(editor.field.path)) is not None:
+            self.app.notify(f"{editor.field.path}: {why}", severity="warning")
+            return
+        editor.listed = not editor.listed
+        path = editor.field.path
+        self.list_order = [p for p in self.list_order if p != path] + ([path] if editor.listed else [])
+        self.call_after_refresh(editor.focus_editor)  # once the other editor shows
+
     # ---- open, new, save
     def action_new(self) -> None:
-        self._load({f.path: f.default for f in form.FIELDS}, set(), [], None, "new job", None)
+        self._load(form.new_job(), None, "new job", None)
 
     def action_open(self) -> None:
         def chosen(path: Path | None) -> None:
@@ -212,27 +241,21 @@ class ComposeScreen(Screen):
         except (OSError, UnicodeDecodeError) as e:
             self.app.call_from_thread(self.app.notify, f"cannot read {path}: {e}", severity="error")
             return
-        values, present, problems = form.from_toml(text)
+        opened = form.from_toml(text)
         if template:
             origin = f"copy of run {path.parent.name} (save it as a new file)"
-            self.app.call_from_thread(self._load, values, present, problems, None, origin, None)
+            self.app.call_from_thread(self._load, opened, None, origin, None)
         else:
-            self.app.call_from_thread(self._load, values, present, problems, path, str(path), text)
+            self.app.call_from_thread(self._load, opened, path, str(path), text)
 
-    def _load(
-        self,
-        values: dict[str, Any],
-        present: set[str],
-        problems: list[str],
-        path: Path | None,
-        origin: str,
-        text: str | None,
-    ) -> None:
-        self.path, self.origin, self.present, self._file_problems = path, origin, present, problems
+    def _load(self, opened: form.Opened, path: Path | None, origin: str, text: str | None) -> None:
+        self.path, self.origin, self.present, self._file_problems = path, origin, opened.present, opened.problems
+        self.sweep_rest, self.list_order = opened.sweep, list(opened.lists)
         for editor in self.query(FieldEditor):
-            editor.set_value(values[editor.field.path])
-        self.saved_text = form.dumps(form.to_data(values, keep=present)) if text is not None else None
-        for problem in problems:
+            editor.set_value(opened.values[editor.field.path], opened.lists.get(editor.field.path))
+        table, _ = form.sweep_table(opened.lists, opened.sweep)
+        self.saved_text = form.dumps(form.to_data(opened.values, opened.present, table)) if text is not None else None
+        for problem in opened.problems:
             self.app.notify(problem, title="opened with problems", severity="warning")
         self._queue_review()
 
@@ -254,7 +277,7 @@ class ComposeScreen(Screen):
     def _save(self, path: Path) -> None:
         assert self.review is not None
         present = self.present | {f.path for f in form.FIELDS if self.review.values[f.path] != f.default}
-        text = form.dumps(form.to_data(self.review.values, keep=present))
+        text = form.dumps(form.to_data(self.review.values, keep=present, sweep=self.review.table))
         self._write(path, text, present)
 
     @work(thread=True, group="file", exit_on_error=False)
@@ -311,7 +334,7 @@ class ComposeScreen(Screen):
         controller was last probed (perhaps at start-up); the dialog shows, and the submit uses,
         what holds now ("auto" is resolved here, so what is confirmed is what runs)."""
         available = self.app.slurm.available()
-        summary = summarize(shown_summary.spec, base, executor, available, self.app.partitions)
+        summary = summarize(shown_summary.spec, base, executor, available, self.app.partitions, shown_summary.sweep)
         chosen = actions.requested(executor if executor != "auto" else "slurm" if available else "local")
         self.app.call_from_thread(self._confirm_submit, shown_summary, summary, chosen, available)
 
@@ -333,19 +356,33 @@ class ComposeScreen(Screen):
 
     @work(thread=True, group="submit", exit_on_error=False)
     def _submit(self, summary: Summary, executor: launch.Requested) -> None:
+        """A run, or a sweep of the job's points when fields are lists of values."""
         try:
-            sub = actions.submit(summary.spec, executor)
+            if summary.sweep is not None:
+                sweep, notice = actions.sweep(summary.sweep.job, executor)
+                text = f"sweep {sweep.id}: {len(summary.sweep.points)} points ({notice})"
+                self.app.call_from_thread(self._submitted, text, sweep=sweep.path)
+            else:
+                sub = actions.submit(summary.spec, executor)
+                text = f"run {sub.run.id}: job {sub.job_id} ({sub.notice})"
+                self.app.call_from_thread(self._submitted, text, run=sub.run.path)
         except Exception as e:
-            self.app.call_from_thread(self._submitted, None, f"submit failed: {describe(e)}")
-            return
-        self.app.call_from_thread(self._submitted, sub.run, f"run {sub.run.id}: job {sub.job_id} ({sub.notice})")
+            self.app.call_from_thread(self._refused, e)
 
-    async def _submitted(self, run: runfolder.RunFolder | None, text: str) -> None:
+    async def _submitted(self, text: str, run: Path | None = None, sweep: Path | None = None) -> None:
+        """Show what was submitted: the run in the Queue, or the sweep in Sweeps."""
         self.app.activity = ""
-        if run is None:
-            self.app.notify(text, severity="error", timeout=10)
-            return
         self.app.notify(text)
-        self.app.current_key = str(run.path)
+        if sweep is not None:
+            self.app.current_sweep = str(sweep)
+        else:
+            self.app.current_key = str(run)
         self.app.refresh_queue(now=True)
-        await self.app.switch_mode("queue")
+        await self.app.switch_mode("queue" if sweep is None else "sweeps")
+
+    def _refused(self, error: Exception) -> None:
+        """A refused job's problems (a sweep's name the point) join the form's, until it changes."""
+        self.app.activity = ""
+        self.app.notify(f"submit failed: {describe(error)}", severity="error", timeout=10)
+        if isinstance(error, (specmod.SpecError, sweepplan.SweepError)) and self.review is not None:
+            self._show_review(replace(self.review, errors=self.review.errors + error.lines), self.summary)

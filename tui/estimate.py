@@ -5,7 +5,8 @@ Counted: parameters, gradients and AdamW's two moments, all in the master dtype 
 FSDP2 keeps per shard), divided over the shard group; plus the unsharded parameters that exist
 during compute (two layers at a time when params reshard after forward, the whole model
 otherwise). With `[peft] method = "lora"` the base holds only its parameters (frozen: no
-gradients, no moments) and the adapters hold all four, in fp32; the adapters are counted as
+gradients, no moments), in peft.base_dtype when set (bf16: 2 bytes each), and the adapters hold
+all four, in model.dtype; the adapters are counted as
 r x (in + out) per adapted matrix with in = out = hidden size (7 matrices per layer for
 'all-linear'), a slight undercount for MLP matrices. Not counted: activations, the allocator's
 cache, NCCL buffers. The parameter count
@@ -64,7 +65,7 @@ def estimate(spec: specmod.JobSpec) -> Memory | None:
     group = shard_group(spec)
     trainable = lora_params(spec, layers)
     copies = 1 if trainable else 4  # a frozen base: no gradients, no AdamW moments
-    state = (copies * MASTER_BYTES[spec.model.dtype] * n + 4 * 4 * trainable) / group
+    state = (copies * MASTER_BYTES[spec.base_dtype] * n + 4 * MASTER_BYTES[spec.model.dtype] * trainable) / group
     compute = COMPUTE_BYTES[spec.fsdp.mixed_precision]
     keeps_gathered = spec.effective_sharding in ("grad_op", "none") or not spec.fsdp.reshard_after_forward
     gathered = n * compute if keeps_gathered else 2 * n / max(layers, 1) * compute

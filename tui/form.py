@@ -3,6 +3,10 @@
 Nothing is re-described here: names, types, defaults and help text come from the dataclasses,
 and validation is `spec.from_dict`, so the form reports exactly what `clusterfsdp validate`
 reports, and a key added to the schema appears in the form without touching the TUI.
+
+Any field can be a list of values instead (`lists`: its text as `clusterfsdp sweep --grid` reads
+it): the job is then a sweep, its lists the [sweep] table's grid, each point checked as the
+sweep service checks it (`sweepplan.vary`).
 """
 
 from __future__ import annotations
@@ -12,14 +16,15 @@ import re
 import tomllib
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import tomli_w
 
-from clusterfsdp.control import modelsource
+from clusterfsdp.control import modelsource, sweepplan
 from clusterfsdp.control import spec as specmod
+from clusterfsdp.control.errors import UserError
 from clusterfsdp.control.presets import PRESETS
 
 Kind = Literal["bool", "choice", "text", "number", "time", "toml"]
@@ -124,9 +129,17 @@ def parse(field: FormField, raw: Any) -> tuple[Any, str | None]:
         return raw, f"{field.path}: not a TOML value ({e}); e.g. {example}"
 
 
-def to_data(values: dict[str, Any], keep: set[str] | None = None) -> dict[str, Any]:
-    """Parsed values as TOML data. With `keep`, only keys in it or differing from the default
-    (what saving writes, so a short file stays short)."""
+def list_text(f: FormField, raw: Any) -> str:
+    """A field's value as a list of one value: what turning the field into a list starts from."""
+    value, error = parse(f, raw)
+    return str(raw) if error else sweepplan.render_values([value])
+
+
+def to_data(
+    values: dict[str, Any], keep: set[str] | None = None, sweep: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Parsed values (and a [sweep] table) as TOML data. With `keep`, only keys in it or differing
+    from the default (what saving writes, so a short file stays short)."""
     data: dict[str, Any] = {}
     for f in FIELDS:
         value = values[f.path]
@@ -136,6 +149,8 @@ def to_data(values: dict[str, Any], keep: set[str] | None = None) -> dict[str, A
             data["env"] = value
         else:
             data.setdefault(f.section, {})[f.key] = value
+    if sweep:
+        data["sweep"] = sweep
     return data
 
 
@@ -144,8 +159,10 @@ class Review:
     """The form checked: every error, the same lines `clusterfsdp validate` prints, by field."""
 
     values: dict[str, Any]  # parsed; a field that does not parse keeps its default here
-    spec: specmod.JobSpec | None  # None while there are errors
+    spec: specmod.JobSpec | None  # None while there are errors; a sweep's: the job its points vary
     errors: list[str]
+    table: dict[str, Any] = field(default_factory=dict)  # [sweep]: the lists as its grid, and what else the file had
+    sweep: sweepplan.Varied | None = None  # the points, when the table varies something and they all check
 
     def for_field(self, path: str) -> list[str]:
         return [e for e in self.errors if field_of(e) == path]
@@ -181,8 +198,48 @@ def check_sources(review: Review, base: Path) -> Review:
     return review
 
 
+def sweep_table(lists: dict[str, str], rest: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The [sweep] table of a job whose fields in `lists` are lists of values (their text read as
+    `--grid` reads it, in that order) and whose file's table had `rest` besides; the lists' errors."""
+    grid, errors = dict(rest.get("grid", {})), []
+    for path, text in lists.items():
+        try:
+            grid[path] = sweepplan.parse_item(f"{path}={text}", "sweep.grid")[1]
+        except sweepplan.SweepError as e:
+            errors += e.errors
+    return {**rest, **({"grid": grid} if grid else {})}, errors
+
+
+def review_job(raw: dict[str, Any], lists: dict[str, str], rest: dict[str, Any], base: Path) -> Review:
+    """The whole form checked (`review`, `check_sources`), its fields in `lists` being lists of
+    values (`sweep_table`): each list's first value stands for the job's own value of its key (as
+    the job file of `clusterfsdp sweep` must hold a valid one, and a saved file holds it), then
+    every point is checked as a job spec as `clusterfsdp sweep` checks it. Errors name the point,
+    or the list (`sweep.grid KEY: ...`)."""
+    table, errors = sweep_table(lists, rest)
+    grid = table.get("grid", {})
+    firsts = {path: display(BY_PATH[path], grid[path][0]) for path in lists if grid.get(path)}
+    checked = replace(check_sources(review({**raw, **firsts}), base), table=table)
+    if errors:
+        return replace(checked, spec=None, errors=checked.errors + errors)
+    if checked.spec is None or not (grid or table.get("zip")):
+        return checked
+    try:
+        varied = sweepplan.vary(specmod.JobText(dumps(to_data(checked.values, sweep=table)), base))
+    except UserError as e:
+        return replace(checked, spec=None, errors=checked.errors + e.lines)
+    return replace(checked, sweep=varied)
+
+
+# What a sweep's error line names before the key it is about: the list, or the point.
+_SWEEP_CONTEXT = re.compile(r"sweep\.(grid|zip) |point \d+ \(.*?\): ")
+
+
 def field_of(error: str) -> str | None:
-    """The form field an error line is about ('slurm.extra.x: ...' -> 'slurm.extra')."""
+    """The form field an error line is about ('slurm.extra.x: ...' -> 'slurm.extra'; a sweep's
+    'sweep.grid train.lr: ...' and 'point 1 (train.lr=0.1): train.steps: ...' name theirs)."""
+    if context := _SWEEP_CONTEXT.match(error):
+        error = error[context.end() :]
     best = None
     for path in BY_PATH:
         at_field = error.startswith(path) and error[len(path) : len(path) + 1] in (":", ".", "[")
@@ -191,18 +248,38 @@ def field_of(error: str) -> str | None:
     return best
 
 
-def from_toml(text: str) -> tuple[dict[str, Any], set[str], list[str]]:
-    """(values for every field, paths present in the file, problems that cannot be shown in a
-    field: TOML syntax, unknown sections or keys, which are dropped)."""
-    values = {f.path: f.default for f in FIELDS}
+@dataclass
+class Opened:
+    """A job.toml read into the form. A field its [sweep] grid varies is in `lists`, and has the
+    first of those values in `values`: it stands for the key's own value (`review_job`)."""
+
+    values: dict[str, Any]  # every field's
+    present: set[str]  # the paths the file had
+    problems: list[str]  # what no field can show: TOML syntax, unknown sections or keys (dropped)
+    lists: dict[str, str] = field(default_factory=dict)  # fields the [sweep] grid varies: the values as text
+    sweep: dict[str, Any] = field(default_factory=dict)  # the rest of [sweep] (zip, max_parallel), kept as it was
+
+
+def new_job() -> Opened:
+    return Opened({f.path: f.default for f in FIELDS}, set(), [])
+
+
+def from_toml(text: str) -> Opened:
+    """A job.toml's values for every field, and what no field can show as problems."""
+    opened = new_job()
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        return values, set(), [f"not valid TOML: {e}"]
-    present, problems = set(), []
+        opened.problems.append(f"not valid TOML: {e}")
+        return opened
+    values, present, problems = opened.values, opened.present, opened.problems
     for section, table in data.items():
         if section == "env":
-            values["env"], present = table, present | {"env"}
+            values["env"] = table
+            present.add("env")
+            continue
+        if section == "sweep" and isinstance(table, dict):
+            opened.lists, opened.sweep = _lists(table, problems)
             continue
         if section not in specmod.SECTIONS or not isinstance(table, dict):
             problems.append(f"{section}: not a section of job.toml (ignored)")
@@ -217,7 +294,20 @@ def from_toml(text: str) -> tuple[dict[str, Any], set[str], list[str]]:
                 continue
             values[path] = value
             present.add(path)
-    return values, present, problems
+    values.update({path: data["sweep"]["grid"][path][0] for path in opened.lists if data["sweep"]["grid"][path]})
+    return opened
+
+
+def _lists(table: dict[str, Any], problems: list[str]) -> tuple[dict[str, str], dict[str, Any]]:
+    """A [sweep] table's grid lists of form fields as the fields' text, and the rest of the table."""
+    rest = {k: v for k, v in table.items() if k != "grid"}
+    grid = table.get("grid", {})
+    if not isinstance(grid, dict):
+        problems.append(f"sweep.grid: expected a table of lists, found {specmod.render_value(grid)} (ignored)")
+        return {}, rest
+    lists = {k: sweepplan.render_values(v) for k, v in grid.items() if k in BY_PATH and isinstance(v, list)}
+    other = {k: v for k, v in grid.items() if k not in lists}  # nested keys (slurm.container.image), or bad
+    return lists, {**rest, **({"grid": other} if other else {})}
 
 
 def dumps(data: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """The compose screen's live summary and sbatch preview for a valid spec.
 
-The summary is `clusterfsdp validate`'s (control.summary) plus the memory estimate; the preview is
-the exact script `launch.render_sbatch` would write for this spec, with a placeholder run id.
+The summary is `clusterfsdp validate`'s (control.summary) plus the memory estimate, and for a
+sweep its points and what they vary; the preview is the exact script `launch.render_sbatch` would
+write for this spec, with a placeholder run id.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from clusterfsdp.control import launch, runfolder
 from clusterfsdp.control import spec as specmod
 from clusterfsdp.control.partitions import Partition
 from clusterfsdp.control.summary import summary
+from clusterfsdp.control.sweepplan import Varied, render_values
 
 from .estimate import estimate
 
@@ -22,6 +24,7 @@ class Summary:
     spec: specmod.JobSpec  # with paths made absolute against the job file's folder: what is submitted
     text: str
     sbatch: str
+    sweep: Varied | None = None  # a sweep's points: submitted as a sweep of `spec`'s job
 
 
 def where(executor: str, nodes: int, slurm_available: bool | None) -> str:
@@ -61,9 +64,11 @@ def summarize(
     executor: str,
     slurm_available: bool | None,
     partitions: list[Partition] | None = None,
+    sweep: Varied | None = None,
 ) -> Summary:
     absolute = specmod.with_absolute_paths(spec, base)
-    text = summary(absolute, where(executor, spec.slurm.nodes, slurm_available))
+    text = sweep_text(sweep) if sweep else ""
+    text += summary(absolute, where(executor, spec.slurm.nodes, slurm_available))
     if partitions is not None and (executor == "slurm" or (executor == "auto" and slurm_available)):
         text += "\npartition  " + partition_text(spec, partitions)
     memory = estimate(absolute)
@@ -74,4 +79,15 @@ def summarize(
         sbatch = launch.render_sbatch(absolute, placeholder)
     except launch.SubmitError as e:
         sbatch = f"# cannot render: {e}"
-    return Summary(absolute, text, sbatch)
+    if sweep:
+        n = len(sweep.points)
+        sbatch = f"# on Slurm the sweep's {n} points are ONE job array (--array=0-{n - 1}); one run alone:\n{sbatch}"
+    return Summary(absolute, text, sbatch, sweep)
+
+
+def sweep_text(sweep: Varied) -> str:
+    """The points and what they vary, above the summary of the job they vary."""
+    lines = [f"sweep      {len(sweep.points)} points, one run each, varying"]
+    for axis in sweep.axes:
+        lines.append(f"           {axis.key} = {render_values(axis.values)}" + (" (zipped)" if axis.zipped else ""))
+    return "\n".join(lines) + "\n\n"

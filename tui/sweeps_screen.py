@@ -85,6 +85,13 @@ class SweepsScreen(Screen):
         for label in SWEEP_COLUMNS:
             table.add_column(label, key=label.lower())
         self.set_interval(self.app.refresh_s, self.action_refresh)
+        self.watch(self.app, "current_sweep", self._select, init=False)
+        self._select(self.app.current_sweep)
+
+    def _select(self, folder: str | None) -> None:
+        """Show `folder`'s points (a sweep just submitted), else what is selected."""
+        if folder is not None:
+            self.selected, self.hidden = folder, set()
         self.action_refresh()
 
     @property

@@ -98,6 +98,11 @@ def is_complete(path: Path) -> bool:
     return (path / DCP_METADATA).is_file() and (path / COMPLETE).is_file()
 
 
+def read_meta(path: Path) -> dict[str, Any]:
+    """A checkpoint's clusterfsdp.json (OSError, json.JSONDecodeError when unreadable)."""
+    return json.loads((path / COMPLETE).read_text())
+
+
 def list_checkpoints(root: Path) -> list[CheckpointInfo]:
     """Complete checkpoints, oldest first (pure Python: used by status, the TUI and export)."""
     out = []
@@ -106,7 +111,7 @@ def list_checkpoints(root: Path) -> list[CheckpointInfo]:
             m = _STEP.match(p.name)
             if m and is_complete(p):
                 try:
-                    meta = json.loads((p / COMPLETE).read_text())
+                    meta = read_meta(p)
                 except (OSError, json.JSONDecodeError):
                     continue
                 out.append(CheckpointInfo(p, int(m.group(1)), meta))

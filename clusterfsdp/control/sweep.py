@@ -40,7 +40,7 @@ from .records import Executor, RunState, SweepPoint, SweepRecord
 from .run import Run, RunError
 from .spec.schema import SweepSection
 from .sweepfolder import PointStatus, SweepFolder, find_sweep
-from .sweepplan import Point, SweepError, axes, points, read_table
+from .sweepplan import Point, SweepError, at_point, vary
 
 DRIVER_POLL_S = 1.0
 
@@ -96,7 +96,7 @@ class Sweep:
     @classmethod
     def plan(
         cls,
-        job: str | Path,
+        job: str | Path | specmod.JobText,
         *,
         grid: Sequence[str] = (),
         zipped: Sequence[str] = (),
@@ -106,37 +106,23 @@ class Sweep:
         values: SweepSection | None = None,
     ) -> Planned:
         """Every point typed and checked as a run on the chosen backend; nothing made or queued.
-        The varied keys: the job file's [sweep] table, `values` (the notebook's, Python values)
-        over it, then `grid`/`zipped` (the command line's `KEY=V1,V2` items) over both."""
-        job = Path(job)
-        base = specmod.load(job, list(overrides))
-        table = read_table(job)
-        if values is not None:
-            table.grid.update(values.grid)
-            table.zip.update(values.zip)
-        varied = axes(table, list(grid), list(zipped))
-        pts = points(varied)
-        parallel = table.max_parallel if max_parallel is None else max_parallel
-        if parallel < 0:
-            raise SweepError([f"--max-parallel {parallel}: expected 0 (no limit on Slurm, 1 locally) or more"])
+        `job`: a job file, or the TUI's form as text; the varied keys as `sweepplan.vary` takes them."""
+        text = job if isinstance(job, specmod.JobText) else specmod.JobText.read(job)
+        varied = vary(text, grid=grid, zipped=zipped, max_parallel=max_parallel, overrides=overrides, values=values)
         backend, notice = backends.for_request(executor)
         sweep_id = "sw" + runfolder.new_run_id()
-        name = f"{base.job.name[:70]}-{sweep_id}"
-        fixed = [f"log.project={specmod.render_value(base.log.project or base.job.name)}"]
+        name = f"{varied.name[:70]}-{sweep_id}"
         specs, prepared = [], []
-        for p in pts:
-            try:
-                spec = _named(specmod.load(job, [*overrides, *fixed, *p.overrides()]), name)
+        for p, point_spec in zip(varied.points, varied.specs, strict=True):
+            with at_point(p, varied.shared):
+                spec = _named(point_spec, name)
                 specs.append(spec)
                 backend.check(spec)
                 if backend.executor is Executor.SLURM and (problem := arraylaunch.array_refusal(specs)):
                     raise SweepError([problem])
                 prepared.append(Run.check_new(spec, backend))
-            except UserError as e:
-                own = [f"--set {item}: " for item in [*fixed, *p.overrides()]]
-                lines = [next((ln.removeprefix(o) for o in own if ln.startswith(o)), ln) for ln in e.lines]
-                raise SweepError([f"point {p.index} ({p.describe()}): {line}" for line in lines]) from None
-        return Planned(sweep_id, base.job.name, [a.key for a in varied], pts, prepared, parallel, backend, notice)
+        keys, parallel = varied.keys, varied.max_parallel
+        return Planned(sweep_id, varied.name, keys, varied.points, prepared, parallel, backend, notice)
 
     @classmethod
     def submit(cls, planned: Planned) -> Sweep:

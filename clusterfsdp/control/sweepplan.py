@@ -1,8 +1,9 @@
 """What a sweep varies, and its points: `--grid KEY=V1,V2`, `--zip KEY=V1,V2` and the job file's
 [sweep] table, each value typed by the schema exactly as `--set` types it (`spec.apply_overrides`
 then `spec.coerce`), expanded into points (the cross product of the grid's lists, times the
-zipped lists taken together), and each point's overrides. Pure and torch-free: the sweep service
-(`control.sweep`) checks every point as a run before any is made.
+zipped lists taken together), and each point's overrides; `vary` checks every point's job spec.
+Pure and torch-free: the sweep service (`control.sweep`) then checks every point as a run before
+any is made, and the TUI's compose form calls `vary` as you type.
 
 Bad input is one line each (SweepError, exit 2): an unknown key (the closest one suggested), a key
 a sweep cannot vary, a value of the wrong type, an empty list, zipped lists of different lengths,
@@ -11,9 +12,11 @@ a key given twice, more than MAX_SWEEP_POINTS points.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import tomllib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +77,22 @@ def parse_item(item: str, flag: str) -> tuple[str, list[Any]]:
     return key, [_literal(p) for p in parts if p]
 
 
+def render_values(values: Sequence[Any]) -> str:
+    """Values as `parse_item` reads them back: `V1, V2`, or a TOML array where a value holds a
+    comma or is an array itself."""
+    texts = [specmod.render_value(v) for v in values]
+    if any("," in t or t.startswith("[") for t in texts):
+        return specmod.render_value(list(values))
+    return ", ".join(texts)
+
+
+def fixed_reason(key: str) -> str | None:
+    """Why a sweep cannot vary `key` (every point shares it), or None when it can."""
+    if key in FIXED_KEYS or key == "env" or key.startswith("env."):
+        return f"a sweep cannot vary {key} (its points share it)"
+    return None
+
+
 def _literal(raw: str) -> Any:
     data: dict[str, Any] = {}
     specmod.apply_overrides(data, [f"x.v={raw}"])
@@ -119,8 +138,8 @@ def _typed(key: str, values: list[Any], origin: str) -> list[Any]:
     tp = specmod.key_type(key)
     if tp is None:
         raise SweepError([f"{origin} {specmod.unknown_key_line(key)}"])
-    if key in FIXED_KEYS or key.startswith("env."):
-        raise SweepError([f"{origin} {key}: a sweep cannot vary {key} (its points share it)"])
+    if (why := fixed_reason(key)) is not None:
+        raise SweepError([f"{origin} {key}: {why}"])
     if not values:
         raise SweepError([f"{origin} {key}: an empty list (give at least one value)"])
     typed = []
@@ -155,18 +174,77 @@ def points(axes_: list[Axis]) -> list[Point]:
     return out
 
 
-def read_table(job: Path) -> SweepSection:
-    """The job file's [sweep] table, typed (an empty one when it has none); loading the job
-    checked it already, so a SpecError here only repeats what `load` says."""
-    data = tomllib.loads(specmod.read_job_file(job))
-    value = data.get("sweep", {})
+def read_table(text: str) -> SweepSection:
+    """A job's [sweep] table, typed (an empty one when it has none); loading the job checked it
+    already, so a SpecError here only repeats what `load` says."""
+    value = tomllib.loads(text).get("sweep", {})
     return specmod.coerce("sweep", SweepSection, value)
 
 
 def has_table(job: Path) -> bool:
     """The job file has a [sweep] table that varies something (`submit` refuses it)."""
     try:
-        table = read_table(job)
+        table = read_table(specmod.read_job_file(job))
     except (specmod.SpecError, tomllib.TOMLDecodeError, OSError):
         return False
     return bool(table.grid or table.zip)
+
+
+@dataclass(frozen=True)
+class Varied:
+    """A sweep's points, each checked as a job spec; not yet as a run (sources, data, backend:
+    `Sweep.plan` does that)."""
+
+    job: specmod.JobText  # what the points vary (`vary`'s overrides not applied)
+    name: str  # the job's name
+    axes: list[Axis]
+    points: list[Point]
+    specs: list[specmod.JobSpec]  # point i's, paths absolute
+    shared: list[str]  # the overrides every point gets besides its own values (`at_point`)
+    max_parallel: int
+
+    @property
+    def keys(self) -> list[str]:
+        return [a.key for a in self.axes]
+
+
+def vary(
+    job: specmod.JobText,
+    *,
+    grid: Sequence[str] = (),
+    zipped: Sequence[str] = (),
+    max_parallel: int | None = None,
+    overrides: Sequence[str] = (),
+    values: SweepSection | None = None,
+) -> Varied:
+    """The job's points, each loaded and checked as a job spec. The varied keys: the job's [sweep]
+    table, `values` (the notebook's, Python values) over it, then `grid`/`zipped` (the command
+    line's `KEY=V1,V2` items) over both. The first point that fails is named (SweepError)."""
+    base = job.load(overrides)
+    table = read_table(job.text)
+    if values is not None:
+        table.grid.update(values.grid)
+        table.zip.update(values.zip)
+    varied = axes(table, list(grid), list(zipped))
+    pts = points(varied)
+    parallel = table.max_parallel if max_parallel is None else max_parallel
+    if parallel < 0:
+        raise SweepError([f"--max-parallel {parallel}: expected 0 (no limit on Slurm, 1 locally) or more"])
+    shared = [f"log.project={specmod.render_value(base.log.project or base.job.name)}"]
+    specs = []
+    for p in pts:
+        with at_point(p, shared):
+            specs.append(job.load([*overrides, *shared, *p.overrides()]))
+    return Varied(job, base.job.name, varied, pts, specs, shared, parallel)
+
+
+@contextlib.contextmanager
+def at_point(point: Point, shared: list[str]) -> Iterator[None]:
+    """Checks of one point: what they refuse becomes a SweepError whose lines name the point (and
+    not the overrides that made it: its values are in the name)."""
+    try:
+        yield
+    except UserError as e:
+        own = [f"--set {item}: " for item in [*shared, *point.overrides()]]
+        lines = [next((ln.removeprefix(o) for o in own if ln.startswith(o)), ln) for ln in e.lines]
+        raise SweepError([f"point {point.index} ({point.describe()}): {line}" for line in lines]) from None

@@ -8,8 +8,9 @@ them), plus the tokenizer. Only the adapters are read from the checkpoint; the b
 loaded.
 
 With --merge: the base loaded once on the CPU (the run's base folder, through the same loader as
-training), the adapters loaded beside it and merged into its weights in place (peft's
-`LoraLayer.merge`), then written as a plain HF model folder in the chosen dtype. One copy of the
+training, in the dtype it trained in: peft.base_dtype), the adapters loaded beside it and merged
+into its weights in place (peft's `LoraLayer.merge`, in model.dtype, the adapters' dtype), then
+written as a plain HF model folder in the chosen dtype (default: the base's). One copy of the
 base at any time.
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..control import runfolder
+from ..control import ckptfolder, runfolder
 from ..control.modelsource import SOURCES_FILE
 from ..control.spec import JobSpec
 from . import adapters
@@ -37,19 +38,18 @@ def _load_trained(model: nn.Module, checkpoint_dir: Path) -> None:
     parameters, in place (no process group: the export is one process)."""
     from torch.distributed.checkpoint.state_dict_loader import load
 
-    from ..control import ckptfolder
     from . import safeload
     from .checkpoint import dcp_call
 
     state = {"model": {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}}
-    meta = json.loads((checkpoint_dir / ckptfolder.COMPLETE).read_text())
+    meta = ckptfolder.read_meta(checkpoint_dir)
     reader, planner = safeload.SafeReader(checkpoint_dir, meta), safeload.SafePlanner()
     dcp_call(f"loading {checkpoint_dir.name}", load, state, storage_reader=reader, planner=planner, no_dist=True)
 
 
 def _adapted_meta(spec: JobSpec, config) -> nn.Module:
-    model = modelmod.build_meta(spec.model, config)
-    adapters.inject(model, spec.peft)
+    model = modelmod.build_meta(spec.model, config, spec.base_dtype)
+    adapters.inject(model, spec.peft, modelmod.DTYPES[spec.model.dtype])
     return model
 
 
@@ -93,15 +93,17 @@ def merged_model(spec: JobSpec, config, checkpoint_dir: Path) -> nn.Module:
 
     from . import weights
 
-    dtype = modelmod.DTYPES[spec.model.dtype]
-    meta = modelmod.build_meta(spec.model, config)
-    plan = weights.plan(meta, dtype)
-    adapters.inject(meta, spec.peft)
+    adapters.check_base(spec, ckptfolder.read_meta(checkpoint_dir))  # (merged onto another base they mean nothing)
+    base, trained = modelmod.DTYPES[spec.base_dtype], modelmod.DTYPES[spec.model.dtype]
+    meta = modelmod.build_meta(spec.model, config, spec.base_dtype)
+    plan = weights.plan(meta, base)
+    adapters.inject(meta, spec.peft, trained)
     with adapters.base_view(meta):
-        weights.load_pretrained(meta, Path(spec.model.name_or_path), plan, "cpu", dtype)
+        weights.load_pretrained(meta, Path(spec.model.name_or_path), plan, "cpu", base)
     adapters.freeze_base(meta)  # (the loader made new parameters)
     adapters.fill(meta, spec.job.seed, torch.device("cpu"))  # storage (then overwritten by the checkpoint)
     _load_trained(meta, checkpoint_dir)
+    meta.to(trained)  # merged in the adapters' dtype (a bf16 base goes up to fp32 exactly, a tensor at a time)
     for parent in list(meta.modules()):
         for key, child in list(parent.named_children()):
             if isinstance(child, LoraLayer):

@@ -54,8 +54,11 @@ def lora_config(p: PeftSection, base: str = ""):
     )
 
 
-def inject(model: nn.Module, p: PeftSection) -> None:
-    """Adapters into the meta model, in place (the model keeps its class); the base frozen."""
+def inject(model: nn.Module, p: PeftSection, dtype: torch.dtype) -> None:
+    """Adapters into the meta model, in place (the model keeps its class); the base frozen, in
+    the dtype it was built in (JobSpec.base_dtype); the adapters and trained copies in `dtype`
+    (model.dtype: peft makes adapters in torch's default dtype and copies modules_to_save in the
+    base's)."""
     from peft import inject_adapter_in_model
 
     try:
@@ -67,6 +70,10 @@ def inject(model: nn.Module, p: PeftSection) -> None:
             f"peft.target_modules: peft cannot put adapters on model type {model_type!r}: {text}"
         ) from None
     freeze_base(model)
+    for m in model.modules():
+        for key, param in m._parameters.items():
+            if param is not None and param.requires_grad and param.dtype != dtype:
+                m._parameters[key] = nn.Parameter(param.to(dtype), requires_grad=True)
 
 
 def freeze_base(model: nn.Module) -> None:

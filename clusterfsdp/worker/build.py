@@ -34,9 +34,9 @@ def build(
     `kept`: the run's copy of the model's config (<run>/model), used when present so that a
     resume does not need the original folder. Returns (model, optimizer, config, ParamCount)."""
     config = modelmod.build_config(spec.model, tokens, kept)
-    meta = modelmod.build_meta(spec.model, config)  # 1. build on meta
+    meta = modelmod.build_meta(spec.model, config, spec.base_dtype)  # 1. build on meta
     counts = modelmod.param_count(meta, config)  # (unsharded: the same on every world size)
-    dtype = modelmod.DTYPES[spec.model.dtype]
+    dtype = modelmod.DTYPES[spec.base_dtype]  # (LoRA: the frozen base's; the adapters train in model.dtype)
     lora = adapters.enabled(spec)  # a LoRA checkpoint holds only the adapters: the base is loaded again
     mode = "buffers" if resume and not lora else "pretrained" if spec.model.name_or_path else "init"
     filler = weights.Filler(
@@ -48,7 +48,7 @@ def build(
         dtype,
     )
     if lora:
-        adapters.inject(meta, spec.peft)
+        adapters.inject(meta, spec.peft, modelmod.DTYPES[spec.model.dtype])
         counts = dataclasses.replace(counts, trainable=adapters.trainable_count(meta))
     base = adapters.base_view if lora else contextlib.nullcontext  # the base under its own names
     mesh = parallelize.build_mesh(spec, device.type, world_size)
@@ -56,7 +56,7 @@ def build(
         parallelize.apply_activation_checkpointing(meta)
     if spec.fsdp.version == 1:  # FSDP1 materializes and fills (3.) each unit as it wraps it
         with base(meta):
-            init_fn = filler.fsdp1_init_fn(meta, lambda: modelmod.build_meta(spec.model, config))
+            init_fn = filler.fsdp1_init_fn(meta, lambda: modelmod.build_meta(spec.model, config, spec.base_dtype))
         if lora:
             init_fn = adapters.fsdp1_init_fn(init_fn, meta, spec.job.seed, device)
         model = parallelize.fsdp1(meta, spec, mesh, device, init_fn)

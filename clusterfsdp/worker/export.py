@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -95,7 +94,7 @@ def export_hf(
         for name in ("bos", "eos", "pad"):
             if getattr(tokens, name) is not None:
                 setattr(config, f"{name}_token_id", getattr(tokens, name))
-        model.to(modelmod.DTYPES[dtype or spec.model.dtype])
+        model.to(modelmod.DTYPES[dtype or spec.base_dtype])
         with task(f"writing safetensors to {out}"):
             model.save_pretrained(tmp, safe_serialization=True)
         _write_tokenizer(spec, tmp)
@@ -126,7 +125,7 @@ def _full_model(spec: JobSpec, config, checkpoint_dir: Path) -> Any:
     model: Any = modelmod.build_meta(spec.model, config).to_empty(device="cpu")
     compute_buffers(model)
     state = {"model": model.state_dict()}
-    meta = json.loads((checkpoint_dir / ckptfolder.COMPLETE).read_text())
+    meta = ckptfolder.read_meta(checkpoint_dir)
     reader, planner = safeload.SafeReader(checkpoint_dir, meta), safeload.SafePlanner()
     dcp_call(f"loading {checkpoint_dir.name}", load, state, storage_reader=reader, planner=planner, no_dist=True)
     model.load_state_dict(state["model"])
@@ -159,13 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir")
     p.add_argument("--step", type=int, help="checkpoint step (default: the newest complete one)")
     p.add_argument("--to", required=True)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: model.dtype of the run")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="default: model.dtype (LoRA --merge: peft.base_dtype when set)",
+    )
     p.add_argument("--force", action="store_true", help="replace a non-empty --to folder")
     p.add_argument(
         "--merge", action="store_true", help="LoRA runs: a full model with the adapters merged (default: the adapters)"
     )
     args = p.parse_args(argv)
-    from ..control import ckptfolder
 
     warnings.simplefilter("ignore")  # torch/transformers warnings would bury the one-line result
 

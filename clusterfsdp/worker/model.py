@@ -100,14 +100,15 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()).split(". ")[0][:300]
 
 
-def build_meta(cfg: ModelSection, config) -> nn.Module:
-    """The model with every parameter on the meta device (no memory, no init)."""
+def build_meta(cfg: ModelSection, config, dtype: str = "") -> nn.Module:
+    """The model with every parameter on the meta device (no memory, no init), in `dtype`
+    (default model.dtype; a LoRA job's frozen base: JobSpec.base_dtype)."""
     from transformers import AutoModelForCausalLM
 
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
-                config, attn_implementation=cfg.attn_implementation, dtype=DTYPES[cfg.dtype]
+                config, attn_implementation=cfg.attn_implementation, dtype=DTYPES[dtype or cfg.dtype]
             )
     except ValueError as e:
         raise ModelError(

@@ -70,8 +70,8 @@ def fsdp2(model: nn.Module, spec: JobSpec, mesh: DeviceMesh, shard_dims: dict[nn
     kwargs: dict[str, Any] = dict(
         mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=MP_DTYPES[f.mixed_precision], reduce_dtype=torch.float32)
     )
-    if f.cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+    if f.cpu_offload:  # (pinned host memory needs an accelerator; a CPU run offloads to unpinned memory)
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=mesh.device_type != "cpu")
     if shard_dims:
         kwargs["shard_placement_fn"] = lambda p: Shard(shard_dims.get(p, 0))
     sharding = spec.effective_sharding

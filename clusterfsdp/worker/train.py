@@ -282,8 +282,8 @@ class Trainer:
         if counts.trainable:
             share = 100 * counts.trainable / counts.total
             self.log(
-                f"peft: LoRA r={spec.peft.r}, {counts.trainable / 1e6:.3f}M trainable params of "
-                f"{(counts.total + counts.trainable) / 1e6:.2f}M ({share:.2f}% of the base)"
+                f"peft: LoRA r={spec.peft.r}, {counts.trainable / 1e6:.3f}M trainable params ({spec.model.dtype}) of "
+                f"{(counts.total + counts.trainable) / 1e6:.2f}M ({share:.2f}% of the base, kept in {spec.base_dtype})"
             )
             fpt = adapters.flops_per_token(config, counts.active, counts.trainable, spec.data.seq_len)
         else:

@@ -30,7 +30,7 @@ from .codec import (
     unknown_key_line,
 )
 from .docs import describe_schema, key_paths, starter_toml
-from .paths import load, looks_like_hub_id, read_job_file, with_absolute_paths
+from .paths import JobText, load, looks_like_hub_id, read_job_file, with_absolute_paths
 from .schema import (
     SECTIONS,
     CheckpointSection,
@@ -70,6 +70,7 @@ __all__ = [
     "FsdpSection",
     "JobSection",
     "JobSpec",
+    "JobText",
     "LogSection",
     "ModelSection",
     "PeftSection",

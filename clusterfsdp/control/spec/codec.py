@@ -308,6 +308,8 @@ def render_value(value: Any) -> str:
         return (
             "{ " + ", ".join(f"{render_key(k)} = {render_value(v)}" for k, v in value.items()) + " }" if value else "{}"
         )
+    if isinstance(value, list):  # tomli_w writes arrays one item a line
+        return "[" + ", ".join(render_value(v) for v in value) + "]"
     import tomli_w
 
     return tomli_w.dumps({"v": value}).strip()[4:]

@@ -24,19 +24,37 @@ MAX_JOB_FILE_BYTES = 1 << 20
 def load(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
     """A job file as a checked JobSpec with absolute paths. Every error line says where it comes
     from: the `--set KEY=VALUE` that gave the key it names, else the file."""
-    p = Path(path)
-    text = read_job_file(p)
-    try:
-        return with_absolute_paths(loads(text, overrides), p.parent)
-    except SpecError as e:
-        raise SpecError([_origin(line, p, overrides) for line in e.errors]) from None
+    return JobText.read(path).load(overrides)
 
 
-def _origin(line: str, p: Path, overrides: Sequence[str]) -> str:
-    if line.startswith((str(p), "--set ")):  # already says where it comes from
-        return line
-    item = override_of(line, overrides)
-    return f"{override_label(item)}: {line}" if item is not None else f"{p}: {line}"
+@dataclasses.dataclass(frozen=True)
+class JobText:
+    """A job's TOML text and the folder its relative paths are relative to: a job file read once
+    (`read`), or a job that is no file (the TUI's compose form), whose `origin` is empty."""
+
+    text: str
+    base: Path
+    origin: str = ""  # what error lines about keys no override set start with: the file's path
+
+    @classmethod
+    def read(cls, path: str | Path) -> JobText:
+        p = Path(path)
+        return cls(read_job_file(p), p.parent, str(p))
+
+    def load(self, overrides: Sequence[str] = ()) -> JobSpec:
+        """The job as a checked JobSpec with absolute paths (`load`)."""
+        try:
+            return with_absolute_paths(loads(self.text, overrides), self.base)
+        except SpecError as e:
+            raise SpecError([self._origin(line, overrides) for line in e.errors]) from None
+
+    def _origin(self, line: str, overrides: Sequence[str]) -> str:
+        if line.startswith("--set ") or (self.origin and line.startswith(self.origin)):  # says where already
+            return line
+        item = override_of(line, overrides)
+        if item is not None:
+            return f"{override_label(item)}: {line}"
+        return f"{self.origin}: {line}" if self.origin else line
 
 
 def read_job_file(p: Path) -> str:

@@ -34,6 +34,8 @@ def errors(spec: JobSpec) -> list[str]:
     """The [peft] values alone and against the rest of the job."""
     p = spec.peft
     if p.method == "none":
+        if p.base_dtype:
+            return ["peft.base_dtype: a full fine-tune trains every weight in model.dtype (set peft.method = 'lora')"]
         return []
     out = []
     if p.r < 1:
@@ -64,6 +66,11 @@ def errors(spec: JobSpec) -> list[str]:
         out.append(
             "peft.use_dora: DoRA is not supported (its magnitude vector needs each whole base weight, which "
             "sharding splits); use plain LoRA or use_rslora"
+        )
+    if spec.base_dtype != spec.model.dtype and spec.fsdp.version == 1:
+        out.append(
+            f"peft.base_dtype: {p.base_dtype!r} beside model.dtype = {spec.model.dtype!r} needs fsdp.version = 2 "
+            "(FSDP1 flattens each unit's parameters into one tensor of one dtype)"
         )
     if not spec.model.name_or_path:
         out.append("peft.method: 'lora' needs a pretrained base model (model.name_or_path)")

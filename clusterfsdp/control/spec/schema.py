@@ -207,7 +207,12 @@ class ModelSection:
         'keys, e.g. { model_type = "qwen2", hidden_size = 256, ... } (transformers\' defaults fill the rest). '
         "With pretrained weights, keys that change shapes fail when the weights load.",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = F("float32", "dtype of the master weights.")
+    dtype: Literal["float32", "bfloat16", "float16"] = F(
+        "float32",
+        "dtype of the master weights: every weight of a full fine-tune; with [peft], the adapters and "
+        "modules_to_save (with their gradients and AdamW moments) and the frozen base unless peft.base_dtype says "
+        "otherwise.",
+    )
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = F("sdpa", "HF attention kernel.")
 
 
@@ -538,6 +543,14 @@ class PeftSection:
         False,
         "Weight-decomposed LoRA (DoRA): not supported on sharded models (its magnitude needs each whole base weight).",
     )
+    base_dtype: Literal["", "bfloat16"] = F(
+        "",
+        "dtype the frozen base is kept in: '' the same as model.dtype; 'bfloat16' half the memory of a float32 "
+        "base while the adapters and modules_to_save train in model.dtype (float32: fp32 weights, gradients and "
+        "AdamW moments). Compute follows fsdp.mixed_precision ('fp32' gathers the bf16 base as fp32 for each "
+        "layer). Another dtype than model.dtype needs FSDP2 (FSDP1 flattens a unit into one dtype). `export "
+        "--merge` merges in model.dtype and writes the base's dtype unless --dtype.",
+    )
 
 
 Tracker = Literal["tensorboard", "wandb", "mlflow"]
@@ -629,6 +642,12 @@ class JobSpec:
         if self.effective_sharding == "hybrid":
             return (self.slurm.nodes, self.tasks_per_node)
         return (self.world_size,)
+
+    @property
+    def base_dtype(self) -> str:
+        """The dtype of the weights that do not train: peft.base_dtype for a LoRA job that sets it,
+        else model.dtype (every weight of a full fine-tune)."""
+        return (self.peft.method == "lora" and self.peft.base_dtype) or self.model.dtype
 
     @property
     def packing(self) -> str:
