@@ -19,6 +19,7 @@ import pytest
 from data_helpers import conversations, make_tokenizer, write_jsonl
 from procs import launch, make_run, run_workers, tiny_job_toml, wait
 
+from clusterfsdp import cli
 from clusterfsdp.control import ckptfolder
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.presets import PRESETS
@@ -257,12 +258,13 @@ def test_chat_lora_run_on_fsdp1_resumes_exactly_and_exports_adapters_and_merged(
 COMPILE_TOL = 1e-4
 
 
-def test_bf16_base_run_resumes_exactly_compiled_exports_and_refuses_a_changed_base(bases, tmp_path):
+def test_bf16_base_run_resumes_exactly_compiled_exports_and_refuses_a_changed_base(bases, tmp_path, capsys):
     """The frozen base kept in bf16 beside fp32 adapters (FSDP2, 2 ranks): the checkpoint holds the
     adapters and their AdamW moments, all fp32, and no base tensor; a resume is bitwise; resumed
     from the same checkpoint with fsdp.compile, the steps stay within COMPILE_TOL of eager ones;
     the adapter folder is fp32 and `--merge` writes bf16 by default. Then the base's weight file is
-    rewritten: a resume and a merged export are refused with one line, and no checkpoint is lost."""
+    rewritten: `resume` refuses it before queueing, the ranks of an attempt started anyway (a requeue)
+    refuse it before loading the base, so does a merged export, each with one line; no checkpoint is lost."""
     base = tmp_path / "base"
     shutil.copytree(bases / "llama", base)
     job = tiny_job_toml(
@@ -296,6 +298,12 @@ def test_bf16_base_run_resumes_exactly_compiled_exports_and_refuses_a_changed_ba
     weights = base / "model.safetensors"
     weights.write_bytes(weights.read_bytes())  # rewritten (as by a new download): the same size, a new time
     kept = sorted(p.name for p in root.iterdir())
+    attempts = run.attempts
+    assert cli.main(["resume", str(run.path), "--executor", "local"]) == 2  # refused before queueing
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"run {run.id}: model.name_or_path: the base model's weight files changed since the adapters" in line
+    assert run.attempts == attempts and sorted(p.name for p in root.iterdir()) == kept
+    # a requeue after the base was replaced: the ranks refuse it before loading the base
     refused = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], 2, job_id="b4"))
     assert all(code != 0 for code, _ in refused)
     reasons = [e.reason for e in run.events("b4") if e.event is EventKind.FAILED]

@@ -29,7 +29,20 @@ from pathlib import Path
 from typing import Any
 
 from ..data import checks as datachecks
-from . import backends, ckptfolder, fileio, launch, lock, modelsource, prepjob, runfolder, secretenv, slurmcli, status
+from . import (
+    backends,
+    ckptfolder,
+    fileio,
+    launch,
+    lock,
+    modelsource,
+    peftbase,
+    prepjob,
+    runfolder,
+    secretenv,
+    slurmcli,
+    status,
+)
 from . import spec as specmod
 from .errors import UserError
 from .inputs import prepare_sources
@@ -265,6 +278,8 @@ class Run:
             if step is not None and target is None:
                 have = ", ".join(str(c.step) for c in ckptfolder.list_checkpoints(root)) or "none"
                 raise RunError(f"run {self.id}: no complete checkpoint at step {step} (have: {have})")
+            if target is not None and spec.peft.method == "lora" and (why := peftbase.problem(spec, target.meta)):
+                raise RunError(f"run {self.id}: {why}")
             if live is not None:
                 self._cancel_attempt(live, backends.for_attempt(live))
                 self._wait_gone(wait_s)

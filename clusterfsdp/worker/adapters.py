@@ -10,29 +10,26 @@ keeping its shard: the same adapters for every world size and FSDP version). Und
 `fsdp1_init_fn` does the last two unit by unit inside `param_init_fn`.
 
 The optimizer, gradient clipping and checkpoints see only the trainable parameters; a checkpoint
-carries `base_reference` (the base's folder, commit and weight files), and `check_base` refuses a
-resume on a base that changed. `export.py` writes the adapter folder or the merged model.
+carries `control.peftbase.reference` (the base's folder, commit and weight files), and `check_base`
+refuses to load adapters onto a base that changed (`resume` already refused it before queueing;
+this catches a requeue after the base was replaced). `export.py` writes the adapter folder or the merged model.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..control.modelsource import safetensors_header, weight_files
+from ..control import peftbase
 from ..control.spec import JobSpec, PeftSection
 from .model import ModelError, canonical
 from .weights import take_shards, unit_seed
 
 ADAPTER = "default"  # peft's adapter name
-BASE_KEY = "peft_base"  # the base reference in a checkpoint's clusterfsdp.json
 
 
 def enabled(spec: JobSpec) -> bool:
@@ -205,43 +202,7 @@ def flops_per_token(config, n_active: int, n_trainable: int, seq_len: int) -> fl
 
 
 # ---------------------------------------------------------------- the base a checkpoint was trained on
-def base_reference(spec: JobSpec) -> dict[str, Any]:
-    """The base model a LoRA checkpoint needs: its resolved folder and hub commit (as the run's
-    job.toml records them), and each weight file's name, size, modification time, blob (hub
-    cache) and header digest: cheap to recompute at every save, and a replaced, rewritten or
-    re-downloaded base shows without reading the tensors."""
-    folder = Path(spec.model.name_or_path)
-    files = {}
-    for f in weight_files(folder):
-        header = json.dumps(safetensors_header(f), sort_keys=True).encode()
-        stat = f.stat()
-        files[f.name] = {
-            "size": stat.st_size,
-            "mtime_ns": stat.st_mtime_ns,
-            "blob": f.resolve().name,  # a hub snapshot's file links to its blob, named by its content hash
-            "header_sha256": hashlib.sha256(header).hexdigest(),
-        }
-    return {"folder": str(folder), "revision": spec.model.revision, "files": files}
-
-
 def check_base(spec: JobSpec, meta: dict[str, Any]) -> None:
     """Refuses (one line) to resume adapters on a base other than the one they were trained on."""
-    saved = meta.get(BASE_KEY)
-    if saved is None:
-        raise ModelError(
-            "peft: the checkpoint to resume holds a full model, not adapters (was peft.method changed since?)"
-        )
-    now = base_reference(spec)
-    if saved != now:
-        what = (
-            "folder"
-            if saved.get("folder") != now["folder"]
-            else "commit"
-            if saved.get("revision") != now["revision"]
-            else "weight files"
-        )
-        raise ModelError(
-            f"model.name_or_path: the base model's {what} changed since the adapters were trained "
-            f"({saved.get('folder')} @ {saved.get('revision') or 'local'}): resume refused, the adapters fit only "
-            "that base"
-        )
+    if (why := peftbase.problem(spec, meta)) is not None:
+        raise ModelError(why)

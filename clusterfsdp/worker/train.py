@@ -25,7 +25,7 @@ from typing import Any  # models: transformers PreTrainedModels wrapped by FSDP
 import torch
 import torch.distributed as dist
 
-from ..control import ckptfolder, lrschedule
+from ..control import ckptfolder, lrschedule, peftbase
 from ..control.records import EventKind
 from ..control.spec import JobSpec
 from ..data import samplesets
@@ -460,7 +460,7 @@ class Trainer:
         self._phase(Phase.SAVE)
         meta = self.state.state_dict()
         if adapters.enabled(self.spec):
-            meta[adapters.BASE_KEY] = adapters.base_reference(self.spec)
+            meta[peftbase.BASE_KEY] = peftbase.reference(self.spec)
         secs = self.checkpointer.save(self.state.step, meta, blocking=blocking)
         self._phase(Phase.STEP)
         return secs
