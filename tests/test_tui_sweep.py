@@ -142,8 +142,9 @@ def test_compose_turns_a_field_into_a_list_of_values_and_submits_a_sweep(tmp_pat
         await until(pilot, lambda: screen.review is not None and screen.review.errors, "the refusal")
         screen.query_one("#sections", TabbedContent).active = "tab-job"
         await pilot.pause()
-        at_fault = " ".join(rendered(screen.query_one("#f-job-run_root .errors")).split())  # wrapped
-        assert at_fault == f"point 0 (train.lr=0.0003): job.run_root: {tmp_path / 'a-file'} is a file, not a folder"
+        at_fault = "".join(rendered(screen.query_one("#f-job-run_root .errors")).split())  # wrapped, also mid-path
+        want = f"point 0 (train.lr=0.0003): job.run_root: {tmp_path / 'a-file'} is a file, not a folder"
+        assert at_fault == "".join(want.split())
         assert not drivers and not root.exists()
         run_root.value = str(root)
         await until(pilot, lambda: screen.review is not None and not screen.review.errors, "the review of the fix")

@@ -207,8 +207,15 @@ async def open_run_screen(pilot: Pilot, app: ClusterApp):
 
 
 async def settle(pilot: Pilot) -> None:
-    """Wait for every worker started so far and the messages they posted."""
-    await pilot.app.workers.wait_for_complete()
+    """Wait for every worker started so far and the messages they posted. A worker cancelled by a
+    newer one of its exclusive group (the compose form's review, re-run on each change) is done."""
+    from textual.worker import WorkerCancelled
+
+    for worker in list(pilot.app.workers):
+        try:
+            await worker.wait()
+        except WorkerCancelled:
+            pass
     await pilot.pause()
 
 
