@@ -344,7 +344,8 @@ def test_importing_the_package_and_notebook_module_stays_cheap():
 # ---------------------------------------------------------------- real notebooks, no Slurm
 def test_local_fallback_notebook_streams_progress_and_returns_the_result(tiny_job, tmp_path):
     """No allocation and no Slurm: srun() runs local processes, streams rank-prefixed output into
-    the cell, shows a progress display, and returns the result; the magics work the same way."""
+    the cell, shows a progress display, and returns the result (the magics, the same way: in
+    test_demo_notebook_runs_without_slurm, whose notebook runs them)."""
     job = str(tiny_job)
     secret = "s3cr3t-never-in-a-file"
     nb = make_notebook(
@@ -352,10 +353,6 @@ def test_local_fallback_notebook_streams_progress_and_returns_the_result(tiny_jo
             "from clusterfsdp.notebook import srun\nimport clusterfsdp, os",
             f"r = srun({job!r}, overrides={{'train.steps': 30, 'env.WANDB_API_KEY': {secret!r}}}, all_ranks=True)",
             RESULT_CELL,
-            "%load_ext clusterfsdp",
-            f"m = %clusterfsdp srun {job} --set train.steps=20\nprint('MAGIC', m.status, m.final_metrics['step'])",
-            f"s = %clusterfsdp submit {job} --executor local --set train.steps=20\n"
-            "print('SUBMIT', s.executor, s.run.path)",
         ]
     )
     nb, report = run_notebook(nb, tmp_path, no_slurm_env(tmp_path))
@@ -387,21 +384,6 @@ def test_local_fallback_notebook_streams_progress_and_returns_the_result(tiny_jo
         [sys.executable, "-m", "clusterfsdp.cli", "status", str(run_dir)], capture_output=True, text=True, timeout=60
     )
     assert "state      COMPLETED" in st.stdout, st.stdout + st.stderr
-
-    magic = stream_text(nb.cells[4])
-    assert "MAGIC completed 20" in magic and re.search(r"^\[rank0 \S+\] step 20/20", magic, re.M)
-    assert "[rank1 " not in magic  # rank 0 only by default
-
-    sub = stream_text(nb.cells[5])
-    m = re.search(r"SUBMIT local (\S+)", sub)
-    assert m and "run " in sub and "clusterfsdp logs" in sub, sub
-    from clusterfsdp.control import runfolder, status
-
-    submitted = runfolder.RunFolder(Path(m.group(1)))
-    deadline = time.time() + 240
-    while status.run_status(submitted).state not in ("COMPLETED", "FAILED") and time.time() < deadline:
-        time.sleep(1)
-    assert status.run_status(submitted).state == "COMPLETED"
     print(f"local fallback notebook: {report['total_s']:.1f} s")
 
 
@@ -493,6 +475,11 @@ def test_demo_notebook_runs_without_slurm(tiny_job, tmp_path):
     text = json.dumps([c.outputs for c in code])
     assert "status</th><td style='text-align:left'>completed" in text and "interrupted" in text
     assert re.search(r"\[rank1 \S+\] step 60/60", text)
+    magic = next(c for c in code if "%clusterfsdp srun" in c.source)  # the magics, as srun() and submit
+    assert re.search(r"^\[rank0 \S+\] step 20/20", stream_text(magic), re.M) and "[rank1 " not in stream_text(magic)
+    assert "'completed'" in json.dumps([d["data"].get("text/plain", "") for d in displays(magic)])
+    submitted = stream_text(next(c for c in code if "%clusterfsdp submit" in c.source))
+    assert "run " in submitted and "clusterfsdp logs" in submitted and "local" in submitted, submitted
     for run in runfolder.list_runs(tmp_path / "runs"):  # the demo's batch job finishes; nothing left running
         deadline = time.time() + 240
         while status.run_status(run).state not in ("COMPLETED", "CANCELLED", "FAILED") and time.time() < deadline:
