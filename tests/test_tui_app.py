@@ -11,7 +11,19 @@ from pathlib import Path
 
 import pytest
 from textual.widgets import DataTable, Footer, Input, OptionList, Select, TabbedContent
-from tui_helpers import SINFO, SMALL, FakeSlurm, job, make_run, open_run_screen, rendered, run_app, settle, until
+from tui_helpers import (
+    SINFO,
+    SMALL,
+    FakeSlurm,
+    job,
+    make_run,
+    open_run_screen,
+    rendered,
+    run_app,
+    select,
+    settle,
+    until,
+)
 
 from clusterfsdp.control import slurmcli
 from clusterfsdp.control.presets import PRESETS
@@ -149,7 +161,7 @@ def test_remove_asks_first_deletes_a_finished_run_and_refuses_a_live_one(root):
 
     async def scenario(pilot):
         await until(pilot, lambda: app.refreshed == 1 and len(app.rows) == 2, "both runs")
-        app.current_key = next(r.key for r in app.rows if r.run and r.run.path == done.path)
+        await select(pilot, app, next(r.key for r in app.rows if r.run and r.run.path == done.path))
         await pilot.press("x")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
@@ -157,7 +169,7 @@ def test_remove_asks_first_deletes_a_finished_run_and_refuses_a_live_one(root):
         await pilot.press("x", "y")
         await until(pilot, lambda: app.refreshed >= 2 and len(app.rows) == 1, "the refresh after removing")
         assert not done.path.exists()
-        app.current_key = app.rows[0].key
+        await select(pilot, app, app.rows[0].key)
         await pilot.press("x", "y")
         await until(pilot, lambda: app.refreshed >= 3 and app.activity == "", "the refused remove")
         assert live.path.exists() and len(app.rows) == 1

@@ -74,6 +74,14 @@ def test_a_frozen_rank_is_named_and_a_slow_phase_is_not_a_hang():
     # the same silence while a rank saves a checkpoint is within the save's floor
     saving = {0: beat(0, 5, now - 30, now - 1, Phase.SAVE), 1: beat(1, 5, now - 30, now - 1)}
     assert health.find_hang(saving, 2, FAST, now) is None
+    # a rank that froze right after announcing a save lends the others no save floor: the others
+    # still answer and are past it (the Slurm e2e test met this: gloo's timeout fired first)
+    froze_saving = {0: beat(0, 5, now - 30, now - 1), 1: beat(1, 5, now - 30, now - 29, Phase.SAVE, host="n2")}
+    found = health.find_hang(froze_saving, 2, FAST, now)
+    assert found is not None and found.ranks == (1,) and "timeout 10 s" in found.reason, found
+    # every rank frozen (a whole node stopped): their last phases are all there is to go by
+    all_frozen = {r: beat(r, 5, now - 30, now - 29, Phase.SAVE) for r in (0, 1)}
+    assert health.find_hang(all_frozen, 2, FAST, now) is None
     assert health.find_hang(frozen, 2, FAST, now - 25) is None  # 5 s without progress: not yet
     assert health.find_hang({0: beat(0, 0, now - 200, now - 1)}, 2, FAST, now).ranks == (1,)  # type: ignore[union-attr]
 

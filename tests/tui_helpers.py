@@ -191,8 +191,21 @@ async def until(pilot: Pilot, condition: Callable[[], object], what: str, timeou
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            app = pilot.app
+            said = [str(n.message) for n in app._notifications]
+            raise AssertionError(f"timed out waiting for {what} (screen {type(app.screen).__name__}, notified {said})")
         await pilot.pause(0.05)
+
+
+async def select(pilot: Pilot, app: ClusterApp, key: str) -> None:
+    """Move the queue's cursor to the row `key`, as the arrow keys do. Setting `app.current_key`
+    directly races the table's own first highlight (row 0), which can arrive later under load."""
+    from textual.widgets import DataTable
+
+    await until(pilot, lambda: app.current_key is not None, "the first row highlighted")
+    table = app.screen.query_one(DataTable)
+    table.move_cursor(row=[r.key for r in app.rows].index(key))
+    await until(pilot, lambda: app.current_key == key, f"row {key} selected")
 
 
 async def open_run_screen(pilot: Pilot, app: ClusterApp):

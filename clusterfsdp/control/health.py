@@ -180,8 +180,9 @@ class Hang:
 
 def find_hang(beats: dict[int, Beat], world_size: int, settings: WatchdogSettings, now: float) -> Hang | None:
     """The attempt is hung when no rank made progress for longer than the most lenient timeout of
-    the phases the ranks are in (a rank still preparing data or saving holds the others in a
-    collective on purpose), or a rank never wrote a heartbeat within the start-up floor.
+    the phases the answering ranks are in (a rank still preparing data or saving holds the others
+    in a collective on purpose; a frozen rank's last phase says nothing), or a rank never wrote
+    a heartbeat within the start-up floor.
 
     Which ranks: those whose heartbeat went stale (the process stopped answering); else those
     behind the others (at a lower step, or an earlier phase of the same step: the others went on
@@ -194,10 +195,13 @@ def find_hang(beats: dict[int, Beat], world_size: int, settings: WatchdogSetting
     if missing and now - started > settings.startup_s:
         return Hang(tuple(missing), (), f"rank(s) {_ranks(missing)} never reported (no heartbeat)")
     idle = min(now - b.progress for b in live)
-    timeout = max(hang_timeout_s(settings, b.phase, b.slowest_s) for b in live)
+    frozen = [b for b in live if now - b.beat > STALE_BEAT_S]
+    # A frozen rank's phase is what it said before it stopped answering: a rank frozen just after
+    # announcing a save must not lend the others the save's lenient timeout.
+    answering = [b for b in live if b not in frozen] or live
+    timeout = max(hang_timeout_s(settings, b.phase, b.slowest_s) for b in answering)
     if missing or idle <= timeout:
         return None
-    frozen = [b for b in live if now - b.beat > STALE_BEAT_S]
     order = list(Phase)
     last = max((b.step, order.index(b.phase)) for b in live)
     behind = [b for b in live if (b.step, order.index(b.phase)) < last]
