@@ -88,13 +88,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .control.slurmping import Ping
 
     with Ping() as ping:  # asks Slurm while the job is checked (start-up)
-        from .control.inputs import prepare_sources
+        from .control import inputs
         from .control.summary import summary
-        from .data import checks as datachecks
 
-        prepared = prepare_sources(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
+        prepared = inputs.prepare_sources(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
         spec = prepared.spec
-        inside = datachecks.container_only_paths(spec)
+        inside = inputs.container_only_paths(spec)
         later = "checked inside the container when the job starts"
         prepared.notes += [f"data path {path} is not on this host: {later}" for path in inside]
         reachable = ping.state() == "up"
@@ -104,7 +103,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(summary(spec, where))
     for note in prepared.notes:
         print(f"note       {note}")
-    for line in [] if inside else datachecks.prepared_state(spec):
+    for line in [] if inside else inputs.prepared_state(spec):
         print(f"prepared   {line}")
     print("ok")
     return 0

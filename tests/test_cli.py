@@ -122,22 +122,25 @@ READ_ONLY = {
     "clusterfsdp.control.jsonltail", "clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
     "clusterfsdp.control.ckptfolder", "clusterfsdp.control.errors", "clusterfsdp.control.ownership",
     "clusterfsdp.control.fileio", "clusterfsdp.control.retrynotes", "clusterfsdp.control.slurmping",
+    "clusterfsdp.control.value",
 }  # fmt: skip
 
 VALIDATE = {
     "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.control", "clusterfsdp.control.errors",
     "clusterfsdp.control.inputs", "clusterfsdp.control.summary", "clusterfsdp.control.modelsource",
     "clusterfsdp.control.hub", "clusterfsdp.control.presets", "clusterfsdp.control.slurmping",
-    "clusterfsdp.control.retrynotes", "clusterfsdp.control.fileio", "clusterfsdp.control.ownership",
+    "clusterfsdp.control.retrynotes", "clusterfsdp.control.fileio",
     "clusterfsdp.control.runroot", "clusterfsdp.control.jsonltail", "clusterfsdp.control.secretenv",
     "clusterfsdp.control.spec", "clusterfsdp.control.spec.allowlists", "clusterfsdp.control.spec.checks",
     "clusterfsdp.control.spec.codec", "clusterfsdp.control.spec.docs", "clusterfsdp.control.spec.paths",
     "clusterfsdp.control.spec.schema", "clusterfsdp.control.spec.tokenizer", "clusterfsdp.control.spec.badrecords",
-    "clusterfsdp.control.spec.peft",
+    "clusterfsdp.control.spec.peft", "clusterfsdp.control.spec.templates", "clusterfsdp.control.value",
+}  # fmt: skip
+DATA_CHECKS = {  # what validate adds for a job that reads files
     "clusterfsdp.data", "clusterfsdp.data.skipped", "clusterfsdp.data.fieldmap", "clusterfsdp.data.mixture",
-    "clusterfsdp.control.spec.templates",
     "clusterfsdp.data.cache", "clusterfsdp.data.checks", "clusterfsdp.data.formats", "clusterfsdp.data.overlap",
     "clusterfsdp.data.samplesets", "clusterfsdp.data.sources", "clusterfsdp.data.trust",
+    "clusterfsdp.control.ownership",
 }  # fmt: skip
 
 
@@ -165,12 +168,17 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
                                  "clusterfsdp.control.slurmping", "clusterfsdp.control.retrynotes",
                                  "clusterfsdp.control.ckptfolder", "clusterfsdp.term"}, names  # fmt: skip
     # validate: the spec, the source checks and the summary, not the run service (run, backends,
-    # launch, lock, status) nor the run folder's records or Slurm's job table; no data file: xxhash
-    # and gzip are imported where a hash or a compressed file needs them
+    # launch, lock, status) nor the run folder's records or Slurm's job table; synthetic tokens:
+    # nothing of data/; no data file: xxhash and gzip are imported where a hash or a compressed
+    # file needs them
     job = tmp_path / "job.toml"
     job.write_text(f'[job]\nname = "v"\nrun_root = "{tmp_path}"\n[data]\nsource = "synthetic"\n')
     names, count = _imported_by(["validate", str(job)], also=("xxhash", "gzip"))
-    assert names == VALIDATE and count < 115, (names ^ VALIDATE, count)
+    assert names == VALIDATE and count < 100, (names ^ VALIDATE, count)
+    (tmp_path / "corpus.txt").write_text("one document of text, read by the checks\n" * 200)
+    job.write_text(job.read_text().replace('"synthetic"', '"files"\npaths = ["corpus.txt"]\nseq_len = 64'))
+    names, count = _imported_by(["validate", str(job)])
+    assert names == VALIDATE | DATA_CHECKS, names ^ (VALIDATE | DATA_CHECKS)
 
 
 def test_rm_removes_finished_and_prepared_runs_and_refuses_live_and_foreign_ones(tmp_path, capsys):

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .value import FrozenValue
+
 COMPLETE = "clusterfsdp.json"
 DCP_METADATA = ".metadata"
 JOB_TOML = "job.toml"
@@ -37,14 +39,14 @@ RNG_DIR = "rng"
 PRUNING = ".pruning"
 SET_ASIDE = "set-aside"
 UNREADABLE = "unreadable"
-_STEP = re.compile(r"^step-(\d+)$")
+_STEP = r"^step-(\d+)$"
 _PARTIAL_GLOB = ".step-*.partial"
-_PARTIAL_NAME = re.compile(r"^\.step-(\d+)\.partial$")
-_SET_ASIDE_NAME = re.compile(r"^step-(\d+)(?:-.+)?-\d+$")
+_PARTIAL_NAME = r"^\.step-(\d+)\.partial$"
+_SET_ASIDE_NAME = r"^step-(\d+)(?:-.+)?-\d+$"
 
 
-@dataclass(frozen=True)
-class CheckpointInfo:
+@dataclass(frozen=True, repr=False, eq=False)
+class CheckpointInfo(FrozenValue):
     path: Path
     step: int
     meta: dict[str, Any]
@@ -66,7 +68,7 @@ def partial_dirs(root: Path) -> list[Path]:
 
 def partial_steps(root: Path) -> list[tuple[int, Path]]:
     """(step, folder) of every save in progress or cut off by a crash."""
-    return [(int(m.group(1)), p) for p in partial_dirs(root) if (m := _PARTIAL_NAME.match(p.name))]
+    return [(int(m.group(1)), p) for p in partial_dirs(root) if (m := re.match(_PARTIAL_NAME, p.name))]
 
 
 def set_aside_steps(root: Path) -> list[tuple[int, Path]]:
@@ -74,7 +76,7 @@ def set_aside_steps(root: Path) -> list[tuple[int, Path]]:
     folder = set_aside_dir(root)
     if not folder.is_dir():
         return []
-    return [(int(m.group(1)), p) for p in folder.iterdir() if (m := _SET_ASIDE_NAME.match(p.name))]
+    return [(int(m.group(1)), p) for p in folder.iterdir() if (m := re.match(_SET_ASIDE_NAME, p.name))]
 
 
 def pruning_dir(root: Path) -> Path:
@@ -108,7 +110,7 @@ def list_checkpoints(root: Path) -> list[CheckpointInfo]:
     out = []
     if root.is_dir():
         for p in root.iterdir():
-            m = _STEP.match(p.name)
+            m = re.match(_STEP, p.name)
             if m and is_complete(p):
                 try:
                     meta = read_meta(p)

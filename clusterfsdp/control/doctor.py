@@ -154,10 +154,10 @@ def traceback_lines(lines: list[str]) -> list[str]:
     return [*shown, exception] if exception else shown
 
 
-_FAULTHANDLER_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):")
-_FAULTHANDLER_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-_PYSPY_THREAD = re.compile(r"^Thread \d+ \(\w+\)")
-_PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S+) \((?P<file>[^():]+):(?P<line>\d+)\)")
+_FAULTHANDLER_THREAD = r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):"
+_FAULTHANDLER_FRAME = r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)'
+_PYSPY_THREAD = r"^Thread \d+ \(\w+\)"
+_PYSPY_FRAME = r"^\s+(?P<func>\S+) \((?P<file>[^():]+):(?P<line>\d+)\)"
 
 
 def stuck_frame(lines: list[str]) -> tuple[str, list[str]]:
@@ -166,15 +166,15 @@ def stuck_frame(lines: list[str]) -> tuple[str, list[str]]:
     newest thread first, so without a thread name the main thread is the last block."""
     blocks: list[list[str]] = []
     for line in lines:
-        if _FAULTHANDLER_THREAD.match(line) or _PYSPY_THREAD.match(line):
+        if re.match(_FAULTHANDLER_THREAD, line) or re.match(_PYSPY_THREAD, line):
             blocks.append([line])
-        elif blocks and (_FAULTHANDLER_FRAME.match(line) or _PYSPY_FRAME.match(line)):
+        elif blocks and (re.match(_FAULTHANDLER_FRAME, line) or re.match(_PYSPY_FRAME, line)):
             blocks[-1].append(line)
     blocks = [b for b in blocks if len(b) > 1]
     if not blocks:
         return "", []
     main = next((b for b in blocks if "MainThread" in b[0]), blocks[-1])
-    m = _FAULTHANDLER_FRAME.match(main[1]) or _PYSPY_FRAME.match(main[1])
+    m = re.match(_FAULTHANDLER_FRAME, main[1]) or re.match(_PYSPY_FRAME, main[1])
     assert m is not None
     return f"{m['func']} ({m['file']}:{m['line']})", [line.strip() for line in main[:4]]
 

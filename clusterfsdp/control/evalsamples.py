@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .fileio import atomic_write, read_jsonl
 
-_FILE = re.compile(r"^step-(\d+)\.jsonl$")
+_FILE = r"^step-(\d+)\.jsonl$"
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def steps(samples_dir: Path) -> list[int]:
         names = [p.name for p in samples_dir.iterdir()]
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(int(m.group(1)) for n in names if (m := _FILE.match(n)))
+    return sorted(int(m.group(1)) for n in names if (m := re.match(_FILE, n)))
 
 
 def read(samples_dir: Path, step: int) -> list[EvalSample]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from .errors import UserError
+from .value import FrozenValue
 
 RepoType = Literal["model", "dataset"]
 # How hard to try: download what is missing (submit), ask the hub whether an uncached id exists
@@ -26,16 +27,16 @@ RepoType = Literal["model", "dataset"]
 Mode = Literal["download", "check", "cache"]
 
 # huggingface_hub's rule for repo ids: [org/]name, letters, digits, '-', '_', '.', no '--' or '..'.
-_REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_REPO_ID = r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$"
+_COMMIT = r"^[0-9a-f]{40}$"
 
 
 class HubError(UserError):
     """A hub id that cannot be resolved; the message is one line and says how to fetch it."""
 
 
-@dataclass(frozen=True)
-class Snapshot:
+@dataclass(frozen=True, repr=False, eq=False)
+class Snapshot(FrozenValue):
     """Where a hub id lives on this host. `path` is None when it is not cached and was not fetched
     (modes 'check' and 'cache'); `note` then says what submit will do."""
 
@@ -48,7 +49,7 @@ class Snapshot:
 
 def looks_like_repo_id(text: str) -> bool:
     """True for 'org/name' or 'name' shapes that are not local paths ('./x', '/x', '~/x')."""
-    return bool(_REPO_ID.match(text)) and "--" not in text and ".." not in text and not text.endswith(".")
+    return bool(re.match(_REPO_ID, text)) and "--" not in text and ".." not in text and not text.endswith(".")
 
 
 def cache_dir() -> str:
@@ -104,7 +105,7 @@ def resolve(
     fetch = fetch_command(repo_id, repo_type, revision)
     where = f"the HF cache ({cache_dir()})"
     try:
-        if offline or mode != "download" or _COMMIT.match(revision):
+        if offline or mode != "download" or re.match(_COMMIT, revision):
             try:
                 return download(local_only=True)
             except LocalEntryNotFoundError:

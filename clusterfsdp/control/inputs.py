@@ -1,13 +1,14 @@
 """A job's inputs checked before queueing (submit, resume) and for `validate`: the model's and the
 tokenizer's sources resolved and checked (`modelsource`), then the data read (`data.checks`).
 Apart from the run service so that `validate` imports only this, not the submit machinery (run,
-backends, launch, lock): start-up is paid on every call (issue 25 item 3)."""
+backends, launch, lock): start-up is paid on every call (issue 25 item 3). For the same reason
+`data.checks` (a dozen modules of data/) is imported only for a job that reads files: synthetic
+tokens have nothing to check there."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..data import checks as datachecks
 from . import hub, modelsource
 from . import spec as specmod
 from .spec import peft
@@ -19,10 +20,37 @@ def prepare_sources(spec: specmod.JobSpec, mode: hub.Mode = "download") -> model
     the data sources read (readable, not smaller than a batch; they may need the resolved
     tokenizer). SpecError with every problem."""
     prepared = modelsource.prepare(spec, mode)
-    problems = _peft_problems(prepared.spec) + datachecks.problems(prepared.spec)
+    problems = _peft_problems(prepared.spec) + data_problems(prepared.spec)
     if problems:
         raise specmod.SpecError(problems)
     return prepared
+
+
+def data_problems(spec: specmod.JobSpec) -> list[str]:
+    """`data.checks.problems`: what the job's data files would be refused for."""
+    if spec.data.source != "files":
+        return []
+    from ..data import checks
+
+    return checks.problems(spec)
+
+
+def container_only_paths(spec: specmod.JobSpec) -> list[str]:
+    """`data.checks.container_only_paths`: data paths that exist only inside the job's image."""
+    if spec.data.source != "files":
+        return []
+    from ..data import checks
+
+    return checks.container_only_paths(spec)
+
+
+def prepared_state(spec: specmod.JobSpec) -> list[str]:
+    """`data.checks.prepared_state`: `validate`'s lines on whether the data is prepared."""
+    if spec.data.source != "files":
+        return []
+    from ..data import checks
+
+    return checks.prepared_state(spec)
 
 
 def _peft_problems(spec: specmod.JobSpec) -> list[str]:

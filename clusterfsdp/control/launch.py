@@ -48,7 +48,7 @@ Requested = Literal["auto", "slurm", "local"]
 # submitit's local controller restarts on exit code 144 at most this many times.
 LOCAL_MAX_TIMEOUTS = 1_000_000
 # Every path that reaches an `#SBATCH --output=...` line (the run folder's) is held to these.
-_SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+,:@=~-]+$")
+_SAFE_PATH = r"^[A-Za-z0-9._/+,:@=~-]+$"
 
 
 class SubmitError(UserError, RuntimeError):
@@ -158,7 +158,7 @@ def check_container(spec: specmod.JobSpec, executor: Executor) -> None:
         )
     for path in (spec.job.run_root, spec.checkpoint.dir):
         resolved = str(Path(path).expanduser().resolve()) if path else ""
-        if resolved and not specmod.MOUNT_PATH.fullmatch(resolved):
+        if resolved and not re.fullmatch(specmod.MOUNT_PATH, resolved):
             raise SubmitError(f"slurm.container: {resolved!r} cannot be mounted (',' or ':' in the path)")
     version = slurmcli.version() if c.kind == "oci" and spec.tasks_per_node > 1 else None
     if version is not None and version < (23, 2):
@@ -272,7 +272,7 @@ def check_run_root(spec: specmod.JobSpec) -> None:
     root = Path(spec.job.run_root).expanduser().resolve()
     if "%" in str(root):  # sbatch and srun expand %j, %x, ... in --output: the logs would go elsewhere
         raise SubmitError(f"job.run_root: {str(root)!r} has '%', which Slurm expands in log file names")
-    if not _SAFE_PATH.match(str(root)):
+    if not re.match(_SAFE_PATH, str(root)):
         raise SubmitError(
             f"job.run_root: {str(root)!r} has characters that sbatch option lines cannot carry "
             "(spaces, quotes, $, ...); choose a plain path"

@@ -30,6 +30,7 @@ from . import hub
 from . import spec as specmod
 from .fileio import atomic_write
 from .presets import PRESETS
+from .value import FrozenValue, Value
 
 WEIGHTS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
@@ -56,8 +57,8 @@ MODEL_KEEP = ("config.json", "generation_config.json")
 SOURCES_FILE = "sources.json"
 
 
-@dataclass(frozen=True)
-class Source:
+@dataclass(frozen=True, repr=False, eq=False)
+class Source(FrozenValue):
     """Where one key of the job points after resolution (written to <run>/model/sources.json)."""
 
     key: str  # "model.name_or_path", "model.config" or "data.tokenizer"
@@ -67,8 +68,8 @@ class Source:
     revision: str = ""  # the commit of that snapshot
 
 
-@dataclass
-class Prepared:
+@dataclass(repr=False, eq=False)
+class Prepared(Value):
     """A job whose model and tokenizer sources are local folders that passed their checks."""
 
     spec: specmod.JobSpec
@@ -76,8 +77,8 @@ class Prepared:
     sources: list[Source] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class ParamEstimate:
+@dataclass(frozen=True, repr=False, eq=False)
+class ParamEstimate(FrozenValue):
     """The model's parameter count, for the memory estimate and MFU."""
 
     total: int

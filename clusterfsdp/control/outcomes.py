@@ -144,12 +144,12 @@ class Failure:
     failed_nodes: tuple[str, ...] = ()
 
 
-_RANK_PREFIX = re.compile(r"^rank \d+ on \S+: ")
+_RANK_PREFIX = r"^rank \d+ on \S+: "
 
 
 def error_signature(event: Event) -> str:
     """'<exception>: <message head> @ step N' of a failed event (without the rank and host)."""
-    text = _RANK_PREFIX.sub("", event.reason)[:160]
+    text = re.sub(_RANK_PREFIX, "", event.reason)[:160]
     return f"{text} @ step {event.step if event.step is not None else '-'}"
 
 

@@ -29,8 +29,8 @@ _BUSY = {"allocated", "completing", "planned", "reserved"}
 # states such as "idle+drain"): any of them makes the node unavailable.
 _OFF = ("drain", "down", "fail", "maint", "reboot", "inval", "unknown", "future", "not_responding")
 # A GRES entry's trailing "(S:0-1)" (sockets) or "(IDX:0-3)" (indices in use).
-_TOPOLOGY = re.compile(r"\([^()]*\)$")
-_COUNT = re.compile(r"^(\d+)([KMGT]?)$")
+_TOPOLOGY = r"\([^()]*\)$"
+_COUNT = r"^(\d+)([KMGT]?)$"
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
@@ -55,10 +55,10 @@ def parse_gres(text: str, name: str = "gpu") -> Gres:
     for entry in _split_top_level(text.strip()):
         if entry in ("", "(null)", "N/A"):
             continue
-        parts = _TOPOLOGY.sub("", entry).split(":")
+        parts = re.sub(_TOPOLOGY, "", entry).split(":")
         if parts[0] != name:
             continue
-        number = _COUNT.match(parts[-1]) if len(parts) > 1 else None
+        number = re.match(_COUNT, parts[-1]) if len(parts) > 1 else None
         if len(parts) > 3 or (len(parts) == 3 and number is None):
             raise SinfoError(f"cannot read the GRES entry {entry!r} in {text!r}")
         kind = parts[1] if len(parts) == 3 or (len(parts) == 2 and number is None) else None

@@ -16,6 +16,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from .value import FrozenValue
+
 
 def boot_id() -> str:
     """Changes at every reboot; pids of an earlier boot mean nothing."""
@@ -63,8 +65,8 @@ def hostname() -> str:
     return os.uname().nodename
 
 
-@dataclass(frozen=True)
-class ProcessId:
+@dataclass(frozen=True, repr=False, eq=False)
+class ProcessId(FrozenValue):
     """A process as recorded in the run folder: enough to recognise it again, on its own host."""
 
     pid: int

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .procs import ProcessId
+from .value import Value
 
 
 class RunState(StrEnum):
@@ -300,8 +301,8 @@ def _read(cls: Any, path: Path) -> Any:
         raise RecordError(f"{path.name}: {_short_reason(reason)}") from None
 
 
-@dataclass
-class Attempt:
+@dataclass(repr=False, eq=False)
+class Attempt(Value):
     """One submission of a run: a Slurm job (which Slurm may requeue, keeping its id), a local
     executor job, or a notebook's srun step. Written by the control plane only."""
 
@@ -345,8 +346,8 @@ class Attempt:
         return _to_dict(self)
 
 
-@dataclass
-class RunRecord:
+@dataclass(repr=False, eq=False)
+class RunRecord(Value):
     """state.json: who submitted what. Written by the control plane only, under the run lock."""
 
     run_id: str
@@ -379,8 +380,8 @@ class RunRecord:
         return next((a for a in reversed(self.attempts) if a.job_id == job_id), None)
 
 
-@dataclass
-class Event:
+@dataclass(repr=False, eq=False)
+class Event(Value):
     """One line of events.jsonl, written by the workers."""
 
     event: EventKind
@@ -441,8 +442,8 @@ def preflight_verdict(event: Event) -> str:
     return event.reason.partition(f"{PREFLIGHT_ERROR}: ")[2] or event.reason
 
 
-@dataclass
-class TrackerIds:
+@dataclass(repr=False, eq=False)
+class TrackerIds(Value):
     """trackers.json: the experiment trackers' run ids, so that every attempt of a run (requeue,
     resume, another world size) logs into the same tracker run. Written by rank 0 only."""
 
@@ -460,8 +461,8 @@ class TrackerIds:
         return _to_dict(self)
 
 
-@dataclass
-class SweepPoint:
+@dataclass(repr=False, eq=False)
+class SweepPoint(Value):
     """One point of a sweep: its index (the Slurm array task id), its run and the values it sets."""
 
     index: int
@@ -473,8 +474,8 @@ class SweepPoint:
         return _from_dict(cls, data)
 
 
-@dataclass
-class SweepRecord:
+@dataclass(repr=False, eq=False)
+class SweepRecord(Value):
     """sweep.json, in the sweep folder beside its points' run folders: what was swept and where
     each point runs. Written by the control plane only (control.sweep)."""
 

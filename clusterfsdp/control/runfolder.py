@@ -42,6 +42,7 @@ from .errors import UserError
 from .fileio import append_jsonl, atomic_write, read_jsonl
 from .records import Attempt, Event, Executor, RunRecord, TrackerIds
 from .runroot import ENV_RUN_ROOT, default_run_root
+from .value import FrozenValue
 
 if TYPE_CHECKING:  # imported where a spec is loaded or written: `status` and `runs` start without it
     from . import spec as specmod
@@ -57,8 +58,8 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 
-@dataclass(frozen=True)
-class RunFolder:
+@dataclass(frozen=True, repr=False, eq=False)
+class RunFolder(FrozenValue):
     """Paths and typed reads/writes of one run folder. No policy: the run service (control.run)
     decides who may write what, and when."""
 

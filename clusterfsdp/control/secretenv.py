@@ -26,23 +26,23 @@ SECRET_WORDS = frozenset(
 )  # fmt: skip
 SECRET_PREFIXES = ("COOKIE", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL", "PRIVATEKEY")
 SECRET_SUFFIXES = ("APIKEY", "ACCESSKEY", "SECRETKEY", "PRIVATEKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD")
-_WORD_SPLIT = re.compile(r"[_\-.]+")
+_WORD_SPLIT = r"[_\-.]+"
 # scheme://user:password@host (the password may be empty only if the colon is there: user:@host is not)
-_URL_WITH_PASSWORD = re.compile(r"[a-z][a-z0-9+.\-]*://[^/\s:@]*:[^/\s@]+@", re.IGNORECASE)
-_PEM = re.compile(r"-----BEGIN [A-Z ]*(PRIVATE KEY|CERTIFICATE)-----")
-_KNOWN_TOKEN = re.compile(r"(hf_|ghp_|gho_|ghs_|ghu_|github_pat_|glpat-|sk-|xox[abpr]-|AKIA)[A-Za-z0-9_\-]{16,}")
+_URL_WITH_PASSWORD = r"(?i)[a-z][a-z0-9+.\-]*://[^/\s:@]*:[^/\s@]+@"
+_PEM = r"-----BEGIN [A-Z ]*(PRIVATE KEY|CERTIFICATE)-----"
+_KNOWN_TOKEN = r"(hf_|ghp_|gho_|ghs_|ghu_|github_pat_|glpat-|sk-|xox[abpr]-|AKIA)[A-Za-z0-9_\-]{16,}"
 REDACTED = "<redacted: taken from the submitting environment>"
 
 
 def secret_name(name: str) -> bool:
-    words = [w for w in _WORD_SPLIT.split(name.upper()) if w]
+    words = [w for w in re.split(_WORD_SPLIT, name.upper()) if w]
     return name.upper().startswith("SESSION") or any(
         w in SECRET_WORDS or w.startswith(SECRET_PREFIXES) or w.endswith(SECRET_SUFFIXES) for w in words
     )
 
 
 def secret_value(value: str) -> bool:
-    return bool(_URL_WITH_PASSWORD.search(value) or _PEM.search(value) or _KNOWN_TOKEN.match(value.strip()))
+    return bool(re.search(_URL_WITH_PASSWORD, value) or re.search(_PEM, value) or re.match(_KNOWN_TOKEN, value.strip()))
 
 
 def is_secret(name: str, value: str = "") -> bool:

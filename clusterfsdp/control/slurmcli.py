@@ -31,6 +31,7 @@ from . import retrynotes
 from .errors import UserError
 from .records import RunState
 from .slurmping import controller
+from .value import FrozenValue
 
 T = TypeVar("T")
 
@@ -70,8 +71,8 @@ class SlurmError(UserError, RuntimeError):
         self.transient = transient
 
 
-@dataclass(frozen=True)
-class JobRow:
+@dataclass(frozen=True, repr=False, eq=False)
+class JobRow(FrozenValue):
     job_id: str
     state: str
     reason: str = ""
@@ -80,8 +81,8 @@ class JobRow:
     exit_code: str = ""
 
 
-@dataclass(frozen=True)
-class JobInfo:
+@dataclass(frozen=True, repr=False, eq=False)
+class JobInfo(FrozenValue):
     """`scontrol -o show job`: what tells a preemption from a cancel, and where the job ran.
     `preempt_time` is "" when Slurm prints None or hides it (a requeued job's base state is
     PENDING then; docs/recovery.md)."""
@@ -312,7 +313,7 @@ def usable(state: str) -> bool:
     return word.split("+")[0] in ("idle", "mixed", "allocated", "completing", "planned", "reserved")
 
 
-_JOB_ID = re.compile(r"\d+(_\d+)?")
+_JOB_ID = r"\d+(_\d+)?"
 
 
 def batch_job_id(env: Mapping[str, str]) -> str:
@@ -356,7 +357,7 @@ def submit(script: Path, token: str, comment: str = "", *, hold: bool = True) ->
             argv.insert(2, "--hold")
         out = _once(argv, timeout=60).strip()
         job_id = out.split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
-        if not _JOB_ID.fullmatch(job_id):
+        if not re.fullmatch(_JOB_ID, job_id):
             raise SlurmError(f"sbatch --parsable printed {out[:200]!r}, not a job id")
         return job_id
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from . import ckptfolder, jsonltail, procs, records, slurmcli
 from .records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from .runfolder import RunFolder
+from .value import FrozenValue, Value
 
 # The final record of an attempt -> the run state it means.
 _END_STATES = {
@@ -39,8 +40,8 @@ _END_ORDER = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class AttemptEnd:
+@dataclass(frozen=True, repr=False, eq=False)
+class AttemptEnd(FrozenValue):
     """How one incarnation of an attempt (a job id and Slurm's restart count) ended: the record
     that says it, with its classified cause (`status` and the TUI show one line per incarnation)."""
 
@@ -83,8 +84,8 @@ def guard_note(events: list[Event]) -> str:
     return f"numerical guard: {bad} step(s) skipped, {len(rollbacks)} rollback(s){latest}"
 
 
-@dataclass
-class RunStatus:
+@dataclass(repr=False, eq=False)
+class RunStatus(Value):
     run: RunFolder
     state: RunState
     reason: str = ""
@@ -106,8 +107,8 @@ class RunStatus:
     epoch: float | None = None  # samples consumed / training samples, at the newest metrics row
 
 
-@dataclass(frozen=True)
-class LastLogged:
+@dataclass(frozen=True, repr=False, eq=False)
+class LastLogged(FrozenValue):
     """The newest training row of metrics.jsonl (step, loss) and the newest evaluation."""
 
     step: int | None = None
@@ -156,8 +157,8 @@ def last_logged(run: RunFolder) -> LastLogged:
     )
 
 
-@dataclass(frozen=True)
-class ListedJob:
+@dataclass(frozen=True, repr=False, eq=False)
+class ListedJob(FrozenValue):
     """The two keys of a run's job.toml that its status needs: train.steps and checkpoint.dir.
     Read with tomllib alone, not through the spec: the run folder's job.toml is a complete dump
     of the spec (spec.dumps writes every key), and loading and checking the whole spec for each

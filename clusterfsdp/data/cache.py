@@ -36,6 +36,7 @@ from ..control import fileio
 from ..control import spec as specmod
 from ..control.runroot import default_run_root
 from ..control.spec import badrecords
+from ..control.value import FrozenValue
 from . import trust
 from .fieldmap import FieldMap
 from .sources import DataError, Source, local_sources
@@ -139,8 +140,8 @@ def tokenizer_files(folder: Path) -> list[Path]:
     )
 
 
-@dataclass(frozen=True)
-class DatasetRef:
+@dataclass(frozen=True, repr=False, eq=False)
+class DatasetRef(FrozenValue):
     """One prepared dataset a job needs: 'train' (data.paths) or 'eval' (eval.paths)."""
 
     role: str
@@ -173,8 +174,8 @@ class DatasetRef:
             return None
 
 
-@dataclass(frozen=True)
-class DatasetInput:
+@dataclass(frozen=True, repr=False, eq=False)
+class DatasetInput(FrozenValue):
     """What one prepared dataset is made of, before its key: the role, the job.toml key naming
     its paths, the paths, how its records are read, and its entry of data.sources (or -1)."""
 

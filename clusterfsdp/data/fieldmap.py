@@ -16,6 +16,7 @@ from typing import Any
 
 from ..control import spec as specmod
 from ..control.spec.templates import template_fields
+from ..control.value import FrozenValue
 from .sources import DataError
 
 
@@ -24,8 +25,8 @@ class MissingKey(DataError):
     whatever data.bad_records says: every record would be skipped)."""
 
 
-@dataclass(frozen=True)
-class FieldMap:
+@dataclass(frozen=True, repr=False, eq=False)
+class FieldMap(FrozenValue):
     """The fields one source's records are read through, and the job.toml keys that name them."""
 
     format: str  # 'text' | 'chat'

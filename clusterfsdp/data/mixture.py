@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..control import spec as specmod
+from ..control.value import FrozenValue
 from .cache import DatasetRef
 from .samplesets import batch_problem, epochs_note, eval_batches_note, index_meta, sample_roles, total_steps
 
@@ -70,8 +71,8 @@ class Schedule:
         return source, b * self.counts[source] + k
 
 
-@dataclass(frozen=True)
-class Part:
+@dataclass(frozen=True, repr=False, eq=False)
+class Part(FrozenValue):
     """One source of a mixture as the report needs it."""
 
     label: str  # e.g. "data.sources[1] (/data/alpaca.jsonl)"

@@ -17,6 +17,7 @@ from typing import IO, Literal
 
 from ..control import spec as specmod
 from ..control.errors import UserError
+from ..control.value import FrozenValue
 
 SourceKind = Literal["txt", "jsonl", "parquet", "saved_dataset", "dataset_folder"]
 Compression = Literal["", "gz", "zst"]
@@ -26,8 +27,8 @@ class DataError(UserError, ValueError):
     """Data that cannot be used; the message is one line naming the key, file and line or record."""
 
 
-@dataclass(frozen=True)
-class Source:
+@dataclass(frozen=True, repr=False, eq=False)
+class Source(FrozenValue):
     """One data file or dataset folder a job names, as found on this host."""
 
     field: str  # the job.toml key that named it, e.g. "data.paths[0]"

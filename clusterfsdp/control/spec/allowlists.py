@@ -17,16 +17,16 @@ from .schema import LOADER_ENV, ContainerSection, SlurmSection, short
 # characters its option needs: names for partition/account/qos, the feature expression syntax for
 # constraint, and for `extra` values the characters of node lists, GRES, times, paths and mail
 # addresses. No space, quote, backslash, '$', '#', ';' or control character ever passes.
-_SBATCH_NAME = re.compile(r"[A-Za-z0-9_.,-]+")
-_SBATCH_CONSTRAINT = re.compile(r"[A-Za-z0-9_.,&|*()\[\]-]+")
-_SBATCH_EXTRA_KEY = re.compile(r"[a-z][a-z0-9-]*")
-_SBATCH_EXTRA_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%/+*&|()\[\]-]*")
+_SBATCH_NAME = r"[A-Za-z0-9_.,-]+"
+_SBATCH_CONSTRAINT = r"[A-Za-z0-9_.,&|*()\[\]-]+"
+_SBATCH_EXTRA_KEY = r"[a-z][a-z0-9-]*"
+_SBATCH_EXTRA_VALUE = r"[A-Za-z0-9_.,:=@%/+*&|()\[\]-]*"
 
 
 def sbatch_name_error(field: str, value: str) -> str | None:
     """A partition (account, qos) name from another section (data.prepare_partition) held to the
     allowlist of slurm.partition."""
-    if value and not _SBATCH_NAME.fullmatch(value):
+    if value and not re.fullmatch(_SBATCH_NAME, value):
         return f"{field}: {short(value)} may only contain letters, digits, '_', '.', ',' and '-'"
     return None
 
@@ -41,14 +41,14 @@ def sbatch_value_errors(s: SlurmSection) -> list[str]:
         ("constraint", _SBATCH_CONSTRAINT, "feature names and & | * ( ) [ ] ,"),
     ):
         value = getattr(s, key)
-        if value and not pattern.fullmatch(value):
+        if value and not re.fullmatch(pattern, value):
             errors.append(f"slurm.{key}: {short(value)} may only contain {allowed}")
     for key, value in s.extra.items():
-        if not _SBATCH_EXTRA_KEY.fullmatch(key):
+        if not re.fullmatch(_SBATCH_EXTRA_KEY, key):
             errors.append(f"slurm.extra.{key}: not an sbatch option name (lowercase letters, digits, '-')")
         elif managed := managed_option(key):
             errors.append(f"slurm.extra.{key}: {managed}")
-        elif isinstance(value, str) and not _SBATCH_EXTRA_VALUE.fullmatch(value):
+        elif isinstance(value, str) and not re.fullmatch(_SBATCH_EXTRA_VALUE, value):
             errors.append(
                 f"slurm.extra.{key}: {short(value)} may only contain letters, digits and "
                 "_ . , : = @ % / + * & | ( ) [ ] -"
@@ -101,8 +101,8 @@ def managed_option(key: str) -> str:
 
 # A `slurm.setup` line runs in the batch script between the `#SBATCH` lines and the job steps;
 # sbatch reads directives up to the first command, so a setup line that is one would be obeyed.
-_DIRECTIVE = re.compile(r"\s*#SBATCH", re.IGNORECASE)
-_HEREDOC = re.compile(r"(?<!<)<<(?!<)")
+_DIRECTIVE = r"(?i)\s*#SBATCH"
+_HEREDOC = r"(?<!<)<<(?!<)"
 
 
 def setup_errors(lines: list[str]) -> list[str]:
@@ -115,9 +115,9 @@ def setup_errors(lines: list[str]) -> list[str]:
         key = f"slurm.setup[{i}]"
         if "\n" in line or "\r" in line:
             errors.append(f"{key}: one shell line per entry (no line breaks)")
-        elif _DIRECTIVE.match(line):
+        elif re.match(_DIRECTIVE, line):
             errors.append(f"{key}: an #SBATCH directive; give sbatch options in [slurm] or slurm.extra")
-        elif _HEREDOC.search(line):
+        elif re.search(_HEREDOC, line):
             errors.append(f"{key}: a here-document (<<) would read the rest of the batch script; write a file instead")
         elif line.rstrip().endswith("\\"):
             errors.append(f"{key}: a trailing backslash joins the next line of the batch script")
@@ -158,14 +158,14 @@ def _bash_syntax_error(script: str) -> str:
     return re.sub(r"^.*?-c: ", "", first).strip()[:200]
 
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 
 
 def env_errors(env: dict[str, str], allowed: list[str]) -> list[str]:
     """[env] names that are not environment variable names, or load code without job.allow_env."""
     errors = []
     for key in env:
-        if not _ENV_NAME.fullmatch(key):
+        if not re.fullmatch(_ENV_NAME, key):
             errors.append(f"env.{key}: not a valid environment variable name")
         elif key in LOADER_ENV and key not in allowed:
             errors.append(
@@ -182,10 +182,10 @@ def env_errors(env: dict[str, str], allowed: list[str]) -> list[str]:
 # What may reach the srun line (or the command inside the container) from [slurm.container]. The
 # values are shell-quoted there too; these keep them to what each launcher parses as one value
 # (pyxis and apptainer split mount lists at ',' and ':').
-_IMAGE = re.compile(r"[A-Za-z0-9._/:@#+~-]+")
-MOUNT_PATH = re.compile(r"/[A-Za-z0-9._/+@%=~-]*")  # no ',' or ':' (they separate mounts and their parts)
-_MOUNT = re.compile(rf"({MOUNT_PATH.pattern}):({MOUNT_PATH.pattern})(?::[a-z+]+)?")
-_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9._/:@+,=-]*)?")
+_IMAGE = r"[A-Za-z0-9._/:@#+~-]+"
+MOUNT_PATH = r"/[A-Za-z0-9._/+@%=~-]*"  # no ',' or ':' (they separate mounts and their parts)
+_MOUNT = rf"({MOUNT_PATH}):({MOUNT_PATH})(?::[a-z+]+)?"
+_OPTION = r"--[a-z][a-z0-9-]*(=[A-Za-z0-9._/:@+,=-]*)?"
 
 
 def container_errors(c: ContainerSection) -> list[str]:
@@ -199,7 +199,7 @@ def container_errors(c: ContainerSection) -> list[str]:
         errors.append(
             f"{key}.image: kind = {c.kind!r} needs an image" + (" (the bundle folder)" if c.kind == "oci" else "")
         )
-    elif not (MOUNT_PATH if c.kind == "oci" else _IMAGE).fullmatch(c.image):
+    elif not re.fullmatch(MOUNT_PATH if c.kind == "oci" else _IMAGE, c.image):
         want = (
             "an absolute path of letters, digits and . _ / + @ % = ~ -"
             if c.kind == "oci"
@@ -209,15 +209,15 @@ def container_errors(c: ContainerSection) -> list[str]:
     if not re.fullmatch(r"[A-Za-z0-9._/+-]+", c.python):
         errors.append(f"{key}.python: {short(c.python)} must be a program name or path (letters, digits, . _ / + -)")
     for i, mount in enumerate(c.mounts):
-        if not _MOUNT.fullmatch(mount):
+        if not re.fullmatch(_MOUNT, mount):
             errors.append(
                 f"{key}.mounts[{i}]: {short(mount)} must be '/SRC:/DST' or '/SRC:/DST:FLAGS' (absolute "
                 "paths without ',' or ':'; flags like ro)"
             )
-    if c.workdir and not MOUNT_PATH.fullmatch(c.workdir):
+    if c.workdir and not re.fullmatch(MOUNT_PATH, c.workdir):
         errors.append(f"{key}.workdir: {short(c.workdir)} must be an absolute path of letters, digits and . _ / + -")
     for i, option in enumerate(c.options):
-        if not _OPTION.fullmatch(option):
+        if not re.fullmatch(_OPTION, option):
             errors.append(f"{key}.options[{i}]: {short(option)} must be one --option or --option=value")
     if c.kind == "oci":
         errors += [

@@ -8,11 +8,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..value import FrozenValue
+
 SYNTAX = "'error', 'skip', 'skip:N' (at most N records) or 'skip:P%' (at most P percent of the records)"
 
 
-@dataclass(frozen=True)
-class BadRecords:
+@dataclass(frozen=True, repr=False, eq=False)
+class BadRecords(FrozenValue):
     """`skip`: bad records are left out and counted; at most `count` of them, or `percent` of
     the records read (None: no limit)."""
 

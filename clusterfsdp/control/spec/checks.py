@@ -200,7 +200,7 @@ def _config_override_errors(preset: dict[str, Any], overrides: dict[str, Any]) -
 
 # A hub revision as huggingface_hub stores it under refs/ in the cache: a git ref name (`main`,
 # `v1.0`, `refs/pr/1`) or a commit; never a path that climbs out of the cache.
-_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+_REVISION = r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*"
 
 
 def _model_errors(m: ModelSection) -> list[str]:
@@ -208,7 +208,7 @@ def _model_errors(m: ModelSection) -> list[str]:
     `modelsource.prepare` before queueing)."""
     from ..presets import PRESETS  # pure-Python table, no torch
 
-    if m.revision and (not _REVISION.fullmatch(m.revision) or ".." in m.revision):
+    if m.revision and (not re.fullmatch(_REVISION, m.revision) or ".." in m.revision):
         return [
             f"model.revision: {short(m.revision)} is not a branch, tag or commit (letters, digits, . _ - and "
             "inner '/', no '..'): it names a file in the HF cache"

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..runroot import default_run_root
+from ..value import FrozenValue
 from .codec import loads, override_label, override_of
 from .schema import JobSpec, SpecError, short
 from .tokenizer import chat_problem, default_tokenizer
@@ -27,8 +28,8 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
     return JobText.read(path).load(overrides)
 
 
-@dataclasses.dataclass(frozen=True)
-class JobText:
+@dataclasses.dataclass(frozen=True, repr=False, eq=False)
+class JobText(FrozenValue):
     """A job's TOML text and the folder its relative paths are relative to: a job file read once
     (`read`), or a job that is no file (the TUI's compose form), whose `origin` is empty."""
 
@@ -154,10 +155,10 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
 
 
 # A HuggingFace repo id 'org/name'; a local path has './', '/', '~', a glob or a data file suffix.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
-_DATA_SUFFIX = re.compile(r"\.(txt|jsonl|json|gz|zst|parquet|csv|arrow)$")
+_HUB_ID = r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$"
+_DATA_SUFFIX = r"\.(txt|jsonl|json|gz|zst|parquet|csv|arrow)$"
 
 
 def looks_like_hub_id(path: str) -> bool:
     """'org/name' shaped, and not a data file name: a hub dataset (or model) id, resolved at submit."""
-    return bool(_HUB_ID.match(path)) and ".." not in path and not _DATA_SUFFIX.search(path)
+    return bool(re.match(_HUB_ID, path)) and ".." not in path and not re.search(_DATA_SUFFIX, path)

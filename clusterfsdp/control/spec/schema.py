@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
 from ..errors import UserError
+from ..value import Value
 
 # Upper bounds of counts that start processes or threads on one host: more is a typo, and would
 # exhaust the node (or the login node, for prepare) before anything useful happens.
@@ -64,8 +65,8 @@ def F(default: Any, doc: str, *, key: str | None = None) -> Any:
     return field(default=default, metadata=meta)
 
 
-@dataclass
-class JobSection:
+@dataclass(repr=False, eq=False)
+class JobSection(Value):
     """[job]: the run's name, where its folder goes, its seed."""
 
     name: str = F("job", "Job name; runs go to <run_root>/<name>/<run id>/ and it names the Slurm job.")
@@ -84,8 +85,8 @@ class JobSection:
     )
 
 
-@dataclass
-class ContainerSection:
+@dataclass(repr=False, eq=False)
+class ContainerSection(Value):
     """[slurm.container]: the image the workers run in (pyxis, Apptainer, OCI)."""
 
     kind: Literal["none", "pyxis", "apptainer", "oci"] = F(
@@ -115,8 +116,8 @@ class ContainerSection:
     )
 
 
-@dataclass
-class SlurmSection:
+@dataclass(repr=False, eq=False)
+class SlurmSection(Value):
     """[slurm]: what each attempt asks of Slurm, and how it comes back after an interruption."""
 
     partition: str = F("", "Slurm partition (empty: the cluster's default).")
@@ -175,8 +176,8 @@ class SlurmSection:
     )
 
 
-@dataclass
-class ModelSection:
+@dataclass(repr=False, eq=False)
+class ModelSection(Value):
     """[model]: which model (a folder, a hub id, a config or a preset) and its dtype."""
 
     name_or_path: str = F(
@@ -216,8 +217,8 @@ class ModelSection:
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = F("sdpa", "HF attention kernel.")
 
 
-@dataclass
-class DataSource:
+@dataclass(repr=False, eq=False)
+class DataSource(Value):
     """One `[[data.sources]]` entry: a dataset of a mixture, with its weight and field mapping."""
 
     path: str = F(
@@ -253,8 +254,8 @@ class DataSource:
     system: str = F("", "With prompt, format 'chat': the template of a system message (none when it renders empty).")
 
 
-@dataclass
-class DataSection:
+@dataclass(repr=False, eq=False)
+class DataSection(Value):
     """[data]: the training data, its format, tokenizer, packing and prepared cache."""
 
     source: Literal["synthetic", "files"] = F("synthetic", "'synthetic' random tokens, or 'files' to read `paths`.")
@@ -336,8 +337,8 @@ class DataSection:
     )
 
 
-@dataclass
-class EvalSection:
+@dataclass(repr=False, eq=False)
+class EvalSection(Value):
     """[eval]: the held-out set and how often it is evaluated."""
 
     fraction: float = F(
@@ -370,8 +371,8 @@ class EvalSection:
     samples_max_new_tokens: int = F(64, "Tokens generated at most per prompt (generation stops at a special token).")
 
 
-@dataclass
-class EarlyStopping:
+@dataclass(repr=False, eq=False)
+class EarlyStopping(Value):
     """[train.early_stopping]: stop when the eval loss stops improving."""
 
     metric: Literal["", "eval_loss"] = F("", "'eval_loss' ends the run when it stops improving; '': off.")
@@ -379,8 +380,8 @@ class EarlyStopping:
     min_delta: float = F(0.0, "How much lower than the best so far an eval_loss must be to count as an improvement.")
 
 
-@dataclass
-class Guard:
+@dataclass(repr=False, eq=False)
+class Guard(Value):
     """[train.guard]: skip steps with a NaN/Inf or spiking loss, roll back after several."""
 
     nonfinite: bool = F(
@@ -407,8 +408,8 @@ class Guard:
     )
 
 
-@dataclass
-class Watchdog:
+@dataclass(repr=False, eq=False)
+class Watchdog(Value):
     """[train.watchdog]: when a rank counts as hung or late."""
 
     enabled: bool = F(True, "Watch every rank's heartbeat for hangs and stragglers (docs/recovery.md).")
@@ -431,8 +432,8 @@ class Watchdog:
     straggler_checks: int = F(5, "Watchdog polls in a row (about 2 s each) a rank must be behind to be a straggler.")
 
 
-@dataclass
-class TrainSection:
+@dataclass(repr=False, eq=False)
+class TrainSection(Value):
     """[train]: steps or epochs, batch, optimizer and learning-rate schedule."""
 
     steps: int = F(100, "Optimizer steps in total (a resumed run continues to this number); with train.epochs: 0.")
@@ -476,8 +477,8 @@ class TrainSection:
     )
 
 
-@dataclass
-class FsdpSection:
+@dataclass(repr=False, eq=False)
+class FsdpSection(Value):
     """[fsdp]: sharding, FSDP version, mixed precision, activation checkpointing, compile."""
 
     version: Literal[1, 2] = F(2, "2 = FSDP2 `fully_shard` (default); 1 = FullyShardedDataParallel.")
@@ -493,8 +494,8 @@ class FsdpSection:
     cpu_offload: bool = F(False, "Keep sharded params and optimizer state in CPU memory.")
 
 
-@dataclass
-class CheckpointSection:
+@dataclass(repr=False, eq=False)
+class CheckpointSection(Value):
     """[checkpoint]: how often and where the sharded checkpoints are written, and how many kept."""
 
     dir: str = F("", "Where checkpoints go (empty: <run folder>/checkpoints).")
@@ -514,8 +515,8 @@ class CheckpointSection:
     )
 
 
-@dataclass
-class PeftSection:
+@dataclass(repr=False, eq=False)
+class PeftSection(Value):
     """[peft]: LoRA adapters (Hugging Face peft) instead of a full fine-tune."""
 
     method: Literal["none", "lora"] = F(
@@ -556,8 +557,8 @@ class PeftSection:
 Tracker = Literal["tensorboard", "wandb", "mlflow"]
 
 
-@dataclass
-class LogSection:
+@dataclass(repr=False, eq=False)
+class LogSection(Value):
     """[log]: experiment trackers rank 0 logs to."""
 
     trackers: list[Tracker] = F(
@@ -579,8 +580,8 @@ class LogSection:
 MAX_SWEEP_POINTS = 1000
 
 
-@dataclass
-class SweepSection:
+@dataclass(repr=False, eq=False)
+class SweepSection(Value):
     """[sweep]: read by `clusterfsdp sweep` (control.sweep), never part of a run's JobSpec: each
     point is a normal run whose job.toml has the point's values in place."""
 
@@ -600,8 +601,8 @@ class SweepSection:
     )
 
 
-@dataclass
-class JobSpec:
+@dataclass(repr=False, eq=False)
+class JobSpec(Value):
     """A whole job.toml, typed: one field per section, and the facts derived from them."""
 
     job: JobSection = field(default_factory=JobSection)
@@ -747,7 +748,7 @@ def short(value: str) -> str:
     return repr(value if len(value) <= 40 else value[:37] + "...")
 
 
-_TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
+_TIME = r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$"
 
 
 def parse_time_minutes(value: int | str) -> int:
@@ -756,7 +757,7 @@ def parse_time_minutes(value: int | str) -> int:
         if value <= 0:
             raise ValueError(f"must be a positive number of minutes, found {value}")
         return value
-    m = _TIME.match(value.strip())
+    m = re.match(_TIME, value.strip())
     if not m:
         raise ValueError(f"expected minutes or 'D-HH:MM:SS' (or MM:SS, HH:MM:SS, D-HH, D-HH:MM), found {value!r}")
     d, a, b, c = (int(x) if x else None for x in m.group("d", "a", "b", "c"))
