@@ -2,7 +2,7 @@
 
 `dataclasses` (Python 3.11) writes the source of `__repr__`, `__eq__` and, for a frozen class,
 `__hash__` anew for every class and compiles each with its own `exec`: about a third of a
-millisecond per method. Over the sixty-odd records and schema sections that `validate` and
+millisecond per method. Over the forty-odd records and schema sections that `validate` and
 `status` import, that was a fifth of their start-up, paid by every call (issue 25 item 3). A class
 declared `@dataclass(repr=False, eq=False)` (with `frozen=True` where it is immutable) and based on
 `Value` (or `FrozenValue`) gets the same three behaviours from here: the repr lists the fields
