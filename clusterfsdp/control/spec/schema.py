@@ -12,7 +12,8 @@ are made with `F`, and ruff's RUF009 (no function calls in dataclass defaults) a
 field specifier only in the module that defines it; a split would scatter per-line exemptions.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: the codec resolves these annotations on every
+# load (`hints`), and strings would be compiled one by one each time (start-up, issue 25 item 3).
 
 import copy
 import dataclasses
