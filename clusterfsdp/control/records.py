@@ -7,6 +7,10 @@ of the wrong type (a hand edit, a torn or foreign file) raises `RecordError` nam
 `status`, `runs` and the TUI can list the run as unreadable with the reason instead of failing
 later on a string where a number belongs. Writers only write what the dataclasses declare, so
 docs/run-folder.md can list every key.
+
+Over 500 lines on purpose: the run folder's contract is one document, and its records, their
+shared tolerant reader and the state and cause enums stay together so that docs/run-folder.md maps
+to one module.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ Integrity rules it keeps (docs/run-folder.md):
 - A refused or failed resume changes nothing: the job.toml, the checkpoints and state.json are
   only touched once every check passed, and restored if queueing the attempt fails.
 - Redacted secrets must be in the resuming environment (or the caller says to go on without).
+
+Over 500 lines on purpose: `Run` is the one class that changes a run folder, and the integrity
+rules above hold only if every operation that changes it (and its lock) is in one place.
 """
 
 from __future__ import annotations

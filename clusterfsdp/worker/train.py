@@ -9,6 +9,10 @@ preemption) or stops (cancel).
 
 A step with a NaN/Inf or spiking loss or grad norm is skipped on every rank, and bad steps in a
 row roll back to a checkpoint with their samples skipped (numguard.py, train.guard).
+
+Over 500 lines on purpose: the `Trainer` and its `TrainState` are one unit (what a step does and
+what a checkpoint carries must change together); set-up, checkpointing, metrics and the guard
+are their own modules already.
 """
 
 from __future__ import annotations
