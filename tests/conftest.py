@@ -36,11 +36,23 @@ def _no_inherited_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
 pytest_plugins = ["slurm_fixtures", "users"]  # `slurm_cluster` (real daemons); a second user (tests/users.py)
 
 
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a module-scoped fixture (the failed runs test_doctor.py diagnoses,
+    test_trackers.py's two attempts, ...): something several tests of its module read."""
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the node id
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`.ci/test` runs `-n 2 --dist loadgroup`), the tests that drive the one
     devcluster run on one worker, one after another: run side by side they would wait for each
-    other's nodes. Everything else spreads over the workers."""
+    other's nodes. The tests of a module that share a module-scoped fixture go to one worker too:
+    loadgroup hands out ungrouped tests one at a time, so a module's tests land on both workers
+    and each would build the fixture (launches of real ranks, up to minutes of CPU). Everything
+    else spreads over the workers."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(Path(item.nodeid.split("::")[0]).stem))

@@ -154,10 +154,17 @@ def kernel_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def no_slurm_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """A machine without Slurm: the client commands find no configuration, so no controller answers
-    (the packages are installed here; the decision must not be made by PATH)."""
-    return kernel_env(SLURM_CONF=str(tmp_path / "no-slurm" / "slurm.conf"), **extra)
+def no_slurm_env(tmp_path: Path, *, missing_conf: bool = False, **extra: str) -> dict[str, str]:
+    """A machine without Slurm: the client commands find an empty configuration, so no controller
+    answers and `scontrol ping` fails at once (the packages are installed here; the decision must
+    not be made by PATH). With `missing_conf`, SLURM_CONF names a file that does not exist:
+    scontrol waits for it (Slurm retries for up to 60 s) and the launcher's ping gives up after
+    30 s (slurmping.Ping.state), the same decision reached the slow way."""
+    conf = tmp_path / "no-slurm" / "slurm.conf"
+    if not missing_conf:
+        conf.parent.mkdir(exist_ok=True)
+        conf.write_text("")
+    return kernel_env(SLURM_CONF=str(conf), **extra)
 
 
 def fake_controller_env(tmp_path: Path) -> dict[str, str]:
@@ -345,7 +352,9 @@ def test_importing_the_package_and_notebook_module_stays_cheap():
 def test_local_fallback_notebook_streams_progress_and_returns_the_result(tiny_job, tmp_path):
     """No allocation and no Slurm: srun() runs local processes, streams rank-prefixed output into
     the cell, shows a progress display, and returns the result (the magics, the same way: in
-    test_demo_notebook_runs_without_slurm, whose notebook runs them)."""
+    test_demo_notebook_runs_without_slurm, whose notebook runs them). Here SLURM_CONF names a
+    missing file, so the launcher decides after its ping's 30 s timeout (the other notebooks get
+    an empty slurm.conf, which scontrol refuses at once)."""
     job = str(tiny_job)
     secret = "s3cr3t-never-in-a-file"
     nb = make_notebook(
@@ -355,7 +364,7 @@ def test_local_fallback_notebook_streams_progress_and_returns_the_result(tiny_jo
             RESULT_CELL,
         ]
     )
-    nb, report = run_notebook(nb, tmp_path, no_slurm_env(tmp_path))
+    nb, report = run_notebook(nb, tmp_path, no_slurm_env(tmp_path, missing_conf=True))
     out = stream_text(nb.cells[1])
     assert "launcher: local processes on this machine (no Slurm allocation and no reachable Slurm controller)" in out
     host = os.uname().nodename
