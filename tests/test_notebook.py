@@ -158,8 +158,8 @@ def no_slurm_env(tmp_path: Path, *, missing_conf: bool = False, **extra: str) ->
     """A machine without Slurm: the client commands find an empty configuration, so no controller
     answers and `scontrol ping` fails at once (the packages are installed here; the decision must
     not be made by PATH). With `missing_conf`, SLURM_CONF names a file that does not exist:
-    scontrol waits for it (Slurm retries for up to 60 s) and the launcher's ping gives up after
-    30 s (slurmping.Ping.state), the same decision reached the slow way."""
+    scontrol would wait for it (Slurm retries for up to 60 s), so the launcher does not ask it
+    (slurmping.Ping): the same decision, reached without scontrol."""
     conf = tmp_path / "no-slurm" / "slurm.conf"
     if not missing_conf:
         conf.parent.mkdir(exist_ok=True)
@@ -353,8 +353,8 @@ def test_local_fallback_notebook_streams_progress_and_returns_the_result(tiny_jo
     """No allocation and no Slurm: srun() runs local processes, streams rank-prefixed output into
     the cell, shows a progress display, and returns the result (the magics, the same way: in
     test_demo_notebook_runs_without_slurm, whose notebook runs them). Here SLURM_CONF names a
-    missing file, so the launcher decides after its ping's 30 s timeout (the other notebooks get
-    an empty slurm.conf, which scontrol refuses at once)."""
+    missing file, which the launcher takes as no Slurm without asking scontrol (the other
+    notebooks get an empty slurm.conf, which scontrol refuses at once)."""
     job = str(tiny_job)
     secret = "s3cr3t-never-in-a-file"
     nb = make_notebook(

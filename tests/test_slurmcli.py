@@ -206,6 +206,14 @@ def test_controller_ping_answers_and_a_ping_left_running_is_killed_on_exit(fake:
     with pytest.raises(ValueError), slurmping.Ping() as ping:
         raise ValueError("the job's checks failed before the answer was wanted")
     assert ping.proc is not None and ping.proc.returncode == -9
+    # $SLURM_CONF names a missing file: scontrol would retry for 60 s; the answer is 'none' at once
+    monkeypatch.setenv("SLURM_CONF", str(fake / "missing" / "slurm.conf"))
+    stub(fake, "scontrol", 'echo "Slurmctld(primary) at c1 is UP"')
+    asked = len(calls(fake, "scontrol"))
+    with slurmping.Ping() as ping:
+        assert ping.proc is None and ping.state() == "none"
+    assert len(calls(fake, "scontrol")) == asked, "no ping was started"
+    monkeypatch.delenv("SLURM_CONF")
     (fake / "bin" / "sbatch").unlink()
     monkeypatch.setenv("PATH", str(fake / "bin"))  # no sbatch anywhere: no ping started
     with slurmping.Ping() as ping:

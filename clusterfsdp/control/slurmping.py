@@ -6,6 +6,7 @@ is paid on every call (issue 25 item 3)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -20,10 +21,17 @@ def controller() -> str:
 class Ping:
     """`scontrol ping` started on entry, its answer (`controller`'s) read by `state()`: a caller
     overlaps the ping (milliseconds of a subprocess) with its own work, as `validate` does with its
-    checks (start-up, issue 25 item 3). On exit a ping still running is killed and reaped."""
+    checks (start-up, issue 25 item 3). On exit a ping still running is killed and reaped.
+
+    No ping where $SLURM_CONF names a missing file: scontrol would retry reading it for 60 s and
+    the answer after our 30 s would be 'none' anyway (every `submit`, `validate` and notebook
+    `srun()` on such a machine waited those 30 s in silence)."""
 
     def __enter__(self) -> Ping:
         self.proc: subprocess.Popen[str] | None = None
+        conf = os.environ.get("SLURM_CONF")
+        if conf and not os.path.exists(conf):
+            return self
         if shutil.which("sbatch") is not None and shutil.which("scontrol") is not None:
             self.proc = subprocess.Popen(
                 ["scontrol", "ping"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
