@@ -23,7 +23,10 @@ from datetime import timedelta
 from pathlib import Path
 
 HANG_TIMEOUT_S = 20
-SLOW_S = 0.25
+# The straggler rule calls a rank late by more than half the median step, and the other ranks'
+# steps include their wait for it: 0.25 s was within that on a loaded 2-core machine (the tiny
+# job's own step is 0.1-0.4 s there), so the straggler test failed 1 run in 3.
+SLOW_S = 0.8
 
 
 def divide_the_loss_by_the_padding(padding: int) -> float:

@@ -4,7 +4,7 @@ and the per-rank health the TUI's run screen shows (tui/rank_health.py).
 The rules are unit-tested on heartbeat records. The watchdog itself runs for real, in one run of
 two gloo worker processes (tests/procs.py, tests/faulty_worker.py, a module-scoped fixture):
 rank 1 sleeps SLOW_S in every step from its 3rd on (a straggler: one event, training goes on),
-then SIGSTOPs itself in its 30th step: the node watchdog, its own process, must notice, dump
+then SIGSTOPs itself in its 24th step: the node watchdog, its own process, must notice, dump
 both ranks' stacks with py-spy (the stopped one included), record a `hang` naming rank 1 and
 kill both ranks. The restart after a hang is the batch script's (Slurm only):
 tests/test_slurm_e2e.py covers it, and a run that completes with a straggler.
@@ -127,7 +127,7 @@ def test_the_nccl_flight_recorder_dumps_into_the_attempts_diagnostics(tmp_path):
 def watched(tmp_path_factory):
     root = tmp_path_factory.mktemp("watchdog")
     run = make_run(tiny_job_toml("watchdog", 0, 60, tail=WATCHDOG), root)
-    procs = launch([FAULTY, str(run.path)], 2, "w", {"CLUSTERFSDP_TEST_FAULT": "slow@3:1,stop@20:1"})
+    procs = launch([FAULTY, str(run.path)], 2, "w", {"CLUSTERFSDP_TEST_FAULT": "slow@3:1,stop@24:1"})
     try:
         out = wait(procs, timeout=240)
     finally:
@@ -142,7 +142,7 @@ def test_a_slow_rank_is_a_straggler_and_training_goes_on(watched):
     (slow,) = [e for e in events if e.event is EventKind.STRAGGLER]
     assert slow.ranks == [1] and "is a straggler" in slow.reason and slow.step is not None, slow
     (hang,) = [e for e in events if e.event is EventKind.HANG]
-    assert slow.time < hang.time and slow.step < 19  # noticed while it trained on (it stopped in step 20)
+    assert slow.time < hang.time and slow.step < 23  # noticed while it trained on (it stopped in step 24)
     assert "[watchdog] warning: rank 1 on" in (run.path / "logs" / "w.0" / "rank0.log").read_text()
     assert any(n.startswith("straggler (w.0): rank 1 on") for n in status.run_status(run).notes)
     rows = health.rank_health(run.path, events, time.time())
@@ -163,7 +163,7 @@ def test_a_stopped_rank_is_named_dumped_and_killed(watched):
     assert d.finding is Finding.HANG and d.rank == 1 and d.source == "diagnostics/w.0/rank1.txt", d
     assert d.stuck_frame.startswith("_fault (") and "faulty_worker.py:" in d.stuck_frame
     beats = health.read_beats(run.path / "health" / "w.0")
-    assert beats[1].step < beats[0].step == 20  # rank 1 stopped inside its 20th step (its file may lag 2 s)
+    assert beats[1].step < beats[0].step == 24  # rank 1 stopped inside its 24th step (its file may lag 2 s)
 
 
 # ---------------------------------------------------------------- the TUI
