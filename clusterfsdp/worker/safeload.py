@@ -24,6 +24,7 @@ were recorded load without the check.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import io
 import pickle
@@ -105,10 +106,23 @@ _METADATA_CLASSES = {
 }
 
 
+def _enum_member(cls: Any, name: Any) -> enum.Enum:
+    """What `builtins.getattr` may do in a `.metadata` file: name a member of an enum that the
+    allowlist let in. CPython 3.11.0 to 3.11.6 (Debian 12's own python3 is 3.11.2) pickle an enum
+    member as `getattr(cls, name)` (3.11.7 and 3.12 went back to `cls(value)`), so DCP's
+    `_MEM_FORMAT_ENCODING` members arrive that way; any other use of getattr is refused."""
+    if isinstance(cls, enum.EnumMeta) and isinstance(name, str) and name in cls.__members__:
+        return cls[name]
+    raise pickle.UnpicklingError(f"getattr({cls!r}, {name!r}) is not allowed in a DCP .metadata file")
+
+
 class _MetadataUnpickler(pickle.Unpickler):
-    """Only what DCP writes into `.metadata`: its metadata classes, torch.Size and dtypes."""
+    """Only what DCP writes into `.metadata`: its metadata classes, torch.Size and dtypes, and
+    members of its enums (by value, or by name as Python 3.11.0-3.11.6 write them)."""
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch.distributed.checkpoint.metadata" or (module, name) in _METADATA_CLASSES:
             found = super().find_class(module, name)
             if module != "torch.distributed.checkpoint.metadata" or isinstance(found, type):
