@@ -145,5 +145,5 @@ def test_getattr_in_dcp_metadata_names_an_allowed_enums_member_and_nothing_else(
         (_MEM_FORMAT_ENCODING, "__init_subclass__"),
         (_MEM_FORMAT_ENCODING, "_missing_"),
     ):
-        with pytest.raises(pickle.UnpicklingError, match="not allowed in a DCP .metadata file"):
+        with pytest.raises(pickle.UnpicklingError, match=r"not allowed in a DCP \.metadata file"):
             load(_Reduce(getattr, attack))
