@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from procs import launch, tiny_job_toml, wait
+from procs import make_run as make_run_folder
 from tui_helpers import make_run
+
+from clusterfsdp.control.records import EventKind
 
 BIN = str(Path(sys.executable).parent)  # the venv's `clusterfsdp` script, which the completion calls
 
@@ -50,3 +54,67 @@ def test_completing_a_run_id_never_runs_a_planted_folder_name(tmp_path, other_us
             offered = [w for w in done.stdout.split() if w]
             assert not any(p.exists() for p in proofs), (shell, prefix)
             assert offered == ([mine.id] if prefix in ("", "2026") else []), (shell, prefix, offered)
+
+
+def test_a_checkpoint_folder_another_user_made_for_your_run_is_refused_before_training(
+    tmp_path, other_user, shared_root
+):
+    """Reproduced: the worker used `<checkpoint.dir>/<run id>` with mkdir(exist_ok=True). A run id
+    is public once its folder exists (a pending job, a dry run), so another user made that folder
+    first, with a checkpoint of theirs (which resume would load) and `.pruning` linked to the
+    victim's folder (whose entries the pruner deleted). Every rank refuses it with one line naming
+    the folder and its owner, before the first step; nothing of the victim's is touched."""
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "thesis.tex").write_text("years of work")
+    run = make_worker_run(tmp_path, f"checkpoint.dir={str(shared_root / 'ckpt')!r}")
+    planted = shared_root / "ckpt" / run.id
+    other_user.plant(planted, {"step-00000004/clusterfsdp.json": b'{"step": 4}', "step-00000004/.metadata": b"x"})
+    os.symlink(victim, planted / ".pruning")  # (as root: the link's owner does not matter, its folder's does)
+    out = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], 2), timeout=300)
+    assert all(code != 0 for code, _ in out), out
+    failed = [e for e in run.events() if e.event is EventKind.FAILED]
+    assert failed and all("refusing to keep checkpoints there" in e.reason for e in failed), failed
+    assert str(planted) in failed[0].reason and other_user.name in failed[0].reason
+    assert not run.metrics(), "it trained"
+    assert (victim / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in planted.iterdir()) == [".pruning", "step-00000004"]
+
+
+def make_worker_run(tmp_path: Path, *overrides: str):
+    return make_run_folder(tiny_job_toml("shared", 0, 4), tmp_path / "runs", overrides)
+
+
+def test_the_pruner_never_follows_a_link(tmp_path):
+    """`.pruning` itself a link, or a link inside it: the link goes, what it points at stays."""
+    from clusterfsdp.worker.checkpoint import _Pruner
+
+    victim = tmp_path / "precious"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "sub" / "f").write_text("keep")
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / ".pruning").symlink_to(victim)
+    pruner = _Pruner(root)
+    pruner.close()
+    assert (victim / "sub" / "f").read_text() == "keep"
+    (root / ".pruning").unlink()
+    (root / ".pruning").mkdir()
+    (root / ".pruning" / "step-1-123").symlink_to(victim)
+    (root / ".pruning" / "step-2-123").mkdir()
+    pruner = _Pruner(root)
+    pruner.close()
+    assert (victim / "sub" / "f").read_text() == "keep" and not any((root / ".pruning").iterdir())
+
+
+def test_a_checkpoint_dir_others_can_write_without_the_sticky_bit_is_refused(tmp_path):
+    from clusterfsdp.control import ckptfolder
+
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    problem = ckptfolder.claim(loose / "run1", create=True)
+    assert problem and "without the sticky bit" in problem and str(loose) in problem
+    loose.chmod(0o1777)  # /tmp-like: others cannot rename what is yours
+    assert ckptfolder.claim(loose / "run2", create=True) is None
+    assert (loose / "run2").is_dir()

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import ownership
 from .value import FrozenValue
 
 COMPLETE = "clusterfsdp.json"
@@ -81,6 +82,28 @@ def set_aside_steps(root: Path) -> list[tuple[int, Path]]:
 
 def pruning_dir(root: Path) -> Path:
     return root / PRUNING
+
+
+def claim(root: Path, *, create: bool) -> str | None:
+    """Why the workers may not keep checkpoints in `root` (a run's checkpoint folder), or None,
+    after making it when `create` (rank 0). `checkpoint.dir` is often a shared scratch folder and
+    `<checkpoint.dir>/<run id>` a name another user can compute: a folder they made there (or a
+    link to one) could be swapped for their checkpoints, which resume would load, or hold a
+    `.pruning` link through which the pruner deletes your files. So it must be this user's (or the
+    trusted group's; `ownership`), and its parent must not let others replace it."""
+    if create:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(mode=0o755)
+        except FileExistsError:
+            pass  # ours from an earlier attempt, or made meanwhile: checked below either way
+    found = ownership.path_clause(root) or ownership.path_clause(pruning_dir(root))
+    if found:
+        return f"{found[1]}: refusing to keep checkpoints there; remove it or set checkpoint.dir to a folder of yours"
+    loose = ownership.replaceable_by_others(root.parent)
+    if loose:
+        return f"{loose}: refusing to keep checkpoints in {root}; set checkpoint.dir to a folder of your own"
+    return None
 
 
 def set_aside_dir(root: Path) -> Path:

@@ -59,3 +59,55 @@ def group_name(gid: int) -> str:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return f"gid {gid}"
+
+
+def stat_clause(path: object, st: os.stat_result) -> tuple[Untrusted, str] | None:
+    """The rule on a stat, said: (why, '<path> belongs to <owner>, not to you ...'); None when only
+    you (or the trusted group) could have written it. Callers add what they refuse and advise."""
+    why = verdict(st)
+    if why is None:
+        return None
+    owner = f"{user_name(st.st_uid)} (uid {st.st_uid})"
+    mode = f"mode {stat.S_IMODE(st.st_mode):o}"
+    if why is Untrusted.OWNER:
+        return why, f"{path} belongs to {owner}, not to you or the trusted group (${ENV_TRUSTED_GROUP})"
+    if why is Untrusted.WORLD_WRITABLE:
+        return why, f"{path} (owner {owner}) is writable by every user ({mode})"
+    return why, (
+        f"{path} (owner {owner}) is writable by group {group_name(st.st_gid)} ({mode}), which is not the trusted "
+        f"group (${ENV_TRUSTED_GROUP})"
+    )
+
+
+def path_clause(path: os.PathLike[str] | str) -> tuple[Untrusted, str] | None:
+    """`stat_clause` of `path` and, for a symlink, of the link itself first, then of its target
+    (another user's link to your folder is refused too). None when it does not exist."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        found = stat_clause(path, st)
+        if found:
+            return found
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+    return stat_clause(path, st)
+
+
+def replaceable_by_others(folder: os.PathLike[str] | str) -> str | None:
+    """Why another user could rename an entry of `folder` away and put their own in its place: the
+    folder is writable by them and has no sticky bit (/tmp and /scratch-style folders have it)."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    if st.st_mode & stat.S_ISVTX:
+        return None
+    why = verdict(st)
+    if why in (Untrusted.WORLD_WRITABLE, Untrusted.GROUP_WRITABLE):
+        found = stat_clause(folder, st)
+        return f"{found[1] if found else folder} without the sticky bit, so others can replace what is in it"
+    return None

@@ -32,46 +32,26 @@ from .sources import DataError
 FILE_MODE, DIR_MODE = 0o644, 0o755
 
 
-def owner_of(st: os.stat_result) -> str:
-    return f"{ownership.user_name(st.st_uid)} (uid {st.st_uid})"
-
-
 def stat_problem(path: Path, st: os.stat_result) -> str | None:
-    """Why a file with this stat may not be trusted (None: it may; `ownership.verdict`)."""
-    why = ownership.verdict(st)
-    mode = f"mode {stat.S_IMODE(st.st_mode):o}"
-    env = ownership.ENV_TRUSTED_GROUP
+    """Why a file with this stat may not be trusted (None: it may; `ownership.stat_clause`)."""
+    found = ownership.stat_clause(path, st)
+    return _refusal(found) if found else None
+
+
+def _refusal(found: tuple[ownership.Untrusted, str]) -> str:
+    why, clause = found
     if why is ownership.Untrusted.OWNER:
-        return (
-            f"{path} belongs to {owner_of(st)}, not to you or the trusted group (${env}): refusing to use it; "
-            "remove it, or set data.cache_dir to a folder of your own"
-        )
-    if why is ownership.Untrusted.WORLD_WRITABLE:
-        return f"{path} (owner {owner_of(st)}) is writable by every user ({mode}): refusing to use it"
+        return f"{clause}: refusing to use it; remove it, or set data.cache_dir to a folder of your own"
     if why is ownership.Untrusted.GROUP_WRITABLE:
-        return (
-            f"{path} (owner {owner_of(st)}) is writable by group {ownership.group_name(st.st_gid)} ({mode}), which "
-            f"is not the trusted group (${env}): refusing to use it; chmod g-w it or set ${env}"
-        )
-    return None
+        return f"{clause}: refusing to use it; chmod g-w it or set ${ownership.ENV_TRUSTED_GROUP}"
+    return f"{clause}: refusing to use it"
 
 
 def problem(path: Path) -> str | None:
-    """Why `path` (and, for a symlink, its target) may not be trusted; None if it may or if it
-    does not exist."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        found = stat_problem(path, st)
-        if found:
-            return found
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return None
-    return stat_problem(path, st)
+    """Why `path` (and, for a symlink, the link and its target) may not be trusted; None if it may
+    or if it does not exist."""
+    found = ownership.path_clause(path)
+    return _refusal(found) if found else None
 
 
 def require(*paths: Path) -> None:

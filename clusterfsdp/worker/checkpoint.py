@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -99,9 +100,16 @@ class _Pruner:
         self._last = self._pool.submit(self._empty)
 
     def _empty(self) -> None:
-        if self.trash.is_dir():
-            for old in self.trash.iterdir():
-                shutil.rmtree(old, ignore_errors=True)
+        try:
+            if not stat.S_ISDIR(os.lstat(self.trash).st_mode):
+                return  # a link or a file is never followed (ckptfolder.claim refuses it at start)
+        except FileNotFoundError:
+            return
+        for old in self.trash.iterdir():
+            if old.is_symlink() or not old.is_dir():
+                old.unlink(missing_ok=True)  # the link goes, never what it points at
+            else:
+                shutil.rmtree(old, ignore_errors=True)  # fd-based on Linux: never follows links inside
 
     def prune(self, folders: list[Path]) -> None:
         if not folders:
@@ -134,6 +142,9 @@ class Checkpointer:
         spec_text: str = "",
         trainable_only: bool = False,
     ):
+        problem = ckptfolder.claim(root, create=rank == 0)  # every rank, before any collective
+        if problem:
+            raise CheckpointError(problem)
         self.root, self.model, self.optimizer, self.config = root, model, optimizer, config
         self.trainable_only = trainable_only  # LoRA: the frozen base is not saved (loaded again from its folder)
         self.rank, self.world_size, self.spec_text = rank, world_size, spec_text
@@ -148,8 +159,6 @@ class Checkpointer:
         # Whether a checkpoint loaded is decided by all ranks together (a truncated shard fails on
         # the ranks that read it), over gloo so it needs no device tensor.
         self._agree_pg = _gloo_group()
-        if rank == 0:
-            root.mkdir(parents=True, exist_ok=True)
         self._pruner = _Pruner(root) if rank == 0 else None
 
     def _state(self) -> dict[str, Any]:
