@@ -118,3 +118,93 @@ def test_a_checkpoint_dir_others_can_write_without_the_sticky_bit_is_refused(tmp
     loose.chmod(0o1777)  # /tmp-like: others cannot rename what is yours
     assert ckptfolder.claim(loose / "run2", create=True) is None
     assert (loose / "run2").is_dir()
+
+
+# Run as the other user: load the victim's dataset folder into the shared cache with datasets'
+# own API, then rewrite every cached Arrow file's text column (what `load_dataset` reuses).
+_POISON_DATASETS_CACHE = """
+import glob, sys
+import datasets, pyarrow as pa
+folder, cache = sys.argv[1], sys.argv[2]
+datasets.load_dataset(folder, split="train", cache_dir=cache)
+files = glob.glob(cache + "/**/*.arrow", recursive=True)
+assert files, "datasets cached nothing"
+for f in files:
+    with pa.memory_map(f) as src:
+        table = pa.ipc.open_stream(src).read_all()
+    column = table.schema.get_field_index("text")
+    table = table.set_column(column, "text", pa.array(["PLANTED BY ANOTHER USER"] * len(table)))
+    with pa.OSFile(f, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+"""
+
+
+def test_rows_another_user_planted_in_datasets_own_cache_are_never_prepared(tmp_path, other_user, shared_root):
+    """Reproduced: the prepared-data cache checked its own entries but not `<cache>/hf-datasets`,
+    datasets' cache inside it: another user (who can read your data folder, as on a shared
+    filesystem) loaded it into that cache first and rewrote the cached rows, which ended up
+    tokenized into your own, correctly sealed prepared dataset. Now refused with one line naming
+    the folder and its owner."""
+    from data_helpers import job, write_jsonl
+
+    from clusterfsdp.data import prepare as dataprep
+    from clusterfsdp.data.sources import DataError
+
+    folder = shared_root / "data" / "ds"
+    folder.mkdir(parents=True)
+    write_jsonl(folder / "a.jsonl", [{"text": f"document {i:02d} of the victim's"} for i in range(40)])
+    for p in (shared_root / "data", folder, folder / "a.jsonl"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    cache = shared_root / "cache"
+    cache.mkdir(mode=0o1777)
+    cache.chmod(0o1777)  # a team's scratch cache: everyone may create entries in it
+    done = other_user.run(
+        [sys.executable, "-c", _POISON_DATASETS_CACHE, str(folder), str(cache / "hf-datasets")],
+        env={**os.environ, "HF_HOME": str(shared_root / "hf-home")},
+    )
+    assert done.returncode == 0, done.stderr
+    spec = job(tmp_path, [folder], "bytes", cache=cache)
+    try:
+        refs = dataprep.ensure(spec, workers=1)
+    except DataError as e:
+        message = str(e)
+    else:
+        tokens = sum(ref.manifest()["tokens"] for ref in refs)  # the bytes tokenizer: a token a byte, + EOS
+        planted = 40 * (len("PLANTED BY ANOTHER USER") + 1)
+        message = f"prepared {tokens} tokens" + (": the planted rows" if tokens == planted else "")
+    assert "refusing to use it" in message and other_user.name in message and "hf-datasets" in message, message
+
+
+def test_prepared_data_is_never_more_readable_than_its_sources(tmp_path, other_user, shared_root):
+    """Reproduced: the cache gave every prepared dataset 0644/0755 modes, so data a user kept
+    private (a 0700 folder) became readable by every user through a shared cache, and so did
+    datasets' copy of its rows in `<cache>/hf-datasets`. Now a dataset prepared from files not
+    every user can read is enterable by its owner only; world-readable sources stay shareable."""
+    from data_helpers import job, write_jsonl
+
+    from clusterfsdp.data import prepare as dataprep
+
+    cache = shared_root / "cache"
+    cache.mkdir()
+    cache.chmod(0o1777)
+    private = tmp_path / "private"  # (tmp_path's own parents are closed to others too)
+    private.mkdir(mode=0o700)
+    folder = private / "ds"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", [{"text": f"secret {i}"} for i in range(40)])
+    public = shared_root / "public.jsonl"
+    write_jsonl(public, [{"text": f"open {i}"} for i in range(40)])
+    public.chmod(0o644)
+    (secret,) = dataprep.ensure(job(tmp_path, [folder], "bytes", cache=cache), workers=1)
+    (shared,) = dataprep.ensure(job(tmp_path, [public], "bytes", cache=cache), workers=1)
+    assert secret.folder.stat().st_mode & 0o777 == 0o700
+    assert shared.folder.stat().st_mode & 0o777 == 0o755
+    own = cache / "hf-datasets" / str(os.geteuid())  # datasets' copy of the rows
+    assert own.stat().st_mode & 0o777 == 0o700 and any(own.rglob("*.arrow"))
+    for path, readable in [
+        (next(secret.folder.rglob("*.tok"), None) or next(p for p in secret.folder.rglob("*") if p.is_file()), False),
+        (next(own.rglob("*.arrow")), False),
+        (next(p for p in shared.folder.rglob("*") if p.is_file()), True),
+    ]:
+        done = other_user.run(["cat", str(path)])
+        assert (done.returncode == 0) == readable, (path, done.stderr)

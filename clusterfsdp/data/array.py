@@ -94,6 +94,7 @@ def _open_partial(ref: DatasetRef, unit_bytes: int, share: Share) -> bool:
         if failed is not None or read_json(partial / "plan.json") != plan_id:
             shutil.rmtree(partial, ignore_errors=True)
     trust.mkdirs(shards)
+    trust.keep_private(partial, [f for src in ref.sources for f in src.files()])
     trust.mkdirs(claims_dir(ref))
     trust.write(partial / "plan.json", json.dumps(plan_id))
     if not started_file(ref).exists():

@@ -170,6 +170,11 @@ class DatasetRef(FrozenValue):
         trust.require(self.folder, self.folder / "manifest.json", self.folder / "shards")
         try:
             return json.loads((self.folder / "manifest.json").read_text())
+        except PermissionError:
+            raise DataError(
+                f"{self.folder} is private to its owner (prepared from files not every user can read): "
+                "set data.cache_dir to a folder of your own"
+            ) from None
         except (OSError, ValueError):
             return None
 

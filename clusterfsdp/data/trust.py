@@ -101,6 +101,43 @@ def mkdirs(path: Path) -> None:
         secure(p)
 
 
+# ---------------------------------------------------------------- privacy
+def readable_by_everyone(path: Path) -> bool:
+    """Whether every user can read `path`: it is o+r and every folder above it o+x."""
+    try:
+        if not os.stat(path).st_mode & stat.S_IROTH:
+            return False
+        return all(os.stat(parent).st_mode & stat.S_IXOTH for parent in Path(path).resolve().parents)
+    except OSError:
+        return False
+
+
+def keep_private(folder: Path, files: list[Path]) -> bool:
+    """Prepared data is never more readable than its sources: when not every user can read one of
+    `files` (a 0700 folder, umask 077), `folder` (a dataset being prepared, renamed into place whole)
+    becomes enterable by its owner only, whatever the trusted group. True when it did."""
+    if all(readable_by_everyone(f) for f in files):
+        return False
+    os.chmod(folder, 0o700)
+    return True
+
+
+def private_folder(parent: Path) -> Path:
+    """`parent/<uid>`, made mode 0700 and checked: a cache another library fills for this user
+    (datasets' own, which copies the rows it reads) that nobody else may enter or write."""
+    mkdirs(parent)
+    require(parent)
+    folder = parent / str(os.geteuid())
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    require(folder)
+    if os.lstat(folder).st_mode & 0o077:
+        os.chmod(folder, 0o700)
+    return folder
+
+
 # ---------------------------------------------------------------- seals
 def file_hash(fd: int) -> str:
     import xxhash  # imported where a hash is computed: start-up (issue 25 item 3)

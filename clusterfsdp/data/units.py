@@ -18,6 +18,7 @@ from typing import IO
 import numpy as np
 
 from ..control import spec as specmod
+from . import trust
 from .formats import column_problem
 from .sources import DataError, Source, open_binary
 
@@ -146,7 +147,9 @@ def load_hf_dataset(src: Source, data: specmod.DataSection, cache: Path):
                     raise DataError(f"{where}: no split {data.split!r} ({src.split_key}; it has: {it_has})")
                 ds = ds[data.split]
         else:
-            ds = datasets.load_dataset(src.path, split=data.split, cache_dir=str(cache / "hf-datasets"))
+            # datasets copies the rows into its cache and reuses them: a folder of this user's only
+            own = trust.private_folder(cache / "hf-datasets")
+            ds = datasets.load_dataset(src.path, split=data.split, cache_dir=str(own))
     except DataError:
         raise
     except Exception as e:  # datasets raises many kinds for unreadable folders and unknown splits
