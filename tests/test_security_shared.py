@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from procs import launch, tiny_job_toml, wait
 from procs import make_run as make_run_folder
 from tui_helpers import make_run
@@ -208,3 +209,58 @@ def test_prepared_data_is_never_more_readable_than_its_sources(tmp_path, other_u
     ]:
         done = other_user.run(["cat", str(path)])
         assert (done.returncode == 0) == readable, (path, done.stderr)
+
+
+class _Touch:
+    """A pickle that runs `touch` when it is loaded."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_waiting_on_a_planted_run_never_unpickles_its_result_file(tmp_path, other_user, shared_root):
+    """Reproduced: `Run.wait()` (a notebook's or script's wait) unpickled the submitit result file
+    of a run another user planted in a shared run root, running their code as the caller."""
+    import pickle
+
+    from clusterfsdp.control import launch
+    from clusterfsdp.control.run import Run
+
+    staging = tmp_path / "staging"
+    run = make_run(staging, "20260101-120000-bbbb", name="planted")
+    proof = shared_root / "pwned"
+    result = launch.attempt_job(run, run.record().attempts[0]).paths.result_pickle
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.write_bytes(pickle.dumps(("success", _Touch(proof))))
+    other_user.plant_copy(staging / "planted", shared_root)
+    planted = Run(shared_root / "planted" / run.id)
+    with pytest.raises(launch.SubmitError, match="refusing to wait for run") as e:
+        planted.wait(poll_s=0.1)
+    assert other_user.name in str(e.value) and not proof.exists()
+    staged = Run(run.path)  # the same files, yours: the result is read (and runs, being a pickle)
+    staged.wait(poll_s=0.1)
+    assert proof.exists()
+
+
+def test_a_prepare_jobs_folder_another_user_made_is_refused(tmp_path, other_user, shared_root):
+    """Reproduced: `data prepare --executor slurm` wrote submitit's pickles (which its tasks run as
+    you) into `<cache>/.prepare-jobs` with no owner check, so another user who made that folder
+    first could swap a task's pickle. Its files now go to `.prepare-jobs/<uid>` (0700), refused
+    when another user made either."""
+    from data_helpers import job
+
+    from clusterfsdp.control import ownership, prepjob
+
+    cache = shared_root / "cache"
+    cache.mkdir()
+    cache.chmod(0o1777)
+    spec = job(tmp_path, [tmp_path / "d.jsonl"], "bytes", cache=cache)
+    other_user.plant(cache, {".prepare-jobs/README": b"mine"})
+    with pytest.raises(ownership.Refused, match=r"\.prepare-jobs belongs to cfsdp-other"):
+        prepjob.cache_folder(spec)
+    mine = tmp_path / "own-cache"
+    folder = prepjob.cache_folder(job(tmp_path, [tmp_path / "d.jsonl"], "bytes", cache=mine))
+    assert folder == mine / ".prepare-jobs" / str(os.geteuid()) and folder.stat().st_mode & 0o777 == 0o700

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import procs, slurmcli
+from . import ownership, procs, runfolder, slurmcli
 from . import spec as specmod
 from .errors import UserError
 from .procs import ProcessId
@@ -459,7 +459,18 @@ def wait(run: RunFolder, poll_s: float = 10.0) -> str:
             time.sleep(poll_s)
         newest = run.record().last
         if newest is not None and newest.job_id == last.job_id:
-            return attempt_job(run, last).result()
+            job = attempt_job(run, last)
+            _refuse_foreign_pickle(run, job.paths.result_pickle)
+            return job.result()
+
+
+def _refuse_foreign_pickle(run: RunFolder, pickle_file: Path) -> None:
+    """submitit's result file is a pickle, unpickled as whoever waits: never one another user
+    could have written (a run planted in a shared run root, or its submitit folder)."""
+    problem = runfolder.refusal(run, "wait for")
+    found = ownership.path_clause(pickle_file.parent) or ownership.path_clause(pickle_file)
+    if problem or found:
+        raise SubmitError(problem or f"refusing to read {pickle_file}, a pickle: {found[1] if found else ''}")
 
 
 def _alive(attempt: Attempt) -> bool:

@@ -11,6 +11,9 @@ import grp
 import os
 import pwd
 import stat
+from pathlib import Path
+
+from .errors import UserError
 
 ENV_TRUSTED_GROUP = "CLUSTERFSDP_TRUSTED_GROUP"
 
@@ -111,3 +114,25 @@ def replaceable_by_others(folder: os.PathLike[str] | str) -> str | None:
         found = stat_clause(folder, st)
         return f"{found[1] if found else folder} without the sticky bit, so others can replace what is in it"
     return None
+
+
+class Refused(UserError):
+    """A shared place another user could have written: one line naming it and its owner."""
+
+
+def private_folder(parent: Path) -> Path:
+    """`parent/<uid>`, mode 0700, for files whose every byte is read back as code or data by this
+    user alone (submitit's pickles of a prepare array, datasets' copy of the rows): `parent` may
+    be shared, but must not be another user's, nor may `<uid>` be."""
+    parent.mkdir(parents=True, exist_ok=True)
+    folder = parent / str(os.geteuid())
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    found = path_clause(parent) or path_clause(folder)
+    if found:
+        raise Refused(f"{found[1]}: refusing to use it; remove it or choose a folder of your own")
+    if os.lstat(folder).st_mode & 0o077:
+        os.chmod(folder, 0o700)
+    return folder

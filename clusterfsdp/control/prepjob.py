@@ -30,7 +30,7 @@ from pathlib import Path
 from ..data import arraystate
 from ..data.cache import DatasetRef, cache_root, dataset_refs
 from ..data.sources import DataError
-from . import slurmcli
+from . import ownership, slurmcli
 from . import spec as specmod
 from .errors import UserError
 from .fileio import atomic_write
@@ -267,5 +267,6 @@ def follow(spec: specmod.JobSpec, job_id: str, out: Callable[[str], None] = prin
 
 
 def cache_folder(spec: specmod.JobSpec) -> Path:
-    """Where a standalone prepare array keeps its submitit files."""
-    return cache_root(spec) / ".prepare-jobs"
+    """Where a standalone prepare array keeps its submitit files: pickles its tasks run, so a
+    folder of this user's only (another user who made `.prepare-jobs` first could swap them)."""
+    return ownership.private_folder(cache_root(spec) / ".prepare-jobs")

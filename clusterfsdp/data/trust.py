@@ -123,19 +123,12 @@ def keep_private(folder: Path, files: list[Path]) -> bool:
 
 
 def private_folder(parent: Path) -> Path:
-    """`parent/<uid>`, made mode 0700 and checked: a cache another library fills for this user
-    (datasets' own, which copies the rows it reads) that nobody else may enter or write."""
+    """`ownership.private_folder` under the cache: `parent` made as the cache makes its folders."""
     mkdirs(parent)
-    require(parent)
-    folder = parent / str(os.geteuid())
     try:
-        folder.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    require(folder)
-    if os.lstat(folder).st_mode & 0o077:
-        os.chmod(folder, 0o700)
-    return folder
+        return ownership.private_folder(parent)
+    except ownership.Refused as e:
+        raise DataError(str(e)) from None
 
 
 # ---------------------------------------------------------------- seals
