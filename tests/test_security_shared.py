@@ -264,3 +264,24 @@ def test_a_prepare_jobs_folder_another_user_made_is_refused(tmp_path, other_user
     mine = tmp_path / "own-cache"
     folder = prepjob.cache_folder(job(tmp_path, [tmp_path / "d.jsonl"], "bytes", cache=mine))
     assert folder == mine / ".prepare-jobs" / str(os.geteuid()) and folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_snapshot_another_user_put_in_a_shared_hf_cache_is_refused(tmp_path, other_user, shared_root):
+    """Reproduced: with HF_HOME on the shared filesystem (as the README recommends), a snapshot
+    another user laid out under your hub id was used without a word: their weights, tokenizer or
+    rows. validate and submit now refuse it with one line naming the file and its owner."""
+    from procs import weights_folder
+    from test_modelsource import job_file, put_in_hub_cache
+
+    staging = tmp_path / "staging"
+    put_in_hub_cache(staging / "hf", "org/tiny", weights_folder(tmp_path / "weights"))
+    other_user.plant_copy(staging / "hf", shared_root)
+    job = job_file(tmp_path, 'name_or_path = "org/tiny"')
+    env = {**os.environ, "HF_HOME": str(shared_root / "hf"), "HF_HUB_OFFLINE": "1"}
+    for command in (["validate", str(job)], ["submit", str(job), "--dry-run"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "clusterfsdp", *command], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert "refusing to use 'org/tiny'" in done.stderr and other_user.name in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("state.json"))

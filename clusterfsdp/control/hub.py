@@ -12,12 +12,14 @@ No torch here: huggingface_hub is a pure-Python client.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from . import ownership
 from .errors import UserError
 from .value import FrozenValue
 
@@ -100,6 +102,12 @@ def resolve(
             allow_patterns=allow_patterns,
             local_files_only=local_only,
         )
+        problem = _foreign(Path(str(path)))
+        if problem:
+            raise HubError(
+                f"{problem}: refusing to use {repo_id!r} from {where}; set ${ownership.ENV_TRUSTED_GROUP} to share "
+                "a team's cache, or point HF_HOME at a cache of your own"
+            )
         return Snapshot(repo_id, repo_type, Path(str(path)).name, str(path))  # …/snapshots/<commit>
 
     fetch = fetch_command(repo_id, repo_type, revision)
@@ -134,6 +142,24 @@ def resolve(
         raise HubError(
             f"{repo_id!r}: {type(e).__name__}: {' '.join(str(e).split())[:200]}; fetch it with: {fetch}"
         ) from None
+
+
+def _foreign(snapshot: Path) -> str | None:
+    """A shared HF cache (HF_HOME on the cluster's filesystem) is written by whoever downloads
+    first: the repo's folder, its snapshot, and every file of it (a link into blobs/) and its blob
+    must be yours or the trusted group's (`ownership`), else another user chose the weights and
+    the tokenizer (and, with trust_remote_code, the code) you train with."""
+    repo = snapshot.parent.parent
+    for path in (repo, snapshot.parent, snapshot):
+        found = ownership.path_clause(path)
+        if found:
+            return found[1]
+    for folder, dirs, files in os.walk(snapshot):  # (links to folders are not followed, but checked)
+        for name in (*dirs, *files):
+            found = ownership.path_clause(os.path.join(folder, name))
+            if found:
+                return found[1]
+    return None
 
 
 def _check_remote(repo_id: str, repo_type: RepoType, revision: str, where: str, fetch: str) -> Snapshot:

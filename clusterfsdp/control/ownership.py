@@ -83,7 +83,7 @@ def stat_clause(path: object, st: os.stat_result) -> tuple[Untrusted, str] | Non
 
 
 def path_clause(path: os.PathLike[str] | str) -> tuple[Untrusted, str] | None:
-    """`stat_clause` of `path` and, for a symlink, of the link itself first, then of its target
+    """`stat_clause` of `path` and, for a symlink, of the link's owner first, then of its target
     (another user's link to your folder is refused too). None when it does not exist."""
     try:
         st = os.lstat(path)
@@ -91,7 +91,7 @@ def path_clause(path: os.PathLike[str] | str) -> tuple[Untrusted, str] | None:
         return None
     if stat.S_ISLNK(st.st_mode):
         found = stat_clause(path, st)
-        if found:
+        if found and found[0] is Untrusted.OWNER:  # (a link's own mode is always 777 and means nothing)
             return found
         try:
             st = os.stat(path)
