@@ -433,6 +433,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     return _find(args).export(Path(args.to), args.step, args.dtype, args.force, best=args.best, merge=args.merge)
 
 
+def cmd_nodes(args: argparse.Namespace) -> int:
+    from .control import nodescli
+
+    return nodescli.main(args, _run_root(args))
+
+
 def cmd_completion(args: argparse.Namespace) -> int:
     from . import completion
 
@@ -549,6 +555,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s = data_sub.add_parser("status", help="how far the job's data is prepared (and its prepare array)")
     _add_job(s)
     s.set_defaults(fn=cmd_data_status)
+
+    s = command("nodes", help="nodes runs found faulty, left out of later submits; `nodes clear NODE` ends it")
+    s.add_argument("action", nargs="?", choices=["list", "clear"], default="list", help="list (default) or clear")
+    s.add_argument("nodes", nargs="*", help="clear: the nodes whose quarantine ends")
+    s.add_argument("--cluster", default="", help="the cluster's record (default: Slurm's ClusterName)")
+    s.add_argument("--hours", type=float, help="list what was marked this recently (default: slurm.quarantine_hours)")
+    s.add_argument("--json", action="store_true", help="the record as JSON: quarantined nodes and every line")
+    _add_run_root(s)
+    s.set_defaults(fn=cmd_nodes)
 
     s = command("submit", help="queue a job (Slurm, or locally without Slurm) and return")
     _add_job(s)

@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import launch, slurmcli
+from . import launch, noderecord, slurmcli
 from . import spec as specmod
 from .runfolder import RunFolder
 
@@ -20,12 +20,14 @@ if TYPE_CHECKING:
     from .slurmexec import RetriedSlurmExecutor
 
 
-def array_executor(spec: specmod.JobSpec, prefix: Path, count: int, parallel: int, token: str) -> RetriedSlurmExecutor:
+def array_executor(
+    spec: specmod.JobSpec, prefix: Path, count: int, parallel: int, token: str, exclude: tuple[str, ...] = ()
+) -> RetriedSlurmExecutor:
     """submitit's `SlurmExecutor` for a sweep's job array (`--array=0-K%N`): task i runs the point
     whose run folder is `<prefix><i>` (the job steps pick it by $SLURM_ARRAY_TASK_ID; submitit's
     files land in that run folder's `submitit/<array id>_<i>/`, as for a single run's job)."""
     steps = launch.job_steps_for(f"sweep {prefix.parent.name}", f'RUN={shlex.quote(str(prefix))}"$SLURM_ARRAY_TASK_ID"')
-    parameters = launch.sbatch_options(spec, token=token, hold=True)
+    parameters = launch.sbatch_options(spec, exclude=exclude, token=token, hold=True)
     parameters.update(array_parallelism=parallel or count)
     ex = launch.executor_for(spec, prefix.parent / f"{prefix.name}%a" / "submitit" / "%j", steps, parameters, token)
     ex.parameters["map_count"] = count  # submitit's internal parameter (not `update_parameters`'), as it sets it
@@ -41,7 +43,8 @@ def queue_array(
     token = f"clusterfsdp:{prefix.parent.name}:{secrets.token_hex(4)}"
     scratch = prefix.parent / "submitit"
     with launch.submission_env(specs[0]):
-        ex = array_executor(specs[0], prefix, len(runs), parallel, token)
+        quarantined, _ = noderecord.plan(specs[0])  # (the nodes left out are named in the batch script)
+        ex = array_executor(specs[0], prefix, len(runs), parallel, token, quarantined)
         try:
             ids = ex.submit_array([launch.WorkerCall(str(r.path)) for r in runs], scratch)
         except slurmcli.SlurmError as e:

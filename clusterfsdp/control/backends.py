@@ -23,6 +23,7 @@ backends (`notebook.placement`), and keeps only its display.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -32,7 +33,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from . import launch, procs, slurmcli
+from . import launch, noderecord, procs, slurmcli
 from . import spec as specmod
 from .records import Attempt, Executor, RunState
 from .runfolder import RunFolder
@@ -97,7 +98,10 @@ class Slurm(Backend):
     def queue(
         self, spec: specmod.JobSpec, run: RunFolder, *, dependency: str | None = None, exclude: tuple[str, ...] = ()
     ) -> launch.Queued:
-        return launch.queue(spec, Executor.SLURM, run, dependency=dependency, exclude=exclude)
+        """With the nodes the cluster's node record quarantines left out (`noderecord.plan`)."""
+        quarantined, notes = noderecord.plan(spec, exclude)
+        queued = launch.queue(spec, Executor.SLURM, run, dependency=dependency, exclude=(*exclude, *quarantined))
+        return dataclasses.replace(queued, notes=notes)
 
     def is_live(self, attempt: Attempt) -> bool:
         row = slurmcli.job_states([attempt.job_id]).get(attempt.job_id)

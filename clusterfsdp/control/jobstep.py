@@ -31,8 +31,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ckptfolder, launch, outcomes, retrynotes, runfolder, slurmcli
+from . import ckptfolder, launch, noderecord, outcomes, retrynotes, runfolder, slurmcli
 from . import spec as specmod
+from .errors import UserError
 from .records import Cause, Event, EventKind
 from .run import Run, RunError
 
@@ -114,6 +115,7 @@ def after(run: runfolder.RunFolder, job: SlurmJob, rc: int) -> int:
         return rc  # the workers decided (requeue, stop), or this is no longer the run's attempt
     failure = _classify(run, job, mine, rc)
     spec = run.spec()
+    _quarantine(run, spec, failure)
     if failure.cause.interruption:
         _come_back(run, job, spec, failure)
         return rc
@@ -144,6 +146,19 @@ def after(run: runfolder.RunFolder, job: SlurmJob, rc: int) -> int:
     _event(run, job, EventKind.AUTO_RESTART, cause=failure.cause, reason=reason, job_id_next=sub.job_id,
            signature=failure.signature, failed_nodes=list(failure.failed_nodes), restarts=used + 1)  # fmt: skip
     return rc
+
+
+def _quarantine(run: runfolder.RunFolder, spec: specmod.JobSpec, failure: outcomes.Failure) -> None:
+    """Record the nodes this failure names (pre-flight, hang, node failure) in the cluster's node
+    record, so later submits of every user leave them out (noderecord). A record that cannot be
+    written is said in the batch log; it never stops the restart."""
+    if not failure.failed_nodes or spec.slurm.quarantine_hours <= 0:
+        return
+    try:
+        path = noderecord.for_job(spec, slurmcli.cluster_name())
+        noderecord.mark(path, failure.failed_nodes, reason=failure.detail, cause=str(failure.cause), run=run.id)
+    except (OSError, UserError) as e:
+        print(f"clusterfsdp: node record not written: {e}", file=sys.stderr)
 
 
 def _come_back(run: runfolder.RunFolder, job: SlurmJob, spec: specmod.JobSpec, failure: outcomes.Failure) -> None:

@@ -358,6 +358,7 @@ class Queued:
     leader: ProcessId | None = None
     held: bool = False
     job: Any = None
+    notes: tuple[str, ...] = ()  # one line each, for the submitter (quarantined nodes left out)
 
 
 def queue(

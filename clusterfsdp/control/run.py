@@ -39,6 +39,7 @@ from . import (
     launch,
     lock,
     modelsource,
+    noderecord,
     peftbase,
     prepjob,
     runfolder,
@@ -148,7 +149,7 @@ class Run:
             raise
         run.record_first(queued, backend, prepared.spec)
         backend.start(queued)
-        notes = list(prepared.notes)
+        notes = [*prepared.notes, *queued.notes]
         if dependency:  # (the training job is queued behind the prepare array)
             array = dependency.removeprefix("afterok:")
             notes.append(f"data: not prepared yet: job {queued.job_id} waits for data prepare job {array}")
@@ -204,7 +205,7 @@ class Run:
         record = folder.record()
         record.dry_run = True  # its worker records the hand-submitted job as an attempt
         folder.write_record(record)
-        script = launch.render_sbatch(prepared.spec, folder)
+        script = launch.render_sbatch(prepared.spec, folder, exclude=noderecord.plan(prepared.spec)[0])
         fileio.atomic_write(folder.sbatch_script, script)
         return cls(folder), script
 

@@ -296,6 +296,16 @@ def node_states(nodes: list[str]) -> dict[str, str]:
     return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
 
 
+def cluster_name() -> str:
+    """Slurm's ClusterName: $SLURM_CLUSTER_NAME inside a job, else `scontrol show config`."""
+    name = os.environ.get("SLURM_CLUSTER_NAME", "").strip()
+    if name:
+        return name
+    out = run(["scontrol", "show", "config"], retry_s=0)  # (best effort: no quarantine beats a wait)
+    line = next((ln for ln in out.splitlines() if ln.split("=", 1)[0].strip() == "ClusterName"), "")
+    return line.split("=", 1)[1].strip() if "=" in line else ""
+
+
 def partition_nodes(partition: str = "") -> dict[str, str]:
     """{node: state} of a partition (default: the cluster's default partition)."""
     if not partition:

@@ -50,6 +50,7 @@ def check(spec: JobSpec) -> None:
     positive("slurm.max_restarts", s.max_restarts, 0)
     positive("slurm.preflight_free_gb", s.preflight_free_gb, 0)
     positive("slurm.preflight_shm_gb", s.preflight_shm_gb, 0)
+    positive("slurm.quarantine_hours", s.quarantine_hours, 0, 24 * 365)
     if t.epochs > 0:
         if not math.isfinite(t.epochs) or t.epochs > 1e6:
             errors.append(f"train.epochs: expected a number of passes up to 1e6, found {t.epochs!r}")

@@ -151,6 +151,12 @@ class SlurmSection(Value):
         "/dev/shm, its network path to the master, and a short all-reduce (nodes/<job>.<restart>/<host>.json); "
         "a node that fails is left out of the next attempt, which uses a restart (docs/recovery.md).",
     )
+    quarantine_hours: float = F(
+        24.0,
+        "Hours a node stays excluded from later submits (of every user sharing the run root's node record) after "
+        "a run found it faulty: failed pre-flight, named by a hang, lost mid-run. 0: never exclude recorded nodes. "
+        "`clusterfsdp nodes` lists them, `nodes clear NODE` ends a quarantine.",
+    )
     preflight_free_gb: float = F(
         1.0, "Pre-flight: least free GiB where checkpoints go (the newest checkpoint's size when that is larger)."
     )
