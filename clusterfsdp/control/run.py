@@ -35,6 +35,7 @@ from ..data import checks as datachecks
 from . import (
     backends,
     ckptfolder,
+    cost,
     fileio,
     launch,
     lock,
@@ -268,6 +269,7 @@ class Run:
             spec = self.folder.spec(list(overrides))
             backend, notice = backends.for_request(executor or backends.requested_for(self.folder.record().executor))
             _check_submittable(spec, backend)
+            self._check_budget(spec, backend)
             problems = datachecks.problems(spec)  # (its sources were resolved at submit)
             if problems:
                 raise specmod.SpecError(problems)
@@ -294,6 +296,15 @@ class Run:
             return replace(sub, notes=lrschedule.resume_notes(target, spec.train))
         finally:
             held.release()
+
+    def _check_budget(self, spec: specmod.JobSpec, backend: backends.Backend) -> None:
+        """slurm.max_gpu_hours: the new attempt's plan must fit what the run has not used yet."""
+        if spec.slurm.max_gpu_hours <= 0 or backend.executor is not Executor.SLURM:
+            return
+        spent = cost.run_cost(self.folder)
+        why = specmod.budget_refusal(spec, spent.total.gpu_hours if spent else 0.0)
+        if why:
+            raise RunError(f"run {self.id}: {why}")
 
     def _start_attempt(
         self,

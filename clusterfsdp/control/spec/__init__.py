@@ -14,7 +14,7 @@ Import the names from here (`from clusterfsdp.control.spec import JobSpec`).
 """
 
 from .allowlists import MOUNT_PATH
-from .checks import check
+from .checks import budget_refusal, check
 from .codec import (
     apply_overrides,
     coerce,
@@ -79,6 +79,7 @@ __all__ = [
     "Tracker",
     "TrainSection",
     "apply_overrides",
+    "budget_refusal",
     "chat_problem",
     "check",
     "coerce",

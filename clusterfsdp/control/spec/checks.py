@@ -51,6 +51,10 @@ def check(spec: JobSpec) -> None:
     positive("slurm.preflight_free_gb", s.preflight_free_gb, 0)
     positive("slurm.preflight_shm_gb", s.preflight_shm_gb, 0)
     positive("slurm.quarantine_hours", s.quarantine_hours, 0, 24 * 365)
+    positive("slurm.max_gpu_hours", s.max_gpu_hours, 0)
+    over = budget_refusal(spec)
+    if over:
+        errors.append(over)
     if t.epochs > 0:
         if not math.isfinite(t.epochs) or t.epochs > 1e6:
             errors.append(f"train.epochs: expected a number of passes up to 1e6, found {t.epochs!r}")
@@ -129,6 +133,24 @@ def check(spec: JobSpec) -> None:
     errors += env_errors(spec.env, spec.job.allow_env)
     if errors:
         raise SpecError(errors)
+
+
+def budget_refusal(spec: JobSpec, used_gpu_hours: float = 0.0) -> str | None:
+    """Why an attempt of `spec` may not be queued under slurm.max_gpu_hours with `used_gpu_hours`
+    already spent (None: it may): its own plan, every GPU of its nodes for its whole time limit,
+    must fit what is left (control/cost.py accounts the use)."""
+    budget = spec.slurm.max_gpu_hours
+    if budget <= 0:
+        return None
+    s, minutes = spec.slurm, spec.time_minutes
+    plan, left = s.nodes * s.gpus_per_node * minutes / 60.0, budget - used_gpu_hours
+    if plan <= left:
+        return None
+    return (
+        f"slurm.max_gpu_hours = {budget:g}: an attempt may use {plan:.2f} GPU-h ({s.nodes} node(s) x "
+        f"{s.gpus_per_node} GPU(s) x {minutes} min) and {left:.2f} are left ({used_gpu_hours:.2f} used); "
+        "lower slurm.time or slurm.nodes, or raise slurm.max_gpu_hours"
+    )
 
 
 def _check_eval(spec: JobSpec, errors: list[str]) -> None:

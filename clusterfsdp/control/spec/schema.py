@@ -151,6 +151,12 @@ class SlurmSection(Value):
         "/dev/shm, its network path to the master, and a short all-reduce (nodes/<job>.<restart>/<host>.json); "
         "a node that fails is left out of the next attempt, which uses a restart (docs/recovery.md).",
     )
+    max_gpu_hours: float = F(
+        0.0,
+        "Budget of the run in GPU-hours, as Slurm accounts them (AllocTRES gres/gpu x elapsed, every attempt and "
+        "requeue): an attempt whose own plan (nodes x gpus_per_node x time) would pass what is left is refused "
+        "before queueing, and the workers save a checkpoint and stop once it is used. 0: no budget.",
+    )
     quarantine_hours: float = F(
         24.0,
         "Hours a node stays excluded from later submits (of every user sharing the run root's node record) after "

@@ -1,0 +1,62 @@
+"""What a run costs (issue 39 item 2): Slurm's TRES strings read, the steps a restart redid found
+from the run's events, and `slurm.max_gpu_hours` refusing a plan that passes the budget (validate
+and submit) or what is left of it (resume). The figures against a real sacct are in
+test_slurm_e2e (fake GPUs count as Slurm accounts them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterfsdp.control import cost
+from clusterfsdp.control import spec as S
+from clusterfsdp.control.records import Event, EventKind
+
+
+def test_tres_counts_are_read_and_units_left_out():
+    assert cost.parse_tres("billing=4,cpu=4,gres/gpu=2,mem=8000M,node=2") == {
+        "billing": 4.0, "cpu": 4.0, "gres/gpu": 2.0, "node": 2.0
+    }  # fmt: skip
+    assert cost.parse_tres("") == {}
+
+
+def _event(kind: EventKind, job: str, restart: int, step: int | None) -> Event:
+    return Event(kind, job, restart, 0, "node1", 0.0, step=step)
+
+
+def test_the_steps_a_restart_redid_are_the_ones_past_the_checkpoint_it_resumed_from():
+    events = [
+        _event(EventKind.START, "10", 0, None),
+        _event(EventKind.FAILED, "10", 0, 37),  # died at step 37: 17 steps past the step-20 checkpoint
+        _event(EventKind.START, "11", 0, None),
+        _event(EventKind.RESUMED, "11", 0, 20),
+        _event(EventKind.REQUEUED, "11", 0, 40),  # a save, then requeued: nothing lost
+        _event(EventKind.START, "11", 1, None),
+        _event(EventKind.RESUMED, "11", 1, 40),
+        _event(EventKind.COMPLETED, "11", 1, 60),
+    ]
+    assert cost.redone(events) == [("10", 0, 17)]
+
+
+@pytest.mark.parametrize(
+    "slurm, refused",
+    [
+        ("nodes = 2\ngpus_per_node = 4\ntime = 60\nmax_gpu_hours = 8", False),  # exactly the plan
+        ("nodes = 2\ngpus_per_node = 4\ntime = 61\nmax_gpu_hours = 8", True),
+        ("nodes = 1\ngpus_per_node = 0\ntime = 600\nmax_gpu_hours = 0.5", False),  # CPU-only: no GPU-hours
+        ("nodes = 64\ngpus_per_node = 8\ntime = '2-00:00:00'\nmax_gpu_hours = 0", False),  # no budget
+    ],
+)
+def test_a_plan_over_the_budget_is_refused_before_queueing(slurm, refused):
+    text = f"[slurm]\n{slurm}\n"
+    if refused:
+        with pytest.raises(S.SpecError, match=r"slurm.max_gpu_hours = 8: an attempt may use 8.13 GPU-h"):
+            S.loads(text)
+    else:
+        S.loads(text)
+
+
+def test_resume_counts_what_was_used():
+    spec = S.loads("[slurm]\nnodes = 1\ngpus_per_node = 2\ntime = 60\nmax_gpu_hours = 10\n")
+    assert S.budget_refusal(spec, used_gpu_hours=8.0) is None
+    why = S.budget_refusal(spec, used_gpu_hours=8.5)
+    assert why and "1.50 are left (8.50 used)" in why
