@@ -14,15 +14,12 @@ adds the suite's site-packages (one ABI, cp311), so only the interpreter differs
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
-
-CANDIDATES = ("/usr/bin/python3", "python3", "python3.11")
 
 
 def _version(python: str) -> tuple[int, int, int] | None:
@@ -36,14 +33,17 @@ def _version(python: str) -> tuple[int, int, int] | None:
 
 
 def other_interpreter() -> tuple[str, tuple[int, int, int]]:
-    """The newest Python 3.<minor of the suite> on this machine other than the suite's own."""
+    """The newest Python 3.<minor of the suite> on this machine other than the suite's own: every
+    python3 / python3.11 on PATH (not only the first: .ci/test puts the venv's first) and Debian's."""
     ours = tuple(sys.version_info[:3])
     found: dict[tuple[int, int, int], str] = {}
-    paths = [os.environ.get("PATH", "")]
-    for name in CANDIDATES:
-        where = name if os.path.isabs(name) else shutil.which(name, path=os.pathsep.join(paths))
-        version = _version(where) if where else None
-        if where and version and version[:2] == ours[:2] and version != ours:
+    folders = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    candidates = ["/usr/bin/python3", *(os.path.join(d, n) for d in folders for n in ("python3", "python3.11"))]
+    for where in candidates:
+        if not os.access(where, os.X_OK):
+            continue
+        version = _version(where)
+        if version and version[:2] == ours[:2] and version != ours:
             found.setdefault(version, where)
     assert found, (
         f"no second Python {ours[0]}.{ours[1]} on this machine besides the suite's {ours}: the cross-interpreter "
