@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 from textual.widgets import DataTable, Input, Select, TabbedContent
-from tui_helpers import T0, FakeSlurm, make_run, rendered, run_app, settle, until
+from tui_helpers import T0, FakeSlurm, make_run, open_in_compose, rendered, run_app, settle, until
 
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Executor, SweepPoint, SweepRecord
@@ -188,12 +188,7 @@ def test_compose_opens_a_sweeps_job_file_with_its_lists_and_saves_them_back(tmp_
     app = ClusterApp(tmp_path / "runs", FakeSlurm(), refresh_s=3600)
 
     async def scenario(pilot):
-        await pilot.press("1")
-        screen = app.screen
-        assert isinstance(screen, ComposeScreen)
-        screen.open_file(job)
-        await settle(pilot)
-        await settle(pilot)
+        screen = await open_in_compose(pilot, app, job)
         lr = screen.query_one("#f-train-lr", FieldEditor)
         assert lr.listed and lr.values_text == "0.0001, 0.0003"
         assert "sweep      2 points" in rendered(screen.query_one("#summary"))
