@@ -23,9 +23,11 @@ import pytest
 from data_helpers import WORDS, conversations, make_tokenizer, write_jsonl
 from test_readme import walkthrough
 from textual.widgets import Static
-from tui_helpers import FakeSlurm, open_in_compose, rendered, run_app, settle, until
+from tui_helpers import FakeSlurm, open_in_compose, open_run_screen, rendered, run_app, settle, until
 
+from clusterfsdp.control import runfolder
 from clusterfsdp.control import spec as S
+from clusterfsdp.control.records import Executor
 from clusterfsdp.data import cache, mixsamples, prepare
 from clusterfsdp.data.samples import PreparedSamples
 from clusterfsdp.data.show import open_split, show
@@ -214,5 +216,27 @@ def test_compose_opens_the_readmes_epochs_job_unmodified_saves_submits_it_and_sh
         await pilot.press("t")
         await until(pilot, lambda: data.split == "eval" and data.samples and "eval" in data.samples[0]["title"], "eval")
         assert "eval samples" in rendered(data.query_one("#data-header"))
+
+    run_app(app, scenario)
+
+
+def test_the_run_screen_shows_the_data_of_the_selected_run(folder, monkeypatch: pytest.MonkeyPatch):
+    """d on the Run screen: the samples of the run's own job.toml (absolute paths, its tokenizer)."""
+    monkeypatch.chdir(folder)
+    run = runfolder.create_run(S.load(folder / "mix.toml"), Executor.LOCAL)
+    app = ClusterApp(folder / "runs", slurm=FakeSlurm(), refresh_s=3600)
+
+    async def scenario(pilot):
+        await open_run_screen(pilot, app)
+        await pilot.press("d")
+        data = app.screen
+        assert isinstance(data, DataScreen) and data.job == run.job_toml
+        await until(pilot, lambda: data.samples or data.error, "the samples read")
+        assert not data.error and {"data.sources[0]" in s["title"] for s in data.samples} == {True, False}
+        await pilot.press("s")  # the mixture's second source alone
+        await pilot.press("s")
+        await until(pilot, lambda: data.samples and "data.sources[1]" in data.samples[0]["title"], "source 1")
+        assert all("data.sources[1]" in s["title"] for s in data.samples)
+        assert "data.sources[1]" in rendered(data.query_one("#data-header"))
 
     run_app(app, scenario)
