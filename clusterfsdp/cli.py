@@ -435,7 +435,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     from .control.run import Run, RunError
 
     root = _run_root(args)
-    runs = [Run.find(ref, root) for ref in args.run]
+    runs = [Run.find(ref, _lookup_root(args)) for ref in args.run]
     if args.prepared:
         runs += [r for r in Run.all(root) if r.folder.record().last is None and r not in runs]
     if not runs:

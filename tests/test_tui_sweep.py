@@ -54,7 +54,7 @@ def test_sweeps_screen_lists_sorts_charts_and_selects_points(tmp_path):
         await pilot.pause()
         sweeps = screen.query_one("#sweeps", DataTable)
         # best: point 0's eval loss 2.8 (5.2 - 2.4) beats every training loss (2.5 is not eval)
-        assert [str(c) for c in sweeps.get_row_at(0)] == ["swab", "tiny", "3", "3 COMPLETED", "2.8000"]
+        assert [str(c) for c in sweeps.get_row_at(0)] == ["swab", "tiny", "3", "3 COMPLETED", "2.8000 (point 0)"]
         table = screen.query_one("#sweep-points", DataTable)
         assert _column(table, "RUN") == ["ab-p0", "ab-p1", "ab-p2"]
         assert _column(table, "train.lr") == ["0.003", "0.001", "0.002"]
