@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shlex
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -108,7 +109,8 @@ def render_sample(tok: Any, samples: PreparedSamples, k: int, title: str) -> Sho
 
 # ---------------------------------------------------------------- what the job reads
 def _prepared(spec: specmod.JobSpec, job: str) -> list[DatasetRef]:
-    """The job's prepared datasets; ShowError when one is not prepared (or not indexed)."""
+    """The job's prepared datasets; ShowError when one is not prepared (or not indexed), saying
+    how to prepare it (`job`: the job file and its --set options, as given)."""
     refs = dataset_refs(spec)
     if problem := same_data_problem(refs):
         raise ShowError(problem)
@@ -134,7 +136,8 @@ def open_split(spec: specmod.JobSpec, refs: list[DatasetRef], split: str) -> Pre
 
 def show(spec: specmod.JobSpec, job: str, split: str = "train", source: int | None = None, n: int = 4) -> list[Shown]:
     """The first `n` samples of the split in the order the job reads them (of one source of a
-    mixture with `source`: that source's own order), decoded."""
+    mixture with `source`: that source's own order), decoded. `job`: how the job was named (for
+    the `data prepare` command an unprepared dataset's refusal gives)."""
     if spec.data.source != "files":
         raise ShowError("data.source = 'synthetic': the job trains on random tokens, there is no data to show")
     if split == "eval" and not spec.eval_enabled:
@@ -201,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         spec = specmod.load(args.job, args.set)
-        shown = show(spec, args.job, args.split, args.source, max(args.n, 0))
+        command = shlex.join([args.job, *(x for item in args.set for x in ("--set", item))])  # what to prepare
+        shown = show(spec, command, args.split, args.source, max(args.n, 0))
     except specmod.SpecError as e:
         for line in e.errors:
             print(f"error: {line}", file=sys.stderr)
