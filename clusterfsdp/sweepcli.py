@@ -103,6 +103,10 @@ def _short(value: Any) -> str:
     return _clip(specmod.render_value(value) if value is not None else "-", 24)
 
 
+def _why_not(cancelled: float | None) -> str:
+    return "the sweep was cancelled" if cancelled else "its local driver is gone: `clusterfsdp resume SWEEP` starts it"
+
+
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -175,16 +179,19 @@ def follow(folder: SweepFolder, out: Callable[[str], None] = print, poll_s: floa
         while True:
             record = folder.record()
             rows, error = folder.statuses()
+            driver = folder.driver()
+            startable = not record.cancelled and (driver is None or procs.group_alive(driver))
             for r in rows:
                 st = r.status
                 line = f"{st.state}{' - ' + st.reason if st.reason else ''}"
+                if st.state is RunState.PREPARED:  # a local sweep starts its points in turn
+                    line = "waiting to start" if startable else f"not started ({_why_not(record.cancelled)})"
                 if seen.get(r.point.index) != line:
                     seen[r.point.index] = line
-                    loss = f" (loss {_num(st.loss)}, step {st.step or 0}/{st.steps or '?'})" if st.state.final else ""
+                    ended = st.state.final and st.state is not RunState.PREPARED
+                    loss = f" (loss {_num(st.loss)}, step {st.step or 0}/{st.steps or '?'})" if ended else ""
                     values = _clip(_values(r.point.values), 48)
                     out(f"point {r.point.index} ({values}) run {r.point.run_id}: {line}{loss}")
-            driver = folder.driver()
-            startable = not record.cancelled and (driver is None or procs.group_alive(driver))
             unstarted = [r for r in rows if r.status.state is RunState.PREPARED]
             if not error and all(r.status.state.final for r in rows) and not (unstarted and startable):
                 break
