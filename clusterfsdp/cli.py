@@ -49,10 +49,16 @@ def _run_root(args: argparse.Namespace) -> Path:
     return Path(args.run_root).expanduser() if args.run_root else default_run_root()
 
 
+def _lookup_root(args: argparse.Namespace) -> Path | None:
+    """--run-root, or None: look a run up under runroot.lookup_roots() (the default run root and
+    those the job files in the current folder set, where their submit put their runs)."""
+    return Path(args.run_root).expanduser() if args.run_root else None
+
+
 def _find(args: argparse.Namespace):
     from .control.run import Run
 
-    return Run.find(args.run, _run_root(args))
+    return Run.find(args.run, _lookup_root(args))
 
 
 def _find_folder(args: argparse.Namespace) -> RunFolder:
@@ -60,7 +66,7 @@ def _find_folder(args: argparse.Namespace) -> RunFolder:
     from .control import runfolder
 
     try:
-        return runfolder.find_run(args.run, _run_root(args))
+        return runfolder.find_run(args.run, _lookup_root(args))
     except runfolder.RunNotFound as e:
         raise CliError(str(e)) from None
 
@@ -150,6 +156,18 @@ def _data_prepare_array(args: argparse.Namespace) -> int:
     job_id = prepjob.queue(spec, options, refs, prepjob.cache_folder(spec))
     print(f"queued data prepare array job {job_id} ({options.count(spec)} tasks): `clusterfsdp data status` follows it")
     return prepjob.follow(spec, job_id) if args.follow else 0
+
+
+def cmd_data_show(args: argparse.Namespace) -> int:
+    """Samples of the prepared data with the trained tokens marked (data/show.py), in a worker
+    process like `data prepare`: the CLI never imports numpy or the tokenizer."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "clusterfsdp.data.show", args.job, "-n", str(args.n), "--split", args.split]
+    argv += ["--source", str(args.source)] if args.source is not None else []
+    for item in args.set or []:
+        argv += ["--set", item]
+    return subprocess.call(argv)
 
 
 def cmd_data_status(args: argparse.Namespace) -> int:
@@ -248,9 +266,11 @@ def _names_sweep(args: argparse.Namespace) -> bool:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from .control import runfolder
+    from .control.runroot import lookup_roots
 
-    root = _run_root(args)
-    found = runfolder.list_runs(root)[: args.limit]
+    roots = [_run_root(args)] if args.run_root else lookup_roots()
+    found = sorted({r for root in roots for r in runfolder.iter_runs(root)}, key=lambda r: r.id, reverse=True)
+    found = found[: args.limit]
     swept = sorted({r.path.parent for r in found if (r.path.parent / "sweep.json").is_file()}, reverse=True)
     if swept and not (args.quiet or args.json):  # a sweep is one line (`status SWEEP` lists its points)
         from . import sweepcli
@@ -264,7 +284,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print("\n".join(r.id for r in found))
         return 0
     if not found and not args.json:
-        print(f"no runs under {root} (--run-root, or set $CLUSTERFSDP_RUN_ROOT)")
+        print(f"no runs under {' or '.join(map(str, roots))} (--run-root, or set $CLUSTERFSDP_RUN_ROOT)")
         return 0
     from . import term
     from .control import status
@@ -294,7 +314,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if _names_sweep(args):
         from . import sweepcli
 
-        return sweepcli.cmd_status(args, _run_root(args))
+        return sweepcli.cmd_status(args, _lookup_root(args))
     from datetime import datetime
 
     from . import term
@@ -316,7 +336,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         + (f", loss {st.loss:.4f}" if st.loss is not None else "")
     )
     if st.eval_loss is not None:
-        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {st.eval_ppl or 0:.2f}")
+        from .control.numbers import perplexity
+
+        ppl = perplexity(st.eval_ppl) if st.eval_ppl is not None else "-"
+        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {ppl}")
     for line in samplestats.lines(folder.data_file):
         print(f"data       {line}")
     for a in st.attempts:
@@ -380,7 +403,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if _names_sweep(args):
         from . import sweepcli
 
-        return sweepcli.cmd_cancel(args, _run_root(args))
+        return sweepcli.cmd_cancel(args, _lookup_root(args))
     print(_find(args).cancel())
     return 0
 
@@ -389,7 +412,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if _names_sweep(args):
         from . import sweepcli
 
-        return sweepcli.cmd_resume(args, _run_root(args))
+        return sweepcli.cmd_resume(args, _lookup_root(args))
     run = _find(args)
     sub = run.resume(
         step=args.step,
@@ -412,7 +435,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     from .control.run import Run, RunError
 
     root = _run_root(args)
-    runs = [Run.find(ref, root) for ref in args.run]
+    runs = [Run.find(ref, _lookup_root(args)) for ref in args.run]
     if args.prepared:
         runs += [r for r in Run.all(root) if r.folder.record().last is None and r not in runs]
     if not runs:
@@ -552,6 +575,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--time", help="slurm: time limit of each task (default: slurm.time)")
     s.add_argument("-f", "--follow", action="store_true", help="slurm: show the progress until the array ends")
     s.set_defaults(fn=cmd_data_prepare)
+    s = data_sub.add_parser("show", help="samples of the prepared data, the tokens trained on marked")
+    _add_job(s)
+    s.add_argument("--source", type=int, metavar="I", help="a mixture's data.sources[I] only, in its own order")
+    s.add_argument("-n", type=int, default=4, metavar="N", help="how many samples (default 4)")
+    s.add_argument("--split", choices=["train", "eval"], default="train", help="train (default) or eval samples")
+    s.set_defaults(fn=cmd_data_show)
     s = data_sub.add_parser("status", help="how far the job's data is prepared (and its prepare array)")
     _add_job(s)
     s.set_defaults(fn=cmd_data_status)
@@ -588,6 +617,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--executor", choices=["auto", "slurm", "local"], default="auto", help="as for submit")
     s.add_argument("--dry-run", action="store_true", help="check every point and list them; make and queue nothing")
     s.add_argument("--json", action="store_true", help="print the sweep record as JSON")
+    s.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="a line per point as its state changes, until all end (exit 1: one did not complete)",
+    )
     s.set_defaults(fn=cmd_sweep)
 
     s = command("runs", help="list runs")

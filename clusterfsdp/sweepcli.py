@@ -8,12 +8,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .control import sweepfolder
 from .control.errors import UserError
-from .control.sweepfolder import SORT_KEYS, SweepFolder, SweepSummary, sort_key
+from .control.records import RunState
+from .control.sweepfolder import SORT_KEYS, PointStatus, SweepFolder, SweepSummary, sort_key
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -40,14 +43,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep = Sweep.submit(planned)
     record = sweep.record()
     if args.json:
-        print(json.dumps({"schema": 1, "folder": str(sweep.path), **record.to_dict()}, indent=2))
-        return 0
+        print(json.dumps({"schema": 1, "folder": str(sweep.path), **record.to_dict()}, indent=2), flush=True)
+        return follow(sweep.folder, lambda line: print(line, file=sys.stderr, flush=True)) if args.follow else 0
     at_once = "one after another" if record.max_parallel <= 1 else f"{record.max_parallel} at a time"
     where = f"job array {record.job_id}" if record.job_id else f"local, {at_once}"
     print(f"sweep {record.sweep_id}  {len(record.points)} points  {where}  folder {sweep.path}")
     for p in record.points:
         print(f"  point {p.index}  run {p.run_id}  {_values(p.values)}")
-    return 0
+    return follow(sweep.folder) if args.follow else 0
 
 
 def _values(values: dict[str, Any]) -> str:
@@ -56,7 +59,7 @@ def _values(values: dict[str, Any]) -> str:
     return " ".join(f"{k}={specmod.render_value(v)}" for k, v in values.items())
 
 
-def cmd_status(args: argparse.Namespace, run_root: Path) -> int:
+def cmd_status(args: argparse.Namespace, run_root: Path | None) -> int:
     from . import term
 
     folder = _find(args.run, run_root)
@@ -97,19 +100,26 @@ def cmd_status(args: argparse.Namespace, run_root: Path) -> int:
 def _short(value: Any) -> str:
     from .control import spec as specmod
 
-    text = specmod.render_value(value) if value is not None else "-"
-    return text if len(text) <= 24 else text[:21] + "..."
+    return _clip(specmod.render_value(value) if value is not None else "-", 24)
+
+
+def _why_not(cancelled: float | None) -> str:
+    return "the sweep was cancelled" if cancelled else "its local driver is gone: `clusterfsdp resume SWEEP` starts it"
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _num(value: float | None) -> str:
     return f"{value:.4f}" if value is not None else "-"
 
 
-def _find(ref: str, run_root: Path) -> SweepFolder:
+def _find(ref: str, run_root: Path | None) -> SweepFolder:
     return sweepfolder.find_sweep(ref, run_root)
 
 
-def cmd_cancel(args: argparse.Namespace, run_root: Path) -> int:
+def cmd_cancel(args: argparse.Namespace, run_root: Path | None) -> int:
     from .control.sweep import Sweep
 
     for line in Sweep(_find(args.run, run_root)).cancel():
@@ -117,7 +127,7 @@ def cmd_cancel(args: argparse.Namespace, run_root: Path) -> int:
     return 0
 
 
-def cmd_resume(args: argparse.Namespace, run_root: Path) -> int:
+def cmd_resume(args: argparse.Namespace, run_root: Path | None) -> int:
     from .control.sweep import Sweep
 
     if args.step is not None or args.set:
@@ -139,8 +149,55 @@ def sweep_lines(sweeps: list[SweepFolder]) -> list[str]:
         except RecordError as e:
             out.append(f"{folder.id:<22} {'?':<16} UNREADABLE  {e}")
             continue
-        summary = SweepSummary.of(rows)
         keys = ",".join(record.keys)
-        what = f"sweep of {len(rows)} ({keys}): {summary.counts}; best {_num(summary.best)}"
+        what = f"sweep of {len(rows)} ({keys}): {_summary(rows)}"
         out.append(f"{record.sweep_id:<22} {record.name[:16]:<16} {what}")
     return out
+
+
+def _summary(rows: list[PointStatus]) -> str:
+    """The points' states counted and the best one: '2 COMPLETED; best eval_loss 0.8686 (point 1:
+    train.lr=0.003)'."""
+    summary = SweepSummary.of(rows)
+    if summary.best_point is None:
+        return f"{summary.counts}; no loss yet"
+    point = summary.best_point
+    return (
+        f"{summary.counts}; best {summary.best_key} {_num(summary.best)} (point {point.index}: "
+        f"{_clip(_values(point.values), 48)})"
+    )
+
+
+def follow(folder: SweepFolder, out: Callable[[str], None] = print, poll_s: float = 2.0) -> int:
+    """`sweep --follow`: a line each time a point's state changes, until every point has ended
+    (or will never start: the sweep was cancelled, or its local driver is gone), then the sweep
+    in a line; 0 when every point completed, 1 otherwise."""
+    from .control import procs
+
+    seen: dict[int, str] = {}
+    try:
+        while True:
+            record = folder.record()
+            rows, error = folder.statuses()
+            driver = folder.driver()
+            startable = not record.cancelled and (driver is None or procs.group_alive(driver))
+            for r in rows:
+                st = r.status
+                line = f"{st.state}{' - ' + st.reason if st.reason else ''}"
+                if st.state is RunState.PREPARED:  # a local sweep starts its points in turn
+                    line = "waiting to start" if startable else f"not started ({_why_not(record.cancelled)})"
+                if seen.get(r.point.index) != line:
+                    seen[r.point.index] = line
+                    ended = st.state.final and st.state is not RunState.PREPARED
+                    loss = f" (loss {_num(st.loss)}, step {st.step or 0}/{st.steps or '?'})" if ended else ""
+                    values = _clip(_values(r.point.values), 48)
+                    out(f"point {r.point.index} ({values}) run {r.point.run_id}: {line}{loss}")
+            unstarted = [r for r in rows if r.status.state is RunState.PREPARED]
+            if not error and all(r.status.state.final for r in rows) and not (unstarted and startable):
+                break
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        out(f"stopped following; the sweep goes on (clusterfsdp cancel {folder.id} stops it)")
+        return 130
+    out(f"sweep {folder.id}: {_summary(rows)}")
+    return 0 if all(r.status.state is RunState.COMPLETED for r in rows) else 1

@@ -22,6 +22,14 @@ def test_validate_ok_prints_a_summary(tiny_job):
     assert r.returncode == 0, r.stderr
     assert "1 node(s) x 2 worker(s) (CPU) = 2 ranks" in r.stdout and "mesh       2 (shard)" in r.stdout
     assert r.stdout.rstrip().endswith("ok")
+    # fsdp.sharding left at its default ('hybrid') on one node: its effect on the mesh line, no note
+    # about a key the job never set
+    default = tiny_job.read_text().replace('sharding = "full"\n', "")
+    assert "sharding" not in default
+    tiny_job.write_text(default)
+    r = cli("validate", str(tiny_job))
+    assert r.returncode == 0 and "mesh       2 (shard), sharding full ('hybrid' on 1 node), FSDP2" in r.stdout
+    assert "note" not in r.stdout, r.stdout
 
 
 def test_validate_bad_file_exit_2_with_field_errors_and_no_traceback(tmp_path):
@@ -224,3 +232,23 @@ def test_rm_removes_finished_and_prepared_runs_and_refuses_live_and_foreign_ones
     finally:
         os.killpg(sleeper.pid, signal.SIGKILL)
         sleeper.wait()
+
+
+def test_a_run_is_found_under_the_run_root_a_job_file_here_sets(tmp_path):
+    """`submit job.toml` puts runs under the file's job.run_root; from the same folder status,
+    doctor, logs and runs look there too (no --run-root, nothing configured to point there)."""
+    from tui_helpers import make_run
+
+    (tmp_path / "job.toml").write_text('[job]\nname = "tiny-cpu"\nrun_root = "elsewhere/runs"\n')
+    (tmp_path / "notes.toml").write_text("not = [toml\n")  # other .toml files are passed over
+    run = make_run(tmp_path / "elsewhere" / "runs")
+    for args, said in (
+        (["status", "20260101"], f"folder     {run.path}"),
+        (["doctor", "20260101"], "run        20260101-120000-aaaa"),
+        (["logs", "20260101", "-n", "1"], "[rank0] line 29"),
+        (["runs"], "20260101-120000-aaaa"),
+    ):
+        r = cli(*args, cwd=tmp_path)
+        assert r.returncode == 0 and said in r.stdout, (args, r.stdout, r.stderr)
+    r = cli("status", "20270101", cwd=tmp_path)
+    assert r.returncode == 2 and f"under {tmp_path / 'runs'} or {tmp_path / 'elsewhere' / 'runs'} (" in r.stderr

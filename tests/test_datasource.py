@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from data_helpers import documents, write_jsonl
 
 from clusterfsdp.control import fileio, runfolder
@@ -134,3 +136,30 @@ def test_eval_loss_is_shown_by_status_the_tui_and_the_notebook(tmp_path):
     for row in run.metrics():
         progress.update(row)
     assert "loss 2.7000 eval_loss 1.2500" in progress._data()["text/plain"]
+
+
+def test_a_huge_perplexity_is_written_in_scientific_notation(tmp_path):
+    """An untrained or diverged model's exp(eval_loss) has 19 digits that mean nothing: status and
+    the job's log write it like 8.61e+18."""
+    from clusterfsdp.worker.metrics import format_row
+
+    run = runfolder.create_run(S.loads(f'[job]\nrun_root = "{tmp_path}"\n'), Executor.LOCAL)
+    run.add_attempt("1", Executor.LOCAL, "submit")
+    row = {"step": 10, "loss": 43.0, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 10.0, "time": time.time(),
+           "mem_peak_gb": 0.1, "eval_loss": 43.6, "eval_ppl": math.exp(43.6)}  # fmt: skip
+    fileio.append_jsonl(run.metrics_file, row)
+    r = cli("status", str(run.path))
+    assert "eval       step 10: eval_loss 43.6000, perplexity 8.61e+18" in r.stdout, r.stdout
+    assert " eval_loss 43.6000 eval_ppl 8.61e+18 lr " in format_row(row, 10)
+    assert " eval_ppl 3.49 " in format_row({**row, "eval_loss": 1.25, "eval_ppl": 3.49}, 10)
+
+
+def test_a_json_line_cut_inside_a_string_is_named_once(tmp_path):
+    from clusterfsdp.data.fieldmap import FieldMap
+    from clusterfsdp.data.formats import parse_json_line
+    from clusterfsdp.data.sources import DataError
+
+    fields = FieldMap.of(S.DataSection())
+    with pytest.raises(DataError) as e:
+        parse_json_line(b'{"text": "no end\n', fields, "x.jsonl", 3)
+    assert str(e.value) == "x.jsonl:3: not valid JSON (Unterminated string starting at column 10)"

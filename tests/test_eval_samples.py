@@ -15,7 +15,7 @@ from procs import make_run, run_workers, tiny_job_toml
 from tui_helpers import FakeSlurm, open_run_screen, rendered, run_app, until
 from tui_helpers import make_run as make_run_folder
 
-from clusterfsdp.control import evalsamples
+from clusterfsdp.control import evalsamples, samplestats
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.evalsamples import EvalSample
 from clusterfsdp.data import checks as datachecks
@@ -105,11 +105,20 @@ def test_samples_need_an_eval_set_and_a_prompt_file_that_exists(tmp_path):
 
 
 def test_run_screen_shows_the_newest_samples_and_the_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A long prompt leaves the completion on screen; an epochs run shows the steps its rank 0
+    counted (data.json) as its step total, not '?'."""
     monkeypatch.chdir(tmp_path)
     root = tmp_path / "runs"
     run = make_run_folder(root, checkpoints=(20, 40))
     with run.metrics_file.open("a") as f:
         f.write(json.dumps({"step": 40, "loss": 2.5, "lr": 3e-4, "grad_norm": 0.5, "epoch": 1.25}) + "\n")
+    text = run.job_toml.read_text()
+    epochs = {"steps = 40\n": "steps = 0\n", "epochs = 0.0\n": "epochs = 2.0\n"}
+    for old, new in {**epochs, 'source = "synthetic"': 'source = "files"'}.items():
+        text = text.replace(old, new)
+    run.job_toml.write_text(text.replace("paths = []\n", 'paths = ["/data/corpus.txt"]\n', 1))
+    assert S.load(run.job_toml).train.epochs == 2
+    samplestats.write(run.data_file, {}, None, 46)  # as the worker records it when the data opens
     app = ClusterApp(root, slurm=FakeSlurm(), refresh_s=3600)
 
     async def scenario(pilot):
@@ -125,6 +134,13 @@ def test_run_screen_shows_the_newest_samples_and_the_epoch(tmp_path: Path, monke
         await pilot.pause()
         assert [table.get_row_at(i) for i in range(table.row_count)] == [["the river⏎ and", " the stone"], ["a", "b"]]
         assert table.display and "eval samples at step 40" in rendered(table)
-        assert "epoch 1.25" in rendered(screen.query_one("#run-header"))
+        header = rendered(screen.query_one("#run-header"))
+        assert "epoch 1.25" in header and "step 40/46" in header
+        prompt = "words of a long prompt " * 9  # 207 characters: the prompt column stays narrow
+        evalsamples.write(run.samples_dir, 60, [EvalSample(60, prompt, " the completion shows")])
+        await until(pilot, lambda: table.step == 60, "the samples of step 60")
+        await pilot.pause()
+        shown = rendered(table)
+        assert " the completion shows" in shown and "…" in shown and "long prompt" in shown
 
     run_app(app, scenario)

@@ -365,17 +365,45 @@ def test_lora_spec_is_checked_before_queueing(bases):
     ]
 
 
-def test_memory_estimate_counts_a_frozen_base_and_the_adapters(bases):
+def _peft_count(base: Path, peft: str) -> int:
+    """The trainable parameters the worker counts: peft's adapters in the meta model (build.py)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from clusterfsdp.worker import adapters
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base))
+    adapters.inject(model, S.loads(f'[peft]\nmethod = "lora"\n{peft}\n', [f"model.name_or_path={str(base)!r}"]).peft,
+                    torch.float32)  # fmt: skip
+    return adapters.trainable_count(model)
+
+
+def test_memory_estimate_counts_a_frozen_base_and_the_adapters_as_the_worker_does(bases):
     """The compose screen's estimate: a LoRA job keeps the base without gradients or AdamW moments
-    (in bf16 with peft.base_dtype: 2 bytes a parameter), and the adapters with all of them in fp32
-    (torch-free, from the config)."""
+    (in bf16 with peft.base_dtype: 2 bytes a parameter), and the adapters with all of them in fp32.
+    The adapters' count (torch-free, from the weights' tensor shapes) is the worker's, and so is
+    validate's [peft] line; a mixture of experts' is marked approximate (peft adapts fused experts
+    its own way)."""
+    from clusterfsdp.control.summary import summary
     from clusterfsdp.tui import estimate
 
     job = f'[model]\nname_or_path = "{bases / "llama"}"\n[slurm]\ngpus_per_node = 2\n'
     full = estimate.estimate(S.loads(job))
     lora = estimate.estimate(S.loads(job + '[peft]\nmethod = "lora"\nr = 8\n'))
     assert full is not None and lora is not None and full.trainable == 0
-    assert lora.trainable == 8 * 2 * 64 * 7 * 2  # r x (in + out) x 7 matrices x 2 layers
+    assert lora.trainable == _peft_count(bases / "llama", "r = 8") and lora.trainable_exact
+    for peft in ('r = 4\ntarget_modules = ["q_proj", "down_proj"]', 'r = 2\nmodules_to_save = ["norm"]'):
+        counted = estimate.estimate(S.loads(job + f'[peft]\nmethod = "lora"\n{peft}\n'))
+        assert counted is not None and counted.trainable == _peft_count(bases / "llama", peft), peft
+    line = next(x for x in summary(S.loads(job + '[peft]\nmethod = "lora"\nr = 8\n'), "here").splitlines()
+                if x.startswith("peft "))  # fmt: skip
+    assert line == (
+        f"peft       LoRA r=8 alpha=32 on all-linear: {lora.trainable / 1e6:,.3f}M trainable params (float32), "
+        "base frozen in float32"
+    )
+    moe = estimate.estimate(S.loads(job.replace("llama", "mixtral") + '[peft]\nmethod = "lora"\n'))
+    assert moe is not None and not moe.trainable_exact and "~" in moe.describe("GPU").split("+")[1]
     assert lora.state_bytes == pytest.approx((4 * full.params + 16 * lora.trainable) / 2)
     assert "LoRA params" in lora.describe("GPU") and lora.state_bytes < full.state_bytes / 2
     half = estimate.estimate(S.loads(job + '[peft]\nmethod = "lora"\nr = 8\nbase_dtype = "bfloat16"\n'))

@@ -11,7 +11,7 @@ import pytest
 from data_helpers import WORDS, make_tokenizer, write_jsonl, write_parquet
 from procs import CORPUS, make_run, run_workers, tiny_job_toml
 
-from clusterfsdp.control import ckptfolder
+from clusterfsdp.control import ckptfolder, samplestats, status
 from clusterfsdp.control import spec as S
 from clusterfsdp.data import cache, checks, samplesets
 from clusterfsdp.data import prepare as dataprep
@@ -224,6 +224,21 @@ def test_a_mapping_that_names_a_key_absent_from_the_first_record_is_refused_with
     assert checks.problems(spec) == [
         f"data.sources[1].path: {chats}:1: conversations[0]: no 'speaker' key (role_key; the message has: from, value)"
     ]
+    # ShareGPT without `roles`: its role values are named, and the mapping that makes one the assistant
+    no_roles = {k: v for k, v in SHAREGPT.items() if k != "roles"}
+    spec = _job(tmp_path, [sources[0], {**sources[1], **no_roles}], tokenizer=tokenizer)
+    assert checks.problems(spec) == [
+        f"data.sources[1].path: {chats}:1: 'conversations' has no 'assistant' message: nothing to train on (its "
+        """roles: 'human', 'gpt'; map them with roles = { human = "user", gpt = "assistant" } in this """
+        "[[data.sources]] entry)"
+    ]
+    # the same file in data.paths: the message's keys are named, and where other keys are mapped
+    spec = _job(tmp_path, [], "data.sources=[]", f"data.paths=['{chats}']", "data.messages_key=conversations",
+                tokenizer=tokenizer, top='format = "chat"')  # fmt: skip
+    assert checks.problems(spec) == [
+        f"data.paths[0]: {chats}:1: conversations[0] is not an object with string 'role' and 'content' (it has: "
+        "from, value; role_key and content_key of a [[data.sources]] entry name others)"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -268,6 +283,14 @@ def test_a_run_trains_on_a_mixture_for_its_epochs(tmp_path):
     assert f"data: mixture: data.sources[0] ({files[0]}): weight 3, {counts[0]:,} samples, 60.0% of the samples" in out
     final = ckptfolder.find(run.checkpoints_dir())
     assert final is not None and final.meta["data"] not in {"", *(r.key for r in cache.dataset_refs(spec))}
+    # data.json: each source's statistics and share (`status`), and the steps rank 0 counted (the TUI)
+    assert samplestats.steps(run.data_file) == expected == status.run_status(run).steps
+    lines = samplestats.lines(run.data_file)
+    for i, (f, n) in enumerate(zip(files, counts, strict=True)):
+        source = [line for line in lines if line.endswith(f"(data.sources[{i}] ({f}))")]
+        assert len(source) == 1 and source[0].startswith(f"train samples: {n:,} of seq_len 64"), lines
+    share = f"train: mixture: data.sources[0] ({files[0]}): weight 3, {counts[0]:,} samples, 60.0% of the samples"
+    assert any(line.startswith(share) for line in lines), lines
 
 
 def test_a_hub_dataset_id_as_a_source_is_resolved_like_one_in_data_paths(tmp_path):

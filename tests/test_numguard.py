@@ -16,7 +16,7 @@ import pytest
 import torch
 from procs import launch, make_run, tiny_job_toml, wait
 
-from clusterfsdp.control import ckptfolder, runfolder
+from clusterfsdp.control import ckptfolder, runfolder, status
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import EventKind
 from clusterfsdp.control.spec.schema import Guard
@@ -152,3 +152,32 @@ def test_poisoned_samples_are_skipped_by_every_rank_and_a_rollback_ends_as_a_run
     assert sorted(resumed) == list(range(5, 11))
     for step in resumed:
         assert [resumed[step][k] for k in keys] == [ref[step][k] for k in keys], step
+
+
+def test_a_diverging_run_is_warned_about_and_spiking_steps_are_skipped(tmp_path):
+    """lr 0.9 in fp32 sends the loss from ~5.5 to ~18 in one step. With the default guard the run
+    completes, but no longer without a word: a `warning` event, the log line, and a line of
+    `status` (train.guard.warn_rise). With spike_loss set, the same steps are skipped for real:
+    every step after the first reads above 2x the median of the accepted one, no update is made,
+    and without rollbacks (rollback_after = 0) the run completes with them skipped. Two real
+    1-rank runs side by side, the only difference the guard."""
+    diverging = ["slurm.tasks_per_node=1", "train.lr=0.9", "train.warmup=0", "train.schedule=constant"]
+    job = tiny_job_toml("diverge", seed=1, steps=5)
+    default = make_run(job, tmp_path / "default", diverging)
+    spikes = ["train.guard.spike_loss=2.0", "train.guard.spike_window=1", "train.guard.rollback_after=0"]
+    skipping = make_run(job, tmp_path / "spikes", [*diverging, *spikes])
+    out = wait(launch(["-m", "clusterfsdp.worker", str(default.path)], 1, "d") +
+               launch(["-m", "clusterfsdp.worker", str(skipping.path)], 1, "s"))  # fmt: skip
+    assert all(code == 0 for code, _ in out), "\n".join(text[-3000:] for _, text in out)
+
+    rows = {r["step"]: r for r in default.metrics()}
+    assert rows[2]["loss"] > 3 * rows[1]["loss"] and "skipped" not in rows[2]  # diverged, nothing skipped
+    (warning,) = [e for e in default.events() if e.event is EventKind.WARNING]
+    assert warning.step == 2 and "the loss rose to" in warning.reason and "lower train.lr" in warning.reason
+    assert "warning: the loss rose to" in out[0][1]
+    assert f"warning (step 2): {warning.reason}" in status.run_status(default).notes
+
+    skipped = [e for e in skipping.events() if e.event is EventKind.BAD_STEP]
+    assert [e.step for e in skipped] == [2, 3, 4, 5] and all("loss_spike" in e.reason for e in skipped)
+    assert [r.get("skipped") for r in skipping.metrics()] == [None] + ["loss_spike"] * 4
+    assert skipping.events()[-1].event is EventKind.COMPLETED

@@ -40,3 +40,4 @@ def test_the_fine_tuning_walkthrough_runs_as_written(tmp_path: Path):
     assert samples and all(s["prompt"].endswith("<|im_start|>assistant\n") for s in samples), samples
     assert samples[-1]["completion"] == "yes", samples  # the eval samples: the trained answer
     assert done.stdout.splitlines()[-1] == "reply: yes", done.stdout[-2000:]
+    assert "== train sample " in done.stdout and "[[yes<|im_end|>" in done.stdout  # data show: the answers

@@ -71,9 +71,14 @@ def test_cross_field_checks():
 
 
 def test_hybrid_on_one_node_falls_back_and_says_so():
+    """Said on the summary's mesh line, as the default's effect: not a note, which every one-node
+    job would get for a key it never set."""
+    from clusterfsdp.control.summary import summary
+
     spec = S.loads("[slurm]\nnodes = 1\ngpus_per_node = 8\n")
     assert spec.effective_sharding == "full" and spec.mesh_shape == (8,)
-    assert any("using 'full'" in n for n in spec.notices())
+    assert not any("hybrid" in n for n in spec.notices())
+    assert "mesh       8 (shard), sharding full ('hybrid' on 1 node), FSDP2" in summary(spec, "here")
     spec = S.loads("[slurm]\nnodes = 4\ngpus_per_node = 8\n")
     assert spec.effective_sharding == "hybrid" and spec.mesh_shape == (4, 8)
 

@@ -6,13 +6,15 @@ array on the devcluster is tests/test_sweep_slurm.py."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 import pytest
 
 import clusterfsdp
-from clusterfsdp.cli import main
+from clusterfsdp import sweepcli
+from clusterfsdp.cli import build_parser, main
 from clusterfsdp.control import status, sweepplan
 from clusterfsdp.control.records import Executor, RecordError, SweepPoint, SweepRecord
 from clusterfsdp.control.spec.schema import MAX_SWEEP_POINTS
@@ -137,6 +139,8 @@ def test_local_sweep_runs_points_in_turn_and_cancel_stops_the_live_one_after_a_s
     assert main(["runs", "--run-root", str(root)]) == 0
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith(handle.id) and "sweep of 2 (train.steps)" in line
+    best = min(rows, key=lambda r: float(r[5]))  # the point with the lowest loss is named
+    assert re.search(rf"; best loss {best[5]} \(point {best[0]}: train\.steps={best[2]}\)$", line), line
 
     frame = handle.frame()
     assert list(frame.index) == [0, 1] and list(frame["train.steps"]) == [3, 1_000_000]
@@ -149,6 +153,14 @@ def test_local_sweep_runs_points_in_turn_and_cancel_stops_the_live_one_after_a_s
     stopped = [e for e in second.events() if e.event == "stopped"]
     assert stopped and stopped[-1].checkpoint and Path(stopped[-1].checkpoint).is_dir()  # saved, then stopped
     assert handle.sweep.folder.driver() is not None and handle.sweep.record().cancelled is not None
+    # `sweep --follow` on it now: each point's end in a line, the sweep's in the last; exit 1, as
+    # point 1 did not complete
+    said: list[str] = []
+    assert sweepcli.follow(handle.sweep.folder, said.append, poll_s=0.1) == 1
+    assert said[0].startswith(f"point 0 (train.steps=3) run {first.id}: COMPLETED (loss ") and "step 3/3" in said[0]
+    assert said[1].startswith(f"point 1 (train.steps=1000000) run {second.id}: ") and len(said) == 3
+    assert said[2].startswith(f"sweep {handle.id}: 1 COMPLETED, 1 ") and "; best loss " in said[2]
+    assert build_parser().parse_args(["sweep", str(tiny_job), "-f"]).follow
 
 
 def test_mlflow_runs_of_a_sweeps_points_are_children_of_one_sweep_run(tiny_job, tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 from textual.widgets import DataTable, Input, Select, TabbedContent
-from tui_helpers import T0, FakeSlurm, make_run, rendered, run_app, settle, until
+from tui_helpers import T0, FakeSlurm, make_run, open_in_compose, rendered, run_app, settle, until
 
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Executor, SweepPoint, SweepRecord
@@ -54,7 +54,7 @@ def test_sweeps_screen_lists_sorts_charts_and_selects_points(tmp_path):
         await pilot.pause()
         sweeps = screen.query_one("#sweeps", DataTable)
         # best: point 0's eval loss 2.8 (5.2 - 2.4) beats every training loss (2.5 is not eval)
-        assert [str(c) for c in sweeps.get_row_at(0)] == ["swab", "tiny", "3", "3 COMPLETED", "2.8000"]
+        assert [str(c) for c in sweeps.get_row_at(0)] == ["swab", "tiny", "3", "3 COMPLETED", "2.8000 (point 0)"]
         table = screen.query_one("#sweep-points", DataTable)
         assert _column(table, "RUN") == ["ab-p0", "ab-p1", "ab-p2"]
         assert _column(table, "train.lr") == ["0.003", "0.001", "0.002"]
@@ -188,12 +188,7 @@ def test_compose_opens_a_sweeps_job_file_with_its_lists_and_saves_them_back(tmp_
     app = ClusterApp(tmp_path / "runs", FakeSlurm(), refresh_s=3600)
 
     async def scenario(pilot):
-        await pilot.press("1")
-        screen = app.screen
-        assert isinstance(screen, ComposeScreen)
-        screen.open_file(job)
-        await settle(pilot)
-        await settle(pilot)
+        screen = await open_in_compose(pilot, app, job)
         lr = screen.query_one("#f-train-lr", FieldEditor)
         assert lr.listed and lr.values_text == "0.0001, 0.0003"
         assert "sweep      2 points" in rendered(screen.query_one("#summary"))

@@ -219,6 +219,19 @@ async def open_run_screen(pilot: Pilot, app: ClusterApp):
     return screen
 
 
+async def open_in_compose(pilot: Pilot, app: ClusterApp, job: Path):
+    """Compose (key 1) with a job file opened into it and its review done."""
+    from clusterfsdp.tui.compose_screen import ComposeScreen
+
+    await pilot.press("1")
+    screen = app.screen
+    assert isinstance(screen, ComposeScreen)
+    screen.open_file(job)
+    await settle(pilot)
+    await settle(pilot)  # the review the opening queued
+    return screen
+
+
 async def settle(pilot: Pilot) -> None:
     """Wait for every worker started so far and the messages they posted. A worker cancelled by a
     newer one of its exclusive group (the compose form's review, re-run on each change) is done."""

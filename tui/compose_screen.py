@@ -26,6 +26,7 @@ from clusterfsdp.control.partitions import Partition
 
 from . import actions, form
 from .confirm_screen import ConfirmScreen
+from .data_screen import DataScreen
 from .field_editor import FieldEditor, editor_id
 from .job_summary import Summary, summarize
 from .nav_bar import NavBar
@@ -49,7 +50,8 @@ class ComposeScreen(Screen):
         "key that differs from its default. Esc leaves a field, so 1-6 switch screens. "
         "ctrl+l turns the field you are in into a list of values, e.g. 1e-4, 3e-4 (and back): the "
         "job is then a sweep, one run per point (the cross product of the lists), checked point by "
-        "point as `clusterfsdp sweep` checks it; saved, the lists are the file's [sweep] grid."
+        "point as `clusterfsdp sweep` checks it; saved, the lists are the file's [sweep] grid. "
+        "ctrl+t shows the samples the saved job trains on, the trained tokens marked."
     )
     BINDINGS = [
         Binding("ctrl+s", "save", "Save"),
@@ -57,6 +59,7 @@ class ComposeScreen(Screen):
         Binding("ctrl+n", "new", "New"),
         Binding("ctrl+g", "submit", "Submit"),
         Binding("ctrl+l", "toggle_list", "List/value"),
+        Binding("ctrl+t", "data", "Data"),
         Binding("escape", "leave_field", "Leave field", show=False),
     ]
 
@@ -131,7 +134,8 @@ class ComposeScreen(Screen):
         raw = {path: e.raw for path, e in editors.items()}
         lists = {path: editors[path].values_text for path in self.list_order}
         executor = str(self.query_one("#executor", Select).value)
-        self._review(raw, lists, self._base(), executor, self.app.slurm_available, self.app.partitions)
+        present = frozenset(self.present)  # what saving keeps: the review checks what would be saved
+        self._review(raw, lists, present, self._base(), executor, self.app.slurm_available, self.app.partitions)
 
     def _base(self) -> Path:
         return (self.path.parent if self.path else Path.cwd()).absolute()
@@ -141,12 +145,13 @@ class ComposeScreen(Screen):
         self,
         raw: dict[str, Any],
         lists: dict[str, str],
+        present: frozenset[str],
         base: Path,
         executor: str,
         slurm_available: bool | None,
         partitions: list[Partition] | None,
     ) -> None:
-        review = form.review_job(raw, lists, self.sweep_rest, base)
+        review = form.review_job(raw, lists, self.sweep_rest, base, present)
         summary = None
         if review.spec is not None:
             summary = summarize(review.spec, base, executor, slurm_available, partitions, review.sweep)
@@ -320,6 +325,15 @@ class ComposeScreen(Screen):
             self.action_save()
         elif event.button.id == "submit":
             self.action_submit()
+
+    def action_data(self) -> None:
+        """The saved job's training samples (DataScreen): its data paths are relative to the file."""
+        text = self._text()
+        if self.path is None or text is None or text != self.saved_text:
+            self.app.notify("save the job first (ctrl+s): the data shown is the saved file's", severity="warning")
+            return
+        sources = self.review.spec.data.sources if self.review is not None and self.review.spec else []
+        self.app.push_screen(DataScreen(self.path.absolute(), len(sources)))
 
     def action_submit(self) -> None:
         if self.summary is None or self.review is None or self.review.errors:

@@ -16,6 +16,7 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -172,15 +173,20 @@ class Review:
         return [e for e in self.errors if field_of(e) is None]
 
 
-def review(raw: dict[str, Any]) -> Review:
-    """Parse every editor's value and validate the whole job, collecting all errors at once."""
+def review(raw: dict[str, Any], present: Collection[str] = ()) -> Review:
+    """Parse every editor's value and validate the whole job, collecting all errors at once.
+
+    What is checked is what saving writes (`to_data` with `present`, the keys the opened file
+    had): a field at its default that the file did not name is left to the schema's default, as
+    `clusterfsdp validate` leaves a key the file lacks. So the form's own defaults never conflict
+    with what was given (train.steps' 100 beside a file's train.epochs: that file is valid)."""
     values, errors = {}, []
     for f in FIELDS:
         value, error = parse(f, raw[f.path])
         values[f.path] = f.default if error else value
         errors += [error] if error else []
     try:
-        spec = specmod.from_dict(to_data(values))
+        spec = specmod.from_dict(to_data(values, keep=set(present)))
     except specmod.SpecError as e:
         return Review(values, None, errors + e.errors)
     return Review(values, None if errors else spec, errors)
@@ -210,7 +216,9 @@ def sweep_table(lists: dict[str, str], rest: dict[str, Any]) -> tuple[dict[str, 
     return {**rest, **({"grid": grid} if grid else {})}, errors
 
 
-def review_job(raw: dict[str, Any], lists: dict[str, str], rest: dict[str, Any], base: Path) -> Review:
+def review_job(
+    raw: dict[str, Any], lists: dict[str, str], rest: dict[str, Any], base: Path, present: Collection[str] = ()
+) -> Review:
     """The whole form checked (`review`, `check_sources`), its fields in `lists` being lists of
     values (`sweep_table`): each list's first value stands for the job's own value of its key (as
     the job file of `clusterfsdp sweep` must hold a valid one, and a saved file holds it), then
@@ -219,13 +227,13 @@ def review_job(raw: dict[str, Any], lists: dict[str, str], rest: dict[str, Any],
     table, errors = sweep_table(lists, rest)
     grid = table.get("grid", {})
     firsts = {path: display(BY_PATH[path], grid[path][0]) for path in lists if grid.get(path)}
-    checked = replace(check_sources(review({**raw, **firsts}), base), table=table)
+    checked = replace(check_sources(review({**raw, **firsts}, present), base), table=table)
     if errors:
         return replace(checked, spec=None, errors=checked.errors + errors)
     if checked.spec is None or not (grid or table.get("zip")):
         return checked
     try:
-        varied = sweepplan.vary(specmod.JobText(dumps(to_data(checked.values, sweep=table)), base))
+        varied = sweepplan.vary(specmod.JobText(dumps(to_data(checked.values, set(present), table)), base))
     except UserError as e:
         return replace(checked, spec=None, errors=checked.errors + e.lines)
     return replace(checked, sweep=varied)

@@ -27,6 +27,7 @@ from clusterfsdp.control.run import Run
 
 from . import actions
 from .checkpoints import CheckpointRow, scan
+from .data_screen import DataScreen
 from .eval_samples import EvalSamples
 from .metric_chart import MetricChart
 from .metrics_tail import EMPTY, Metrics, MetricsTail
@@ -92,13 +93,14 @@ class RunScreen(Screen):
         "its attempts. Select a complete checkpoint and press enter to resume from it: a new attempt "
         "of the same run, optionally on other nodes or with overrides; newer checkpoints are set "
         "aside, not deleted. With [eval] samples, what the model generated at its newest evaluation "
-        "shows above the checkpoints."
+        "shows above the checkpoints. d shows the samples the run trains on, the trained tokens marked."
     )
     BINDINGS = [
         Binding("R", "resume", "Resume"),
         Binding("s", "smoothing", "Smoothing"),
         Binding("z", "zoom", "Zoom chart"),
         Binding("l", "app.switch_mode('logs')", "Logs"),
+        Binding("d", "data", "Data"),
         Binding("q", "app.quit", "Quit"),
     ]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
@@ -178,7 +180,8 @@ class RunScreen(Screen):
         try:
             try:
                 spec = run.spec()
-                root, nodes, steps = run.checkpoints_dir(spec), spec.slurm.nodes, spec.train.steps
+                root, nodes = run.checkpoints_dir(spec), spec.slurm.nodes
+                steps = spec.train.steps or status.planned_steps(run)  # train.epochs: as the run counted them
                 per = "GPU" if spec.slurm.gpus_per_node else "rank"
             except specmod.SpecError:
                 root, nodes, steps, per = run.path / "checkpoints", 1, None, "rank"
@@ -302,6 +305,17 @@ class RunScreen(Screen):
         ended = {job: f" -> {label}" for job, label in ends.items()}
         shown = [f"#{a.attempt} {a.executor}:{a.job_id} ({a.reason}){ended.get(a.job_id, '')}" for a in attempts]
         table.border_subtitle = "attempts: " + (", ".join(shown) or "none")
+
+    def action_data(self) -> None:
+        """The run's training samples (DataScreen), read through its own job.toml."""
+        if self.run is None:
+            self.app.notify("no run selected", severity="warning")
+            return
+        try:
+            sources = len(self.run.spec().data.sources)
+        except specmod.SpecError:
+            sources = 0
+        self.app.push_screen(DataScreen(self.run.job_toml, sources))
 
     # ---- resume
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

@@ -138,9 +138,9 @@ class SweepsScreen(Screen):
             if s.record is None or s.summary is None:
                 table.add_row(s.folder.id, "?", "-", Text("UNREADABLE " + s.error, "bold magenta"), "-", key=s.key)
                 continue
-            table.add_row(
-                s.record.sweep_id, s.record.name, str(len(s.points)), s.summary.counts, _num(s.summary.best), key=s.key
-            )
+            best, point = _num(s.summary.best), s.summary.best_point
+            best += f" (point {point.index})" if point is not None else ""  # which point has it
+            table.add_row(s.record.sweep_id, s.record.name, str(len(s.points)), s.summary.counts, best, key=s.key)
         keys = [s.key for s in self.sweeps]
         if self.selected in keys:
             table.move_cursor(row=keys.index(self.selected), scroll=False)

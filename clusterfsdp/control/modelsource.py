@@ -346,14 +346,36 @@ def safetensors_header(path: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- parameter counts
+def weight_shapes(folder: Path) -> dict[str, list[int]]:
+    """The shape of every tensor in the folder's safetensors files, by name."""
+    return {
+        name: list(t["shape"])
+        for f in weight_files(folder)
+        for name, t in safetensors_header(f).items()
+        if name != "__metadata__"
+    }
+
+
 def weights_param_count(folder: Path) -> int:
     """Elements of every tensor in the folder's safetensors files (tied weights are stored once)."""
-    total = 0
-    for f in weight_files(folder):
-        for name, t in safetensors_header(f).items():
-            if name != "__metadata__":
-                total += math.prod(t["shape"])
-    return total
+    return sum(math.prod(shape) for shape in weight_shapes(folder).values())
+
+
+def lora_params(spec: specmod.JobSpec) -> tuple[int, bool] | None:
+    """The parameters a LoRA job trains and whether the count is exact, from the base's tensor
+    shapes (spec/peft.py, as peft adds the adapters); None for a full fine-tune or a base whose
+    safetensors are not on this host."""
+    from .spec.peft import trainable_params
+
+    cfg = model_config(spec) if spec.peft.method == "lora" else None
+    folder = _local_folder(spec.model.name_or_path, spec.model.revision) if cfg is not None else None
+    if cfg is None or folder is None:
+        return None
+    try:
+        shapes = weight_shapes(folder)
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
+    return trainable_params(spec, cfg, shapes) if shapes else None
 
 
 def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:

@@ -41,7 +41,7 @@ from . import ownership
 from .errors import UserError
 from .fileio import append_jsonl, atomic_write, read_jsonl
 from .records import Attempt, Event, Executor, RunRecord, TrackerIds
-from .runroot import ENV_RUN_ROOT, default_run_root
+from .runroot import ENV_RUN_ROOT, default_run_root, lookup_roots
 from .value import FrozenValue
 
 if TYPE_CHECKING:  # imported where a spec is loaded or written: `status` and `runs` start without it
@@ -221,17 +221,18 @@ def list_runs(run_root: str | Path) -> list[RunFolder]:
 
 def find_run(ref: str, run_root: str | Path | None = None) -> RunFolder:
     """A run from its folder path, its id, or a unique prefix of its id (under `run_root`,
-    default: `default_run_root()`)."""
+    default: `runroot.lookup_roots()`, the default run root and those of the job files here)."""
     p = Path(ref).expanduser()
     if (p / "state.json").is_file():
         return RunFolder(p.resolve())
-    root = Path(run_root).expanduser() if run_root is not None else default_run_root()
-    found = list(iter_runs(root))
+    roots = [Path(run_root).expanduser()] if run_root is not None else lookup_roots()
+    found = list(dict.fromkeys(r for root in roots for r in iter_runs(root)))
     matches = [r for r in found if r.id == ref] or [r for r in found if r.id.startswith(ref)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise RunNotFound(f"no run {ref!r} under {root} (give the run folder, --run-root, or set ${ENV_RUN_ROOT})")
+        where = " or ".join(map(str, roots))
+        raise RunNotFound(f"no run {ref!r} under {where} (give the run folder, --run-root, or set ${ENV_RUN_ROOT})")
     raise RunNotFound(f"{ref!r} matches {len(matches)} runs: {', '.join(r.id for r in matches[:5])}")
 
 

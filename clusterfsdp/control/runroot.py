@@ -6,6 +6,10 @@ does not, and for `runs`, `status`, `logs`, `cancel`, `resume`, `export` and the
 (`$XDG_CONFIG_HOME/clusterfsdp/config.toml`, default `~/.config/clusterfsdp/config.toml`), else
 `./runs` (next to the job file for a job; in the current folder for a command). Set one of the
 first two on a cluster and every command finds every run from any folder.
+
+A command that looks a run up without `--run-root` also looks under the run roots that job
+files in the current folder set (`job.run_root` of `./*.toml`): where `submit` of those files,
+from this folder, put their runs (`lookup_roots`).
 """
 
 from __future__ import annotations
@@ -38,3 +42,32 @@ def default_run_root(base: Path | None = None) -> Path:
     (the job file's folder for a job, the current folder for commands)."""
     root = Path(configured() or "./runs").expanduser()
     return (root if root.is_absolute() else (base or Path.cwd()) / root).resolve()
+
+
+JOB_FILE_BYTES = 1 << 20  # a job file is at most 1 MiB (spec/paths.py); bigger .toml files are no job files
+
+
+def job_roots(folder: Path | None = None) -> list[Path]:
+    """The run roots that the job files in `folder` (default: the current one) set in
+    `job.run_root`, absolute (a relative one is relative to the file's folder, as for submit).
+    Files that are no readable TOML, or set none, are passed over."""
+    base = (folder or Path.cwd()).absolute()
+    out = []
+    for path in sorted(base.glob("*.toml")):
+        try:
+            if path.stat().st_size > JOB_FILE_BYTES:
+                continue
+            job = tomllib.loads(path.read_text()).get("job", {})
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue
+        value = job.get("run_root") if isinstance(job, dict) else None
+        if isinstance(value, str) and value:
+            root = Path(value).expanduser()
+            out.append((root if root.is_absolute() else base / root).resolve())
+    return out
+
+
+def lookup_roots(folder: Path | None = None) -> list[Path]:
+    """Where commands look runs up without --run-root: the default run root, then the roots the
+    job files of the current folder set (job_roots), each once."""
+    return list(dict.fromkeys([default_run_root(folder), *job_roots(folder)]))

@@ -192,6 +192,18 @@ def _tables(text: str, names: tuple[str, ...]) -> dict[str, dict]:
     return {name: tomllib.loads("\n".join(chunks.get(name, []))) for name in names}
 
 
+def planned_steps(run: RunFolder) -> int | None:
+    """The steps a train.epochs run trains, as rank 0 counted them: the newest metrics row's
+    `total_steps`, else data.json's (written when its data opened, before the first row)."""
+    return last_logged(run).total_steps or _data_steps(run)
+
+
+def _data_steps(run: RunFolder) -> int | None:
+    from . import samplestats  # only for a run without train.steps: `runs` imports nothing more
+
+    return samplestats.steps(run.data_file)
+
+
 def _checkpoint_steps(run: RunFolder, job: ListedJob) -> list[int]:
     try:
         return [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_in(job.checkpoint_dir))]
@@ -223,7 +235,7 @@ def run_status(
         executor=record.executor,
         created=record.created,
         step=progress.step,
-        steps=job.steps or progress.total_steps,
+        steps=job.steps or progress.total_steps or _data_steps(run),
         loss=progress.loss,
         attempts=record.attempts,
         eval_loss=progress.eval_loss,

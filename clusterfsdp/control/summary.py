@@ -16,7 +16,7 @@ def summary(spec: specmod.JobSpec, where: str) -> str:
         f"job        {spec.job.name} -> {spec.job.run_root}/{spec.job.name}/<run id>/",
         f"resources  {s.nodes} node(s) x {spec.tasks_per_node} worker(s) ({gpus}) = {spec.world_size} ranks, "
         f"time {spec.time_minutes} min, partition {s.partition or '(default)'}",
-        f"mesh       {' x '.join(map(str, spec.mesh_shape))} ({mesh}), sharding {spec.effective_sharding}, "
+        f"mesh       {' x '.join(map(str, spec.mesh_shape))} ({mesh}), sharding {_sharding(spec)}, "
         f"FSDP{spec.fsdp.version}, {spec.fsdp.mixed_precision}",
         f"model      {modelsource.describe(spec)}",
         f"data       {spec.data.source}{' ' + ', '.join(_paths(spec)) if _paths(spec) else ''}, "
@@ -24,11 +24,36 @@ def summary(spec: specmod.JobSpec, where: str) -> str:
         *([f"tokenizer  {_tokenizer(spec)}"] if spec.data.source == "files" else []),
         f"train      {length} x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
         f"({t.micro_batch_size}/rank x {t.grad_accum} accum), lr {t.lr:g} {t.schedule}",
+        *_peft(spec),
         f"checkpoint {f'every {every} steps' if every else 'at the end'}"
         f"{' (async)' if spec.checkpoint.async_ else ''}, keep {spec.checkpoint.keep_last}",
         f"runs on    {where}",
     ]
     return "\n".join(lines + [f"note       {n}" for n in spec.notices()])
+
+
+def _sharding(spec: specmod.JobSpec) -> str:
+    """The sharding the job gets; 'hybrid' (the default) on one node is 'full', said as the
+    default's effect, not as a note about a key the job may never have set."""
+    if spec.effective_sharding != spec.fsdp.sharding:
+        return f"{spec.effective_sharding} ('{spec.fsdp.sharding}' on 1 node)"
+    return spec.effective_sharding
+
+
+def _peft(spec: specmod.JobSpec) -> list[str]:
+    """The LoRA line: rank, scale, targets and the trainable parameters (counted from the base's
+    tensor shapes as peft adds the adapters: the count the job's log gives)."""
+    p = spec.peft
+    if p.method != "lora":
+        return []
+    targets = p.target_modules if isinstance(p.target_modules, str) else ", ".join(p.target_modules)
+    saved = f" + trained copies of {', '.join(p.modules_to_save)}" if p.modules_to_save else ""
+    counted = modelsource.lora_params(spec)
+    size = f": {'' if counted[1] else '~'}{counted[0] / 1e6:,.3f}M trainable params" if counted else ""
+    return [
+        f"peft       LoRA r={p.r} alpha={p.alpha:g} on {targets}{saved}{size} ({spec.model.dtype}), "
+        f"base frozen in {spec.base_dtype}"
+    ]
 
 
 def _tokenizer(spec: specmod.JobSpec) -> str:

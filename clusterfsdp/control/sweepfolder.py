@@ -23,7 +23,7 @@ from . import fileio, runfolder, status
 from .errors import UserError
 from .procs import ProcessId
 from .records import SweepPoint, SweepRecord
-from .runroot import ENV_RUN_ROOT, default_run_root
+from .runroot import ENV_RUN_ROOT, lookup_roots
 
 SWEEP_FILE = "sweep.json"
 DRIVER_FILE = "driver.json"
@@ -103,16 +103,28 @@ class SweepSummary:
 
     states: list[tuple[str, int]]  # most common first
     best: float | None
+    best_point: SweepPoint | None = None  # the point that has it
+    best_key: str = "loss"  # eval_loss or loss: what `best` is
 
     @classmethod
     def of(cls, rows: list[PointStatus]) -> SweepSummary:
         states = Counter(str(r.status.state) for r in rows)
-        losses = [r.status.eval_loss if r.status.eval_loss is not None else r.status.loss for r in rows]
-        return cls(states.most_common(), min((v for v in losses if v is not None), default=None))
+        scored = [(score, r) for r in rows if (score := _score(r)) is not None]
+        if not scored:
+            return cls(states.most_common(), None)
+        (best, key), row = min(scored, key=lambda pair: pair[0][0])
+        return cls(states.most_common(), best, row.point, key)
 
     @property
     def counts(self) -> str:
         return ", ".join(f"{n} {s}" for s, n in self.states)
+
+
+def _score(row: PointStatus) -> tuple[float, str] | None:
+    """A point's eval loss where it has one, else its training loss, and which it is."""
+    if row.status.eval_loss is not None:
+        return row.status.eval_loss, "eval_loss"
+    return (row.status.loss, "loss") if row.status.loss is not None else None
 
 
 def is_sweep_ref(ref: str) -> bool:
@@ -121,9 +133,9 @@ def is_sweep_ref(ref: str) -> bool:
 
 
 def all_sweeps(run_root: str | Path | None = None) -> list[SweepFolder]:
-    """Sweeps under the run root, newest first."""
-    root = Path(run_root).expanduser() if run_root is not None else default_run_root()
-    found = [SweepFolder(p.parent.resolve()) for p in root.glob(f"*/{SWEEP_FILE}")] if root.is_dir() else []
+    """Sweeps under the run root (default: runroot.lookup_roots(), as for runs), newest first."""
+    roots = [Path(run_root).expanduser()] if run_root is not None else lookup_roots()
+    found = {SweepFolder(p.parent.resolve()) for root in roots if root.is_dir() for p in root.glob(f"*/{SWEEP_FILE}")}
     return sorted(found, key=lambda s: s.id, reverse=True)
 
 
@@ -135,10 +147,10 @@ def find_sweep(ref: str, run_root: str | Path | None = None) -> SweepFolder:
     found = [s for s in every if s.id == ref] or [s for s in every if s.id.startswith(ref)]
     if len(found) == 1:
         return found[0]
-    root = Path(run_root).expanduser() if run_root is not None else default_run_root()
+    roots = [Path(run_root).expanduser()] if run_root is not None else lookup_roots()
     if not found:
         hint = f"give the sweep folder, --run-root, or set ${ENV_RUN_ROOT}"
-        raise SweepNotFound(f"no sweep {ref!r} under {root} ({hint})")
+        raise SweepNotFound(f"no sweep {ref!r} under {' or '.join(map(str, roots))} ({hint})")
     raise SweepNotFound(f"{ref!r} matches {len(found)} sweeps: {', '.join(s.id for s in found[:5])}")
 
 

@@ -11,6 +11,8 @@ the prepared dataset's key (`key_payload`), so changing it prepares the data aga
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,9 +106,27 @@ class FieldMap(FrozenValue):
             return value
         if not isinstance(value, list) or not value:
             raise DataError(f"{where}: {self.key!r} must be a non-empty list of {{role, content}} messages")
+        raw = value
         if (self.role_key, self.content_key) != ("role", "content") or self.roles:
             value = [self._message(m, n, where) for n, m in enumerate(value)]
-        return check_messages(value, self.key, where)
+        return check_messages(value, self.key, where, lambda: self._roles_hint(raw))
+
+    def _roles_hint(self, messages: list[Any]) -> str:
+        """For a conversation without an 'assistant' message: the role values it has, and the
+        `roles` mapping that would make one of them the assistant (ShareGPT's human/gpt...)."""
+        found = list(dict.fromkeys(m[self.role_key] for m in messages if isinstance(m, dict) and self.role_key in m))
+        found = [r for r in found if isinstance(r, str)]
+        if not found or set(found) <= CHAT_ROLES:  # chat roles already: the conversation lacks an answer
+            return ""
+        guesses = {r: ROLE_GUESSES.get(r.lower(), dict(self.roles).get(r, "")) for r in found}
+        mapping = ", ".join(f'{_toml_key(r)} = "{g}"' for r, g in guesses.items() if g)
+        where = (
+            "in this [[data.sources]] entry" if not self.where else "in a [[data.sources]] entry for it (docs/data.md)"
+        )
+        roles = ", ".join(repr(r) for r in found)
+        if "assistant" not in guesses.values():
+            return f" (its roles: {roles}; map the role of the answers to 'assistant' with roles = {{ ... }} {where})"
+        return f" (its roles: {roles}; map them with roles = {{ {mapping} }} {where})"
 
     def _get(self, record: dict, key: str, field: str, where: str) -> Any:
         if key not in record:
@@ -158,12 +178,34 @@ class FieldMap(FrozenValue):
         return check_messages(messages, self.key, where)
 
 
-def check_messages(value: Any, key: str, where: str) -> list[dict[str, str]]:
+CHAT_ROLES = {"system", "user", "assistant", "tool"}
+# Role values of common conversation formats (ShareGPT, OpenAssistant, Gemini...) and the chat
+# roles they stand for: what the refusal of a conversation without an 'assistant' suggests.
+ROLE_GUESSES = {
+    **dict.fromkeys(("human", "user", "prompter", "question", "usr", "instruction"), "user"),
+    **dict.fromkeys(("gpt", "assistant", "bot", "model", "chatgpt", "ai", "answer", "gpt4", "response"), "assistant"),
+    "system": "system",
+}
+
+
+def _toml_key(name: str) -> str:
+    return name if name and all(c.isalnum() or c in "_-" for c in name) and name.isascii() else json.dumps(name)
+
+
+def check_messages(value: Any, key: str, where: str, hint: Callable[[], str] = str) -> list[dict[str, str]]:
+    """`value` as {role, content} messages with an 'assistant' one; DataError naming `where`
+    otherwise (`hint`: what to add to the missing-assistant refusal)."""
     if not isinstance(value, list) or not value:
         raise DataError(f"{where}: {key!r} must be a non-empty list of {{role, content}} messages")
     for n, m in enumerate(value):
         if not isinstance(m, dict) or not all(isinstance(m.get(k), str) for k in ("role", "content")):
-            raise DataError(f"{where}: {key}[{n}] is not an object with string 'role' and 'content'")
+            has = (
+                f" (it has: {', '.join(sorted(map(str, m))[:8])}; role_key and content_key of a [[data.sources]] entry "
+                "name others)"
+                if isinstance(m, dict) and not {"role", "content"} & set(m)
+                else ""
+            )
+            raise DataError(f"{where}: {key}[{n}] is not an object with string 'role' and 'content'{has}")
     if not any(m["role"] == "assistant" for m in value):
-        raise DataError(f"{where}: {key!r} has no 'assistant' message: nothing to train on")
+        raise DataError(f"{where}: {key!r} has no 'assistant' message: nothing to train on{hint()}")
     return value

@@ -42,7 +42,8 @@ def parse_json_line(line: bytes, fields: FieldMap, file: str, line_no: int) -> s
     except UnicodeDecodeError:
         raise DataError(utf8_error(line, file, line_no) or f"{file}:{line_no}: not UTF-8") from None
     except json.JSONDecodeError as e:
-        raise DataError(f"{file}:{line_no}: not valid JSON ({e.msg} at column {e.colno})") from None
+        # ("Unterminated string starting at" ends with its own "at")
+        raise DataError(f"{file}:{line_no}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})") from None
     return fields.apply(record, f"{file}:{line_no}")
 
 

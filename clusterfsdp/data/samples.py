@@ -214,6 +214,12 @@ class PreparedSamples:
         """Every label of every batch counts (no mask, no padding, no document boundaries)."""
         return not self.documents and self.mask is None
 
+    def pieces(self, k: int) -> list[tuple[int, int]]:
+        """(start, length) ranges of the token stream that sample k is made of: with documents
+        packing one per document (or piece of one), its last token only a label; with concat
+        packing together one window of seq_len + 1 tokens. `clusterfsdp data show` renders them."""
+        return self._ranges(k)
+
     def _ranges(self, k: int) -> list[tuple[int, int]]:
         if not self.table:
             return [(k * self.seq_len, self.seq_len + 1)]

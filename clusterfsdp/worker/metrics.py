@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..control import evalsamples, samplestats
+from ..control import evalsamples, numbers, samplestats
 from ..control.runfolder import RunFolder
 from .trackers import Trackers
 
@@ -89,7 +89,11 @@ def format_row(row: dict, total_steps: int) -> str:
     notebook tests read that prefix)."""
     mfu = f" mfu {100 * row['mfu']:.1f}%" if row.get("mfu") is not None else ""
     epoch = f" epoch {row['epoch']:.2f}" if "epoch" in row else ""
-    evaluated = f" eval_loss {row['eval_loss']:.4f} eval_ppl {row['eval_ppl']:.2f}" if "eval_loss" in row else ""
+    evaluated = (
+        f" eval_loss {row['eval_loss']:.4f} eval_ppl {numbers.perplexity(row['eval_ppl'])}"
+        if "eval_loss" in row
+        else ""
+    )
     return (
         f"step {row['step']}/{total_steps} loss {row['loss']:.4f}{epoch}{evaluated} lr {row['lr']:.2e} "
         f"grad_norm {row['grad_norm']:.3f} tokens/s {row['tokens_per_s']:,.0f}{mfu} mem {row['mem_peak_gb']:.2f} GB"
@@ -124,6 +128,7 @@ class MetricsWriter:
         if self.trackers is not None:
             self.trackers.samples(samples)
 
-    def sample_sets(self, metas: dict[str, dict]) -> None:
-        """The statistics of the sample sets (role -> index meta) into the run folder's data.json."""
-        samplestats.write(RunFolder(self.path.parent).data_file, metas)
+    def sample_sets(self, metas: dict[str, dict], sources: dict[str, list[dict]], steps: int) -> None:
+        """The statistics of the sample sets (role -> index meta; a mixture's per source) and the
+        steps the run trains into the run folder's data.json (control/samplestats.py)."""
+        samplestats.write(RunFolder(self.path.parent).data_file, metas, sources, steps)

@@ -165,6 +165,39 @@ class NumGuard:
         self.grad_norm.recent.clear()
 
 
+class LossRise:
+    """A warning when the loss of a metrics row rises `factor`-fold above the lowest logged so
+    far (and by at least MIN_RISE): a diverging run (lr 0.9: 6 -> 94) is a climb, not a spike
+    above the recent median, so the spike checks (off by default) never see it, and the run
+    would complete without a word. Once per incarnation; reads only the rows' loss, the mean
+    over the ranks (the same value on every rank)."""
+
+    MIN_RISE = 1.0  # nats: at small losses a few-fold rise is noise (0.002 -> 0.007)
+
+    def __init__(self, factor: float, log: Callable[[str], None], on_event: Callable[..., None]):
+        self.factor, self.log, self.on_event = factor, log, on_event
+        self.low: tuple[float, int] | None = None  # the lowest logged loss and its step
+        self.warned = False
+
+    def check(self, step: int, loss: float, lr: float, precision: str) -> None:
+        if not self.factor or self.warned or not math.isfinite(loss):
+            return
+        if self.low is None or loss < self.low[0]:
+            self.low = (loss, step)
+            return
+        low, at = self.low
+        if loss < self.factor * low or loss - low < self.MIN_RISE:
+            return
+        self.warned = True
+        text = (
+            f"the loss rose to {loss:.4g} at step {step}, {loss / max(low, 1e-12):.1f}x its lowest ({low:.4g} at step "
+            f"{at}; lr {lr:.2e}, {precision}): the run may be diverging; lower train.lr, or set "
+            "train.guard.spike_loss to skip such steps (train.guard.warn_rise = 0: no warning)"
+        )
+        self.log(f"warning: {text}")
+        self.on_event(EventKind.WARNING, step=step, reason=text)
+
+
 def roll_back(tr: Trainer) -> None:
     """Back to the newest checkpoint before the streak of bad steps (every rank; collective):
     newer checkpoints set aside, model, optimizer, RNG and TrainState loaded in place, the

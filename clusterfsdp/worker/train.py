@@ -32,7 +32,7 @@ import torch.distributed as dist
 from ..control import ckptfolder, lrschedule, peftbase
 from ..control.records import EventKind
 from ..control.spec import JobSpec
-from ..data import samplesets
+from ..data import mixture, samplesets
 from ..data.mixsamples import MixtureSamples
 from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples, TrainingData, open_for_training
 from . import adapters
@@ -42,7 +42,7 @@ from .build import build, token_ids
 from .checkpoint import Checkpointer
 from .evalsamples import SampleGenerator
 from .heartbeat import Heartbeat, Phase
-from .numguard import NumGuard, Verdict, roll_back
+from .numguard import LossRise, NumGuard, Verdict, roll_back
 from .stopflags import SIGNAL_NAMES, StopFlags
 
 
@@ -153,6 +153,7 @@ class Trainer:
         self._phase(Phase.DATA_PREP)
         self.data, self.samples, self.eval_batches = self._open_data()
         self.steps = self._count_steps()
+        self._record_data()
         self.sample_gen = SampleGenerator(self.spec, self.data.eval) if self.spec.eval.samples else None
         self.t_build = time.perf_counter()
         self._phase(Phase.MODEL_LOAD)
@@ -167,6 +168,7 @@ class Trainer:
         self.state.lr_schedule = self.curve.to_json()
         self._set_lr()
         self.guard = NumGuard(self.spec.train.guard, ctx.log, ctx.on_event)
+        self.rise = LossRise(self.spec.train.guard.warn_rise, ctx.log, ctx.on_event)
         assert self.samples is not None
         self.samples.skipped = Skipped.of(self.state.skipped)
         self.t_ready = time.perf_counter()
@@ -181,9 +183,6 @@ class Trainer:
         every rank gets from the held-out set."""
         ctx = self.ctx
         data = open_for_training(self.spec, ctx.rank, self.log)
-        if ctx.sink is not None:  # rank 0: the sample sets' statistics, for `status`
-            sets = (("train", data.train), ("eval", data.eval))
-            ctx.sink.sample_sets({role: s.meta for role, s in sets if isinstance(s, PreparedSamples)})
         eval_batches = 0
         if data.eval is not None:
             per_batch = ctx.world_size * self.spec.train.micro_batch_size
@@ -201,6 +200,23 @@ class Trainer:
             self.log(note)
         self.state.steps_total = steps
         return steps
+
+    def _record_data(self) -> None:
+        """Rank 0: the sample sets' statistics (each source's of a mixture) and the steps the run
+        trains into data.json, for `status` and the TUI (`step 34/46` of an epochs run)."""
+        if self.ctx.sink is None or self.data.train is None:
+            return
+        sets = (("train", self.data.train), ("eval", self.data.eval))
+        metas = {role: s.meta for role, s in sets if isinstance(s, PreparedSamples)}
+        sources = {
+            role: [
+                {"label": mixture.label(self.spec, i), "weight": self.spec.data.sources[i].weight, "meta": part.meta}
+                for i, part in enumerate(s.parts)
+            ]
+            for role, s in sets
+            if isinstance(s, MixtureSamples)
+        }
+        self.ctx.sink.sample_sets(metas, sources, self.steps)
 
     def _build_model(self) -> tuple[Any, torch.optim.Optimizer, Any, modelmod.ParamCount]:
         """Model and optimizer (build.py), only buffers filled when a checkpoint follows; the
@@ -249,6 +265,7 @@ class Trainer:
         if self.spec.train.epochs > 0:
             before = state.steps_total
             self.steps = self._count_steps(state.step, state.consumed)
+            self._record_data()  # counted again from the checkpoint's data position
             t = dataclasses.replace(t, steps=self.steps)
             if before and before != self.steps:
                 self.log(
@@ -428,6 +445,7 @@ class Trainer:
             **self.maybe_eval(),
         )
         self.log(metricsmod.format_row(row, self.steps))
+        self.rise.check(step, row["loss"], row["lr"], self.spec.fsdp.mixed_precision)
         if self.ctx.sink is not None:
             self.ctx.sink.write(row)
 

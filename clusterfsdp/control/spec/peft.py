@@ -10,6 +10,7 @@ against transformers in tests/test_lora.py). Other families are checked by peft 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .schema import JobSpec, short
@@ -103,3 +104,49 @@ def module_problems(spec: JobSpec, config: dict[str, Any] | None, weight_names: 
         if known is not None and name.split(".")[-1] not in known:
             out.append(f"peft.modules_to_save: the model's weights have no module {name!r}")
     return out
+
+
+def _names(module: str, names: list[str]) -> bool:
+    """peft's match of a module name against target_modules: the name itself or a dotted suffix."""
+    return any(module == n or module.endswith("." + n) for n in names)
+
+
+def _saved(module: str, names: list[str]) -> bool:
+    """Whether a module is (inside) one of modules_to_save: peft matches a plain suffix of the
+    module's name ('norm' is also 'input_layernorm')."""
+    parts = module.split(".")
+    return any(".".join(parts[:i]).endswith(n) for i in range(1, len(parts) + 1) for n in names)
+
+
+def trainable_params(spec: JobSpec, config: dict[str, Any], shapes: dict[str, list[int]]) -> tuple[int, bool]:
+    """The parameters a LoRA job trains, counted from the base's tensor shapes as peft adds them,
+    and whether the count is exact: r x (in + out) per adapted linear layer (its weight is out x
+    in; GPT-2's Conv1D in x out, the same sum), plus every tensor of modules_to_save, which train
+    in full. `all-linear` adapts every linear layer but the output layer: for the families of
+    LINEAR_MODULES their names, otherwise every 2-D weight that is no embedding (not exact:
+    a family may have other 2-D weights). A mixture of experts is never exact: transformers
+    fuses its experts on loading (other names and shapes than the files'), and peft adapts them
+    and the router with a layout of its own; the count is of the rest."""
+    p = spec.peft
+    model_type = str(config.get("model_type", ""))
+    linear = LINEAR_MODULES.get(model_type)
+    vocab = config.get("vocab_size")
+    targets = p.target_modules
+    experts = any(config.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+    total, exact = 0, not experts and (isinstance(targets, list) or linear is not None)
+    for name, shape in shapes.items():
+        module, _, kind = name.rpartition(".")
+        if _saved(module, p.modules_to_save):
+            total += math.prod(shape)
+            continue
+        leaf = module.rpartition(".")[2]
+        if kind != "weight" or len(shape) != 2 or leaf in OUTPUT_LAYERS:
+            continue
+        if isinstance(targets, list):
+            adapted = _names(module, targets)
+        elif linear is not None:
+            adapted = leaf in linear
+        else:
+            adapted = "emb" not in leaf and leaf not in ("wte", "wpe") and vocab not in shape
+        total += p.r * (shape[0] + shape[1]) if adapted else 0
+    return total, exact

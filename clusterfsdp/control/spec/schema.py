@@ -413,6 +413,13 @@ class Guard(Value):
     spike_window: int = F(
         20, "Accepted steps the spike checks compare with; they start once this many are seen (after each start)."
     )
+    warn_rise: float = F(
+        3.0,
+        "Warn (log line, `warning` event, a line of `status`) once when a logged loss is above this many times "
+        "the lowest logged loss so far and at least 1.0 above it: a run that diverges slowly (lr too high) is "
+        "never a spike, and it would otherwise complete with no word (0: off). Costs nothing: it reads the "
+        "metrics rows.",
+    )
     rollback_after: int = F(
         3,
         "Skipped steps in a row after which the run goes back to the newest checkpoint before them and skips the "
@@ -686,9 +693,7 @@ class JobSpec(Value):
 
     def notices(self) -> list[str]:
         """Non-fatal facts the user should see before queueing."""
-        out = []
-        if self.fsdp.sharding == "hybrid" and self.slurm.nodes == 1:
-            out.append("fsdp.sharding = 'hybrid' on 1 node: nothing to replicate across nodes, using 'full' sharding.")
+        out = []  # (not 'hybrid' on 1 node: the default on one node, validate's mesh line says 'full')
         if self.slurm.gpus_per_node == 0 and self.fsdp.mixed_precision != "fp32":
             out.append(
                 f"no GPUs: mixed_precision = '{self.fsdp.mixed_precision}' runs on CPU (slow); fp32 is usual there."
