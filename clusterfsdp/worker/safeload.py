@@ -112,7 +112,7 @@ def _enum_member(cls: Any, name: Any) -> enum.Enum:
     member as `getattr(cls, name)` (3.11.7 and 3.12 went back to `cls(value)`), so DCP's
     `_MEM_FORMAT_ENCODING` members arrive that way; any other use of getattr is refused."""
     if isinstance(cls, enum.EnumMeta) and isinstance(name, str) and name in cls.__members__:
-        return cls[name]
+        return cls.__members__[name]
     raise pickle.UnpicklingError(f"getattr({cls!r}, {name!r}) is not allowed in a DCP .metadata file")
 
 
