@@ -106,7 +106,7 @@ _METADATA_CLASSES = {
 }
 
 
-def _enum_member(cls: Any, name: Any) -> enum.Enum:
+def _enum_member(cls: Any, name: Any) -> Any:
     """What `builtins.getattr` may do in a `.metadata` file: name a member of an enum that the
     allowlist let in. CPython 3.11.0 to 3.11.6 (Debian 12's own python3 is 3.11.2) pickle an enum
     member as `getattr(cls, name)` (3.11.7 and 3.12 went back to `cls(value)`), so DCP's
