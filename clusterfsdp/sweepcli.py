@@ -144,3 +144,50 @@ def sweep_lines(sweeps: list[SweepFolder]) -> list[str]:
         what = f"sweep of {len(rows)} ({keys}): {summary.counts}; best {_num(summary.best)}"
         out.append(f"{record.sweep_id:<22} {record.name[:16]:<16} {what}")
     return out
+
+
+def cmd_doctor(args: argparse.Namespace, run_root: Path) -> int:
+    """`doctor SWEEP`: each point's verdict, the doctor's short block under each failed one."""
+    from .control import doctor
+
+    folder = _find(args.run, run_root)
+    record = folder.record()
+    rows, error = folder.statuses()
+    if error:
+        print(f"warning: {error}", file=sys.stderr)
+    found = {r.point.index: doctor.diagnose(r.status.run, r.status.events, r.status.state.live, r.status.state,
+                                            r.status.reason) for r in rows}  # fmt: skip
+    if args.json:
+        points = [{"index": r.point.index, "run_id": r.point.run_id, "values": r.point.values,
+                   "state": str(r.status.state), **found[r.point.index].to_dict()} for r in rows]  # fmt: skip
+        print(json.dumps({"schema": 1, "sweep_id": record.sweep_id, "points": points}, indent=2))
+        return 0
+    print(f"sweep      {record.sweep_id} ({record.name}), {len(rows)} points\nfolder     {folder.path}")
+    for r in rows:
+        d = found[r.point.index]
+        print(f"\npoint {r.point.index}  run {r.point.run_id}  {_values(r.point.values)}  {r.status.state}")
+        if r.status.state.bad or d.finding is doctor.Finding.HANG:
+            print("\n".join(f"  {line}" for line in d.render(short=True)))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, run_root: Path) -> int:
+    """`export SWEEP`: a sweep has no weights of its own; the error says which runs have."""
+    folder = _find(args.run, run_root)
+    record = folder.record()
+    rows, _ = folder.statuses()
+
+    scored = [(r.status.eval_loss, "eval_loss", r) if r.status.eval_loss is not None else (r.status.loss, "loss", r)
+              for r in rows]  # fmt: skip
+    best = min(((v, name, r) for v, name, r in scored if v is not None), key=lambda x: x[0], default=None)
+    hint = (
+        f"e.g. the best, point {best[2].point.index} ({best[1]} {best[0]:.4f}): clusterfsdp export "
+        f"{best[2].point.run_id} --to DIR; "
+        if best is not None
+        else ""
+    )
+    runs = ", ".join(f"{r.point.index}: {r.point.run_id} ({_values(r.point.values)})" for r in rows)
+    raise UserError(
+        f"{record.sweep_id} is a sweep of {len(rows)} points, not a run: export one point's run, {hint}"
+        f"its points: {runs}"
+    )
