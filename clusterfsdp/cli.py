@@ -358,19 +358,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     if st.state.bad or st.state.live:  # why it failed or hangs, in short (`clusterfsdp doctor RUN` says more)
         from .control import doctor
 
-        found = doctor.diagnose(folder, st.events, live=st.state.live)
+        found = doctor.diagnose(folder, st.events, st.state.live, st.state, st.reason)
         if st.state.bad or found.finding is doctor.Finding.HANG:
             print("\n".join(found.render(short=True)))
     return 1 if st.state.bad else 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    if _names_sweep(args):
+        from . import sweepcli
+
+        return sweepcli.cmd_doctor(args, _run_root(args))
     import json
 
     from .control import doctor, status
 
     folder = _find_folder(args)
-    found = doctor.diagnose(folder, live=status.run_status(folder).state.live)
+    st = status.run_status(folder)
+    found = doctor.diagnose(folder, st.events, st.state.live, st.state, st.reason)
     if args.json:
         print(json.dumps({"schema": 1, **found.to_dict()}, indent=2))
         return 0
@@ -392,11 +397,28 @@ def cmd_logs(args: argparse.Namespace) -> int:
         have = ", ".join(logs.attempt_keys(folder)) or "none"
         raise CliError(f"run {folder.id}: no log for rank {args.rank} yet (attempts: {have})")
     text = logs.tail(path, args.lines)
-    if not text:
+    task = logs.task_log(folder, path, args.rank) if not text else None
+    if task is not None:  # the rank wrote nothing itself: submitit's log of its task, and what the doctor says
+        print(f"run {folder.id}: rank {args.rank} wrote nothing to its log ({path}); submitit's log of its task, "
+              f"{task}:", file=sys.stderr)  # fmt: skip
+        _say_why_the_rank_ended(folder, path.parent.name, args.rank)
+        text = logs.tail(task, args.lines)
+    elif not text:
         print(f"run {folder.id}: rank {args.rank}'s log is empty so far ({path})", file=sys.stderr)
         return 0
     print(text)
     return 0
+
+
+def _say_why_the_rank_ended(folder: RunFolder, key: str, rank: int) -> None:
+    """The doctor's verdict on the incarnation `key` when it names this rank (a rank killed
+    before it wrote anything), on stderr."""
+    from .control import doctor
+
+    job_id, _, restart = key.rpartition(".")
+    found = doctor.verdict(folder, folder.events(), job_id, int(restart)) if restart.isdigit() else None
+    if found is not None and found.rank == rank:
+        print(f"run {folder.id}: {found.finding}: {found.headline()}", file=sys.stderr)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -451,6 +473,10 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if _names_sweep(args):
+        from . import sweepcli
+
+        return sweepcli.cmd_export(args, _run_root(args))
     if args.best and args.step is not None:
         raise CliError("export: give --step or --best, not both")
     return _find(args).export(Path(args.to), args.step, args.dtype, args.force, best=args.best, merge=args.merge)

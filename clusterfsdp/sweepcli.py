@@ -201,3 +201,48 @@ def follow(folder: SweepFolder, out: Callable[[str], None] = print, poll_s: floa
         return 130
     out(f"sweep {folder.id}: {_summary(rows)}")
     return 0 if all(r.status.state is RunState.COMPLETED for r in rows) else 1
+
+
+def cmd_doctor(args: argparse.Namespace, run_root: Path) -> int:
+    """`doctor SWEEP`: each point's verdict, the doctor's short block under each failed one."""
+    from .control import doctor
+
+    folder = _find(args.run, run_root)
+    record = folder.record()
+    rows, error = folder.statuses()
+    if error:
+        print(f"warning: {error}", file=sys.stderr)
+    found = {r.point.index: doctor.diagnose(r.status.run, r.status.events, r.status.state.live, r.status.state,
+                                            r.status.reason) for r in rows}  # fmt: skip
+    if args.json:
+        points = [{"index": r.point.index, "run_id": r.point.run_id, "values": r.point.values,
+                   "state": str(r.status.state), **found[r.point.index].to_dict()} for r in rows]  # fmt: skip
+        print(json.dumps({"schema": 1, "sweep_id": record.sweep_id, "points": points}, indent=2))
+        return 0
+    print(f"sweep      {record.sweep_id} ({record.name}), {len(rows)} points\nfolder     {folder.path}")
+    for r in rows:
+        d = found[r.point.index]
+        print(f"\npoint {r.point.index}  run {r.point.run_id}  {_values(r.point.values)}  {r.status.state}")
+        if r.status.state.bad or d.finding is doctor.Finding.HANG:
+            print("\n".join(f"  {line}" for line in d.render(short=True)))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, run_root: Path) -> int:
+    """`export SWEEP`: a sweep has no weights of its own; the error says which runs have."""
+    folder = _find(args.run, run_root)
+    record = folder.record()
+    rows, _ = folder.statuses()
+    summary = SweepSummary.of(rows)  # the same best as `runs` and `sweep --follow` name
+    best = summary.best_point
+    hint = (
+        f"e.g. the best, point {best.index} ({summary.best_key} {_num(summary.best)}): clusterfsdp export "
+        f"{best.run_id} --to DIR; "
+        if best is not None
+        else ""
+    )
+    runs = ", ".join(f"{r.point.index}: {r.point.run_id} ({_values(r.point.values)})" for r in rows)
+    raise UserError(
+        f"{record.sweep_id} is a sweep of {len(rows)} points, not a run: export one point's run, {hint}"
+        f"its points: {runs}"
+    )

@@ -3,7 +3,9 @@
     python tests/faulty_worker.py RUN_DIR      with CLUSTERFSDP_TEST_FAULT=KIND@STEP:RANK[,KIND@STEP:RANK]
 
 KIND: `oom` raises torch.OutOfMemoryError with CUDA's own message (simulated: there is no GPU
-here), `error` a ZeroDivisionError in a function of this file (a bug in user code), `kill` sends
+here), `error` a ZeroDivisionError in a function of this file (a bug in user code), `bug` breaks
+the Trainer's state so that its own code raises a TypeError in the same step (a bug in
+clusterfsdp: the innermost frame is worker/train.py, at a line that raises nothing on purpose), `kill` sends
 the rank SIGKILL, `hang` stops the rank in a sleep after asking faulthandler to dump its stacks
 into diagnostics/<job>.<restart>/rank<R>.txt (the watchdog's stand-in) while the other ranks
 wait for it in a collective (the process group's timeout is cut to HANG_TIMEOUT_S so that the
@@ -47,6 +49,12 @@ def _fault(kind: str, run_dir: Path, rank: int) -> None:
         )
     if kind == "error":
         divide_the_loss_by_the_padding(0)
+    if kind == "bug":  # the Trainer's own state broken: its next line of arithmetic fails in clusterfsdp's code
+        frame = sys._getframe()  # up to Trainer.step, which called the optimizer's step
+        while type(frame.f_locals.get("self")).__name__ != "Trainer":
+            frame = frame.f_back
+            assert frame is not None, "no Trainer on the stack"
+        frame.f_locals["self"].state.tokens_seen = None
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "stop":

@@ -37,7 +37,15 @@ from clusterfsdp.control.slurmcli import JobInfo
 FAULTY = str(Path(__file__).parent / "faulty_worker.py")
 GOLDEN = Path(__file__).parent / "golden" / "scontrol"
 GOLDEN_RUNS = Path(__file__).parent / "golden" / "doctor"
-FAULTS = {"error": "error@3:1", "oom": "oom@2:0", "kill": "kill@3:1"}
+FAULTS = {"error": "error@3:1", "oom": "oom@2:0", "kill": "kill@3:1", "bug": "bug@3:1"}
+# A run that really diverges (no injection): fp16 at lr 0.9 without warmup sends the loss 11 -> 67 -> NaN
+# at step 4; the guard rolls back to step 2 once, diverges again at step 4 and refuses a second rollback.
+# Its grace time (0 s) is shorter than any save: each save is warned about.
+DIVERGING = tiny_job_toml("diverging", 0, 8, fsdp='sharding = "full"',
+                          tail="[slurm]\nsignal_grace_s = 0\n[checkpoint]\nevery_steps = 2\n"
+                               "[train.guard]\nrollback_after = 2\n").replace(
+    'mixed_precision = "fp32"', 'mixed_precision = "fp16"').replace("lr = 3e-3", "lr = 0.9").replace(
+    "warmup = 2", "warmup = 0")  # fmt: skip
 
 
 def _broken_jsonl(folder: Path) -> Path:
@@ -56,10 +64,11 @@ def failed_runs(tmp_path_factory) -> dict[str, runfolder.RunFolder]:
     runs = {name: make_run(job, root) for name in [*FAULTS, "hang"]}
     runs["data"] = make_run(job.replace(str(CORPUS), str(_broken_jsonl(root))), root)
     runs["config"] = make_run(job.replace("[data]", "[model.from_config]\nnum_attention_heads = 5\n[data]"), root)
+    runs["numerical"] = make_run(DIVERGING, root)
     for name, run in runs.items():
         run.add_attempt(name, Executor.LOCAL, "submit")  # as `submit` records it (no process group to watch)
     started = [launch([FAULTY, str(runs[n].path)], 2, n, {"CLUSTERFSDP_TEST_FAULT": f}) for n, f in FAULTS.items()]
-    started += [launch(["-m", "clusterfsdp.worker", str(runs[n].path)], 2, n) for n in ("data", "config")]
+    started += [launch(["-m", "clusterfsdp.worker", str(runs[n].path)], 2, n) for n in ("data", "config", "numerical")]
     for procs in started:
         wait(procs, timeout=600)
     # the hang last, once the data is prepared: its short collective timeout covers training only
@@ -85,6 +94,63 @@ def test_python_error_in_user_code(failed_runs):
     assert "in divide_the_loss_by_the_padding" in d.lines[0]
     assert d.lines[-1] == "ZeroDivisionError: float division by zero"
     assert d.others and d.others[0].startswith("rank 0 ")  # the survivor's lost peer, after it
+    # it happened once: the advice says so, and never that it repeats
+    assert "repeats" not in d.next_steps[0] and "it happened once" in d.next_steps[0], d.next_steps
+    assert d.repeats == 1
+
+
+def test_the_same_error_at_the_same_step_again_is_said_to_repeat(failed_runs, tmp_path):
+    """The error run's records written again as a second incarnation (job error2: what a restart
+    that fails the same way leaves): now, and only now, the doctor says it repeats."""
+    run = runfolder.RunFolder(tmp_path / "doctor" / failed_runs["error"].path.name)
+    shutil.copytree(failed_runs["error"].path, run.path)
+    for e in failed_runs["error"].events():
+        run.append_event(Event(e.event, "error2", e.restart, e.rank, e.host, e.time + 60, e.step, e.reason,
+                               world_size=e.world_size, cause=e.cause, steps_done=e.steps_done))  # fmt: skip
+    shutil.copytree(run.logs_dir / "error.0", run.logs_dir / "error2.0")
+    d = doctor.diagnose(run)
+    assert (d.job_id, d.finding, d.repeats) == ("error2", Finding.PYTHON_ERROR, 2), d
+    assert "it happened at the same step in 2 attempts" in d.next_steps[0]
+    assert d.earlier == ["job error.0: python_error: ZeroDivisionError: float division by zero"]
+
+
+def test_an_exception_in_clusterfsdps_own_code_is_a_bug_to_report(failed_runs):
+    """The innermost frame is clusterfsdp's (worker/train.py), at a line that raises nothing on
+    purpose: not "fix the code in the innermost frame", but report it with the run folder."""
+    run = failed_runs["bug"]
+    d = doctor.diagnose(run)
+    assert not any("fix the code" in line for line in d.next_steps), d.next_steps
+    assert d.finding is Finding.BUG and d.rank == 1 and d.summary.startswith("TypeError: "), d
+    assert d.frame.startswith("clusterfsdp/worker/train.py:") and d.frame.endswith(" in step"), d.frame
+    assert "a bug in clusterfsdp (clusterfsdp/worker/train.py:" in d.next_steps[0]
+    assert f"report it with the run folder {run.path}" in d.next_steps[0]
+    assert "raised in  clusterfsdp/worker/train.py:" in "\n".join(d.render())
+    # the errors clusterfsdp raises on purpose are no bug: a DataError (data/samples.py), the guard's NumericalError
+    assert doctor.diagnose(failed_runs["data"]).finding is Finding.DATA_ERROR
+
+
+def test_a_diverging_fp16_run_is_numerical_with_its_step_lr_dtype_and_a_checkpoint(failed_runs, capsys):
+    """The guard's refused rollback ends the run: a `numerical` finding (not a python_error in
+    worker/numguard.py) naming the step, the lr and the precision, with a lower lr from the
+    checkpoint before the bad steps and bf16 as the advice. The refusal is the run's failure, not
+    a rollback: `status` counts the one rollback that happened."""
+    run = failed_runs["numerical"]
+    d = doctor.diagnose(run)
+    assert not any("fix the code" in line for line in d.next_steps), d.next_steps
+    assert d.finding is Finding.NUMERICAL and d.step == 5 and "NumericalError" in d.summary, d
+    assert d.numbers.startswith("step 5 (bad since step 4), lr ") and "(train.lr 0.9)" in d.numbers, d.numbers
+    assert "fsdp.mixed_precision fp16" in d.numbers
+    assert d.next_steps[0].startswith(f"clusterfsdp resume {run.id} --step 2 --set train.lr=0.09 "), d.next_steps
+    assert "--set fsdp.mixed_precision=bf16" in d.next_steps[1]
+    events = run.events()
+    (back,) = [e for e in events if e.event is EventKind.ROLLBACK]  # the real one; the refused one is no event
+    assert back.step == 2 and "rolled back to checkpoint step 2" in back.reason
+    assert {e.rank for e in events if e.event is EventKind.FAILED and "NumericalError" in e.reason} == {0, 1}
+    assert cli.main(["status", str(run.path)]) == 1
+    out = capsys.readouterr().out
+    assert "numerical guard: 4 step(s) skipped, 1 rollback(s)" in out and "2 rollback(s)" not in out
+    assert "state      FAILED - NumericalError: numerical guard: 2 bad steps in a row" in out
+    assert "cause      numerical: " in out and "numbers    step 5" in out
 
 
 def test_simulated_oom_names_the_rank_and_a_smaller_micro_batch(failed_runs):
@@ -94,10 +160,19 @@ def test_simulated_oom_names_the_rank_and_a_smaller_micro_batch(failed_runs):
     assert f"clusterfsdp resume {failed_runs['oom'].id} --set train.micro_batch_size=" in d.next_steps[0]
 
 
-def test_a_killed_rank_is_the_cause_not_the_survivors_lost_peer(failed_runs):
+def test_a_killed_rank_is_the_cause_not_the_survivors_lost_peer(failed_runs, capsys):
     d = doctor.diagnose(failed_runs["kill"])
     assert d.finding is Finding.RANK_KILLED and d.rank == 1 and d.host == socket.gethostname(), d
     assert d.others and "rank 0" in d.others[0]
+    # one verdict: status's state line and attempt line say what the doctor says, the dead rank first
+    assert cli.main(["status", str(failed_runs["kill"].path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    state = next(line for line in lines if line.startswith("state "))
+    ended = next(line for line in lines if line.startswith("  ended "))
+    assert "Connection" not in state + ended and state.startswith("state      FAILED - rank 1 died"), state
+    assert state == f"state      FAILED - {d.headline()}", state
+    assert ended.endswith(f"failed (rank_killed): {d.headline()}"), ended
+    assert d.summary.startswith("rank 1 died without an exception")
 
 
 def test_a_hung_rank_and_its_stuck_frame(failed_runs):
@@ -133,6 +208,20 @@ def test_cli_doctor_json_and_the_status_block(failed_runs, capsys):
     assert cli.main(["status", str(run.path)]) == 1
     shown = capsys.readouterr().out
     assert "state      FAILED" in shown and "cause      oom:" in shown and "next       " in shown
+
+
+def test_a_save_longer_than_the_grace_time_is_warned_about(failed_runs, capsys):
+    """worker/train.GraceCheck: a save (plus the time the ranks take to act on a signal) that does
+    not fit in slurm.signal_grace_s is a log line and a `warning` event, which `status` shows."""
+    run = failed_runs["numerical"]
+    warnings = [e for e in run.events() if e.event is EventKind.WARNING]  # again only for a 1.5x slower save
+    first, last = warnings[0], warnings[-1]
+    assert first.step == 2 and first.reason.startswith("the last checkpoint save took "), warnings
+    assert "more than slurm.signal_grace_s = 0 s leaves before the time limit" in first.reason
+    assert "raise slurm.signal_grace_s to at least " in first.reason
+    assert f"warning: {first.reason}" in run.log_path("numerical", 0, 0).read_text()
+    assert cli.main(["status", str(run.path)]) == 1
+    assert f"note       warning (step {last.step}): {last.reason}" in capsys.readouterr().out
 
 
 def _slurm_run(tmp_path: Path, *events: Event) -> runfolder.RunFolder:

@@ -15,7 +15,8 @@ import os
 from tui_helpers import T0, make_run
 
 from clusterfsdp import cli
-from clusterfsdp.control import jsonout, logs, status
+from clusterfsdp.control import doctor, jsonout, logs, status
+from clusterfsdp.control.doctor import Finding
 from clusterfsdp.control.records import Event, EventKind, Executor, RunState
 from clusterfsdp.control.slurmcli import JobRow
 
@@ -40,7 +41,8 @@ def test_a_requeued_job_running_again_is_running_not_completing(tmp_path):
     run.append_event(Event(EventKind.START, "78", 1, 0, "node1", T0 + 100))
     run.append_event(Event(EventKind.FAILED, "78", 1, 0, "node1", T0 + 120, reason="boom"))
     st = status.run_status(run, {"78": JobRow("78", "RUNNING", "None")})
-    assert st.state is RunState.COMPLETING and st.reason.startswith("the workers ended (failed: boom)")
+    assert st.state is RunState.COMPLETING  # how it ended: the doctor's verdict, the cause first, then the rank
+    assert st.reason.startswith("the workers ended (failed (bad_config): boom (rank 0 on node1))"), st.reason
 
 
 def test_status_reads_the_last_training_row_and_the_last_evaluation(tmp_path):
@@ -112,3 +114,41 @@ def test_resume_of_a_completing_run_is_refused_with_what_is_happening(tmp_path, 
         f"run {run.id} is COMPLETING (the workers ended (completed); the batch script's last step is running); "
         f"resume once `clusterfsdp status {run.id}` shows how it ended"
     )
+
+
+def test_logs_of_an_earlier_attempt(tmp_path, capsys):
+    """`logs --attempt JOB.RESTART` reads that incarnation's log of the rank, not the newest one;
+    an attempt that has no log of the rank is one line listing those that have."""
+    run = make_run(tmp_path, job_id="1001", log_lines=3)
+    run.add_attempt("1002", Executor.LOCAL, "resume from step 40")
+    for rank in (0, 1):
+        log = run.log_path("1002", 0, rank)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"[rank{rank}] the resumed attempt\n")
+    os.utime(run.logs_dir / "1001.0", (T0, T0))  # the older attempt's folder is the older one
+    os.utime(run.logs_dir / "1002.0", (T0 + 100, T0 + 100))
+    assert cli.main(["logs", str(run.path), "--rank", "1"]) == 0
+    assert capsys.readouterr().out == "[rank1] the resumed attempt\n"
+    assert cli.main(["logs", str(run.path), "--rank", "1", "--attempt", "1001.0"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "[rank1] line 0: step 0 loss 5.0000"
+    assert cli.main(["logs", str(run.path), "--rank", "1", "--attempt", "1001.3"]) == 2
+    assert f"run {run.id}: no log for rank 1 yet (attempts: 1001.0, 1002.0)" in capsys.readouterr().err
+
+
+def test_a_run_cancelled_before_it_started_says_by_whom(tmp_path, capsys):
+    """A Slurm job cancelled while it waited (sacct's `CANCELLED by UID`) or by `clusterfsdp cancel`
+    says so instead of a bare CANCELLED, and `doctor` says the same, without `.None`."""
+    run = make_run(tmp_path, executor="slurm", job_id="19018033", end=None, log_lines=0, ranks=0)
+    run.events_file.write_text("")  # it never started
+    row = JobRow("19018033", "CANCELLED", "None", "00:00:00", "None assigned", "0:0", by=str(os.getuid()))
+    st = status.run_status(run, {"19018033": row})
+    user = __import__("pwd").getpwuid(os.getuid()).pw_name
+    assert (st.state, st.reason) == (RunState.CANCELLED, f"cancelled before it started (by {user} (uid {os.getuid()}))")
+    found = doctor.diagnose(run, st.events, st.state.live, st.state, st.reason)
+    assert (found.finding, found.summary, found.where()) == (Finding.CANCELLED, st.reason, "job 19018033"), found
+    assert ".None" not in "\n".join(found.render())
+    st = status.run_status(run, {"19018033": JobRow("19018033", "CANCELLED", "DependencyNeverSatisfied")})
+    assert st.reason == "cancelled before it started (while it waited: DependencyNeverSatisfied)"
+    run.update_attempt("19018033", cancelled=T0 + 1)  # `clusterfsdp cancel`
+    st = status.run_status(run, {"19018033": row})
+    assert st.reason == "cancelled before it started (by clusterfsdp cancel)"

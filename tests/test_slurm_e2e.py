@@ -22,7 +22,7 @@ import pytest
 from procs import newest_checkpoint, newest_step, weights_folder
 from slurm_fixtures import bounded
 
-from clusterfsdp.control import ckptfolder, doctor, runfolder, status
+from clusterfsdp.control import ckptfolder, doctor, runfolder, slurmcli, status
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
@@ -257,6 +257,14 @@ def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
     c = cli("cancel", pending.id, "--run-root", root)
     assert c.returncode == 0 and "scancel" in c.stdout
     wait_for(lambda: status.run_status(pending).state == "CANCELLED", 60, "CANCELLED")
+    # cancelled before it started: said with who did it, by status and doctor alike (never `job N.None`)
+    assert status.run_status(pending).reason == "cancelled before it started (by clusterfsdp cancel)"
+    shown = cli("doctor", pending.id, "--run-root", root).stdout
+    assert "cause      cancelled: cancelled before it started (by clusterfsdp cancel)" in shown, shown
+    assert f"where      job {pending.attempts[-1].job_id}\n" in shown and ".None" not in shown
+    jid = pending.attempts[-1].job_id
+    row = wait_for(lambda: (r := slurmcli.sacct([jid]).get(jid)) and r.state == "CANCELLED" and r, 60, "sacct")
+    assert row.by == str(os.getuid())  # sacct's `CANCELLED by UID`: who, for a cancel from outside
     assert slurm_cluster.squeue_state(int(pending.attempts[-1].job_id)) == ""
 
 

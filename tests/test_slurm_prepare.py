@@ -2,7 +2,7 @@
 real daemons of the local test cluster: a 2-node array gives the bytes of a local prepare and
 a task killed mid-way is finished by a rerun without redoing its complete units; `submit` of a
 job whose data is not prepared queues the array first and the training job after it (bad input
-cancels the training job with the file and line in `status`)."""
+cancels the training job with the file and line in `status` and `doctor`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from data_helpers import documents, job, write_jsonl
 from slurm_fixtures import bounded
 from test_prepare_array import dataset_bytes
 
-from clusterfsdp.control import runfolder, status
+from clusterfsdp.control import doctor, runfolder, status
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.lock import FileLock
 from clusterfsdp.data import array, arraystate, cache
@@ -114,8 +114,14 @@ def test_submit_queues_the_prepare_array_first_and_bad_input_cancels_the_trainin
     (failed,) = runfolder.list_runs(root)
     message = f"{bad}:{len(lines) // 2 + 1}: not valid JSON"
     wait_for(lambda: status.run_status(failed).state == "CANCELLED", 120, "the training job cancelled", 1)
-    reason = status.run_status(failed).reason
-    assert "data prepare job" in reason and message in reason, reason
+    st = status.run_status(failed)
+    assert "data prepare job" in st.reason and message in st.reason, st.reason
+    # doctor: the prepare's own failure (the file and line) is the cause, not "nothing ran yet"
+    found = doctor.diagnose(failed, st.events, st.state.live, st.state, st.reason)
+    assert found.finding is doctor.Finding.DATA_ERROR and message in found.summary, found
+    shown = cli("doctor", str(failed.path)).stdout
+    assert "cause      data_error: data prepare job" in shown and message in shown, shown
+    assert "where      job " in shown and ".None" not in shown and "nothing ran yet" not in shown, shown
     assert not any(p.is_dir() and not p.name.startswith(".") for p in (root / ".cache" / "tokens").iterdir())
 
     good = corpus(tmp_path / "good.jsonl", 6)

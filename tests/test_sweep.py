@@ -188,3 +188,34 @@ def test_mlflow_runs_of_a_sweeps_points_are_children_of_one_sweep_run(tiny_job, 
     assert client.get_run(parent).info.run_name == "swab" and json.loads((sweep.path / "mlflow.json").read_text())[
         "run_id"] == parent  # fmt: skip
     assert not (sweep.path / points[0].run_id / "mlruns").exists()
+
+
+def test_doctor_and_export_given_a_sweep_address_its_points(tmp_path, capsys):
+    """A sweep has no run of its own: `doctor SWEEP` diagnoses each failed point (the others in a
+    line), `export SWEEP` is one line (exit 2) saying it is a sweep, the best point's run to
+    export and every point's run. Two points as the worker leaves them (fixed content): point 0
+    completed with evaluations, point 1 failed with a CUDA out-of-memory error on rank 1."""
+    from tui_helpers import T0, make_run
+
+    from clusterfsdp.control.records import Cause, Event, EventKind
+    from clusterfsdp.control.sweepfolder import SweepFolder
+
+    root = tmp_path / "runs"
+    points = [SweepPoint(i, f"ab-p{i}", {"train.lr": lr}) for i, lr in enumerate((3e-3, 1e-3))]
+    make_run(root, "ab-p0", name="tiny-swab", log_lines=0, checkpoints=(), eval_every=10)
+    failed = make_run(root, "ab-p1", name="tiny-swab", end=None, logged=20, log_lines=0, checkpoints=())
+    SweepFolder(root / "tiny-swab").write_record(SweepRecord("swab", "tiny", Executor.LOCAL, T0, ["train.lr"], points))
+    reason = "rank 1 on node1: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    failed.append_event(Event(EventKind.FAILED, "1001", 0, 1, "node1", T0 + 60, step=20, reason=reason,
+                              cause=Cause.ERROR, steps_done=20))  # fmt: skip
+    assert main(["doctor", "swab", "--run-root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "point 0  run ab-p0  train.lr=0.003  COMPLETED\n" in out and out.count("cause ") == 1, out
+    assert "point 1  run ab-p1  train.lr=0.001  FAILED\n  cause      oom: OutOfMemoryError: CUDA out of memory" in out
+    assert "  next       clusterfsdp resume ab-p1 --set train.micro_batch_size=N" in out
+    assert main(["export", "swab", "--to", str(tmp_path / "out"), "--run-root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: swab is a sweep of 2 points, not a run: export one "), err
+    assert "the best, point 0 (eval_loss 2.8000): clusterfsdp export ab-p0 --to DIR" in err
+    assert "its points: 0: ab-p0 (train.lr=0.003), 1: ab-p1 (train.lr=0.001)" in err
+    assert not (tmp_path / "out").exists()

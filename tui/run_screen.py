@@ -188,7 +188,7 @@ class RunScreen(Screen):
             metrics = tail.snapshot() if tail.read_new() else None
             record = run.record()
             events = run.events()
-            ends = {e.job_id: e.label for e in status.attempt_ends(events)}
+            ends = {e.job_id: e.label for e in status.judged_ends(run, events)}
             found = doctor.diagnose(run, events)
             ranks = health.rank_health(run.path, events, time.time())
             facts = RunFacts(record.attempts, record.executor, nodes, steps, per, scan(root), metrics, ends, found,

@@ -1,63 +1,44 @@
 """`clusterfsdp doctor RUN`: why a run failed, from its run folder alone (docs/recovery.md,
-"Asking the doctor").
+"Asking the doctor"), and the one verdict on each failed incarnation that every front-end shows.
 
 The evidence is what the workers and the batch script's job steps already leave: events.jsonl
 (every rank that raised recorded a `failed` event with its time, host and exception; the job
 steps recorded what Slurm did and how they classified it), the rank logs
 (`logs/<job>.<restart>/rank<R>.log`, with the traceback each failing rank printed), submitit's
-task logs (a worker that died before it opened its own log), and stack dumps (`diagnostics/`, or a
-faulthandler/py-spy dump in a rank log). From these it names the first error across ranks in time
-order, the rank and host it came from, the classified cause (`Finding`), the few log lines that
-show it and what to do next. (A little over 500 lines: the reading, the ordering rules and the
-words for each cause are one judgement and are kept together.)
+task logs (a worker that died before it opened its own log) and the exit status of each local
+task (`localctl`), and stack dumps (`diagnostics/`; control/evidence.py reads them, bounded). From
+these it names the first error across ranks in time order, the rank and host it came from, the
+classified cause (`Finding`, control/findings.py with what each advises), the few log lines that
+show it and what to do next.
 
 Root causes before consequences: when one rank raises, the others then lose their peer and
 record collective errors later; a rank that died without a record (SIGKILL, the OOM killer) or
 stopped answering (a hang) is found by its absence among the ranks that reported (the same rule
 as `control.outcomes.classify_failure`, which the batch script uses to decide on a restart).
 
-Every log is read in bounded windows (its last TAIL_BYTES, a dump's first DUMP_BYTES), never whole:
-a week-long rank log may be gigabytes. Pure Python, no torch: `status` and the TUI's run screen
-show the same text. About 500 lines in one module: the evidence readers, the classification and
-the advice for each cause change together.
+One verdict: `Diagnosis.headline` (the cause first, then the rank and step) is what `status`'s
+state and attempt lines, `--follow`'s last line and the TUI's queue show for a failed
+incarnation (`verdict`, without reading logs), so they never blame another rank than `doctor`.
+Pure Python, no torch.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import tomllib
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
-from .records import Cause, Event, EventKind, preflight_failures, preflight_verdict
+from . import ckptfolder, evidence, outcomes
+from .findings import Context, Finding, Numbers, next_steps
+from .records import Cause, Event, EventKind, RunState, preflight_failures, preflight_verdict
 from .runfolder import RunFolder
 
-TAIL_BYTES = 256 << 10  # of a rank log: a traceback and what led to it
-DUMP_BYTES = 64 << 10  # of a stack dump file
-MAX_DUMPS = 64  # stack dump files looked at, newest first
+__all__ = ["Diagnosis", "Finding", "diagnose", "verdict"]
+
 MAX_EARLIER = 5  # earlier incarnations summed up in one line each
-
-
-class Finding(StrEnum):
-    """The classified cause of a failure, as the doctor names it (finer than `Cause`, which is
-    what the restart policy needs: an out-of-memory and a data error are both `error` there)."""
-
-    OOM = "oom"  # out of memory on the GPU (or the host)
-    COLLECTIVE = "collective"  # an NCCL/gloo error: a lost peer, a broken connection
-    HANG = "hang"  # a rank stopped making progress; the others waited in a collective
-    NODE_FAILURE = "node_failure"
-    PREEMPTED = "preempted"
-    TIME_LIMIT = "time_limit"
-    DATA_ERROR = "data_error"
-    BAD_CONFIG = "bad_config"  # a Python error before the first step: the config, a file, the model
-    PYTHON_ERROR = "python_error"  # a Python error during training, in the model or user code
-    RANK_KILLED = "rank_killed"  # a rank died without an exception (SIGKILL, the OOM killer, a crash)
-    CANCELLED = "cancelled"
-    PREFLIGHT = "preflight"  # a node failed the pre-flight checks (GPUs, free space, network) and was left out
-    UNKNOWN = "unknown"  # it ended badly and the run folder does not say why
-    NONE = "none"  # nothing failed (completed, or still going)
+FRAME_BYTES = 32 << 10  # of a failing rank's log, for its traceback's innermost frame alone (`verdict`)
 
 
 @dataclass
@@ -78,29 +59,51 @@ class Diagnosis:
     source: str = ""
     lines: list[str] = field(default_factory=list)
     stuck_frame: str = ""  # a hang: the innermost frame of the stuck rank's main thread
+    frame: str = ""  # an exception: its innermost frame ('clusterfsdp/data/samples.py:212 in index_of')
+    numbers: str = ""  # numerical: the step, lr and precision (findings.Numbers)
+    repeats: int = 1  # incarnations that failed with this error at this step
     others: list[str] = field(default_factory=list)
     earlier: list[str] = field(default_factory=list)  # how the incarnations before this one ended (newest last)
     next_steps: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "finding": self.finding.value}
+        return {**asdict(self), "finding": self.finding.value, "headline": self.headline()}
 
     def where(self) -> str:
-        """'rank 1 on node2, job 41.0, step 3'."""
+        """'rank 1 on node2, job 41.0, last step 3'."""
         parts = [f"rank {self.rank}" + (f" on {self.host}" if self.host else "")] if self.rank is not None else []
+        if not parts and self.host:
+            parts.append(self.host)
         if self.job_id:
-            parts.append(f"job {self.job_id}.{self.restart}")
+            parts.append(f"job {self.job_id}" + (f".{self.restart}" if self.restart is not None else ""))
         if self.step is not None:
             parts.append(f"last step {self.step}")
         return ", ".join(parts)
+
+    def headline(self) -> str:
+        """The verdict in one line, the cause first ('ZeroDivisionError: float division by zero
+        (rank 1 on node1, step 3)'): `status`'s state and attempt lines, `--follow`'s end line and
+        the TUI's queue (cut at its width) show it."""
+        who = f"rank {self.rank}" if self.rank is not None else ""
+        if who and self.summary.startswith((f"{who} ", "ranks ")):
+            who = ""  # the summary names the rank(s) already
+        who = f"{who} on {self.host}".strip() if self.host else who
+        where = ", ".join(p for p in (who, f"step {self.step}" if self.step is not None else "") if p)
+        return f"{self.summary} ({where})" if where else self.summary
 
     def render(self, short: bool = False) -> list[str]:
         """The text `doctor` prints; `short`: the block under `status` (fewer lines)."""
         out = [f"cause      {self.finding}: {self.summary}"]
         if self.where():
             out.append(f"where      {self.where()}")
+        if self.numbers:
+            out.append(f"numbers    {self.numbers}")
+        if self.frame and self.finding is Finding.BUG:
+            out.append(f"raised in  {self.frame}")
         if self.stuck_frame:
             out.append(f"stuck in   {self.stuck_frame}")
+        elif self.finding is Finding.HANG and not short:
+            out.append("stuck in   (no stack dump in the run folder)")
         shown = self.lines[-3:] if short else self.lines
         if shown:
             out.append(f"log        {self.source}")
@@ -112,77 +115,11 @@ class Diagnosis:
         return out
 
 
-# ---------------------------------------------------------------- reading logs, bounded
-def tail_lines(path: Path, max_bytes: int = TAIL_BYTES) -> list[str]:
-    """The lines of the last `max_bytes` of a file (the first one dropped when cut); [] if unreadable."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read(max_bytes)
-    except OSError:
-        return []
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    return lines[1:] if size > max_bytes else lines
-
-
-def head_lines(path: Path, max_bytes: int = DUMP_BYTES) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            return f.read(max_bytes).decode("utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-
-
-def traceback_lines(lines: list[str]) -> list[str]:
-    """Of the last traceback among `lines`: its innermost frame (the `File` line and its code) and
-    the exception line; [] without one."""
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
-    if not starts:
-        return []
-    block = lines[starts[-1] :]
-    frames = [i for i, line in enumerate(block) if line.startswith('  File "')]
-    if not frames:
-        return block[:3]
-    last = frames[-1]
-    shown = [block[last]]
-    rest = block[last + 1 :]
-    if rest and rest[0].startswith("    "):
-        shown.append(rest[0])
-    exception = next((line for line in rest if line and not line.startswith(" ")), "")
-    return [*shown, exception] if exception else shown
-
-
-_FAULTHANDLER_THREAD = r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):"
-_FAULTHANDLER_FRAME = r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)'
-_PYSPY_THREAD = r"^Thread \d+ \(\w+\)"
-_PYSPY_FRAME = r"^\s+(?P<func>\S+) \((?P<file>[^():]+):(?P<line>\d+)\)"
-
-
-def stuck_frame(lines: list[str]) -> tuple[str, list[str]]:
-    """The innermost frame of the main thread in a stack dump (faulthandler's, or py-spy's
-    `dump`), and that thread's first frames; ('', []) without a dump. faulthandler lists the
-    newest thread first, so without a thread name the main thread is the last block."""
-    blocks: list[list[str]] = []
-    for line in lines:
-        if re.match(_FAULTHANDLER_THREAD, line) or re.match(_PYSPY_THREAD, line):
-            blocks.append([line])
-        elif blocks and (re.match(_FAULTHANDLER_FRAME, line) or re.match(_PYSPY_FRAME, line)):
-            blocks[-1].append(line)
-    blocks = [b for b in blocks if len(b) > 1]
-    if not blocks:
-        return "", []
-    main = next((b for b in blocks if "MainThread" in b[0]), blocks[-1])
-    m = re.match(_FAULTHANDLER_FRAME, main[1]) or re.match(_PYSPY_FRAME, main[1])
-    assert m is not None
-    return f"{m['func']} ({m['file']}:{m['line']})", [line.strip() for line in main[:4]]
-
-
 # ---------------------------------------------------------------- classifying an error text
 _OOM = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "cudaerrormemoryallocation",
         "cublas_status_alloc_failed", "std::bad_alloc", "cannot allocate memory")  # fmt: skip
 _DATA = ("dataerror", "data.paths", "data.tokenizer", "not valid json", "prepared data")
+NUMERICAL_ERROR = "NumericalError"  # worker/numguard.py's exception: bad steps in a row and no way back
 
 
 def finding_of(reason: str, steps_done: int | None, cause: Cause | None) -> Finding:
@@ -190,64 +127,13 @@ def finding_of(reason: str, steps_done: int | None, cause: Cause | None) -> Find
     text = reason.lower()
     if any(word in text for word in _OOM):
         return Finding.OOM
+    if NUMERICAL_ERROR.lower() in text:
+        return Finding.NUMERICAL
     if any(word in text for word in _DATA):
         return Finding.DATA_ERROR
     if cause is Cause.COLLECTIVE:
         return Finding.COLLECTIVE
     return Finding.PYTHON_ERROR if steps_done else Finding.BAD_CONFIG
-
-
-def _next_steps(finding: Finding, run_id: str, detail: str = "") -> list[str]:
-    resume = f"clusterfsdp resume {run_id}"
-    return {
-        Finding.OOM: [
-            f"{resume} --set train.micro_batch_size=N  (smaller; raise train.grad_accum to keep the global batch)",
-            "or turn on activation checkpointing / use more GPUs (each rank then holds a smaller shard)",
-        ],
-        Finding.COLLECTIVE: [
-            "look at the rank named first: a lost peer is usually the consequence of a rank that died or hung",
-            f"{resume}  (it resumes from the newest checkpoint)",
-        ],
-        Finding.HANG: [
-            "read the stuck frame: a data worker, a file system or a GPU that stopped answering",
-            f"{resume} --set slurm.exclude=...  when the node is suspect" if detail else f"{resume}",
-        ],
-        Finding.NODE_FAILURE: [
-            f"nothing, if an automatic restart followed; else {resume} (the failed node is excluded)",
-            f"ask the admins about {detail}" if detail else "ask the admins about the node",
-        ],
-        Finding.PREEMPTED: [
-            "nothing: the run saved and comes back by itself",
-            "use a partition that is not preempted, or raise slurm.signal_grace_s if the save was cut off",
-        ],
-        Finding.TIME_LIMIT: [
-            "nothing: the run saved and comes back by itself",
-            f"{resume} --set slurm.time=MINUTES  for fewer requeues",
-        ],
-        Finding.DATA_ERROR: [
-            "fix or remove the record named above (clusterfsdp validate checks only the first record of each file)",
-            f"then {resume}",
-        ],
-        Finding.BAD_CONFIG: [
-            "fix the job (the error above names the key, the file or the model); it failed before the first step",
-            f"then {resume} --set KEY=VALUE",
-        ],
-        Finding.PYTHON_ERROR: [
-            "fix the code in the innermost frame above (the error repeats at the same step)",
-            f"then {resume}",
-        ],
-        Finding.RANK_KILLED: [
-            "check the node's memory (the OOM killer) and `dmesg`/`sacct` for the signal",
-            f"{resume}  (it resumes from the newest checkpoint)",
-        ],
-        Finding.CANCELLED: [f"{resume}  continues from the saved checkpoint"],
-        Finding.PREFLIGHT: [
-            f"nothing, if an automatic restart followed without {detail or 'the node'}; else {resume}",
-            "fix the node (free space, GPUs, network) or tell the admins; slurm.preflight = false skips the checks",
-        ],
-        Finding.UNKNOWN: [f"clusterfsdp logs {run_id} --rank R  for each rank, and the submitit/ logs"],
-        Finding.NONE: [],
-    }[finding]
 
 
 # ---------------------------------------------------------------- the diagnosis
@@ -268,6 +154,11 @@ class _Incarnation:
     events: list[Event]
     hangs: list[Event]  # a node watchdog's records (EventKind.HANG): the ranks that stopped making progress
 
+    def first_error(self) -> Event | None:
+        """The first rank's own error (not a lost peer, not the restart budget), in time order."""
+        errors = [e for e in self.events if e.event is EventKind.FAILED and e.rank >= 0 and e.cause is Cause.ERROR]
+        return min(errors, key=lambda e: (e.time, e.rank), default=None)
+
 
 def _incarnations(run: RunFolder, events: list[Event]) -> list[_Incarnation]:
     """Every incarnation with events or logs, in the order they started."""
@@ -282,13 +173,21 @@ def _incarnations(run: RunFolder, events: list[Event]) -> list[_Incarnation]:
     return list(found.values())
 
 
-def diagnose(run: RunFolder, events: list[Event] | None = None, live: bool = False) -> Diagnosis:
+def diagnose(
+    run: RunFolder,
+    events: list[Event] | None = None,
+    live: bool = False,
+    state: RunState | None = None,
+    reason: str = "",
+) -> Diagnosis:
     """Why the run's newest incarnation that did not complete ended; Finding.NONE when the newest
-    one completed, or (`live`: the attempt still runs) when nothing has ended and no rank hung."""
+    one completed, or (`live`: the attempt still runs) when nothing has ended and no rank hung.
+    `state` and `reason` are what `status` says of the run (Slurm's word on an attempt that
+    never started: cancelled, and by whom)."""
     events = run.events() if events is None else events
     incarnations = _incarnations(run, events)
     if not incarnations:
-        return _submitit_only(run)
+        return _never_started(run, live, state, reason)
     newest = incarnations[-1]
     found = None
     if any(e.event is EventKind.COMPLETED for e in newest.events):
@@ -299,9 +198,39 @@ def diagnose(run: RunFolder, events: list[Event] | None = None, live: bool = Fal
         # the job step refusing to start (restarts used up) says nothing of the failure: the one before does
         while len(incarnations) > 1 and _refusal(incarnations[-1]):
             incarnations.pop()
-        found = _diagnose(run, incarnations[-1])
-    found.earlier = [_one_line(_diagnose(run, inc)) for inc in incarnations[:-1][-MAX_EARLIER:]]
+        found = _diagnose(run, incarnations[-1], full=True, repeats=_repeats(incarnations))
+    found.earlier = [_one_line(_diagnose(run, inc, full=False)) for inc in incarnations[:-1][-MAX_EARLIER:]]
     return found
+
+
+# The findings a verdict adds to an incarnation's records: which rank failed first, and how. (A node
+# failure, a preemption, a time limit, a cancel or a failed pre-flight is named by its record itself.)
+JUDGED = {
+    Finding.OOM, Finding.COLLECTIVE, Finding.HANG, Finding.DATA_ERROR, Finding.NUMERICAL, Finding.BAD_CONFIG,
+    Finding.PYTHON_ERROR, Finding.BUG, Finding.RANK_KILLED,
+}  # fmt: skip
+
+
+def verdict(run: RunFolder, events: list[Event], job_id: str, restart: int) -> Diagnosis | None:
+    """The doctor's verdict on one failed incarnation, from its records and the innermost frame of
+    the failing rank's traceback (a short tail of its log): what `status` shows for it
+    (`Diagnosis.headline`). None when its records name the cause themselves (`JUDGED`) or say nothing."""
+    incarnations = _incarnations(run, events)
+    mine = [i for i, inc in enumerate(incarnations) if (inc.job_id, inc.restart) == (job_id, restart)]
+    if not mine:
+        return None
+    found = _diagnose(run, incarnations[mine[0]], full=False, repeats=_repeats(incarnations[: mine[0] + 1]))
+    return found if found.finding in JUDGED else None
+
+
+def _repeats(incarnations: list[_Incarnation]) -> int:
+    """How many of these incarnations failed with the newest one's first error at the same step
+    (the error and step as the restart policy compares them: outcomes.error_signature)."""
+    first = incarnations[-1].first_error()
+    if first is None:
+        return 1
+    signature = outcomes.error_signature(first)
+    return sum(1 for inc in incarnations if (e := inc.first_error()) and outcomes.error_signature(e) == signature)
 
 
 def _refusal(inc: _Incarnation) -> bool:
@@ -314,8 +243,19 @@ def _one_line(d: Diagnosis) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _diagnose(run: RunFolder, inc: _Incarnation) -> Diagnosis:
-    base = Diagnosis(run.id, Finding.UNKNOWN, "", inc.job_id, inc.restart)
+def _diagnose(run: RunFolder, inc: _Incarnation, full: bool, repeats: int = 1) -> Diagnosis:
+    """The verdict on one incarnation and its advice; `full`: also the log lines, the stuck
+    frame and a numerical finding's numbers (the doctor's view; `status` needs the verdict)."""
+    base = Diagnosis(run.id, Finding.UNKNOWN, "", inc.job_id, inc.restart, repeats=repeats)
+    found = _classify(run, inc, base, full)
+    numbers = _numbers(run, inc, found) if full and found.finding is Finding.NUMERICAL else None
+    found.numbers = numbers.describe() if numbers else ""
+    context = Context(run.id, found.host, found.repeats, found.frame, str(run.path), numbers)
+    found.next_steps = found.next_steps or next_steps(found.finding, context)
+    return found
+
+
+def _classify(run: RunFolder, inc: _Incarnation, base: Diagnosis, full: bool) -> Diagnosis:
     ranks = [e for e in inc.events if e.event is EventKind.FAILED and e.rank >= 0]
     failed = sorted((e for e in ranks if e.cause is not Cause.RESTARTS_EXHAUSTED), key=lambda e: e.time)
     exhausted = next((e for e in inc.events if e.cause is Cause.RESTARTS_EXHAUSTED), None)
@@ -324,30 +264,28 @@ def _diagnose(run: RunFolder, inc: _Incarnation) -> Diagnosis:
     # what Slurm did (job steps, or rank 0 after a save): a node, a preemption, the time limit
     told = [e for e in inc.events if e.cause in _FROM_CAUSE and e.event is not EventKind.FAILED]
     if inc.hangs:
-        return _hang(run, inc, base, failed, world, inc.hangs)
+        return _hang(run, inc, base, failed, world, inc.hangs, full)
     preflight = preflight_failures(failed)
     if preflight:
-        return _preflight(run, base, preflight[0])
+        return _preflight(base, preflight[0])
     if told:
         first = told[0]
-        finding = _FROM_CAUSE[first.cause] if first.cause else Finding.UNKNOWN
-        nodes = ",".join(next((e.failed_nodes for e in inc.events if e.failed_nodes), []))
-        base.finding, base.summary, base.time, base.step = finding, first.reason, first.time, first.step
-        base.host = nodes
-        base.next_steps = _next_steps(finding, run.id, nodes)
+        base.finding = _FROM_CAUSE[first.cause] if first.cause else Finding.UNKNOWN
+        base.summary, base.time, base.step = first.reason, first.time, first.step
+        base.host = ",".join(next((e.failed_nodes for e in inc.events if e.failed_nodes), []))
         return base
     if exhausted is not None and not failed:
         return _exhausted(run, base, exhausted)
     errors = [e for e in failed if e.cause is not Cause.COLLECTIVE]
     if errors:
-        return _error(run, inc, base, errors[0], failed)
+        return _error(run, inc, base, errors[0], failed, full)
     silent = _silent_ranks(failed, world)
     if failed and silent and any(word in e.reason.lower() for e in failed for word in _TIMEOUT):
-        return _hang(run, inc, base, failed, world, [])
+        return _hang(run, inc, base, failed, world, [], full)
     if silent:  # the rule of control.outcomes.classify_failure: a rank that never reported died
-        return _killed(run, inc, base, silent, failed)
+        return _killed(run, inc, base, silent, failed, full)
     if failed:
-        return _error(run, inc, base, failed[0], failed)
+        return _error(run, inc, base, failed[0], failed, full)
     gave_up = [e for e in inc.events if e.event in (EventKind.GAVE_UP, EventKind.AUTO_RESTART)]
     if gave_up:
         base.summary, base.time = gave_up[0].reason, gave_up[0].time
@@ -356,7 +294,6 @@ def _diagnose(run: RunFolder, inc: _Incarnation) -> Diagnosis:
         base.summary = "the workers ended without a record (killed?)"
     else:
         return _submitit_only(run, base)
-    base.next_steps = _next_steps(base.finding, run.id)
     return base
 
 
@@ -383,12 +320,10 @@ def _exhausted(run: RunFolder, base: Diagnosis, record: Event) -> Diagnosis:
     return base
 
 
-def _preflight(run: RunFolder, base: Diagnosis, first: Event) -> Diagnosis:
+def _preflight(base: Diagnosis, first: Event) -> Diagnosis:
     """A node failed its pre-flight (worker.preflight): every rank raised the same line naming it."""
-    nodes = ",".join(first.failed_nodes)
-    base.finding, base.host, base.time = Finding.PREFLIGHT, nodes, first.time
+    base.finding, base.host, base.time = Finding.PREFLIGHT, ",".join(first.failed_nodes), first.time
     base.summary = preflight_verdict(first)
-    base.next_steps = _next_steps(Finding.PREFLIGHT, run.id, nodes)
     return base
 
 
@@ -401,39 +336,104 @@ def _others(failed: list[Event], first: Event | None) -> list[str]:
     return [f"{e.reason[:200]}" for e in failed if e is not first]
 
 
-def _error(run: RunFolder, inc: _Incarnation, base: Diagnosis, first: Event, failed: list[Event]) -> Diagnosis:
-    """A rank that raised: the first one in time order (a Python error before the others' collective errors)."""
+def _error(
+    run: RunFolder, inc: _Incarnation, base: Diagnosis, first: Event, failed: list[Event], full: bool
+) -> Diagnosis:
+    """A rank that raised: the first one in time order (a Python error before the others' collective
+    errors). Its traceback's innermost frame tells a clusterfsdp bug (our own code failed, not on
+    purpose) from an error in the model or user code."""
     base.finding = finding_of(first.reason, first.steps_done, first.cause)
     base.rank, base.host, base.time, base.step = first.rank, first.host, first.time, first.step
     reason = re.sub(r"^rank \d+ on \S+: ", "", first.reason)
     base.summary = reason if len(reason) <= 240 else reason[:237] + "..."
-    log = run.log_path(inc.job_id, inc.restart, first.rank)
-    base.lines, base.source = traceback_lines(tail_lines(log)), _relative(run, log)
-    if not base.lines:
-        base.lines, base.source = _submitit_lines(run, inc.job_id, first.rank)
     base.others = _others(failed, first)
-    base.next_steps = _next_steps(base.finding, run.id)
+    # the traceback is the last thing a failing rank writes: `status` reads a short tail for the frame
+    log = run.log_path(inc.job_id, inc.restart, first.rank)
+    lines = evidence.traceback_lines(evidence.tail_lines(log, evidence.TAIL_BYTES if full else FRAME_BYTES))
+    source = evidence.relative(run, log)
+    if not lines:
+        lines, source = evidence.submitit_traceback(run, inc.job_id, first.rank)
+    if full:
+        base.lines, base.source = lines, source
+    frame = evidence.Frame.innermost(lines)
+    if frame is not None:
+        base.frame = frame.describe()
+        ours = frame.own() and (not frame.raised_on_purpose() or lines[-1].startswith("AssertionError"))
+        if ours and base.finding in (Finding.PYTHON_ERROR, Finding.BAD_CONFIG):
+            base.finding = Finding.BUG
     return base
 
 
-def _killed(run: RunFolder, inc: _Incarnation, base: Diagnosis, silent: list[int], failed: list[Event]) -> Diagnosis:
-    """Ranks that died without an exception: the first silent rank's last log lines say where."""
+def _numbers(run: RunFolder, inc: _Incarnation, d: Diagnosis) -> Numbers:
+    """The step, the first bad step of the streak before it, its lr (metrics.jsonl), the
+    precision (job.toml) and the newest checkpoint before the streak."""
+    bad = sorted(e.step for e in inc.events if e.event is EventKind.BAD_STEP and e.step is not None)
+    first = bad[-1] if bad else d.step
+    while first is not None and first - 1 in bad:
+        first -= 1
+    lr = None
+    for row in run.metrics():
+        step, value = row.get("step"), row.get("lr")
+        if isinstance(value, (int, float)) and isinstance(step, int) and step <= (d.step or 0):
+            lr = float(value)
+    try:
+        job = tomllib.loads(run.job_toml.read_text())
+    except (OSError, ValueError):
+        job = {}
+    fsdp, model, ckpt = job.get("fsdp", {}), job.get("model", {}), job.get("checkpoint", {})
+    peak = job.get("train", {}).get("lr")
+    train_lr = float(peak) if isinstance(peak, (int, float)) else None
+    try:
+        steps = [c.step for c in ckptfolder.list_checkpoints(run.checkpoints_in(str(ckpt.get("dir", ""))))]
+    except (OSError, ValueError):
+        steps = []
+    before = [s for s in steps if first is None or s < first]
+    return Numbers(d.step, first, lr, train_lr, str(fsdp.get("mixed_precision", "")), str(model.get("dtype", "")),
+                   before[-1] if before else None)  # fmt: skip
+
+
+def _killed(
+    run: RunFolder, inc: _Incarnation, base: Diagnosis, silent: list[int], failed: list[Event], full: bool
+) -> Diagnosis:
+    """Ranks that died without an exception: the first silent rank, with the signal that ended it
+    when its exit status was recorded, and its last log lines (what it was doing)."""
     rank = silent[0]
-    log = run.log_path(inc.job_id, inc.restart, rank)
     base.finding, base.rank = Finding.RANK_KILLED, rank
     base.host = _host_of(run, inc, rank)
-    base.summary = (f"rank(s) {', '.join(map(str, silent))} died without an exception (SIGKILL, the OOM killer, "
-                    "a segfault); the other ranks then lost their peer")  # fmt: skip
-    base.lines = [line for line in tail_lines(log)[-3:] if line.strip()]  # what it was doing (rank 0 logs most)
-    base.source = _relative(run, log) if base.lines else ""
+    how = _how_it_died(run, inc, rank)
+    who = f"rank {rank}" if len(silent) == 1 else f"ranks {', '.join(map(str, silent))}"
+    base.summary = f"{who} died without an exception ({how or 'SIGKILL, the OOM killer, a segfault'})"
+    if failed:
+        base.summary += "; the other ranks then lost their peer"
     base.time = failed[0].time if failed else None
+    base.step = failed[0].step if failed else None
     base.others = _others(failed, None)
-    base.next_steps = _next_steps(Finding.RANK_KILLED, run.id)
+    if full:
+        log = run.log_path(inc.job_id, inc.restart, rank)
+        base.lines = [line for line in evidence.tail_lines(log)[-3:] if line.strip()]  # what it was doing
+        base.source = evidence.relative(run, log) if base.lines else ""
     return base
+
+
+def _how_it_died(run: RunFolder, inc: _Incarnation, rank: int) -> str:
+    """'signal 9 (SIGKILL)': the local controller's record of the rank's exit status (localctl),
+    or the exit status of srun the batch script's job step recorded; '' when neither says."""
+    code = evidence.local_exit_code(run, inc.job_id, inc.restart, rank)
+    if code is not None and (name := evidence.signal_name(code)):
+        return f"{name}: kill -9, or the OOM killer" if code == -9 else name
+    srun = next((e.exit_code for e in inc.events if e.exit_code is not None), None)
+    name = evidence.signal_name(srun)
+    return f"srun exit status {srun}: {name}" if name else ""
 
 
 def _hang(
-    run: RunFolder, inc: _Incarnation, base: Diagnosis, failed: list[Event], world: int | None, hangs: list[Event]
+    run: RunFolder,
+    inc: _Incarnation,
+    base: Diagnosis,
+    failed: list[Event],
+    world: int | None,
+    hangs: list[Event],
+    full: bool,
 ) -> Diagnosis:
     """A rank stopped making progress: named by a watchdog's `hang` record, else the rank that
     never reported while the others timed out in a collective; its stack from a dump, if any."""
@@ -449,31 +449,10 @@ def _hang(
                         "waiting for them in a collective")  # fmt: skip
     base.finding, base.rank = Finding.HANG, rank
     base.host = base.host or (_host_of(run, inc, rank) if rank is not None else "")
-    frame, lines, source = _stack(run, inc, rank)
-    base.stuck_frame, base.lines, base.source = frame, lines, source
-    if not frame:
-        base.summary += "; no stack dump in the run folder"
     base.others = _others(failed, None)
-    base.next_steps = _next_steps(Finding.HANG, run.id, base.host)
+    if full:
+        base.stuck_frame, base.lines, base.source = evidence.stack(run, f"{inc.job_id}.{inc.restart}", rank)
     return base
-
-
-def _stack(run: RunFolder, inc: _Incarnation, rank: int | None) -> tuple[str, list[str], str]:
-    """The stuck rank's stack: a dump under diagnostics/ naming its incarnation and rank (newest
-    first), else a dump in its rank log."""
-    key, name = f"{inc.job_id}.{inc.restart}", f"rank{rank}"
-    folder = run.path / "diagnostics"
-    dumps = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
-    dumps = sorted(dumps, key=lambda p: (key in p.as_posix(), name in p.name, p.stat().st_mtime), reverse=True)
-    candidates = [(p, head_lines(p)) for p in dumps[:MAX_DUMPS] if rank is None or name in p.name]
-    if rank is not None:
-        log = run.log_path(inc.job_id, inc.restart, rank)
-        candidates.append((log, tail_lines(log)))
-    for path, lines in candidates:
-        frame, shown = stuck_frame(lines)
-        if frame:
-            return frame, shown, _relative(run, path)
-    return "", [], ""
 
 
 def _host_of(run: RunFolder, inc: _Incarnation, rank: int) -> str:
@@ -491,33 +470,41 @@ def _host_of(run: RunFolder, inc: _Incarnation, rank: int) -> str:
     return ""
 
 
-def _submitit_lines(run: RunFolder, job_id: str, rank: int) -> tuple[list[str], str]:
-    for folder in (run.submitit_dir / job_id, run.submitit_dir):
-        path = folder / f"{job_id}_{rank}_log.err"
-        lines = traceback_lines(tail_lines(path))
-        if lines:
-            return lines, _relative(run, path)
-    return [], ""
-
-
-def _submitit_only(run: RunFolder, base: Diagnosis | None = None) -> Diagnosis:
-    """No worker record at all: a worker that failed before it set up its log (an import error, a
-    container that did not start) leaves only submitit's task logs."""
+def _never_started(run: RunFolder, live: bool, state: RunState | None, reason: str) -> Diagnosis:
+    """No worker record at all: the data prepare array the job waited for failed (its own
+    record names the file and line), the job was cancelled before it started, or a worker failed
+    before it set up its log (then only submitit's task logs say why)."""
     last = run.record().last
-    base = base or Diagnosis(run.id, Finding.NONE, "nothing ran yet")
+    base = Diagnosis(run.id, Finding.NONE, "nothing ran yet", last.job_id if last else "")
+    if last is None:
+        return base
+    if (run.path / "prepare.json").is_file():  # (control/prepjob.py: imported only for such a run)
+        from . import prepjob
+
+        note = prepjob.note(run.path, live)
+        if note and not live:  # bad input (the file and line), or a task of the array that died
+            base.finding = Finding.DATA_ERROR if " failed: " in note else Finding.CANCELLED
+            base.summary, base.next_steps = note, next_steps(base.finding, Context(run.id))
+            return base
+    if state is RunState.CANCELLED or (not live and last.cancelled is not None):
+        base.finding = Finding.CANCELLED
+        base.summary = reason or "cancelled before it started (clusterfsdp cancel)"
+        base.next_steps = next_steps(Finding.CANCELLED, Context(run.id))
+        return base
+    found = _submitit_only(run, base)
+    found.next_steps = next_steps(found.finding, Context(run.id))
+    return found
+
+
+def _submitit_only(run: RunFolder, base: Diagnosis) -> Diagnosis:
+    """A worker that failed before it set up its log (an import error, a container that did not
+    start) leaves only submitit's task logs."""
+    last = run.record().last
     if last is None:
         return base
     base.job_id = base.job_id or last.job_id
-    lines, source = _submitit_lines(run, last.job_id, 0)
+    lines, source = evidence.submitit_traceback(run, last.job_id, 0)
     if lines:
         base.finding, base.lines, base.source, base.rank = Finding.BAD_CONFIG, lines, source, 0
         base.summary = f"the workers failed before they started: {lines[-1]}"
-        base.next_steps = _next_steps(Finding.BAD_CONFIG, run.id)
     return base
-
-
-def _relative(run: RunFolder, path: Path) -> str:
-    try:
-        return path.relative_to(run.path).as_posix()
-    except ValueError:
-        return str(path)

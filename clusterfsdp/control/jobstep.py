@@ -121,13 +121,13 @@ def after(run: runfolder.RunFolder, job: SlurmJob, rc: int) -> int:
         return rc
     if not failure.cause.retryable:
         _event(run, job, EventKind.GAVE_UP, cause=failure.cause, reason=f"{failure.detail}; not retried",
-               signature=failure.signature)  # fmt: skip
+               signature=failure.signature, exit_code=rc)  # fmt: skip
         return rc
     used = outcomes.restarts_used(run.events())
     if used >= spec.slurm.max_restarts:
         reason = f"{failure.detail}; {used} restarts used (slurm.max_restarts = {spec.slurm.max_restarts})"
         _event(run, job, EventKind.GAVE_UP, cause=Cause.RESTARTS_EXHAUSTED, reason=reason,
-               signature=failure.signature, failed_nodes=list(failure.failed_nodes))  # fmt: skip
+               signature=failure.signature, failed_nodes=list(failure.failed_nodes), exit_code=rc)  # fmt: skip
         return rc
     exclude = tuple(sorted(set(last.exclude) | set(failure.failed_nodes)))
     plan = _fewer_nodes(spec, exclude) if failure.failed_nodes else None
@@ -141,10 +141,11 @@ def after(run: runfolder.RunFolder, job: SlurmJob, rc: int) -> int:
                                  overrides=plan.overrides() if plan else ())  # fmt: skip
     except (launch.SubmitError, RunError, specmod.SpecError) as e:
         _event(run, job, EventKind.GAVE_UP, cause=failure.cause, reason=f"{failure.detail}; the restart failed: {e}",
-               signature=failure.signature)  # fmt: skip
+               signature=failure.signature, exit_code=rc)  # fmt: skip
         return rc
     _event(run, job, EventKind.AUTO_RESTART, cause=failure.cause, reason=reason, job_id_next=sub.job_id,
-           signature=failure.signature, failed_nodes=list(failure.failed_nodes), restarts=used + 1)  # fmt: skip
+           signature=failure.signature, failed_nodes=list(failure.failed_nodes), restarts=used + 1,
+           exit_code=rc)  # fmt: skip
     return rc
 
 

@@ -489,7 +489,7 @@ def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:
     while following the log) does not reach the workers, with its stdio on a log file in the
     run folder, so `RUN=$(clusterfsdp submit ...)` or `| tee` return at once instead of holding
     the pipe open for the whole run. The session leader's identity is recorded for cancel."""
-    import submitit
+    from . import localctl
 
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -505,7 +505,8 @@ def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:
             os.dup2(log, 2)
             # The worker alone bounds comebacks (outcomes.restarts_used: an interruption that made
             # progress costs nothing), so the controller must not stop restarting before it does.
-            executor = submitit.LocalExecutor(folder=run.submitit_dir / "%j", max_num_timeout=LOCAL_MAX_TIMEOUTS)
+            # submitit's LocalExecutor whose controller also records each rank's exit status (localctl)
+            executor = localctl.Executor(folder=run.submitit_dir / "%j", max_num_timeout=LOCAL_MAX_TIMEOUTS)
             executor.update_parameters(
                 tasks_per_node=spec.tasks_per_node,
                 timeout_min=spec.time_minutes,

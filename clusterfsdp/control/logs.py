@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from . import runfolder
+from . import evidence, runfolder
 
 
 def attempt_keys(run: runfolder.RunFolder) -> list[str]:
@@ -42,6 +42,17 @@ def log_file(
                 p = folder / f"{job_id}_{rank}_log.{suffix}"
                 if p.is_file() and p.stat().st_size:
                     return p
+    return None
+
+
+def task_log(run: runfolder.RunFolder, log: Path, rank: int) -> Path | None:
+    """submitit's own task log of the rank whose log `log` is (`.err` first, the one with text),
+    for a rank that wrote nothing to its own log: what a rank killed early, or one whose
+    output went elsewhere, left (its start-up, warnings, a crash's last words); None without."""
+    job_id = log.parent.name.rpartition(".")[0] if log.parent.parent == run.logs_dir else ""
+    for path in evidence.submitit_logs(run, job_id, rank) if job_id else []:
+        if path.stat().st_size:
+            return path
     return None
 
 

@@ -409,6 +409,7 @@ class Event(Value):
     failed_nodes: list[str] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)  # hang, straggler: the ranks named
     signature: str = ""  # auto_restart, gave_up: the error and its step (the same twice: not retried)
+    exit_code: int | None = None  # auto_restart, gave_up (a job step's): srun's exit status (128 + N: signal N)
 
     @classmethod
     def from_dict(cls, data: Any) -> Event | None:

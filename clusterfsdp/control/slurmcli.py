@@ -79,6 +79,7 @@ class JobRow(FrozenValue):
     elapsed: str = ""
     nodes: str = ""
     exit_code: str = ""
+    by: str = ""  # sacct's `CANCELLED by UID`: the uid of who cancelled the job
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -240,8 +241,20 @@ def sacct(job_ids: list[str]) -> dict[str, JobRow]:
     rows = {}
     for line in out.splitlines():
         job_id, state, reason, elapsed, nodes, code = (line.split("|") + [""] * 6)[:6]
-        rows[job_id] = JobRow(job_id, state.split()[0] if state else "", reason, elapsed, nodes, code)
+        words = state.split()
+        by = words[2] if len(words) == 3 and words[1] == "by" else ""
+        rows[job_id] = JobRow(job_id, words[0] if words else "", reason, elapsed, nodes, code, by)
     return rows
+
+
+def describe_uid(uid: str) -> str:
+    """'alice (uid 1000)' for sacct's `CANCELLED by 1000`; the uid alone when it has no name here."""
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(int(uid)).pw_name} (uid {uid})"
+    except (KeyError, ValueError):
+        return f"uid {uid}"
 
 
 def job_states(job_ids: list[str]) -> dict[str, JobRow]:

@@ -43,45 +43,85 @@ _END_ORDER = (
 @dataclass(frozen=True, repr=False, eq=False)
 class AttemptEnd(FrozenValue):
     """How one incarnation of an attempt (a job id and Slurm's restart count) ended: the record
-    that says it, with its classified cause (`status` and the TUI show one line per incarnation)."""
+    that says it, with its classified cause (`status` and the TUI show one line per incarnation).
+    A failure's `reason` and `finding` are the doctor's verdict (`judged_ends`)."""
 
     job_id: str
     restart: int
     event: EventKind
     cause: Cause | None
     reason: str
+    finding: str = ""  # a failure: the doctor's Finding
 
     @property
     def label(self) -> str:
-        """'requeued (preempted)': the record and its cause (the TUI's attempts line)."""
-        return f"{self.event} ({self.cause})" if self.cause and self.cause != self.event else str(self.event)
+        """'requeued (preempted)', 'failed (rank_killed)': the record and its cause (the TUI's attempts line)."""
+        cause = self.finding or self.cause
+        return f"{self.event} ({cause})" if cause and cause != self.event else str(self.event)
 
     def describe(self) -> str:
         """'requeued (preempted): preempted at 2026-11-23T17:57:53 (SIGTERM); saved step 10'."""
         return f"{self.label}: {self.reason}" if self.reason else self.label
 
 
-def attempt_ends(events: list[Event]) -> list[AttemptEnd]:
-    """One AttemptEnd per incarnation that ended, in the order they started."""
+def _end_records(events: list[Event]) -> list[Event]:
+    """The record that says how each incarnation ended, in the order they started."""
     ends: dict[tuple[str, int], list[Event]] = {}
     for e in events:
         if e.event in _END_ORDER:
             ends.setdefault((e.job_id, e.restart), []).append(e)
+    return [min(found, key=lambda e: (_END_ORDER.index(e.event), e.time)) for found in ends.values()]
+
+
+def attempt_ends(events: list[Event]) -> list[AttemptEnd]:
+    """One AttemptEnd per incarnation that ended, in the order they started, as its records say."""
+    return [AttemptEnd(e.job_id, e.restart, e.event, e.cause, e.reason) for e in _end_records(events)]
+
+
+_FAILURES = (EventKind.FAILED, EventKind.GAVE_UP, EventKind.AUTO_RESTART)
+_NOT_RETRIED = {
+    Cause.RESTARTS_EXHAUSTED: "not restarted: slurm.max_restarts used up",
+    Cause.ERROR_BEFORE_FIRST_STEP: "not retried: an error before the first step",
+    Cause.REPEATED_ERROR: "not retried: the same error at the same step as the attempt before",
+}
+
+
+def judged_ends(run: RunFolder, events: list[Event]) -> list[AttemptEnd]:
+    """`attempt_ends`, each failure told by the doctor's verdict on it (`doctor.verdict`: the
+    rank that died or raised first, not a survivor's lost peer, the cause first), followed by
+    what the batch script's job step then did (an automatic restart, or why none). So `status`,
+    `--follow`, the TUI and `doctor` all name the same first cause."""
+    ends = _end_records(events)
+    if not any(e.event in _FAILURES for e in ends):
+        return [AttemptEnd(e.job_id, e.restart, e.event, e.cause, e.reason) for e in ends]
+    from . import doctor  # (only for a run with a failure: `status` and `runs` of the others stay light)
+
     out = []
-    for (job_id, restart), found in ends.items():
-        best = min(found, key=lambda e: (_END_ORDER.index(e.event), e.time))
-        out.append(AttemptEnd(job_id, restart, best.event, best.cause, best.reason))
+    for e in ends:
+        found = doctor.verdict(run, events, e.job_id, e.restart) if e.event in _FAILURES else None
+        if found is None:
+            out.append(AttemptEnd(e.job_id, e.restart, e.event, e.cause, e.reason))
+            continue
+        reason = found.headline()
+        if e.event is EventKind.AUTO_RESTART:
+            reason += f"; automatic restart: job {e.job_id_next}" if e.job_id_next else "; automatic restart"
+        elif e.event is EventKind.GAVE_UP:
+            failed = e.reason.partition("; the restart failed: ")[2]
+            why = _NOT_RETRIED.get(e.cause, "not retried") if e.cause is not None else "not retried"
+            reason += f"; the restart failed: {failed}" if failed else f"; {why}"
+        out.append(AttemptEnd(e.job_id, e.restart, e.event, e.cause, reason, str(found.finding)))
     return out
 
 
 def guard_note(events: list[Event]) -> str:
-    """'numerical guard: 3 step(s) skipped, 1 rollback(s) (latest: ...)', or '' when none."""
+    """'numerical guard: 3 step(s) skipped, 1 rollback(s) (latest: ...)', or '' when none. A
+    rollback the guard refused is no rollback: the run failed (worker/numguard.py)."""
     bad = sum(e.event is EventKind.BAD_STEP for e in events)
     rollbacks = [e for e in events if e.event is EventKind.ROLLBACK]
     if not bad and not rollbacks:
         return ""
-    latest = f" (latest: {rollbacks[-1].reason})" if rollbacks else ""
-    return f"numerical guard: {bad} step(s) skipped, {len(rollbacks)} rollback(s){latest}"
+    latest = f", {len(rollbacks)} rollback(s) (latest: {rollbacks[-1].reason})" if rollbacks else ""
+    return f"numerical guard: {bad} step(s) skipped{latest}"
 
 
 @dataclass(repr=False, eq=False)
@@ -254,7 +294,7 @@ def run_status(
     st.notes += [records.preflight_verdict(e) for e in records.preflight_failures(events)]
     st.notes += [f"{e.event} ({e.job_id}.{e.restart}): {e.reason}" for e in events
                  if e.event in (EventKind.STRAGGLER, EventKind.HANG)]  # fmt: skip
-    st.ends = attempt_ends(events)
+    st.ends = judged_ends(run, events)
     last = record.last
     if last is None:
         st.reason = f"not submitted (dry run): sbatch {run.sbatch_script}"
@@ -283,9 +323,10 @@ def run_status(
                     st.reason = _prepare_note(run, live=True) or st.reason
                 return st
             if slurm_state is not RunState.COMPLETED and not (end and end.event is EventKind.COMPLETED):
-                st.state, st.reason = slurm_state, _reason(end, row, slurm_state)
+                silent = _unrecorded_end(run, events, last.job_id, latest) if started and end is None else ""
+                st.state, st.reason = slurm_state, _reason(end, row, slurm_state, silent)
                 if not started:
-                    st.reason = _prepare_note(run, live=False) or st.reason
+                    st.reason = _prepare_note(run, live=False) or _before_start(last, row, slurm_state, st.reason)
                 return st
     elif attempt_alive(last):
         st.state = RunState.RUNNING if started else RunState.PENDING
@@ -294,10 +335,14 @@ def run_status(
         st.state, st.reason = _END_STATES[end.event], end.reason
     elif last.cancelled:
         st.state = RunState.CANCELLED
+        st.reason = "cancelled (clusterfsdp cancel)" + ("" if started else " before it started")
     elif last.leader is not None and last.leader.problem:  # corrupt or planted: never PENDING forever
         st.state, st.reason = RunState.UNKNOWN, f"state.json: invalid leader record ({last.leader.problem})"
     elif started:
-        st.state, st.reason = RunState.FAILED, "workers exited without a final record (killed?); see `clusterfsdp logs`"
+        st.state = RunState.FAILED
+        st.reason = _unrecorded_end(run, events, last.job_id, latest) or (
+            "workers exited without a final record (killed?); see `clusterfsdp logs`"
+        )
     elif last.executor is Executor.SLURM:
         st.state = RunState.UNKNOWN
     else:
@@ -315,8 +360,31 @@ def _prepare_note(run: RunFolder, live: bool) -> str | None:
     return prepjob.note(run.path, live)
 
 
-def _reason(end: AttemptEnd | None, row: slurmcli.JobRow, state: RunState) -> str:
-    parts = []
+def _unrecorded_end(run: RunFolder, events: list[Event], job_id: str, restart: int) -> str:
+    """The doctor's verdict on an incarnation that started and ended without an end record
+    (every rank killed at once, no job step after them); '' when it has none."""
+    from . import doctor
+
+    found = doctor.verdict(run, events, job_id, restart)
+    return found.headline() if found is not None else ""
+
+
+def _before_start(last: Attempt, row: slurmcli.JobRow, state: RunState, reason: str) -> str:
+    """Why a Slurm job that never started training ended: who cancelled it (`clusterfsdp cancel`,
+    or sacct's `CANCELLED by UID`) and, unless it was `clusterfsdp cancel`, what it waited for
+    (Slurm's reason: a dependency that can never be met, a begin time)."""
+    if state is not RunState.CANCELLED:
+        return reason
+    if last.cancelled is not None:
+        return "cancelled before it started (by clusterfsdp cancel)"
+    said = [f"by {slurmcli.describe_uid(row.by)}"] if row.by else []
+    if row.reason not in ("", "None"):
+        said.append(f"while it waited: {row.reason}")
+    return f"cancelled before it started ({', '.join(said) or 'scancel, or Slurm'})"
+
+
+def _reason(end: AttemptEnd | None, row: slurmcli.JobRow, state: RunState, silent: str = "") -> str:
+    parts = [silent] if silent else []
     if end is not None and end.reason:
         parts.append(end.reason)
     if row.exit_code and row.exit_code != "0:0":

@@ -163,6 +163,7 @@ def run(run_dir: str) -> RankOutcome:
     except BaseException as e:
         print(traceback.format_exc(), file=sys.stderr, flush=True)
         attempt.failed(e)
+        _untee()
         raise
     finally:
         if attempt.beat is not None:
@@ -289,6 +290,19 @@ def _tee_output(attempt: _Attempt) -> Callable[[str], None]:
             print(f"[rank{env.rank}] {msg}", flush=True)
 
     return log
+
+
+def _untee() -> None:
+    """Stop copying stdout and stderr into the rank's log. The traceback is in it once: the
+    exception, raised on, is printed again on the way out (by torch.distributed's excepthook,
+    each line prefixed `[rankN]:`), which now goes to submitit's task log alone, so that
+    `--follow` and `logs` show a one-line error's traceback once, not twice."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if isinstance(sys.stdout, Tee):
+        sys.stdout = sys.stdout.stream
+    if isinstance(sys.stderr, Tee):
+        sys.stderr = sys.stderr.stream
 
 
 def _admit(attempt: _Attempt, spec: specmod.JobSpec, log: Callable[[str], None]) -> None:

@@ -202,10 +202,10 @@ def roll_back(tr: Trainer) -> None:
     """Back to the newest checkpoint before the streak of bad steps (every rank; collective):
     newer checkpoints set aside, model, optimizer, RNG and TrainState loaded in place, the
     streak's data positions skipped from now on (recorded in the TrainState and in that
-    checkpoint's clusterfsdp.json), a rollback event and a log line. Raises NumericalError
-    when no checkpoint is older than the streak, or when training did not get past the streak
-    that made the previous rollback (bad steps that follow the model, not the samples: rolling
-    back again would skip data forever)."""
+    checkpoint's clusterfsdp.json), a rollback event and a log line. Raises NumericalError (the
+    ranks' failure, never recorded as a rollback) when no checkpoint is older than the streak, or
+    when training did not get past the streak that made the previous rollback (bad steps that
+    follow the model, not the samples: rolling back again would skip data forever)."""
     ctx, state, guard = tr.ctx, tr.state, tr.guard
     streak = guard.streak
     skipped = Skipped.of(state.skipped).plus(streak.first_position, state.consumed)
@@ -214,7 +214,7 @@ def roll_back(tr: Trainer) -> None:
     _barrier(tr.flag_group)  # rank 0's rename of a finished async save is visible to every rank
     target = _newest_before(ctx.checkpoints, streak.first_step, ctx.rank, tr.flag_group)
     if refusal := _refusal(what, streak.first_step, target, guard.rolled_back_from):
-        ctx.on_event(EventKind.ROLLBACK, step=state.step, reason=refusal)
+        # a failure, not a rollback: every rank records it as its `failed` event (the doctor's `numerical`)
         raise NumericalError(f"numerical guard: {refusal}")
     assert target is not None
     if ctx.rank == 0:

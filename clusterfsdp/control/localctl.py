@@ -1,0 +1,75 @@
+"""submitit's local controller, plus a record of how each task ended.
+
+A rank that dies without an exception (SIGKILL, the OOM killer, a segfault) leaves no record of
+its own, and on the local executor nothing else knew its exit status: submitit's controller
+waits for its tasks and throws the statuses away. This controller is submitit's
+(`submitit.local.local.Controller`, everything it does kept) and writes them, one list per round
+of tasks (a round per restart on exit code 144), to `<job folder>/<job id>_exit_codes.json`:
+
+    [[1, -9]]        rank 0 exited 1, rank 1 died of signal 9 (SIGKILL), in the first round
+
+so that `doctor` and `status` name the signal (control/evidence.py). Slurm's srun reports the
+same through its exit status, which the batch script's job step records (control/jobstep.py).
+
+`Executor` is submitit's LocalExecutor with this controller instead of submitit's own; its
+environment is the one submitit's `start_controller` gives (submitit 1.5.x, pinned).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import typing as tp
+from pathlib import Path
+
+import submitit
+from submitit.core import utils
+from submitit.local import local
+
+from .evidence import EXIT_CODES
+
+
+class Controller(local.Controller):
+    """submitit's controller; each round's exit statuses are appended to the job's record."""
+
+    def wait(self, freq: int = 24) -> tp.Sequence[int | None]:
+        codes = super().wait(freq)
+        path = utils.JobPaths(self.folder, self.pid, 0).folder / EXIT_CODES.format(job_id=self.pid)
+        try:
+            rounds = json.loads(path.read_text()) if path.is_file() else []
+        except (OSError, ValueError):
+            rounds = []
+        rounds.append(list(codes))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rounds))
+        os.replace(tmp, path)
+        return codes
+
+
+class Executor(submitit.LocalExecutor):
+    """submitit's LocalExecutor, started with this module's controller."""
+
+    def _submit_command(self, command: str) -> submitit.LocalJob:
+        ntasks = self.parameters.get("tasks_per_node", 1)
+        env = {
+            **os.environ,
+            "SUBMITIT_LOCAL_NTASKS": str(ntasks),
+            "SUBMITIT_LOCAL_COMMAND": command,
+            "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * self.parameters.get("timeout_min", 2.0))),
+            "SUBMITIT_LOCAL_SIGNAL_DELAY_S": str(int(self.parameters.get("signal_delay_s", 30))),
+            "SUBMITIT_LOCAL_NODEID": "0",
+            "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+            "SUBMITIT_STDERR_TO_STDOUT": "",
+            "SUBMITIT_EXECUTOR": "local",
+            "CUDA_VISIBLE_DEVICES": ",".join(str(k) for k in range(self.parameters.get("gpus_per_node", 0))),
+            "SUBMITIT_LOCAL_WITH_SHELL": "",
+        }
+        process = subprocess.Popen([sys.executable, "-m", "clusterfsdp.control.localctl", str(self.folder)], env=env)
+        tasks = list(range(ntasks))
+        return submitit.LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=tasks)
+
+
+if __name__ == "__main__":
+    Controller(Path(sys.argv[1])).run()
