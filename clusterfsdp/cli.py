@@ -342,11 +342,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {ppl}")
     for line in samplestats.lines(folder.data_file):
         print(f"data       {line}")
+    spent, unknown = _cost(folder) if any(a.executor == "slurm" for a in st.attempts) else (None, "")
     for a in st.attempts:
         when = datetime.fromtimestamp(a.submitted).strftime("%Y-%m-%d %H:%M:%S")
         print(f"attempt {a.attempt}  {a.executor} job {a.job_id}  {when}  {a.reason}")
         for end in (e for e in st.ends if e.job_id == a.job_id):
             print(f"  ended    (restart {end.restart}) {end.describe()}")
+        if spent is not None and a.job_id in spent.attempts:
+            used = spent.attempts[a.job_id]
+            print(f"  cost     {used.gpu_hours:.2f} GPU-h, {used.cpu_hours:.2f} CPU-h")
+    if spent is not None or unknown:
+        print(f"cost       {spent.line() if spent is not None else unknown}")
     for note in st.notes:
         print(f"note       {note}")
     shown = {EventKind.FAILED, EventKind.RESUMED, EventKind.CHECKPOINT_FALLBACK}  # ends: under each attempt
@@ -362,6 +368,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         if st.state.bad or found.finding is doctor.Finding.HANG:
             print("\n".join(found.render(short=True)))
     return 1 if st.state.bad else 0
+
+
+def _cost(folder: RunFolder):
+    """(the run's cost from Slurm accounting, or None for a run with no Slurm attempt; why it is
+    unknown when sacct does not answer)."""
+    from .control import cost, slurmcli
+
+    try:
+        return cost.run_cost(folder), ""
+    except slurmcli.SlurmError as e:
+        return None, f"unknown: {e}"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ import pytest
 from procs import newest_checkpoint, newest_step, weights_folder
 from slurm_fixtures import bounded
 
-from clusterfsdp.control import ckptfolder, doctor, runfolder, slurmcli, status
+from clusterfsdp.control import ckptfolder, cost, doctor, runfolder, slurmcli, status
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
@@ -77,12 +77,17 @@ def assert_every_attempt_is_submitits(run: runfolder.RunFolder) -> None:
 
 @pytest.mark.parametrize("version", [2, 1])
 def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, version):
+    """FSDP2 and FSDP1 HYBRID_SHARD over two nodes. The FSDP2 run asks for the devcluster's fake
+    GPUs (gres/gpu, which Slurm accounts; the ranks train on the CPU): its cost in `status` is
+    what sacct's AllocTRES x ElapsedRaw says (issue 39 item 2)."""
+    gpus = ["--set", "slurm.gpus_per_node=2"] if version == 2 else []
     r = cli(
         "submit",
         str(tiny_job),
         "--executor",
         "slurm",
         *TWO_NODES,
+        *gpus,
         "--set",
         "fsdp.sharding=hybrid",
         "--set",
@@ -103,6 +108,19 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
     assert slurm_cluster.wait_sacct(int(job_id), "COMPLETED")
     st = cli("status", str(run.path))
     assert st.returncode == 0 and "state      COMPLETED" in st.stdout
+    row = slurm_cluster.run(["sacct", "-n", "-P", "-X", "-D", "-j", job_id, "-o", "AllocTRES,ElapsedRaw"]).stdout
+    ((tres, seconds),) = [line.split("|") for line in row.splitlines() if line]
+    gpus_alloc = int(dict(kv.split("=") for kv in tres.split(","))["gres/gpu"]) if version == 2 else 0
+    assert gpus_alloc == (4 if version == 2 else 0), tres  # 2 nodes x 2 fake GPUs
+    cpus_alloc = int(dict(kv.split("=") for kv in tres.split(","))["cpu"])
+    gpu_h, cpu_h = gpus_alloc * int(seconds) / 3600, cpus_alloc * int(seconds) / 3600
+    assert f"cost       {gpu_h:.2f} GPU-h, {cpu_h:.2f} CPU-h" in st.stdout, st.stdout
+    assert f"  cost     {gpu_h:.2f} GPU-h, {cpu_h:.2f} CPU-h" in st.stdout
+    spent = cost.run_cost(run)
+    assert spent is not None and (spent.total.gpu_s, spent.total.cpu_s) == (
+        gpus_alloc * int(seconds),
+        cpus_alloc * int(seconds),
+    )  # exactly sacct's GPU- and CPU-seconds
 
 
 def batch_shell_pid(job_id: int) -> int:
