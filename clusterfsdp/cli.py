@@ -194,6 +194,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
             f"# run folder prepared: {run.path}\n# submit by hand with: sbatch {run.folder.sbatch_script}",
             file=sys.stderr,
         )
+        if _slurm_answers():
+            from .control import pending
+
+            print(f"# would start {pending.would_start(run.folder.sbatch_script)}", file=sys.stderr)
         return 0
     sub = Run.submit(spec, args.executor)
     print(sub.notice, file=sys.stderr)
@@ -203,6 +207,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.follow:
         return _follow(sub.run, 0, sub.job_id)
     return 0
+
+
+def _slurm_answers() -> bool:
+    from .control import slurmping
+
+    return slurmping.controller() == "up"
 
 
 def _json(value) -> str:
@@ -330,6 +340,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"state      {term.state_text(st.state, 0, sys.stdout)}{' - ' + st.reason if st.reason else ''}")
     if st.state is RunState.UNREADABLE:
         return 1
+    if st.state is RunState.PENDING and st.executor == "slurm" and st.job_id:
+        _why_waiting(folder, st.job_id)
     print(
         f"progress   step {st.step or 0}/{st.steps or '?'}"
         + (f", epoch {st.epoch:.2f}" if st.epoch is not None else "")
@@ -368,6 +380,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         if st.state.bad or found.finding is doctor.Finding.HANG:
             print("\n".join(found.render(short=True)))
     return 1 if st.state.bad else 0
+
+
+def _why_waiting(folder: RunFolder, job_id: str) -> None:
+    """A pending Slurm job: when the scheduler expects it to start, and what would start it now."""
+    from .control import pending
+
+    when = pending.expected_start(job_id)
+    said = f"start {when} (Slurm's estimate)" if when else "no estimate yet (Slurm makes one each backfill cycle)"
+    print(f"expected   {said}")
+    for tip in pending.sooner(folder.spec()):
+        print(f"sooner     {tip}")
 
 
 def _cost(folder: RunFolder):

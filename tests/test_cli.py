@@ -130,7 +130,7 @@ READ_ONLY = {
     "clusterfsdp.control.jsonltail", "clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
     "clusterfsdp.control.ckptfolder", "clusterfsdp.control.errors", "clusterfsdp.control.ownership",
     "clusterfsdp.control.fileio", "clusterfsdp.control.retrynotes", "clusterfsdp.control.slurmping",
-    "clusterfsdp.control.value",
+    "clusterfsdp.control.value", "clusterfsdp.control.pending",  # a pending job's reason in words
 }  # fmt: skip
 
 VALIDATE = {
@@ -175,7 +175,8 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     names, _ = _imported_by(["runs", "--quiet", *root])
     assert names == READ_ONLY - {"clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
                                  "clusterfsdp.control.slurmping", "clusterfsdp.control.retrynotes",
-                                 "clusterfsdp.control.ckptfolder", "clusterfsdp.term"}, names  # fmt: skip
+                                 "clusterfsdp.control.ckptfolder", "clusterfsdp.term",
+                                 "clusterfsdp.control.pending"}, names  # fmt: skip
     # validate: the spec, the source checks and the summary, not the run service (run, backends,
     # launch, lock, status) nor the run folder's records or Slurm's job table; synthetic tokens:
     # nothing of data/; no data file: xxhash and gzip are imported where a hash or a compressed

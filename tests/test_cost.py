@@ -60,3 +60,12 @@ def test_resume_counts_what_was_used():
     assert S.budget_refusal(spec, used_gpu_hours=8.0) is None
     why = S.budget_refusal(spec, used_gpu_hours=8.5)
     assert why and "1.50 are left (8.50 used)" in why
+
+
+def test_slurms_pending_reasons_are_said_in_words_and_unknown_ones_kept():
+    from clusterfsdp.control import pending
+
+    assert pending.words("Resources") == "Resources: the nodes it needs are busy; it starts when enough are free"
+    assert pending.words("QOSMaxGRESPerUser").startswith("QOSMaxGRESPerUser: your QOS's limit on GPUs per user")
+    assert pending.words("(Dependency)").startswith("Dependency: it waits for another job")
+    assert pending.words("SomethingNew") == "SomethingNew"

@@ -706,3 +706,30 @@ def test_a_run_out_of_restarts_ends_failed_on_slurm(slurm_cluster, tiny_job, tmp
     assert len(run.attempts) == 1 and not any(e.event == "auto_restart" for e in run.events())
     assert slurm_cluster.wait_sacct(job_id, "FAILED")
     assert "restarts_exhausted" in cli("status", str(run.path)).stdout
+
+
+def test_a_run_that_waits_says_why_and_when(slurm_cluster, tiny_job, tmp_path):
+    """Issue 39 item 1: with both nodes held by another job, `submit --dry-run` says when the job
+    would start (sbatch --test-only), and a 2-node run's `status` says why it waits in words
+    (Resources) and when the backfill scheduler expects it to start (squeue --start). Nothing
+    trains: the run is cancelled while it waits."""
+    blocker = slurm_cluster.sbatch(["--nodes=2", "--exclusive", "--time=3", "--wrap", "sleep 170", "-o", "/dev/null"])
+    wait_for(lambda: slurm_cluster.squeue_state(blocker) == "RUNNING", 30, "the blocking job to run")
+    synthetic = [*TWO_NODES, "--set", "data.source=synthetic", "--set", "data.paths=[]"]  # (no prepare job first)
+    r = cli("submit", str(tiny_job), *synthetic, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"# would start at (\S+ \S+) on node\[1-2\] \(partition debug\)", r.stderr)
+    assert m, r.stderr
+    r = cli("submit", str(tiny_job), "--executor", "slurm", *synthetic)
+    assert r.returncode == 0, r.stderr
+    (run,) = [f for f in runfolder.list_runs(tmp_path / "runs") if f.record().attempts]
+    pending = wait_for(lambda: (st := status.run_status(run)).state == "PENDING" and st.reason, 30, "a reason")
+    assert pending == "Resources: the nodes it needs are busy; it starts when enough are free"  # (Slurm: Resources)
+
+    def estimated() -> str:
+        out = cli("status", str(run.path)).stdout
+        return out if "expected   start 20" in out else ""
+
+    out = wait_for(estimated, 90, "the backfill scheduler's start estimate")  # (a backfill cycle is 30 s)
+    assert "state      PENDING - Resources: the nodes it needs are busy" in out, out
+    assert cli("cancel", str(run.path)).returncode == 0

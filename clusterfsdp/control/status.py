@@ -9,7 +9,7 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 
-from . import ckptfolder, jsonltail, procs, records, slurmcli
+from . import ckptfolder, jsonltail, pending, procs, records, slurmcli
 from .records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from .runfolder import RunFolder
 from .value import FrozenValue, Value
@@ -320,7 +320,7 @@ def run_status(
             if slurm_state.live:
                 st.state, st.reason = slurm_state, ("" if row.reason in ("None", "") else row.reason)
                 if slurm_state is RunState.PENDING:  # (Slurm's reason is None until it scheduled the dependency)
-                    st.reason = _prepare_note(run, live=True) or st.reason
+                    st.reason = _prepare_note(run, live=True) or pending.words(st.reason)
                 return st
             if slurm_state is not RunState.COMPLETED and not (end and end.event is EventKind.COMPLETED):
                 silent = _unrecorded_end(run, events, last.job_id, latest) if started and end is None else ""

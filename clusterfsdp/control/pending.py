@@ -1,0 +1,108 @@
+"""Why a job waits, when it should start, and what would start it sooner, from Slurm itself:
+the reason code squeue gives (said in words), the backfill scheduler's estimate (`squeue --start`;
+`sbatch --test-only` for a job not queued yet: `submit --dry-run`), and the partitions' nodes
+free now (`sinfo`), never guessed."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import slurmcli
+
+if TYPE_CHECKING:  # (status imports this module: `runs` and `status` never load the spec)
+    from . import spec as specmod
+
+# Slurm's pending reasons (squeue %r) a user meets most, in words; others are shown as Slurm says.
+REASONS = {
+    "Resources": "the nodes it needs are busy; it starts when enough are free",
+    "Priority": "jobs of higher priority are ahead of it in the queue",
+    "Dependency": "it waits for another job to end (a data prepare array, a previous attempt)",
+    "DependencyNeverSatisfied": "the job it depends on failed: it will never start (cancel it)",
+    "BeginTime": "it was asked to start later (--begin)",
+    "JobHeldUser": "held by its user (scontrol release JOB)",
+    "JobHeldAdmin": "held by an administrator",
+    "QOSMaxGRESPerUser": "your QOS's limit on GPUs per user is reached by your other jobs",
+    "QOSMaxJobsPerUserLimit": "your QOS's limit on running jobs per user is reached",
+    "QOSMaxNodePerUserLimit": "your QOS's limit on nodes per user is reached",
+    "QOSGrpGRES": "the QOS's GPUs are all in use",
+    "AssocGrpGRES": "your account's GPU limit is reached",
+    "AssocGrpCPUMinutesLimit": "your account's CPU-minutes budget is used up",
+    "AssocGrpGRESMinutes": "your account's GPU-minutes budget is used up",
+    "ReqNodeNotAvail": "a node it needs is down, drained or reserved",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows",
+    "PartitionTimeLimit": "its time limit is over the partition's",
+    "PartitionDown": "the partition is down",
+    "Reservation": "it waits for its reservation to start",
+    "launch failed requeued held": "its launch failed and Slurm held it (scontrol release JOB)",
+}
+
+
+def words(reason: str) -> str:
+    """'Resources' -> 'Resources: the nodes it needs are busy; ...'; other reasons as Slurm says them."""
+    key = reason.strip().strip("()")
+    said = REASONS.get(key)
+    return f"{key}: {said}" if said else reason
+
+
+def expected_start(job_id: str) -> str:
+    """The backfill scheduler's start estimate of a pending job ('' when it has none yet: it makes
+    one every backfill cycle)."""
+    try:
+        out = slurmcli.run(["squeue", "--start", "-h", "-j", job_id, "-o", "%S"], retry_s=0)
+    except slurmcli.SlurmError:
+        return ""
+    when = out.strip().splitlines()[0] if out.strip() else ""
+    return "" if when in ("", "N/A", "Unknown") else when.replace("T", " ")
+
+
+_TEST_ONLY = r"to start at (\S+) using (\d+) processors on nodes (\S+) in partition (\S+)"
+
+
+def would_start(script: Path) -> str:
+    """`sbatch --test-only` of a batch script: 'at 2026-11-27 22:05:36 on node[1-2] (partition
+    debug)', or why Slurm says it cannot."""
+    try:  # (it answers on stderr, whatever the outcome: not slurmcli.run's stdout)
+        done = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown: sbatch --test-only: {e}"
+    out = done.stderr + done.stdout
+    m = re.search(_TEST_ONLY, out)
+    if not m:
+        return " ".join(out.split())[:200]
+    when, _, nodes, partition = m.groups()
+    return f"at {when.replace('T', ' ')} on {nodes} (partition {partition})"
+
+
+def sooner(spec: specmod.JobSpec) -> list[str]:
+    """What would start a job of `spec` now, from the nodes free this moment: fewer nodes (the
+    global batch kept through grad_accum), or another partition with enough free nodes."""
+    try:
+        out = slurmcli.run(["sinfo", "-h", "-N", "-o", "%N|%P|%T"], retry_s=0)
+    except slurmcli.SlurmError:
+        return []
+    idle: dict[str, set[str]] = {}
+    default = ""
+    for line in out.splitlines():
+        node, partition, state = ([*line.split("|"), "", ""])[:3]
+        if partition.endswith("*"):
+            partition = default = partition.rstrip("*")
+        idle.setdefault(partition, set())
+        if state.rstrip("*~#!%$@^-") == "idle":
+            idle[partition].add(node)
+    mine = spec.slurm.partition or default
+    need = spec.slurm.nodes
+    tips = []
+    free = len(idle.get(mine, ()))
+    if 0 < free < need and need % free == 0:
+        accum = spec.train.grad_accum * need // free
+        tips.append(
+            f"{free} node(s) of partition {mine} are free now: --set slurm.nodes={free} --set train.grad_accum={accum} "
+            "starts now with the same global batch"
+        )
+    for partition, nodes in sorted(idle.items()):
+        if partition != mine and len(nodes) >= need:
+            tips.append(f"partition {partition} has {len(nodes)} free node(s) now: --set slurm.partition={partition}")
+    return tips
