@@ -9,7 +9,7 @@ import pytest
 
 from clusterfsdp.control import cost
 from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Event, EventKind
+from clusterfsdp.control.records import Event, EventKind, Executor
 
 
 def test_tres_counts_are_read_and_units_left_out():
@@ -69,3 +69,31 @@ def test_slurms_pending_reasons_are_said_in_words_and_unknown_ones_kept():
     assert pending.words("QOSMaxGRESPerUser").startswith("QOSMaxGRESPerUser: your QOS's limit on GPUs per user")
     assert pending.words("(Dependency)").startswith("Dependency: it waits for another job")
     assert pending.words("SomethingNew") == "SomethingNew"
+
+
+def test_the_workers_save_and_stop_when_the_budget_is_used(tmp_path):
+    """The budget clock as the batch script's `before` step writes it (budget.json: GPU-seconds
+    left, the allocation's GPUs, since when): here 2 "GPUs" (the boundary a CPU machine cannot
+    have: the clock only multiplies by the count) with 1 GPU-second left. Real ranks train, stop at
+    the next agreement with a blocking checkpoint, and the run is stopped (CANCELLED) with cause `budget`,
+    not failed and not requeued."""
+    import json
+    import time
+
+    from procs import launch, make_run, tiny_job_toml, wait
+
+    from clusterfsdp.control import ckptfolder
+    from clusterfsdp.control import status as statusmod
+
+    run = make_run(tiny_job_toml("budget", 0, 400, tail="[slurm]\nmax_gpu_hours = 1\n"), tmp_path / "runs")
+    run.add_attempt("t1", Executor.LOCAL, "submit")  # (the job id procs.launch gives the ranks)
+    budget = {"left_s": 1.0, "gpus": 2.0, "since": time.time(), "limit_h": 1.0}
+    (run.path / cost.BUDGET_FILE).write_text(json.dumps(budget))
+    out = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], 2), timeout=300)
+    assert all(code == 0 for code, _ in out), out
+    (stopped,) = [e for e in run.events() if e.event is EventKind.STOPPED]
+    assert stopped.cause == "budget" and "slurm.max_gpu_hours = 1 used up (2 GPU(s)" in stopped.reason
+    newest = ckptfolder.find(run.checkpoints_dir())
+    assert newest is not None and newest.step == stopped.step < 400
+    st = statusmod.run_status(run)
+    assert st.state == "CANCELLED" and st.reason.startswith("slurm.max_gpu_hours = 1 used up"), (st.state, st.reason)

@@ -80,7 +80,7 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
     """FSDP2 and FSDP1 HYBRID_SHARD over two nodes. The FSDP2 run asks for the devcluster's fake
     GPUs (gres/gpu, which Slurm accounts; the ranks train on the CPU): its cost in `status` is
     what sacct's AllocTRES x ElapsedRaw says (issue 39 item 2)."""
-    gpus = ["--set", "slurm.gpus_per_node=2"] if version == 2 else []
+    gpus = ["--set", "slurm.gpus_per_node=2", "--set", "slurm.max_gpu_hours=10"] if version == 2 else []
     r = cli(
         "submit",
         str(tiny_job),
@@ -116,6 +116,9 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
     gpu_h, cpu_h = gpus_alloc * int(seconds) / 3600, cpus_alloc * int(seconds) / 3600
     assert f"cost       {gpu_h:.2f} GPU-h, {cpu_h:.2f} CPU-h" in st.stdout, st.stdout
     assert f"  cost     {gpu_h:.2f} GPU-h, {cpu_h:.2f} CPU-h" in st.stdout
+    if version == 2:  # the budget clock the batch script gave the workers: the allocation's 4 GPUs, 10 h
+        budget = cost.read_budget(run)
+        assert budget is not None and (budget.gpus, budget.limit_h) == (4, 10) and budget.left_s == 10 * 3600
     spent = cost.run_cost(run)
     assert spent is not None and (spent.total.gpu_s, spent.total.cpu_s) == (
         gpus_alloc * int(seconds),

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from . import slurmcli
+from . import fileio, slurmcli
 from .records import Event, EventKind, Executor
 from .runfolder import RunFolder
 
@@ -151,3 +151,45 @@ def _steps_of(events: list[Event], job_id: str, restart: int) -> int:
 
 def dumps(cost: RunCost) -> str:
     return json.dumps(cost.to_json(), sort_keys=True)
+
+
+# ---------------------------------------------------------------- the budget clock of an incarnation
+BUDGET_FILE = "budget.json"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What an incarnation may still use (`left_s` GPU-seconds) on its `gpus` GPUs, counted from
+    `since`; written by the batch script's `before` step, read by the workers at start."""
+
+    left_s: float
+    gpus: float
+    since: float
+    limit_h: float
+
+    def reached(self, now: float) -> bool:
+        return self.gpus > 0 and (now - self.since) * self.gpus >= self.left_s
+
+    def reason(self) -> str:
+        return f"slurm.max_gpu_hours = {self.limit_h:g} used up ({self.gpus:g} GPU(s) of this attempt)"
+
+
+def write_budget(run: RunFolder, job_id: str, limit_h: float, now: float) -> Budget:
+    """The budget clock of the running incarnation of `job_id`: what the run used before it
+    (sacct: every other incarnation) and the GPUs Slurm gave it (its AllocTRES)."""
+    usage = incarnations([a.job_id for a in run.record().attempts if a.executor is Executor.SLURM] + [job_id])
+    mine = usage.get(job_id, [])
+    spent = sum((u for j, rows in usage.items() for u in (rows[:-1] if j == job_id else rows)), Usage())
+    out = slurmcli.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "AllocTRES"]) if mine else ""
+    gpus = parse_tres(out.strip().splitlines()[-1] if out.strip() else "").get("gres/gpu", 0.0)
+    budget = Budget(limit_h * HOUR - spent.gpu_s, gpus, now, limit_h)
+    fileio.atomic_write(run.path / BUDGET_FILE, json.dumps(budget.__dict__))
+    return budget
+
+
+def read_budget(run: RunFolder) -> Budget | None:
+    try:
+        data = json.loads((run.path / BUDGET_FILE).read_text())
+        return Budget(float(data["left_s"]), float(data["gpus"]), float(data["since"]), float(data["limit_h"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

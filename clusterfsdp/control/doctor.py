@@ -143,6 +143,7 @@ _FROM_CAUSE = {
     Cause.REQUEUED_BY_SLURM: Finding.PREEMPTED,
     Cause.TIME_LIMIT: Finding.TIME_LIMIT,
     Cause.CANCELLED: Finding.CANCELLED,
+    Cause.BUDGET: Finding.CANCELLED,  # stopped on purpose, with a checkpoint
 }
 _TIMEOUT = ("timed out", "timeout")
 

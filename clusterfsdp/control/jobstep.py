@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ckptfolder, launch, noderecord, outcomes, retrynotes, runfolder, slurmcli
+from . import ckptfolder, cost, launch, noderecord, outcomes, retrynotes, runfolder, slurmcli
 from . import spec as specmod
 from .errors import UserError
 from .records import Cause, Event, EventKind
@@ -84,6 +84,15 @@ def before(run: runfolder.RunFolder, job: SlurmJob) -> int:
                   "`clusterfsdp resume` continues from the newest checkpoint")  # fmt: skip
         _event(run, job, EventKind.GAVE_UP, cause=Cause.RESTARTS_EXHAUSTED, reason=reason)
         return 1
+    if spec.slurm.max_gpu_hours > 0:  # the workers' budget clock (cost.Budget)
+        try:
+            budget = cost.write_budget(run, job.job_id, spec.slurm.max_gpu_hours, time.time())
+        except (OSError, slurmcli.SlurmError) as e:
+            print(f"clusterfsdp jobstep: slurm.max_gpu_hours not enforced in this attempt: {e}", file=sys.stderr)
+        else:
+            if budget.left_s <= 0:
+                _event(run, job, EventKind.GAVE_UP, cause=Cause.BUDGET, reason=budget.reason())
+                return 1
     return 0
 
 

@@ -156,6 +156,7 @@ class Cause(StrEnum):
     REPEATED_ERROR = "repeated_error"  # the same error at the same step as the previous failure: not retried
     PREFLIGHT = "preflight"  # a node failed the pre-flight checks (worker.preflight): retried without it
     RESTARTS_EXHAUSTED = "restarts_exhausted"  # slurm.max_restarts reached
+    BUDGET = "budget"  # slurm.max_gpu_hours used up: the workers saved and stopped
     UNKNOWN = "unknown"
 
     @classmethod

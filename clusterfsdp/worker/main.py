@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ..control import health, lock, outcomes, retrynotes, runfolder, secretenv, slurmcli
+from ..control import cost, health, lock, outcomes, retrynotes, runfolder, secretenv, slurmcli
 from ..control import spec as specmod
 from ..control.outcomes import RankOutcome
 from ..control.records import Cause, Event, EventKind, Executor
-from . import distenv, preflight
+from . import distenv, preflight, stopflags
 from .stopflags import StopFlags
 
 if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed the signal flags
@@ -206,6 +206,7 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
         attempt.beat,
     )
     trainer = train.Trainer(ctx)
+    trainer.budget = cost.read_budget(run) if spec.slurm.max_gpu_hours > 0 else None  # (jobstep wrote it)
     attempt.state = trainer.state
     outcome = trainer.run()
     if attempt.beat is not None:  # training is over: what follows may wait on Slurm, unwatched
@@ -401,6 +402,10 @@ def _verdict(attempt: _Attempt, signal_name: str) -> outcomes.StopVerdict:
     cancel and a preemption); the local executor has no preemption: SIGUSR2 is its time limit,
     SIGTERM a cancel."""
     env = attempt.env
+    if signal_name == stopflags.BUDGET:
+        budget = cost.read_budget(attempt.run)
+        why = budget.reason() if budget else "slurm.max_gpu_hours used up"
+        return outcomes.StopVerdict(outcomes.StopAction.STOP, Cause.BUDGET, why)
     if env.launcher != "slurm":
         if signal_name == "SIGUSR2":
             return outcomes.StopVerdict(outcomes.StopAction.REQUEUE, Cause.TIME_LIMIT, "SIGUSR2 (time limit)")

@@ -23,8 +23,9 @@ import signal
 import time
 from collections import deque
 
-STOP_NONE, STOP_TERM, STOP_USR2 = 0, 1, 2
-SIGNAL_NAMES = {STOP_TERM: "SIGTERM", STOP_USR2: "SIGUSR2"}
+STOP_NONE, STOP_TERM, STOP_USR2, STOP_BUDGET = 0, 1, 2, 3
+BUDGET = "budget"  # not a signal: slurm.max_gpu_hours used up (control/cost.py's Budget)
+SIGNAL_NAMES = {STOP_TERM: "SIGTERM", STOP_USR2: "SIGUSR2", STOP_BUDGET: BUDGET}
 MAX_LATENCY_S = 1.0
 MAX_EVERY = 100
 SAFETY = 2.0
@@ -59,6 +60,10 @@ class StopFlags:
 
     def _set(self, value: int) -> None:
         self.value = max(self.value, value)
+
+    def budget_used(self) -> None:
+        """The GPU-hours budget is used up on this rank's clock: stop at the next agreement."""
+        self._set(STOP_BUDGET)
 
     def tick(self) -> None:
         """Call after each optimizer step: measures the step time."""

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..control import ckptfolder, lrschedule, peftbase
+from ..control.cost import Budget
 from ..control.records import EventKind
 from ..control.spec import JobSpec
 from ..data import mixture, samplesets
@@ -164,6 +165,7 @@ class Trainer:
             trainable_only=adapters.enabled(self.spec),
         )  # fmt: skip
         self.new_best, self.stop_reason = False, ""  # what the last evaluation decided (_judge)
+        self.budget: Budget | None = None  # the GPU-hours budget clock (worker.main sets it under Slurm)
         self.curve = self._restore()
         self.state.lr_schedule = self.curve.to_json()
         self._set_lr()
@@ -322,6 +324,8 @@ class Trainer:
         first = state.step
         self._phase(Phase.STEP)
         while state.step < self.steps:
+            if self.budget is not None and flags.due(state.step) and self.budget.reached(time.time()):
+                flags.budget_used()  # slurm.max_gpu_hours: saved and stopped like a cancel
             stop = flags.agree(self.flag_group, state.step, spec.slurm.signal_grace_s) if flags.due(state.step) else 0
             if stop:
                 return self._interrupted(SIGNAL_NAMES[stop])
