@@ -9,7 +9,7 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from clusterfsdp.control import ckptfolder, runfolder
@@ -57,7 +57,11 @@ def make_run(job_text: str, run_root: Path, overrides: Sequence[str] = ()) -> ru
     return runfolder.create_run(spec, Executor.LOCAL)
 
 
-def launch(argv: list[str], world: int, job_id: str = "t1", extra_env: dict | None = None) -> list[subprocess.Popen]:
+def launch(
+    argv: list[str], world: int, job_id: str = "t1", extra_env: Mapping[str, str | None] | None = None
+) -> list[subprocess.Popen]:
+    """`world` ranks of `python ARGV` on this machine (one torch thread each unless `extra_env`
+    says otherwise; a None value there removes the variable)."""
     port = free_port()
     procs = []
     for rank in range(world):
@@ -73,12 +77,27 @@ def launch(argv: list[str], world: int, job_id: str = "t1", extra_env: dict | No
             "OMP_NUM_THREADS": "1",
             **(extra_env or {}),
         }
+        env = {k: v for k, v in env.items() if v is not None}
         procs.append(
             subprocess.Popen(
                 [sys.executable, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
         )
     return procs
+
+
+def inductor_env(cache: Path) -> dict[str, str]:
+    """The environment of ranks that compile (`fsdp.compile`): inductor writes its generated code
+    into `cache`, a folder of the test's own (so `compiled_layers` sees what this run compiled),
+    and compiles in each rank's own process (its default pool of compile workers adds processes
+    that import torch, and no speed on a small machine: the kernels are the same)."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
+def compiled_layers(cache: Path) -> list[Path]:
+    """The modules inductor generated under `cache` for a decoder layer: a Llama layer's RMSNorm
+    computes rsqrt, the compiled loss does not. Empty when the layers ran eagerly."""
+    return [p for p in cache.rglob("*.py") if "rsqrt" in p.read_text(errors="replace")]
 
 
 def wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int, str]]:
@@ -94,6 +113,17 @@ def run_workers(run: runfolder.RunFolder, world: int, job_id: str = "t1") -> lis
 
 def losses(run: runfolder.RunFolder, job_id: str | None = None) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in run.metrics()}
+
+
+def losses_by_attempt(run: runfolder.RunFolder) -> list[dict[int, float]]:
+    """The losses of each attempt of a run, step -> loss (a new attempt starts where a step repeats:
+    a resume from an earlier checkpoint)."""
+    attempts: list[dict[int, float]] = [{}]
+    for row in run.metrics():
+        if attempts[-1] and row["step"] <= max(attempts[-1]):
+            attempts.append({})
+        attempts[-1][row["step"]] = row["loss"]
+    return attempts
 
 
 def newest_step(run: runfolder.RunFolder) -> int:

@@ -53,8 +53,11 @@ def test_validate_bad_file_exit_2_with_field_errors_and_no_traceback(tmp_path):
     ],
 )
 def test_bad_input_is_exit_2_one_line(args, tmp_path):
+    """Exactly one line, on stderr, naming what was given (the run id or the file)."""
     r = cli(*args, cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("error: ") and args[1] in line, r.stderr
 
 
 def test_set_overrides_reach_validate(tiny_job):

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from clusterfsdp.worker import distenv
+from clusterfsdp.worker import distenv, threads
 
 HOSTLISTS = [
     "node1",
@@ -134,3 +134,17 @@ def test_infiniband_hcas_reads_sysfs_layout(tmp_path):
         (tmp_path / dev / "ports" / "1").mkdir(parents=True)
         (tmp_path / dev / "ports" / "1" / "state").write_text(state)
     assert distenv.infiniband_hcas(str(tmp_path)) == ["mlx5_0"]
+
+
+def test_each_rank_gets_its_share_of_the_cpus_it_shares():
+    """torch's intra-op threads per rank (worker/threads.py): the ranks on one machine that share
+    its CPUs divide them (the local executor, Slurm without CPU binding, the devcluster's nodes
+    on one VM: same boot id, other hostnames); Slurm-bound tasks and other machines do not count."""
+    cpus = frozenset(range(16))
+    local = [("boot-a", range(16))] * 4
+    assert threads.share(cpus, "boot-a", local) == (4, 4)
+    bound = [("boot-a", range(i * 4, i * 4 + 4)) for i in range(4)]  # --cpus-per-task=4, bound
+    assert threads.share(frozenset(range(4)), "boot-a", bound) == (4, 1)
+    nodes = [("boot-a", range(16)), ("boot-b", range(16))]  # two real nodes, one rank each
+    assert threads.share(cpus, "boot-a", nodes) == (16, 1)
+    assert threads.share(frozenset({0, 1}), "boot-a", [("boot-a", [0, 1])] * 3) == (1, 3)  # never 0

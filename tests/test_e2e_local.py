@@ -4,6 +4,7 @@ local executor (2 gloo worker processes, FSDP2), then runs/status/logs/export on
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,9 @@ def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
     node = json.loads(next(run.nodes_dir.rglob("*.json")).read_text())
     assert node["backend"] == "gloo" and node["dist"]["world_size"] == 2
     assert node["preflight"]["passed"] and node["preflight"]["busbw_gbps"] > 0  # worker/preflight.py, 2 ranks
+    # the 2 ranks share this machine's CPUs for torch's threads (worker/threads.py), unless told
+    shared = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert node["cpu_threads"] == int(os.environ.get("OMP_NUM_THREADS") or shared), node
 
     st = cli("status", str(run.path), cwd=tmp_path)
     assert st.returncode == 0 and "state      COMPLETED" in st.stdout and "checkpoints step 150" in st.stdout

@@ -52,6 +52,32 @@ def test_every_evaluation_writes_its_samples_to_the_run_folder(sampled_run):
     assert evalsamples.latest(sampled_run.samples_dir) == last
 
 
+def test_samples_are_the_trained_models_greedy_completions(sampled_run, tmp_path):
+    """The step-4 samples against the step-4 checkpoint (the final one: the same weights), exported
+    and run by plain transformers, one greedy token at a time: each completion is what that model
+    generates from its prompt, 6 tokens or up to a special token, and not empty."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from clusterfsdp.data.tokens import BOS
+    from clusterfsdp.worker import export
+
+    assert export.main([str(sampled_run.path), "--step", "4", "--to", str(tmp_path / "hf")]) == 0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    samples = evalsamples.read(sampled_run.samples_dir, 4)
+    for s in samples:
+        ids = list(s.prompt.encode())  # a prompt of 32 bytes holds no special token (they decode to nothing)
+        assert len(ids) == 32, s
+        new: list[int] = []
+        with torch.no_grad():
+            while len(new) < 6:
+                token = int(model(torch.tensor([ids + new])).logits[0, -1].argmax())
+                if token >= BOS:
+                    break
+                new.append(token)
+        assert new and s.completion == bytes(new).decode(), (s, new)
+
+
 def test_samples_reach_tensorboard_as_text(sampled_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from data_helpers import conversations, make_tokenizer, write_jsonl
-from procs import launch, make_run, run_workers, tiny_job_toml, wait
+from procs import compiled_layers, inductor_env, launch, losses_by_attempt, make_run, run_workers, tiny_job_toml, wait
 
 from clusterfsdp import cli
 from clusterfsdp.control import ckptfolder
@@ -118,7 +118,7 @@ import json, sys, torch
 from pathlib import Path
 from peft import PeftModel
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from clusterfsdp.control import runfolder
 from clusterfsdp.worker import export
 
@@ -130,8 +130,21 @@ ids = torch.tensor([[3, 17, 99, 5, 200, 42, 7, 1, 250, 0, 13, 77]])
 kept = getattr(torch, runfolder.RunFolder(run_dir).spec().base_dtype)
 base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=kept).float()  # the base the run trained on
 plain = base(ids).logits
-adapted = PeftModel.from_pretrained(base, out / "adapter")(ids).logits
-merged = AutoModelForCausalLM.from_pretrained(out / "merged")(ids).logits
+with_adapter = PeftModel.from_pretrained(base, out / "adapter")
+adapted = with_adapter(ids).logits
+merged_model = AutoModelForCausalLM.from_pretrained(out / "merged")
+merged = merged_model(ids).logits
+generated = {}
+tok = AutoTokenizer.from_pretrained(out / "adapter")
+if tok.chat_template:  # a chat run: a reply, greedy, as each folder says to generate (README)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "river stone lamp"}], tokenize=False,
+                                     add_generation_prompt=True)
+    x = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    with_adapter.generation_config = GenerationConfig.from_pretrained(out / "adapter")
+    for name, m in (("adapter", with_adapter), ("merged", merged_model)):
+        generated[name] = m.generate(input_ids=x, max_new_tokens=12, do_sample=False)[0, x.shape[1]:].tolist()
+    generated["end"] = tok.convert_tokens_to_ids("<|im_end|>")
+    generated["text"] = tok.decode(generated["merged"])
 default = json.loads((out / "merged-default" / "config.json").read_text())
 config = json.loads((out / "adapter" / "adapter_config.json").read_text())
 with safe_open(out / "adapter" / "adapter_model.safetensors", "pt") as f:
@@ -139,7 +152,7 @@ with safe_open(out / "adapter" / "adapter_model.safetensors", "pt") as f:
 print("RESULT " + json.dumps(dict(
     merged_vs_adapter=(adapted - merged).abs().max().item(), adapter_vs_base=(adapted - plain).abs().max().item(),
     default_dtype=default.get("dtype") or default.get("torch_dtype"), base=config["base_model_name_or_path"],
-    files=sorted(p.name for p in (out / "adapter").iterdir()), adapter_dtypes=adapter_dtypes)))
+    files=sorted(p.name for p in (out / "adapter").iterdir()), adapter_dtypes=adapter_dtypes, generated=generated)))
 """
 
 
@@ -152,17 +165,10 @@ def _export(run_dir: Path, base: Path, out: Path) -> dict:
     assert got["merged_vs_adapter"] < 1e-4 and got["adapter_vs_base"] > 1e-3, got
     assert got["base"] == str(base) and got["adapter_dtypes"] == ["float32"], got
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= set(got["files"]), got
+    assert "generation_config.json" in got["files"], got
+    gen = got["generated"]
+    assert gen.get("adapter") == gen.get("merged"), gen  # (a chat run) the same reply, stopped at the same token
     return got
-
-
-def _attempts(run) -> list[dict[int, float]]:
-    """The losses of each attempt of a run (a new attempt starts where a step repeats)."""
-    attempts: list[dict[int, float]] = [{}]
-    for row in run.metrics():
-        if attempts[-1] and row["step"] <= max(attempts[-1]):
-            attempts.append({})
-        attempts[-1][row["step"]] = row["loss"]
-    return attempts
 
 
 def _result(text: str) -> list[dict]:
@@ -203,11 +209,23 @@ def test_every_layout_trains_the_adapters_and_leaves_the_base_bitwise(bases, tmp
     assert bf16_base != llama[0] and bf16_base == pytest.approx(llama[0], abs=BF16_BASE_LOSS_TOL)
 
 
+def _chat_lora(bases: Path, folder: Path, n: int) -> list[str]:
+    """Overrides for LoRA on the llama base with n conversations (ChatML tokenizer, eos
+    `<|endoftext|>`, every answer "yes")."""
+    tokenizer = make_tokenizer(folder / "chatml")
+    train = write_jsonl(folder / "chat.jsonl", conversations(n))
+    base = bases / "llama"
+    return [
+        f"model.name_or_path='{base}'",
+        f"data.paths=['{train}']",
+        "data.format='chat'",
+        f"data.tokenizer='{tokenizer}'",
+    ]
+
+
 def test_chat_lora_run_on_fsdp1_resumes_exactly_and_exports_adapters_and_merged(bases, tmp_path):
     """Chat SFT with LoRA on FSDP1 (2 ranks): the checkpoint holds only the adapters and the trained
     copy, a resume on the same world size is bitwise and one on 1 rank close; the exports load."""
-    tokenizer = make_tokenizer(tmp_path / "chatml")
-    train = write_jsonl(tmp_path / "chat.jsonl", conversations(120))
     job = tiny_job_toml(
         "lora",
         seed=5,
@@ -217,19 +235,8 @@ def test_chat_lora_run_on_fsdp1_resumes_exactly_and_exports_adapters_and_merged(
         '[peft]\nmethod = "lora"\nr = 4\nalpha = 8\ntarget_modules = ["q_proj", "v_proj", "down_proj"]\n'
         'modules_to_save = ["norm"]\n',
     )
-    run = make_run(
-        job,
-        tmp_path / "runs",
-        [
-            f"model.name_or_path='{bases / 'llama'}'",
-            f"data.paths=['{train}']",
-            "data.format='chat'",
-            f"data.tokenizer='{tokenizer}'",
-            "train.lr=1e-2",
-            "train.micro_batch_size=1",
-            "train.grad_accum=2",
-        ],
-    )
+    chat = _chat_lora(bases, tmp_path, 120)
+    run = make_run(job, tmp_path / "runs", [*chat, "train.lr=1e-2", "train.micro_batch_size=1", "train.grad_accum=2"])
     first = run_workers(run, 2, job_id="l1")
     assert "trainable params" in first[0][1] and "FSDP1" in first[0][1]
     root = run.checkpoints_dir()
@@ -244,13 +251,28 @@ def test_chat_lora_run_on_fsdp1_resumes_exactly_and_exports_adapters_and_merged(
     spec = S.load(run.job_toml, ["slurm.tasks_per_node=1", "train.micro_batch_size=2"])  # same global batch
     run.job_toml.write_text(S.dumps(spec))
     resharded = run_workers(run, 1, job_id="l3")
-    original, same, other = _attempts(run)
+    original, same, other = losses_by_attempt(run)
     assert sorted(same) == sorted(other) == [3, 4]
     assert all(same[s] == original[s] for s in same), (same, original)  # bitwise
     assert all(other[s] == pytest.approx(original[s], abs=2e-4) for s in other)
     assert "saved by 2 ranks, now 1" in resharded[0][1]
     assert original[4] < original[1]
     assert _export(run.path, bases / "llama", tmp_path / "out")["default_dtype"] == "float32"
+
+
+def test_chat_lora_exports_stop_at_the_end_of_the_answer(bases, tmp_path):
+    """A chat LoRA run whose tokenizer's eos is `<|endoftext|>` (a base model's, as Qwen2.5's) while
+    every answer ends with `<|im_end|>`: the merged export and the adapter folder (loaded into
+    PeftModel with its own generation config, as README says) both reply "yes" and stop at
+    `<|im_end|>`, with identical tokens (the base's generation config alone would stop at its own
+    eos, the merged model's at `<|endoftext|>`)."""
+    tail = '[slurm]\ntasks_per_node = 1\n[checkpoint]\nevery_steps = 0\n[peft]\nmethod = "lora"\nr = 8\n'
+    job = tiny_job_toml("lorachat", seed=5, steps=16, fsdp='sharding = "full"', tail=tail)
+    chat = _chat_lora(bases, tmp_path, 200)
+    run = make_run(job, tmp_path / "runs", [*chat, "train.lr=2e-2", "train.micro_batch_size=8"])
+    run_workers(run, 1)
+    gen = _export(run.path, bases / "llama", tmp_path / "out")["generated"]
+    assert gen["text"] == "yes<|im_end|>" and gen["adapter"][-1] == gen["end"], gen
 
 
 # Compiled against eager compute (fsdp.compile) of the same steps from the same checkpoint:
@@ -261,7 +283,8 @@ COMPILE_TOL = 1e-4
 def test_bf16_base_run_resumes_exactly_compiled_exports_and_refuses_a_changed_base(bases, tmp_path, capsys):
     """The frozen base kept in bf16 beside fp32 adapters (FSDP2, 2 ranks): the checkpoint holds the
     adapters and their AdamW moments, all fp32, and no base tensor; a resume is bitwise; resumed
-    from the same checkpoint with fsdp.compile, the steps stay within COMPILE_TOL of eager ones;
+    from the same checkpoint with fsdp.compile, the decoder layers compile (inductor's generated
+    code for them) and the steps stay within COMPILE_TOL of eager ones;
     the adapter folder is fp32 and `--merge` writes bf16 by default. Then the base's weight file is
     rewritten: `resume` refuses it before queueing, the ranks of an attempt started anyway (a requeue)
     refuse it before loading the base, so does a merged export, each with one line; no checkpoint is lost."""
@@ -288,11 +311,11 @@ def test_bf16_base_run_resumes_exactly_compiled_exports_and_refuses_a_changed_ba
     run_workers(run, 2, job_id="b2")  # bitwise
     ckptfolder.keep_only_up_to(root, 2)
     run.job_toml.write_text(S.dumps(S.load(run.job_toml, ["fsdp.compile=true"])))
-    # inductor compiles in each rank's own process: its default pool of compile workers (one per
-    # CPU) adds processes that import torch, and no speed on a 2-core machine (the kernels are the same)
-    out = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], 2, "b3", {"TORCHINDUCTOR_COMPILE_THREADS": "1"}))
+    cache = tmp_path / "inductor"
+    out = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], 2, "b3", inductor_env(cache)))
     assert all(code == 0 for code, _ in out), "\n".join(text[-3000:] for _, text in out)
-    eager, same, compiled = _attempts(run)
+    assert compiled_layers(cache), sorted(p.name for p in cache.rglob("*"))  # the layers did compile
+    eager, same, compiled = losses_by_attempt(run)
     assert sorted(same) == sorted(compiled) == [3, 4] and eager[4] < eager[1]
     assert all(same[s] == eager[s] for s in same), (same, eager)
     assert all(compiled[s] == pytest.approx(eager[s], abs=COMPILE_TOL) for s in compiled), (compiled, eager)
@@ -311,7 +334,9 @@ def test_bf16_base_run_resumes_exactly_compiled_exports_and_refuses_a_changed_ba
     assert all(code != 0 for code, _ in refused)
     reasons = [e.reason for e in run.events("b4") if e.event is EventKind.FAILED]
     assert len(reasons) == 2 and all("base model's weight files changed since the adapters were" in r for r in reasons)
-    assert sorted(p.name for p in root.iterdir()) == kept and _attempts(run)[-1] == compiled  # nothing lost, no step
+    assert (
+        sorted(p.name for p in root.iterdir()) == kept and losses_by_attempt(run)[-1] == compiled
+    )  # nothing lost, no step
     r = subprocess.run(
         [sys.executable, "-m", "clusterfsdp.worker.export", str(run.path), "--to", str(tmp_path / "x"), "--merge"],
         capture_output=True,

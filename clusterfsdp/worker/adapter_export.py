@@ -4,8 +4,9 @@ Without --merge: a PEFT adapter folder, what `PeftModel.save_pretrained` writes 
 `PeftModel.from_pretrained(base, DIR)` loads: adapter_config.json (peft's LoraConfig with
 `base_model_name_or_path`: the base folder the run trained on, or its hub id) and
 adapter_model.safetensors (keys `base_model.model.<module>.lora_A.weight`, as PeftModel names
-them), plus the tokenizer. Only the adapters are read from the checkpoint; the base is never
-loaded.
+them), plus the tokenizer and the generation config of the merged export (export.py: the
+tokenizer's eos, which the base's own generation config may lack). Only the adapters are read
+from the checkpoint; the base is never loaded.
 
 With --merge: the base loaded once on the CPU (the run's base folder, through the same loader as
 training, in the dtype it trained in: peft.base_dtype), the adapters loaded beside it and merged

@@ -57,7 +57,6 @@ def byte_tokenizer():
 def export_hf(
     run: runfolder.RunFolder, checkpoint_dir: Path, out: Path, dtype: str | None, force: bool, merge: bool = False
 ) -> Path:
-    from transformers import GenerationConfig
     from transformers.utils import logging as hf_logging
 
     from . import adapter_export, adapters
@@ -81,6 +80,7 @@ def export_hf(
             with task(f"writing the adapters of {checkpoint_dir.name} to {out}"):
                 adapter_export.write_adapter(run, spec, config, checkpoint_dir, tmp)
             _write_tokenizer(spec, tmp)
+            _generation_config(spec, kept, config, tokens).save_pretrained(tmp)
             _replace(tmp, out, force)
             return out
         with task(f"loading checkpoint {checkpoint_dir.name}" + (" and merging the adapters" if lora else "")):
@@ -98,19 +98,56 @@ def export_hf(
         with task(f"writing safetensors to {out}"):
             model.save_pretrained(tmp, safe_serialization=True)
         _write_tokenizer(spec, tmp)
-        gen = (
-            GenerationConfig.from_pretrained(kept)
-            if kept is not None and (kept / "generation_config.json").is_file()
-            else GenerationConfig.from_model_config(config)
-        )
-        for name in ("bos", "eos", "pad"):
-            if getattr(tokens, name) is not None:
-                setattr(gen, f"{name}_token_id", getattr(tokens, name))
-        gen.save_pretrained(tmp)
+        _generation_config(spec, kept, config, tokens).save_pretrained(tmp)
         _replace(tmp, out, force)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _generation_config(spec: JobSpec, kept: Path | None, config, tokens) -> Any:
+    """generation_config.json of an export, the same for a full model, a merged one and a LoRA
+    adapter folder: the base's own (kept in <run>/model/ at submit), else one made from the
+    config, with the bos/eos/pad ids of the tokenizer the run trained with; a run on chat data
+    also stops at the token that ends an answer in the chat template (`<|im_end|>` for ChatML),
+    which the run trained on as part of every answer while the tokenizer's eos may be another
+    (`<|endoftext|>` for a base model's tokenizer). An adapter folder carries it too, since
+    `PeftModel.from_pretrained(base, DIR)` generates with the base's generation config:
+    `GenerationConfig.from_pretrained(DIR)` stops it where the merged export stops."""
+    from transformers import GenerationConfig
+
+    gen = (
+        GenerationConfig.from_pretrained(kept)
+        if kept is not None and (kept / "generation_config.json").is_file()
+        else GenerationConfig.from_model_config(config)
+    )
+    for name in ("bos", "eos", "pad"):
+        if tokens is not None and getattr(tokens, name) is not None:
+            setattr(gen, f"{name}_token_id", getattr(tokens, name))
+    chat = spec.data.format == "chat" or any(s.format == "chat" for s in spec.data.sources)
+    turn = _end_of_answer(spec.data.tokenizer) if chat and spec.data.tokenizer != "bytes" else None
+    eos = gen.eos_token_id
+    have = list(eos) if isinstance(eos, list) else [] if eos is None else [eos]
+    if turn is not None and turn not in have:
+        gen.eos_token_id = [*have, turn] if have else turn
+    return gen
+
+
+def _end_of_answer(tokenizer: str) -> int | None:
+    """The first special token the chat template puts after an assistant message's text (None
+    when it puts none, or the tokenizer has no template)."""
+    from transformers import AutoTokenizer
+
+    tok: Any = AutoTokenizer.from_pretrained(tokenizer)
+    answer = "clusterfsdp answer"
+    messages = [{"role": "user", "content": "question"}, {"role": "assistant", "content": answer}]
+    try:
+        text = tok.apply_chat_template(messages, tokenize=False)
+    except Exception:  # no template, or one that refuses this conversation: nothing to add
+        return None
+    after = text[text.rindex(answer) + len(answer) :]
+    specials = set(tok.all_special_ids)
+    return next((int(i) for i in tok(after, add_special_tokens=False)["input_ids"] if i in specials), None)
 
 
 def _full_model(spec: JobSpec, config, checkpoint_dir: Path) -> Any:
@@ -201,7 +238,11 @@ def main(argv: list[str] | None = None) -> int:
             f"error: exporting step {info.step} of run {run.id} failed: {type(e).__name__}: {reason}", file=sys.stderr
         )
         return EXIT_FAILED
-    loads = "peft.PeftModel.from_pretrained(base, DIR)" if lora and not args.merge else "AutoModelForCausalLM"
+    loads = (
+        "peft.PeftModel.from_pretrained(base, DIR), its generation config GenerationConfig.from_pretrained(DIR)"
+        if lora and not args.merge
+        else "AutoModelForCausalLM"
+    )
     print(f"exported step {info.step} to {out} ({loads} / AutoTokenizer.from_pretrained)")
     return 0
 

@@ -182,6 +182,7 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
     _start_heartbeat(attempt, watch)
     retrynotes.report_retries(log)
     _admit(attempt, spec, log)
+    _set_threads(attempt, log)
     _record_node(attempt, device, backend)
     if spec.slurm.preflight:
         preflight.run(spec, attempt.run, attempt.env, device, log)
@@ -330,6 +331,15 @@ def _admit(attempt: _Attempt, spec: specmod.JobSpec, log: Callable[[str], None])
         dist.broadcast(verdict, 0)
         if verdict.item():
             raise RuntimeError("rank 0 did not start this attempt (see its log); not starting")
+
+
+def _set_threads(attempt: _Attempt, log: Callable[[str], None]) -> None:
+    """Each rank's share of its machine's CPUs for torch's own threads (threads.py; collective)."""
+    from . import threads
+
+    count, why = threads.apply()
+    attempt.facts["cpu_threads"] = count
+    log(f"cpu threads per rank: {count} ({why})")
 
 
 def _record_node(attempt: _Attempt, device, backend: str) -> None:
