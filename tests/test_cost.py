@@ -94,6 +94,6 @@ def test_the_workers_save_and_stop_when_the_budget_is_used(tmp_path):
     (stopped,) = [e for e in run.events() if e.event is EventKind.STOPPED]
     assert stopped.cause == "budget" and "slurm.max_gpu_hours = 1 used up (2 GPU(s)" in stopped.reason
     newest = ckptfolder.find(run.checkpoints_dir())
-    assert newest is not None and newest.step == stopped.step < 400
+    assert newest is not None and stopped.step is not None and newest.step == stopped.step < 400
     st = statusmod.run_status(run)
     assert st.state == "CANCELLED" and st.reason.startswith("slurm.max_gpu_hours = 1 used up"), (st.state, st.reason)
