@@ -24,13 +24,13 @@ the advice for each cause change together.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from . import fileio
 from .records import Cause, Event, EventKind, preflight_failures, preflight_verdict
 from .runfolder import RunFolder
 
@@ -116,7 +116,7 @@ class Diagnosis:
 def tail_lines(path: Path, max_bytes: int = TAIL_BYTES) -> list[str]:
     """The lines of the last `max_bytes` of a file (the first one dropped when cut); [] if unreadable."""
     try:
-        with open(path, "rb") as f:
+        with fileio.open_regular(path) as f:
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - max_bytes))
@@ -129,8 +129,7 @@ def tail_lines(path: Path, max_bytes: int = TAIL_BYTES) -> list[str]:
 
 def head_lines(path: Path, max_bytes: int = DUMP_BYTES) -> list[str]:
     try:
-        with open(path, "rb") as f:
-            return f.read(max_bytes).decode("utf-8", errors="replace").splitlines()
+        return fileio.read_bytes(path, max_bytes).decode("utf-8", errors="replace").splitlines()
     except OSError:
         return []
 
@@ -482,7 +481,7 @@ def _host_of(run: RunFolder, inc: _Incarnation, rank: int) -> str:
     folder = run.nodes_dir / f"{inc.job_id}.{inc.restart}"
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            dist = json.loads(path.read_bytes()[: 64 << 10]).get("dist", {})
+            dist = fileio.loads(fileio.read_bytes(path, 64 << 10)).get("dist", {})
             first, count = int(dist["rank"]), int(dist["local_world_size"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue

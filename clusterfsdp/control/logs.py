@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from . import runfolder
+from . import fileio, runfolder
 
 
 def attempt_keys(run: runfolder.RunFolder) -> list[str]:
@@ -54,7 +54,7 @@ def _banner(run: runfolder.RunFolder, path: Path) -> str:
 
 def tail(path: Path, lines: int = 200, max_bytes: int = 1 << 20) -> str:
     """The last `lines` lines, reading at most `max_bytes` from the end (fast on a 1 GB log)."""
-    with open(path, "rb") as f:
+    with fileio.open_regular(path) as f:
         f.seek(0, 2)
         size = f.tell()
         f.seek(max(0, size - max_bytes))
@@ -85,7 +85,7 @@ def follow(
             current, offset = newest, 0 if from_start or current is not None else newest.stat().st_size
         chunk = b""
         if current is not None:
-            with open(current, "rb") as f:
+            with fileio.open_regular(current) as f:
                 f.seek(offset)
                 chunk = f.read()
                 offset = f.tell()

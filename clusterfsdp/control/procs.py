@@ -82,7 +82,7 @@ class ProcessId(FrozenValue):
     def from_record(cls, record: dict) -> ProcessId | None:
         try:
             return cls(int(record["pid"]), int(record["start"]), str(record["host"]), str(record["boot"]))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
             return None
 
     @property

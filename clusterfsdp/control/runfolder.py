@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import ownership
 from .errors import UserError
-from .fileio import append_jsonl, atomic_write, read_jsonl
+from .fileio import append_jsonl, atomic_write, load_json, read_jsonl
 from .records import Attempt, Event, Executor, RunRecord, TrackerIds
 from .runroot import ENV_RUN_ROOT, default_run_root
 from .value import FrozenValue
@@ -106,7 +106,7 @@ class RunFolder(FrozenValue):
     def record(self) -> RunRecord:
         """The run's state file; an unreadable one reads as a run with no attempts."""
         try:
-            return RunRecord.from_dict(json.loads(self.state_file.read_text()))
+            return RunRecord.from_dict(load_json(self.state_file))
         except (OSError, ValueError, KeyError, TypeError):
             return RunRecord(self.id, self.name, Executor.LOCAL, 0.0)
 
@@ -175,7 +175,7 @@ class RunFolder(FrozenValue):
 
     def tracker_ids(self) -> TrackerIds:
         try:
-            return TrackerIds.from_dict(json.loads(self.trackers_file.read_text()))
+            return TrackerIds.from_dict(load_json(self.trackers_file))
         except (OSError, ValueError, TypeError, AttributeError):
             return TrackerIds()
 
@@ -259,6 +259,8 @@ def refusal(run: RunFolder, action: str) -> str | None:
     could have planted or changed, or None. Checked: the folder, state.json, job.toml and the
     checkpoint folder (which may live elsewhere: checkpoint.dir). Read-only commands (status,
     runs, logs, the TUI's lists) show every run and need no check."""
+    from . import spec as specmod  # here: `status` and `runs` start without the spec
+
     paths = [run.path, run.state_file, run.job_toml]
     try:
         checkpoints = run.checkpoints_dir()
@@ -288,6 +290,8 @@ def export_refusal(run: RunFolder, to: str | Path) -> str | None:
     contains the home folder, or is, contains or lies inside the run root, the run, its
     checkpoints or a source folder of its model or tokenizer. Symlinks are resolved first, so a
     link to one of them is refused too."""
+    from . import spec as specmod
+
     dest = Path(to).expanduser().resolve()
     home = Path.home().resolve()
     if dest == Path(dest.anchor) or home.is_relative_to(dest):

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import fileio
 from .fileio import atomic_write
 
 _LEFT_OUT = ("files",)  # the index tables' seals: the cache's business, not the run's
@@ -25,7 +26,7 @@ def write(file: Path, metas: dict[str, dict[str, Any]]) -> None:
 def read(file: Path) -> dict[str, dict[str, Any]]:
     """The sample sets' metas; {} when the run has none yet (or the file is not one)."""
     try:
-        found = json.loads(file.read_text())
+        found = fileio.load_json(file)
     except (OSError, ValueError):
         return {}
     if not isinstance(found, dict):
