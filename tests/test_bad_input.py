@@ -346,7 +346,14 @@ def test_extra_options_of_their_own_stay_allowed():
     assert S.loads(tomli_w.dumps({"slurm": {"extra": extra}})).slurm.extra == extra
 
 
-@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "BASH_ENV", "ENV", "PATH"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "BASH_ENV", "ENV", "PATH", "PYTHONWARNINGS",
+        "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN",
+        "NCCL_PROFILER_PLUGIN", "GCONV_PATH", "PYTHONPYCACHEPREFIX",
+    ],
+)  # fmt: skip
 def test_env_that_changes_the_code_workers_load_needs_allow_env(name):
     assert spec_errors(f'[env]\n{name} = "/tmp/x"\n') == [
         f"env.{name}: changes which code the workers load; name it in job.allow_env to set it on purpose"
