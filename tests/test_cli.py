@@ -130,7 +130,7 @@ VALIDATE = {
     "clusterfsdp.control.inputs", "clusterfsdp.control.summary", "clusterfsdp.control.modelsource",
     "clusterfsdp.control.hub", "clusterfsdp.control.presets", "clusterfsdp.control.slurmping",
     "clusterfsdp.control.retrynotes", "clusterfsdp.control.fileio",
-    "clusterfsdp.control.runroot", "clusterfsdp.control.jsonltail", "clusterfsdp.control.secretenv",
+    "clusterfsdp.control.runroot", "clusterfsdp.control.secretenv",
     "clusterfsdp.control.spec", "clusterfsdp.control.spec.allowlists", "clusterfsdp.control.spec.checks",
     "clusterfsdp.control.spec.codec", "clusterfsdp.control.spec.docs", "clusterfsdp.control.spec.paths",
     "clusterfsdp.control.spec.schema", "clusterfsdp.control.spec.tokenizer", "clusterfsdp.control.spec.badrecords",
@@ -166,7 +166,8 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     names, _ = _imported_by(["runs", "--quiet", *root])
     assert names == READ_ONLY - {"clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
                                  "clusterfsdp.control.slurmping", "clusterfsdp.control.retrynotes",
-                                 "clusterfsdp.control.ckptfolder", "clusterfsdp.term"}, names  # fmt: skip
+                                 "clusterfsdp.control.ckptfolder", "clusterfsdp.term",
+                                 "clusterfsdp.control.jsonltail"}, names  # fmt: skip
     # validate: the spec, the source checks and the summary, not the run service (run, backends,
     # launch, lock, status) nor the run folder's records or Slurm's job table; synthetic tokens:
     # nothing of data/; no data file: xxhash and gzip are imported where a hash or a compressed
