@@ -28,7 +28,7 @@ SECRET_VALUES = [
     ("SOME_VAR", "hf_abcdefghijklmnopqrstuvwxyz012345"),
     ("OTHER", "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
     ("CERT", "-----BEGIN RSA PRIVATE KEY-----\nMIIE...\n-----END RSA PRIVATE KEY-----"),
-    ("AZURE_STORAGE", "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=bXlrZXk=;EndpointSuffix=core.windows.net"),
+    ("AZURE_STORAGE", "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=bXlrZXk=;EndpointSuffix=x.net"),
     ("BLOB", "AccountKey=bXlrZXk=;AccountName=acct"),
     ("BUS", "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=abc123="),
     ("NOTIFY_URL", "https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX"),
