@@ -29,6 +29,7 @@ command that acts on a run (docs/run-folder.md, "Whose runs are acted on").
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -285,11 +286,25 @@ def submit_refusal(spec: specmod.JobSpec) -> str | None:
     return f"refusing to submit into {folder}: {problem}; choose another job.name or run root"
 
 
+def _data_folders(spec: specmod.JobSpec) -> list[Path]:
+    """What the job reads its data from: each absolute data path, a glob cut before its first
+    component with a wildcard (`/data/corpus/*.jsonl` -> /data/corpus)."""
+    patterns = [*spec.data.paths, *spec.eval.paths, *(s.path for s in spec.data.sources)]
+    out = []
+    for pattern in patterns:
+        parts = Path(pattern).expanduser().parts
+        fixed = [p for p in itertools.takewhile(lambda p: not any(c in p for c in "*?["), parts)]
+        if fixed and Path(*fixed).is_absolute():
+            out.append(Path(*fixed))
+    return out
+
+
 def export_refusal(run: RunFolder, to: str | Path) -> str | None:
     """Why `export --to` may not write (and with --force replace) `to`, or None: it is `/`, is or
     contains the home folder, or is, contains or lies inside the run root, the run, its
-    checkpoints or a source folder of its model or tokenizer. Symlinks are resolved first, so a
-    link to one of them is refused too."""
+    checkpoints, a source folder of its model or tokenizer, its data (each data path, a glob's
+    folder before its first wildcard) or data.cache_dir. Symlinks are resolved first, so a link
+    to one of them is refused too."""
     from . import spec as specmod
 
     dest = Path(to).expanduser().resolve()
@@ -302,6 +317,9 @@ def export_refusal(run: RunFolder, to: str | Path) -> str | None:
         guarded.append(("the run's checkpoints", run.checkpoints_dir(spec)))
         sources = (spec.model.name_or_path, spec.model.config, spec.data.tokenizer)
         guarded += [("the model's source folder", Path(p)) for p in sources if p and Path(p).is_absolute()]
+        guarded += [("the run's data", path) for path in _data_folders(spec)]
+        if spec.data.cache_dir:
+            guarded.append(("the data cache (data.cache_dir)", Path(spec.data.cache_dir)))
     except (OSError, specmod.SpecError):
         pass
     guarded += [("the run root", run.path.parent.parent), ("the run root", default_run_root())]
