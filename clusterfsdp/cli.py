@@ -206,6 +206,7 @@ def _print_submission(sub, args: argparse.Namespace, line: str) -> None:
 
 def _follow(run, rank: int, job_id: str | None = None) -> int:
     """Stream a rank's log until the run ends (from attempt `job_id` on, if given)."""
+    from . import term
     from .control import logs
 
     def done() -> bool:
@@ -213,8 +214,9 @@ def _follow(run, rank: int, job_id: str | None = None) -> int:
 
     try:
         for text in logs.follow(run.folder, rank, done, job_id=job_id):
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            out = sys.stdout if isinstance(text, logs.Banner) else term.raw(sys.stdout)  # the log's own bytes: raw
+            out.write(text)
+            out.flush()
     except KeyboardInterrupt:
         print(f"\nstopped following; the run goes on (clusterfsdp cancel {run.id} stops it)", file=sys.stderr)
         return 130
@@ -372,7 +374,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if not text:
         print(f"run {folder.id}: rank {args.rank}'s log is empty so far ({path})", file=sys.stderr)
         return 0
-    print(text)
+    from . import term
+
+    print(text, file=term.raw(sys.stdout))  # the log's own bytes, as `cat` shows them
     return 0
 
 
@@ -686,6 +690,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     named = argv[0] if argv and not argv[0].startswith("-") else None
     args = build_parser(named).parse_args(argv)  # --help and usage errors end here, before any import
+    from . import term
+
+    with term.safe_output():  # names and reasons read from run folders never drive the terminal
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from . import term
+
     try:
         if args.command in ("init", "schema", "completion") or getattr(args, "quiet", False):
             return args.fn(args)
@@ -694,8 +707,6 @@ def main(argv: list[str] | None = None) -> int:
         with retrynotes.retry_notices(retrynotes.say_on_stderr):  # a controller outage is waited for, visibly
             return args.fn(args)
     except UserError as e:  # every front-end catches this one base (control.errors)
-        from . import term
-
         for line in e.lines:
             print(f"{term.style('error:', 'red', sys.stderr)} {line}", file=sys.stderr)
         return EXIT_BAD_INPUT

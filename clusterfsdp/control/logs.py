@@ -45,11 +45,15 @@ def log_file(
     return None
 
 
-def _banner(run: runfolder.RunFolder, path: Path) -> str:
+class Banner(str):
+    """A line `follow` writes itself, not the log's bytes (the CLI escapes it: `term.printable`)."""
+
+
+def _banner(run: runfolder.RunFolder, path: Path) -> Banner:
     """The line `follow` writes when it starts reading a log of another attempt (a requeue, the
     new attempt of a resume), so a restart in the output is never mistaken for the old one."""
     where = path.parent.name if path.parent.parent == run.logs_dir else "submitit"
-    return f"==> {where} ({path.name}) <==\n"
+    return Banner(f"==> {where} ({path.name}) <==\n")
 
 
 def tail(path: Path, lines: int = 200, max_bytes: int = 1 << 20) -> str:
