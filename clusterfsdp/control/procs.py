@@ -134,11 +134,11 @@ def group_alive(leader: ProcessId) -> bool:
 
 def signal_group(leader: ProcessId, sig: signal.Signals) -> bool:
     """Signal the group only if it is still the one recorded, and is not our own; True if a
-    signal was sent."""
+    signal was sent (False too for a group we may not signal: another user's)."""
     if leader.pid == os.getpgrp() or not group_alive(leader):
         return False
     try:
         os.killpg(leader.pid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         return False
     return True
