@@ -89,9 +89,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     with Ping() as ping:  # asks Slurm while the job is checked (start-up)
         from .control import inputs
+        from .control import spec as specmod
         from .control.summary import summary
 
-        prepared = inputs.prepare_sources(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
+        job = specmod.JobText.read(args.job)
+        spec = job.load(args.set or [])
+        points = 0
+        if "sweep" in job.text:  # sweepcli only for a job file that may have a [sweep] table (start-up)
+            from . import sweepcli
+
+            points = sweepcli.table_points(job, args.set or [])
+        prepared = inputs.prepare_sources(spec, mode="check")  # hub ids: asks the hub, downloads nothing
         spec = prepared.spec
         inside = inputs.container_only_paths(spec)
         later = "checked inside the container when the job starts"
@@ -101,6 +109,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not reachable and spec.slurm.nodes > 1:
         where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"
     print(summary(spec, where))
+    if points:
+        print(f"sweep      {points} point(s) in [sweep], each checked: `clusterfsdp sweep {args.job}` runs them")
     for note in prepared.notes:
         print(f"note       {note}")
     for line in [] if inside else inputs.prepared_state(spec):

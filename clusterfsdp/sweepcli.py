@@ -9,11 +9,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .control import sweepfolder
 from .control.errors import UserError
 from .control.sweepfolder import SORT_KEYS, SweepFolder, SweepSummary, sort_key
+
+if TYPE_CHECKING:
+    from .control.spec import JobText
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -144,3 +147,13 @@ def sweep_lines(sweeps: list[SweepFolder]) -> list[str]:
         what = f"sweep of {len(rows)} ({keys}): {summary.counts}; best {_num(summary.best)}"
         out.append(f"{record.sweep_id:<22} {record.name[:16]:<16} {what}")
     return out
+
+
+def table_points(job: JobText, overrides: list[str]) -> int:
+    """`validate`: how many points the job file's [sweep] table has, each checked as `sweep`
+    checks them (SweepError, exit 2, naming the key or the point); 0 without one. `submit`
+    refuses a job with one, and `sweep` refused tables that `validate` passed."""
+    from .control import sweepplan
+
+    table = sweepplan.read_table(job.text)
+    return len(sweepplan.vary(job, overrides=overrides).points) if table.grid or table.zip else 0
