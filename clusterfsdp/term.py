@@ -29,13 +29,16 @@ if TYPE_CHECKING:  # imported where a state is styled: `runs --quiet` (completio
 _CODES = {"red": "31", "green": "32", "yellow": "33", "cyan": "36", "bold": "1", "dim": "2"}
 # C0 controls but newline and tab, DEL, C1 controls, and the marks that reorder a line's display
 # (bidirectional overrides, isolates): what a terminal acts on or a reader could be misled by.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_CONTROL_IN_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Lone surrogates too (a folder name that is not UTF-8, a JSON "\udcff"): a UTF-8 terminal's
+# stream cannot encode them, and printing one raised UnicodeEncodeError.
+_OTHERS = "\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+_CONTROL = re.compile(f"[\x00-\x08\x0b-\x1f{_OTHERS}]")
+_CONTROL_IN_LINE = re.compile(f"[\x00-\x1f{_OTHERS}]")
 _MARK = f"\ue000{os.urandom(8).hex()}\ue001"  # stands for ESC + '[' in text meant for a SafeStream
 
 
 def _escape(match: re.Match[str]) -> str:
-    return match.group().encode("unicode_escape").decode("ascii")
+    return match.group().encode("unicode_escape", "backslashreplace").decode("ascii")
 
 
 def printable(text: str, lines: bool = True) -> str:

@@ -155,7 +155,7 @@ def _planted_run(root: Path):
     made.path.rename(run.path)
     made.path.parent.rmdir()
     record = run.record()
-    record.attempts[0].job_id, record.attempts[0].reason = f"1001{EVIL}", f"submit{EVIL}"
+    record.attempts[0].job_id, record.attempts[0].reason = f"1001{EVIL}", f"submit{EVIL}\ud800"  # (JSON's "\ud800")
     run.write_record(record)
     run.events_file.write_text("")
     run.append_event(Event(EventKind.START, f"1001{EVIL}", 0, 0, f"node{EVIL}", 1.0))
@@ -166,7 +166,8 @@ def _planted_run(root: Path):
 def test_names_and_reasons_from_a_planted_run_never_reach_the_terminal_raw(tmp_path):
     """Reproduced: a folder name, a job id and a reason with escape sequences set the reader's
     window title, cleared the screen and wrote the clipboard through `runs`, `status`, `doctor`,
-    `cancel` and `logs`. Every command's output (on a terminal, colour on) shows them escaped
+    `cancel` and `logs`, and a lone surrogate in a reason (JSON's "\\ud800") ended `status`
+    with UnicodeEncodeError. Every command's output (on a terminal, colour on) shows them escaped
     (`\\x1b]0;pwned\\x07`); only the colour codes of the CLI itself are real escapes."""
     root = tmp_path / "runs"
     run = _planted_run(root)
@@ -180,6 +181,7 @@ def test_names_and_reasons_from_a_planted_run_never_reach_the_terminal_raw(tmp_p
         "missing": on_a_tty("status", f"nope{EVIL}", "--run-root", str(root), env=env),
     }
     assert "\x1b[31mFAILED\x1b[0m" in outputs["runs"] and "\x1b[31merror:\x1b[0m" in outputs["missing"]
+    assert "\\u202e\\ud800" in outputs["status"]  # a lone surrogate: UnicodeEncodeError on a terminal before
     for command, out in outputs.items():
         plain = out.replace("\x1b[31m", "").replace("\x1b[0m", "").replace("\x1b[1m", "")
         assert "\x1b" not in plain and "\x07" not in plain and "\u202e" not in plain, (command, out)
