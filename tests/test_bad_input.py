@@ -389,6 +389,11 @@ def test_branch_tag_and_commit_revisions_stay_allowed(revision):
         ("[model]\nfrom_config = { rope = { f = [1, -inf] } }\n", "model.from_config.rope.f[1]: expected a finite"),
         ("[model]\nfrom_config = { x = 18446744073709551616 }\n", "model.from_config.x: integer 18446744073709551616"),
         ("[model]\nfrom_config = { x = 2026-01-01 }\n", "model.from_config.x: expected a string, number, boolean"),
+        # found by tests/test_fuzz.py: 495 deep validated, then submit's job.toml writer ran out of stack
+        (
+            "[model]\nfrom_config.x = " + "[" * 40 + "]" * 40 + "\n",
+            "model.from_config.x: lists and tables nested deeper than 32 levels",
+        ),
     ],
 )
 def test_numbers_beyond_int64_and_not_finite_are_refused_in_every_field(text, message):

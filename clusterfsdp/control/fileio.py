@@ -88,12 +88,12 @@ def loads(data: bytes | str) -> Any:
         value = json.loads(data)
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
-    if _too_deep(value):
+    if too_deep(value):
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     return value
 
 
-def _too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether `value` nests containers more than `limit` deep (iterative: no recursion to overflow)."""
     stack = [(value, 1)]
     while stack:
