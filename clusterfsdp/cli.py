@@ -95,9 +95,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     with Ping() as ping:  # asks Slurm while the job is checked (start-up)
         from .control import inputs
+        from .control import spec as specmod
         from .control.summary import summary
 
-        prepared = inputs.prepare_sources(_load(args), mode="check")  # hub ids: asks the hub, downloads nothing
+        job = specmod.JobText.read(args.job)
+        spec = job.load(args.set or [])
+        points = 0
+        if "sweep" in job.text:  # sweepcli only for a job file that may have a [sweep] table (start-up)
+            from . import sweepcli
+
+            points = sweepcli.table_points(job, args.set or [])
+        prepared = inputs.prepare_sources(spec, mode="check")  # hub ids: asks the hub, downloads nothing
         spec = prepared.spec
         inside = inputs.container_only_paths(spec)
         later = "checked inside the container when the job starts"
@@ -107,6 +115,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not reachable and spec.slurm.nodes > 1:
         where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"
     print(summary(spec, where))
+    if points:
+        print(f"sweep      {points} point(s) in [sweep], each checked: `clusterfsdp sweep {args.job}` runs them")
     for note in prepared.notes:
         print(f"note       {note}")
     for line in [] if inside else inputs.prepared_state(spec):
@@ -234,6 +244,7 @@ def _print_submission(sub, args: argparse.Namespace, line: str) -> None:
 
 def _follow(run, rank: int, job_id: str | None = None) -> int:
     """Stream a rank's log until the run ends (from attempt `job_id` on, if given)."""
+    from . import term
     from .control import logs
 
     def done() -> bool:
@@ -241,8 +252,9 @@ def _follow(run, rank: int, job_id: str | None = None) -> int:
 
     try:
         for text in logs.follow(run.folder, rank, done, job_id=job_id):
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            out = sys.stdout if isinstance(text, logs.Banner) else term.raw(sys.stdout)  # the log's own bytes: raw
+            out.write(text)
+            out.flush()
     except KeyboardInterrupt:
         print(f"\nstopped following; the run goes on (clusterfsdp cancel {run.id} stops it)", file=sys.stderr)
         return 130
@@ -446,7 +458,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
     elif not text:
         print(f"run {folder.id}: rank {args.rank}'s log is empty so far ({path})", file=sys.stderr)
         return 0
-    print(text)
+    from . import term
+
+    print(text, file=term.raw(sys.stdout))  # the log's own bytes, as `cat` shows them
     return 0
 
 
@@ -802,6 +816,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     named = argv[0] if argv and not argv[0].startswith("-") else None
     args = build_parser(named).parse_args(argv)  # --help and usage errors end here, before any import
+    from . import term
+
+    with term.safe_output():  # names and reasons read from run folders never drive the terminal
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from . import term
+
     try:
         if args.command in ("init", "schema", "completion") or getattr(args, "quiet", False):
             return args.fn(args)
@@ -810,8 +833,6 @@ def main(argv: list[str] | None = None) -> int:
         with retrynotes.retry_notices(retrynotes.say_on_stderr):  # a controller outage is waited for, visibly
             return args.fn(args)
     except UserError as e:  # every front-end catches this one base (control.errors)
-        from . import term
-
         for line in e.lines:
             print(f"{term.style('error:', 'red', sys.stderr)} {line}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -11,12 +11,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .control import sweepfolder
 from .control.errors import UserError
 from .control.records import RunState
 from .control.sweepfolder import SORT_KEYS, PointStatus, SweepFolder, SweepSummary, sort_key
+
+if TYPE_CHECKING:
+    from .control.spec import JobText
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -246,3 +249,13 @@ def cmd_export(args: argparse.Namespace, run_root: Path) -> int:
         f"{record.sweep_id} is a sweep of {len(rows)} points, not a run: export one point's run, {hint}"
         f"its points: {runs}"
     )
+
+
+def table_points(job: JobText, overrides: list[str]) -> int:
+    """`validate`: how many points the job file's [sweep] table has, each checked as `sweep`
+    checks them (SweepError, exit 2, naming the key or the point); 0 without one. `submit`
+    refuses a job with one, and `sweep` refused tables that `validate` passed."""
+    from .control import sweepplan
+
+    table = sweepplan.read_table(job.text)
+    return len(sweepplan.vary(job, overrides=overrides).points) if table.grid or table.zip else 0

@@ -346,7 +346,14 @@ def test_extra_options_of_their_own_stay_allowed():
     assert S.loads(tomli_w.dumps({"slurm": {"extra": extra}})).slurm.extra == extra
 
 
-@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "BASH_ENV", "ENV", "PATH"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "BASH_ENV", "ENV", "PATH", "PYTHONWARNINGS",
+        "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN",
+        "NCCL_PROFILER_PLUGIN", "GCONV_PATH", "PYTHONPYCACHEPREFIX",
+    ],
+)  # fmt: skip
 def test_env_that_changes_the_code_workers_load_needs_allow_env(name):
     assert spec_errors(f'[env]\n{name} = "/tmp/x"\n') == [
         f"env.{name}: changes which code the workers load; name it in job.allow_env to set it on purpose"
@@ -382,6 +389,11 @@ def test_branch_tag_and_commit_revisions_stay_allowed(revision):
         ("[model]\nfrom_config = { rope = { f = [1, -inf] } }\n", "model.from_config.rope.f[1]: expected a finite"),
         ("[model]\nfrom_config = { x = 18446744073709551616 }\n", "model.from_config.x: integer 18446744073709551616"),
         ("[model]\nfrom_config = { x = 2026-01-01 }\n", "model.from_config.x: expected a string, number, boolean"),
+        # found by tests/test_fuzz.py: 495 deep validated, then submit's job.toml writer ran out of stack
+        (
+            "[model]\nfrom_config.x = " + "[" * 40 + "]" * 40 + "\n",
+            "model.from_config.x: lists and tables nested deeper than 32 levels",
+        ),
     ],
 )
 def test_numbers_beyond_int64_and_not_finite_are_refused_in_every_field(text, message):

@@ -137,11 +137,11 @@ READ_ONLY = {
 }  # fmt: skip
 
 VALIDATE = {
-    "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.control", "clusterfsdp.control.errors",
+    "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.term", "clusterfsdp.control", "clusterfsdp.control.errors",
     "clusterfsdp.control.inputs", "clusterfsdp.control.summary", "clusterfsdp.control.modelsource",
     "clusterfsdp.control.hub", "clusterfsdp.control.presets", "clusterfsdp.control.slurmping",
     "clusterfsdp.control.retrynotes", "clusterfsdp.control.fileio",
-    "clusterfsdp.control.runroot", "clusterfsdp.control.jsonltail", "clusterfsdp.control.secretenv",
+    "clusterfsdp.control.runroot", "clusterfsdp.control.secretenv",
     "clusterfsdp.control.spec", "clusterfsdp.control.spec.allowlists", "clusterfsdp.control.spec.checks",
     "clusterfsdp.control.spec.codec", "clusterfsdp.control.spec.docs", "clusterfsdp.control.spec.paths",
     "clusterfsdp.control.spec.schema", "clusterfsdp.control.spec.tokenizer", "clusterfsdp.control.spec.badrecords",
@@ -178,7 +178,7 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     names, _ = _imported_by(["runs", "--quiet", *root])
     assert names == READ_ONLY - {"clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
                                  "clusterfsdp.control.slurmping", "clusterfsdp.control.retrynotes",
-                                 "clusterfsdp.control.ckptfolder", "clusterfsdp.term",
+                                 "clusterfsdp.control.ckptfolder", "clusterfsdp.control.jsonltail",
                                  "clusterfsdp.control.pending"}, names  # fmt: skip
     # validate: the spec, the source checks and the summary, not the run service (run, backends,
     # launch, lock, status) nor the run folder's records or Slurm's job table; synthetic tokens:

@@ -138,3 +138,76 @@ def test_runs_json_written_a_run_at_a_time_is_the_same_document(tmp_path):
     for chosen in (rows, []):
         text = "".join(jsonout.listing(chosen, 'a "quoted" error'))
         assert json.loads(text) == json.loads(jsonout.document({"runs": chosen, "slurm_error": 'a "quoted" error'}))
+
+
+# A window title, a clear screen and a clipboard write (OSC 52), as another user could plant them
+# in the names of a shared run root's folders and in a run's records.
+EVIL = "\x1b]0;pwned\x07\x1b[2J\x1b]52;c;cHduZWQ=\x07\u202e"
+
+
+def _planted_run(root: Path):
+    """A failed run whose job folder, run folder, job id, reasons and log carry escape sequences."""
+    from tui_helpers import make_run
+
+    made = make_run(root, end="failed", job_id="1001")
+    run = runfolder.RunFolder(root / f"tiny{EVIL}" / f"20260101-120000-{EVIL}")
+    run.path.parent.mkdir()
+    made.path.rename(run.path)
+    made.path.parent.rmdir()
+    record = run.record()
+    record.attempts[0].job_id, record.attempts[0].reason = f"1001{EVIL}", f"submit{EVIL}\ud800"  # (JSON's "\ud800")
+    run.write_record(record)
+    run.events_file.write_text("")
+    run.append_event(Event(EventKind.START, f"1001{EVIL}", 0, 0, f"node{EVIL}", 1.0))
+    run.append_event(Event(EventKind.FAILED, f"1001{EVIL}", 0, 0, f"node{EVIL}", 2.0, reason=f"boom{EVIL}"))
+    return run
+
+
+def test_names_and_reasons_from_a_planted_run_never_reach_the_terminal_raw(tmp_path):
+    """Reproduced: a folder name, a job id and a reason with escape sequences set the reader's
+    window title, cleared the screen and wrote the clipboard through `runs`, `status`, `doctor`,
+    `cancel` and `logs`, and a lone surrogate in a reason (JSON's "\\ud800") ended `status`
+    with UnicodeEncodeError. Every command's output (on a terminal, colour on) shows them escaped
+    (`\\x1b]0;pwned\\x07`); only the colour codes of the CLI itself are real escapes."""
+    root = tmp_path / "runs"
+    run = _planted_run(root)
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    outputs = {
+        "runs": on_a_tty("runs", "--run-root", str(root), env=env),
+        "status": on_a_tty("status", str(run.path), env=env),
+        "doctor": on_a_tty("doctor", str(run.path), env=env),
+        "cancel": on_a_tty("cancel", str(run.path), env=env),
+        "logs": on_a_tty("logs", str(run.path), "--rank", "7", env=env),
+        "missing": on_a_tty("status", f"nope{EVIL}", "--run-root", str(root), env=env),
+    }
+    assert "\x1b[31mFAILED\x1b[0m" in outputs["runs"] and "\x1b[31merror:\x1b[0m" in outputs["missing"]
+    assert "\\u202e\\ud800" in outputs["status"]  # a lone surrogate: UnicodeEncodeError on a terminal before
+    for command, out in outputs.items():
+        plain = out.replace("\x1b[31m", "").replace("\x1b[0m", "").replace("\x1b[1m", "")
+        assert "\x1b" not in plain and "\x07" not in plain and "\u202e" not in plain, (command, out)
+        assert "\\x1b]0;pwned\\x07\\x1b[2J\\x1b]52;c;cHduZWQ=\\x07\\u202e" in out, (command, out)
+    assert f"20260101-120000-{EVIL}" in cli("runs", "--json", "--run-root", str(root)).stdout.encode().decode(
+        "unicode_escape"
+    )  # --json: JSON's own escapes, as before
+
+
+def test_the_tui_queue_shows_a_planted_runs_names_escaped(tmp_path):
+    from textual.widgets import DataTable, Static
+    from tui_helpers import FakeSlurm, run_app, settle
+
+    from clusterfsdp.tui.app import ClusterApp
+
+    root = tmp_path / "runs"
+    run = _planted_run(root)
+    app = ClusterApp(root, FakeSlurm())
+
+    async def scenario(pilot):
+        await settle(pilot)
+        table = app.screen.query_one(DataTable)
+        cells = [str(c) for c in table.get_row_at(0)]
+        detail = str(app.screen.query_one("#queue-detail", Static).render())
+        for text in [*cells, detail]:
+            assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text, text
+        assert cells[0] == run.id.encode("unicode_escape").decode() and "boom\\x1b]0;pwned" in detail
+
+    run_app(app, scenario)

@@ -3,7 +3,11 @@
 Each variant below damages one file the control plane reads (state.json, events.jsonl,
 metrics.jsonl) the way a crash, a full disk, a hand edit or another program can: truncated,
 empty, not UTF-8, NUL bytes, not a JSON object, wrong types, missing keys, values of a newer
-writer, a huge line. One run root holds every variant beside a healthy run; `status` of each,
+writer, a huge line, nesting deeper than any parser's stack (RecursionError), numbers beyond any
+time or float (OverflowError), and files that are no regular file: a FIFO (opening it waits for a
+writer: `runs` and the TUI hung for every user of a shared run root), a socket, a link to
+/dev/zero (a read never ends), a dangling or looping link. One run root holds every variant
+beside a healthy run; `status` of each,
 `runs`, `runs --json` and the TUI's queue must all answer without a traceback, list every run, and
 show the healthy one as before. A run whose state.json cannot be read is listed as UNREADABLE with
 the reason; damaged lines of the append-only files are skipped (a torn last line is normal there).
@@ -12,6 +16,8 @@ the reason; damaged lines of the append-only files are skipped (a torn last line
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -45,6 +51,8 @@ def _row(**changes: object) -> bytes:
 
 
 HUGE = b'{"step": 1, "loss": "' + b"x" * (8 << 20) + b'"}\n'
+DEEP = b"[" * 100_000 + b"]" * 100_000  # beyond json's own recursion limit
+NESTED = b"[" * 900 + b"]" * 900  # within json's limit, beyond what repr/dumps of it survive deeper in a stack
 
 # (file, content): what each variant writes over the healthy run's file.
 VARIANTS: dict[str, tuple[str, bytes]] = {
@@ -95,14 +103,74 @@ VARIANTS: dict[str, tuple[str, bytes]] = {
     "metrics-list-rows": ("metrics.jsonl", b"[10, 4.0]\n[20, 3.0]\n"),
     "metrics-truncated": ("metrics.jsonl", _row() + _row(step=20)[:9]),
     "metrics-huge-line": ("metrics.jsonl", _row() + HUGE),
+    "state-deep": ("state.json", DEEP),
+    "state-deep-object": ("state.json", b'{"a":' * 100_000 + b"1" + b"}" * 100_000),
+    "state-nested-reason": ("state.json", _attempt()[:-3] + b', "reason": ' + NESTED + b"}]}"),
+    "state-created-1e300": ("state.json", _state(created=1e300)),
+    "state-submitted-1e300": ("state.json", _attempt(submitted=1e300)),
+    "state-submitted-nan": ("state.json", _attempt(submitted=float("nan"))),
+    "state-cancelled-inf": ("state.json", _attempt(cancelled=float("-inf"))),
+    "state-created-huge-int": ("state.json", _state(created=10**400)),
+    "state-resume-step-huge": ("state.json", _attempt(resume_step=10**30)),
+    "state-leader-pid-inf": ("state.json", _attempt(leader={"pid": 1e300, "start": 1, "host": "h", "boot": "b"})),
+    "events-deep": ("events.jsonl", _event() + DEEP + b"\n"),
+    "events-nested-reason": ("events.jsonl", _event() + _event(event="failed")[:-2] + b', "x": ' + NESTED + b"}\n"),
+    "events-time-1e300": ("events.jsonl", _event() + _event(event="completed", time=1e300, step=40)),
+    "events-time-nan": ("events.jsonl", _event(time=float("nan")) + _event(event="failed", time=float("inf"))),
+    "events-step-huge": ("events.jsonl", _event() + _event(event="failed", step=10**30, reason="x")),
+    "metrics-deep": ("metrics.jsonl", _row() + b'{"step": 20, "loss": 3.0, "x": ' + DEEP + b"}\n"),
+    "metrics-nested": ("metrics.jsonl", _row() + b'{"step": 20, "loss": 3.0, "x": ' + NESTED + b"}\n"),
+    "metrics-1e300": ("metrics.jsonl", _row(loss=1e300, epoch=1e300, eval_loss=1e300, time=1e300)),
+    "metrics-loss-beyond-float": ("metrics.jsonl", _row() + _row(step=20, loss=10**400, eval_loss=10**400)),
+    "metrics-nan": ("metrics.jsonl", _row(loss=float("nan"), epoch=float("inf"), eval_loss=float("nan"))),
+    "metrics-step-huge": ("metrics.jsonl", _row() + _row(step=10**30, total_steps=10**30)),
+    "job-toml-deep": ("job.toml", b"[train]\nsteps = " + b"[" * 100_000 + b"]" * 100_000 + b"\n"),
+    "trackers-deep": ("trackers.json", DEEP),
+}
+# Files that are no regular file, made in place of the healthy run's file: (file, kind).
+SPECIAL: dict[str, tuple[str, str]] = {
+    "state-fifo": ("state.json", "fifo"),
+    "state-socket": ("state.json", "socket"),
+    "state-dev-zero": ("state.json", "/dev/zero"),
+    "events-fifo": ("events.jsonl", "fifo"),
+    "events-dev-zero": ("events.jsonl", "/dev/zero"),
+    "events-loop": ("events.jsonl", "loop"),
+    "metrics-fifo": ("metrics.jsonl", "fifo"),
+    "metrics-dev-zero": ("metrics.jsonl", "/dev/zero"),
+    "metrics-dangling": ("metrics.jsonl", "dangling"),
+    "job-toml-fifo": ("job.toml", "fifo"),
+    "job-toml-dev-zero": ("job.toml", "/dev/zero"),
+    "trackers-fifo": ("trackers.json", "fifo"),
+    "data-json-fifo": ("data.json", "fifo"),
+    "lock-fifo": (".lock", "fifo"),
+    "log-fifo": ("logs/1001.0/rank0.log", "fifo"),
+    "node-record-fifo": ("nodes/1001.0/node1.json", "fifo"),
+    "checkpoint-meta-fifo": ("checkpoints/step-00000020/clusterfsdp.json", "fifo"),
 }
 # A state.json that cannot be read as a RunRecord: the run is listed as UNREADABLE.
-UNREADABLE = {name for name, (file, _) in VARIANTS.items() if file == "state.json"} - {
+ALL = [*VARIANTS, *SPECIAL]
+UNREADABLE = {name for name, (file, _) in {**VARIANTS, **SPECIAL}.items() if file == "state.json"} - {
     "state-leader-pid-zero",  # a valid record; the pid is refused where it is used (procs)
+    "state-leader-pid-inf",  # the same: a pid beyond pid_max
     "state-cause-unknown",  # a newer writer's cause reads as `unknown`
     "state-huge-reason",  # large, but a valid record
 }
 HEALTHY = "20260101-120000-good"
+
+
+def _make_special(path: Path, kind: str) -> None:
+    path.unlink(missing_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        os.mknod(path, stat.S_IFSOCK | 0o644)
+    elif kind == "loop":
+        path.symlink_to(path.name)
+    elif kind == "dangling":
+        path.symlink_to(path.parent / "no-such-file")
+    else:
+        path.symlink_to(kind)
 
 
 def _run_id(i: int) -> str:
@@ -113,14 +181,19 @@ def _run_id(i: int) -> str:
 def corrupt_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("corrupt")
     make_run(root, HEALTHY, checkpoints=(), log_lines=2, ranks=1)
-    for i, (_, (file, content)) in enumerate(VARIANTS.items()):
-        run = make_run(root, _run_id(i), checkpoints=(), log_lines=2, ranks=1)
-        (run.path / file).write_bytes(content)
+    for i, name in enumerate(ALL):
+        special = name in SPECIAL
+        run = make_run(root, _run_id(i), checkpoints=(20,) if special else (), end="failed" if special else "completed",
+                       log_lines=2, ranks=1)  # fmt: skip
+        if name in VARIANTS:
+            (run.path / VARIANTS[name][0]).write_bytes(VARIANTS[name][1])
+        else:
+            _make_special(run.path / SPECIAL[name][0], SPECIAL[name][1])
     return root
 
 
 def test_there_are_enough_variants():
-    assert len(VARIANTS) >= 40
+    assert len(VARIANTS) >= 70 and len(SPECIAL) >= 15
 
 
 def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -129,9 +202,10 @@ def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str
     return code, out.out, out.err
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.timeout(60)  # a FIFO opened for reading would block forever: fail instead
+@pytest.mark.parametrize("variant", ALL)
 def test_status_of_a_corrupt_run_answers_without_a_traceback(corrupt_root, capsys, variant):
-    i = list(VARIANTS).index(variant)
+    i = ALL.index(variant)
     code, out, err = _main(capsys, "status", _run_id(i), "--run-root", str(corrupt_root))
     if variant in UNREADABLE:
         assert code == 1 and "state      UNREADABLE - state.json: " in out, out + err
@@ -142,22 +216,26 @@ def test_status_of_a_corrupt_run_answers_without_a_traceback(corrupt_root, capsy
     assert doc["run_id"] == _run_id(i) and (doc["state"] == "UNREADABLE") == (variant in UNREADABLE)
     if variant in UNREADABLE:
         assert doc["reason"].startswith("state.json: ") and doc["bad"] is True
+    if variant in SPECIAL:  # a failed run: doctor reads its logs, node records and checkpoints
+        for command in ("doctor", "logs"):
+            code, out, err = _main(capsys, command, _run_id(i), "--run-root", str(corrupt_root))
+            assert code in (0, 1, 2) and (code != 2 or err.count("\n") == 1), (command, out, err)
 
 
 def test_runs_lists_every_run_with_the_unreadable_ones_marked(corrupt_root, capsys):
     code, out, err = _main(capsys, "runs", "--limit", "1000", "--run-root", str(corrupt_root))
     assert code == 0, err
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
-    assert set(lines) == {HEALTHY, *(_run_id(i) for i in range(len(VARIANTS)))}
+    assert set(lines) == {HEALTHY, *(_run_id(i) for i in range(len(ALL)))}
     assert "COMPLETED" in lines[HEALTHY] and "40/40" in lines[HEALTHY]
-    for i, name in enumerate(VARIANTS):
+    for i, name in enumerate(ALL):
         assert ("UNREADABLE" in lines[_run_id(i)]) == (name in UNREADABLE), (name, lines[_run_id(i)])
 
     code, out, err = _main(capsys, "runs", "--json", "--limit", "1000", "--run-root", str(corrupt_root))
     assert code == 0, err
     rows = {r["run_id"]: r for r in json.loads(out)["runs"]}
-    assert len(rows) == len(VARIANTS) + 1 and rows[HEALTHY]["state"] == "COMPLETED" and rows[HEALTHY]["step"] == 40
-    for i, name in enumerate(VARIANTS):
+    assert len(rows) == len(ALL) + 1 and rows[HEALTHY]["state"] == "COMPLETED" and rows[HEALTHY]["step"] == 40
+    for i, name in enumerate(ALL):
         row = rows[_run_id(i)]
         assert (row["state"] == RunState.UNREADABLE) == (name in UNREADABLE), (name, row["state"])
         assert row["step"] is None or type(row["step"]) is int
@@ -172,14 +250,14 @@ def test_tui_queue_lists_every_corrupt_run_and_keys_work(corrupt_root):
     async def scenario(pilot):
         await settle(pilot)
         rows = {r.run.id: r for r in app.rows if r.run}
-        assert len(rows) == len(VARIANTS) + 1
+        assert len(rows) == len(ALL) + 1
         assert rows[HEALTHY].state == "COMPLETED"
-        for i, name in enumerate(VARIANTS):
+        for i, name in enumerate(ALL):
             row = rows[_run_id(i)]
             assert (row.state == "UNREADABLE") == (name in UNREADABLE), (name, row)
             if name in UNREADABLE:
                 assert row.reason.startswith("state.json: ")
-        for key in ["down"] * (len(VARIANTS) + 2) + ["up", "pageup", "pagedown", "end", "home"]:
+        for key in ["down"] * (len(ALL) + 2) + ["up", "pageup", "pagedown", "end", "home"]:
             await pilot.press(key)
         await pilot.pause()
         assert app.return_code is None and app.current_key in {r.key for r in app.rows}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -163,3 +164,77 @@ def test_a_json_line_cut_inside_a_string_is_named_once(tmp_path):
     with pytest.raises(DataError) as e:
         parse_json_line(b'{"text": "no end\n', fields, "x.jsonl", 3)
     assert str(e.value) == "x.jsonl:3: not valid JSON (Unterminated string starting at column 10)"
+
+
+def _errors(r: subprocess.CompletedProcess) -> list[str]:
+    """validate's error lines, after checking that it refused with nothing but such lines."""
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines and all(line.startswith("error: ") for line in lines), r.stderr
+    return lines
+
+
+def test_a_data_path_that_names_a_whole_tree_is_refused_in_one_line(tmp_path):
+    """Reproduced: `data.paths = ["/usr/**/*.txt"]` validated for over 60 s (glob followed
+    /usr/bin/X11 -> . round and round), and `["/"]` walked the whole file system into a
+    PermissionError traceback. A glob or folder that lists more than 10,000 folders
+    (data.sources.MAX_WALK_FOLDERS) names much more than a dataset: one line says so and what to
+    give instead."""
+    wide = tmp_path / "wide"
+    for i in range(10_001):
+        (wide / str(i)).mkdir(parents=True)
+    (wide / "0" / "a.txt").write_text("hello\n")
+    for path in (f"{wide}/**/*.txt", str(wide), "/"):
+        (line,) = _errors(cli("validate", str(job_file(tmp_path, [path]))))
+        assert line.startswith("error: data.paths[0]: ") and "walks more than 10,000 folders" in line, line
+        assert "name the data's own folder or files" in line
+
+
+@pytest.mark.timeout(120)  # glob.glob never ends here (two loops double the paths at every level)
+def test_a_glob_through_symlink_loops_ends_and_finds_each_file(tmp_path):
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "sub" / "a.txt").write_text("hello world\n" * 100)
+    (data / "loop1").symlink_to(".")
+    (data / "sub" / "up").symlink_to("..")
+    (data / "linked").symlink_to("sub")  # an ordinary link to a folder is followed, as glob does
+    from clusterfsdp.data.sources import matches
+
+    assert matches(f"{data}/**/*.txt") == [f"{data}/linked/a.txt", f"{data}/sub/a.txt"]
+    r = cli("validate", str(job_file(tmp_path, [f"{data}/**/*.txt"])))
+    assert r.returncode == 0, r.stderr
+
+
+def test_matches_that_cannot_be_read_are_one_line_each(tmp_path):
+    """A dangling link, a loop of links and a FIFO among a glob's matches: each is named with why."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "good.txt").write_text("hello world\n")
+    (data / "dangling.txt").symlink_to(tmp_path / "gone.txt")
+    (data / "loop.txt").symlink_to("loop.txt")
+    os.mkfifo(data / "fifo.txt")
+    assert _errors(cli("validate", str(job_file(tmp_path, [f"{data}/*.txt"])))) == [
+        f"error: data.paths[0]: {data}/dangling.txt: cannot read: No such file or directory",
+        f"error: data.paths[0]: {data}/fifo.txt: not a regular file (a FIFO, socket or device); not a data source "
+        "(.txt or .jsonl, either maybe .gz or .zst; .parquet; or a dataset folder)",
+        f"error: data.paths[0]: {data}/loop.txt: cannot read: a loop of symbolic links",
+    ]
+
+
+def test_links_to_files_another_user_cannot_read_are_one_line(other_user, shared_root):
+    """Reproduced as a second user: a glob that matched a link to a file it may not read raised
+    PermissionError (a traceback), and the link named directly said 'matches no file or
+    folder'. Both now say 'cannot read: Permission denied', naming the path."""
+    closed = shared_root / "closed"
+    closed.mkdir(mode=0o700)  # root's; the other user may not enter it
+    (closed / "private.txt").write_text("not yours\n")
+    job = shared_root / "job"
+    files = {"data/good.txt": b"hello world\n", "data/ok.txt": b"hello\n"}
+    other_user.plant(job, files)
+    other_user.run(["ln", "-s", str(closed / "private.txt"), str(job / "data" / "link.txt")])
+    for paths, bad in (([f"{job}/data/*.txt"], f"{job}/data/link.txt"), ([f"{job}/data/link.txt"], None)):
+        text = f'[job]\nrun_root = "{job}/runs"\n[data]\nsource = "files"\npaths = {json.dumps(paths)}\n'
+        other_user.plant(job, {"job.toml": text.encode()})
+        r = other_user.run([sys.executable, "-m", "clusterfsdp", "validate", str(job / "job.toml")])
+        where = bad or str(closed / "private.txt")  # a link named directly is resolved with the job's paths
+        assert _errors(r) == [f"error: data.paths[0]: {where}: cannot read: Permission denied"], r.stderr

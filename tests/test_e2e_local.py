@@ -114,3 +114,7 @@ print("GENERATED", repr(tok.decode(gen[0][ids.shape[1]:], skip_special_tokens=Tr
     assert broken.returncode == 1 and "Traceback" not in broken.stderr, broken.stderr
     assert len(broken.stderr.strip().splitlines()) == 1 and broken.stderr.startswith("error: exporting step 150")
     assert not (tmp_path / "broken").exists()
+    (ck.path / ".metadata").write_bytes(b"not DCP metadata")  # torch's DCP logged its traceback before the line
+    broken = cli("export", str(run.path), "--to", str(tmp_path / "broken"), cwd=tmp_path)
+    assert broken.returncode == 1 and "Traceback" not in broken.stderr, broken.stderr
+    assert broken.stderr.strip().splitlines() == [broken.stderr.strip()] and ".metadata: SHA-256" in broken.stderr

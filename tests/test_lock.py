@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -147,3 +148,77 @@ def test_a_filesystem_without_hard_links_still_gets_an_exclusive_lock(tmp_path: 
         with pytest.raises(lock.LockHeld, match="first"):
             lock.FileLock(tmp_path / "run.lock", "second").acquire()
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no draft left behind
+
+
+# Each process contends for a fresh stale lock in each trial, from four threads that switch as
+# often as the interpreter allows (breakers interleave at every step), and keeps what it won until
+# `release` exists: a process that lags behind meets a live owner, never an exited one.
+BREAK_RACE = """
+import sys, threading, time
+from pathlib import Path
+from clusterfsdp.control.lock import FileLock, LockHeld
+sys.setswitchinterval(1e-6)
+folder, start, trials, release = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+kept = []
+for trial in range(trials):
+    got = []
+    def contend(trial=trial, got=got):
+        while time.time() < start + 0.05 * trial:
+            pass
+        lock = FileLock(folder / f"{trial}.lock", "race")
+        try:
+            got.append(lock.acquire())
+        except LockHeld:
+            pass
+    threads = [threading.Thread(target=contend) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    kept += got
+    print(trial, len(got), flush=True)
+while not release.exists():
+    time.sleep(0.05)
+"""
+
+
+def _dead_owner_record() -> dict:
+    """The owner record of a process of this machine that has exited (its lock is stale)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    record = {**procs.ProcessId.of(child.pid).record(), "acquired": time.time(), "purpose": "dead", "token": "d" * 16}
+    child.kill()
+    child.wait()
+    return record
+
+
+def test_of_many_processes_breaking_the_same_stale_lock_exactly_one_holds_it(tmp_path: Path):
+    """Reproduced: two breakers that both judged a lock stale each moved aside whatever lay at
+    its name, the second one the first one's fresh lock, and both then held it (4 of 15 trials).
+    Six processes of four threads each break the same dead owner's lock, 40 times over (a
+    fresh one each time): each time exactly one of the 24 gets it, and no claim is left behind."""
+    trials, record = 40, json.dumps(_dead_owner_record())
+    for trial in range(trials):
+        (tmp_path / f"{trial}.lock").write_text(record)
+    release, start = tmp_path / "release", time.time() + 1.5
+    argv = [sys.executable, "-c", BREAK_RACE, str(tmp_path), str(start), str(trials), str(release)]
+    ps = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(6)]
+    try:
+        lines = [[p.stdout.readline().split() for _ in range(trials)] if p.stdout else [] for p in ps]
+    finally:
+        release.touch()
+    for p in ps:
+        p.communicate(timeout=60)
+    holders = [sum(int(got) for out in lines for t, got in out if int(t) == trial) for trial in range(trials)]
+    assert holders == [1] * trials, holders
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{t}.lock" for t in range(trials)] + ["release"])
+
+
+def test_a_lock_whose_folder_was_removed_while_held_releases_quietly(tmp_path: Path):
+    """A prepare's unit locks live in its partial folder, which a failed prepare removes before
+    the locks are released: releasing (which takes the claim beside the lock) must not raise."""
+    folder = tmp_path / "claims"
+    folder.mkdir()
+    held = lock.FileLock(folder / "00000.lock", "unit").acquire()
+    shutil.rmtree(folder)
+    held.release()
+    assert not folder.exists()

@@ -74,3 +74,31 @@ def test_a_model_source_folder_is_refused_and_an_ordinary_destination_is_not(run
     problem = runfolder.export_refusal(run, tmp_path / "models")
     assert problem is not None and "contains the model's source folder" in problem
     assert runfolder.export_refusal(run, tmp_path / "exports" / "hf") is None
+
+
+def test_the_runs_data_and_its_data_cache_are_refused(run, tmp_path):
+    """Reproduced: `export --force --to` the run's data folder or its data.cache_dir replaced it.
+    Each data path (a glob's folder before its first wildcard) and data.cache_dir are refused
+    like the model's source folder: the folder itself, a folder holding it, one inside it."""
+    corpus, shards, cache = tmp_path / "corpus", tmp_path / "shards", tmp_path / "token-cache"
+    for folder in (corpus, shards, cache):
+        folder.mkdir()
+    (corpus / "a.txt").write_text("hello\n")
+    text = run.job_toml.read_text().replace('source = "synthetic"', 'source = "files"', 1)
+    text = text.replace("paths = []", f'paths = ["{corpus}/a.txt", "{shards}/*/part-*.jsonl"]', 1)
+    run.job_toml.write_text(text.replace('cache_dir = ""', f'cache_dir = "{cache}"', 1))
+    assert run.spec().data.cache_dir == str(cache)
+    cases = {
+        corpus / "a.txt": "it is the run's data",
+        corpus: "contains the run's data",
+        shards: "it is the run's data",
+        shards / "exports": "lies inside the run's data",
+        cache: "it is the data cache (data.cache_dir)",
+        cache / "hf": "lies inside the data cache",
+    }
+    for to, says in cases.items():
+        problem = runfolder.export_refusal(run, to)
+        assert problem is not None and says in problem, (to, problem)
+    assert runfolder.export_refusal(run, tmp_path / "exports" / "hf") is None
+    r = export(run, str(corpus), tmp_path, tmp_path)
+    assert r.returncode == 2 and "contains the run's data" in r.stderr and (corpus / "a.txt").is_file(), r.stderr

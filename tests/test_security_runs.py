@@ -162,3 +162,24 @@ def test_a_notebook_run_is_not_made_in_another_users_job_folder(other_user, shar
     with pytest.raises(PermissionError, match=f"refusing to submit into {shared_root / 'nb'}: .* owned by cfsdp-other"):
         runfolder.create_run(spec, Executor.SRUN)
     assert [p.name for p in (shared_root / "nb").iterdir()] == ["README"]
+
+
+def test_cancel_says_so_when_it_could_signal_nothing(tmp_path):
+    """Reproduced: `cancel` of a live local attempt whose process group it may not signal (here
+    the group `cancel` itself runs in, as a notebook kernel's own launch would be) waited out its
+    grace period and printed 'local job 1001: stopped' having sent nothing, and recorded the
+    attempt as cancelled. It says that no signal could be sent and records nothing; the group
+    runs on."""
+    run = make_run(tmp_path / "runs", RUN_ID, end=None)
+    group = subprocess.Popen(["sleep", "120"], process_group=0)
+    try:
+        _with_attempt(run, leader=procs.ProcessId.of(group.pid).record())
+        cancelled = subprocess.run([sys.executable, "-m", "clusterfsdp", "cancel", str(run.path)], capture_output=True,
+                                   text=True, timeout=120, preexec_fn=lambda: os.setpgid(0, group.pid))  # fmt: skip
+        assert cancelled.returncode == 0, cancelled
+        assert cancelled.stdout == f"run {RUN_ID}: local job 1001 runs, but no signal could be sent to it\n"
+        last = run.record().last
+        assert group.poll() is None and last is not None and last.cancelled is None
+    finally:
+        group.kill()
+        group.wait()

@@ -30,6 +30,12 @@ SECRET_VALUES = [
     ("SOME_VAR", "hf_abcdefghijklmnopqrstuvwxyz012345"),
     ("OTHER", "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
     ("CERT", "-----BEGIN RSA PRIVATE KEY-----\nMIIE...\n-----END RSA PRIVATE KEY-----"),
+    ("AZURE_STORAGE", "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=bXlrZXk=;EndpointSuffix=x.net"),
+    ("BLOB", "AccountKey=bXlrZXk=;AccountName=acct"),
+    ("BUS", "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=abc123="),
+    ("NOTIFY_URL", "https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX"),
+    ("ALERTS", "https://hooks.slack.com/workflows/T00000000/A00000000/123/abc"),
+    ("CHAT", "https://discord.com/api/webhooks/123456/abcdef"),
 ]
 HARMLESS_VALUES = [
     ("MLFLOW_TRACKING_URI", "https://mlflow.example.org:5000/path"),
@@ -37,6 +43,9 @@ HARMLESS_VALUES = [
     ("GIT_REMOTE", "ssh://git@github.com/org/repo.git"),
     ("NOTE", "sk-"),
     ("TIME", "12:30@noon"),
+    ("AZURE_ACCOUNT", "DefaultEndpointsProtocol=https;AccountName=acct;EndpointSuffix=core.windows.net"),
+    ("DOCS", "https://api.slack.com/messaging/webhooks"),
+    ("NOTE", "rotate the AccountKey monthly"),
 ]
 
 

@@ -52,6 +52,35 @@ def test_bad_sweeps_are_one_line_exit_2_and_leave_nothing(tiny_job, tmp_path, ca
     assert "Traceback" not in err and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(
+    ("table", "line"),
+    [
+        ('grid = { "train.lrr" = [1e-3] }', "error: sweep.grid train.lrr: unknown key; did you mean lr?"),
+        ('grid = { "train.lr" = [1e-3, "fast"] }', "error: sweep.grid train.lr: expected number, found string 'fast'"),
+        ('grid = { "train.lr" = [] }', "error: sweep.grid train.lr: an empty list (give at least one value)"),
+        (
+            'grid = { "job.name" = ["a", "b"] }',
+            "error: sweep.grid job.name: a sweep cannot vary job.name (its points share it)",
+        ),
+        ('zip = { "train.lr" = [1e-3, 3e-3], "train.warmup" = [1, 2, 3] }', ZIP_LENGTHS),
+        ('grid = { "train.lr" = [1e-3], "train.micro_batch_size" = [2, 0] }', BAD_POINT),
+        (
+            'max_parallel = -1\ngrid = { "train.lr" = [1e-3] }',
+            "error: sweep.max_parallel = -1: expected 0 (no limit on Slurm, 1 locally) or more",
+        ),
+    ],
+    ids=["unknown-key", "wrong-type", "empty", "fixed-key", "zip-lengths", "bad-point", "negative-parallel"],
+)
+def test_validate_refuses_the_sweep_tables_that_sweep_refuses(tiny_job, capsys, table, line):
+    """Reproduced: `validate` said ok to a [sweep] table that `sweep` then refused (and `submit`
+    refuses every job with one). It runs the same check, with the same line."""
+    tiny_job.write_text(tiny_job.read_text() + f"\n[sweep]\n{table}\n")
+    code, _, err = sweep_cli(capsys, str(tiny_job), "--executor", "local", "--dry-run")
+    assert (code, err.splitlines()[-1]) == (2, line), err
+    assert main(["validate", str(tiny_job)]) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+
+
 def test_sweep_table_is_typed_by_the_schema_and_the_command_line_replaces_a_key(tiny_job, capsys):
     """[sweep] in the job file: an int where a float is declared becomes a float (as --set does),
     zipped keys advance together (innermost), a --grid item replaces the table's key; `validate`

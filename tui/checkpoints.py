@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from clusterfsdp.control import ckptfolder
+from clusterfsdp.control.records import MAX_SECONDS
 
 State = Literal["complete", "partial", "set aside"]
 
@@ -38,14 +39,19 @@ def folder_size(path: Path) -> int:
     return total
 
 
+def _saved(c: ckptfolder.CheckpointInfo) -> float:
+    """When a checkpoint was completed: its record's `saved`, or its folder's mtime when that is no
+    time a clock could show (a damaged or foreign clusterfsdp.json: 1e300 overflowed the header)."""
+    saved = c.meta.get("saved")
+    if isinstance(saved, (int, float)) and not isinstance(saved, bool) and 0 < saved <= MAX_SECONDS:
+        return float(saved)
+    return c.path.stat().st_mtime
+
+
 def scan(root: Path) -> list[CheckpointRow]:
     """Every checkpoint folder under `root`, newest step first."""
-    rows = [
-        CheckpointRow(
-            c.step, c.path, "complete", float(c.meta.get("saved") or c.path.stat().st_mtime), folder_size(c.path)
-        )
-        for c in ckptfolder.list_checkpoints(root)
-    ]
+    rows = [CheckpointRow(c.step, c.path, "complete", _saved(c), folder_size(c.path))
+            for c in ckptfolder.list_checkpoints(root)]  # fmt: skip
     others: list[tuple[int, Path, State]] = [(step, p, "partial") for step, p in ckptfolder.partial_steps(root)]
     others.extend((step, p, "set aside") for step, p in ckptfolder.set_aside_steps(root))
     for step, p, state in others:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clusterfsdp.control import fileio
+
 CHUNK_BYTES = 1 << 20
 # A "line" longer than this (a binary dump, a progress bar without newlines) is cut, so a scan
 # never holds more than this much of one line in memory.
@@ -143,7 +145,7 @@ class LogFile:
             return 0
 
     def _read(self, start: int, stop: int) -> bytes:
-        with open(self.path, "rb") as f:
+        with fileio.open_regular(self.path) as f:
             f.seek(start)
             return f.read(max(0, stop - start))
 
@@ -195,7 +197,7 @@ class LogFile:
     def search_forward(self, search: Search, start: int, cancelled: Callable[[], bool] = lambda: False) -> int | None:
         """Start offset of the first line at or after `start` (a line start) that matches."""
         pos, carry = start, b""
-        with open(self.path, "rb") as f:
+        with fileio.open_regular(self.path) as f:
             f.seek(start)
             while not cancelled():
                 block = f.read(self.chunk_bytes)
@@ -218,7 +220,7 @@ class LogFile:
     def search_backward(self, search: Search, start: int, cancelled: Callable[[], bool] = lambda: False) -> int | None:
         """Start offset of the last line before `start` (a line start) that matches."""
         pos, head = start, b""  # head: the first, incomplete line of the previous block
-        with open(self.path, "rb") as f:
+        with fileio.open_regular(self.path) as f:
             while pos > 0 and not cancelled():
                 lo = max(0, pos - self.chunk_bytes)
                 f.seek(lo)

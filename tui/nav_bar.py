@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from textual.content import Content
 from textual.widgets import Static
 
+from clusterfsdp.term import printable
+
 if TYPE_CHECKING:
     from .app import ClusterApp
 
@@ -40,7 +42,8 @@ class NavBar(Static):
         selected), the screens other than this one by their number only, so the run's id and
         state still show."""
         row = self.app.current_row
-        run = Content.from_markup("│ [b]$label[/] $state", label=row.label, state=row.state) if row else Content("")
+        state = printable(row.state, lines=False) if row else ""
+        run = Content.from_markup("│ [b]$label[/] $state", label=row.label, state=state) if row else Content("")
         full = self._screens(titles=True) + run
         fits = not self.content_size.width or full.cell_length <= self.content_size.width
         self.update(full if fits else self._screens(titles=False) + run)

@@ -17,6 +17,7 @@ from pathlib import Path
 from clusterfsdp.control import runfolder, slurmcli, status
 from clusterfsdp.control.partitions import Partition, query_partitions
 from clusterfsdp.control.records import Executor
+from clusterfsdp.term import printable
 
 # squeue's own fields plus name and partition, which slurmcli.squeue does not ask for.
 SQUEUE_FORMAT = "%i|%T|%r|%M|%N|%j|%P"
@@ -77,7 +78,8 @@ class QueueRow:
 
     @property
     def label(self) -> str:
-        return self.run.id if self.run else f"job {self.job_id}"
+        """The run's id (or the job's), as the screens show it: printable, one line."""
+        return printable(self.run.id if self.run else f"job {self.job_id}", lines=False)
 
 
 def _run_row(run: runfolder.RunFolder, table: dict[str, slurmcli.JobRow]) -> QueueRow:

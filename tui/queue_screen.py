@@ -17,6 +17,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from clusterfsdp.control.errors import describe
+from clusterfsdp.term import printable
 
 from .actions import cancel, remove
 from .compose_screen import ComposeScreen
@@ -60,15 +61,17 @@ STATE_STYLE = {
 
 
 def cells(row: QueueRow) -> dict[str, str | Text]:
+    """The row's cells, each one line of printable text (`term.printable`: a folder name or a
+    reason from a planted run never drives the terminal)."""
     return {
-        "run": row.run.id if row.run else "-",
-        "name": row.name,
-        "state": Text(row.state, style=STATE_STYLE.get(row.state, "")),
-        "step": row.step or "-",
+        "run": row.label if row.run else "-",
+        "name": printable(row.name, lines=False),
+        "state": Text(printable(row.state, lines=False), style=STATE_STYLE.get(row.state, "")),
+        "step": printable(row.step, lines=False) or "-",
         "loss": row.loss or "-",
-        "job": row.job,
+        "job": printable(row.job, lines=False),
         "tries": str(row.attempts),
-        "reason": row.reason,
+        "reason": printable(row.reason, lines=False),
     }
 
 
@@ -181,11 +184,11 @@ class QueueScreen(Screen):
             Content.from_markup(
                 "[b]$label[/]  $state  $job · $tries\n$where\n$reason",
                 label=row.label,
-                state=row.state,
-                job=row.job,
+                state=printable(row.state, lines=False),
+                job=printable(row.job, lines=False),
                 tries=tries,
-                where=where,
-                reason=row.reason or "",
+                where=printable(where, lines=False),
+                reason=printable(row.reason or ""),
             )
         )
 

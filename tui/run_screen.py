@@ -24,6 +24,7 @@ from clusterfsdp.control import spec as specmod
 from clusterfsdp.control.errors import describe
 from clusterfsdp.control.records import Attempt, RunState
 from clusterfsdp.control.run import Run
+from clusterfsdp.term import printable
 
 from . import actions
 from .checkpoints import CheckpointRow, scan
@@ -293,9 +294,9 @@ class RunScreen(Screen):
         header.update(
             Content.from_markup(
                 "[b]$id[/] ($name)  $state\n$progress" + ("\n$why" if why else ""),
-                id=self.run.id,
-                name=self.run.name,
-                state=state,
+                id=printable(self.run.id, lines=False),
+                name=printable(self.run.name, lines=False),
+                state=printable(state),
                 progress=progress,
                 why=why,
             )
@@ -304,7 +305,7 @@ class RunScreen(Screen):
         attempts, ends = (facts.attempts, facts.ends) if facts else ([], {})
         ended = {job: f" -> {label}" for job, label in ends.items()}
         shown = [f"#{a.attempt} {a.executor}:{a.job_id} ({a.reason}){ended.get(a.job_id, '')}" for a in attempts]
-        table.border_subtitle = "attempts: " + (", ".join(shown) or "none")
+        table.border_subtitle = printable("attempts: " + (", ".join(shown) or "none"), lines=False)
 
     def action_data(self) -> None:
         """The run's training samples (DataScreen), read through its own job.toml."""

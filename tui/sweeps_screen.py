@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from clusterfsdp.control.errors import describe
+from clusterfsdp.term import printable
 
 from .nav_bar import NavBar
 from .plot import Series
@@ -136,11 +137,13 @@ class SweepsScreen(Screen):
         table.clear()
         for s in self.sweeps:
             if s.record is None or s.summary is None:
-                table.add_row(s.folder.id, "?", "-", Text("UNREADABLE " + s.error, "bold magenta"), "-", key=s.key)
+                error = Text(printable("UNREADABLE " + s.error, lines=False), "bold magenta")
+                table.add_row(printable(s.folder.id, lines=False), "?", "-", error, "-", key=s.key)
                 continue
             best, point = _num(s.summary.best), s.summary.best_point
             best += f" (point {point.index})" if point is not None else ""  # which point has it
-            table.add_row(s.record.sweep_id, s.record.name, str(len(s.points)), s.summary.counts, best, key=s.key)
+            names = (printable(s.record.sweep_id, lines=False), printable(s.record.name, lines=False))
+            table.add_row(*names, str(len(s.points)), s.summary.counts, best, key=s.key)
         keys = [s.key for s in self.sweeps]
         if self.selected in keys:
             table.move_cursor(row=keys.index(self.selected), scroll=False)
@@ -172,8 +175,8 @@ class SweepsScreen(Screen):
             state = str(st.state)
             table.add_row(
                 str(r.point.index),
-                r.point.run_id,
-                *(_value(r.point.values.get(k)) for k in keys),
+                printable(r.point.run_id, lines=False),
+                *(printable(_value(r.point.values.get(k)), lines=False) for k in keys),
                 Text(state, STATE_STYLE.get(state, "")),
                 f"{st.step or 0}/{st.steps or '?'}",
                 _num(st.loss),

@@ -74,8 +74,9 @@ class Backend(ABC):
         """The attempt still holds or waits for resources (SlurmError when that cannot be told)."""
 
     @abstractmethod
-    def cancel(self, attempt: Attempt) -> str:
-        """Ask the attempt's workers to save and stop; what was done, in words."""
+    def cancel(self, attempt: Attempt) -> str | None:
+        """Ask the attempt's workers to save and stop; what was done, in words, or None when
+        nothing could be signalled (it ended meanwhile, or its group is not ours to signal)."""
 
     def kill(self, attempt: Attempt) -> bool:
         """End what is left of the attempt after the grace period; True if anything was signalled."""
@@ -134,10 +135,10 @@ class Local(Backend):
     def is_live(self, attempt: Attempt) -> bool:
         return attempt.leader is not None and procs.group_alive(attempt.leader)
 
-    def cancel(self, attempt: Attempt) -> str:
+    def cancel(self, attempt: Attempt) -> str | None:
         if attempt.leader is not None and procs.signal_group(attempt.leader, signal.SIGTERM):
             return f"{self.describe(attempt)}: SIGTERM sent"
-        return f"{self.describe(attempt)}: nothing running"
+        return None
 
     def kill(self, attempt: Attempt) -> bool:
         return attempt.leader is not None and procs.signal_group(attempt.leader, signal.SIGKILL)
@@ -243,7 +244,7 @@ class SrunStep(_Streamed):
         step = self.step_of(attempt)
         return bool(step) and step in squeue_steps(attempt.allocation)
 
-    def cancel(self, attempt: Attempt) -> str:
+    def cancel(self, attempt: Attempt) -> str | None:
         return self._signal(attempt, signal.SIGTERM)
 
     def kill(self, attempt: Attempt) -> bool:
@@ -257,7 +258,7 @@ class SrunStep(_Streamed):
         killed = attempt.leader is not None and procs.signal_group(attempt.leader, signal.SIGKILL)
         return killed or bool(step)
 
-    def _signal(self, attempt: Attempt, sig: signal.Signals) -> str:
+    def _signal(self, attempt: Attempt, sig: signal.Signals) -> str | None:
         step = self.step_of(attempt)
         name = sig.name.removeprefix("SIG")
         if step:
@@ -269,7 +270,7 @@ class SrunStep(_Streamed):
         # no step yet (srun still waiting for resources): stop srun itself
         if attempt.leader is not None and procs.signal_group(attempt.leader, sig):
             return f"srun in allocation {attempt.allocation}: {sig.name} sent"
-        return f"srun in allocation {attempt.allocation}: nothing running"
+        return None
 
     def describe(self, attempt: Attempt) -> str:
         step = attempt.step

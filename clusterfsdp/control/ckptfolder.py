@@ -22,7 +22,6 @@ ones only after a newer one is complete, never the best one (checkpoint.keep_bes
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import ownership
+from . import fileio, ownership
 from .value import FrozenValue
 
 COMPLETE = "clusterfsdp.json"
@@ -124,8 +123,11 @@ def is_complete(path: Path) -> bool:
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    """A checkpoint's clusterfsdp.json (OSError, json.JSONDecodeError when unreadable)."""
-    return json.loads((path / COMPLETE).read_text())
+    """A checkpoint's clusterfsdp.json (OSError, ValueError when unreadable or not a JSON object)."""
+    meta = fileio.load_json(path / COMPLETE)
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path / COMPLETE}: not a JSON object")
+    return meta
 
 
 def list_checkpoints(root: Path) -> list[CheckpointInfo]:
@@ -137,7 +139,7 @@ def list_checkpoints(root: Path) -> list[CheckpointInfo]:
             if m and is_complete(p):
                 try:
                     meta = read_meta(p)
-                except (OSError, json.JSONDecodeError):
+                except (OSError, ValueError):
                     continue
                 out.append(CheckpointInfo(p, int(m.group(1)), meta))
     return sorted(out, key=lambda c: c.step)

@@ -24,13 +24,12 @@ Pure Python, no torch.
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import ckptfolder, evidence, outcomes
+from . import ckptfolder, evidence, fileio, outcomes
 from .findings import Context, Finding, Numbers, next_steps
 from .records import Cause, Event, EventKind, RunState, preflight_failures, preflight_verdict
 from .runfolder import RunFolder
@@ -378,7 +377,7 @@ def _numbers(run: RunFolder, inc: _Incarnation, d: Diagnosis) -> Numbers:
         if isinstance(value, (int, float)) and isinstance(step, int) and step <= (d.step or 0):
             lr = float(value)
     try:
-        job = tomllib.loads(run.job_toml.read_text())
+        job = tomllib.loads(fileio.read_text(run.job_toml, 1 << 20))  # (bounded, never a FIFO)
     except (OSError, ValueError):
         job = {}
     fsdp, model, ckpt = job.get("fsdp", {}), job.get("model", {}), job.get("checkpoint", {})
@@ -462,7 +461,7 @@ def _host_of(run: RunFolder, inc: _Incarnation, rank: int) -> str:
     folder = run.nodes_dir / f"{inc.job_id}.{inc.restart}"
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            dist = json.loads(path.read_bytes()[: 64 << 10]).get("dist", {})
+            dist = fileio.loads(fileio.read_bytes(path, 64 << 10)).get("dist", {})
             first, count = int(dist["rank"]), int(dist["local_world_size"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue

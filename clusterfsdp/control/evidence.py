@@ -7,12 +7,12 @@ too)."""
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import fileio
 from .runfolder import RunFolder
 
 TAIL_BYTES = 256 << 10  # of a rank log: a traceback and what led to it
@@ -25,7 +25,7 @@ EXIT_CODES = "{job_id}_exit_codes.json"  # in submitit/<job id>/: the local cont
 def tail_lines(path: Path, max_bytes: int = TAIL_BYTES) -> list[str]:
     """The lines of the last `max_bytes` of a file (the first one dropped when cut); [] if unreadable."""
     try:
-        with open(path, "rb") as f:
+        with fileio.open_regular(path) as f:  # (a FIFO planted in a run folder would block a read)
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - max_bytes))
@@ -38,8 +38,7 @@ def tail_lines(path: Path, max_bytes: int = TAIL_BYTES) -> list[str]:
 
 def head_lines(path: Path, max_bytes: int = DUMP_BYTES) -> list[str]:
     try:
-        with open(path, "rb") as f:
-            return f.read(max_bytes).decode("utf-8", errors="replace").splitlines()
+        return fileio.read_bytes(path, max_bytes).decode("utf-8", errors="replace").splitlines()
     except OSError:
         return []
 
@@ -171,7 +170,7 @@ def local_exit_code(run: RunFolder, job_id: str, restart: int, rank: int) -> int
     some other way, an older run)."""
     path = run.submitit_dir / job_id / EXIT_CODES.format(job_id=job_id)
     try:
-        rounds = json.loads(path.read_bytes()[: 64 << 10]) if path.is_file() else []
+        rounds = fileio.loads(fileio.read_bytes(path, 64 << 10)) if path.is_file() else []
         code = rounds[min(restart, len(rounds) - 1)][rank] if rounds else None
     except (OSError, ValueError, TypeError, IndexError, KeyError):
         return None

@@ -22,6 +22,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from . import fileio
+
 BEAT_S = 2.0  # how often a rank's side thread rewrites its heartbeat file
 STALE_BEAT_S = 3 * BEAT_S  # a heartbeat older than this: the process stopped answering (frozen, dead)
 MARKS = 8  # steps whose arrival times a heartbeat carries (the straggler rule compares them)
@@ -117,7 +119,7 @@ class Beat:
     def from_json(cls, text: str | bytes) -> Beat | None:
         """None for a file that is not a heartbeat (torn, foreign, a newer writer's phase)."""
         try:
-            data = json.loads(text)
+            data = fileio.loads(text)
             known = {f.name for f in fields(cls)}
             beat = cls(**{k: v for k, v in data.items() if k in known})
             beat.phase = Phase(beat.phase)
@@ -154,7 +156,7 @@ def read_beats(folder: Path) -> dict[int, Beat]:
     out: dict[int, Beat] = {}
     for path in folder.glob("rank*.json") if folder.is_dir() else []:
         try:
-            beat = Beat.from_json(path.read_bytes()[: 16 << 10])
+            beat = Beat.from_json(fileio.read_bytes(path, 16 << 10))
         except OSError:
             continue
         if beat is not None:

@@ -5,36 +5,22 @@ has what it was asked for (`status` and `runs` want the last logged row and the 
 so listing 10,000 runs costs what their last lines cost, not their whole histories).
 
 Tolerant in both directions: a torn last line (the writer is mid-write) is left for the next call,
-and a line that is not a JSON object, not UTF-8 or longer than a chunk is skipped, never fatal.
+and a line that is not a JSON object, not UTF-8, nested too deep (`fileio.loads`) or longer than a
+chunk is skipped, never fatal; a path that is not a regular file (a planted FIFO) reads as empty.
 Polling by byte offset, not inotify, which sees nothing on NFS.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import fileio
+
 CHUNK_BYTES = 1 << 20
 Row = dict[str, Any]
-
-
-def parse_lines(data: bytes) -> list[Row]:
-    """The JSON objects among the lines of `data`: parsed as one array (one call, not one per
-    line), or line by line when some line is not JSON (that line is skipped)."""
-    lines = [line for line in data.split(b"\n") if line.strip()]
-    try:
-        rows = json.loads(b"[" + b",".join(lines) + b"]")
-    except ValueError:  # JSON or UTF-8 errors: find the bad lines one by one
-        rows = []
-        for line in lines:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                pass
-    return [r for r in rows if isinstance(r, dict)]
 
 
 class JsonlTail:
@@ -50,7 +36,7 @@ class JsonlTail:
         is not a row of ours: it is skipped. Empty if nothing new (or no file yet)."""
         out = []
         try:
-            with open(self.path, "rb") as f:
+            with fileio.open_regular(self.path) as f:
                 while True:
                     f.seek(self.offset)
                     data = f.read(chunk_bytes)
@@ -61,8 +47,8 @@ class JsonlTail:
                         self.offset += len(data)  # an over-long line: skipped, a chunk at a time
                         continue
                     self.offset += end
-                    out.append(parse_lines(data[:end]))
-        except FileNotFoundError:
+                    out.append(fileio.parse_lines(data[:end]))
+        except OSError:  # no file yet, or not a regular file (a FIFO would block): nothing to read
             pass
         return out
 
@@ -77,7 +63,7 @@ def newest(path: Path, wanted: Sequence[Callable[[Row], bool]], max_bytes: int =
     one is found or after `max_bytes`: the cost of a long history is its last lines."""
     found: list[Row | None] = [None] * len(wanted)
     try:
-        with open(path, "rb") as f:
+        with fileio.open_regular(path) as f:
             end = f.seek(0, os.SEEK_END)
             read, size = 0, 4096
             carry = b""  # the start of a line whose beginning lies in the chunk before
@@ -101,7 +87,7 @@ def newest(path: Path, wanted: Sequence[Callable[[Row], bool]], max_bytes: int =
                             found[i] = row
                     if None not in found:
                         break
-    except (FileNotFoundError, IsADirectoryError, PermissionError):
+    except OSError:  # no file, not a regular file, not readable: nothing logged
         pass
     return found
 
@@ -110,7 +96,7 @@ def _row(line: bytes) -> Row | None:
     if not line.strip():
         return None
     try:
-        row = json.loads(line)
+        row = fileio.loads(line)
     except ValueError:
         return None
     return row if isinstance(row, dict) else None

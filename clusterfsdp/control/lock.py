@@ -9,8 +9,16 @@ long holders (a dataset prepare) touch the file every `heartbeat_s` from a threa
 not touched for `stale_after_s` belongs to a dead host. The lock file is written whole under a
 unique name and hard-linked into place, so it is never seen half-written. A lock file that names
 no owner anyway (a hand-made file, one left by an older version, a full disk) is stale once it is
-`UNREADABLE_GRACE_S` old. Breaking renames the file to a unique
-name first, so two processes that find the same stale lock cannot both take it.
+`UNREADABLE_GRACE_S` old.
+
+Breaking is exact: processes that find the same stale lock contend for a claim named after that
+very lock (its owner's unique token, or the inode and mtime of a record without one), created
+exclusively, so exactly one goes on; it reads the lock again under the claim and moves it aside
+only if it is still the one judged stale. A slower breaker then finds the claim taken, or a
+different lock at the name (the winner's), and breaks nothing: moving aside whatever lay at the
+name let two breakers each take it, both then holding the lock (4 trials in 15). `release`
+removes its own lock under the same claim, so it never removes a lock that replaced it. A claim
+is held for a few file operations; one older than CLAIM_STALE_S was left by a breaker that died.
 """
 
 from __future__ import annotations
@@ -25,10 +33,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import fileio
 from .errors import UserError
 from .procs import ProcessId
 
 UNREADABLE_GRACE_S = 5.0
+CLAIM_STALE_S = 30.0
 
 
 class LockHeld(UserError, RuntimeError):
@@ -73,26 +83,18 @@ class FileLock:
 
     # ---- owner record
     def owner(self) -> LockOwner | None:
-        try:
-            data = json.loads(self.path.read_text())
-            process = ProcessId.from_record(data)
-            return LockOwner(process, float(data["acquired"]), str(data.get("purpose", ""))) if process else None
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        seen = _look(self.path)
+        return seen.owner if seen else None
 
-    def _stale(self) -> bool:
-        owner = self.owner()
-        try:
-            idle = time.time() - self.path.stat().st_mtime
-        except FileNotFoundError:
-            return False  # released meanwhile: just try again
+    def _stale(self, seen: _Seen) -> bool:
+        owner = seen.owner
         if owner is not None and self.takeover is not None and self.takeover(owner):
             return True
         if owner is None:
-            return idle > UNREADABLE_GRACE_S
+            return seen.idle > UNREADABLE_GRACE_S
         if owner.process.here:
             return not owner.process.alive()
-        return idle > self.stale_after_s  # another host: judged by the heartbeat
+        return seen.idle > self.stale_after_s  # another host: judged by the heartbeat
 
     # ---- acquire / release
     def _try_create(self) -> bool:
@@ -126,14 +128,19 @@ class FileLock:
             f.write(json.dumps(record) + "\n")
         return True
 
-    def _break_stale(self) -> None:
-        """Move a stale lock aside under a unique name; only one breaker's rename succeeds."""
-        aside = self.path.with_name(f"{self.path.name}.stale-{secrets.token_hex(4)}")
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return
-        aside.unlink(missing_ok=True)
+    def _break_stale(self, seen: _Seen) -> bool:
+        """Remove the stale lock `seen`, and only it (see the module's docstring). False when
+        another process holds the claim on it: it is being broken (or released) right now."""
+        with _claim(self.path, seen.identity) as claimed:
+            if not claimed:
+                return False
+            now = _look(self.path)
+            if now is not None and now.identity == seen.identity:
+                aside = self.path.with_name(f"{self.path.name}.stale-{secrets.token_hex(4)}")
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(self.path, aside)
+                    aside.unlink()
+        return True
 
     def acquire(self, timeout_s: float | None = 0.0, poll_s: float = 0.2, *, wait_for_live: bool = True) -> FileLock:
         """Take the lock, waiting up to `timeout_s` (None: forever); raises LockHeld. With
@@ -142,10 +149,14 @@ class FileLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self._try_create():
-            if self._stale():
-                self._break_stale()
+            seen = _look(self.path)
+            if seen is None:
+                continue  # released meanwhile: just try again
+            if self._stale(seen):
+                if not self._break_stale(seen):
+                    time.sleep(0.01)  # another process is breaking it: a few file operations
                 continue
-            owner = self.owner()
+            owner = seen.owner
             alive_here = owner is not None and owner.process.here and owner.process.alive()
             if (deadline is not None and time.monotonic() >= deadline) or (alive_here and not wait_for_live):
                 raise LockHeld(self.path, owner)
@@ -163,18 +174,18 @@ class FileLock:
                 os.utime(self.path)
 
     def held_by_me(self) -> bool:
-        try:
-            return json.loads(self.path.read_text()).get("token") == self._token != ""
-        except (OSError, ValueError):
-            return False
+        seen = _look(self.path)
+        return seen is not None and seen.identity == self._token != ""
 
     def release(self) -> None:
         self._stop.set()
         if self._beat is not None:
             self._beat.join()
             self._beat = None
-        if self.held_by_me():  # never remove a lock that was broken and re-taken by someone else
-            self.path.unlink(missing_ok=True)
+        if self._token:  # under the claim on it: a breaker judging it stale meanwhile waits, or has it
+            with _claim(self.path, self._token) as claimed:
+                if claimed and self.held_by_me():  # never remove a lock that was broken and re-taken
+                    self.path.unlink(missing_ok=True)
         self._token = ""
 
     def __enter__(self) -> FileLock:
@@ -182,6 +193,64 @@ class FileLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """A lock file as read once: its owner (None: unreadable), what identifies this very lock (the
+    record's unique token; for a record without one, its inode and mtime) and how long it has
+    not been touched."""
+
+    owner: LockOwner | None
+    identity: str
+    idle: float
+
+
+def _look(path: Path) -> _Seen | None:
+    """The lock file at `path`, or None when there is none. A name that is not a regular file (a
+    FIFO is never opened: `open_regular`; a dangling symlink) or holds no owner record is an
+    unreadable lock."""
+    try:
+        with fileio.open_regular(path) as f:
+            st, text = os.fstat(f.fileno()), f.read(64 << 10)
+    except OSError:  # gone, or there but no regular file (a FIFO, a dangling symlink): unreadable
+        try:
+            st, text = os.lstat(path), b""
+        except FileNotFoundError:
+            return None
+    owner, token = None, ""
+    try:
+        data = fileio.loads(text)
+        process = ProcessId.from_record(data)
+        if process is not None:
+            owner = LockOwner(process, float(data["acquired"]), str(data.get("purpose", "")))
+        token = data.get("token") if isinstance(data.get("token"), str) else ""
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+        pass
+    return _Seen(owner, token or f"{st.st_ino}-{st.st_mtime_ns}", time.time() - st.st_mtime)
+
+
+@contextlib.contextmanager
+def _claim(path: Path, identity: str) -> Iterator[bool]:
+    """Whether this process got the claim on the lock `identity` at `path` (created exclusively,
+    removed on leaving). A claim older than CLAIM_STALE_S (its maker died) is removed, not given;
+    none is given in a folder that no longer exists."""
+    claim = path.with_name(f"{path.name}.break-{''.join(c for c in identity if c.isalnum() or c == '-')[:64]}")
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        got = True
+    except FileExistsError:
+        got = False
+        with contextlib.suppress(OSError):
+            if time.time() - claim.lstat().st_mtime > CLAIM_STALE_S:
+                claim.unlink()
+    except FileNotFoundError:  # the lock's folder is gone (a prepare's partial folder): so is the lock
+        got = False
+    try:
+        yield got
+    finally:
+        if got:
+            claim.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from . import evidence, runfolder
+from . import evidence, fileio, runfolder
 
 
 def attempt_keys(run: runfolder.RunFolder) -> list[str]:
@@ -56,16 +56,20 @@ def task_log(run: runfolder.RunFolder, log: Path, rank: int) -> Path | None:
     return None
 
 
-def _banner(run: runfolder.RunFolder, path: Path) -> str:
+class Banner(str):
+    """A line `follow` writes itself, not the log's bytes (the CLI escapes it: `term.printable`)."""
+
+
+def _banner(run: runfolder.RunFolder, path: Path) -> Banner:
     """The line `follow` writes when it starts reading a log of another attempt (a requeue, the
     new attempt of a resume), so a restart in the output is never mistaken for the old one."""
     where = path.parent.name if path.parent.parent == run.logs_dir else "submitit"
-    return f"==> {where} ({path.name}) <==\n"
+    return Banner(f"==> {where} ({path.name}) <==\n")
 
 
 def tail(path: Path, lines: int = 200, max_bytes: int = 1 << 20) -> str:
     """The last `lines` lines, reading at most `max_bytes` from the end (fast on a 1 GB log)."""
-    with open(path, "rb") as f:
+    with fileio.open_regular(path) as f:
         f.seek(0, 2)
         size = f.tell()
         f.seek(max(0, size - max_bytes))
@@ -96,7 +100,7 @@ def follow(
             current, offset = newest, 0 if from_start or current is not None else newest.stat().st_size
         chunk = b""
         if current is not None:
-            with open(current, "rb") as f:
+            with fileio.open_regular(current) as f:
                 f.seek(offset)
                 chunk = f.read()
                 offset = f.tell()

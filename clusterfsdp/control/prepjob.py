@@ -30,7 +30,7 @@ from pathlib import Path
 from ..data import arraystate
 from ..data.cache import DatasetRef, cache_root, dataset_refs
 from ..data.sources import DataError
-from . import ownership, slurmcli
+from . import fileio, ownership, slurmcli
 from . import spec as specmod
 from .errors import UserError
 from .fileio import atomic_write
@@ -181,7 +181,7 @@ def before_training(spec: specmod.JobSpec, run: RunFolder, *, slurm: bool) -> st
 def abandon(run: RunFolder) -> None:
     """Cancel the prepare array of a run whose training job could not be queued (best effort)."""
     try:
-        job_id = str(json.loads((run.path / RECORD).read_text())["job_id"])
+        job_id = str(fileio.load_json(run.path / RECORD)["job_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return
     try:
@@ -193,7 +193,7 @@ def abandon(run: RunFolder) -> None:
 def recorded(run_path: Path) -> tuple[str, list[arraystate.PrepareProgress]] | None:
     """The prepare array a run's training job waits for, with each dataset's progress."""
     try:
-        record = json.loads((run_path / RECORD).read_text())
+        record = fileio.load_json(run_path / RECORD)
         datasets = [(DatasetRef(d["role"], (), d["key"], Path(d["root"])), int(d["bytes"])) for d in record["datasets"]]
         return str(record["job_id"]), [arraystate.progress(ref, total) for ref, total in datasets]
     except (OSError, ValueError, KeyError, TypeError, DataError):

@@ -82,7 +82,7 @@ class ProcessId(FrozenValue):
     def from_record(cls, record: dict) -> ProcessId | None:
         try:
             return cls(int(record["pid"]), int(record["start"]), str(record["host"]), str(record["boot"]))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
             return None
 
     @property
@@ -134,11 +134,11 @@ def group_alive(leader: ProcessId) -> bool:
 
 def signal_group(leader: ProcessId, sig: signal.Signals) -> bool:
     """Signal the group only if it is still the one recorded, and is not our own; True if a
-    signal was sent."""
+    signal was sent (False too for a group we may not signal: another user's)."""
     if leader.pid == os.getpgrp() or not group_alive(leader):
         return False
     try:
         os.killpg(leader.pid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         return False
     return True

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -26,6 +25,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import fileio
 from .procs import ProcessId
 from .value import Value
 
@@ -206,23 +206,33 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _matches(value: Any, hint: Any) -> bool:
-    """`value`, read from JSON, has the declared type (an int is a float; a bool is no number)."""
+# Every float of a record is a time (seconds since the epoch) or a duration in seconds: finite and
+# within this bound (the year 2286), so that formatting it as a date never overflows; every int
+# (a step, a rank, an exit code) fits in 64 bits. A value beyond is damage, not data.
+MAX_SECONDS = 1e10
+_INT64 = 1 << 63
+
+
+def _matches(value: Any, hint: Any, bounded: bool = True) -> bool:
+    """`value`, read from JSON, has the declared type (an int is a float; a bool is no number),
+    and with `bounded` a number is within the range above."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, a) for a in args)
+        return any(_matches(value, a, bounded) for a in args)
     if hint is Any:
         return True
     if hint is type(None):
         return value is None
     if origin is list:
-        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
+        return isinstance(value, list) and all(_matches(v, args[0], bounded) for v in value)
     if origin is dict:
-        return isinstance(value, dict) and all(_matches(v, args[1]) for v in value.values())
+        return isinstance(value, dict) and all(_matches(v, args[1], bounded) for v in value.values())
     if isinstance(value, bool):
         return hint is bool
     if hint is float:
-        return isinstance(value, (int, float))
+        return isinstance(value, (int, float)) and (not bounded or -MAX_SECONDS <= value <= MAX_SECONDS)
+    if hint is int:
+        return isinstance(value, int) and (not bounded or -_INT64 <= value < _INT64)
     if issubclass(hint, StrEnum):
         return isinstance(value, str)
     return isinstance(value, hint)
@@ -237,6 +247,8 @@ def _from_dict(cls: type[T], data: Any, **converted: Any) -> T:
     kept = {k: v for k, v in data.items() if k in hints and k not in converted}
     for key, value in kept.items():
         if not _matches(value, hints[key]):
+            if _matches(value, hints[key], bounded=False):
+                raise RecordError(f"{key}: {_short(value)} is out of range")
             raise RecordError(f"{key}: expected {hints[key]}, found {type(value).__name__} {_short(value)}")
     try:
         return cls(**{**kept, **converted})
@@ -300,7 +312,7 @@ def _to_dict(record: Any) -> dict[str, Any]:
 def _read(cls: Any, path: Path) -> Any:
     """`cls.from_dict` of a JSON file; RecordError starting with the file's name if it cannot be read."""
     try:
-        return cls.from_dict(json.loads(path.read_bytes()))
+        return cls.from_dict(fileio.load_json(path))
     except (OSError, ValueError) as e:  # RecordError, JSON and UTF-8 errors are ValueErrors
         reason = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
         raise RecordError(f"{path.name}: {_short_reason(reason)}") from None

@@ -425,28 +425,37 @@ class Run:
                 raise RunError(f"run {self.id} has no submitted attempt")
             backend = backends.for_attempt(last)
             message = self._cancel_attempt(last, backend)
-            if message is None:
-                return f"run {self.id}: nothing running"
+            if message is None:  # alive, but its group is this very process's, or another user's
+                live = backend.is_live(last)
+                return f"run {self.id}: " + (f"{backend.describe(last)} runs, but no signal could be sent to it"
+                                             if live else "nothing running")  # fmt: skip
             if backend.scheduled:
                 return message
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and backend.is_live(last):
                 pause(0.2)
-            if backend.is_live(last) and backend.kill(last):
+            if not backend.is_live(last):
+                return f"{backend.describe(last)}: stopped"
+            if backend.kill(last):
                 return f"{backend.describe(last)}: killed after {grace_s:.0f} s"
-            return f"{backend.describe(last)}: stopped"
+            return f"{backend.describe(last)}: SIGTERM sent; still running after {grace_s:.0f} s, and SIGKILL not sent"
         finally:
             held.release()
 
     def _cancel_attempt(self, attempt: Attempt, backend: backends.Backend) -> str | None:
-        """Record the cancel, then ask the backend; None if nothing was running (then nothing is recorded)."""
+        """Record the cancel (the workers read it when the signal comes), then ask the backend;
+        None if nothing was signalled (then the record is as it was)."""
         if not backend.scheduled and not backend.is_live(attempt):
             return None
         self.folder.update_attempt(attempt.job_id, cancelled=time.time())
         try:
-            return backend.cancel(attempt)
+            said = backend.cancel(attempt)
         except slurmcli.SlurmError as e:
+            self.folder.update_attempt(attempt.job_id, cancelled=attempt.cancelled)
             raise RunError(f"run {self.id}: {e}") from None
+        if said is None:
+            self.folder.update_attempt(attempt.job_id, cancelled=attempt.cancelled)
+        return said
 
     # ---------------------------------------------------------------- a launch the caller watches
     def record_step(self, job_id: str, step: str) -> None:

@@ -29,6 +29,7 @@ command that acts on a run (docs/run-folder.md, "Whose runs are acted on").
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import ownership
 from .errors import UserError
-from .fileio import append_jsonl, atomic_write, read_jsonl
+from .fileio import append_jsonl, atomic_write, load_json, read_jsonl
 from .records import Attempt, Event, Executor, RunRecord, TrackerIds
 from .runroot import ENV_RUN_ROOT, default_run_root, lookup_roots
 from .value import FrozenValue
@@ -106,7 +107,7 @@ class RunFolder(FrozenValue):
     def record(self) -> RunRecord:
         """The run's state file; an unreadable one reads as a run with no attempts."""
         try:
-            return RunRecord.from_dict(json.loads(self.state_file.read_text()))
+            return RunRecord.from_dict(load_json(self.state_file))
         except (OSError, ValueError, KeyError, TypeError):
             return RunRecord(self.id, self.name, Executor.LOCAL, 0.0)
 
@@ -175,7 +176,7 @@ class RunFolder(FrozenValue):
 
     def tracker_ids(self) -> TrackerIds:
         try:
-            return TrackerIds.from_dict(json.loads(self.trackers_file.read_text()))
+            return TrackerIds.from_dict(load_json(self.trackers_file))
         except (OSError, ValueError, TypeError, AttributeError):
             return TrackerIds()
 
@@ -260,6 +261,8 @@ def refusal(run: RunFolder, action: str) -> str | None:
     could have planted or changed, or None. Checked: the folder, state.json, job.toml and the
     checkpoint folder (which may live elsewhere: checkpoint.dir). Read-only commands (status,
     runs, logs, the TUI's lists) show every run and need no check."""
+    from . import spec as specmod  # here: `status` and `runs` start without the spec
+
     paths = [run.path, run.state_file, run.job_toml]
     try:
         checkpoints = run.checkpoints_dir()
@@ -284,11 +287,27 @@ def submit_refusal(spec: specmod.JobSpec) -> str | None:
     return f"refusing to submit into {folder}: {problem}; choose another job.name or run root"
 
 
+def _data_folders(spec: specmod.JobSpec) -> list[Path]:
+    """What the job reads its data from: each absolute data path, a glob cut before its first
+    component with a wildcard (`/data/corpus/*.jsonl` -> /data/corpus)."""
+    patterns = [*spec.data.paths, *spec.eval.paths, *(s.path for s in spec.data.sources)]
+    out = []
+    for pattern in patterns:
+        parts = Path(pattern).expanduser().parts
+        fixed = [p for p in itertools.takewhile(lambda p: not any(c in p for c in "*?["), parts)]
+        if fixed and Path(*fixed).is_absolute():
+            out.append(Path(*fixed))
+    return out
+
+
 def export_refusal(run: RunFolder, to: str | Path) -> str | None:
     """Why `export --to` may not write (and with --force replace) `to`, or None: it is `/`, is or
     contains the home folder, or is, contains or lies inside the run root, the run, its
-    checkpoints or a source folder of its model or tokenizer. Symlinks are resolved first, so a
-    link to one of them is refused too."""
+    checkpoints, a source folder of its model or tokenizer, its data (each data path, a glob's
+    folder before its first wildcard) or data.cache_dir. Symlinks are resolved first, so a link
+    to one of them is refused too."""
+    from . import spec as specmod
+
     dest = Path(to).expanduser().resolve()
     home = Path.home().resolve()
     if dest == Path(dest.anchor) or home.is_relative_to(dest):
@@ -299,6 +318,9 @@ def export_refusal(run: RunFolder, to: str | Path) -> str | None:
         guarded.append(("the run's checkpoints", run.checkpoints_dir(spec)))
         sources = (spec.model.name_or_path, spec.model.config, spec.data.tokenizer)
         guarded += [("the model's source folder", Path(p)) for p in sources if p and Path(p).is_absolute()]
+        guarded += [("the run's data", path) for path in _data_folders(spec)]
+        if spec.data.cache_dir:
+            guarded.append(("the data cache (data.cache_dir)", Path(spec.data.cache_dir)))
     except (OSError, specmod.SpecError):
         pass
     guarded += [("the run root", run.path.parent.parent), ("the run root", default_run_root())]

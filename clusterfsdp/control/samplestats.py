@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import fileio
 from .fileio import atomic_write
 
 _LEFT_OUT = ("files",)  # the index tables' seals: the cache's business, not the run's
@@ -44,7 +45,7 @@ def write(
 
 def _document(file: Path) -> dict[str, Any]:
     try:
-        found = json.loads(file.read_text())
+        found = fileio.load_json(file)
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}

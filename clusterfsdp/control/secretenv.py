@@ -10,8 +10,10 @@ blocks `resume` until the user exports it. A name is secret when it starts with 
 (SESSION_ID, SESSIONKEY; XDG_SESSION_TYPE is not) or a word is one of SECRET_WORDS (MYSQL_PWD,
 GITHUB_PAT, AWS_CREDS, CLIENT_PEM, ...), starts with one of SECRET_PREFIXES (COOKIES, PASSWORDS) or
 ends with one of SECRET_SUFFIXES (APIKEY, HFTOKEN, DBPASSWORD). A value is
-secret when it is a URL with a password (`scheme://user:pass@host`: DATABASE_URL, SENTRY_DSN,
-MLFLOW_TRACKING_URI), a PEM block, or starts like a well-known token (hf_, ghp_, sk-, AKIA, ...).
+secret when it holds one of SECRET_VALUES (a URL with a password, `scheme://user:pass@host`:
+DATABASE_URL, SENTRY_DSN, MLFLOW_TRACKING_URI; a PEM block; a key of an Azure connection string,
+`AccountKey=`; a Slack or Discord webhook URL, whose path is its credential) or starts like a
+well-known token (hf_, ghp_, sk-, AKIA, ...).
 """
 
 from __future__ import annotations
@@ -27,9 +29,16 @@ SECRET_WORDS = frozenset(
 SECRET_PREFIXES = ("COOKIE", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL", "PRIVATEKEY")
 SECRET_SUFFIXES = ("APIKEY", "ACCESSKEY", "SECRETKEY", "PRIVATEKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD")
 _WORD_SPLIT = r"[_\-.]+"
-# scheme://user:password@host (the password may be empty only if the colon is there: user:@host is not)
-_URL_WITH_PASSWORD = r"(?i)[a-z][a-z0-9+.\-]*://[^/\s:@]*:[^/\s@]+@"
-_PEM = r"-----BEGIN [A-Z ]*(PRIVATE KEY|CERTIFICATE)-----"
+# What in a value carries a credential, wherever it is in the value.
+SECRET_VALUES = (
+    # scheme://user:password@host (the password may be empty only if the colon is there: user:@host is not)
+    r"(?i)[a-z][a-z0-9+.\-]*://[^/\s:@]*:[^/\s@]+@",
+    r"-----BEGIN [A-Z ]*(PRIVATE KEY|CERTIFICATE)-----",
+    # Azure: storage connection strings (AccountKey), Service Bus / Event Hubs (SharedAccessKey), SAS
+    r"(?i)(^|;)\s*(AccountKey|SharedAccessKey|SharedAccessSignature)\s*=",
+    r"(?i)https://hooks\.slack\.com/(services|workflows|triggers)/",  # a webhook's URL is its credential
+    r"(?i)https://(\w+\.)?discord(app)?\.com/api/webhooks/",
+)
 _KNOWN_TOKEN = r"(hf_|ghp_|gho_|ghs_|ghu_|github_pat_|glpat-|sk-|xox[abpr]-|AKIA)[A-Za-z0-9_\-]{16,}"
 REDACTED = "<redacted: taken from the submitting environment>"
 
@@ -42,7 +51,7 @@ def secret_name(name: str) -> bool:
 
 
 def secret_value(value: str) -> bool:
-    return bool(re.search(_URL_WITH_PASSWORD, value) or re.search(_PEM, value) or re.match(_KNOWN_TOKEN, value.strip()))
+    return any(re.search(pattern, value) for pattern in SECRET_VALUES) or bool(re.match(_KNOWN_TOKEN, value.strip()))
 
 
 def is_secret(name: str, value: str = "") -> bool:

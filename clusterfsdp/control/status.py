@@ -9,7 +9,7 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 
-from . import ckptfolder, jsonltail, pending, procs, records, slurmcli
+from . import ckptfolder, fileio, jsonltail, pending, procs, records, slurmcli
 from .records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from .runfolder import RunFolder
 from .value import FrozenValue, Value
@@ -167,11 +167,21 @@ def attempt_alive(attempt: Attempt) -> bool:
 
 def _number(row: dict | None, key: str) -> float | None:
     value = (row or {}).get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond any float: damage, read as absent
+        return None
+
+
+def _int(value: object) -> bool:
+    """A step count as a worker writes it: an int of 64 bits (a longer one is damage)."""
+    return type(value) is int and -(1 << 63) <= value < 1 << 63
 
 
 def _step(row: dict) -> bool:
-    return type(row.get("step")) is int
+    return _int(row.get("step"))
 
 
 def _has(row: dict, key: str) -> bool:
@@ -193,7 +203,7 @@ def last_logged(run: RunFolder) -> LastLogged:
         eval_loss,
         _number(evaluated, "eval_ppl") or (math.exp(min(eval_loss, 700)) if eval_loss is not None else None),
         _number(last, "epoch"),
-        last["total_steps"] if last and type(last.get("total_steps")) is int else None,
+        last["total_steps"] if last and _int(last.get("total_steps")) else None,
     )
 
 
@@ -211,8 +221,11 @@ class ListedJob(FrozenValue):
     @classmethod
     def read(cls, run: RunFolder) -> ListedJob:
         try:
-            tables = _tables(run.job_toml.read_bytes().decode(), ("train", "checkpoint"))
-        except (OSError, ValueError):
+            data = fileio.read_bytes(run.job_toml, fileio.MAX_JOB_FILE_BYTES + 1)
+            if len(data) > fileio.MAX_JOB_FILE_BYTES:
+                return cls()
+            tables = _tables(data.decode(), ("train", "checkpoint"))
+        except (OSError, ValueError, RecursionError):  # tomllib recurses on nested arrays and tables
             return cls()
         steps, folder = tables["train"].get("steps"), tables["checkpoint"].get("dir", "")
         return cls(steps if type(steps) is int else None, folder if isinstance(folder, str) else "")

@@ -73,7 +73,7 @@ class SweepFolder:
     def driver(self) -> ProcessId | None:
         """The local driver's identity, if one was started."""
         try:
-            return ProcessId.from_record(json.loads(self.driver_file.read_text()))
+            return ProcessId.from_record(fileio.load_json(self.driver_file))
         except (OSError, ValueError, AttributeError):
             return None
 

@@ -229,7 +229,8 @@ def vary(
     pts = points(varied)
     parallel = table.max_parallel if max_parallel is None else max_parallel
     if parallel < 0:
-        raise SweepError([f"--max-parallel {parallel}: expected 0 (no limit on Slurm, 1 locally) or more"])
+        origin = "sweep.max_parallel =" if max_parallel is None else "--max-parallel"
+        raise SweepError([f"{origin} {parallel}: expected 0 (no limit on Slurm, 1 locally) or more"])
     shared = [f"log.project={specmod.render_value(base.log.project or base.job.name)}"]
     specs = []
     for p in pts:

@@ -6,10 +6,10 @@ imports it). Each function returns error lines; none raises for bad data."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 
+from ..control import fileio
 from ..control import spec as specmod
 from ..control.spec import badrecords
 from . import mixture, skipped
@@ -58,7 +58,7 @@ def sniff(source: Source, data: specmod.DataSection) -> list[str]:
                 return [problem] if problem else []
             line_no, line = first_line(f, SNIFF_BYTES)
     except (OSError, EOFError) as e:
-        return [f"{where}: cannot read: {e}"]
+        return [f"{where}: cannot read: {e.strerror if isinstance(e, OSError) and e.strerror else e}"]
     if not line_no:
         return [f"{where}: no records in its first {SNIFF_BYTES >> 20} MiB (empty file?)"]
     if not line.endswith(b"\n") and len(line) >= SNIFF_BYTES:
@@ -78,13 +78,20 @@ def _saved_dataset_problems(source: Source, data: specmod.DataSection) -> list[s
     root = Path(source.path)
     where = f"{source.field}: {source.path}"
     if (root / "dataset_dict.json").is_file():
-        splits = json.loads((root / "dataset_dict.json").read_text()).get("splits", [])
+        try:
+            splits = fileio.load_json(root / "dataset_dict.json").get("splits", [])
+        except (OSError, ValueError, AttributeError) as e:
+            return [f"{where}: dataset_dict.json: cannot read: {e.strerror if isinstance(e, OSError) else e}"]
+        if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+            return [f"{where}: dataset_dict.json: 'splits' is not a list of names"]
         if data.split not in splits:
             return [f"{where}: no split {data.split!r} ({source.split_key}; it has: {', '.join(splits)})"]
         root = root / data.split
     try:
-        features = json.loads((root / "dataset_info.json").read_text()).get("features") or {}
-    except (OSError, ValueError):
+        features = fileio.load_json(root / "dataset_info.json").get("features") or {}
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(features, dict):
         return []
     problem = column_problem(where, data, list(features)) if features else None
     return [problem] if problem else []

@@ -5,12 +5,20 @@ A *source* is one file or folder that `data.paths` / `eval.paths` name (globs ex
 .parquet, a folder written by `datasets`' `save_to_disk`, or a folder `datasets.load_dataset`
 reads. Paths here are local: hub dataset ids are resolved to local snapshot folders on the
 submitting host before the checks see the spec (they refuse ids they still find).
+
+Globs and folders are expanded by a bounded walk (`_Walk`): a data path names the data's own
+files, so one that lists more than MAX_WALK_FOLDERS folders or finds more than MAX_WALK_FILES
+files names most of a file system instead (`/usr/**/*.txt`, `/`) and is refused with one line.
+`glob.glob` took minutes on `/usr/**/*.txt`: it followed /usr/bin/X11 -> . round and round; the
+walk visits each folder once.
 """
 
 from __future__ import annotations
 
-import glob
+import fnmatch
 import os
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
@@ -23,8 +31,17 @@ SourceKind = Literal["txt", "jsonl", "parquet", "saved_dataset", "dataset_folder
 Compression = Literal["", "gz", "zst"]
 
 
+MAX_WALK_FOLDERS = 10_000  # folders one data path's glob (or dataset folder) may list
+MAX_WALK_FILES = 100_000  # files it may name
+
+
 class DataError(UserError, ValueError):
     """Data that cannot be used; the message is one line naming the key, file and line or record."""
+
+
+class TooBroad(DataError):
+    """A data path whose expansion passed MAX_WALK_FOLDERS or MAX_WALK_FILES (the message says
+    which, and what to give instead; the caller adds the key)."""
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -41,15 +58,12 @@ class Source(FrozenValue):
         return self.kind in ("saved_dataset", "dataset_folder")
 
     def files(self) -> list[Path]:
-        """What its content is: the file, or every non-hidden file under the folder."""
+        """What its content is: the file, or every non-hidden file under the folder (symlinked
+        folders not entered). TooBroad beyond MAX_WALK_FOLDERS / MAX_WALK_FILES."""
         if not self.is_folder:
             return [Path(self.path)]
-        root = Path(self.path)
-        return sorted(
-            p
-            for p in root.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
-        )
+        walk = _Walk(self.path)
+        return sorted(Path(p) for p in walk.below(self.path, follow=False) if _is_file(p) and walk.found())
 
     def size(self) -> int:
         return sum(f.stat().st_size for f in self.files())
@@ -62,7 +76,15 @@ class Source(FrozenValue):
         return "eval.split" if self.field.startswith("eval.") else "data.split"
 
 
+def _is_file(path: str) -> bool:
+    try:
+        return os.path.isfile(path)
+    except OSError:  # not permitted to look: not a file we can read
+        return False
+
+
 def _kind(path: Path) -> tuple[SourceKind, Compression] | None:
+    """What `path` is as a source (None: not one). OSError when it cannot be looked at."""
     if path.is_dir():
         saved = (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
         return ("saved_dataset" if saved else "dataset_folder"), ""
@@ -81,24 +103,123 @@ def _kind(path: Path) -> tuple[SourceKind, Compression] | None:
     return None
 
 
+def _magic(part: str) -> bool:
+    return any(c in part for c in "*?[")
+
+
+class _Walk:
+    """One data path's expansion, counting the folders it lists and the files it names (TooBroad
+    past the caps); folders it cannot list are skipped, as glob skips them."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.folders, self.files = what, 0, 0
+
+    def _too_broad(self, exceeded: str) -> TooBroad:
+        return TooBroad(
+            f"{self.what!r} {exceeded}: that is much more than a dataset; name the data's own folder or "
+            "files (e.g. /data/corpus/**/*.jsonl), or give a large dataset as [[data.sources]] parts"
+        )
+
+    def found(self) -> bool:
+        self.files += 1
+        if self.files > MAX_WALK_FILES:
+            raise self._too_broad(f"matches more than {MAX_WALK_FILES:,} files")
+        return True
+
+    def entries(self, folder: str, hidden: bool = False) -> list[os.DirEntry[str]]:
+        """The entries of `folder` (hidden ones only with `hidden`); [] if it cannot be listed."""
+        self.folders += 1
+        if self.folders > MAX_WALK_FOLDERS:
+            raise self._too_broad(f"walks more than {MAX_WALK_FOLDERS:,} folders")
+        try:
+            with os.scandir(folder or os.curdir) as it:
+                return [e for e in it if hidden or not e.name.startswith(".")]
+        except OSError:
+            return []
+
+    def below(self, folder: str, follow: bool, dirs_only: bool = False) -> Iterator[str]:
+        """Every non-hidden entry under `folder` (depth first), folders only with `dirs_only`;
+        symlinked folders entered with `follow`, as glob does, except a folder inside itself (a
+        link to an ancestor: the walk would never end)."""
+        try:
+            st = os.stat(folder or os.curdir)
+            start = frozenset({(st.st_dev, st.st_ino)})
+        except OSError:
+            start = frozenset()
+        stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(folder, start)]
+        while stack:
+            top, ancestors = stack.pop()
+            for entry in self.entries(top):
+                path = os.path.join(top, entry.name)
+                try:
+                    is_dir = entry.is_dir() and (follow or not entry.is_symlink())
+                    st = entry.stat() if is_dir else None
+                except OSError:  # not permitted to look, or a loop of links: not a folder to enter
+                    is_dir, st = False, None
+                if st is not None and (st.st_dev, st.st_ino) not in ancestors:
+                    stack.append((path, ancestors | {(st.st_dev, st.st_ino)}))
+                if is_dir or not dirs_only:
+                    yield path
+
+    def expand(self, pattern: str) -> list[str]:
+        """glob.glob(pattern, recursive=True), bounded: `**` is any number of folders."""
+        parts = [p for p in pattern.split(os.sep) if p]
+        bases = [os.sep if pattern.startswith(os.sep) else ""]
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if part == "**":
+                out = [b for b in bases if last or os.path.isdir(b or os.curdir)]
+                out += [p for b in bases for p in self.below(b, follow=True, dirs_only=not last)]
+            elif _magic(part):
+                test, hidden = re.compile(fnmatch.translate(part)).match, part.startswith(".")  # as glob: .* only
+                out = [os.path.join(b, e.name) for b in bases for e in self.entries(b, hidden)
+                       if test(e.name) and (last or _is_dir(e))]  # fmt: skip
+            else:
+                out = [p for b in bases if (os.path.lexists if last else os.path.isdir)(p := os.path.join(b, part))]
+            bases = sorted(set(out))
+            if len(bases) > MAX_WALK_FILES:
+                raise self._too_broad(f"matches more than {MAX_WALK_FILES:,} files")
+        return bases
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
 def matches(pattern: str) -> list[str]:
-    """What one data path names on this host: a glob's matches, or the path if it exists."""
+    """What one data path names on this host: a glob's matches, or the path if it exists (a
+    dangling or unreadable link too: the caller says why it cannot be read). TooBroad for a
+    glob that walks or matches more than a dataset could."""
     expanded = os.path.expanduser(pattern)
-    if any(c in pattern for c in "*?["):
-        return sorted(glob.glob(expanded, recursive=True))
-    return [expanded] if os.path.exists(expanded) else []
+    if _magic(pattern):
+        return _Walk(pattern).expand(expanded)
+    try:
+        os.lstat(expanded)
+    except FileNotFoundError:
+        return []
+    except OSError:  # there, but not ours to look at (a folder on its way we may not enter)
+        pass
+    return [expanded]
 
 
 def local_sources(field: str, patterns: list[str]) -> tuple[list[Source], list[str]]:
     """The sources that local paths (globs allowed) name, and one error line per path that names
-    none. Every entry is a local path: hub ids must have been resolved to their local snapshot
-    folder by the caller (the submitting host does that); an entry still shaped like a hub id
-    is reported as such."""
+    none (or too much: TooBroad) and per match that cannot be read (a dangling or looping link, no
+    permission, a FIFO or device). Every entry is a local path: hub ids must have been resolved
+    to their local snapshot folder by the caller (the submitting host does that); an entry still
+    shaped like a hub id is reported as such."""
     sources: list[Source] = []
     errors: list[str] = []
     for i, pattern in enumerate(patterns):
         key = field if field.endswith(".path") else f"{field}[{i}]"  # data.sources[i].path: one path
-        found = matches(pattern)
+        try:
+            found = matches(pattern)
+        except TooBroad as e:
+            errors.append(f"{key}: {e}")
+            continue
         if not found:
             if specmod.looks_like_hub_id(pattern):
                 errors.append(
@@ -109,16 +230,35 @@ def local_sources(field: str, patterns: list[str]) -> tuple[list[Source], list[s
                 errors.append(f"{key}: {pattern!r} matches no file or folder")
             continue
         for m in found:
-            path = Path(m).resolve()
-            kind = _kind(path)
-            if kind is None:
-                errors.append(
-                    f"{key}: {path}: not a data source (.txt or .jsonl, either maybe .gz or .zst; .parquet; "
-                    "or a dataset folder)"
-                )
-                continue
-            sources.append(Source(key, str(path), *kind))
+            source, problem = _source(key, m)
+            if problem:
+                errors.append(f"{key}: {problem}")
+            elif source is not None:
+                sources.append(source)
     return sources, errors
+
+
+def _source(key: str, match: str) -> tuple[Source | None, str]:
+    """The source one match is, or the one-line problem (after the key) why it is none."""
+    try:
+        path = Path(match).resolve(strict=True)
+        kind = _kind(path)
+        regular = path.is_dir() or path.is_file()
+    except (OSError, RuntimeError) as e:  # RuntimeError: a loop of symlinks (Python 3.11's resolve)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else "a loop of symbolic links"
+        return None, f"{match}: cannot read: {reason}"
+    if kind is None or not regular:
+        what = "not a regular file (a FIFO, socket or device); " if not regular else ""
+        return None, (
+            f"{path}: {what}not a data source (.txt or .jsonl, either maybe .gz or .zst; .parquet; or a dataset folder)"
+        )
+    source = Source(key, str(path), *kind)
+    if source.is_folder:
+        try:
+            source.files()
+        except TooBroad as e:
+            return None, str(e)
+    return source, ""
 
 
 def open_binary(path: str, compression: Compression, raw: IO[bytes] | None = None) -> IO[bytes]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import shutil
 import sys
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     warnings.simplefilter("ignore")  # torch/transformers warnings would bury the one-line result
+    logging.disable(logging.CRITICAL)  # and so would their logged errors: DCP logs each failed read with its traceback
 
     run = runfolder.RunFolder(Path(args.run_dir))
     out = Path(args.to).expanduser().absolute()

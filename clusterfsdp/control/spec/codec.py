@@ -19,7 +19,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any, Literal, get_args, get_origin
 
-from .. import secretenv
+from .. import fileio, secretenv
 from .checks import check
 from .schema import (
     SECTIONS,
@@ -39,12 +39,19 @@ from .tokenizer import default_tokenizer
 INT64 = range(-(2**63), 2**63)
 
 
+# Free-form values (model.from_config, a sweep's lists) nest a few levels; one nested hundreds deep
+# validated, then ran the writer of the run's job.toml (tomli_w) out of stack at submit.
+MAX_NESTING = 32
+
+
 def coerce(path: str, tp: Any, value: Any) -> Any:
     """Check `value` against the annotation `tp`; return it (ints widened to float) or raise SpecError."""
     origin = get_origin(tp)
     if type(value) is int and value not in INT64:
         raise SpecError([f"{path}: {describe_value(value)} does not fit in 64 bits"])
     if tp is Any:
+        if isinstance(value, (list, dict)) and fileio.too_deep(value, MAX_NESTING):
+            raise SpecError([f"{path}: lists and tables nested deeper than {MAX_NESTING} levels"])
         _check_plain(path, value)
         return value
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):

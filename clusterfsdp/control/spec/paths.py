@@ -6,20 +6,18 @@ telling a hub id (`org/name`, resolved at submit by `modelsource`/`data.checks`)
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import fileio
 from ..runroot import default_run_root
 from ..value import FrozenValue
 from .codec import loads, override_label, override_of
 from .schema import JobSpec, SpecError, short
 from .tokenizer import chat_problem, default_tokenizer
 
-# A job file is a few KB; anything far larger is a mistake (`validate /dev/zero`, a data file).
-MAX_JOB_FILE_BYTES = 1 << 20
+MAX_JOB_FILE_BYTES = fileio.MAX_JOB_FILE_BYTES
 
 
 def load(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
@@ -60,26 +58,18 @@ class JobText(FrozenValue):
 
 def read_job_file(p: Path) -> str:
     """The text of a job file: a regular file of at most MAX_JOB_FILE_BYTES of UTF-8, read without
-    blocking or reading without bound (a FIFO, a device, /dev/zero are refused before reading)."""
+    blocking or reading without bound (a FIFO, a device, /dev/zero are refused before reading:
+    `fileio.open_regular`)."""
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = fileio.read_bytes(p, MAX_JOB_FILE_BYTES + 1)
     except FileNotFoundError:
         raise SpecError([f"{p}: no such file"]) from None
-    except OSError as e:  # no permission, a loop of symlinks, a name too long
+    except IsADirectoryError:
+        raise SpecError([f"{p}: is a folder, not a job file"]) from None
+    except fileio.NotRegularFile as e:
+        raise SpecError([f"{p}: {e.strerror}; a job file is a .toml file"]) from None
+    except OSError as e:  # no permission, a loop of symlinks, a name too long, EIO
         raise SpecError([f"{p}: cannot read: {e.strerror or e}"]) from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise SpecError([f"{p}: is a folder, not a job file"])
-        if not stat.S_ISREG(mode):
-            raise SpecError([f"{p}: not a regular file (a device, pipe or socket); a job file is a .toml file"])
-        data = b""
-        while len(data) <= MAX_JOB_FILE_BYTES and (chunk := os.read(fd, MAX_JOB_FILE_BYTES + 1 - len(data))):
-            data += chunk
-    except OSError as e:
-        raise SpecError([f"{p}: cannot read: {e.strerror or e}"]) from None
-    finally:
-        os.close(fd)
     if len(data) > MAX_JOB_FILE_BYTES:
         raise SpecError([f"{p}: larger than {MAX_JOB_FILE_BYTES >> 20} MiB; a job file is a few KB of TOML"])
     try:

@@ -47,6 +47,15 @@ LOADER_ENV = (
     "PATH",
     "BASH_ENV",
     "ENV",
+    "PYTHONWARNINGS",  # a warning category is imported by name: PYTHONWARNINGS=error::mod.Cls imports mod
+    "PYTHONPYCACHEPREFIX",  # where the interpreter takes compiled .pyc files from
+    "TORCHINDUCTOR_CACHE_DIR",  # compiled kernels (shared libraries, Python) loaded from there
+    "TRITON_CACHE_DIR",
+    "TORCH_EXTENSIONS_DIR",  # C++/CUDA extensions built and loaded from there
+    "NCCL_NET_PLUGIN",  # shared libraries NCCL dlopens
+    "NCCL_TUNER_PLUGIN",
+    "NCCL_PROFILER_PLUGIN",
+    "GCONV_PATH",  # glibc's iconv modules, dlopened
 )
 
 
