@@ -242,7 +242,7 @@ def _dataset_state(spec: specmod.JobSpec, ref: DatasetRef) -> list[str]:
         if meta is None:
             continue
         out.append(stats_line(role, meta))
-        if problem := batch_problem(spec, role, int(meta["samples"])):
+        if problem := batch_problem(spec, role, int(meta["samples"]), meta):
             out.append(f"error: {problem}")
         elif role == "train":
             samples = int(meta["samples"])

@@ -56,12 +56,13 @@ def per_batch(spec: specmod.JobSpec, role: str) -> int:
     return spec.global_batch if role == "train" else spec.world_size * spec.train.micro_batch_size
 
 
-def batch_problem(spec: specmod.JobSpec, role: str, samples: int) -> str | None:
+def batch_problem(spec: specmod.JobSpec, role: str, samples: int, meta: dict[str, Any] | None = None) -> str | None:
     """An error line when a sample set is smaller than what one step (or one evaluation) reads,
-    with what to change."""
+    with what to change (`meta`, the index's: documents data.overlong left out)."""
     per_step = per_batch(spec, role)
     if samples >= per_step:
         return None
+    lost = int(((meta or {}).get("overlong") or {}).get("dropped", 0))
     if role == "train":
         what = (
             f"one global batch ({spec.world_size} ranks x {spec.train.micro_batch_size} x {spec.train.grad_accum} "
@@ -79,6 +80,8 @@ def batch_problem(spec: specmod.JobSpec, role: str, samples: int) -> str | None:
             if spec.eval.paths
             else "raise eval.fraction or set eval.paths"
         )
+    if lost:  # fewer samples would not help: the documents were left out for being longer than seq_len
+        fix = f"set data.overlong = 'split' or raise data.seq_len ({lost:,} longer documents left out)"
     return (
         f"{key}: the {role} data gives {samples} samples of seq_len {spec.data.seq_len} ({spec.packing} packing), "
         f"fewer than {what} = {per_step}: {fix}"
