@@ -25,7 +25,8 @@ a job's log and `validate` show.
 Tables (`samples.i64`: n + 1 offsets into `segments.i64`: (start, length) rows) and
 `meta.json` are built once, by the process that prepares the data, into
 `<dataset>/index/<id>/` (written to a temporary folder and renamed, the tables sealed in
-meta.json: trust.py), and read with pread.
+meta.json: trust.py), and read with pread; `validate` and `submit` build those of prepared
+data through `python -m clusterfsdp.data.index` (data.checks.build_missing_indexes).
 
 The held-out split (eval.fraction) is by document: document d is held out when a hash of
 (seed, d) falls below the fraction, so no document is in both splits. When that leaves fewer
@@ -34,7 +35,10 @@ one document: a corpus of a few big files), it holds out *windows* instead: ever
 cut into pieces of seq_len + 1 tokens, and max(fraction of the pieces, one evaluation batch)
 full pieces chosen by the seed are the eval split; every token is still in one split only, but
 eval text then comes from the same documents as training text (the log and `validate` say so).
-Both splits decide the same way, from the same counts, when the job that first builds them
+Documents too short to give one evaluation batch of such pieces (short chat records) are
+refused instead, with the least fraction whose documents would (`least_fraction`): a split that
+held out nothing read an empty eval set (a mixture's source divided by zero at the first
+evaluation, issue 40). Both splits decide the same way, from the same counts, when the job that first builds them
 does (with its batch sizes); later jobs, and resumes on other world sizes, reuse what it built.
 
 The order: sample k of the training order in epoch e is `Permutation(n, seed, e)(k)`, a

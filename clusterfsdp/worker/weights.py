@@ -428,8 +428,10 @@ def _own_storage(model: nn.Module) -> None:
 
     with torch.no_grad():
         for param in model.parameters():
-            local = param._local_tensor if isinstance(param, DTensor) else None
-            if local is not None and local.untyped_storage().nbytes() > local.numel() * local.element_size():
+            if not isinstance(param, DTensor):
+                continue
+            local = param._local_tensor
+            if local.untyped_storage().nbytes() > local.numel() * local.element_size():
                 param._local_tensor = local.clone()  # FSDP2 re-reads it at its lazy init (reset_sharded_param)
 
 
