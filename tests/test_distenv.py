@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -57,7 +58,7 @@ def slurm_env(**kw: str) -> dict[str, str]:
 def test_ranks_from_slurm():
     d = distenv.from_environ(slurm_env())
     assert (d.rank, d.local_rank, d.world_size, d.local_world_size, d.node_rank, d.num_nodes) == (5, 1, 8, 2, 1, 4)
-    assert d.master_addr == "gpu007" and d.launcher == "slurm" and 20000 <= d.master_port < 60000
+    assert d.master_addr == "gpu007" and d.launcher == "slurm" and 15000 <= d.master_port <= 65535
 
 
 def test_port_is_stable_across_ranks_and_changes_with_requeue_and_step():
@@ -148,3 +149,79 @@ def test_each_rank_gets_its_share_of_the_cpus_it_shares():
     nodes = [("boot-a", range(16)), ("boot-b", range(16))]  # two real nodes, one rank each
     assert threads.share(cpus, "boot-a", nodes) == (16, 1)
     assert threads.share(frozenset({0, 1}), "boot-a", [("boot-a", [0, 1])] * 3) == (1, 3)  # never 0
+
+
+def test_derived_master_ports_stay_outside_the_kernels_ephemeral_ports(tmp_path):
+    """Issue 40: the master port came from 20000-59999, mostly the kernel's ephemeral ports, which
+    any outgoing connection on the node may hold when the master binds. Ports are now derived
+    outside net.ipv4.ip_local_port_range (all of 15000-65535 only where it leaves too few)."""
+    setting = tmp_path / "ip_local_port_range"
+    setting.write_text("32768\t60999\n")
+    ephemeral = distenv.ephemeral_ports(setting)
+    ports = {distenv.derive_port(str(job), restart, ephemeral=ephemeral) for job in range(3000) for restart in (0, 1)}
+    assert len(ports) > 3000 and all(15000 <= p < 32768 or 61000 <= p <= 65535 for p in ports)
+    assert any(p >= 61000 for p in ports)  # both sides of the range are used
+    assert 15000 <= distenv.derive_port("4242", 0, ephemeral=(1024, 65535)) <= 65535  # nothing outside: any
+    lo, hi = distenv.ephemeral_ports()  # this machine's setting, as the ranks read it
+    assert not lo <= distenv.from_environ(slurm_env()).master_port <= hi
+
+
+def test_a_master_port_another_process_holds_stops_rank_0_with_what_to_set(tmp_path):
+    """A real rank of the local executor whose derived master port another process listens on
+    stops at once with one line naming the port and the [env] MASTER_PORT to set (before: torch's
+    EADDRINUSE, while other ranks could join the foreign listener); with that MASTER_PORT set in
+    [env] the same job trains, and the node record in the run folder holds the port it used."""
+    import json
+    import re
+    import socket
+    import subprocess
+    import sys
+
+    from procs import make_run
+
+    job = """
+[job]
+name = "port"
+[model]
+preset = "llama-tiny"
+[data]
+seq_len = 16
+[train]
+steps = 1
+micro_batch_size = 1
+[slurm]
+tasks_per_node = 1
+preflight = false
+[fsdp]
+mixed_precision = "fp32"
+"""
+    local = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "1", "SUBMITIT_LOCAL_GLOBALID": "0",
+             "SUBMITIT_LOCAL_LOCALID": "0", "SUBMITIT_LOCAL_JOB_ID": f"port{tmp_path.stat().st_ino}"}  # fmt: skip
+    env = {**os.environ, **local, "OMP_NUM_THREADS": "1"}
+    port = distenv.from_environ(local).master_port
+
+    def worker(run) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "clusterfsdp.worker", str(run.path)]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+
+    held = make_run(job, tmp_path / "a")
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        done = worker(held)
+    assert done.returncode != 0
+    message = re.search(
+        rf"master port {port} on {re.escape(socket.gethostname())} is in use by another process: set "
+        r'MASTER_PORT = "(\d+)" in the job\'s \[env\] \(a free port outside the kernel\'s ephemeral ports \d+-\d+\), '
+        r"or submit again \(the port follows the job id\)",
+        done.stderr,
+    )
+    assert message, done.stderr[-3000:]
+    (failed,) = [e for e in held.events() if e.event.value == "failed"]
+    assert message[0] in failed.reason
+    free = message[1]
+    run = make_run(job, tmp_path / "b", [f"env.MASTER_PORT={free!r}"])
+    done = worker(run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = run.nodes_dir.rglob("*.json")
+    assert json.loads(record.read_text())["dist"]["master_port"] == int(free)

@@ -126,7 +126,17 @@ for fam, version, sharding, source in plan:
             references[fam] = (ref(input_ids=ids).logits, dict(ref.named_buffers()))
     expected, ref_buffers = references[fam]
     model, config, counts = build(job(f'{source} = "{root / fam}"', version, sharding))
-    digest = None
+    digest = oversized = staged = None
+    if source == "name_or_path" and version == 2:  # each rank holds its shards only, and they deep-copy
+        from torch.distributed._state_dict_utils import _create_cpu_state_dict
+
+        local = [(n, p.to_local()) for n, p in model.named_parameters()]
+        oversized = [n for n, t in local if t.untyped_storage().nbytes() > t.numel() * t.element_size()]
+        try:  # what the async checkpoint's staging buffers are made with
+            _create_cpu_state_dict(get_model_state_dict(model))
+            staged = "ok"
+        except RuntimeError as e:
+            staged = str(e)
     if source == "config":  # random init: a digest of the full weights
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
         digest = hashlib.sha256(b"".join(full[k].numpy().tobytes() for k in sorted(full))).hexdigest()[:16]
@@ -135,7 +145,8 @@ for fam, version, sharding, source in plan:
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     tied = config.tie_word_embeddings
-    report(fam=fam, version=version, sharding=sharding, source=source, digest=digest,
+    report(fam=fam, version=version, sharding=sharding, source=source, digest=digest, oversized=oversized,
+           staged=staged,
            diff=float((logits - expected).abs().max()), total=counts.total, active=counts.active,
            missing_buffers=sorted(n for n in ref_buffers if n not in buffers),
            buffers_equal=all(n in buffers and torch.equal(buffers[n], b) for n, b in ref_buffers.items()),
@@ -207,6 +218,16 @@ def test_every_family_loads_exactly_on_1_and_4_ranks_with_fsdp2_and_fsdp1(result
     assert not bad, bad
     assert [r for r in loads(results) if r["missing_buffers"]] == []  # every buffer of transformers' own
     assert all(r["buffers_equal"] and r["tie_kept"] for r in loads(results))
+
+
+def test_each_rank_keeps_only_its_shards_of_pretrained_weights(results):
+    """FSDP2 on CPU: every shard has a storage of its own (they were views of the whole weights
+    transformers read, so each rank kept the whole model, and the async checkpoint's staging
+    copy failed on ranks > 0: issue 40's cross product)."""
+    fsdp2 = [r for r in loads(results) if r["source"] == "name_or_path" and r["version"] == 2]
+    assert {r["world"] for r in fsdp2} == {1, 4}
+    assert [(r["fam"], r["rank"], r["oversized"]) for r in fsdp2 if r["oversized"]] == []
+    assert {r["staged"] for r in fsdp2} == {"ok"}
 
 
 def test_random_init_is_identical_for_every_world_size_and_fsdp_version(results):

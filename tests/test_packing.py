@@ -261,3 +261,17 @@ def test_overlong_names_its_own_index_and_leaves_concat_alone(tmp_path):
     assert index_id(spec("data.packing=concat", "data.overlong=drop"), "train") == index_id(
         spec("data.packing=concat"), "train"
     )
+
+
+def test_data_overlong_drop_leaving_too_few_samples_says_to_keep_them_not_to_shrink_the_batch(tmp_path):
+    """The refusal named 'lower data.seq_len' as a way out (issue 40's cross product), which
+    drops more: it names data.overlong and a longer seq_len, and how many documents were left out."""
+    from clusterfsdp.data.sources import DataError
+
+    with pytest.raises(DataError) as e:
+        open_samples(tmp_path, "documents", "data.overlong=drop", "slurm.tasks_per_node=2", docs=["x" * 200] * 6)
+    assert str(e.value) == (
+        "data.paths: the train data gives 0 samples of seq_len 64 (documents packing), fewer than one global batch "
+        "(2 ranks x 2 x 1 accumulation) = 4: set data.overlong = 'split' or raise data.seq_len (6 longer documents "
+        "left out)"
+    )

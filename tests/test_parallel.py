@@ -1,4 +1,4 @@
-"""FSDP2 full, FSDP2 hybrid (HSDP, 2x2 mesh) and FSDP1 HYBRID_SHARD over 4 real gloo processes
+"""FSDP2 full, FSDP2 hybrid (HSDP, 2x2 mesh), FSDP1 HYBRID_SHARD and FSDP1 with cpu_offload over 4 real gloo processes
 give the loss trajectory of a single-process reference run with the same global batch.
 (Loading pretrained folders on these layouts is tests/test_hf_families.py.)"""
 
@@ -24,6 +24,11 @@ def reference(tmp_path_factory) -> dict[int, float]:
         ("fsdp2-full", ["fsdp.sharding='full'", "slurm.tasks_per_node=4"]),
         ("fsdp2-hybrid-2x2", ["fsdp.sharding='hybrid'", "slurm.nodes=2", "slurm.tasks_per_node=2"]),
         ("fsdp1-hybrid-2x2", ["fsdp.version=1", "fsdp.sharding='hybrid'", "slurm.nodes=2", "slurm.tasks_per_node=2"]),
+        # on CPU FSDP1's offload (pinned memory) crashed the first forward (issue 40's cross product)
+        (
+            "fsdp1-full-offload",
+            ["fsdp.version=1", "fsdp.sharding='full'", "slurm.tasks_per_node=4", "fsdp.cpu_offload=true"],
+        ),
         (
             "fsdp2-full-accum",
             ["fsdp.sharding='full'", "slurm.tasks_per_node=2", "train.micro_batch_size=2", "train.grad_accum=2"],

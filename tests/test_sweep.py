@@ -154,6 +154,9 @@ def test_local_sweep_runs_points_in_turn_and_cancel_stops_the_live_one_after_a_s
     root = tmp_path / "runs"
     assert [s.id for s in all_sweeps(root)] == [handle.id]
     first, second = (handle.sweep.folder.run_folder(p) for p in handle.sweep.record().points)
+    waiting = status.run_status(second)  # not a dry run (issue 40: it said so, and that it had ended)
+    assert waiting.state == "PENDING" and not waiting.state.final, waiting
+    assert waiting.reason == f"waiting for its turn: sweep {handle.id}'s local driver starts its points in order"
     wait_until(lambda: second.metrics(), 240, "point 1 to train a step")
     assert status.run_status(first).state == "COMPLETED"
     assert first.record().attempts[0].submitted < second.record().attempts[0].submitted

@@ -271,6 +271,26 @@ def _read_record(run: RunFolder) -> RunRecord | RecordError:
         return e
 
 
+def _unstarted(run: RunFolder) -> tuple[RunState, str]:
+    """A run with no attempt: a point of a sweep its local driver has not started yet (PENDING,
+    not final: waiting for it ends when it has run), one it never will, or a dry run."""
+    from .sweepfolder import SWEEP_FILE, SweepFolder  # it imports this module
+
+    sweep = SweepFolder(run.path.parent)
+    if not (sweep.path / SWEEP_FILE).is_file():
+        return RunState.PREPARED, f"not submitted (dry run): sbatch {run.sbatch_script}"
+    try:
+        cancelled = sweep.record().cancelled is not None
+    except RecordError as e:
+        return RunState.PREPARED, f"not started, and its sweep cannot be read: {e}"
+    if cancelled:
+        return RunState.CANCELLED, f"not started: sweep {sweep.id} was cancelled first"
+    driver = sweep.driver()  # None: being started (it records itself once detached)
+    if driver is None or procs.group_alive(driver):
+        return RunState.PENDING, f"waiting for its turn: sweep {sweep.id}'s local driver starts its points in order"
+    return RunState.PREPARED, f"not started: sweep {sweep.id}'s driver is gone (`clusterfsdp resume {sweep.id}`)"
+
+
 def run_status(
     run: RunFolder, queue: dict[str, slurmcli.JobRow] | None = None, record: RunRecord | RecordError | None = None
 ) -> RunStatus:
@@ -310,7 +330,7 @@ def run_status(
     st.ends = judged_ends(run, events)
     last = record.last
     if last is None:
-        st.reason = f"not submitted (dry run): sbatch {run.sbatch_script}"
+        st.state, st.reason = _unstarted(run)
         return st
     st.job_id, st.executor = last.job_id, last.executor
     mine = [e for e in events if e.job_id == last.job_id]

@@ -177,7 +177,7 @@ def prepared_state(spec: specmod.JobSpec) -> list[str]:
         return [f"error: {e}"]
     if problem := same_data_problem(refs):
         return [f"error: {problem}"]
-    out = []
+    out = [f"error: {problem}" for problem in build_missing_indexes(spec, refs)]
     try:
         for ref in refs:
             out += _dataset_state(spec, ref)
@@ -188,6 +188,35 @@ def prepared_state(spec: specmod.JobSpec) -> list[str]:
     if shared is not None and (warning := shared.warning()):
         out.append(f"warning: {warning}")
     return out
+
+
+def build_missing_indexes(spec: specmod.JobSpec, refs: list[DatasetRef]) -> list[str]:
+    """Build the sample indexes the job will read of datasets that are prepared already (what
+    the job would build at its start), so that validate and submit know every sample set's
+    size before anything is queued: one `python -m clusterfsdp.data.index` (numpy; the control
+    plane never imports it) for all of them. Returns the error lines of those that cannot be
+    built as the job asks (eval.fraction too small for one evaluation batch, ...)."""
+    import subprocess
+    import sys
+
+    missing = []
+    for ref in refs:
+        if ref.key is None or ref.manifest() is None:
+            continue
+        missing += [
+            f"{role}:{ref.part}:{ref.folder}"
+            for role, data_role in sample_roles(spec)
+            if data_role == ref.role and index_meta(ref, spec, role) is None
+        ]
+    if not missing:
+        return []
+    text = specmod.dumps(dataclasses.replace(spec, env={}))  # no secrets through the pipe
+    done = subprocess.run(
+        [sys.executable, "-m", "clusterfsdp.data.index", *missing], input=text, capture_output=True, text=True
+    )
+    if done.returncode not in (0, 2):  # a bug: the job would meet it too, and say it there
+        return []
+    return [line.removeprefix("error: ") for line in done.stdout.splitlines() if line.startswith("error: ")]
 
 
 def _dataset_state(spec: specmod.JobSpec, ref: DatasetRef) -> list[str]:
@@ -220,7 +249,7 @@ def _dataset_state(spec: specmod.JobSpec, ref: DatasetRef) -> list[str]:
         if meta is None:
             continue
         out.append(stats_line(role, meta))
-        if problem := batch_problem(spec, role, int(meta["samples"])):
+        if problem := batch_problem(spec, role, int(meta["samples"]), meta):
             out.append(f"error: {problem}")
         elif role == "train":
             samples = int(meta["samples"])

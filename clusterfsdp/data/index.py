@@ -25,7 +25,8 @@ a job's log and `validate` show.
 Tables (`samples.i64`: n + 1 offsets into `segments.i64`: (start, length) rows) and
 `meta.json` are built once, by the process that prepares the data, into
 `<dataset>/index/<id>/` (written to a temporary folder and renamed, the tables sealed in
-meta.json: trust.py), and read with pread.
+meta.json: trust.py), and read with pread; `validate` and `submit` build those of prepared
+data through `python -m clusterfsdp.data.index` (data.checks.build_missing_indexes).
 
 The held-out split (eval.fraction) is by document: document d is held out when a hash of
 (seed, d) falls below the fraction, so no document is in both splits. When that leaves fewer
@@ -34,7 +35,10 @@ one document: a corpus of a few big files), it holds out *windows* instead: ever
 cut into pieces of seq_len + 1 tokens, and max(fraction of the pieces, one evaluation batch)
 full pieces chosen by the seed are the eval split; every token is still in one split only, but
 eval text then comes from the same documents as training text (the log and `validate` say so).
-Both splits decide the same way, from the same counts, when the job that first builds them
+Documents too short to give one evaluation batch of such pieces (short chat records) are
+refused instead, with the least fraction whose documents would (`least_fraction`): a split that
+held out nothing read an empty eval set (a mixture's source divided by zero at the first
+evaluation, issue 40). Both splits decide the same way, from the same counts, when the job that first builds them
 does (with its batch sizes); later jobs, and resumes on other world sizes, reuse what it built.
 
 The order: sample k of the training order in epoch e is `Permutation(n, seed, e)(k)`, a
@@ -45,8 +49,10 @@ no rank holds a permutation of the whole dataset in memory.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +61,10 @@ import numpy as np
 from ..control.spec import JobSpec
 from . import trust
 from .cache import DatasetRef
-from .samplesets import held_out_pieces, holdout_note, index_id, index_meta, per_batch, stats_line
+from .mixture import label
+from .samplesets import eval_samples, held_out_pieces, holdout_note, index_id, index_meta, per_batch, stats_line
 from .shards import document_starts, read_sealed, shard_offsets
+from .sources import DataError
 
 M64 = (1 << 64) - 1
 
@@ -125,26 +133,86 @@ def _pieces(starts: np.ndarray, lengths: np.ndarray, size: int) -> tuple[np.ndar
     return starts[doc] + k * size, np.minimum(size, lengths[doc] - k * size)
 
 
-def _split_documents(starts: np.ndarray, total: int, spec: JobSpec, role: str) -> tuple[np.ndarray, np.ndarray, str]:
+def _split_documents(
+    starts: np.ndarray, total: int, spec: JobSpec, role: str, what: str
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """(start, length) of the documents (or pieces) in this split, in stream order, and how the
-    split was made: '' (no held-out split), 'documents' or 'windows'."""
+    split was made (meta: 'holdout' '' for none, 'documents' or 'windows'; for windows, the
+    documents the fraction held out and which split they left short). DataError, naming what
+    to set, when neither way gives one evaluation batch (`what` names the data in it)."""
     lengths = np.diff(np.append(starts, total))
     if not spec.eval.fraction or spec.eval.paths:
-        return starts, lengths, ""
-    held = _uniform(spec.job.seed, len(starts)) < spec.eval.fraction
-    if _least_samples(lengths[held], spec) >= per_batch(spec, "eval") and _least_samples(
-        lengths[~held], spec
-    ) >= per_batch(spec, "train"):
+        return starts, lengths, {"holdout": ""}
+    u = _uniform(spec.job.seed, len(starts))
+    held = u < spec.eval.fraction
+    eval_ok = _least_samples(lengths[held], spec) >= per_batch(spec, "eval")
+    if eval_ok and _least_samples(lengths[~held], spec) >= per_batch(spec, "train"):
         keep = held if role == "eval" else ~held
-        return starts[keep], lengths[keep], "documents"
-    starts, lengths = _pieces(starts, lengths, spec.data.seq_len + 1)
-    full = np.flatnonzero(lengths == spec.data.seq_len + 1)
-    k = held_out_pieces(spec, len(starts), len(full))
-    held = np.zeros(len(starts), bool)
+        return starts[keep], lengths[keep], {"holdout": "documents"}
+    facts = {"holdout": "windows", "held_documents": int(held.sum()), "short": "train" if eval_ok else "eval"}
+    pieces, sizes = _pieces(starts, lengths, spec.data.seq_len + 1)
+    full = np.flatnonzero(sizes == spec.data.seq_len + 1)
+    k = held_out_pieces(spec, len(pieces), len(full))
+    if eval_samples(spec, k) < per_batch(spec, "eval"):  # documents too short to hold out windows
+        raise DataError(_fraction_problem(spec, lengths, u, held, what))
+    chosen = np.zeros(len(pieces), bool)
     if k:
-        held[full[np.argpartition(_uniform(spec.job.seed + 1, len(full)), k - 1)[:k]]] = True
-    keep = held if role == "eval" else ~held
-    return starts[keep], lengths[keep], "windows"
+        chosen[full[np.argpartition(_uniform(spec.job.seed + 1, len(full)), k - 1)[:k]]] = True
+    keep = chosen if role == "eval" else ~chosen
+    return pieces[keep], sizes[keep], facts
+
+
+def _split_counts(lengths: np.ndarray, spec: JobSpec) -> tuple[np.ndarray, np.ndarray]:
+    """With the documents held out in the order given: the samples (lower bounds, as
+    `_least_samples`) of the first k held out and of the rest, for k = 1..n."""
+    seq = spec.data.seq_len
+    if spec.packing == "concat":
+        held = np.cumsum(lengths)
+        rest = int(lengths.sum()) - held
+        return np.maximum(held - 1, 0) // seq, np.maximum(rest - 1, 0) // seq
+    positions = np.maximum(lengths - 1, 0)
+    held = np.cumsum(positions)
+    return held // seq, (int(positions.sum()) - held) // seq
+
+
+def least_fraction(spec: JobSpec, lengths: np.ndarray, u: np.ndarray) -> float | None:
+    """The smallest eval.fraction (2 decimals where they do) whose documents held out give one
+    evaluation batch and leave one global batch to train on; None when none does."""
+    order = np.argsort(u, kind="stable")
+    held, rest = _split_counts(lengths[order], spec)
+    enough = np.flatnonzero(held >= per_batch(spec, "eval"))
+    if not len(enough):
+        return None
+    last = float(u[order[enough[0]]])  # the fraction must exceed the u of the last document it needs
+    ranked = u[order]
+    for digits in range(2, 7):
+        fraction = (math.floor(last * 10**digits) + 1) / 10**digits
+        n = int(np.searchsorted(ranked, fraction, side="left"))  # documents with u < fraction
+        if fraction < 1 and rest[n - 1] >= per_batch(spec, "train"):
+            return fraction
+    return None
+
+
+def _fraction_problem(spec: JobSpec, lengths: np.ndarray, u: np.ndarray, held: np.ndarray, what: str) -> str:
+    """The one line that refuses an eval.fraction that cannot split these documents into one
+    evaluation batch and one global batch (when windows cannot either), with what to set."""
+    seq, n_eval, n_train = spec.data.seq_len, per_batch(spec, "eval"), per_batch(spec, "train")
+    taken, left = _least_samples(lengths[held], spec), _least_samples(lengths[~held], spec)
+    said = (
+        f"eval.fraction: {spec.eval.fraction:g} holds out {int(held.sum()):,} of the {len(lengths):,} documents of "
+        f"{what}: tokens for {taken} eval and {left} training samples of seq_len {seq} ({spec.packing} packing), "
+    )
+    if taken < n_eval:
+        said += f"fewer than one evaluation batch ({spec.world_size} ranks x {spec.train.micro_batch_size}) = {n_eval}"
+    else:
+        said += f"fewer than one global batch to train on = {n_train}"
+    said += f", and its documents are too short to hold out windows of {seq + 1} tokens instead"
+    fraction = least_fraction(spec, lengths, u)
+    if fraction is None:
+        return f"{said}; no fraction gives both: set eval.paths, or lower train.micro_batch_size or data.seq_len"
+    if taken < n_eval:
+        return f"{said}: raise eval.fraction to at least {fraction:g} or set eval.paths"
+    return f"{said}: set eval.fraction to {fraction:g} or set eval.paths"
 
 
 def _concat_table(starts: np.ndarray, lengths: np.ndarray, seq: int) -> tuple[np.ndarray, np.ndarray]:
@@ -265,8 +333,11 @@ def _lengths(lengths: np.ndarray) -> dict[str, int]:
     return {"min": int(lengths.min()), "median": round(p50), "p95": round(p95), "max": int(lengths.max())}
 
 
-def build(dataset: Path, out: Path, manifest: dict[str, Any], spec: JobSpec, role: str) -> dict[str, Any]:
-    """The index's meta (and its tables, written into `out`) for the prepared `dataset` folder."""
+def build(
+    dataset: Path, out: Path, manifest: dict[str, Any], spec: JobSpec, role: str, what: str = "the training data"
+) -> dict[str, Any]:
+    """The index's meta (and its tables, written into `out`) for the prepared `dataset` folder
+    (`what` names it in an error)."""
     seq = spec.data.seq_len
     total = int(manifest["tokens"])
     meta: dict[str, Any] = {"role": role, "packing": spec.packing, "seq_len": seq, "padding": 0.0}
@@ -282,8 +353,8 @@ def build(dataset: Path, out: Path, manifest: dict[str, Any], spec: JobSpec, rol
             "tokens": total,
             "trained": trained,
         }
-    starts, lengths, how = _split_documents(document_starts(dataset, manifest), total, spec, role)
-    meta.update(documents=len(starts), tokens=int(lengths.sum()), holdout=how, of_documents=manifest["documents"])
+    starts, lengths, split = _split_documents(document_starts(dataset, manifest), total, spec, role, what)
+    meta.update(documents=len(starts), tokens=int(lengths.sum()), of_documents=manifest["documents"], **split)
     meta["lengths"] = _lengths(lengths)
     if spec.packing == "concat":
         offsets, segments = _concat_table(starts, lengths, seq)
@@ -305,14 +376,14 @@ def ensure(ref: DatasetRef, spec: JobSpec, role: str, log) -> dict[str, Any]:
     into a temporary folder, renamed; a concurrent builder's identical result wins)."""
     meta = index_meta(ref, spec, role)
     if meta is None:
-        meta = _build_atomically(ref, spec, role)
+        meta = _build_atomically(ref, spec, role, label(spec, ref.part) if ref.part >= 0 else "the training data")
     log(f"data: {stats_line(role, meta)}")
     if role == "eval" and (note := holdout_note(spec, meta)):
         log(f"data: {note}")
     return meta
 
 
-def _build_atomically(ref: DatasetRef, spec: JobSpec, role: str) -> dict[str, Any]:
+def _build_atomically(ref: DatasetRef, spec: JobSpec, role: str, what: str) -> dict[str, Any]:
     final = ref.folder / "index" / index_id(spec, role)
     manifest = ref.manifest()
     assert manifest is not None, ref.folder
@@ -320,7 +391,7 @@ def _build_atomically(ref: DatasetRef, spec: JobSpec, role: str) -> dict[str, An
     shutil.rmtree(tmp, ignore_errors=True)
     trust.mkdirs(tmp)
     try:
-        meta = build(ref.folder, tmp, manifest, spec, role)
+        meta = build(ref.folder, tmp, manifest, spec, role, what)
         trust.write(tmp / "meta.json", json.dumps(meta, indent=1))
         try:
             os.rename(tmp, final)
@@ -330,3 +401,30 @@ def _build_atomically(ref: DatasetRef, spec: JobSpec, role: str) -> dict[str, An
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return meta
+
+
+def main(argv: list[str]) -> int:
+    """`python -m clusterfsdp.data.index ROLE:PART:FOLDER...` with the job's TOML on stdin: build
+    the sample indexes of `role` of these prepared datasets (data.checks.build_missing_indexes,
+    for validate and submit); each that the job would refuse is an `error: ` line on stdout
+    (exit 2). A cache folder this user cannot write to is left to the job."""
+    from ..control.spec import loads
+
+    spec = loads(sys.stdin.read())
+    errors = []
+    for item in argv:
+        role, part, folder = item.split(":", 2)
+        ref = DatasetRef("train" if role == "train" or not spec.eval.paths else "eval", (), Path(folder).name,
+                         Path(folder).parent, int(part))  # fmt: skip
+        try:
+            ensure(ref, spec, role, lambda _: None)
+        except DataError as e:  # both roles of a held-out split meet the same problem: said once
+            errors += [] if f"error: {e}" in errors else [f"error: {e}"]
+        except OSError:
+            continue
+    print("\n".join(errors))
+    return 2 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -6,14 +6,19 @@ from __future__ import annotations
 from ..control import spec as specmod
 from . import index
 from .cache import DatasetRef
-from .mixture import epoch_samples, part, share_lines
+from .mixture import epoch_samples, part, part_problem, share_lines
+from .sources import DataError
 
 
 def ensure_indexes(refs: list[DatasetRef], spec: specmod.JobSpec, log, role: str = "train") -> int:
     """Every source's index of `role` (built if missing): the training samples, their shares said
     in the log, or the held-out eval samples (eval.fraction); returns their number (training:
-    one epoch of the mixture)."""
-    parts = [part(spec, r, index.ensure(r, spec, role, log)) for r in refs if r.part >= 0]
+    one epoch of the mixture). DataError when a source gives none."""
+    metas = [(r, index.ensure(r, spec, role, log)) for r in refs if r.part >= 0]
+    for r, meta in metas:
+        if problem := part_problem(spec, role, r.part, meta):
+            raise DataError(problem)
+    parts = [part(spec, r, meta) for r, meta in metas]
     if role == "train":
         for line in share_lines(parts):
             log(f"data: {line}")

@@ -113,6 +113,24 @@ def part(spec: specmod.JobSpec, ref: DatasetRef, meta: dict[str, Any]) -> Part:
     return Part(label(spec, ref.part), weight, int(meta["samples"]), float(meta.get("trained", 1.0)))
 
 
+def part_problem(spec: specmod.JobSpec, role: str, part: int, meta: dict[str, Any]) -> str | None:
+    """An error line when a source of the mixture gives no samples of `role`: the mixture reads
+    every source in its proportion (a source smaller than a batch is read again, an empty one
+    cannot be)."""
+    if int(meta["samples"]) > 0:
+        return None
+    dropped = int((meta.get("overlong") or {}).get("dropped", 0))
+    if dropped:
+        why = f" (data.overlong = {spec.data.overlong!r} left out {dropped:,} documents longer than seq_len)"
+        fix = "set data.overlong = 'split' or raise data.seq_len"
+    else:
+        why, fix = "", "give it more data, lower data.seq_len or remove the source"
+    return (
+        f"{label(spec, part)}: 0 {role} samples of seq_len {spec.data.seq_len} ({spec.packing} packing){why}, and "
+        f"the mixture reads every source in its proportion: {fix}"
+    )
+
+
 def state_lines(spec: specmod.JobSpec, refs: list[DatasetRef]) -> list[str]:
     """validate's lines about a mixture whose sources are all indexed: each source's share, the
     steps of train.epochs, the eval samples held out of the sources (eval.fraction), and an
@@ -130,6 +148,8 @@ def state_lines(spec: specmod.JobSpec, refs: list[DatasetRef]) -> list[str]:
         else:
             each = ", ".join(f"{p.samples:,}" for p in parts)
             out.append(f"eval: {samples:,} samples held out of the sources ({each}), read in the mixture's proportions")
+        empty = [part_problem(spec, role, r.part, m) for r, m in zip(mixed, metas, strict=True) if m]
+        out += [f"error: {problem}" for problem in empty if problem]
         if problem := batch_problem(spec, role, samples):
             out.append(f"error: {problem}")
         elif role == "train" and (note := epochs_note(spec, samples, total_steps(spec, samples))):

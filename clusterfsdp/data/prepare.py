@@ -212,11 +212,13 @@ def ensure(
             log(f"data: {line}")
     by_role = {r.role: r for r in refs}
     for role, data_role in sample_roles(spec):
+        meta = None
         if data_role == "train" and spec.data.sources:  # one index per source of the mixture
             samples = mixindex.ensure_indexes(refs, spec, log, role)
         else:
-            samples = int(index.ensure(by_role[data_role], spec, role, log)["samples"])
-        problem = batch_problem(spec, role, samples)
+            meta = index.ensure(by_role[data_role], spec, role, log)
+            samples = int(meta["samples"])
+        problem = batch_problem(spec, role, samples, meta)
         if problem:
             raise DataError(problem)
     if "eval" in by_role:

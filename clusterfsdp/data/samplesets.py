@@ -56,21 +56,35 @@ def per_batch(spec: specmod.JobSpec, role: str) -> int:
     return spec.global_batch if role == "train" else spec.world_size * spec.train.micro_batch_size
 
 
-def batch_problem(spec: specmod.JobSpec, role: str, samples: int) -> str | None:
-    """An error line when a sample set is smaller than what one step (or one evaluation) reads."""
+def batch_problem(spec: specmod.JobSpec, role: str, samples: int, meta: dict[str, Any] | None = None) -> str | None:
+    """An error line when a sample set is smaller than what one step (or one evaluation) reads,
+    with what to change (`meta`, the index's: documents data.overlong left out)."""
     per_step = per_batch(spec, role)
     if samples >= per_step:
         return None
-    what = (
-        f"one global batch ({spec.world_size} ranks x {spec.train.micro_batch_size} x {spec.train.grad_accum} "
-        "accumulation)"
-        if role == "train"
-        else f"one evaluation batch ({spec.world_size} ranks x {spec.train.micro_batch_size})"
-    )
-    key = "data.paths" if role == "train" else ("eval.paths" if spec.eval.paths else "eval.fraction")
+    lost = int(((meta or {}).get("overlong") or {}).get("dropped", 0))
+    if role == "train":
+        what = (
+            f"one global batch ({spec.world_size} ranks x {spec.train.micro_batch_size} x {spec.train.grad_accum} "
+            "accumulation)"
+        )
+        key = "data.sources" if spec.data.sources else "data.paths"
+        fix = "add training data, or lower train.micro_batch_size, train.grad_accum or data.seq_len"
+        if spec.eval.fraction and not spec.eval.paths:
+            fix += ", or lower eval.fraction"
+    else:
+        what = f"one evaluation batch ({spec.world_size} ranks x {spec.train.micro_batch_size})"
+        key = "eval.paths" if spec.eval.paths else "eval.fraction"
+        fix = (
+            "add eval data, or lower train.micro_batch_size or data.seq_len"
+            if spec.eval.paths
+            else "raise eval.fraction or set eval.paths"
+        )
+    if lost:  # fewer samples would not help: the documents were left out for being longer than seq_len
+        fix = f"set data.overlong = 'split' or raise data.seq_len ({lost:,} longer documents left out)"
     return (
         f"{key}: the {role} data gives {samples} samples of seq_len {spec.data.seq_len} ({spec.packing} packing), "
-        f"fewer than {what} = {per_step}"
+        f"fewer than {what} = {per_step}: {fix}"
     )
 
 
@@ -89,14 +103,21 @@ def eval_samples(spec: specmod.JobSpec, pieces: int) -> int:
 
 def holdout_note(spec: specmod.JobSpec, meta: dict[str, Any]) -> str | None:
     """What the log and `validate` say about an eval split held out of the training data by
-    windows (index.py: too few documents to hold out whole ones)."""
+    windows (index.py: the documents the fraction holds out give fewer than one evaluation
+    batch, or leave fewer than one global batch to train on)."""
     if meta.get("holdout") != "windows":
         return None
-    docs = int(meta.get("of_documents", 0))
+    docs, held = int(meta.get("of_documents", 0)), meta.get("held_documents")
+    if held is None:  # an index built before the count was recorded, or validate's bound of one document
+        why = f"whole documents ({docs:,}) cannot make one evaluation batch and one global batch"
+    elif meta.get("short") == "train":
+        why = f"holding out {held:,} of the {docs:,} documents would leave fewer than one global batch to train on"
+    else:
+        why = f"the {held:,} of {docs:,} documents it holds out give fewer than one evaluation batch"
     return (
-        f"eval.fraction = {spec.eval.fraction:g}: {docs:,} document(s) are too few to hold out whole ones, so "
-        f"{meta['documents']:,} windows of {spec.data.seq_len + 1} tokens are held out instead (at least one "
-        f"evaluation batch); eval text comes from the same documents as the training text"
+        f"eval.fraction = {spec.eval.fraction:g}: {why}, so {meta['documents']:,} windows of "
+        f"{spec.data.seq_len + 1} tokens are held out instead; eval text comes from the same documents as the "
+        "training text"
     )
 
 

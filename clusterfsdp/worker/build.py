@@ -52,7 +52,7 @@ def build(
         counts = dataclasses.replace(counts, trainable=adapters.trainable_count(meta))
     base = adapters.base_view if lora else contextlib.nullcontext  # the base under its own names
     mesh = parallelize.build_mesh(spec, device.type, world_size)
-    if spec.fsdp.activation_checkpointing:  # 2. parallelize
+    if spec.fsdp.activation_checkpointing and spec.fsdp.version == 2:  # 2. parallelize
         parallelize.apply_activation_checkpointing(meta)
     if spec.fsdp.version == 1:  # FSDP1 materializes and fills (3.) each unit as it wraps it
         with base(meta):
@@ -61,6 +61,8 @@ def build(
             init_fn = adapters.fsdp1_init_fn(init_fn, meta, spec.job.seed, device)
         model = parallelize.fsdp1(meta, spec, mesh, device, init_fn)
         weights.check_materialized(model, filler.plan.model_type)
+        if spec.fsdp.activation_checkpointing:  # inside each unit: the names torch's state dict expects
+            parallelize.apply_activation_checkpointing(model)  # (outside, a LoRA save failed: KeyError)
     else:
         if spec.fsdp.compile:
             parallelize.apply_compile(meta)

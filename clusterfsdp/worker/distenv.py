@@ -7,6 +7,7 @@ notebook launcher and tested against `scontrol show hostnames`.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import ipaddress
 import itertools
@@ -111,9 +112,71 @@ class DistEnv:
         }
 
 
-def derive_port(job_id: str, restart: int, step: str = "") -> int:
-    """Same on every rank of a job step, different per requeue and per step (no TIME_WAIT clashes)."""
-    return 20000 + zlib.crc32(f"{job_id}.{restart}.{step}".encode()) % 40000
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LINUX_EPHEMERAL = (32768, 60999)  # the kernel's default, when the file cannot be read
+MASTER_PORTS = range(15000, 65536)  # where derived master ports come from (below: services, Slurm's srun ports)
+
+
+def ephemeral_ports(path: Path = EPHEMERAL_PORTS) -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (net.ipv4.ip_local_port_range)."""
+    try:
+        lo, hi = (int(x) for x in path.read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return LINUX_EPHEMERAL
+
+
+def master_port_ranges(ephemeral: tuple[int, int]) -> list[range]:
+    """MASTER_PORTS outside the ephemeral range: a port the kernel may hand to any outgoing
+    connection at any time is one another process can hold when the master binds it. Where
+    too little is left (a range set to cover nearly everything), all of MASTER_PORTS."""
+    lo, hi = ephemeral
+    outside = [range(MASTER_PORTS.start, min(lo, MASTER_PORTS.stop)), range(max(hi + 1, MASTER_PORTS.start), 65536)]
+    outside = [r for r in outside if len(r)]
+    return outside if sum(len(r) for r in outside) >= 1000 else [MASTER_PORTS]
+
+
+def derive_port(job_id: str, restart: int, step: str = "", ephemeral: tuple[int, int] | None = None) -> int:
+    """Same on every rank of a job step (computed, not exchanged: every node reads the same
+    kernel setting), different per requeue and per step (no TIME_WAIT clashes), outside the
+    kernel's ephemeral ports where possible (master_port_ranges)."""
+    ranges = master_port_ranges(ephemeral or ephemeral_ports())
+    n = zlib.crc32(f"{job_id}.{restart}.{step}".encode()) % sum(len(r) for r in ranges)
+    for r in ranges:
+        if n < len(r):
+            return r[n]
+        n -= len(r)
+    raise AssertionError("unreachable")
+
+
+class MasterPortInUse(RuntimeError):
+    """The master's port is held by another process: the rendezvous cannot start (and ranks
+    connecting to it would reach that process)."""
+
+
+def port_taken(port: int) -> bool:
+    """Whether binding `port` on every address fails because another socket holds it (bound
+    as torch's TCPStore binds it: SO_REUSEADDR, so connections of a previous attempt in
+    TIME_WAIT do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+def master_port_problem(port: int) -> MasterPortInUse:
+    """What the master rank says when its port is taken: which port, and what to set instead."""
+    lo, hi = ephemeral = ephemeral_ports()
+    free = next((p for r in master_port_ranges(ephemeral) for p in r[port % len(r) :: 997] if not port_taken(p)), None)
+    instead = f'MASTER_PORT = "{free}"' if free is not None else "MASTER_PORT"
+    return MasterPortInUse(
+        f"master port {port} on {socket.gethostname()} is in use by another process: set {instead} in the job's "
+        f"[env] (a free port outside the kernel's ephemeral ports {lo}-{hi}), or submit again (the port follows "
+        "the job id)"
+    )
 
 
 def _oci_node(hosts: list[str], bundle: str) -> int:

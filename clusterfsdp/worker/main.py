@@ -231,6 +231,8 @@ def _load_spec(attempt: _Attempt) -> specmod.JobSpec:
     diagnostics = health.diagnostics_dir(attempt.run.path, env.job_id, env.restart)
     chosen, attempt.facts = distenv.network_env(env, spec.env, diagnostics=diagnostics)
     _apply_env(spec, chosen)
+    if "MASTER_PORT" in spec.env:  # the job's own port (what a taken port's error says to set) wins
+        attempt.env = distenv.DistEnv(**{**env.__dict__, "master_port": int(spec.env["MASTER_PORT"])})
     os.environ.update(attempt.env.export())
     return spec
 
@@ -238,8 +240,10 @@ def _load_spec(attempt: _Attempt) -> specmod.JobSpec:
 def _init_process_group(attempt: _Attempt, timeout_s: float):
     """The device (this node's GPU by local rank, else CPU) and the default process group
     (NCCL on GPUs, gloo on CPUs), its timeout the watchdog's start-up rule (the heartbeat
-    follows the phases and the step time later). The local executor's restart count is counted
-    from the `start` events and agreed on here (Slurm counts restarts itself)."""
+    follows the phases and the step time later). Rank 0 hosts the rendezvous on the master
+    port: one another process holds stops it with what to set (distenv.MasterPortInUse). The
+    local executor's restart count is counted from the `start` events and agreed on here
+    (Slurm counts restarts itself)."""
     from datetime import timedelta
 
     import torch
@@ -255,8 +259,15 @@ def _init_process_group(attempt: _Attempt, timeout_s: float):
     else:
         device, backend = torch.device("cpu"), "gloo"
     timeout = timedelta(seconds=timeout_s)
-    dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None)
     env = attempt.env
+    if env.rank == 0 and distenv.port_taken(env.master_port):  # rank 0 hosts the rendezvous store
+        raise distenv.master_port_problem(env.master_port)
+    try:
+        dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None)
+    except RuntimeError as e:  # taken between the check and the bind
+        if env.rank == 0 and "EADDRINUSE" in str(e):
+            raise distenv.master_port_problem(env.master_port) from e
+        raise
     if env.launcher == "submitit-local":
         count = torch.tensor([sum(1 for e in attempt.run.events(env.job_id) if e.event is EventKind.START)])
         dist.broadcast(count, 0)

@@ -3,6 +3,8 @@ or FSDP1 FullyShardedDataParallel; activation checkpointing and per-layer compil
 
 Order (torchtitan's): activation checkpointing -> per-layer torch.compile -> fully_shard per
 decoder layer -> fully_shard(root). Tied embeddings stay in the root unit, so the tie survives.
+FSDP1 gets its checkpoint wrappers after wrapping, inside each unit (torch's order for it: its
+state-dict names assume FSDP outside the wrapper, which a LoRA checkpoint's frozen keys need).
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ def fsdp1(
         device_mesh=mesh if strategy is ShardingStrategy.HYBRID_SHARD else None,
         auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes(model)),
         mixed_precision=MixedPrecision(param_dtype=mp, reduce_dtype=torch.float32, buffer_dtype=mp),
-        cpu_offload=CPUOffload(offload_params=spec.fsdp.cpu_offload),
+        # on CPU the parameters are in host memory already, and FSDP1's offload pins memory, which needs a GPU
+        cpu_offload=CPUOffload(offload_params=spec.fsdp.cpu_offload and device.type != "cpu"),
         device_id=device,  # FSDP1 accepts the CPU (gloo) as a device when named explicitly
         use_orig_params=True,
         param_init_fn=param_init_fn,

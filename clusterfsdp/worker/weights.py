@@ -407,6 +407,7 @@ def load_pretrained(model: nn.Module, folder: Path, p: Plan, device: torch.devic
         raise ModelError(
             f"model type {p.model_type!r}: loading {folder} failed: {' '.join(str(e).split())[:400]}"
         ) from None
+    _own_storage(model)
     if info.missing_keys:
         missing = sorted(info.missing_keys)
         raise ModelError(
@@ -414,6 +415,24 @@ def load_pretrained(model: nn.Module, folder: Path, p: Plan, device: torch.devic
             f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}): this checkpoint does not match the "
             "config, or transformers cannot map this family's files"
         )
+
+
+def _own_storage(model: nn.Module) -> None:
+    """Give every local shard a storage of its own. transformers slices a tensor it read whole
+    and moves the slice with `.to(device, dtype)`, which copies nothing when both are already
+    right (a CPU run, the CPU-offload load of a GPU run): each rank then kept every whole
+    weight alive behind its shard (the memory of an unsharded model), and the shard's storage
+    could not be deep-copied (the async checkpoint's staging buffers failed on every rank but
+    the first: issue 40's cross product)."""
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for param in model.parameters():
+            if not isinstance(param, DTensor):
+                continue
+            local = param._local_tensor
+            if local.untyped_storage().nbytes() > local.numel() * local.element_size():
+                param._local_tensor = local.clone()  # FSDP2 re-reads it at its lazy init (reset_sharded_param)
 
 
 def staged_source(

@@ -171,6 +171,8 @@ def env_errors(env: dict[str, str], allowed: list[str]) -> list[str]:
             errors.append(
                 f"env.{key}: changes which code the workers load; name it in job.allow_env to set it on purpose"
             )
+        elif key == "MASTER_PORT" and not (env[key].isdigit() and 1024 <= int(env[key]) <= 65535):
+            errors.append(f"env.MASTER_PORT: expected a port number from 1024 to 65535, found {short(env[key])}")
     errors += [
         f"job.allow_env: {short(name)} is not one of {', '.join(LOADER_ENV)}"
         for name in allowed

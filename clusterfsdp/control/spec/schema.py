@@ -707,6 +707,8 @@ class JobSpec(Value):
             out.append(
                 f"no GPUs: mixed_precision = '{self.fsdp.mixed_precision}' runs on CPU (slow); fp32 is usual there."
             )
+        if self.slurm.gpus_per_node == 0 and self.fsdp.cpu_offload and self.fsdp.version == 1:
+            out.append("no GPUs: FSDP1 keeps its parameters in host memory anyway; fsdp.cpu_offload changes nothing.")
         return out
 
 
