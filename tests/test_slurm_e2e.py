@@ -688,7 +688,7 @@ def test_the_same_error_at_the_same_step_twice_is_not_retried(slurm_cluster, tin
     assert gave_up.cause == "repeated_error" and gave_up.job_id == restart.job_id_next == run.attempts[-1].job_id
     assert "again at step 10" in gave_up.reason and "not retried" in gave_up.reason
     assert gave_up.signature == restart.signature
-    assert "repeated_error" in cli("status", str(run.path)).stdout
+    assert "not retried: the same error at the same step as the attempt before" in cli("status", str(run.path)).stdout
 
 
 def test_a_run_out_of_restarts_ends_failed_on_slurm(slurm_cluster, tiny_job, tmp_path):
@@ -708,7 +708,7 @@ def test_a_run_out_of_restarts_ends_failed_on_slurm(slurm_cluster, tiny_job, tmp
     assert "rank(s) 1 died" in gave_up.reason and "slurm.max_restarts = 0" in gave_up.reason
     assert len(run.attempts) == 1 and not any(e.event == "auto_restart" for e in run.events())
     assert slurm_cluster.wait_sacct(job_id, "FAILED")
-    assert "restarts_exhausted" in cli("status", str(run.path)).stdout
+    assert "not restarted: slurm.max_restarts used up" in cli("status", str(run.path)).stdout
 
 
 def test_a_run_that_waits_says_why_and_when(slurm_cluster, tiny_job, tmp_path):

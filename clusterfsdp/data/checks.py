@@ -201,8 +201,12 @@ def build_missing_indexes(spec: specmod.JobSpec, refs: list[DatasetRef]) -> list
 
     missing = []
     for ref in refs:
-        if ref.key is None or ref.manifest() is None:
-            continue
+        try:
+            if ref.key is None or ref.manifest() is None:
+                continue
+        except DataError:
+            continue  # an entry that may not be trusted: prepared_state names it
+
         missing += [
             f"{role}:{ref.part}:{ref.folder}"
             for role, data_role in sample_roles(spec)
