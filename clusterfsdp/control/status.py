@@ -319,11 +319,11 @@ def run_status(
     events = run.events()
     st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run, job), run.tracker_ids()
     st.notes = [f"step {e.step}: {e.reason}" for e in events if e.event is EventKind.CHECKPOINT_FALLBACK and e.reason]
-    latest: dict[str, Event] = {}  # the newest warning of each kind: a save too slow, a loss rising, ...
+    warnings: dict[str, Event] = {}  # the newest warning of each kind: a save too slow, a loss rising, ...
     for e in events:
         if e.event is EventKind.WARNING:
-            latest[" ".join(e.reason.split()[:3])] = e  # (its first words say which check wrote it)
-    st.notes += [f"warning (step {e.step}): {e.reason}" for e in sorted(latest.values(), key=lambda e: e.time)]
+            warnings[" ".join(e.reason.split()[:3])] = e  # (its first words say which check wrote it)
+    st.notes += [f"warning (step {e.step}): {e.reason}" for e in sorted(warnings.values(), key=lambda e: e.time)]
     if note := guard_note(events):
         st.notes.append(note)
     st.notes += [records.preflight_verdict(e) for e in records.preflight_failures(events)]
