@@ -10,13 +10,14 @@ the rank SIGKILL, `hang` stops the rank in a sleep after asking faulthandler to 
 into diagnostics/<job>.<restart>/rank<R>.txt (the watchdog's stand-in) while the other ranks
 wait for it in a collective (the process group's timeout is cut to HANG_TIMEOUT_S so that the
 wait ends in a test's time, and kept there: the heartbeat's own timeout rule is switched off),
-`stop` SIGSTOPs the rank (frozen: the node watchdog's case), `slow` sleeps SLOW_S in every step
+`stop` SIGSTOPs the rank (frozen: the node watchdog's case), `slow` sleeps (straggler_delay) in every step
 from STEP on (a straggler). Everything else is the real worker (`clusterfsdp.worker.main.run`).
 """
 
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import os
 import signal
 import sys
@@ -26,9 +27,18 @@ from pathlib import Path
 
 HANG_TIMEOUT_S = 20
 # The straggler rule calls a rank late by more than half the median step, and the other ranks'
-# steps include their wait for it: 0.25 s was within that on a loaded 2-core machine (the tiny
-# job's own step is 0.1-0.4 s there), so the straggler test failed 1 run in 3.
-SLOW_S = 0.8
+# steps include their wait for it (base + delay), so a delay above the base step is always enough.
+# A fixed 0.25 s was within that on a loaded 2-core machine (the tiny job's own step is 0.1-0.4 s there)
+# and the straggler test failed 1 run in 3: the delay is measured instead, SLOW_FACTOR times this rank's
+# median step before the fault, never less than SLOW_MIN_S.
+SLOW_MIN_S = 0.8
+SLOW_FACTOR = 3.0
+
+
+def straggler_delay(step_starts: list[float]) -> float:
+    """The sleep that makes a rank a straggler whatever the machine's load: SLOW_FACTOR x its median step."""
+    gaps = sorted(b - a for a, b in itertools.pairwise(step_starts))
+    return max(SLOW_MIN_S, SLOW_FACTOR * gaps[(len(gaps) - 1) // 2]) if gaps else SLOW_MIN_S
 
 
 def divide_the_loss_by_the_padding(padding: int) -> float:
@@ -39,7 +49,7 @@ def wait_for_a_lock_that_never_comes() -> None:
     time.sleep(3600)
 
 
-def _fault(kind: str, run_dir: Path, rank: int) -> None:
+def _fault(kind: str, run_dir: Path, rank: int, slow_s: float) -> None:
     import torch
 
     if kind == "oom":
@@ -60,7 +70,7 @@ def _fault(kind: str, run_dir: Path, rank: int) -> None:
     if kind == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     if kind == "slow":
-        time.sleep(SLOW_S)
+        time.sleep(slow_s)
     if kind == "hang":
         key = max((run_dir / "logs").iterdir(), key=lambda p: p.stat().st_mtime).name
         dump = run_dir / "diagnostics" / key / f"rank{rank}.txt"
@@ -88,13 +98,18 @@ def main(run_dir: str) -> None:
     if mine:
         step = torch.optim.AdamW.step
         calls = 0
+        starts: list[float] = []  # this rank's step starts before any fault: its own step time
+        slow_s = SLOW_MIN_S
 
         def faulty_step(self, *args, **kwargs):
-            nonlocal calls
+            nonlocal calls, slow_s
             calls += 1
+            if not any(calls > at for _, at in mine):
+                starts.append(time.monotonic())
+                slow_s = straggler_delay(starts)
             for kind, at_step in mine:
                 if calls == at_step or (kind == "slow" and calls > at_step):
-                    _fault(kind, Path(run_dir), int(os.environ["RANK"]))
+                    _fault(kind, Path(run_dir), int(os.environ["RANK"]), slow_s)
             return step(self, *args, **kwargs)
 
         torch.optim.AdamW.step = faulty_step  # ty: ignore

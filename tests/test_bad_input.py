@@ -454,3 +454,35 @@ def test_schema_of_an_unknown_key_exits_2_with_one_line():
     assert (code, err) == (2, "error: eval.fracton: unknown key; did you mean fraction?\n")
     code, err = _run_cli(["schema", "nosuch"])
     assert code == 2 and err.startswith("error: nosuch: unknown key; valid keys: job, slurm, ") and err.count("\n") == 1
+
+
+def test_a_model_folder_with_fifos_is_refused_in_one_line_not_waited_on(tmp_path):
+    """A FIFO planted as config.json, a weights index or a .safetensors file (a shared HF cache is
+    writable by a team) was opened with plain open(): `validate` waited for a writer forever. Now
+    each is a one-line problem, and a safetensors header larger than safetensors' own 100 MB limit
+    is refused without reading it. Run in a child process so that a regression fails, not hangs."""
+    code = f"""
+import os, struct
+from pathlib import Path
+from clusterfsdp.control import modelsource as m
+root = Path({str(tmp_path)!r})
+a = root / "a"; a.mkdir(); os.mkfifo(a / "config.json")
+try:
+    m.read_config(a)
+except ValueError as e:
+    print("config:", e)
+b = root / "b"; b.mkdir(); os.mkfifo(b / "model.safetensors.index.json")
+print("index:", m.weight_problems("model.path", b, []))
+c = root / "c"; c.mkdir(); os.mkfifo(c / "model.safetensors")
+print("weights:", m.weight_problems("model.path", c, []))
+d = root / "d"; d.mkdir(); (d / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{{}}")
+print("huge:", m.weight_problems("model.path", d, []))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"config: {tmp_path}/a/config.json: cannot read (not a regular file (a FIFO))", lines
+    assert lines[1] == f"index: ['model.path: {tmp_path}/b: unreadable weights index (not a regular file (a FIFO))']"
+    not_safetensors = "model.safetensors: not a safetensors file"
+    assert lines[2] == f"weights: ['model.path: {tmp_path}/c/{not_safetensors} (NotRegularFile)']"
+    assert lines[3] == f"huge: ['model.path: {tmp_path}/d/{not_safetensors} (OverflowError)']"

@@ -3,7 +3,7 @@ and the per-rank health the TUI's run screen shows (tui/rank_health.py).
 
 The rules are unit-tested on heartbeat records. The watchdog itself runs for real, in one run of
 two gloo worker processes (tests/procs.py, tests/faulty_worker.py, a module-scoped fixture):
-rank 1 sleeps SLOW_S in every step from its 3rd on (a straggler: one event, training goes on),
+rank 1 sleeps 3x its own step (at least 0.8 s) in every step from its 3rd on (a straggler: one event, training goes on),
 then SIGSTOPs itself in its 24th step: the node watchdog, its own process, must notice, dump
 both ranks' stacks with py-spy (the stopped one included), record a `hang` naming rank 1 and
 kill both ranks. The restart after a hang is the batch script's (Slurm only):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import hub
+from . import fileio, hub
 from . import spec as specmod
 from .fileio import atomic_write
 from .presets import PRESETS
@@ -264,14 +264,20 @@ def _locate(
 
 
 # ---------------------------------------------------------------- folder checks
+MAX_CONFIG_BYTES = 64 << 20  # config.json and weight indexes are KB to a few MB; more is not a model folder
+SAFETENSORS_MAX_HEADER = 100_000_000  # safetensors' own limit (MAX_HEADER_SIZE in its Rust crate)
+
+
 def read_config(folder: Path) -> dict[str, Any]:
     """config.json as a dict; raises ValueError with a one-line reason."""
     path = folder / "config.json"
-    if not path.is_file():
+    if not path.exists():  # (one that exists but is a FIFO or a folder is named as such below)
         raise ValueError(f"{folder} has no config.json")
     try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        config = fileio.load_json(path, MAX_CONFIG_BYTES)  # regular files only: a shared HF cache may hold a FIFO
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read ({e.strerror or e})") from None
+    except ValueError as e:
         raise ValueError(f"{path}: not readable JSON ({e})") from None
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise ValueError(f"{path}: has no model_type (not a transformers config)")
@@ -290,8 +296,8 @@ def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a weights folder (those its index names, else every *.safetensors),
     or its torch .bin files; [] when there are none."""
     for index in (WEIGHTS_INDEX, BIN_INDEX):
-        if (folder / index).is_file():
-            names = json.loads((folder / index).read_text()).get("weight_map", {}).values()
+        if (folder / index).exists():
+            names = fileio.load_json(folder / index, MAX_CONFIG_BYTES).get("weight_map", {}).values()
             return [folder / n for n in sorted(set(names))]
     return sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
 
@@ -300,11 +306,13 @@ def weight_problems(key: str, folder: Path, notes: list[str]) -> list[str]:
     """Missing or unreadable weights of a weights folder, one line each."""
     try:
         files = weight_files(folder)
-    except (OSError, ValueError, AttributeError) as e:
+    except OSError as e:
+        return [f"{key}: {folder}: unreadable weights index ({e.strerror or e})"]
+    except (ValueError, AttributeError) as e:
         return [f"{key}: {folder}: unreadable weights index ({e})"]
     if not files:
         return [f"{key}: {folder} has no weights (*.safetensors or pytorch_model*.bin)"]
-    missing = [f.name for f in files if not f.is_file()]
+    missing = [f.name for f in files if not f.exists()]  # (a FIFO or folder in its place: named below)
     if missing:
         return [
             f"{key}: {folder} lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} (named by its index)"
@@ -333,11 +341,13 @@ def safetensors_header(path: Path) -> dict[str, Any]:
     """The JSON header of a safetensors file (names, dtypes, shapes, offsets); checks that the file
     is long enough for the data the header describes (a truncated download fails here)."""
     try:
-        with open(path, "rb") as f:
+        with fileio.open_regular(path) as f:  # (a FIFO planted in a shared HF cache would block validate)
             (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
+            if size > SAFETENSORS_MAX_HEADER:
+                raise OverflowError(f"a header of {size} bytes")
+            header = fileio.loads(f.read(size))
         length = path.stat().st_size
-    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError, MemoryError, OverflowError) as e:
+    except (OSError, struct.error, ValueError, MemoryError, OverflowError) as e:
         raise ValueError(f"{path}: not a safetensors file ({type(e).__name__})") from None
     end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
     if 8 + size + end > length:
