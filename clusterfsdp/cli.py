@@ -421,15 +421,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         from . import sweepcli
 
         return sweepcli.cmd_doctor(args, _run_root(args))
-    import json
 
-    from .control import doctor, status
+    from .control import doctor, status, strictjson
 
     folder = _find_folder(args)
     st = status.run_status(folder)
     found = doctor.diagnose(folder, st.events, st.state.live, st.state, st.reason)
     if args.json:
-        print(json.dumps({"schema": 1, **found.to_dict()}, indent=2))
+        print(strictjson.dumps({"schema": 1, **found.to_dict()}))
         return 0
     print(f"run        {folder.id} ({folder.name})")
     print("\n".join(found.render()))

@@ -6,14 +6,13 @@ Each function parses, calls the sweep service (`control.sweep`) and prints."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .control import sweepfolder
+from .control import strictjson, sweepfolder
 from .control.errors import UserError
 from .control.records import RunState
 from .control.sweepfolder import SORT_KEYS, PointStatus, SweepFolder, SweepSummary, sort_key
@@ -37,7 +36,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         if args.json:
             points = [{"index": p.index, "values": p.values} for p in planned.points]
-            print(json.dumps({"schema": 1, "keys": planned.keys, "points": points}, indent=2))
+            print(strictjson.dumps({"schema": 1, "keys": planned.keys, "points": points}))
         else:
             for p in planned.points:
                 print(f"point {p.index}  {p.describe()}")
@@ -46,7 +45,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep = Sweep.submit(planned)
     record = sweep.record()
     if args.json:
-        print(json.dumps({"schema": 1, "folder": str(sweep.path), **record.to_dict()}, indent=2), flush=True)
+        print(strictjson.dumps({"schema": 1, "folder": str(sweep.path), **record.to_dict()}), flush=True)
         return follow(sweep.folder, lambda line: print(line, file=sys.stderr, flush=True)) if args.follow else 0
     at_once = "one after another" if record.max_parallel <= 1 else f"{record.max_parallel} at a time"
     where = f"job array {record.job_id}" if record.job_id else f"local, {at_once}"
@@ -220,7 +219,7 @@ def cmd_doctor(args: argparse.Namespace, run_root: Path) -> int:
     if args.json:
         points = [{"index": r.point.index, "run_id": r.point.run_id, "values": r.point.values,
                    "state": str(r.status.state), **found[r.point.index].to_dict()} for r in rows]  # fmt: skip
-        print(json.dumps({"schema": 1, "sweep_id": record.sweep_id, "points": points}, indent=2))
+        print(strictjson.dumps({"schema": 1, "sweep_id": record.sweep_id, "points": points}))
         return 0
     print(f"sweep      {record.sweep_id} ({record.name}), {len(rows)} points\nfolder     {folder.path}")
     for r in rows:

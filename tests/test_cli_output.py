@@ -62,6 +62,30 @@ def test_runs_and_status_json_share_one_versioned_shape(finished_run, tmp_path):
     assert cli("runs", "--quiet", "--run-root", root).stdout.split() == [finished_run.id]
 
 
+def _strict(text: str):
+    def refuse(word: str):
+        raise AssertionError(f"not JSON: {word}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_diverged_run_is_strict_json_everywhere(tmp_path):
+    """A loss of NaN and a perplexity of inf were written as NaN/Infinity, which is not JSON: jq
+    and JavaScript refused the whole `runs --json` of a run root with one diverged run. Such
+    numbers are null in `runs`, `status` and `doctor --json`."""
+    spec = S.loads(f'[job]\nname = "nan"\nrun_root = "{tmp_path / "runs"}"\n[train]\nsteps = 20\n')
+    run = runfolder.create_run(spec, Executor.LOCAL)
+    run.add_attempt("778", Executor.LOCAL, "submit")
+    run.append_event(Event(EventKind.START, "778", 0, 0, "host", time.time(), world_size=1, nodes=1, attempt=0))
+    fileio.append_jsonl(run.metrics_file, {"step": 3, "loss": float("nan"), "attempt": 0})
+    fileio.append_jsonl(run.metrics_file, {"step": 3, "eval_loss": float("inf"), "eval_ppl": float("inf")})
+    root = str(tmp_path / "runs")
+    (row,) = _strict(cli("runs", "--json", "--run-root", root).stdout)["runs"]
+    assert row["loss"] is None and row["eval_ppl"] is None and row["step"] == 3, row
+    assert _strict(cli("status", run.id, "--json", "--run-root", root).stdout)["loss"] is None
+    assert _strict(cli("doctor", run.id, "--json", "--run-root", root).stdout)["schema"] == 1
+
+
 def test_submit_json_and_parsable_print_what_scripts_need(tmp_path):
     """Through stub `sbatch`/`scontrol` commands (no Slurm here) that answer as Slurm does."""
     bindir = tmp_path / "bin"

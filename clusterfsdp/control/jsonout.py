@@ -20,6 +20,7 @@ from .records import Attempt, Event, TrackerIds
 from .run import Run, Submission
 from .runfolder import RunFolder
 from .status import RunStatus
+from .strictjson import dumps
 
 SCHEMA = 1
 
@@ -75,7 +76,7 @@ def _status(st: RunStatus) -> dict[str, Any]:
 
 def document(value: RunStatus | Submission | dict[str, Any]) -> str:
     """One JSON document: the schema version first, then the record's keys."""
-    return json.dumps({"schema": SCHEMA, **to_json(value)}, indent=2)
+    return dumps({"schema": SCHEMA, **to_json(value)})
 
 
 def listing(rows: Iterable[RunStatus], slurm_error: str) -> Iterator[str]:
@@ -83,5 +84,5 @@ def listing(rows: Iterable[RunStatus], slurm_error: str) -> Iterator[str]:
     pieces of one run each: 10,000 runs are never one structure in memory."""
     yield f'{{\n  "schema": {SCHEMA},\n  "runs": ['
     for i, row in enumerate(rows):
-        yield ("," if i else "") + "\n" + textwrap.indent(json.dumps(to_json(row), indent=2), "    ")
+        yield ("," if i else "") + "\n" + textwrap.indent(dumps(to_json(row)), "    ")
     yield f'\n  ],\n  "slurm_error": {json.dumps(slurm_error)}\n}}\n'
