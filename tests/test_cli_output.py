@@ -235,3 +235,17 @@ def test_the_tui_queue_shows_a_planted_runs_names_escaped(tmp_path):
         assert cells[0] == run.id.encode("unicode_escape").decode() and "boom\\x1b]0;pwned" in detail
 
     run_app(app, scenario)
+
+
+def test_two_runs_of_one_job_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
+    """Run ids are the second plus 16 random bits: two runs of one job that drew the same id
+    (a sweep's fast dry runs) ended the second with FileExistsError. The id is drawn again; a
+    run id the caller chose is never reused."""
+    spec = S.loads(f'[job]\nname = "twice"\nrun_root = "{tmp_path / "runs"}"\n')
+    ids = iter(["20260101-120000-aaaa", "20260101-120000-aaaa", "20260101-120000-bbbb"])
+    monkeypatch.setattr(runfolder, "new_run_id", lambda: next(ids))
+    first, second = (runfolder.create_run(spec, Executor.LOCAL) for _ in range(2))
+    assert (first.id, second.id) == ("20260101-120000-aaaa", "20260101-120000-bbbb")
+    assert first.record().created <= second.record().created
+    with pytest.raises(FileExistsError):
+        runfolder.create_run(spec, Executor.LOCAL, run_id=first.id)

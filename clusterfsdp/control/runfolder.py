@@ -190,6 +190,21 @@ def job_folder(spec: specmod.JobSpec) -> Path:
     return root / spec.job.name
 
 
+def _new_folder(parent: Path, run_id: str | None, tries: int = 8) -> RunFolder:
+    """A run folder made here and now, never one that already exists (exist_ok=False): a given id
+    that exists raises FileExistsError; a generated id that collides (two runs of one job in the same
+    second, 1 in 65,536: a sweep's fast dry runs) is drawn again."""
+    for _ in range(1 if run_id else tries):
+        run = RunFolder(parent / (run_id or new_run_id()))
+        try:
+            run.path.mkdir(parents=True, exist_ok=False)
+            return run
+        except FileExistsError:
+            if run_id:
+                raise
+    raise FileExistsError(f"{parent}: {tries} new run ids in a row already existed")
+
+
 def create_run(spec: specmod.JobSpec, executor: Executor, run_id: str | None = None) -> RunFolder:
     """Make the folder for a new run and write its resolved, redacted job.toml. PermissionError
     (submit_refusal) in a job folder another user made: the run service says it first, as a
@@ -198,8 +213,7 @@ def create_run(spec: specmod.JobSpec, executor: Executor, run_id: str | None = N
 
     if problem := submit_refusal(spec):
         raise PermissionError(problem)
-    run = RunFolder(job_folder(spec) / (run_id or new_run_id()))
-    run.path.mkdir(parents=True, exist_ok=False)
+    run = _new_folder(job_folder(spec), run_id)
     for sub in ("submitit", "logs", "nodes"):
         (run.path / sub).mkdir()
     atomic_write(run.job_toml, specmod.dumps(spec, redact=True))
