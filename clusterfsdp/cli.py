@@ -242,17 +242,28 @@ def _print_submission(sub, args: argparse.Namespace, line: str) -> None:
         print(line, flush=True)
 
 
+def _log_output(path: Path):
+    """Where a log's own bytes go: as they are (as `cat` shows them: progress bars, colours) when only
+    you could have written the file; escaped like every other line (`term.SafeStream`) when another
+    user could have (a run of theirs in a shared run root: escape sequences in it would drive your
+    terminal)."""
+    from . import term
+    from .control import ownership
+
+    return term.raw(sys.stdout) if ownership.path_clause(path) is None else sys.stdout
+
+
 def _follow(run, rank: int, job_id: str | None = None) -> int:
     """Stream a rank's log until the run ends (from attempt `job_id` on, if given)."""
-    from . import term
     from .control import logs
 
     def done() -> bool:
         return run.status().state.final
 
+    own = _log_output(run.folder.path / "logs")
     try:
         for text in logs.follow(run.folder, rank, done, job_id=job_id):
-            out = sys.stdout if isinstance(text, logs.Banner) else term.raw(sys.stdout)  # the log's own bytes: raw
+            out = sys.stdout if isinstance(text, logs.Banner) else own  # the log's own bytes: raw if yours
             out.write(text)
             out.flush()
     except KeyboardInterrupt:
@@ -457,9 +468,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     elif not text:
         print(f"run {folder.id}: rank {args.rank}'s log is empty so far ({path})", file=sys.stderr)
         return 0
-    from . import term
-
-    print(text, file=term.raw(sys.stdout))  # the log's own bytes, as `cat` shows them
+    print(text, file=_log_output(path))  # the log's own bytes, as `cat` shows them (if yours)
     return 0
 
 

@@ -7,7 +7,7 @@ title, clear the screen, write the clipboard with OSC 52). `printable` writes ev
 character as its escape (ESC as `\\x1b`); `SafeStream` is the one place the CLI's output goes
 through it (`cli.main` puts it in front of stdout and stderr for every command), and the TUI's
 tables show `printable` cells. Only a log's own bytes (`logs`, `--follow`) are written as they
-are, to `raw(stream)`, as `cat` would.
+are, to `raw(stream)`, as `cat` would, and only when the log is yours (cli `_log_output`).
 
 Colour (`style`) only on a TTY, never in pipes, files or scripts, and never when $NO_COLOR is set
 (no-color.org) or TERM is 'dumb'. Plain ANSI codes: the CLI starts without importing rich. Codes

@@ -183,3 +183,22 @@ def test_cancel_says_so_when_it_could_signal_nothing(tmp_path):
     finally:
         group.kill()
         group.wait()
+
+
+def test_another_users_log_is_shown_escaped_and_your_own_as_it_is(tmp_path, other_user, shared_root):
+    """`logs` prints a log's own bytes as `cat` does (progress bars, colours), which let a log
+    planted by another user in a shared run root set the reader's window title or write the
+    clipboard (OSC 52). Another user's log is now escaped like every other line; yours is not."""
+    from procs import on_a_tty
+
+    evil = "step 1 \x1b]0;pwned\x07\x1b]52;c;cHduZWQ=\x07 \x1b[32mgreen\x1b[0m"
+    staging = tmp_path / "staging"
+    mine = make_run(staging, RUN_ID, end="completed", log_lines=1)
+    log = next(mine.logs_dir.glob("*/rank0.log"))
+    log.write_text(evil + "\n")
+    planted = other_user.plant_copy(staging / "tiny-cpu", shared_root) / RUN_ID
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    theirs = on_a_tty("logs", str(planted), env=env)
+    assert "\x1b]0;pwned" not in theirs and "\x07" not in theirs, theirs
+    assert "step 1 \\x1b]0;pwned\\x07\\x1b]52;c;cHduZWQ=\\x07 \\x1b[32mgreen\\x1b[0m" in theirs, theirs
+    assert evil in on_a_tty("logs", str(mine.path), env=env)  # your own log: as it is
