@@ -9,6 +9,7 @@ and a requeue."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -156,18 +157,30 @@ def test_node_states() -> None:
 def test_a_job_cancelled_while_being_requeued_is_not_live(slurm_cluster, monkeypatch) -> None:
     """On the devcluster: `scontrol requeue` then `scancel` (a cancel racing a time-limit requeue)
     leaves sacct's last record at REQUEUED for good; job_states reports the controller's
-    CANCELLED, so the run is not held live forever (status REQUEUED, resume refused)."""
+    CANCELLED, so the run is not held live forever (status REQUEUED, resume refused).
+
+    The race is Slurm's: on a loaded machine the scancel can land after the requeue settled, and
+    then accounting says CANCELLED too (seen once in a clean-clone CI run beside three other test
+    sessions). job_states must say CANCELLED either way; the scenario is tried up to three times
+    until accounting keeps REQUEUED, which is the case this test exists for."""
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.slurm_conf))
-    job = str(slurm_cluster.sbatch(["--requeue", "-N1", "-o", "/dev/null", "--wrap", "sleep 300"]))
-    slurm_cluster.wait_for("RUNNING", lambda: slurm_cluster.squeue_state(int(job)) == "RUNNING", 60)
-    slurm_cluster.run(["scontrol", "requeue", job])
-    slurm_cluster.run(["scancel", job])
-    slurm_cluster.wait_for("the job to leave the queue", lambda: slurm_cluster.squeue_state(int(job)) == "", 60)
-    # slurmdbd records states after the controller: wait until it has recorded the requeue (rows
-    # RUNNING until then), then its last record must stay REQUEUED (what accounting keeps)
-    rows = slurm_cluster.wait_sacct_rows(job, lambda r: "REQUEUED" in r, "the requeue recorded")
-    assert rows[-1] == "REQUEUED", rows
-    assert slurmcli.job_states([job])[job].state == "CANCELLED"
+    seen = []
+    for _ in range(3):
+        job = str(slurm_cluster.sbatch(["--requeue", "-N1", "-o", "/dev/null", "--wrap", "sleep 300"]))
+        state = functools.partial(slurm_cluster.squeue_state, int(job))
+        slurm_cluster.wait_for("RUNNING", lambda: state() == "RUNNING", 60)  # noqa: B023 - called in this pass
+        slurm_cluster.run(["scontrol", "requeue", job])
+        slurm_cluster.run(["scancel", job])
+        slurm_cluster.wait_for("the job to leave the queue", lambda: state() == "", 60)  # noqa: B023
+        # slurmdbd records states after the controller: wait until it has recorded the requeue (rows
+        # RUNNING until then); its last record then stays REQUEUED (what accounting keeps) unless
+        # the cancel came after the requeue settled
+        rows = slurm_cluster.wait_sacct_rows(job, lambda r: "REQUEUED" in r, "the requeue recorded")
+        assert slurmcli.job_states([job])[job].state == "CANCELLED", rows
+        seen.append(rows)
+        if rows[-1] == "REQUEUED":
+            break
+    assert seen[-1][-1] == "REQUEUED", seen
     assert slurm_cluster.sacct_attempts(job)[-1] == "REQUEUED"  # still, after the controller said CANCELLED
 
 

@@ -186,8 +186,10 @@ def run_app(app: ClusterApp, scenario: Callable[[Pilot], Awaitable[None]], size:
     asyncio.run(main())
 
 
-async def until(pilot: Pilot, condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    """Let the app run until `condition()` holds (a hang guard, not a timing assertion)."""
+async def until(pilot: Pilot, condition: Callable[[], object], what: str, timeout: float = 120.0) -> None:
+    """Let the app run until `condition()` holds (a hang guard, not a timing assertion: 30 s was
+    too short for the Data view's reader subprocess, which imports transformers, in a clean-clone
+    CI run beside three other test sessions on 2 cores)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
