@@ -112,7 +112,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         prepared.notes += [f"data path {path} is not on this host: {later}" for path in inside]
         reachable = ping.state() == "up"
     where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
-    if not reachable and spec.max_nodes > 1:
+    if not reachable and spec.node_range.high > 1:
         where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"
     print(summary(spec, where))
     if points:

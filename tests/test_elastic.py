@@ -85,7 +85,7 @@ def test_validate_refuses_a_range_with_a_size_that_cannot_keep_the_global_batch_
 
 def test_the_spec_of_an_attempt_is_its_allocations_size_with_the_same_global_batch():
     spec = load("fsdp.sharding='hybrid'")
-    assert (spec.min_nodes, spec.max_nodes, spec.world_size, spec.mesh_shape) == (1, 2, 4, (2, 2))
+    assert (spec.node_range.low, spec.node_range.high, spec.world_size, spec.mesh_shape) == (1, 2, 4, (2, 2))
     one, two = spec.on_nodes(1), spec.on_nodes(2)
     assert (one.slurm.nodes, one.train.grad_accum, one.world_size, one.mesh_shape) == (1, 2, 2, (2,))
     assert (two.slurm.nodes, two.train.grad_accum, two.mesh_shape) == (2, 1, (2, 2))

@@ -121,7 +121,7 @@ class Local(Backend):
 
     def check(self, spec: specmod.JobSpec) -> None:
         super().check(spec)
-        if spec.max_nodes > 1:
+        if spec.node_range.high > 1:
             raise launch.SubmitError(
                 f"slurm.nodes = {spec.slurm.nodes!r}: the local executor runs on one machine; "
                 "use Slurm (try `clusterfsdp devcluster up` for a local test cluster) or set slurm.nodes = 1"
@@ -185,10 +185,10 @@ class LocalRanks(_Streamed, Local):
 
     def check(self, spec: specmod.JobSpec) -> None:
         Backend.check(self, spec)
-        if spec.max_nodes > 1:
+        if spec.node_range.high > 1:
             raise launch.SubmitError(
                 f"slurm.nodes = {spec.slurm.nodes!r}: without Slurm the job runs as local processes on this "
-                f"machine; pass nodes=1 (or run the kernel inside `salloc -N{spec.max_nodes}`)"
+                f"machine; pass nodes=1 (or run the kernel inside `salloc -N{spec.node_range.high}`)"
             )
 
     def queue(
@@ -221,9 +221,9 @@ class SrunStep(_Streamed):
                 f"slurm.nodes = {spec.slurm.nodes!r}: a node range is for batch jobs (submit); a notebook's srun "
                 "step takes a count: pass nodes=N"
             )
-        if self.nodes is not None and spec.max_nodes > self.nodes:
+        if self.nodes is not None and spec.node_range.high > self.nodes:
             raise launch.SubmitError(
-                f"the step needs {spec.max_nodes} nodes but allocation {self.allocation} has {self.nodes}: "
+                f"the step needs {spec.node_range.high} nodes but allocation {self.allocation} has {self.nodes}: "
                 f"pass nodes={self.nodes} (or salloc more nodes)"
             )
 

@@ -218,9 +218,9 @@ def _fewer_nodes(spec: specmod.JobSpec, exclude: tuple[str, ...]) -> outcomes.No
     keeps its range while the healthy nodes can hold its least size."""
     nodes = slurmcli.partition_nodes(spec.slurm.partition)
     healthy = sum(1 for name, state in nodes.items() if name not in exclude and slurmcli.usable(state))
-    if healthy >= spec.min_nodes:
+    if healthy >= spec.node_range.low:
         return None
-    return outcomes.plan_nodes(spec.max_nodes, spec.train.grad_accum, healthy)
+    return outcomes.plan_nodes(spec.node_range.high, spec.train.grad_accum, healthy)
 
 
 def main(argv: list[str]) -> int:

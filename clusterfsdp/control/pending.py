@@ -93,7 +93,7 @@ def sooner(spec: specmod.JobSpec) -> list[str]:
         if state.rstrip("*~#!%$@^-") == "idle":
             idle[partition].add(node)
     mine = spec.slurm.partition or default
-    need = spec.min_nodes  # (a node range starts on its least size)
+    need = spec.node_range.low  # (a node range starts on its least size)
     tips = []
     free = len(idle.get(mine, ()))
     if 0 < free < need and (accum := spec.grad_accum_at(free)) is not None:

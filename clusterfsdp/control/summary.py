@@ -43,7 +43,7 @@ def _sharding(spec: specmod.JobSpec) -> str:
 
 
 def _ranks(spec: specmod.JobSpec) -> str:
-    low = spec.min_nodes * spec.tasks_per_node
+    low = spec.node_range.low * spec.tasks_per_node
     return str(spec.world_size) if low == spec.world_size else f"{low}-{spec.world_size}"
 
 

@@ -149,7 +149,7 @@ def budget_refusal(spec: JobSpec, used_gpu_hours: float = 0.0) -> str | None:
     budget = spec.slurm.max_gpu_hours
     if budget <= 0:
         return None
-    s, minutes, nodes = spec.slurm, spec.time_minutes, spec.max_nodes
+    s, minutes, nodes = spec.slurm, spec.time_minutes, spec.node_range.high
     plan, left = nodes * s.gpus_per_node * minutes / 60.0, budget - used_gpu_hours
     if plan <= left:
         return None

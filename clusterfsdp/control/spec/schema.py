@@ -678,28 +678,19 @@ class JobSpec(Value):
 
     @property
     def node_range(self) -> NodeRange:
-        """slurm.nodes parsed: a count is a range of one size (ValueError for a spec that was not checked)."""
+        """slurm.nodes parsed: a count is a range of one size (ValueError for a spec that was not checked).
+        `high` is the size the global batch is defined at, `low` what node exclusions must leave."""
         return parse_nodes(self.slurm.nodes)
-
-    @property
-    def max_nodes(self) -> int:
-        """The largest node count an attempt may get: the one the global batch is defined at."""
-        return self.node_range.high
-
-    @property
-    def min_nodes(self) -> int:
-        """The least node count an attempt may start with (what node exclusions must leave)."""
-        return self.node_range.low
 
     @property
     def world_size(self) -> int:
         """Ranks at the largest size (an elastic attempt's are its own: `on_nodes`)."""
-        return self.max_nodes * self.tasks_per_node
+        return self.node_range.high * self.tasks_per_node
 
     @property
     def effective_sharding(self) -> str:
         """`hybrid` on one node is plain `full` sharding (nothing to replicate across)."""
-        if self.fsdp.sharding == "hybrid" and self.max_nodes == 1:
+        if self.fsdp.sharding == "hybrid" and self.node_range.high == 1:
             return "full"
         return self.fsdp.sharding
 
@@ -707,7 +698,7 @@ class JobSpec(Value):
     def mesh_shape(self) -> tuple[int, ...]:
         """(replicate, shard) for hybrid, (world,) otherwise."""
         if self.effective_sharding == "hybrid":
-            return (self.max_nodes, self.tasks_per_node)
+            return (self.node_range.high, self.tasks_per_node)
         return (self.world_size,)
 
     def grad_accum_at(self, nodes: int) -> int | None:
