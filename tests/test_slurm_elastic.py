@@ -1,7 +1,7 @@
 """Elastic starts on the devcluster's real daemons (issue 39 item 3): a `slurm.nodes = "1-2"` run
 starts on the one node another job leaves free, and when that job ends rank 0's sinfo check finds
 the node, the ranks save and the job requeues itself, to resume on both nodes with half the
-gradient accumulation (the same global batch)."""
+gradient accumulation (the same global batch). The job asks `--time-min` too: Slurm takes it."""
 
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ def test_a_node_range_starts_on_the_free_node_and_grows_onto_both(slurm_cluster,
     blocker = slurm_cluster.sbatch(["--nodes=1", "--exclusive", "--time=10", "--wrap", "sleep 900", "-o", "/dev/null"])
     wait_for(lambda: slurm_cluster.squeue_state(blocker) == "RUNNING", 30, "the blocking job to run")
     r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", "slurm.nodes='1-2'", "--set",
-            "slurm.grow_check_s=5", "--set", "fsdp.sharding='hybrid'", "--set", "train.grad_accum=1",
+            "slurm.grow_check_s=5", "--set", "slurm.time_min=5", "--set", "fsdp.sharding='hybrid'", "--set", "train.grad_accum=1",
             "--set", "train.micro_batch_size=2", "--set", "data.seq_len=64", "--set", f"train.steps={STEPS}",
             "--set", f"train.log_every={LOG_EVERY}")  # fmt: skip
     assert r.returncode == 0, r.stderr
     run = only_run(tmp_path / "runs")
     job_id = run.attempts[-1].job_id
     script = (run.submitit_dir / job_id / f"{job_id}_submission.sh").read_text()
-    assert "#SBATCH --nodes=1-2" in script.splitlines()
+    assert {"#SBATCH --nodes=1-2", "#SBATCH --time-min=5", "#SBATCH --time=10"} <= set(script.splitlines())
     wait_for(lambda: slurm_cluster.squeue_state(int(job_id)) == "RUNNING", 120, "the run to start on the free node")
     freed = time.time()
     slurm_cluster.run(["scancel", str(blocker)])
