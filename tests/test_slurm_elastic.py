@@ -27,10 +27,10 @@ def test_a_node_range_starts_on_the_free_node_and_grows_onto_both(slurm_cluster,
     local gloo ranks (the 2-node layout: a 2 x 2 HSDP mesh, the same global batch)."""
     blocker = slurm_cluster.sbatch(["--nodes=1", "--exclusive", "--time=10", "--wrap", "sleep 900", "-o", "/dev/null"])
     wait_for(lambda: slurm_cluster.squeue_state(blocker) == "RUNNING", 30, "the blocking job to run")
-    r = cli("submit", str(tiny_job), "--executor", "slurm", "--set", "slurm.nodes='1-2'", "--set",
-            "slurm.grow_check_s=5", "--set", "slurm.time_min=5", "--set", "fsdp.sharding='hybrid'", "--set", "train.grad_accum=1",
-            "--set", "train.micro_batch_size=2", "--set", "data.seq_len=64", "--set", f"train.steps={STEPS}",
-            "--set", f"train.log_every={LOG_EVERY}")  # fmt: skip
+    sets = ["slurm.nodes='1-2'", "slurm.grow_check_s=5", "slurm.time_min=5", "fsdp.sharding='hybrid'",
+            "train.grad_accum=1", "train.micro_batch_size=2", "data.seq_len=64", f"train.steps={STEPS}",
+            f"train.log_every={LOG_EVERY}"]  # fmt: skip
+    r = cli("submit", str(tiny_job), "--executor", "slurm", *[a for s in sets for a in ("--set", s)])
     assert r.returncode == 0, r.stderr
     run = only_run(tmp_path / "runs")
     job_id = run.attempts[-1].job_id
