@@ -194,6 +194,9 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
         f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
         f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}"
     )
+    if sized is not spec:
+        log(f"slurm.nodes = {spec.slurm.nodes!r}: on {sized.slurm.nodes} node(s) with train.grad_accum = "
+            f"{sized.train.grad_accum} (global batch {sized.global_batch})")  # fmt: skip
     ctx = train.RankContext(
         sized,
         device,
