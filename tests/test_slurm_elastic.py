@@ -53,7 +53,10 @@ def test_a_node_range_starts_on_the_free_node_and_grows_onto_both(slurm_cluster,
     assert len(run.attempts) == 1  # the same job, requeued: one batch script, submitit's
     assert_every_attempt_is_submitits(run)
     assert logged_steps(run) == list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))  # every step once
+    before = (run.logs_dir / f"{job_id}.0" / "rank0.log").read_text()
+    assert "slurm.nodes = '1-2': on 1 node(s) with train.grad_accum = 2 (global batch 8)" in before, before[-2000:]
     log = (run.logs_dir / f"{job_id}.1" / "rank0.log").read_text()
+    assert "slurm.nodes = '1-2': on 2 node(s) with train.grad_accum = 1 (global batch 8)" in log
     assert "saved by 2 ranks, now 4" in log and "mesh (2, 2) (hybrid, FSDP2)" in log, log[-2000:]
     out = cli("status", str(run.path)).stdout
     assert "  size     (restart 0) 1 node(s) x 2 = 2 ranks\n  size     (restart 1) 2 node(s) x 2 = 4 ranks" in out
