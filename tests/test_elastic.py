@@ -74,7 +74,7 @@ def test_a_bad_node_value_is_one_line_naming_the_key(value, message):
 def test_validate_refuses_a_range_with_a_size_that_cannot_keep_the_global_batch_naming_those_that_can():
     """1-4 nodes at grad_accum 1 on the largest size: 3 nodes would need 4/3 micro-batches."""
     (line,) = errors("slurm.nodes='1-4'")
-    assert line.startswith("slurm.nodes = '1-4': on 3 node(s) no whole train.grad_accum keeps the global batch 32")
+    assert line.startswith("slurm.nodes: '1-4': on 3 node(s) no whole train.grad_accum keeps the global batch 32")
     assert "sizes that work: 1, 2, 4; set slurm.nodes to a range of those ('1-2'), or train.grad_accum = 3" in line
     (line,) = errors("slurm.nodes='2-4'", "train.grad_accum=2")  # 8 micro-batch rounds: not on 3 nodes
     assert "on 3 node(s)" in line and "sizes that work: 2, 4;" in line and "train.grad_accum = 3" in line

@@ -93,7 +93,7 @@ def refusal(value: int | str, nodes: NodeRange, grad_accum: int, per_node_batch:
     widest = _widest_run(good)
     instead = f"a range of those ('{widest}')" if widest else "a count"
     return (
-        f"slurm.nodes = {value!r}: on {_sizes(bad)} node(s) no whole train.grad_accum keeps the global batch "
+        f"slurm.nodes: {value!r}: on {_sizes(bad)} node(s) no whole train.grad_accum keeps the global batch "
         f"{batch} ({nodes.high} nodes x {per_node_batch} samples per node x grad_accum {grad_accum}, the largest "
         f"size's); sizes that work: {_sizes(good)}; set slurm.nodes to {instead}, or train.grad_accum = {least} "
         f"(every size from {nodes.low} to {nodes.high} then keeps the global batch "
