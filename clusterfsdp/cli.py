@@ -112,7 +112,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         prepared.notes += [f"data path {path} is not on this host: {later}" for path in inside]
         reachable = ping.state() == "up"
     where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
-    if not reachable and spec.slurm.nodes > 1:
+    if not reachable and spec.node_range.high > 1:
         where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"
     print(summary(spec, where))
     if points:
@@ -351,7 +351,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from . import term
-    from .control import samplestats, status
+    from .control import records, samplestats, status
     from .control.records import EventKind, RunState
 
     folder = _find_folder(args)
@@ -378,9 +378,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     for line in samplestats.lines(folder.data_file):
         print(f"data       {line}")
     spent, unknown = _cost(folder) if any(a.executor == "slurm" for a in st.attempts) else (None, "")
+    sizes = records.attempt_sizes(st.events)  # each incarnation's nodes x ranks (a node range: as it started)
     for a in st.attempts:
         when = datetime.fromtimestamp(a.submitted).strftime("%Y-%m-%d %H:%M:%S")
         print(f"attempt {a.attempt}  {a.executor} job {a.job_id}  {when}  {a.reason}")
+        for (job, restart), size in sizes.items():
+            if job == a.job_id:
+                print(f"  size     (restart {restart}) {size}")
         for end in (e for e in st.ends if e.job_id == a.job_id):
             print(f"  ended    (restart {end.restart}) {end.describe()}")
         if spent is not None and a.job_id in spent.attempts:

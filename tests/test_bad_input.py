@@ -342,7 +342,7 @@ def test_extra_options_that_override_managed_ones_are_refused(key, message):
 
 def test_extra_options_of_their_own_stay_allowed():
     extra = {"reservation": "big", "gres-flags": "enforce-binding", "comment": "mine", "exclude": "n1", "gpus": 2}
-    extra |= {"begin": "now+1hour", "time-min": "30", "mail-user": "me@x.org", "mem-per-gpu": "8G"}
+    extra |= {"begin": "now+1hour", "mail-user": "me@x.org", "mem-per-gpu": "8G"}
     assert S.loads(tomli_w.dumps({"slurm": {"extra": extra}})).slurm.extra == extra
 
 

@@ -146,6 +146,7 @@ VALIDATE = {
     "clusterfsdp.control.spec.codec", "clusterfsdp.control.spec.docs", "clusterfsdp.control.spec.paths",
     "clusterfsdp.control.spec.schema", "clusterfsdp.control.spec.tokenizer", "clusterfsdp.control.spec.badrecords",
     "clusterfsdp.control.spec.peft", "clusterfsdp.control.spec.templates", "clusterfsdp.control.value",
+    "clusterfsdp.control.spec.nodes",
     "clusterfsdp.control.ownership",  # hub: a snapshot in a shared HF cache must be yours (issue 34)
 }  # fmt: skip
 DATA_CHECKS = {  # what validate adds for a job that reads files

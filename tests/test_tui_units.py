@@ -130,7 +130,7 @@ def test_every_schema_key_has_a_field_with_its_doc():
         for key, f in S.section_fields(section).items():
             assert form.BY_PATH[f"{section}.{key}"].doc == f.metadata["doc"]
     kinds = {p: f.kind for p, f in form.BY_PATH.items()}
-    assert kinds["slurm.nodes"] == "number" and kinds["slurm.time"] == "time" and kinds["fsdp.version"] == "choice"
+    assert kinds["slurm.nodes"] == kinds["slurm.time"] == "time" and kinds["fsdp.version"] == "choice"
     assert kinds["slurm.exclusive"] == "bool" and kinds["data.paths"] == "toml" and kinds["checkpoint.async"] == "bool"
 
 

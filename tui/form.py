@@ -60,7 +60,7 @@ class FormField:
         if tp in (int, float):
             return "number"
         if origin in (types.UnionType, typing.Union) and set(get_args(tp)) == {int, str}:
-            return "time"
+            return "time"  # a whole number or Slurm's text form: slurm.time and time_min, a node range "2-8"
         return "toml"
 
     @property

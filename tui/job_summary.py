@@ -51,8 +51,8 @@ def partition_text(spec: specmod.JobSpec, partitions: list[Partition]) -> str:
         text += f", {p.gpus_free} of {p.gpus_total} GPUs free"
     if not p.up:
         text += f" -- but the partition is {p.available}"
-    elif spec.slurm.nodes > p.nodes_total:
-        text += f" -- but the job asks for {spec.slurm.nodes} nodes"
+    elif spec.node_range.low > p.nodes_total:
+        text += f" -- but the job asks for {spec.node_range.low} nodes"
     elif spec.slurm.gpus_per_node > p.gpus_max_per_node:
         text += f" -- but no node has {spec.slurm.gpus_per_node} GPUs (at most {p.gpus_max_per_node})"
     return text
@@ -68,7 +68,7 @@ def summarize(
 ) -> Summary:
     absolute = specmod.with_absolute_paths(spec, base)
     text = sweep_text(sweep) if sweep else ""
-    text += summary(absolute, where(executor, spec.slurm.nodes, slurm_available))
+    text += summary(absolute, where(executor, spec.node_range.high, slurm_available))
     if partitions is not None and (executor == "slurm" or (executor == "auto" and slurm_available)):
         text += "\npartition  " + partition_text(spec, partitions)
     memory = estimate(absolute)

@@ -181,7 +181,7 @@ class RunScreen(Screen):
         try:
             try:
                 spec = run.spec()
-                root, nodes = run.checkpoints_dir(spec), spec.slurm.nodes
+                root, nodes = run.checkpoints_dir(spec), spec.node_range.high
                 steps = spec.train.steps or status.planned_steps(run)  # train.epochs: as the run counted them
                 per = "GPU" if spec.slurm.gpus_per_node else "rank"
             except specmod.SpecError:

@@ -121,9 +121,9 @@ class Local(Backend):
 
     def check(self, spec: specmod.JobSpec) -> None:
         super().check(spec)
-        if spec.slurm.nodes > 1:
+        if spec.node_range.high > 1:
             raise launch.SubmitError(
-                f"slurm.nodes = {spec.slurm.nodes}: the local executor runs on one machine; "
+                f"slurm.nodes = {spec.slurm.nodes!r}: the local executor runs on one machine; "
                 "use Slurm (try `clusterfsdp devcluster up` for a local test cluster) or set slurm.nodes = 1"
             )
 
@@ -185,10 +185,10 @@ class LocalRanks(_Streamed, Local):
 
     def check(self, spec: specmod.JobSpec) -> None:
         Backend.check(self, spec)
-        if spec.slurm.nodes > 1:
+        if spec.node_range.high > 1:
             raise launch.SubmitError(
-                f"slurm.nodes = {spec.slurm.nodes}: without Slurm the job runs as local processes on this "
-                f"machine; pass nodes=1 (or run the kernel inside `salloc -N{spec.slurm.nodes}`)"
+                f"slurm.nodes = {spec.slurm.nodes!r}: without Slurm the job runs as local processes on this "
+                f"machine; pass nodes=1 (or run the kernel inside `salloc -N{spec.node_range.high}`)"
             )
 
     def queue(
@@ -216,9 +216,14 @@ class SrunStep(_Streamed):
 
     def check(self, spec: specmod.JobSpec) -> None:
         launch.check_container(spec, Executor.SLURM)  # srun starts the container, as in a batch job
-        if self.nodes is not None and spec.slurm.nodes > self.nodes:
+        if spec.node_range.elastic:  # (the step's ranks would follow the allocation, not a range)
             raise launch.SubmitError(
-                f"the step needs {spec.slurm.nodes} nodes but allocation {self.allocation} has {self.nodes}: "
+                f"slurm.nodes = {spec.slurm.nodes!r}: a node range is for batch jobs (submit); a notebook's srun "
+                "step takes a count: pass nodes=N"
+            )
+        if self.nodes is not None and spec.node_range.high > self.nodes:
+            raise launch.SubmitError(
+                f"the step needs {spec.node_range.high} nodes but allocation {self.allocation} has {self.nodes}: "
                 f"pass nodes={self.nodes} (or salloc more nodes)"
             )
 

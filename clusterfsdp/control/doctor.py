@@ -143,6 +143,7 @@ _FROM_CAUSE = {
     Cause.TIME_LIMIT: Finding.TIME_LIMIT,
     Cause.CANCELLED: Finding.CANCELLED,
     Cause.BUDGET: Finding.CANCELLED,  # stopped on purpose, with a checkpoint
+    Cause.GROW: Finding.NONE,  # a node range requeued itself onto more nodes, with a checkpoint: nothing failed
 }
 _TIMEOUT = ("timed out", "timeout")
 

@@ -214,10 +214,13 @@ def _classify(run: runfolder.RunFolder, job: SlurmJob, mine: list[Event], rc: in
 
 
 def _fewer_nodes(spec: specmod.JobSpec, exclude: tuple[str, ...]) -> outcomes.NodePlan | None:
-    """Fewer nodes when the partition lacks healthy ones (outcomes.plan_nodes)."""
+    """Fewer nodes when the partition lacks healthy ones (outcomes.plan_nodes); a node range
+    keeps its range while the healthy nodes can hold its least size."""
     nodes = slurmcli.partition_nodes(spec.slurm.partition)
     healthy = sum(1 for name, state in nodes.items() if name not in exclude and slurmcli.usable(state))
-    return outcomes.plan_nodes(spec.slurm.nodes, spec.train.grad_accum, healthy)
+    if healthy >= spec.node_range.low:
+        return None
+    return outcomes.plan_nodes(spec.node_range.high, spec.train.grad_accum, healthy)
 
 
 def main(argv: list[str]) -> int:

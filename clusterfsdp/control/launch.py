@@ -213,7 +213,11 @@ def sbatch_options(
     if exclude:
         given = [str(extra.pop("exclude"))] if "exclude" in extra else []
         extra["exclude"] = ",".join([*given, *exclude])
+    nodes = spec.node_range  # (parsed by spec.check; rendered again here, never the job file's text)
     additional: dict[str, Any] = {
+        # a range on the --nodes line; submitit's own `nodes` (its task count) is the largest size
+        **({"nodes": nodes.render()} if nodes.elastic else {}),
+        **({"time-min": specmod.parse_time_minutes(s.time_min)} if s.time_min not in (0, "") else {}),
         "signal": f"USR2@{s.signal_grace_s}",
         "requeue" if s.requeue else "no-requeue": True,
         "no-kill": True,
@@ -224,7 +228,7 @@ def sbatch_options(
     }
     chosen: dict[str, Any] = {
         "job_name": spec.job.name,
-        "nodes": s.nodes,
+        "nodes": nodes.high,
         "ntasks_per_node": spec.tasks_per_node,
         "time": spec.time_minutes,
         "signal_delay_s": s.signal_grace_s,

@@ -190,7 +190,7 @@ def plan(spec: specmod.JobSpec, already: Iterable[str] = ()) -> tuple[tuple[str,
         partition = slurmcli.partition_nodes(spec.slurm.partition)
     except slurmcli.SlurmError as e:  # (no quarantine beats no job: the submit goes on)
         return (), (f"nodes: the node record was not applied: {e}",)
-    excluded, kept = exclusions(bad, partition, spec.slurm.nodes, already)
+    excluded, kept = exclusions(bad, partition, spec.node_range.low, already)  # (a range: the least it starts on)
     notes = [note] if note else []
     if excluded:
         said = "; ".join(describe(bad[n], now) for n in excluded)
@@ -200,7 +200,7 @@ def plan(spec: specmod.JobSpec, already: Iterable[str] = ()) -> tuple[tuple[str,
         )
     if kept:
         notes.append(
-            f"nodes: {','.join(kept)} quarantined but not excluded: the job needs {spec.slurm.nodes} of the "
+            f"nodes: {','.join(kept)} quarantined but not excluded: the job needs {spec.node_range.low} of the "
             "partition's usable nodes"
         )
     return excluded, tuple(notes)

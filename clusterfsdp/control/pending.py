@@ -93,11 +93,10 @@ def sooner(spec: specmod.JobSpec) -> list[str]:
         if state.rstrip("*~#!%$@^-") == "idle":
             idle[partition].add(node)
     mine = spec.slurm.partition or default
-    need = spec.slurm.nodes
+    need = spec.node_range.low  # (a node range starts on its least size)
     tips = []
     free = len(idle.get(mine, ()))
-    if 0 < free < need and need % free == 0:
-        accum = spec.train.grad_accum * need // free
+    if 0 < free < need and (accum := spec.grad_accum_at(free)) is not None:
         tips.append(
             f"{free} node(s) of partition {mine} are free now: --set slurm.nodes={free} --set train.grad_accum={accum} "
             "starts now with the same global batch"

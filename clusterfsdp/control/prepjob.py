@@ -57,7 +57,7 @@ class ArrayOptions:
     time_minutes: int = 0
 
     def count(self, spec: specmod.JobSpec) -> int:
-        return self.nodes or self.tasks or spec.slurm.nodes
+        return self.nodes or self.tasks or spec.node_range.low
 
     def whole_nodes(self) -> bool:
         return not self.tasks

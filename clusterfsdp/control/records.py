@@ -157,6 +157,7 @@ class Cause(StrEnum):
     PREFLIGHT = "preflight"  # a node failed the pre-flight checks (worker.preflight): retried without it
     RESTARTS_EXHAUSTED = "restarts_exhausted"  # slurm.max_restarts reached
     BUDGET = "budget"  # slurm.max_gpu_hours used up: the workers saved and stopped
+    GROW = "grow"  # a node range: more nodes came free; saved and requeued to start on more (control/elastic.py)
     UNKNOWN = "unknown"
 
     @classmethod
@@ -521,3 +522,14 @@ class SweepRecord(Value):
         out = _to_dict(self)
         out["points"] = [_to_dict(p) for p in self.points]
         return out
+
+
+def attempt_sizes(events: Iterable[Event]) -> dict[tuple[str, int], str]:
+    """{(job id, restart): '1 node(s) x 2 = 2 ranks'} of every incarnation that started
+    training (its `start` event), for `status`."""
+    out: dict[tuple[str, int], str] = {}
+    for e in events:
+        if e.event is EventKind.START and e.nodes and e.world_size:
+            per = f"{e.world_size // e.nodes}" if e.world_size % e.nodes == 0 else "?"
+            out[(e.job_id, e.restart)] = f"{e.nodes} node(s) x {per} = {e.world_size} ranks"
+    return out

@@ -14,7 +14,8 @@ def summary(spec: specmod.JobSpec, where: str) -> str:
     length = f"{t.epochs:g} epochs" if t.epochs > 0 else f"{t.steps} steps"
     lines = [
         f"job        {spec.job.name} -> {spec.job.run_root}/{spec.job.name}/<run id>/",
-        f"resources  {s.nodes} node(s) x {spec.tasks_per_node} worker(s) ({gpus}) = {spec.world_size} ranks, "
+        f"resources  {spec.node_range.render()} node(s) x {spec.tasks_per_node} worker(s) ({gpus}) = {_ranks(spec)} "
+        "ranks, "
         f"time {spec.time_minutes} min, partition {s.partition or '(default)'}",
         f"mesh       {' x '.join(map(str, spec.mesh_shape))} ({mesh}), sharding {_sharding(spec)}, "
         f"FSDP{spec.fsdp.version}, {spec.fsdp.mixed_precision}",
@@ -24,6 +25,7 @@ def summary(spec: specmod.JobSpec, where: str) -> str:
         *([f"tokenizer  {_tokenizer(spec)}"] if spec.data.source == "files" else []),
         f"train      {length} x {t.micro_batch_size * t.grad_accum * spec.world_size} samples "
         f"({t.micro_batch_size}/rank x {t.grad_accum} accum), lr {t.lr:g} {t.schedule}",
+        *_elastic(spec),
         *_peft(spec),
         f"checkpoint {f'every {every} steps' if every else 'at the end'}"
         f"{' (async)' if spec.checkpoint.async_ else ''}, keep {spec.checkpoint.keep_last}",
@@ -38,6 +40,25 @@ def _sharding(spec: specmod.JobSpec) -> str:
     if spec.effective_sharding != spec.fsdp.sharding:
         return f"{spec.effective_sharding} ('{spec.fsdp.sharding}' on 1 node)"
     return spec.effective_sharding
+
+
+def _ranks(spec: specmod.JobSpec) -> str:
+    low = spec.node_range.low * spec.tasks_per_node
+    return str(spec.world_size) if low == spec.world_size else f"{low}-{spec.world_size}"
+
+
+def _elastic(spec: specmod.JobSpec) -> list[str]:
+    """A node range: the accumulation at each size (the same global batch), and how it grows."""
+    nodes, s = spec.node_range, spec.slurm
+    if not nodes.elastic:
+        return []
+    accum = f"{spec.grad_accum_at(nodes.low)} on {nodes.low}, {spec.train.grad_accum} on {nodes.high}"
+    grows = (f"grows up to {s.max_grows} time(s) when nodes come free (sinfo every {s.grow_check_s} s)"
+             if s.max_grows else "never grows (slurm.max_grows = 0)")  # fmt: skip
+    return [
+        f"elastic    starts on {nodes.render()} nodes, whatever is free; grad_accum {accum} node(s) "
+        f"(global batch {spec.global_batch}); {grows}"
+    ]
 
 
 def _peft(spec: specmod.JobSpec) -> list[str]:

@@ -37,10 +37,11 @@ Importing this package is cheap: no torch, no IPython (both are imported where n
 
 from __future__ import annotations
 
+from ..worker.distenv import allocation_nodes
 from ..worker.main import ENV_LOG_ALL_RANKS
 from .errors import NotebookError, NotInAllocation, SrunError, StepFailed, StepInterrupted
 from .job import load_job, with_layout
-from .placement import allocation_nodes, choose_launcher, in_allocation, launcher_env, srun_command
+from .placement import choose_launcher, in_allocation, launcher_env, srun_command
 from .result import SrunResult, last_result
 from .step import srun
 

@@ -128,9 +128,3 @@ def srun_command(
     task = launch.task_launch(spec)  # [slurm.container]: the image's Python, in the container
     cmd += [*task.srun_args, *srun_args]
     return [*cmd, *task.python, "-u", "-m", "clusterfsdp.notebook.tasks", "_task", str(run_dir)]
-
-
-def allocation_nodes(environ: Mapping[str, str] | None = None) -> int | None:
-    env = os.environ if environ is None else environ
-    value = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
-    return int(value) if value and value.isdigit() else None

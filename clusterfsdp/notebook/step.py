@@ -22,9 +22,10 @@ from ..control import spec as specmod
 from ..control.records import EventKind
 from ..control.run import GRACE_S, Run, RunError
 from ..control.runfolder import RunFolder
+from ..worker.distenv import allocation_nodes
 from .errors import SrunError, StepFailed, StepInterrupted
 from .job import load_job, with_layout
-from .placement import allocation_nodes, choose_launcher, launcher_env, srun_command
+from .placement import choose_launcher, launcher_env, srun_command
 from .progress import MetricsTail, StepDisplay, in_kernel
 from .result import SrunResult, remember
 from .tasks import MARK

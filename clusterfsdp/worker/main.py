@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ..control import cost, health, lock, outcomes, retrynotes, runfolder, secretenv, slurmcli
+from ..control import cost, elastic, health, lock, outcomes, retrynotes, runfolder, secretenv, slurmcli
 from ..control import spec as specmod
 from ..control.outcomes import RankOutcome
 from ..control.records import Cause, Event, EventKind, Executor
@@ -104,6 +104,7 @@ class _Attempt:
     lock: lock.FileLock | None = None
     sink: MetricsWriter | None = None
     beat: Heartbeat | None = None
+    grow: elastic.GrowWatch | None = None  # rank 0 of an elastic attempt below its largest size
 
     def event(self, kind: EventKind, **fields) -> None:
         _event(self.run, self.env, kind, **fields)
@@ -176,6 +177,7 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
     from . import train
 
     spec = _load_spec(attempt)
+    sized = _sized(spec, attempt.env)  # a node range: this allocation's size (the job file's spec acts on the run)
     watch = health.WatchdogSettings.of(spec.train.watchdog)
     device, backend = _init_process_group(attempt, health.collective_timeout_s(watch, health.Phase.START_UP, 0))
     log = _tee_output(attempt)
@@ -185,15 +187,18 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
     _set_threads(attempt, log)
     _record_node(attempt, device, backend)
     if spec.slurm.preflight:
-        preflight.run(spec, attempt.run, attempt.env, device, log)
+        preflight.run(sized, attempt.run, attempt.env, device, log)
     _record_start(attempt)
     env, run = attempt.env, attempt.run
     log(
         f"{env.world_size} ranks on {env.num_nodes} node(s), backend {backend}, master "
         f"{env.master_addr}:{env.master_port}, job {env.job_id} restart {env.restart}"
     )
+    if sized is not spec:
+        log(f"slurm.nodes = {spec.slurm.nodes!r}: on {sized.slurm.nodes} node(s) with train.grad_accum = "
+            f"{sized.train.grad_accum} (global batch {sized.global_batch})")  # fmt: skip
     ctx = train.RankContext(
-        spec,
+        sized,
         device,
         env.rank,
         env.world_size,
@@ -208,8 +213,14 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
     )
     trainer = train.Trainer(ctx)
     trainer.budget = cost.read_budget(run) if spec.slurm.max_gpu_hours > 0 else None  # (jobstep wrote it)
+    if env.rank == 0 and env.launcher == "slurm":  # a node range below its largest size: grow when nodes free up
+        trainer.grow = attempt.grow = elastic.watch(spec, env.job_id, env.num_nodes, run.events())
     attempt.state = trainer.state
-    outcome = trainer.run()
+    try:
+        outcome = trainer.run()
+    finally:
+        if attempt.grow is not None:
+            attempt.grow.close()
     if attempt.beat is not None:  # training is over: what follows may wait on Slurm, unwatched
         attempt.beat.phase(health.Phase.DONE)
     if outcome.end is train.LoopEnd.INTERRUPTED:
@@ -221,6 +232,22 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
         )  # fmt: skip
     _finish(attempt, RankOutcome.COMPLETED)
     return RankOutcome.COMPLETED
+
+
+def _sized(spec: specmod.JobSpec, env: distenv.DistEnv) -> specmod.JobSpec:
+    """The spec as this attempt runs it: with a node range, on the nodes Slurm allocated
+    (SLURM_JOB_NUM_NODES) with the grad_accum that keeps the global batch; a count as it is. The
+    ranks must be what that size makes, or the losses would be silently wrong."""
+    if not spec.node_range.elastic:
+        return spec
+    nodes = distenv.allocation_nodes() or env.num_nodes
+    sized = spec.on_nodes(nodes)
+    if (env.num_nodes, env.world_size) != (nodes, sized.world_size):
+        raise RuntimeError(
+            f"the job step has {env.world_size} ranks on {env.num_nodes} node(s), but the allocation's {nodes} "
+            f"node(s) x {sized.tasks_per_node} make {sized.world_size}"
+        )
+    return sized
 
 
 def _load_spec(attempt: _Attempt) -> specmod.JobSpec:
@@ -423,6 +450,12 @@ def _verdict(attempt: _Attempt, signal_name: str) -> outcomes.StopVerdict:
     cancel and a preemption); the local executor has no preemption: SIGUSR2 is its time limit,
     SIGTERM a cancel."""
     env = attempt.env
+    if signal_name == stopflags.GROW:  # (rank 0's own finding; a cancel asked meanwhile still stops)
+        last = attempt.run.record().attempt(env.job_id)
+        if last is not None and last.cancelled is not None:
+            return outcomes.StopVerdict(outcomes.StopAction.STOP, Cause.CANCELLED, "cancelled (clusterfsdp cancel)")
+        why = attempt.grow.reason if attempt.grow is not None else "more nodes free"
+        return outcomes.StopVerdict(outcomes.StopAction.REQUEUE, Cause.GROW, why)
     if signal_name == stopflags.BUDGET:
         budget = cost.read_budget(attempt.run)
         why = budget.reason() if budget else "slurm.max_gpu_hours used up"

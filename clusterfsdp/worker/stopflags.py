@@ -23,9 +23,11 @@ import signal
 import time
 from collections import deque
 
-STOP_NONE, STOP_TERM, STOP_USR2, STOP_BUDGET = 0, 1, 2, 3
+# The largest flag of any rank wins an agreement: a grow gives way to every signal and the budget.
+STOP_NONE, STOP_GROW, STOP_TERM, STOP_USR2, STOP_BUDGET = 0, 1, 2, 3, 4
 BUDGET = "budget"  # not a signal: slurm.max_gpu_hours used up (control/cost.py's Budget)
-SIGNAL_NAMES = {STOP_TERM: "SIGTERM", STOP_USR2: "SIGUSR2", STOP_BUDGET: BUDGET}
+GROW = "grow"  # not a signal: rank 0 found free nodes for a larger size of a node range (control/elastic.py)
+SIGNAL_NAMES = {STOP_GROW: GROW, STOP_TERM: "SIGTERM", STOP_USR2: "SIGUSR2", STOP_BUDGET: BUDGET}
 MAX_LATENCY_S = 1.0
 MAX_EVERY = 100
 SAFETY = 2.0
@@ -64,6 +66,11 @@ class StopFlags:
     def budget_used(self) -> None:
         """The GPU-hours budget is used up on this rank's clock: stop at the next agreement."""
         self._set(STOP_BUDGET)
+
+    def grow(self) -> None:
+        """Rank 0 found nodes to grow onto: save and requeue at the next agreement, unless a
+        signal or the budget asks more."""
+        self._set(STOP_GROW)
 
     def tick(self) -> None:
         """Call after each optimizer step: measures the step time."""

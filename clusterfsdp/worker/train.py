@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from ..control import ckptfolder, lrschedule, peftbase
 from ..control.cost import Budget
+from ..control.elastic import GrowWatch
 from ..control.records import EventKind
 from ..control.spec import JobSpec
 from ..data import mixture, samplesets
@@ -166,6 +167,7 @@ class Trainer:
         )  # fmt: skip
         self.new_best, self.stop_reason = False, ""  # what the last evaluation decided (_judge)
         self.budget: Budget | None = None  # the GPU-hours budget clock (worker.main sets it under Slurm)
+        self.grow: GrowWatch | None = None  # rank 0 of a node range below its largest size (worker.main)
         self.curve = self._restore()
         self.state.lr_schedule = self.curve.to_json()
         self._set_lr()
@@ -326,6 +328,8 @@ class Trainer:
         while state.step < self.steps:
             if self.budget is not None and flags.due(state.step) and self.budget.reached(time.time()):
                 flags.budget_used()  # slurm.max_gpu_hours: saved and stopped like a cancel
+            if self.grow is not None and state.step > first and flags.due(state.step) and self.grow.reason:
+                flags.grow()  # nodes came free: saved and requeued onto more (after a step: never a no-progress stop)
             stop = flags.agree(self.flag_group, state.step, spec.slurm.signal_grace_s) if flags.due(state.step) else 0
             if stop:
                 return self._interrupted(SIGNAL_NAMES[stop])

@@ -30,6 +30,7 @@ from .codec import (
     unknown_key_line,
 )
 from .docs import describe_schema, key_paths, starter_toml
+from .nodes import NodeRange
 from .paths import JobText, load, looks_like_hub_id, read_job_file, with_absolute_paths
 from .schema import (
     SECTIONS,
@@ -73,6 +74,7 @@ __all__ = [
     "JobText",
     "LogSection",
     "ModelSection",
+    "NodeRange",
     "PeftSection",
     "SlurmSection",
     "SpecError",

@@ -63,6 +63,7 @@ def sbatch_value_errors(s: SlurmSection) -> list[str]:
 _MANAGED_SBATCH = {
     "job-name": "set job.name",
     **{key: f"set slurm.{key}" for key in ("nodes", "time", "partition", "account", "qos", "constraint")},
+    "time-min": "set slurm.time_min",
     "exclusive": "set slurm.exclusive = true",
     **dict.fromkeys(("requeue", "no-requeue"), "set slurm.requeue"),
     "gpus-per-node": "set slurm.gpus_per_node",

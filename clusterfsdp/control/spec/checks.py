@@ -13,6 +13,8 @@ from typing import Any
 from . import badrecords
 from . import peft as peftchecks
 from .allowlists import container_errors, env_errors, sbatch_name_error, sbatch_value_errors, setup_errors
+from .nodes import parse as parse_nodes
+from .nodes import refusal as node_range_refusal
 from .schema import (
     MAX_PREPARE_WORKERS,
     MAX_TASKS_PER_NODE,
@@ -20,6 +22,7 @@ from .schema import (
     JobSpec,
     LogSection,
     ModelSection,
+    SlurmSection,
     SpecError,
     closest,
     describe_value,
@@ -41,7 +44,8 @@ def check(spec: JobSpec) -> None:
         elif maximum is not None and value > maximum:
             errors.append(f"{path}: must be <= {maximum:g}, found {value!r}")
 
-    positive("slurm.nodes", s.nodes)
+    nodes_problems = _nodes_errors(spec)
+    errors += nodes_problems
     positive("slurm.gpus_per_node", s.gpus_per_node, 0, MAX_TASKS_PER_NODE)
     positive("slurm.tasks_per_node", s.tasks_per_node, 0, MAX_TASKS_PER_NODE)
     positive("slurm.cpus_per_task", s.cpus_per_task, 0)
@@ -52,7 +56,9 @@ def check(spec: JobSpec) -> None:
     positive("slurm.preflight_shm_gb", s.preflight_shm_gb, 0)
     positive("slurm.quarantine_hours", s.quarantine_hours, 0, 24 * 365)
     positive("slurm.max_gpu_hours", s.max_gpu_hours, 0)
-    over = budget_refusal(spec)
+    positive("slurm.max_grows", s.max_grows, 0)
+    positive("slurm.grow_check_s", s.grow_check_s, 5, 7 * 24 * 3600)
+    over = None if nodes_problems else budget_refusal(spec)
     if over:
         errors.append(over)
     if t.epochs > 0:
@@ -102,6 +108,7 @@ def check(spec: JobSpec) -> None:
             errors.append(
                 f"slurm.signal_grace_s: {s.signal_grace_s} s is not shorter than the time limit ({minutes} min)"
             )
+        errors += _time_min_errors(s, minutes)
     except ValueError as e:
         errors.append(f"slurm.time: {e}")
     if s.gpus_per_node and s.tasks_per_node and s.tasks_per_node != s.gpus_per_node:
@@ -142,15 +149,45 @@ def budget_refusal(spec: JobSpec, used_gpu_hours: float = 0.0) -> str | None:
     budget = spec.slurm.max_gpu_hours
     if budget <= 0:
         return None
-    s, minutes = spec.slurm, spec.time_minutes
-    plan, left = s.nodes * s.gpus_per_node * minutes / 60.0, budget - used_gpu_hours
+    s, minutes, nodes = spec.slurm, spec.time_minutes, spec.node_range.high
+    plan, left = nodes * s.gpus_per_node * minutes / 60.0, budget - used_gpu_hours
     if plan <= left:
         return None
     return (
-        f"slurm.max_gpu_hours = {budget:g}: an attempt may use {plan:.2f} GPU-h ({s.nodes} node(s) x "
+        f"slurm.max_gpu_hours = {budget:g}: an attempt may use {plan:.2f} GPU-h ({nodes} node(s) x "
         f"{s.gpus_per_node} GPU(s) x {minutes} min) and {left:.2f} are left ({used_gpu_hours:.2f} used); "
         "lower slurm.time or slurm.nodes, or raise slurm.max_gpu_hours"
     )
+
+
+def _nodes_errors(spec: JobSpec) -> list[str]:
+    """slurm.nodes: a count, or a range whose every size keeps the global batch (nodes.refusal)."""
+    s = spec.slurm
+    try:
+        nodes = parse_nodes(s.nodes)
+    except ValueError as e:
+        return [f"slurm.nodes: {e}"]
+    if not nodes.elastic or spec.train.grad_accum < 1:
+        return []
+    why = node_range_refusal(s.nodes, nodes, spec.train.grad_accum, spec.tasks_per_node * spec.train.micro_batch_size)
+    return [why] if why else []
+
+
+def _time_min_errors(s: SlurmSection, minutes: int) -> list[str]:
+    """slurm.time_min: 0 (none) or a time limit no longer than slurm.time that leaves the workers
+    more than slurm.signal_grace_s to save in."""
+    if s.time_min in (0, ""):
+        return []
+    try:
+        least = parse_time_minutes(s.time_min)
+    except ValueError as e:
+        return [f"slurm.time_min: {e}"]
+    if least > minutes:
+        return [f"slurm.time_min: {least} min is longer than slurm.time ({minutes} min); lower it or raise slurm.time"]
+    if least * 60 <= s.signal_grace_s:
+        return [f"slurm.time_min: {least} min leaves no time before the save signal (slurm.signal_grace_s = "
+                f"{s.signal_grace_s} s); raise it"]  # fmt: skip
+    return []
 
 
 def _check_eval(spec: JobSpec, errors: list[str]) -> None:

@@ -26,6 +26,8 @@ from typing import Any, Literal, get_args, get_origin
 
 from ..errors import UserError
 from ..value import Value
+from .nodes import NodeRange, grad_accum_at
+from .nodes import parse as parse_nodes
 
 # Upper bounds of counts that start processes or threads on one host: more is a typo, and would
 # exhaust the node (or the login node, for prepare) before anything useful happens.
@@ -133,7 +135,12 @@ class SlurmSection(Value):
     partition: str = F("", "Slurm partition (empty: the cluster's default).")
     account: str = F("", "Slurm account to charge (empty: your default).")
     qos: str = F("", "Slurm QOS (empty: default).")
-    nodes: int = F(1, "Number of nodes.")
+    nodes: int | str = F(
+        1,
+        "Number of nodes, or a range 'MIN-MAX' (an elastic start: the job starts on as many as are free, keeps the "
+        "global batch through train.grad_accum, which is the accumulation at MAX, and grows when more are free, "
+        "up to slurm.max_grows times; docs/recovery.md, 'Elastic starts').",
+    )
     gpus_per_node: int = F(
         0, f"GPUs per node; one worker process per GPU. 0 for CPU-only jobs (at most {MAX_TASKS_PER_NODE})."
     )
@@ -144,6 +151,20 @@ class SlurmSection(Value):
     mem_gb: float = F(0.0, "Memory per node in GB (0: Slurm's default).")
     time: int | str = F(
         60, "Time limit: minutes (int) or Slurm's forms 'MM', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS'."
+    )
+    time_min: int | str = F(
+        0,
+        "Least time limit the job accepts (--time-min): Slurm's backfill may start it sooner with a time limit "
+        "between this and slurm.time; the workers save and requeue before whichever limit it got. Forms as for "
+        "slurm.time; 0: none.",
+    )
+    max_grows: int = F(
+        2,
+        "With a node range: how many times a run may checkpoint and requeue itself to grow onto nodes that came "
+        "free (rank 0 asks sinfo every slurm.grow_check_s); 0: start on what is free, never grow.",
+    )
+    grow_check_s: int = F(
+        60, "With a node range below its largest size: seconds between rank 0's checks for free nodes (sinfo)."
     )
     constraint: str = F("", "Slurm --constraint (node features), e.g. 'h100'.")
     exclusive: bool = F(False, "Ask for whole nodes (--exclusive).")
@@ -656,13 +677,20 @@ class JobSpec(Value):
         return s.tasks_per_node or s.gpus_per_node or 1
 
     @property
+    def node_range(self) -> NodeRange:
+        """slurm.nodes parsed: a count is a range of one size (ValueError for a spec that was not checked).
+        `high` is the size the global batch is defined at, `low` what node exclusions must leave."""
+        return parse_nodes(self.slurm.nodes)
+
+    @property
     def world_size(self) -> int:
-        return self.slurm.nodes * self.tasks_per_node
+        """Ranks at the largest size (an elastic attempt's are its own: `on_nodes`)."""
+        return self.node_range.high * self.tasks_per_node
 
     @property
     def effective_sharding(self) -> str:
         """`hybrid` on one node is plain `full` sharding (nothing to replicate across)."""
-        if self.fsdp.sharding == "hybrid" and self.slurm.nodes == 1:
+        if self.fsdp.sharding == "hybrid" and self.node_range.high == 1:
             return "full"
         return self.fsdp.sharding
 
@@ -670,8 +698,28 @@ class JobSpec(Value):
     def mesh_shape(self) -> tuple[int, ...]:
         """(replicate, shard) for hybrid, (world,) otherwise."""
         if self.effective_sharding == "hybrid":
-            return (self.slurm.nodes, self.tasks_per_node)
+            return (self.node_range.high, self.tasks_per_node)
         return (self.world_size,)
+
+    def grad_accum_at(self, nodes: int) -> int | None:
+        """train.grad_accum on `nodes` nodes with the same global batch (None: no whole number)."""
+        return grad_accum_at(self.node_range, self.train.grad_accum, nodes)
+
+    def on_nodes(self, nodes: int) -> "JobSpec":
+        """This spec as an attempt on `nodes` nodes of its range runs it: slurm.nodes = `nodes`
+        and the grad_accum that keeps the global batch (ValueError outside the range, or where
+        no whole grad_accum does: validate refuses such ranges)."""
+        accum = self.grad_accum_at(nodes)
+        if nodes not in self.node_range.sizes or accum is None:
+            raise ValueError(
+                f"the allocation has {nodes} node(s), which slurm.nodes = {self.slurm.nodes!r} does not allow with "
+                f"the global batch {self.global_batch}"
+            )
+        return dataclasses.replace(
+            self,
+            slurm=dataclasses.replace(self.slurm, nodes=nodes),
+            train=dataclasses.replace(self.train, grad_accum=accum),
+        )
 
     @property
     def base_dtype(self) -> str:
