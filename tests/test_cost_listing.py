@@ -53,13 +53,13 @@ def slurm_stubs(tmp_path: Path) -> dict[str, str]:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "sacct").write_text(SACCT)
-    (bindir / "squeue").write_text('#!/bin/bash\necho "squeue $*" >> "$CALLS"\n')
+    (bindir / "squeue").write_text('#!/bin/bash\necho "squeue $*" >> "$CALLS"\n[ -e "$QUEUE" ] && cat "$QUEUE"\nexit 0\n')
     for tool in ("sacct", "squeue"):
         (bindir / tool).chmod(0o755)
-    for tool in ("bash", "sed", "tr"):  # what the stubs run; nothing of this machine's real Slurm
+    for tool in ("bash", "sed", "tr", "cat"):  # what the stubs run; nothing of this machine's real Slurm
         (bindir / tool).symlink_to(shutil.which(tool) or tool)
     return {**os.environ, "PATH": str(bindir), "CALLS": str(tmp_path / "calls"), "FAKE_DOWN": str(tmp_path / "down"),
-            "CLUSTERFSDP_SLURM_RETRY_S": "0"}  # fmt: skip
+            "QUEUE": str(tmp_path / "queue"), "CLUSTERFSDP_SLURM_RETRY_S": "0"}  # fmt: skip
 
 
 def cost_calls(env: dict[str, str]) -> list[str]:
@@ -114,3 +114,67 @@ def test_sacct_missing_or_failing_shows_a_question_mark_not_a_traceback(tmp_path
     (row,) = json.loads(r.stdout)["runs"]
     assert row["cost"] is None and row["cost_error"].startswith("sacct: command not found"), row
     assert not (run.path / cost.CACHE_FILE).exists()
+
+
+def test_another_users_figures_are_never_trusted_nor_written(tmp_path, slurm_stubs, other_user, shared_root):
+    """A shared run root: another user's run carries a cost.json claiming 999 GPU-h and one of
+    your own runs a world-writable one. Neither is believed (sacct's figures are shown), the other
+    user's folder is never written (this suite runs as root, which could), yours is replaced
+    by the real figures; a cost line per user, and `--user NAME` lists only NAME's runs."""
+    mine = make_run(shared_root, "20260101-120000-aaaa", executor="slurm", job_id="2001")
+    planted = {"schema": 1, "jobs": {"2003": [[999 * 3600.0, 0.0]]}}
+    theirs_src = make_run(tmp_path / "src", "20260101-120001-bbbb", name="theirs", executor="slurm", job_id="2003")
+    (theirs_src.path / cost.CACHE_FILE).write_text(json.dumps(planted))
+    theirs = other_user.plant_copy(theirs_src.path.parent, shared_root) / theirs_src.id
+    (mine.path / cost.CACHE_FILE).write_text(json.dumps(planted | {"jobs": {"2001": [[999 * 3600.0, 0.0]]}}))
+    (mine.path / cost.CACHE_FILE).chmod(0o666)
+    r = cli("runs", "--run-root", str(shared_root), env=slurm_stubs)
+    assert r.returncode == 0, r.stderr
+    assert "999" not in r.stdout and r.stdout.count(" 1.00 GPU-h ") == 2, r.stdout
+    me = status.owner(mine)
+    assert f"cost       {other_user.name}: 1.00 GPU-h, 2.00 CPU-h (1 run(s))" in r.stdout
+    assert f"cost       {me}: 1.00 GPU-h, 2.00 CPU-h (1 run(s))" in r.stdout
+    assert json.loads((theirs / cost.CACHE_FILE).read_text()) == planted  # not written
+    assert json.loads((mine.path / cost.CACHE_FILE).read_text())["jobs"] == {"2001": [[3600.0, 7200.0]]}
+    only = cli("runs", "--run-root", str(shared_root), "--user", other_user.name, env=slurm_stubs)
+    assert "theirs" in only.stdout and mine.id not in only.stdout and f"cost       {me}" not in only.stdout
+
+
+def test_a_job_that_waits_and_never_ran_is_not_asked(tmp_path, slurm_stubs):
+    """A run whose job Slurm lists as PENDING and whose workers never started has used nothing:
+    `runs` shows 0 and asks sacct nothing; once its workers started, it is asked."""
+    root = tmp_path / "runs"
+    run = make_run(root, executor="slurm", job_id="2005", end=None)
+    run.events_file.write_text("")  # queued, never started
+    Path(slurm_stubs["QUEUE"]).write_text("2005|PENDING|Resources|0:00|\n")
+    r = cli("runs", "--run-root", str(root), env=slurm_stubs)
+    assert r.returncode == 0 and r.stdout.splitlines()[1].split()[2:6:3] == ["PENDING", "0"], r.stdout
+    assert cost_calls(slurm_stubs) == []
+    run.append_event(Event(EventKind.START, "2005", 0, 0, "node1", 0.0))
+    Path(slurm_stubs["QUEUE"]).write_text("2005|RUNNING|None|1:00|node1\n")
+    r = cli("runs", "--run-root", str(root), env=slurm_stubs)
+    assert len(cost_calls(slurm_stubs)) == 1 and " 1.00 GPU-h " in r.stdout, r.stdout
+    assert not (run.path / cost.CACHE_FILE).exists()  # a live job's figures grow: never kept
+
+
+def test_a_sweep_shows_each_points_cost_and_all_together(tmp_path, slurm_stubs):
+    """`status SWEEP`: a COST cell per point and the points together (and in `--json`); `runs`:
+    the sweep's line says what it cost. One sacct call for both points' array tasks."""
+    root = tmp_path / "runs"
+    points = [SweepPoint(i, f"ab-p{i}", {"train.lr": lr}) for i, lr in enumerate((3e-3, 1e-3))]
+    for p in points:
+        make_run(root, p.run_id, name="tiny-swab", executor="slurm", job_id=f"3000_{p.index}")
+    SweepFolder(root / "tiny-swab").write_record(SweepRecord("swab", "tiny", Executor.SLURM, 1.0, ["train.lr"], points))
+    r = cli("status", "swab", "--run-root", str(root), env=slurm_stubs)
+    assert r.returncode == 0, r.stderr
+    (call,) = cost_calls(slurm_stubs)
+    assert call.endswith("-j 3000_0,3000_1"), call
+    rows = [line for line in r.stdout.splitlines() if line.startswith(("0 ", "1 "))]
+    assert len(rows) == 2 and all(line.endswith(" 1.00 GPU-h") for line in rows), r.stdout
+    assert "cost       2.00 GPU-h, 4.00 CPU-h, all points together" in r.stdout
+    doc = json.loads(cli("status", "swab", "--run-root", str(root), "--json", env=slurm_stubs).stdout)
+    assert doc["cost"] == {"gpu_hours": 2.0, "cpu_hours": 4.0, "unknown_points": 0}
+    assert [p["cost"]["gpu_hours"] for p in doc["points"]] == [1.0, 1.0]
+    listed = cli("runs", "--run-root", str(root), env=slurm_stubs)
+    assert "sweep of 2 (train.lr): 2 COMPLETED; best loss 2.5000" in listed.stdout, listed.stdout
+    assert "; cost 2.00 GPU-h\n" in listed.stdout
