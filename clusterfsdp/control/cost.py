@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,21 +213,24 @@ class Listed:
     waiting: str = ""
 
 
-def costs(runs: list[Listed]) -> tuple[dict[Path, RunCost], str]:
+Ask = Callable[[Iterable[str]], dict[str, Accounted]]  # `accounting`, or the TUI's test cluster's
+
+
+def costs(runs: list[Listed], ask: Ask | None = None) -> tuple[dict[Path, RunCost], str]:
     """{run folder: its cost} for every run with a Slurm attempt, and sacct's error ('' if none).
     ONE sacct call for the attempts of all runs together, and none for an attempt that settled
     (its figures are kept in the run folder's cost.json when the folder is yours: `runs` over
     thousands of finished runs asks nothing), nor for a job still waiting that never ran. A run
     whose figures sacct could not give is left out: its cost is unknown (`?`)."""
     cached = {item.run.path: _read_cache(item.run) for item in runs if item.job_ids}
-    ask: set[str] = set()
+    asked: set[str] = set()
     for item in runs:
         have = cached.get(item.run.path, {})
-        ask.update(j for j in item.job_ids if (j not in have or j == item.live) and j != item.waiting)
+        asked.update(j for j in item.job_ids if (j not in have or j == item.live) and j != item.waiting)
     error = ""
     found: dict[str, Accounted] = {}
     try:
-        found = accounting(ask)
+        found = (ask or accounting)(asked) if asked else {}
     except slurmcli.SlurmError as e:
         error = str(e)
     out: dict[Path, RunCost] = {}
@@ -239,11 +242,11 @@ def costs(runs: list[Listed]) -> tuple[dict[Path, RunCost], str]:
         for j in item.job_ids:
             if j == item.waiting:
                 usage[j] = ()
-            elif j in ask:
+            elif j in asked:
                 usage[j] = found[j].rows if j in found else ()
             else:
                 usage[j] = have[j]
-        if error and any(j in ask for j in item.job_ids):
+        if error and any(j in asked for j in item.job_ids):
             continue
         settled = {j: found[j].rows for j in item.job_ids if j in found and found[j].settled and j != item.live}
         if settled:

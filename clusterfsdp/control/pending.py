@@ -50,12 +50,22 @@ def words(reason: str) -> str:
 def expected_start(job_id: str) -> str:
     """The backfill scheduler's start estimate of a pending job ('' when it has none yet: it makes
     one every backfill cycle)."""
+    return expected_starts([job_id]).get(job_id, "")
+
+
+def expected_starts(job_ids: list[str]) -> dict[str, str]:
+    """{job id: its start estimate} of pending jobs, from ONE `squeue --start` call (the TUI's
+    queue asks for all its pending runs at once); a job without an estimate yet is left out."""
     try:
-        out = slurmcli.run(["squeue", "--start", "-h", "-j", job_id, "-o", "%S"], retry_s=0)
+        out = slurmcli.run(["squeue", "--start", "-h", "-j", ",".join(job_ids), "-o", "%i|%S"], retry_s=0)
     except slurmcli.SlurmError:
-        return ""
-    when = out.strip().splitlines()[0] if out.strip() else ""
-    return "" if when in ("", "N/A", "Unknown") else when.replace("T", " ")
+        return {}
+    found = {}
+    for line in out.splitlines():
+        job_id, _, when = line.strip().partition("|")
+        if when not in ("", "N/A", "Unknown"):
+            found[job_id] = when.replace("T", " ")
+    return found
 
 
 _TEST_ONLY = r"to start at (\S+) using (\d+) processors on nodes (\S+) in partition (\S+)"

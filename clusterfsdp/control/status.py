@@ -439,7 +439,7 @@ def _reason(end: AttemptEnd | None, row: slurmcli.JobRow, state: RunState, silen
     return "; ".join(parts)
 
 
-def with_costs(rows: list[RunStatus]) -> str:
+def with_costs(rows: list[RunStatus], ask: cost.Ask | None = None) -> str:
     """Each row's cost, from ONE sacct call for all rows (`cost.costs`: none for attempts whose
     figures the run folder keeps, nor for a job that waits and never ran); sacct's error or ''."""
     items = []
@@ -451,7 +451,7 @@ def with_costs(rows: list[RunStatus]) -> str:
             live=st.job_id if slurm and st.state.live else "",
             waiting=st.job_id if slurm and st.state is RunState.PENDING and not ran else "",
         ))  # fmt: skip
-    found, error = cost.costs(items)
+    found, error = cost.costs(items, ask)
     for st in rows:
         st.cost = found.get(st.run.path)
         st.cost_error = error if st.cost is None and st.on_slurm else ""
