@@ -85,7 +85,7 @@ def test_queue_shows_what_runs_cost_and_why_and_until_when_a_run_waits(root):
     done = make_run(root, "20260101-110000-bbbb", executor="slurm", job_id="300")
     waiting = make_run(root, "20260101-120000-aaaa", executor="slurm", job_id="301", end=None)
     waiting.events_file.write_text("")  # queued, never started
-    used = {"300": cost.Accounted((cost.Usage(2 * 1800.0, 4 * 1800.0),), settled=True)}
+    used = {"300": cost.Accounted((cost.Usage(2 * 1800.0, 4 * 1800.0),), "COMPLETED")}
     slurm = FakeSlurm(jobs={"301": job("301", "PENDING", "tiny-cpu", "Resources")}, used=used,
                       starts={"301": "2026-11-28 01:00:00"})  # fmt: skip
     app = ClusterApp(root, slurm=slurm, refresh_s=3600)

@@ -68,11 +68,18 @@ SETTLED = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMO
 
 @dataclass(frozen=True)
 class Accounted:
-    """One job as sacct accounts it: each incarnation's usage, in order, and whether it has
-    settled (its last incarnation ended in a SETTLED state)."""
+    """One job as sacct accounts it: each incarnation's usage, in order, the state of the last,
+    and what it asked for (GPUs in all, the time limit: what its incarnation may still use)."""
 
     rows: tuple[Usage, ...]
-    settled: bool = False
+    state: str = ""
+    gpus: float = 0.0  # ReqTRES gres/gpu: every node's together
+    limit_s: float = 0.0  # TimelimitRaw; 0: none known
+
+    @property
+    def settled(self) -> bool:
+        """It never runs again under its id: its figures are final."""
+        return self.state in SETTLED
 
 
 def accounting(job_ids: Iterable[str]) -> dict[str, Accounted]:
@@ -81,13 +88,12 @@ def accounting(job_ids: Iterable[str]) -> dict[str, Accounted]:
     ids = sorted(set(job_ids))
     if not ids:
         return {}
-    out = slurmcli.run(
-        ["sacct", "-n", "-P", "-X", "-D", "-o", "JobID,AllocTRES,ElapsedRaw,State", "-j", ",".join(ids)]
-    )
+    fields = "JobID,AllocTRES,ElapsedRaw,State,ReqTRES,TimelimitRaw"
+    out = slurmcli.run(["sacct", "-n", "-P", "-X", "-D", "-o", fields, "-j", ",".join(ids)])
     usage: dict[str, list[Usage]] = {}
-    last: dict[str, str] = {}
+    last: dict[str, tuple[str, float, float]] = {}
     for line in out.splitlines():
-        job_id, tres, elapsed, state = [*line.split("|"), "", "", "", ""][:4]
+        job_id, tres, elapsed, state, asked, limit = [*line.split("|"), "", "", "", "", "", ""][:6]
         counts = parse_tres(tres)
         try:
             seconds = float(elapsed)
@@ -96,8 +102,10 @@ def accounting(job_ids: Iterable[str]) -> dict[str, Accounted]:
         usage.setdefault(job_id, []).append(
             Usage(counts.get("gres/gpu", 0.0) * seconds, counts.get("cpu", 0.0) * seconds)
         )
-        last[job_id] = (state.split() or [""])[0]  # 'CANCELLED by 0' -> CANCELLED
-    return {j: Accounted(tuple(rows), last[j] in SETTLED) for j, rows in usage.items()}
+        minutes = float(limit) if limit.isdigit() else 0.0  # (UNLIMITED, Partition_Limit: none known)
+        # 'CANCELLED by 0' -> CANCELLED
+        last[job_id] = ((state.split() or [""])[0], parse_tres(asked).get("gres/gpu", 0.0), minutes * 60)
+    return {j: Accounted(tuple(rows), *last[j]) for j, rows in usage.items()}
 
 
 def incarnations(job_ids: Iterable[str]) -> dict[str, list[Usage]]:
@@ -296,36 +304,83 @@ BUDGET_FILE = "budget.json"
 @dataclass(frozen=True)
 class Budget:
     """What an incarnation may still use (`left_s` GPU-seconds) on its `gpus` GPUs, counted from
-    `since`; written by the batch script's `before` step, read by the workers at start."""
+    `since`; written by the batch script's `before` step, read by the workers at start. `sweep`:
+    the id of the sweep whose points share the budget ('' for a run of its own)."""
 
     left_s: float
     gpus: float
     since: float
     limit_h: float
+    sweep: str = ""
 
     def reached(self, now: float) -> bool:
         return self.gpus > 0 and (now - self.since) * self.gpus >= self.left_s
 
     def reason(self) -> str:
+        if self.sweep:
+            return (f"slurm.max_gpu_hours = {self.limit_h:g} of sweep {self.sweep} used up (what its points used, "
+                    f"and hold for their running and waiting attempts; {self.gpus:g} GPU(s) of this attempt)")  # fmt: skip
         return f"slurm.max_gpu_hours = {self.limit_h:g} used up ({self.gpus:g} GPU(s) of this attempt)"
 
 
-def write_budget(run: RunFolder, job_id: str, limit_h: float, now: float) -> Budget:
+def write_budget(run: RunFolder, job_id: str, limit_h: float, now: float, plan_s: float = 0.0) -> Budget:
     """The budget clock of the running incarnation of `job_id`: what the run used before it
-    (sacct: every other incarnation) and the GPUs Slurm gave it (its AllocTRES)."""
-    usage = incarnations([a.job_id for a in run.record().attempts if a.executor is Executor.SLURM] + [job_id])
-    mine = usage.get(job_id, [])
-    spent = sum((u for j, rows in usage.items() for u in (rows[:-1] if j == job_id else rows)), Usage())
-    out = slurmcli.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "AllocTRES"]) if mine else ""
+    (sacct: every other incarnation) and the GPUs Slurm gave it (its AllocTRES). A point of a
+    sweep shares the budget with the other points (`slurm.max_gpu_hours` bounds the sweep): what
+    they used, and what they may still use, is taken off too (`_held`; `plan_s`, this attempt's
+    nodes x GPUs x time limit, for a point whose array task has not started)."""
+    mine = [a.job_id for a in run.record().attempts if a.executor is Executor.SLURM] + [job_id]
+    sweep, others = _other_points(run)
+    usage = accounting(mine + [j for ids in others for j in ids])
+    rows = usage.get(job_id, Accounted(())).rows
+    spent = sum((u for j in set(mine) for u in (rows[:-1] if j == job_id else usage.get(j, Accounted(())).rows)),
+                Usage()).gpu_s  # fmt: skip
+    for ids in others:
+        spent += sum(u.gpu_s for j in ids for u in usage.get(j, Accounted(())).rows)
+        spent += _held(usage.get(ids[-1]) if ids else None, plan_s)
+    out = slurmcli.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "AllocTRES"]) if rows else ""
     gpus = parse_tres(out.strip().splitlines()[-1] if out.strip() else "").get("gres/gpu", 0.0)
-    budget = Budget(limit_h * HOUR - spent.gpu_s, gpus, now, limit_h)
+    budget = Budget(limit_h * HOUR - spent, gpus, now, limit_h, sweep)
     fileio.atomic_write(run.path / BUDGET_FILE, json.dumps(budget.__dict__))
     return budget
+
+
+_RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"}
+
+
+def _held(job: Accounted | None, plan_s: float) -> float:
+    """GPU-seconds another point's newest job may still use in its incarnation: none once it
+    settled; its GPUs x time limit less what it used when running; the whole when it waits (or
+    was preempted, and may be requeued); `plan_s` when sacct does not list it yet (an array task
+    not started: the points of one array share their Slurm options)."""
+    if job is None:
+        return plan_s
+    if job.settled:
+        return 0.0
+    whole = job.gpus * job.limit_s if job.limit_s > 0 else plan_s
+    return max(0.0, whole - job.rows[-1].gpu_s) if job.state in _RUNNING and job.rows else whole
+
+
+def _other_points(run: RunFolder) -> tuple[str, list[list[str]]]:
+    """(the sweep's id, each other point's Slurm job ids) for a point of a sweep; ('', []) else."""
+    from .records import RecordError
+    from .sweepfolder import sweep_of  # (it imports status, which imports this module)
+
+    sweep = sweep_of(run)
+    if sweep is None:
+        return "", []
+    try:
+        points = sweep.record().points
+    except RecordError:
+        return "", []
+    others = [sweep.run_folder(p) for p in points if p.run_id != run.id]
+    return sweep.id, [[a.job_id for a in r.record().attempts if a.executor is Executor.SLURM] for r in others]
 
 
 def read_budget(run: RunFolder) -> Budget | None:
     try:
         data = json.loads((run.path / BUDGET_FILE).read_text())
-        return Budget(float(data["left_s"]), float(data["gpus"]), float(data["since"]), float(data["limit_h"]))
+        return Budget(float(data["left_s"]), float(data["gpus"]), float(data["since"]), float(data["limit_h"]),
+                      str(data.get("sweep", "")))  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return None

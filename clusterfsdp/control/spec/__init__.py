@@ -14,7 +14,7 @@ Import the names from here (`from clusterfsdp.control.spec import JobSpec`).
 """
 
 from .allowlists import MOUNT_PATH
-from .checks import budget_refusal, check
+from .checks import budget_refusal, check, sweep_budget_refusal
 from .codec import (
     apply_overrides,
     coerce,
@@ -80,6 +80,7 @@ __all__ = [
     "TrainSection",
     "apply_overrides",
     "budget_refusal",
+    "sweep_budget_refusal",
     "chat_problem",
     "check",
     "coerce",
