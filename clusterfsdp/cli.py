@@ -208,6 +208,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             from .control import pending
 
             print(f"# would start {pending.would_start(run.folder.sbatch_script)}", file=sys.stderr)
+            if tip := pending.shorter_time(run.folder.sbatch_script, spec.time_minutes):
+                print(f"# sooner: {tip}", file=sys.stderr)
         return 0
     sub = Run.submit(spec, args.executor)
     print(sub.notice, file=sys.stderr)
@@ -412,14 +414,20 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _why_waiting(folder: RunFolder, job_id: str) -> None:
-    """A pending Slurm job: when the scheduler expects it to start, and what would start it now."""
+    """A pending Slurm job: when the scheduler expects it to start, and what would start it
+    sooner (fewer nodes or another partition free now; a shorter time limit, as Slurm's test of
+    the job's own batch script says)."""
     from .control import pending
 
     when = pending.expected_start(job_id)
     said = f"start {when} (Slurm's estimate)" if when else "no estimate yet (Slurm makes one each backfill cycle)"
     print(f"expected   {said}")
-    for tip in pending.sooner(folder.spec()):
+    spec = folder.spec()
+    for tip in pending.sooner(spec):
         print(f"sooner     {tip}")
+    script = folder.submitit_dir / job_id / f"{job_id}_submission.sh"
+    if when and script.is_file() and (tip := pending.shorter_time(script, spec.time_minutes, when)):
+        print(f"sooner     {tip}: `clusterfsdp resume {folder.id} --force` with it requeues it so")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

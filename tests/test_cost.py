@@ -149,3 +149,33 @@ def test_a_sweeps_points_share_its_budget(tmp_path, monkeypatch, limit_h, left_s
         (gave_up,) = [e for e in runs[2].events() if e.event is EventKind.GAVE_UP]
         assert started == 1 and gave_up.cause == "budget", gave_up
         assert gave_up.reason.startswith("slurm.max_gpu_hours = 2.5 of sweep swcd used up (what its points used")
+
+
+def test_a_shorter_time_limit_is_suggested_only_when_slurms_test_starts_it_earlier(tmp_path, monkeypatch):
+    """`sbatch --test-only --time=N` of the job's batch script, for the job's limit halved, then
+    quartered, then an eighth: the longest that Slurm says starts earlier is suggested, with both
+    times; none when no shorter limit helps. sbatch is a stub answering as Slurm 22.05 does (on
+    stderr): limits of 15 min or less fit a backfill window that ends at 01:00 here."""
+    from clusterfsdp.control import pending
+
+    stub = tmp_path / "bin" / "sbatch"
+    stub.parent.mkdir()
+    stub.write_text(
+        '#!/bin/bash\necho "$*" >> "$FAKE_CALLS"\nwhen=2026-11-28T01:00:00\n'
+        'for a in "$@"; do case "$a" in --time=*) [ "${a#--time=}" -le 15 ] && when=2026-11-28T00:05:00;; esac; done\n'
+        'echo "sbatch: Job 77 to start at $when using 4 processors on nodes node[1-2] in partition debug" >&2\n'
+    )
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stub.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_CALLS", str(tmp_path / "calls"))
+    script = tmp_path / "sbatch.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --time=60\n")
+    tip = pending.shorter_time(script, 60)
+    assert tip == (
+        "--set slurm.time=15 would start it at 2026-11-28 00:05:00, not 2026-11-28 01:00:00 (sbatch --test-only: "
+        "backfill fits a job that ends sooner)"
+    )
+    assert (tmp_path / "calls").read_text().split("\n")[:3] == [f"--test-only {script}",
+        f"--test-only --time=30 {script}", f"--test-only --time=15 {script}"]  # fmt: skip
+    assert pending.shorter_time(script, 60, start="2026-11-28 00:01:00") == ""  # no earlier start: nothing said
+    assert pending.shorter_time(script, 200) == ""  # 100, 50 and 25 min: none fits the window
