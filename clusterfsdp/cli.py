@@ -724,9 +724,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=50, help="show at most this many, newest first (default 50)")
     s.add_argument("--json", action="store_true", help="print the runs as JSON (docs/json.md)")
     s.add_argument("-q", "--quiet", action="store_true", help="print only run ids, newest first (no Slurm query)")
-    s.add_argument(
-        "--user", nargs="?", const="", metavar="NAME", help="only the runs a user owns (alone: yours); a cost line per user"
-    )
+    s.add_argument("--user", nargs="?", const="", metavar="NAME", help="only the runs a user owns (alone: yours)")
     s.set_defaults(fn=cmd_runs)
 
     s = command("status", help="state of one run or sweep (or all runs)")

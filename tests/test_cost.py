@@ -121,8 +121,8 @@ def test_a_sweeps_points_share_its_budget(tmp_path, monkeypatch, limit_h, left_s
     from tui_helpers import make_run
 
     from clusterfsdp.control import jobstep
-    from clusterfsdp.control.sweepfolder import SweepFolder
     from clusterfsdp.control.records import SweepPoint, SweepRecord
+    from clusterfsdp.control.sweepfolder import SweepFolder
 
     root = tmp_path / "runs"
     points = [SweepPoint(i, f"cd-p{i}", {"train.lr": 1e-3 * (i + 1)}) for i in range(3)]

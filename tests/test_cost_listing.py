@@ -53,7 +53,8 @@ def slurm_stubs(tmp_path: Path) -> dict[str, str]:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "sacct").write_text(SACCT)
-    (bindir / "squeue").write_text('#!/bin/bash\necho "squeue $*" >> "$CALLS"\n[ -e "$QUEUE" ] && cat "$QUEUE"\nexit 0\n')
+    squeue = '#!/bin/bash\necho "squeue $*" >> "$CALLS"\n[ -e "$QUEUE" ] && cat "$QUEUE"\nexit 0\n'
+    (bindir / "squeue").write_text(squeue)
     for tool in ("sacct", "squeue"):
         (bindir / tool).chmod(0o755)
     for tool in ("bash", "sed", "tr", "cat"):  # what the stubs run; nothing of this machine's real Slurm

@@ -128,8 +128,9 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
     listed = cli("runs", "--run-root", str(tmp_path / "runs")).stdout
     shown = f"{gpu_h:.2f} GPU-h" if version == 2 else f"{cpu_h:.2f} CPU-h"
     assert f" {shown} slurm:{job_id} " in listed, listed
-    assert json.loads((run.path / cost.CACHE_FILE).read_text())["jobs"] == {job_id: [[gpus_alloc * float(seconds),
-                                                                                      cpus_alloc * float(seconds)]]}
+    assert json.loads((run.path / cost.CACHE_FILE).read_text())["jobs"] == {
+        job_id: [[gpus_alloc * float(seconds), cpus_alloc * float(seconds)]]
+    }
 
 
 def batch_shell_pid(job_id: int) -> int:

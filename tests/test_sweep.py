@@ -55,8 +55,17 @@ BUDGET_VARIED = (
         (["--grid", "train.lr=1e-3,3e-3,1e-2", *GPUS], OVER_BUDGET),
         (["--grid", "slurm.max_gpu_hours=5,10"], BUDGET_VARIED),
     ],
-    ids=["unknown-key", "wrong-type", "empty", "fixed-key", "zip-lengths", "bad-point", "10000-points", "over-budget",
-         "budget-varied"],  # fmt: skip
+    ids=[
+        "unknown-key",
+        "wrong-type",
+        "empty",
+        "fixed-key",
+        "zip-lengths",
+        "bad-point",
+        "10000-points",
+        "over-budget",
+        "budget-varied",
+    ],
 )
 def test_bad_sweeps_are_one_line_exit_2_and_leave_nothing(tiny_job, tmp_path, capsys, args, line):
     code, out, err = sweep_cli(capsys, str(tiny_job), "--executor", "local", *args)

@@ -100,7 +100,8 @@ def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_pa
         slurm_cluster.wait_for("the cancel", lambda f=folder: status.run_status(f).state == "CANCELLED", timeout=60)
     stopped = [e for e in preempted.events() if e.event == "stopped"]
     assert stopped and stopped[-1].cause == "cancelled" and Path(stopped[-1].checkpoint).is_dir()  # saved first
-    listing = [line for line in cli("runs", "--run-root", str(root)).stdout.splitlines() if not line.startswith("cost ")]
+    listing = cli("runs", "--run-root", str(root)).stdout.splitlines()
+    listing = [line for line in listing if not line.startswith("cost ")]  # (a line per user: what they cost)
     assert len(listing) == 2 and any(line.startswith(endless.id) and "2 CANCELLED" in line for line in listing)
 
     # resume: every unfinished point again, from its own save, as a single job of its run (no array)

@@ -98,7 +98,8 @@ def test_queue_shows_what_runs_cost_and_why_and_until_when_a_run_waits(root):
         costs = [str(table.get_row_at(i)[header.index("COST")]) for i in range(2)]
         assert costs == ["0", "1.00 GPU-h"], costs
         detail = rendered(app.screen.query_one("#queue-detail"))  # the waiting run is selected first
-        assert "expected to start 2026-11-28 01:00:00 (Slurm's estimate) · Resources: the nodes it needs are busy" in detail
+        said = "expected to start 2026-11-28 01:00:00 (Slurm's estimate) · Resources: the nodes it needs are busy"
+        assert said in detail, detail
         table.move_cursor(row=1)
         await pilot.pause()
         assert "cost 1.00 GPU-h, 2.00 CPU-h" in rendered(app.screen.query_one("#queue-detail"))

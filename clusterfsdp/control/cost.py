@@ -318,8 +318,10 @@ class Budget:
 
     def reason(self) -> str:
         if self.sweep:
-            return (f"slurm.max_gpu_hours = {self.limit_h:g} of sweep {self.sweep} used up (what its points used, "
-                    f"and hold for their running and waiting attempts; {self.gpus:g} GPU(s) of this attempt)")  # fmt: skip
+            return (
+                f"slurm.max_gpu_hours = {self.limit_h:g} of sweep {self.sweep} used up (what its points used, and "
+                f"hold for their running and waiting attempts; {self.gpus:g} GPU(s) of this attempt)"
+            )
         return f"slurm.max_gpu_hours = {self.limit_h:g} used up ({self.gpus:g} GPU(s) of this attempt)"
 
 
