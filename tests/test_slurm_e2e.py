@@ -720,16 +720,26 @@ def test_a_run_out_of_restarts_ends_failed_on_slurm(slurm_cluster, tiny_job, tmp
 
 def test_a_run_that_waits_says_why_and_when(slurm_cluster, tiny_job, tmp_path):
     """Issue 39 item 1: with both nodes held by another job, `submit --dry-run` says when the job
-    would start (sbatch --test-only), and a 2-node run's `status` says why it waits in words
+    would start (sbatch --test-only) and, with both nodes reserved from 6 min on, that a shorter
+    slurm.time starts it earlier (Slurm's own test), and a 2-node run's `status` says why it waits in words
     (Resources) and when the backfill scheduler expects it to start (squeue --start). Nothing
     trains: the run is cancelled while it waits."""
     blocker = slurm_cluster.sbatch(["--nodes=2", "--exclusive", "--time=3", "--wrap", "sleep 170", "-o", "/dev/null"])
     wait_for(lambda: slurm_cluster.squeue_state(blocker) == "RUNNING", 30, "the blocking job to run")
     synthetic = [*TWO_NODES, "--set", "data.source=synthetic", "--set", "data.paths=[]"]  # (no prepare job first)
-    r = cli("submit", str(tiny_job), *synthetic, "--dry-run")
+    # a reservation of both nodes from 6 min on: a job of 10 min (tiny-cpu's slurm.time) cannot start when the
+    # blocker ends (3 min at most), one of 2 min can: Slurm's test of the shorter limit says so, and the dry run too
+    resv = ["ReservationName=cfsdp-sooner", "StartTime=now+6minutes", "Duration=10", "Nodes=node[1-2]", "Users=root"]
+    slurm_cluster.run(["scontrol", "create", "reservation", *resv])
+    try:
+        r = cli("submit", str(tiny_job), *synthetic, "--dry-run")
+    finally:
+        slurm_cluster.run(["scontrol", "delete", "ReservationName=cfsdp-sooner"], check=False)
     assert r.returncode == 0, r.stderr
     m = re.search(r"# would start at (\S+ \S+) on node\[1-2\] \(partition debug\)", r.stderr)
     assert m, r.stderr
+    tip = re.search(r"# sooner: --set slurm.time=(\d+) would start it at (\S+ \S+), not (\S+ \S+) \(sbatch", r.stderr)
+    assert tip and int(tip[1]) <= 2 and tip[2] < tip[3] == m[1], r.stderr
     r = cli("submit", str(tiny_job), "--executor", "slurm", *synthetic)
     assert r.returncode == 0, r.stderr
     (run,) = [f for f in runfolder.list_runs(tmp_path / "runs") if f.record().attempts]
