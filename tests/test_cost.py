@@ -179,3 +179,11 @@ def test_a_shorter_time_limit_is_suggested_only_when_slurms_test_starts_it_earli
         f"--test-only --time=30 {script}", f"--test-only --time=15 {script}"]  # fmt: skip
     assert pending.shorter_time(script, 60, start="2026-11-28 00:01:00") == ""  # no earlier start: nothing said
     assert pending.shorter_time(script, 200) == ""  # 100, 50 and 25 min: none fits the window
+    # a limit that runs into a reservation: Slurm's test finds no start for it (as Slurm 22.05 says it)
+    stub.write_text(stub.read_text().replace("when=2026-11-28T01:00:00\n", 'when=""\n').replace(
+        'echo "sbatch: Job', '[ -z "$when" ] && { echo "allocation failure: Requested node configuration is not '
+        'available" >&2; exit 1; }\necho "sbatch: Job'))  # fmt: skip
+    assert pending.shorter_time(script, 60) == (
+        "--set slurm.time=15 would start it at 2026-11-28 00:05:00 (sbatch --test-only; with its 60 min Slurm finds "
+        "no start: allocation failure: Requested node configuration is not available)"
+    )

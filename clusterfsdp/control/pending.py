@@ -105,18 +105,23 @@ def shorter_time(script: Path, minutes: int, start: str | None = None) -> str:
     of the job's batch script: the backfill scheduler starts a job early only when it ends before
     the resources are promised to another): '--set slurm.time=30 would start it at ... (Slurm's
     test: backfill), not ...'; '' when no shorter limit tried starts it earlier than `start`
-    (Slurm's estimate for the job as it is: squeue --start; None: its own --test-only) or Slurm
-    could not tell."""
+    (Slurm's estimate for the job as it is: squeue --start; None: its own --test-only, where a
+    job whose limit runs into a reservation finds no start at all: measured on Slurm 22.05,
+    "allocation failure: Requested node configuration is not available") or Slurm could not tell."""
+    refused = ""
     if start is None:
-        found, _ = _test_only(script)
+        found, refused = _test_only(script)
         start = found[0] if found else ""
-    if not start:
+    if not start and not refused:
         return ""
     for divisor in SHORTER:
         limit = minutes // divisor
         if limit < 1:
             break
         found, _ = _test_only(script, f"--time={limit}")
+        if found is not None and not start:
+            return (f"--set slurm.time={limit} would start it at {found[0]} (sbatch --test-only; with its "
+                    f"{minutes} min Slurm finds no start: {refused})")  # fmt: skip
         if found is not None and found[0] < start:
             return (f"--set slurm.time={limit} would start it at {found[0]}, not {start} (sbatch --test-only: "
                     "backfill fits a job that ends sooner)")  # fmt: skip
