@@ -103,10 +103,11 @@ def test_the_workers_save_and_stop_when_the_budget_is_used(tmp_path):
 
 # Slurm's accounting of a running sweep, as `sacct -P -X -D -o JobID,AllocTRES,ElapsedRaw,State,ReqTRES,
 # TimelimitRaw` prints it: point 0 done (2 GPUs for 1800 s), point 1 running for 600 s of its 60 min
-# on 2 GPUs, point 2's array task (the one starting) running for 10 s.
-SWEEP_SACCT = """4000_0|cpu=4,gres/gpu=2,node=1|1800|COMPLETED|cpu=4,gres/gpu=2,node=1|60
-4000_1|cpu=4,gres/gpu=2,node=1|600|RUNNING|cpu=4,gres/gpu=2,node=1|60
-4000_2|cpu=4,gres/gpu=2,node=1|10|RUNNING|cpu=4,gres/gpu=2,node=1|60
+# on 2 GPUs, point 2's array task (the one starting) running for 10 s. ReqTRES as Slurm 22.05 writes
+# it on the devcluster: without the GPUs (AllocTRES has them).
+SWEEP_SACCT = """4000_0|cpu=4,gres/gpu=2,node=1|1800|COMPLETED|billing=4,cpu=4,mem=2000M,node=1|60
+4000_1|cpu=4,gres/gpu=2,node=1|600|RUNNING|billing=4,cpu=4,mem=2000M,node=1|60
+4000_2|cpu=4,gres/gpu=2,node=1|10|RUNNING|billing=4,cpu=4,mem=2000M,node=1|60
 """
 
 

@@ -73,7 +73,7 @@ class Accounted:
 
     rows: tuple[Usage, ...]
     state: str = ""
-    gpus: float = 0.0  # ReqTRES gres/gpu: every node's together
+    gpus: float = 0.0  # its GPUs, every node's together: ReqTRES's gres/gpu, else its last AllocTRES's
     limit_s: float = 0.0  # TimelimitRaw; 0: none known
 
     @property
@@ -103,8 +103,9 @@ def accounting(job_ids: Iterable[str]) -> dict[str, Accounted]:
             Usage(counts.get("gres/gpu", 0.0) * seconds, counts.get("cpu", 0.0) * seconds)
         )
         minutes = float(limit) if limit.isdigit() else 0.0  # (UNLIMITED, Partition_Limit: none known)
-        # 'CANCELLED by 0' -> CANCELLED
-        last[job_id] = ((state.split() or [""])[0], parse_tres(asked).get("gres/gpu", 0.0), minutes * 60)
+        # (Slurm 22.05's ReqTRES leaves the GPUs out, measured on the devcluster; AllocTRES has them once it ran)
+        gpus = parse_tres(asked).get("gres/gpu", 0.0) or counts.get("gres/gpu", 0.0)
+        last[job_id] = ((state.split() or [""])[0], gpus, minutes * 60)  # 'CANCELLED by 0' -> CANCELLED
     return {j: Accounted(tuple(rows), *last[j]) for j, rows in usage.items()}
 
 
@@ -353,13 +354,14 @@ _RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"}
 def _held(job: Accounted | None, plan_s: float) -> float:
     """GPU-seconds another point's newest job may still use in its incarnation: none once it
     settled; its GPUs x time limit less what it used when running; the whole when it waits (or
-    was preempted, and may be requeued); `plan_s` when sacct does not list it yet (an array task
-    not started: the points of one array share their Slurm options)."""
+    was preempted, and may be requeued); `plan_s` when sacct does not tell its GPUs and limit (a
+    job that waits: Slurm 22.05's ReqTRES has no GPUs) or does not list it yet (an array task
+    not started): the points of one array share their Slurm options."""
     if job is None:
         return plan_s
     if job.settled:
         return 0.0
-    whole = job.gpus * job.limit_s if job.limit_s > 0 else plan_s
+    whole = job.gpus * job.limit_s if job.gpus > 0 and job.limit_s > 0 else plan_s
     return max(0.0, whole - job.rows[-1].gpu_s) if job.state in _RUNNING and job.rows else whole
 
 
