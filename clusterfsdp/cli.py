@@ -208,6 +208,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             from .control import pending
 
             print(f"# would start {pending.would_start(run.folder.sbatch_script)}", file=sys.stderr)
+            if tip := pending.shorter_time(run.folder.sbatch_script, spec.time_minutes):
+                print(f"# sooner: {tip}", file=sys.stderr)
         return 0
     sub = Run.submit(spec, args.executor)
     print(sub.notice, file=sys.stderr)
@@ -303,41 +305,57 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     roots = [_run_root(args)] if args.run_root else lookup_roots()
     found = sorted({r for root in roots for r in runfolder.iter_runs(root)}, key=lambda r: r.id, reverse=True)
-    found = found[: args.limit]
-    swept = sorted({r.path.parent for r in found if (r.path.parent / "sweep.json").is_file()}, reverse=True)
-    if swept and not (args.quiet or args.json):  # a sweep is one line (`status SWEEP` lists its points)
-        from . import sweepcli
-        from .control.sweepfolder import SweepFolder
+    if args.user is not None:  # the runs whose folders a user owns (`--user` alone: yours)
+        from .control.ownership import user_name
+        from .control.status import owner
 
-        print("\n".join(sweepcli.sweep_lines([SweepFolder(p) for p in swept])))
-        found = [r for r in found if r.path.parent not in swept]
-        if not found:
-            return 0
+        who = args.user or user_name(os.geteuid())
+        found = [r for r in found if owner(r) == who]
+    found = found[: args.limit]
     if args.quiet:  # run ids only: for scripts and shell completion (no Slurm query)
         print("\n".join(r.id for r in found))
         return 0
+    swept = [] if args.json else sorted({r.path.parent for r in found if (r.path.parent / "sweep.json").is_file()},
+                                        reverse=True)  # fmt: skip
+    plain = [r for r in found if r.path.parent not in swept]
     if not found and not args.json:
         print(f"no runs under {' or '.join(map(str, roots))} (--run-root, or set $CLUSTERFSDP_RUN_ROOT)")
         return 0
     from . import term
-    from .control import status
+    from .control import cost, status
 
-    rows, error = status.statuses(found)
+    if swept:  # a sweep is one line (`status SWEEP` lists its points); ONE squeue and sacct for all
+        from . import sweepcli
+        from .control.sweepfolder import SweepFolder
+
+        lines, every, error = sweepcli.sweep_lines([SweepFolder(p) for p in swept], plain)
+        print("\n".join(lines))
+        rows = every[len(every) - len(plain) :]
+    else:
+        rows, error = status.statuses(found, costs=True)
+        every = rows
     if error:
         print(f"warning: {error}", file=sys.stderr)
+    if unknown := next((st.cost_error for st in every if st.cost_error), ""):
+        print(f"warning: cost unknown (?): {unknown}", file=sys.stderr)
+    by_user = status.cost_by_user(every)
     if args.json:
         from .control import jsonout
 
-        sys.stdout.writelines(jsonout.listing(rows, error))
+        sys.stdout.writelines(jsonout.listing(rows, error, {u: c.to_json() for u, c in by_user.items()}))
         return 0
-    print(f"{'RUN':<22} {'NAME':<16} {'STATE':<11} {'STEP':>11} {'LOSS':>8} {'JOB':<14} CREATED")
+    if rows:
+        print(f"{'RUN':<22} {'NAME':<16} {'STATE':<11} {'STEP':>11} {'LOSS':>8} {'COST':>11} {'JOB':<14} CREATED")
     for st in rows:
         step = f"{st.step or 0}/{st.steps or '?'}"
         loss = f"{st.loss:.4f}" if st.loss is not None else "-"
         job = f"{st.executor}:{st.job_id}" if st.job_id else "-"
         created = _age(st.created)
         state = term.state_text(st.state, 11, sys.stdout)
-        print(f"{st.run.id:<22} {st.run.name[:16]:<16} {state} {step:>11} {loss:>8} {job:<14} {created}")
+        spent = cost.cell(st.cost, st.on_slurm)
+        print(f"{st.run.id:<22} {st.run.name[:16]:<16} {state} {step:>11} {loss:>8} {spent:>11} {job:<14} {created}")
+    for user, used in by_user.items():  # what each user's listed runs cost together
+        print(f"cost       {user}: {used.line()}")
     return 0
 
 
@@ -356,6 +374,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     folder = _find_folder(args)
     st = status.run_status(folder)
+    status.with_costs([st])
     if args.json:
         print(_json(st))
         return 1 if st.state.bad else 0
@@ -377,7 +396,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {ppl}")
     for line in samplestats.lines(folder.data_file):
         print(f"data       {line}")
-    spent, unknown = _cost(folder) if any(a.executor == "slurm" for a in st.attempts) else (None, "")
+    spent = st.cost
     sizes = records.attempt_sizes(st.events)  # each incarnation's nodes x ranks (a node range: as it started)
     for a in st.attempts:
         when = datetime.fromtimestamp(a.submitted).strftime("%Y-%m-%d %H:%M:%S")
@@ -390,8 +409,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         if spent is not None and a.job_id in spent.attempts:
             used = spent.attempts[a.job_id]
             print(f"  cost     {used.gpu_hours:.2f} GPU-h, {used.cpu_hours:.2f} CPU-h")
-    if spent is not None or unknown:
-        print(f"cost       {spent.line() if spent is not None else unknown}")
+    if spent is not None or st.cost_error:
+        print(f"cost       {spent.line() if spent is not None else f'unknown: {st.cost_error}'}")
     for note in st.notes:
         print(f"note       {note}")
     shown = {EventKind.FAILED, EventKind.RESUMED, EventKind.CHECKPOINT_FALLBACK}  # ends: under each attempt
@@ -410,25 +429,20 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _why_waiting(folder: RunFolder, job_id: str) -> None:
-    """A pending Slurm job: when the scheduler expects it to start, and what would start it now."""
+    """A pending Slurm job: when the scheduler expects it to start, and what would start it
+    sooner (fewer nodes or another partition free now; a shorter time limit, as Slurm's test of
+    the job's own batch script says)."""
     from .control import pending
 
     when = pending.expected_start(job_id)
     said = f"start {when} (Slurm's estimate)" if when else "no estimate yet (Slurm makes one each backfill cycle)"
     print(f"expected   {said}")
-    for tip in pending.sooner(folder.spec()):
+    spec = folder.spec()
+    for tip in pending.sooner(spec):
         print(f"sooner     {tip}")
-
-
-def _cost(folder: RunFolder):
-    """(the run's cost from Slurm accounting, or None for a run with no Slurm attempt; why it is
-    unknown when sacct does not answer)."""
-    from .control import cost, slurmcli
-
-    try:
-        return cost.run_cost(folder), ""
-    except slurmcli.SlurmError as e:
-        return None, f"unknown: {e}"
+    script = folder.submitit_dir / job_id / f"{job_id}_submission.sh"
+    if when and script.is_file() and (tip := pending.shorter_time(script, spec.time_minutes, when)):
+        print(f"sooner     {tip}: `clusterfsdp resume {folder.id} --force` with it requeues it so")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -722,6 +736,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=50, help="show at most this many, newest first (default 50)")
     s.add_argument("--json", action="store_true", help="print the runs as JSON (docs/json.md)")
     s.add_argument("-q", "--quiet", action="store_true", help="print only run ids, newest first (no Slurm query)")
+    s.add_argument("--user", nargs="?", const="", metavar="NAME", help="only the runs a user owns (alone: yours)")
     s.set_defaults(fn=cmd_runs)
 
     s = command("status", help="state of one run or sweep (or all runs)")
@@ -731,6 +746,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=50, help="without RUN: show at most this many runs")
     s.add_argument("--json", action="store_true", help="print the status as JSON (docs/json.md)")
     s.add_argument("-q", "--quiet", action="store_true", help="without RUN: print only run ids")
+    s.add_argument("--user", nargs="?", const="", metavar="NAME", help="without RUN: only the runs a user owns")
     s.set_defaults(fn=cmd_status)
 
     s = command("logs", help="show a rank's log")

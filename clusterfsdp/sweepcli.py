@@ -12,13 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .control import strictjson, sweepfolder
+from .control import cost, strictjson, sweepfolder
 from .control.errors import UserError
 from .control.records import RunState
 from .control.sweepfolder import SORT_KEYS, PointStatus, SweepFolder, SweepSummary, sort_key
 
 if TYPE_CHECKING:
+    from .control.records import SweepRecord
+    from .control.runfolder import RunFolder
     from .control.spec import JobText
+    from .control.status import RunStatus
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -66,7 +69,7 @@ def cmd_status(args: argparse.Namespace, run_root: Path | None) -> int:
 
     folder = _find(args.run, run_root)
     record = folder.record()
-    rows, error = folder.statuses()
+    rows, error = folder.statuses(costs=True)
     sort = args.sort or "index"
     if sort not in (*SORT_KEYS, *record.keys):
         raise UserError(f"--sort {sort}: one of {', '.join([*SORT_KEYS, *record.keys])}")
@@ -77,7 +80,8 @@ def cmd_status(args: argparse.Namespace, run_root: Path | None) -> int:
     if args.json:
         from .control import jsonout
 
-        doc = {"folder": str(folder.path), **record.to_dict(), "sorted_by": sort, "slurm_error": error}
+        doc = {"folder": str(folder.path), **record.to_dict(), "sorted_by": sort, "slurm_error": error,
+               "cost": _cost_json(rows)}  # fmt: skip
         doc["points"] = [{**jsonout.to_json(r.status), "index": r.point.index, "values": r.point.values} for r in rows]
         print(jsonout.document(doc))
         return 1 if bad else 0
@@ -87,16 +91,29 @@ def cmd_status(args: argparse.Namespace, run_root: Path | None) -> int:
         print("cancelled  no point starts any more (`clusterfsdp resume SWEEP` starts the rest)")
     keys = [(k, max(len(k), *(len(_short(r.point.values.get(k))) for r in rows))) for k in record.keys]
     head = "".join(f"{k:<{w}}  " for k, w in keys)
-    print(f"{'POINT':<5}  {'RUN':<24}  {head}{'STATE':<11} {'STEP':>11} {'LOSS':>8} {'EVAL_LOSS':>9}")
+    print(f"{'POINT':<5}  {'RUN':<24}  {head}{'STATE':<11} {'STEP':>11} {'LOSS':>8} {'EVAL_LOSS':>9} {'COST':>11}")
     for r in rows:
         st = r.status
         vals = "".join(f"{_short(r.point.values.get(k)):<{w}}  " for k, w in keys)
         step = f"{st.step or 0}/{st.steps or '?'}"
         print(
             f"{r.point.index:<5}  {r.point.run_id:<24}  {vals}{term.state_text(st.state, 11, sys.stdout)} {step:>11} "
-            f"{_num(st.loss):>8} {_num(st.eval_loss):>9}"
+            f"{_num(st.loss):>8} {_num(st.eval_loss):>9} {cost.cell(st.cost, st.on_slurm):>11}"
         )
+    if any(r.status.on_slurm for r in rows):
+        used, unknown = sweepfolder.total_cost(rows)
+        print(f"cost       {used.gpu_hours:.2f} GPU-h, {used.cpu_hours:.2f} CPU-h, all points together"
+              + (f" ({unknown} point(s) unknown)" if unknown else ""))  # fmt: skip
+    if cost_error := next((r.status.cost_error for r in rows if r.status.cost_error), ""):
+        print(f"warning: cost unknown: {cost_error}", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _cost_json(rows: list[PointStatus]) -> dict[str, Any]:
+    """`status SWEEP --json`'s `cost`: the points' GPU- and CPU-hours together, and how many
+    points' cost is unknown."""
+    used, unknown = sweepfolder.total_cost(rows)
+    return {"gpu_hours": round(used.gpu_hours, 6), "cpu_hours": round(used.cpu_hours, 6), "unknown_points": unknown}
 
 
 def _short(value: Any) -> str:
@@ -139,22 +156,36 @@ def cmd_resume(args: argparse.Namespace, run_root: Path | None) -> int:
     return 0
 
 
-def sweep_lines(sweeps: list[SweepFolder]) -> list[str]:
-    """`runs`: one line per sweep (its points' states counted); `status SWEEP` expands it."""
+def sweep_lines(sweeps: list[SweepFolder], runs: list[RunFolder]) -> tuple[list[str], list[RunStatus], str]:
+    """`runs`: one line per sweep (its points' states counted, the best, what they cost; `status
+    SWEEP` expands it), and the statuses of the points and of `runs` (the runs listed apart), all
+    from one squeue call and at most two sacct calls (states, costs): (lines, every status, Slurm's error)."""
+    from .control import status
     from .control.records import RecordError
 
-    out = []
+    records: dict[SweepFolder, SweepRecord | RecordError] = {}
     for folder in sweeps:
         try:
-            record = folder.record()
-            rows, _ = folder.statuses()
+            records[folder] = folder.record()
         except RecordError as e:
-            out.append(f"{folder.id:<22} {'?':<16} UNREADABLE  {e}")
+            records[folder] = e
+    points = [(f, p) for f, r in records.items() if not isinstance(r, RecordError) for p in r.points]
+    rows, error = status.statuses([*(f.run_folder(p) for f, p in points), *runs], costs=True)
+    mine: dict[SweepFolder, list[PointStatus]] = {}
+    for (folder, point), st in zip(points, rows, strict=False):
+        mine.setdefault(folder, []).append(PointStatus(point, st))
+    out = []
+    for folder, record in records.items():
+        if isinstance(record, RecordError):
+            out.append(f"{folder.id:<22} {'?':<16} UNREADABLE  {record}")
             continue
-        keys = ",".join(record.keys)
-        what = f"sweep of {len(rows)} ({keys}): {_summary(rows)}"
+        swept = mine.get(folder, [])
+        what = f"sweep of {len(swept)} ({','.join(record.keys)}): {_summary(swept)}"
+        if any(r.status.on_slurm for r in swept):
+            used, unknown = sweepfolder.total_cost(swept)
+            what += f"; cost {used.short()}" + (f" ({unknown} unknown)" if unknown else "")
         out.append(f"{record.sweep_id:<22} {record.name[:16]:<16} {what}")
-    return out
+    return out, rows, error
 
 
 def _summary(rows: list[PointStatus]) -> str:

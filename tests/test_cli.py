@@ -134,6 +134,7 @@ READ_ONLY = {
     "clusterfsdp.control.ckptfolder", "clusterfsdp.control.errors", "clusterfsdp.control.ownership",
     "clusterfsdp.control.fileio", "clusterfsdp.control.retrynotes", "clusterfsdp.control.slurmping",
     "clusterfsdp.control.value", "clusterfsdp.control.pending",  # a pending job's reason in words
+    "clusterfsdp.control.cost",  # what each run cost (sacct, and the figures a run folder keeps)
 }  # fmt: skip
 
 VALIDATE = {
@@ -180,7 +181,7 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     assert names == READ_ONLY - {"clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
                                  "clusterfsdp.control.slurmping", "clusterfsdp.control.retrynotes",
                                  "clusterfsdp.control.ckptfolder", "clusterfsdp.control.jsonltail",
-                                 "clusterfsdp.control.pending"}, names  # fmt: skip
+                                 "clusterfsdp.control.pending", "clusterfsdp.control.cost"}, names  # fmt: skip
     # validate: the spec, the source checks and the summary, not the run service (run, backends,
     # launch, lock, status) nor the run folder's records or Slurm's job table; synthetic tokens:
     # nothing of data/; no data file: xxhash and gzip are imported where a hash or a compressed

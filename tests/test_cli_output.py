@@ -23,7 +23,7 @@ BIN = str(Path(sys.executable).parent)  # the venv's `clusterfsdp` script, for c
 STATUS_KEYS = {
     "run_id", "name", "folder", "state", "live", "bad", "reason", "job_id", "executor", "step", "steps", "loss",
     "checkpoints", "attempts", "events", "notes", "trackers", "eval_step", "eval_loss", "eval_ppl",
-    "created", "epoch",
+    "created", "epoch", "cost", "cost_error",
 }  # fmt: skip
 
 
@@ -160,8 +160,10 @@ def test_runs_json_written_a_run_at_a_time_is_the_same_document(tmp_path):
     runs = [make_run(tmp_path, f"20260101-12000{i}-aaaa", checkpoints=(), ranks=1) for i in range(3)]
     rows, _ = status.statuses(runs)
     for chosen in (rows, []):
-        text = "".join(jsonout.listing(chosen, 'a "quoted" error'))
-        assert json.loads(text) == json.loads(jsonout.document({"runs": chosen, "slurm_error": 'a "quoted" error'}))
+        users = {"alice": {"gpu_hours": 1.5, "cpu_hours": 3.0, "runs": 2, "unknown": 0}}
+        text = "".join(jsonout.listing(chosen, 'a "quoted" error', users))
+        whole = {"runs": chosen, "slurm_error": 'a "quoted" error', "cost_by_user": users}
+        assert json.loads(text) == json.loads(jsonout.document(whole))
 
 
 # A window title, a clear screen and a clipboard write (OSC 52), as another user could plant them

@@ -124,6 +124,13 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
         gpus_alloc * int(seconds),
         cpus_alloc * int(seconds),
     )  # exactly sacct's GPU- and CPU-seconds
+    # `runs`: the same figure in the COST column (GPU-h, or CPU-h without GPUs), kept in the run folder
+    listed = cli("runs", "--run-root", str(tmp_path / "runs")).stdout
+    shown = f"{gpu_h:.2f} GPU-h" if version == 2 else f"{cpu_h:.2f} CPU-h"
+    assert f" {shown} slurm:{job_id} " in listed, listed
+    assert json.loads((run.path / cost.CACHE_FILE).read_text())["jobs"] == {
+        job_id: [[gpus_alloc * float(seconds), cpus_alloc * float(seconds)]]
+    }
 
 
 def batch_shell_pid(job_id: int) -> int:
@@ -713,7 +720,8 @@ def test_a_run_out_of_restarts_ends_failed_on_slurm(slurm_cluster, tiny_job, tmp
 
 def test_a_run_that_waits_says_why_and_when(slurm_cluster, tiny_job, tmp_path):
     """Issue 39 item 1: with both nodes held by another job, `submit --dry-run` says when the job
-    would start (sbatch --test-only), and a 2-node run's `status` says why it waits in words
+    would start (sbatch --test-only) and, with both nodes reserved from 6 min on, that a shorter
+    slurm.time starts it earlier (Slurm's own test), and a 2-node run's `status` says why it waits in words
     (Resources) and when the backfill scheduler expects it to start (squeue --start). Nothing
     trains: the run is cancelled while it waits."""
     blocker = slurm_cluster.sbatch(["--nodes=2", "--exclusive", "--time=3", "--wrap", "sleep 170", "-o", "/dev/null"])
@@ -722,7 +730,18 @@ def test_a_run_that_waits_says_why_and_when(slurm_cluster, tiny_job, tmp_path):
     r = cli("submit", str(tiny_job), *synthetic, "--dry-run")
     assert r.returncode == 0, r.stderr
     m = re.search(r"# would start at (\S+ \S+) on node\[1-2\] \(partition debug\)", r.stderr)
-    assert m, r.stderr
+    assert m and "# sooner" not in r.stderr, r.stderr  # (no shorter limit starts it before the blocker ends)
+    # both nodes reserved from 6 min on: a job of 10 min (tiny-cpu's slurm.time) finds no start in Slurm's test
+    # (it runs into the reservation), a shorter one starts when the blocker ends: the dry run says so
+    resv = ["ReservationName=cfsdp-sooner", "StartTime=now+6minutes", "Duration=10", "Nodes=node[1-2]", "Users=root"]
+    slurm_cluster.run(["scontrol", "create", "reservation", *resv])
+    try:
+        r = cli("submit", str(tiny_job), *synthetic, "--dry-run")
+    finally:
+        slurm_cluster.run(["scontrol", "delete", "ReservationName=cfsdp-sooner"], check=False)
+    tip = re.search(r"# sooner: --set slurm.time=(\d+) would start it at (\S+ \S+) \(sbatch --test-only; with its 10 "
+                    r"min Slurm finds no start: allocation failure", r.stderr)  # fmt: skip
+    assert r.returncode == 0 and tip and int(tip[1]) < 10 and tip[2] == m[1], r.stderr
     r = cli("submit", str(tiny_job), "--executor", "slurm", *synthetic)
     assert r.returncode == 0, r.stderr
     (run,) = [f for f in runfolder.list_runs(tmp_path / "runs") if f.record().attempts]

@@ -31,6 +31,15 @@ ZIP_LENGTHS = "error: zipped lists must have one length: train.lr has 2, train.w
 BAD_POINT = "error: point 1 (train.lr=0.001 train.micro_batch_size=0): train.micro_batch_size: must be >= 1, found 0"
 HUNDRED = ",".join(map(str, range(1, 101)))
 TOO_MANY = f"error: the sweep has 10000 points; at most {MAX_SWEEP_POINTS} (docs/sweeps.md): split it"
+GPUS = ["--set", "slurm.gpus_per_node=2", "--set", "slurm.time=60", "--set", "slurm.max_gpu_hours=5"]
+OVER_BUDGET = (  # issue 39: the points' plans together, not one attempt's, are held against the budget
+    "error: slurm.max_gpu_hours = 5 bounds the whole sweep: its 3 points may use 6.00 GPU-h (2.00 GPU-h each: "
+    "1 node(s) x 2 GPU(s) x 60 min); lower slurm.time or slurm.nodes, sweep fewer points, or raise slurm.max_gpu_hours"
+)
+BUDGET_VARIED = (
+    "error: --grid slurm.max_gpu_hours: a sweep cannot vary slurm.max_gpu_hours (it bounds the sweep as a whole: "
+    "its points share it)"
+)
 
 
 @pytest.mark.parametrize(
@@ -43,8 +52,20 @@ TOO_MANY = f"error: the sweep has 10000 points; at most {MAX_SWEEP_POINTS} (docs
         (["--zip", "train.lr=1e-3,3e-3", "--zip", "train.warmup=1,2,3"], ZIP_LENGTHS),
         (["--grid", "train.lr=1e-3", "--grid", "train.micro_batch_size=2,0"], BAD_POINT),
         (["--grid", f"train.steps=[{HUNDRED}]", "--grid", f"train.warmup=[{HUNDRED}]"], TOO_MANY),
+        (["--grid", "train.lr=1e-3,3e-3,1e-2", *GPUS], OVER_BUDGET),
+        (["--grid", "slurm.max_gpu_hours=5,10"], BUDGET_VARIED),
     ],
-    ids=["unknown-key", "wrong-type", "empty", "fixed-key", "zip-lengths", "bad-point", "10000-points"],
+    ids=[
+        "unknown-key",
+        "wrong-type",
+        "empty",
+        "fixed-key",
+        "zip-lengths",
+        "bad-point",
+        "10000-points",
+        "over-budget",
+        "budget-varied",
+    ],
 )
 def test_bad_sweeps_are_one_line_exit_2_and_leave_nothing(tiny_job, tmp_path, capsys, args, line):
     code, out, err = sweep_cli(capsys, str(tiny_job), "--executor", "local", *args)

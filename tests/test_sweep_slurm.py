@@ -53,7 +53,8 @@ def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_pa
         return all(status.run_status(f).state.final for f in folders)
 
     slurm_cluster.wait_for("every point to end", done, timeout=bounded(240), interval=1.0)
-    rows = slurm_cluster.run(["sacct", "-n", "-X", "-P", "-j", record.job_id, "-o", "JobID,State,Start,End"]).stdout
+    fields = "JobID,State,Start,End,AllocTRES,ElapsedRaw"
+    rows = slurm_cluster.run(["sacct", "-n", "-X", "-P", "-j", record.job_id, "-o", fields]).stdout
     tasks = sorted(line.split("|") for line in rows.splitlines() if line.strip())
     assert [(t[0], t[1]) for t in tasks] == [(f"{record.job_id}_{i}", "COMPLETED") for i in range(4)], tasks
     spans = sorted((datetime.fromisoformat(t[2]), datetime.fromisoformat(t[3])) for t in tasks)
@@ -66,6 +67,9 @@ def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_pa
     assert sorted(p["index"] for p in points) == [0, 1, 2, 3] and doc["job_id"] == record.job_id
     assert all(p["state"] == "COMPLETED" and p["step"] == 3 and p["loss"] > 0 for p in points)
     assert [p["loss"] for p in points] == sorted(p["loss"] for p in points)
+    cpu_s = [dict(kv.split("=") for kv in t[4].split(","))["cpu"] for t in tasks]  # what sacct charged each task
+    charged = sum(int(c) * int(t[5]) for c, t in zip(cpu_s, tasks, strict=True)) / 3600
+    assert doc["cost"] == {"gpu_hours": 0.0, "cpu_hours": round(charged, 6), "unknown_points": 0}, (doc["cost"], tasks)
     assert {(p["values"]["train.lr"], p["values"]["train.micro_batch_size"]) for p in points} == {
         (1e-3, 2), (1e-3, 4), (3e-3, 2), (3e-3, 4)}  # fmt: skip
     for p in points:  # each point trained with its own values, in its own folder
@@ -97,6 +101,7 @@ def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_pa
     stopped = [e for e in preempted.events() if e.event == "stopped"]
     assert stopped and stopped[-1].cause == "cancelled" and Path(stopped[-1].checkpoint).is_dir()  # saved first
     listing = cli("runs", "--run-root", str(root)).stdout.splitlines()
+    listing = [line for line in listing if not line.startswith("cost ")]  # (a line per user: what they cost)
     assert len(listing) == 2 and any(line.startswith(endless.id) and "2 CANCELLED" in line for line in listing)
 
     # resume: every unfinished point again, from its own save, as a single job of its run (no array)

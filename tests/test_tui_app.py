@@ -76,6 +76,40 @@ def test_queue_shows_runs_and_other_jobs_and_refreshes_on_r(root):
     run_app(app, scenario)
 
 
+def test_queue_shows_what_runs_cost_and_why_and_until_when_a_run_waits(root):
+    """Issue 39 in the Queue: a COST column (GPU-hours from Slurm's accounting, asked once for all
+    runs and not again once the figures settled: the run folder keeps them), and a waiting run's
+    reason in words with Slurm's start estimate in its detail lines."""
+    from clusterfsdp.control import cost
+
+    done = make_run(root, "20260101-110000-bbbb", executor="slurm", job_id="300")
+    waiting = make_run(root, "20260101-120000-aaaa", executor="slurm", job_id="301", end=None)
+    waiting.events_file.write_text("")  # queued, never started
+    used = {"300": cost.Accounted((cost.Usage(2 * 1800.0, 4 * 1800.0),), "COMPLETED")}
+    slurm = FakeSlurm(jobs={"301": job("301", "PENDING", "tiny-cpu", "Resources")}, used=used,
+                      starts={"301": "2026-11-28 01:00:00"})  # fmt: skip
+    app = ClusterApp(root, slurm=slurm, refresh_s=3600)
+
+    async def scenario(pilot):
+        await until(pilot, lambda: app.refreshed == 1, "first refresh")
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        header = [str(c.label) for c in table.columns.values()]
+        costs = [str(table.get_row_at(i)[header.index("COST")]) for i in range(2)]
+        assert costs == ["0", "1.00 GPU-h"], costs
+        detail = rendered(app.screen.query_one("#queue-detail"))  # the waiting run is selected first
+        said = "expected to start 2026-11-28 01:00:00 (Slurm's estimate) · Resources: the nodes it needs are busy"
+        assert said in detail, detail
+        table.move_cursor(row=1)
+        await pilot.pause()
+        assert "cost 1.00 GPU-h, 2.00 CPU-h" in rendered(app.screen.query_one("#queue-detail"))
+        await pilot.press("r")
+        await until(pilot, lambda: app.refreshed == 2, "refresh on r")
+        assert slurm.calls["sacct-usage"] == 1 and (done.path / cost.CACHE_FILE).is_file()
+
+    run_app(app, scenario)
+
+
 def test_refreshes_never_overlap(root):
     make_run(root)
     slurm = FakeSlurm(delay=0.3)

@@ -429,7 +429,8 @@ def test_collect_makes_one_squeue_and_one_sinfo_call_and_asks_sacct_only_for_job
     )
     refresh = collect(root, slurm)
     rows = refresh.rows
-    assert refresh.error == "" and slurm.calls == {"squeue": 1, "sinfo": 1, "sacct": 1} and slurm.sacct_ids == [["99"]]
+    assert refresh.error == "" and slurm.sacct_ids == [["99"]]
+    assert slurm.calls == {"squeue": 1, "sinfo": 1, "sacct": 1, "sacct-usage": 1}  # (one more: what runs cost)
     assert [(r.label, r.state) for r in rows] == [
         ("20260101-120000-aaaa", "RUNNING"),
         ("20260101-110000-bbbb", "TIMEOUT"),

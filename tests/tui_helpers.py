@@ -18,7 +18,7 @@ from pathlib import Path
 
 from textual.pilot import Pilot
 
-from clusterfsdp.control import partitions, runfolder, slurmcli
+from clusterfsdp.control import cost, partitions, runfolder, slurmcli
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Attempt, Event, EventKind, Executor, RunRecord
 from clusterfsdp.tui.app import ClusterApp
@@ -40,7 +40,8 @@ T0 = 1_767_268_800.0  # 2026-01-01 12:00:00 UTC: fixed times make snapshots repr
 
 
 class FakeSlurm(Slurm):
-    """A cluster in memory: `jobs` is what squeue shows, `finished` what sacct knows."""
+    """A cluster in memory: `jobs` is what squeue shows, `finished` what sacct knows, `used` what
+    sacct accounts (each incarnation's GPU- and CPU-seconds) and `starts` squeue --start's estimates."""
 
     def __init__(
         self,
@@ -51,8 +52,11 @@ class FakeSlurm(Slurm):
         delay: float = 0.0,
         sinfo: str = "",
         sinfo_error: str = "",
+        used: dict[str, cost.Accounted] | None = None,
+        starts: dict[str, str] | None = None,
     ):
         self.jobs, self.finished = dict(jobs or {}), dict(finished or {})
+        self.used, self.starts = dict(used or {}), dict(starts or {})
         self.error, self._available, self.delay = error, available, delay
         self.sinfo, self.sinfo_error = sinfo, sinfo_error
         self.calls: Counter[str] = Counter()
@@ -86,6 +90,14 @@ class FakeSlurm(Slurm):
         self.calls["sacct"] += 1
         self.sacct_ids.append(list(job_ids))
         return {j: self.finished[j] for j in job_ids if j in self.finished}
+
+    def usage(self, job_ids) -> dict[str, cost.Accounted]:
+        self.calls["sacct-usage"] += 1
+        return {j: self.used[j] for j in job_ids if j in self.used}
+
+    def expected_starts(self, job_ids: list[str]) -> dict[str, str]:
+        self.calls["squeue-start"] += 1
+        return {j: self.starts[j] for j in job_ids if j in self.starts}
 
     def partitions(self) -> list[partitions.Partition]:
         self.calls["sinfo"] += 1

@@ -4,19 +4,23 @@ One refresh is one `squeue -u $USER` (all of the user's jobs, so jobs submitted 
 show too), one `sinfo` for the partitions' free nodes and GPUs (the Cluster screen), plus, only
 for runs whose job has left the queue, one `sacct`. Each run's state is then
 `status.run_status` with that pre-fetched table, so it is the same state `clusterfsdp status`
-prints, and a finished run still appears (from its run folder, and sacct if enabled).
+prints, and a finished run still appears (from its run folder, and sacct if enabled). What each
+run cost is one more `sacct` for all of them (`status.with_costs`: none for the attempts whose
+figures their run folders keep), and the start estimate of the runs that wait one
+`squeue --start` for all of them (`pending.expected_starts`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterfsdp.control import runfolder, slurmcli, status
+from clusterfsdp.control import cost, pending, runfolder, slurmcli, status
 from clusterfsdp.control.partitions import Partition, query_partitions
-from clusterfsdp.control.records import Executor
+from clusterfsdp.control.records import Executor, RunState
 from clusterfsdp.term import printable
 
 # squeue's own fields plus name and partition, which slurmcli.squeue does not ask for.
@@ -49,6 +53,14 @@ class Slurm:
     def accounting(self, job_ids: list[str]) -> dict[str, slurmcli.JobRow]:
         return slurmcli.sacct(job_ids)
 
+    def usage(self, job_ids: Iterable[str]) -> dict[str, cost.Accounted]:
+        """What the jobs used, incarnation by incarnation (one sacct call)."""
+        return cost.accounting(job_ids)
+
+    def expected_starts(self, job_ids: list[str]) -> dict[str, str]:
+        """The backfill scheduler's start estimates of pending jobs (one squeue --start call)."""
+        return pending.expected_starts(job_ids)
+
     def partitions(self) -> list[Partition]:
         """Every partition's nodes, GPUs and CPUs by state, with one sinfo call."""
         return query_partitions()
@@ -71,6 +83,9 @@ class QueueRow:
     step: str = ""
     loss: str = ""
     attempts: int = 0
+    cost: str = ""  # '1.25 GPU-h', '-' (no Slurm attempt), '?' (sacct could not tell)
+    spent: str = ""  # the cost in full: per kind, and what restarts redid (`RunCost.line`), or why unknown
+    expected: str = ""  # a pending run: when Slurm's backfill scheduler expects it to start
 
     @property
     def job(self) -> str:
@@ -82,15 +97,19 @@ class QueueRow:
         return printable(self.run.id if self.run else f"job {self.job_id}", lines=False)
 
 
-def _run_row(run: runfolder.RunFolder, table: dict[str, slurmcli.JobRow]) -> QueueRow:
+def _run_status(run: runfolder.RunFolder, table: dict[str, slurmcli.JobRow]) -> status.RunStatus | QueueRow:
     try:
-        st = status.run_status(run, table)
+        return status.run_status(run, table)
     except (OSError, KeyError, ValueError) as e:  # a hand-edited or half-copied run folder
         return QueueRow(str(run.path), run, run.name, "UNREADABLE", f"{type(e).__name__}: {e}")
+
+
+def _run_row(st: status.RunStatus, starts: dict[str, str]) -> QueueRow:
+    spent = st.cost.line() if st.cost is not None else f"unknown: {st.cost_error}" if st.cost_error else ""
     return QueueRow(
-        str(run.path),
-        run,
-        run.name,
+        str(st.run.path),
+        st.run,
+        st.run.name,
         st.state,
         st.reason,
         st.job_id,
@@ -98,7 +117,20 @@ def _run_row(run: runfolder.RunFolder, table: dict[str, slurmcli.JobRow]) -> Que
         f"{st.step or 0}/{st.steps or '?'}",
         f"{st.loss:.4f}" if st.loss is not None else "-",
         len(st.attempts),
+        cost.cell(st.cost, st.on_slurm),
+        spent,
+        starts.get(st.job_id, "") if st.state is RunState.PENDING else "",
     )
+
+
+def _unasked(error: str) -> cost.Ask:
+    """While squeue fails, sacct is not asked (it would only wait out the same outage): costs
+    not kept in the run folders are unknown."""
+
+    def ask(job_ids: Iterable[str]) -> dict[str, cost.Accounted]:
+        raise slurmcli.SlurmError(f"not asked while Slurm does not answer ({error})")
+
+    return ask
 
 
 def _numeric(job_id: str) -> list[int]:
@@ -142,12 +174,17 @@ def collect(run_root: Path, slurm: Slurm, limit: int = 200) -> Refresh:
             table.update(slurm.accounting(finished))
         except slurmcli.SlurmError:
             pass  # accounting disabled: those runs are judged from their folders
-    rows = [_run_row(run, table) for run in found]
+    read = [_run_status(run, table) for run in found]
+    runs = [st for st in read if isinstance(st, status.RunStatus)]
+    status.with_costs(runs, slurm.usage if not error else _unasked(error))
+    waiting = [st.job_id for st in runs if st.state is RunState.PENDING and st.executor == Executor.SLURM and st.job_id]
+    starts = slurm.expected_starts(waiting) if waiting and not error else {}
+    rows = [_run_row(st, starts) if isinstance(st, status.RunStatus) else st for st in read]
     owned = {a.job_id for tries in attempts.values() for a in tries}
     for job_id in sorted(set(queue) - owned, key=_numeric, reverse=True):
         job = queue[job_id]
         facts = [
-            job.row.reason if job.row.reason not in ("None", "") else "",
+            pending.words(job.row.reason) if job.row.reason not in ("None", "") else "",
             f"partition {job.partition}" if job.partition else "",
             f"{job.row.elapsed} elapsed" if job.row.elapsed else "",
         ]

@@ -36,6 +36,7 @@ COLUMNS = (
     ("state", "STATE"),
     ("step", "STEP"),
     ("loss", "LOSS"),
+    ("cost", "COST"),
     ("job", "JOB"),
     ("tries", "TRIES"),
     ("reason", "REASON"),
@@ -69,6 +70,7 @@ def cells(row: QueueRow) -> dict[str, str | Text]:
         "state": Text(printable(row.state, lines=False), style=STATE_STYLE.get(row.state, "")),
         "step": printable(row.step, lines=False) or "-",
         "loss": row.loss or "-",
+        "cost": row.cost or "-",
         "job": printable(row.job, lines=False),
         "tries": str(row.attempts),
         "reason": printable(row.reason, lines=False),
@@ -96,9 +98,11 @@ class QueueScreen(Screen):
 
     HELP = (
         "Runs under the run root (newest first) and your other Slurm jobs. The list refreshes in the "
-        "background with one squeue call (plus sacct for runs that left the queue, and sinfo for "
-        "the Cluster screen); finished runs "
-        "stay, read from their folders. Select a row to make it the run that Logs and Run show."
+        "background with one squeue call (plus sacct for runs that left the queue and for what runs "
+        "cost, squeue --start for when waiting runs start, and sinfo for the Cluster screen); finished runs "
+        "stay, read from their folders. COST: GPU-hours (CPU-hours without GPUs) from Slurm's accounting, "
+        "? when sacct cannot tell. A waiting run's detail says why it waits and when Slurm expects it "
+        "to start. Select a row to make it the run that Logs and Run show."
     )
     BINDINGS = [
         Binding("r", "app.refresh_queue", "Refresh"),
@@ -180,15 +184,19 @@ class QueueScreen(Screen):
             return
         where = shown(row.run.path) if row.run else "no run folder (not submitted by clusterfsdp)"
         tries = f"{row.attempts} attempt{'s' if row.attempts != 1 else ''}"
+        spent = f" · cost {row.spent}" if row.spent else ""  # (the detail is 3 lines: facts join theirs)
+        expected = f"expected to start {row.expected} (Slurm's estimate) · " if row.expected else ""
         detail.update(
             Content.from_markup(
-                "[b]$label[/]  $state  $job · $tries\n$where\n$reason",
+                "[b]$label[/]  $state  $job · $tries$spent\n$where\n$expected$reason",
                 label=row.label,
                 state=printable(row.state, lines=False),
                 job=printable(row.job, lines=False),
                 tries=tries,
+                spent=printable(spent, lines=False),
                 where=printable(where, lines=False),
                 reason=printable(row.reason or ""),
+                expected=printable(expected, lines=False),
             )
         )
 

@@ -86,7 +86,10 @@ def before(run: runfolder.RunFolder, job: SlurmJob) -> int:
         return 1
     if spec.slurm.max_gpu_hours > 0:  # the workers' budget clock (cost.Budget)
         try:
-            budget = cost.write_budget(run, job.job_id, spec.slurm.max_gpu_hours, time.time())
+            plan_s = (
+                spec.node_range.high * spec.slurm.gpus_per_node * spec.time_minutes * 60.0
+            )  # (a range: its largest)
+            budget = cost.write_budget(run, job.job_id, spec.slurm.max_gpu_hours, time.time(), plan_s)
         except (OSError, slurmcli.SlurmError) as e:
             print(f"clusterfsdp jobstep: slurm.max_gpu_hours not enforced in this attempt: {e}", file=sys.stderr)
         else:

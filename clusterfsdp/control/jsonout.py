@@ -20,7 +20,7 @@ from .records import Attempt, Event, TrackerIds
 from .run import Run, Submission
 from .runfolder import RunFolder
 from .status import RunStatus
-from .strictjson import dumps
+from .strictjson import dumps, finite
 
 SCHEMA = 1
 
@@ -71,6 +71,8 @@ def _status(st: RunStatus) -> dict[str, Any]:
         "events": to_json(st.events),
         "notes": st.notes,
         "trackers": to_json(st.trackers),
+        "cost": st.cost.to_json() if st.cost is not None else None,
+        "cost_error": st.cost_error,
     }
 
 
@@ -79,10 +81,11 @@ def document(value: RunStatus | Submission | dict[str, Any]) -> str:
     return dumps({"schema": SCHEMA, **to_json(value)})
 
 
-def listing(rows: Iterable[RunStatus], slurm_error: str) -> Iterator[str]:
-    """`runs --json`, the same document as `document({"runs": rows, "slurm_error": ...})`, in
-    pieces of one run each: 10,000 runs are never one structure in memory."""
+def listing(rows: Iterable[RunStatus], slurm_error: str, by_user: dict[str, Any] | None = None) -> Iterator[str]:
+    """`runs --json`, the same document as `document({"runs": rows, "slurm_error": ...,
+    "cost_by_user": ...})`, in pieces of one run each: 10,000 runs are never one structure in memory."""
     yield f'{{\n  "schema": {SCHEMA},\n  "runs": ['
     for i, row in enumerate(rows):
         yield ("," if i else "") + "\n" + textwrap.indent(dumps(to_json(row)), "    ")
-    yield f'\n  ],\n  "slurm_error": {json.dumps(slurm_error)}\n}}\n'
+    users = textwrap.indent(json.dumps(finite(by_user or {}), indent=2, sort_keys=True, allow_nan=False), "  ").lstrip()
+    yield f'\n  ],\n  "slurm_error": {json.dumps(slurm_error)},\n  "cost_by_user": {users}\n}}\n'

@@ -50,12 +50,22 @@ def words(reason: str) -> str:
 def expected_start(job_id: str) -> str:
     """The backfill scheduler's start estimate of a pending job ('' when it has none yet: it makes
     one every backfill cycle)."""
+    return expected_starts([job_id]).get(job_id, "")
+
+
+def expected_starts(job_ids: list[str]) -> dict[str, str]:
+    """{job id: its start estimate} of pending jobs, from ONE `squeue --start` call (the TUI's
+    queue asks for all its pending runs at once); a job without an estimate yet is left out."""
     try:
-        out = slurmcli.run(["squeue", "--start", "-h", "-j", job_id, "-o", "%S"], retry_s=0)
+        out = slurmcli.run(["squeue", "--start", "-h", "-j", ",".join(job_ids), "-o", "%i|%S"], retry_s=0)
     except slurmcli.SlurmError:
-        return ""
-    when = out.strip().splitlines()[0] if out.strip() else ""
-    return "" if when in ("", "N/A", "Unknown") else when.replace("T", " ")
+        return {}
+    found = {}
+    for line in out.splitlines():
+        job_id, _, when = line.strip().partition("|")
+        if when not in ("", "N/A", "Unknown"):
+            found[job_id] = when.replace("T", " ")
+    return found
 
 
 _TEST_ONLY = r"to start at (\S+) using (\d+) processors on nodes (\S+) in partition (\S+)"
@@ -64,16 +74,58 @@ _TEST_ONLY = r"to start at (\S+) using (\d+) processors on nodes (\S+) in partit
 def would_start(script: Path) -> str:
     """`sbatch --test-only` of a batch script: 'at 2026-11-27 22:05:36 on node[1-2] (partition
     debug)', or why Slurm says it cannot."""
+    found, said = _test_only(script)
+    if found is None:
+        return said
+    when, nodes, partition = found
+    return f"at {when} on {nodes} (partition {partition})"
+
+
+def _test_only(script: Path, *options: str) -> tuple[tuple[str, str, str] | None, str]:
+    """((start, nodes, partition), '') of `sbatch --test-only [options] script` (options on the
+    command line override the script's #SBATCH lines), or (None, what Slurm said instead)."""
     try:  # (it answers on stderr, whatever the outcome: not slurmcli.run's stdout)
-        done = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=30)
+        done = subprocess.run(["sbatch", "--test-only", *options, str(script)], capture_output=True, text=True,
+                              timeout=30)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as e:
-        return f"unknown: sbatch --test-only: {e}"
+        return None, f"unknown: sbatch --test-only: {e}"
     out = done.stderr + done.stdout
     m = re.search(_TEST_ONLY, out)
     if not m:
-        return " ".join(out.split())[:200]
+        return None, " ".join(out.split())[:200]
     when, _, nodes, partition = m.groups()
-    return f"at {when.replace('T', ' ')} on {nodes} (partition {partition})"
+    return (when.replace("T", " "), nodes, partition), ""
+
+
+SHORTER = (2, 4, 8)  # the time limits tried: the job's own divided by these, the longest that helps said
+
+
+def shorter_time(script: Path, minutes: int, start: str | None = None) -> str:
+    """What a shorter `slurm.time` would do, as Slurm itself answers (`sbatch --test-only --time`
+    of the job's batch script: the backfill scheduler starts a job early only when it ends before
+    the resources are promised to another): '--set slurm.time=30 would start it at ... (Slurm's
+    test: backfill), not ...'; '' when no shorter limit tried starts it earlier than `start`
+    (Slurm's estimate for the job as it is: squeue --start; None: its own --test-only, where a
+    job whose limit runs into a reservation finds no start at all: measured on Slurm 22.05,
+    "allocation failure: Requested node configuration is not available") or Slurm could not tell."""
+    refused = ""
+    if start is None:
+        found, refused = _test_only(script)
+        start = found[0] if found else ""
+    if not start and not refused:
+        return ""
+    for divisor in SHORTER:
+        limit = minutes // divisor
+        if limit < 1:
+            break
+        found, _ = _test_only(script, f"--time={limit}")
+        if found is not None and not start:
+            return (f"--set slurm.time={limit} would start it at {found[0]} (sbatch --test-only; with its "
+                    f"{minutes} min Slurm finds no start: {refused})")  # fmt: skip
+        if found is not None and found[0] < start:
+            return (f"--set slurm.time={limit} would start it at {found[0]}, not {start} (sbatch --test-only: "
+                    "backfill fits a job that ends sooner)")  # fmt: skip
+    return ""
 
 
 def sooner(spec: specmod.JobSpec) -> list[str]:

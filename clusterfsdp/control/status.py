@@ -9,7 +9,8 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 
-from . import ckptfolder, fileio, jsonltail, pending, procs, records, slurmcli
+from . import ckptfolder, cost, fileio, jsonltail, pending, procs, records, slurmcli
+from .cost import RunCost
 from .records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from .runfolder import RunFolder
 from .value import FrozenValue, Value
@@ -145,6 +146,13 @@ class RunStatus(Value):
     eval_step: int | None = None
     eval_ppl: float | None = None
     epoch: float | None = None  # samples consumed / training samples, at the newest metrics row
+    cost: RunCost | None = None  # Slurm's accounting (`with_costs`); None: no Slurm attempt, or unknown
+    cost_error: str = ""  # why the cost of a run with a Slurm attempt is unknown (sacct missing or failing)
+
+    @property
+    def on_slurm(self) -> bool:
+        """It has a Slurm attempt, so a cost (GPU- and CPU-hours) from Slurm's accounting."""
+        return any(a.executor is Executor.SLURM for a in self.attempts)
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -431,8 +439,69 @@ def _reason(end: AttemptEnd | None, row: slurmcli.JobRow, state: RunState, silen
     return "; ".join(parts)
 
 
-def statuses(run_list: list[RunFolder]) -> tuple[list[RunStatus], str]:
-    """Status of many runs with one squeue (+ one sacct) call; returns (rows, Slurm error or '')."""
+def with_costs(rows: list[RunStatus], ask: cost.Ask | None = None) -> str:
+    """Each row's cost, from ONE sacct call for all rows (`cost.costs`: none for attempts whose
+    figures the run folder keeps, nor for a job that waits and never ran); sacct's error or ''."""
+    items = []
+    for st in rows:
+        slurm = st.executor == Executor.SLURM and st.job_id
+        ran = any(e.job_id == st.job_id for e in st.events)
+        items.append(cost.Listed(
+            st.run, tuple(a.job_id for a in st.attempts if a.executor is Executor.SLURM), st.events,
+            live=st.job_id if slurm and st.state.live else "",
+            waiting=st.job_id if slurm and st.state is RunState.PENDING and not ran else "",
+        ))  # fmt: skip
+    found, error = cost.costs(items, ask)
+    for st in rows:
+        st.cost = found.get(st.run.path)
+        st.cost_error = error if st.cost is None and st.on_slurm else ""
+    return error
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class UserCost(FrozenValue):
+    """What one user's runs (the run folders they own) cost, of those listed."""
+
+    used: cost.Usage
+    runs: int  # runs with a Slurm attempt
+    unknown: int  # of those, runs whose cost sacct could not tell
+
+    def line(self) -> str:
+        said = f"{self.used.gpu_hours:.2f} GPU-h, {self.used.cpu_hours:.2f} CPU-h ({self.runs} run(s)"
+        return said + (f", {self.unknown} unknown)" if self.unknown else ")")
+
+    def to_json(self) -> dict:
+        return {"gpu_hours": round(self.used.gpu_hours, 6), "cpu_hours": round(self.used.cpu_hours, 6),
+                "runs": self.runs, "unknown": self.unknown}  # fmt: skip
+
+
+def cost_by_user(rows: list[RunStatus]) -> dict[str, UserCost]:
+    """The rows' cost summed per user, the owner of each run folder (a shared run root holds
+    several users' runs), for the rows that ran on Slurm; the users in name order."""
+    out: dict[str, UserCost] = {}
+    for st in rows:
+        if not st.on_slurm:
+            continue
+        user = owner(st.run)
+        was = out.get(user, UserCost(cost.Usage(), 0, 0))
+        used = was.used + st.cost.total if st.cost is not None else was.used
+        out[user] = UserCost(used, was.runs + 1, was.unknown + (st.cost is None))
+    return dict(sorted(out.items()))
+
+
+def owner(run: RunFolder) -> str:
+    """The name of the user who owns the run folder ('?' when it cannot be read)."""
+    from . import ownership
+
+    try:
+        return ownership.user_name(run.path.stat().st_uid)
+    except OSError:
+        return "?"
+
+
+def statuses(run_list: list[RunFolder], costs: bool = False) -> tuple[list[RunStatus], str]:
+    """Status of many runs with one squeue (+ one sacct) call, and with `costs` their cost (one
+    sacct more, at most: `with_costs`); returns (rows, Slurm error or '')."""
     records = [_read_record(r) for r in run_list]
     lasts = [r.last for r in records if isinstance(r, RunRecord)]
     ids = [a.job_id for a in lasts if a is not None and a.executor is Executor.SLURM]
@@ -443,4 +512,7 @@ def statuses(run_list: list[RunFolder]) -> tuple[list[RunStatus], str]:
             queue = slurmcli.job_states(ids)
         except slurmcli.SlurmError as e:
             error = str(e)
-    return [run_status(r, queue, record) for r, record in zip(run_list, records, strict=True)], error
+    rows = [run_status(r, queue, record) for r, record in zip(run_list, records, strict=True)]
+    if costs:
+        with_costs(rows)  # (its error is each row's cost_error: the states are known)
+    return rows, error

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import fileio, runfolder, status
+from .cost import Usage
 from .errors import UserError
 from .procs import ProcessId
 from .records import SweepPoint, SweepRecord
@@ -80,10 +81,11 @@ class SweepFolder:
     def write_driver(self, me: ProcessId) -> None:
         fileio.atomic_write(self.driver_file, json.dumps(me.record(), sort_keys=True) + "\n")
 
-    def statuses(self) -> tuple[list[PointStatus], str]:
-        """Every point's run status (one squeue + sacct for all) and Slurm's error, if any."""
+    def statuses(self, costs: bool = False) -> tuple[list[PointStatus], str]:
+        """Every point's run status (one squeue + sacct for all; with `costs` each point's cost,
+        one sacct more at most) and Slurm's error, if any."""
         record = self.record()
-        rows, error = status.statuses([self.run_folder(p) for p in record.points])
+        rows, error = status.statuses([self.run_folder(p) for p in record.points], costs)
         return [PointStatus(p, st) for p, st in zip(record.points, rows, strict=True)], error
 
 
@@ -125,6 +127,12 @@ def _score(row: PointStatus) -> tuple[float, str] | None:
     if row.status.eval_loss is not None:
         return row.status.eval_loss, "eval_loss"
     return (row.status.loss, "loss") if row.status.loss is not None else None
+
+
+def total_cost(rows: list[PointStatus]) -> tuple[Usage, int]:
+    """The points' cost together, and how many points that ran on Slurm sacct could not tell."""
+    used = sum((r.status.cost.total for r in rows if r.status.cost is not None), Usage())
+    return used, sum(r.status.cost is None and r.status.on_slurm for r in rows)
 
 
 def is_sweep_ref(ref: str) -> bool:

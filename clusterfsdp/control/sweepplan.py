@@ -90,6 +90,8 @@ def fixed_reason(key: str) -> str | None:
     """Why a sweep cannot vary `key` (every point shares it), or None when it can."""
     if key in FIXED_KEYS or key == "env" or key.startswith("env."):
         return f"a sweep cannot vary {key} (its points share it)"
+    if key == "slurm.max_gpu_hours":
+        return f"a sweep cannot vary {key} (it bounds the sweep as a whole: its points share it)"
     return None
 
 
@@ -236,6 +238,8 @@ def vary(
     for p in pts:
         with at_point(p, shared):
             specs.append(job.load([*overrides, *shared, *p.overrides()]))
+    if over := specmod.sweep_budget_refusal(specs):
+        raise SweepError([over])
     return Varied(job, base.job.name, varied, pts, specs, shared, parallel)
 
 

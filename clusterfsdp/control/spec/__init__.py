@@ -14,7 +14,7 @@ Import the names from here (`from clusterfsdp.control.spec import JobSpec`).
 """
 
 from .allowlists import MOUNT_PATH
-from .checks import budget_refusal, check
+from .checks import budget_refusal, check, sweep_budget_refusal
 from .codec import (
     apply_overrides,
     coerce,
@@ -104,6 +104,7 @@ __all__ = [
     "section_class",
     "section_fields",
     "starter_toml",
+    "sweep_budget_refusal",
     "to_dict",
     "toml_key",
     "type_name",

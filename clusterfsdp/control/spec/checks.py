@@ -190,6 +190,27 @@ def _time_min_errors(s: SlurmSection, minutes: int) -> list[str]:
     return []
 
 
+def sweep_budget_refusal(specs: list[JobSpec]) -> str | None:
+    """Why a sweep of these points may not be queued under slurm.max_gpu_hours, which bounds the
+    sweep as a whole (None: it may): every point's plan (nodes x GPUs x time limit, as
+    `budget_refusal` counts one attempt) together must fit it. Its points share the key (a
+    sweep cannot vary it: `sweepplan.fixed_reason`)."""
+    budget = specs[0].slurm.max_gpu_hours if specs else 0.0
+    if budget <= 0:
+        return None
+    plans = [s.node_range.high * s.slurm.gpus_per_node * s.time_minutes / 60.0 for s in specs]  # (a range: its largest)
+    if sum(plans) <= budget:
+        return None
+    s, nodes, minutes = specs[0].slurm, specs[0].node_range.high, specs[0].time_minutes
+    each = (f"{plans[0]:.2f} GPU-h each: {nodes} node(s) x {s.gpus_per_node} GPU(s) x {minutes} min"
+            if len(set(plans)) == 1 else f"{min(plans):.2f} to {max(plans):.2f} GPU-h each")  # fmt: skip
+    return (
+        f"slurm.max_gpu_hours = {budget:g} bounds the whole sweep: its {len(specs)} points may use "
+        f"{sum(plans):.2f} GPU-h ({each}); lower slurm.time or slurm.nodes, sweep fewer points, or raise "
+        "slurm.max_gpu_hours"
+    )
+
+
 def _check_eval(spec: JobSpec, errors: list[str]) -> None:
     e = spec.eval
     if not 0 <= e.fraction < 1:
