@@ -18,22 +18,24 @@ reference), a resume bitwise on the same world size and exact on another, LoRA o
 
 from __future__ import annotations
 
-import json
 import math
 import os
+import random
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from data_helpers import make_tokenizer, write_jsonl
+from data_helpers import WORDS, make_tokenizer, write_jsonl
+from procs import make_run, run_workers, tiny_job_toml
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl.experimental.cpo.cpo_trainer import CPOTrainer
 from trl.experimental.orpo.orpo_trainer import ORPOTrainer
 
 from clusterfsdp import cli
+from clusterfsdp.control import ckptfolder
 from clusterfsdp.control import spec as S
 from clusterfsdp.data import prepare
 from clusterfsdp.data.samples import PreparedSamples, Sample, stack
@@ -232,3 +234,104 @@ def test_validate_names_a_records_missing_key_and_refuses_unfinished_objectives(
         args = [a for kv in sets.split() for a in ("--set", kv)]
         assert cli.main(["validate", str(job), *args]) == 2
         assert line in capsys.readouterr().err, sets
+
+
+# ---------------------------------------------------------------- training runs (2 gloo ranks)
+def _word_pairs(n: int, seed: int) -> list[dict]:
+    """Pairs whose preference holds for every prompt (held-out reward accuracy can rise)."""
+    rng = random.Random(seed)
+    return [{"prompt": " ".join(rng.choices(WORDS, k=3)) + "?", "chosen": " yes", "rejected": " no"} for _ in range(n)]
+
+
+def _pair_run(tmp: Path, objective: str, fsdp: str, tail: str, *overrides: str):
+    write_jsonl(tmp / "pairs.jsonl", _word_pairs(96, seed=3))
+    job = tiny_job_toml("pref", seed=2, steps=4, fsdp=fsdp, tail=tail)
+    data = (
+        f'source = "files"\npaths = ["{tmp / "pairs.jsonl"}"]\nformat = "preference"\ntokenizer = "bytes"\n'
+        f'seq_len = 32\ncache_dir = "{tmp / "cache"}"\n'
+    )
+    job = job.replace(job[job.index("[data]") : job.index("[train]")], f"[data]\n{data}")
+    job = job.replace("[train]\n", f'[train]\nobjective = "{objective}"\nwarmup = 0\n').replace("warmup = 2\n", "")
+    return make_run(job, tmp / "runs", ["train.lr=1e-2", *overrides])
+
+
+def test_dpo_starts_at_log_2_evaluates_held_out_pairs_resumes_exactly_and_exports(tmp_path):
+    """A full fine-tune (FSDP2, 2 ranks): the reference log-probs are computed once before the
+    first step (so its loss is log 2) and read by every resume; the held-out reward accuracy
+    rises above the reference's (0: equal rewards); a resume from step 2 on 2 ranks is bitwise,
+    on 1 rank exact to float rounding; the export loads in transformers."""
+    run = _pair_run(
+        tmp_path, "dpo", "", "[slurm]\ntasks_per_node = 2\n[checkpoint]\nevery_steps = 2\nkeep_last = 5\n"
+        "[eval]\nfraction = 0.2\nevery_steps = 2\nbatches = 2\n",
+    )  # fmt: skip
+    first = run_workers(run, 2, job_id="d1")
+    assert "reference log-probs of the train pairs: " in first[0][1] and " computed by the starting model" in first[0][1]
+    rows = {r["step"]: r for r in run.metrics()}
+    assert rows[1]["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert rows[1]["reward_chosen"] == pytest.approx(0, abs=1e-5) and rows[1]["reward_accuracy"] == 0
+    assert rows[4]["eval_reward_accuracy"] > 0.9 and rows[4]["eval_reward_margin"] > 0, rows[4]
+    assert rows[4]["reward_chosen"] > 0 > rows[4]["reward_rejected"] and rows[4]["loss"] < math.log(2)
+    root = run.checkpoints_dir()
+    assert ckptfolder.reference_file(root, "train").is_file() and ckptfolder.reference_file(root, "eval").is_file()
+
+    ckptfolder.keep_only_up_to(root, 2)
+    again = run_workers(run, 2, job_id="d2")  # the same world size: bitwise
+    assert "reference log-probs of the train pairs: read 7" in again[0][1]
+    ckptfolder.keep_only_up_to(root, 2)
+    spec = S.load(run.job_toml, ["slurm.tasks_per_node=1", "train.micro_batch_size=4"])  # same global batch
+    run.job_toml.write_text(S.dumps(spec))
+    run_workers(run, 1, job_id="d3")
+    original, same, other = _rows_by_attempt(run)
+    keys = ("loss", "reward_margin", "eval_loss", "eval_reward_margin")
+    assert sorted(same) == sorted(other) == [3, 4]
+    assert all(same[s].get(k) == original[s].get(k) for s in same for k in keys), (same, original)  # bitwise
+    assert all(other[s][k] == pytest.approx(original[s][k], rel=1e-4, abs=1e-5) for s in other for k in keys if k in other[s])
+
+    assert cli.main(["export", str(run.path), "--to", str(tmp_path / "out")]) == 0
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert torch.isfinite(model(torch.tensor([[72, 105]])).logits).all()
+
+
+def _rows_by_attempt(run) -> list[dict[int, dict]]:
+    """The metrics rows of each attempt, step -> row (a new attempt starts where a step repeats)."""
+    attempts: list[dict[int, dict]] = [{}]
+    for row in run.metrics():
+        if "step" not in row:
+            continue
+        if attempts[-1] and row["step"] <= max(attempts[-1]):
+            attempts.append({})
+        attempts[-1].setdefault(row["step"], {}).update(row)
+    return attempts
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A tiny Llama for the byte tokenizer, written by save_pretrained (LoRA needs a pretrained base)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from clusterfsdp.control.presets import PRESETS
+
+    folder = tmp_path_factory.mktemp("base") / "llama"
+    torch.manual_seed(1)
+    keys = {k: v for k, v in PRESETS["llama-tiny"].items() if k != "model_type"}
+    AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **keys)).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("objective", ["dpo", "simpo"])
+def test_lora_preference_on_fsdp1_uses_the_base_as_reference(tmp_path, base, objective):
+    """LoRA on FSDP1: dpo's reference is the base with the adapters disabled (no table, no second
+    model; the adapters start at zero, so the first loss is log 2); simpo needs no reference.
+    Both raise the reward margin."""
+    lora = '[peft]\nmethod = "lora"\nr = 4\nalpha = 8\n[slurm]\ntasks_per_node = 2\n'
+    run = _pair_run(tmp_path, objective, 'version = 1\nsharding = "full"', lora, f"model.name_or_path={str(base)!r}",
+                    "model.preset=''")  # fmt: skip
+    out = run_workers(run, 2, job_id="l1")
+    assert "reference log-probs" not in out[0][1] and "FSDP1" in out[0][1]
+    rows = {r["step"]: r for r in run.metrics()}
+    if objective == "dpo":
+        assert rows[1]["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert rows[4]["reward_margin"] > rows[1]["reward_margin"], rows
+    assert not ckptfolder.reference_file(run.checkpoints_dir(), "train").exists()
