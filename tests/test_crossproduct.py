@@ -4,10 +4,12 @@ features, each checked as a user checks it, the accepted ones trained on the loc
 Each drawn job.toml (hypothesis, shrinking to a smallest failing job, whose job.toml is printed)
 combines:
 
-- data: text (.jsonl records, or with a one-document .txt), chat (native messages), or a
+- data: text (.jsonl records, or with a one-document .txt), chat (native messages), a
   mixture (`[[data.sources]]`) of native chat, ShareGPT-mapped, Alpaca-mapped and text sources
-  with drawn weights; the byte tokenizer or a real BPE with a ChatML template; packing (auto,
-  concat, documents), seq_len 16/32/64, data.overlong (split, truncate, drop);
+  with drawn weights, or preference pairs (UltraFeedback-shaped) trained with a drawn
+  train.objective (dpo, ipo, simpo, orpo; kto is refused); the byte tokenizer or a real BPE
+  with a ChatML template; packing (auto, concat, documents), seq_len 16/32/64, data.overlong
+  (split, truncate, drop);
 - eval: none, a held-out fraction, or eval.paths; every_steps, batches, eval.samples (from the
   eval set or a samples_file);
 - length: train.steps or train.epochs; micro-batch, grad_accum, 1 or 2 ranks;
@@ -96,6 +98,17 @@ def _chats(rng: random.Random, n: int, turns: int) -> list[list[dict[str, str]]]
     return out
 
 
+def _pairs(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """Preference pairs in UltraFeedback's shape: a prompt, and answers that repeat it."""
+    out = []
+    for _ in range(n):
+        prompt = [{"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(2, 8)))}]
+        answers = [[*prompt, {"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, 6)))}]
+                   for _ in range(2)]  # fmt: skip
+        out.append({"prompt": prompt[0]["content"], "chosen": answers[0], "rejected": answers[1]})
+    return out
+
+
 def build_world(root: Path) -> World:
     """Sources of every kind (a few hundred samples each at seq_len 32), a BPE tokenizer with a
     ChatML template, and a tiny pretrained Qwen2 (save_pretrained, with that tokenizer)."""
@@ -128,6 +141,8 @@ def build_world(root: Path) -> World:
     )  # fmt: skip
     f["eval_text"] = write_jsonl(root / "eval_text.jsonl", [{"text": d} for d in documents(40, seed=7)])
     f["eval_chat"] = write_jsonl(root / "eval_chat.jsonl", conversations(40, seed=7))
+    f["pairs"] = write_jsonl(root / "pairs.jsonl", _pairs(rng, 160))
+    f["eval_pairs"] = write_jsonl(root / "eval_pairs.jsonl", _pairs(rng, 40))
     f["prompts"] = root / "prompts.txt"
     f["prompts"].write_text("quiet river\nsilver window garden\n")
     return world
@@ -167,7 +182,7 @@ def rare(p: int) -> st.SearchStrategy[bool]:
 @st.composite
 def draws(draw: st.DrawFn, world: World) -> Draw:
     f = world.files
-    kind = draw(st.sampled_from(["text", "chat", "mixture"]))
+    kind = draw(st.sampled_from(["text", "chat", "mixture", "preference"]))
     lora = draw(rare(3))
     pretrained = lora or draw(st.booleans())
     presets = st.sampled_from(["llama-tiny", "qwen2-tiny"])
@@ -188,6 +203,8 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
         data["paths"] = [str(f["text"])] + ([str(f["story"])] if draw(st.booleans()) else [])
     elif kind == "chat":
         data["paths"], data["format"] = [str(f["chat"])], "chat"
+    elif kind == "preference":
+        data["paths"], data["format"], data["packing"] = [str(f["pairs"])], "preference", "auto"
     else:
         data["format"] = "chat"
         kinds = st.sampled_from(["chat", "sharegpt", "alpaca", "text"])
@@ -213,6 +230,8 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
             "rollback_after": draw(st.sampled_from([0, 1, 3])),
         },
     }
+    if kind == "preference":
+        train["objective"] = draw(st.sampled_from(["dpo", "ipo", "simpo", "orpo", "dpo", "kto"]))
     if draw(st.booleans()):
         train["steps"] = draw(st.integers(2, 4))
     else:
@@ -223,7 +242,7 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
     if held == "fraction":
         evaluation["fraction"] = draw(st.sampled_from([0.1, 0.2, 0.3]))
     elif held == "paths":
-        evaluation["paths"] = [str(f["eval_text"] if kind == "text" else f["eval_chat"])]
+        evaluation["paths"] = [str(f[{"text": "eval_text", "preference": "eval_pairs"}.get(kind, "eval_chat")])]
     if evaluation:
         evaluation["every_steps"] = draw(st.sampled_from([0, 1, 2]))
         evaluation["batches"] = draw(st.sampled_from([1, 2]))
@@ -350,6 +369,9 @@ def check_completed(run: runfolder.RunFolder) -> None:
     evals = [r for r in run.metrics() if "eval_loss" in r]
     if spec.eval.fraction or spec.eval.paths:
         assert evals and evals[-1]["step"] == done.step and all(math.isfinite(r["eval_loss"]) for r in evals), evals
+    if spec.train.objective != "sft":  # preference training: the rewards in every row
+        assert all("reward_accuracy" in r for r in rows if "loss" in r and not r.get("skipped")), rows
+        assert all(math.isfinite(r["eval_reward_margin"]) for r in evals), evals
     final = ckptfolder.find(run.checkpoints_dir(spec))
     assert final is not None and final.step == done.step
     if spec.checkpoint.keep_best:
@@ -387,6 +409,8 @@ def prepare_all(world: World) -> None:
             {"paths": [str(f["text"])], "tokenizer": tokenizer},
             {"paths": [str(f["eval_text"])], "tokenizer": tokenizer},
             {"paths": [str(f["eval_chat"])], "tokenizer": tokenizer, "format": "chat"},
+            {"paths": [str(f["pairs"])], "tokenizer": tokenizer, "format": "preference"},
+            {"paths": [str(f["eval_pairs"])], "tokenizer": tokenizer, "format": "preference"},
             {"tokenizer": tokenizer, "format": "chat",
              "sources": [{"path": str(f["chat"])}, {"path": str(f["sharegpt"]), **SHAREGPT},
                          {"path": str(f["alpaca"]), **ALPACA}, {"path": str(f["text"]), "format": "text"}]},
@@ -394,7 +418,10 @@ def prepare_all(world: World) -> None:
     import tomli_w
 
     for recipe in recipes:
-        prepare.ensure(S.loads(tomli_w.dumps({**base, "data": {**base["data"], **recipe}})), log=lambda _: None)
+        tables = {**base, "data": {**base["data"], **recipe}}
+        if recipe.get("format") == "preference":
+            tables["train"] = {"objective": "dpo"}
+        prepare.ensure(S.loads(tomli_w.dumps(tables)), log=lambda _: None)
 
 
 @pytest.mark.timeout(3600)  # the whole search (pytest's 600 s is per test)
@@ -436,6 +463,7 @@ def features(d: Draw) -> list[str]:
     t, fsdp = d.tables, d.tables["fsdp"]
     flags = {
         "lora": "peft" in t, "mixture": "sources" in t["data"], "eval": "eval" in t, "sweep": bool(d.grid),
+        "preference": "objective" in t["train"],
         "epochs": bool(t["train"].get("epochs")), "ranks=2": t["slurm"]["tasks_per_node"] == 2,
         "compile": fsdp["compile"], "cpu_offload": fsdp["cpu_offload"], "ac": fsdp["activation_checkpointing"],
         "async": t["checkpoint"]["async"],

@@ -23,6 +23,7 @@ import os
 import random
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,19 +32,22 @@ from data_helpers import WORDS, make_tokenizer, write_jsonl
 from procs import make_run, run_workers, tiny_job_toml
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-from trl.experimental.cpo.cpo_trainer import CPOTrainer
-from trl.experimental.orpo.orpo_trainer import ORPOTrainer
+from trl.experimental.cpo.cpo_trainer import CPOTrainer as _CPOTrainer
+from trl.experimental.orpo.orpo_trainer import ORPOTrainer as _ORPOTrainer
 
 from clusterfsdp import cli
 from clusterfsdp.control import ckptfolder
 from clusterfsdp.control import spec as S
 from clusterfsdp.data import prepare
-from clusterfsdp.data.samples import PreparedSamples, Sample, stack
+from clusterfsdp.data.samples import Batch, PreparedSamples, Sample, stack
 from clusterfsdp.data.samplesets import index_id
 from clusterfsdp.data.tokens import IGNORE_INDEX
 from clusterfsdp.worker import preference
 
 CPU = SimpleNamespace(device=torch.device("cpu"))
+# TRL's methods, called unbound on a namespace of the attributes they read (typed for their trainers)
+CPOTrainer: Any = _CPOTrainer
+ORPOTrainer: Any = _ORPOTrainer
 PAIRS = '[data]\nsource = "files"\npaths = ["pairs.jsonl"]\nformat = "preference"\ntokenizer = "bytes"\n'
 
 
@@ -52,7 +56,7 @@ def _spec(objective: str, keys: dict[str, float] | None = None) -> S.JobSpec:
     return S.loads(f'{PAIRS}[train]\nobjective = "{objective}"\n[train.preference]\n{knobs}')
 
 
-def _pairs_batch(seq: int = 12, vocab: int = 64) -> tuple[torch.nn.Module, object]:
+def _pairs_batch(seq: int = 12, vocab: int = 64) -> tuple[torch.nn.Module, Batch]:
     """A tiny Llama and three pairs (chosen answers 3 tokens long, rejected ones 2 to 4), the last
     label of every row padding (so TRL's shift-inside reads the same labels)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -99,7 +103,8 @@ def test_losses_and_rewards_equal_trls(objective, keys):
         assert torch.allclose(logps, _trl_logps(model, batch, average=False), atol=1e-5)
         averaged = _trl_logps(model, batch, average=True)
     reference = (logps[:3] - torch.tensor([0.3, -0.2, 0.1]), logps[3:] + torch.tensor([0.4, 0.05, -0.3]))
-    losses, chosen, rejected = preference.pair_losses(spec, logps.chunk(2), reference, counts.chunk(2))  # type: ignore[arg-type]
+    (pc, pr), (nc, nr) = logps.chunk(2), counts.chunk(2)
+    losses, chosen, rejected = preference.pair_losses(spec, (pc, pr), reference, (nc, nr))
     trl = SimpleNamespace(beta=p.beta, label_smoothing=p.label_smoothing, simpo_gamma=p.simpo_gamma, alpha=0.0,
                           accelerator=CPU, loss_type={"dpo": "sigmoid"}.get(objective, objective))  # fmt: skip
     if objective in ("dpo", "ipo"):
@@ -265,7 +270,9 @@ def test_dpo_starts_at_log_2_evaluates_held_out_pairs_resumes_exactly_and_export
         "[eval]\nfraction = 0.2\nevery_steps = 2\nbatches = 2\n",
     )  # fmt: skip
     first = run_workers(run, 2, job_id="d1")
-    assert "reference log-probs of the train pairs: " in first[0][1] and " computed by the starting model" in first[0][1]
+    assert (
+        "reference log-probs of the train pairs: " in first[0][1] and " computed by the starting model" in first[0][1]
+    )
     rows = {r["step"]: r for r in run.metrics()}
     assert rows[1]["loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert rows[1]["reward_chosen"] == pytest.approx(0, abs=1e-5) and rows[1]["reward_accuracy"] == 0
@@ -285,7 +292,9 @@ def test_dpo_starts_at_log_2_evaluates_held_out_pairs_resumes_exactly_and_export
     keys = ("loss", "reward_margin", "eval_loss", "eval_reward_margin")
     assert sorted(same) == sorted(other) == [3, 4]
     assert all(same[s].get(k) == original[s].get(k) for s in same for k in keys), (same, original)  # bitwise
-    assert all(other[s][k] == pytest.approx(original[s][k], rel=1e-4, abs=1e-5) for s in other for k in keys if k in other[s])
+    assert all(
+        other[s][k] == pytest.approx(original[s][k], rel=1e-4, abs=1e-5) for s in other for k in keys if k in other[s]
+    )
 
     assert cli.main(["export", str(run.path), "--to", str(tmp_path / "out")]) == 0
     from transformers import AutoModelForCausalLM

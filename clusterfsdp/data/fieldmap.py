@@ -80,7 +80,8 @@ class FieldMap(FrozenValue):
     @property
     def field(self) -> str:
         """The job.toml key naming it."""
-        return f"{self.where}{ {'chat': 'messages_key', 'preference': 'chosen_key'}.get(self.format, 'text_key')}"
+        name = {"chat": "messages_key", "preference": "chosen_key"}.get(self.format, "text_key")
+        return f"{self.where}{name}"
 
     def columns(self) -> list[str]:
         """The record fields (table columns) the mapping reads."""

@@ -26,7 +26,8 @@ def index_id(spec: specmod.JobSpec, role: str) -> str:
         "holdout": holdout,
         "seed": spec.job.seed if holdout else 0,
     }
-    if spec.packing in ("documents", "pairs") and spec.data.overlong != "split":  # 'split' keeps the ids built before it
+    # ('split' keeps the ids built before it)
+    if spec.packing in ("documents", "pairs") and spec.data.overlong != "split":
         payload["overlong"] = spec.data.overlong
     return text_hash(json.dumps(payload, sort_keys=True))[:16]
 

@@ -207,13 +207,14 @@ class DocumentEncoder:
         for pair, where in zip(pairs, wheres, strict=True):
             try:
                 if not pair.chat:
-                    assert isinstance(pair.prompt, str)
-                    docs = [self._masked(pair.prompt + a, len(pair.prompt)) for a in (pair.chosen, pair.rejected)]
+                    prompt, answers = str(pair.prompt), (str(pair.chosen), str(pair.rejected))
+                    docs = [self._masked(prompt + a, len(prompt)) for a in answers]
                 elif self.backend is None or not hasattr(self.tok, "apply_chat_template"):
                     raise DataError(f"{where}: a pair of messages needs a HF tokenizer with a chat template")
-                else:
-                    assert not isinstance(pair.prompt, str)
-                    docs = [self._chat_answer(pair.prompt, a, where) for a in (pair.chosen, pair.rejected)]  # type: ignore[arg-type]
+                else:  # (fieldmap makes every part messages when one is)
+                    answers = [a for a in (pair.chosen, pair.rejected) if not isinstance(a, str)]
+                    assert not isinstance(pair.prompt, str) and len(answers) == 2
+                    docs = [self._chat_answer(pair.prompt, a, where) for a in answers]
             except DataError as e:
                 if refused is None:
                     raise

@@ -58,7 +58,7 @@ def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
     """The LoRA model as its base: every peft layer's adapters off (peft's `disable_adapters`
     flag, which its forward reads; `enable_adapters(False)` would also flip requires_grad of
     the sharded adapter parameters), restored after."""
-    layers = [m for m in model.modules() if hasattr(m, "_disable_adapters")]
+    layers: list[Any] = [m for m in model.modules() if hasattr(m, "_disable_adapters")]
     before = [m._disable_adapters for m in layers]
     for m in layers:
         m._disable_adapters = True
@@ -153,12 +153,14 @@ class PreferenceLoss:
         assert self.lora, "a full fine-tune reads its reference log-probs from the reference table"
         with torch.no_grad(), adapters_disabled(model):
             logps, _ = sequence_logps(model, batch)
-        return logps.chunk(2)
+        chosen, rejected = logps.chunk(2)
+        return chosen, rejected
 
     def __call__(self, model: Any, batch: Batch) -> torch.Tensor:
         reference = self.reference_logps(model, batch)
         logps, counts = sequence_logps(model, batch)
-        losses, chosen, rejected = pair_losses(self.spec, logps.chunk(2), reference, counts.chunk(2))  # type: ignore[arg-type]
+        (pc, pr), (nc, nr) = logps.chunk(2), counts.chunk(2)
+        losses, chosen, rejected = pair_losses(self.spec, (pc, pr), reference, (nc, nr))
         margin = chosen - rejected
         self.sums += torch.stack(
             [
@@ -259,8 +261,8 @@ def start(
         for role, samples in sets.items():
             path = ckptfolder.reference_file(checkpoints, role)
             if path.is_file():
-                tables[role] = ReferenceTable.load(path)
-                log(f"reference log-probs of the {role} pairs: read {len(tables[role].ids):,} from {path}")  # type: ignore[union-attr]
+                tables[role] = loaded = ReferenceTable.load(path)
+                log(f"reference log-probs of the {role} pairs: read {len(loaded.ids):,} from {path}")
                 continue
             if resumed:
                 raise RuntimeError(

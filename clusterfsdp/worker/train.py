@@ -36,10 +36,9 @@ from ..control.spec import JobSpec
 from ..data import mixture, samplesets
 from ..data.mixsamples import MixtureSamples
 from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples, TrainingData, open_for_training
-from . import adapters
+from . import adapters, preference
 from . import metrics as metricsmod
 from . import model as modelmod
-from . import preference
 from .build import build, token_ids
 from .checkpoint import Checkpointer
 from .evalsamples import SampleGenerator
