@@ -147,6 +147,7 @@ VALIDATE = {
     "clusterfsdp.control.spec.schema", "clusterfsdp.control.spec.tokenizer", "clusterfsdp.control.spec.badrecords",
     "clusterfsdp.control.spec.peft", "clusterfsdp.control.spec.templates", "clusterfsdp.control.value",
     "clusterfsdp.control.ownership",  # hub: a snapshot in a shared HF cache must be yours (issue 34)
+    "clusterfsdp.control.spec.objective",  # train.objective's checks (issue 37)
 }  # fmt: skip
 DATA_CHECKS = {  # what validate adds for a job that reads files
     "clusterfsdp.data", "clusterfsdp.data.skipped", "clusterfsdp.data.fieldmap", "clusterfsdp.data.mixture",

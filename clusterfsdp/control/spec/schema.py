@@ -502,15 +502,6 @@ class Preference(Value):
 class TrainSection(Value):
     """[train]: steps or epochs, batch, optimizer and learning-rate schedule."""
 
-    objective: Literal["sft", "dpo", "ipo", "simpo", "orpo", "kto"] = F(
-        "sft",
-        "'sft': next-token cross-entropy on the trained tokens. Preference training on data.format = "
-        "'preference' pairs: 'dpo' (sigmoid, train.preference.label_smoothing), 'ipo', 'simpo' and 'orpo' "
-        "(no reference model). dpo and ipo compare with a reference: with [peft] LoRA the base with the "
-        "adapters disabled; otherwise the model as it starts, its log-probs over the training and eval pairs "
-        "computed once before the first step. 'kto' is not implemented yet (refused).",
-    )
-
     steps: int = F(100, "Optimizer steps in total (a resumed run continues to this number); with train.epochs: 0.")
     epochs: float = F(
         0.0,
@@ -534,6 +525,14 @@ class TrainSection(Value):
         "higher; an extended finished run stays at its end lr); keep = the checkpoint's curve unchanged; rewarm = "
         "warm up again to `lr`, then decay to the new end; stretch = the curve planned for the new settings from "
         "step 0 (the lr may jump).",
+    )
+    objective: Literal["sft", "dpo", "ipo", "simpo", "orpo", "kto"] = F(
+        "sft",
+        "'sft': next-token cross-entropy on the trained tokens. Preference training on data.format = "
+        "'preference' pairs: 'dpo' (sigmoid, train.preference.label_smoothing), 'ipo', 'simpo' and 'orpo' "
+        "(no reference model). dpo and ipo compare with a reference: with [peft] LoRA the base with the "
+        "adapters disabled; otherwise the model as it starts, its log-probs over the training and eval pairs "
+        "computed once before the first step. 'kto' is not implemented yet (refused).",
     )
     early_stopping: EarlyStopping = F(
         EarlyStopping(),
