@@ -53,4 +53,8 @@ def test_the_fine_tuning_and_preference_walkthroughs_run_as_written(tmp_path: Pa
     assert "-- chosen --" in dpo.stdout and "[[no<|im_end|>" in dpo.stdout  # data show: the pair's answers
     assert "reference log-probs of the train pairs: " in said and "COMPLETED" in said, said[-3000:]
     assert re.search(r"^eval +step 12: eval_loss [\d.]+, perplexity .*, reward accuracy 1\.00$", dpo.stdout, re.M), said
-    assert dpo.stdout.splitlines()[-1] == "reply: no", dpo.stdout[-2000:]
+    before, after = (
+        re.fullmatch(r"(\S+): log p\(yes\) (\S+), log p\(no\) (\S+)", line) for line in dpo.stdout.splitlines()[-2:]
+    )
+    assert before and after and (before[1], after[1]) == ("chat-model", "dpo-model"), dpo.stdout[-2000:]
+    assert float(before[2]) > float(before[3]) and float(after[3]) > float(after[2]) + 5, dpo.stdout[-2000:]
