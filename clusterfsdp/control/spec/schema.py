@@ -343,7 +343,9 @@ class DataSection(Value):
         "split",
         "A document longer than seq_len, packing = 'documents' (not 'concat'): 'split' into seq_len pieces, each "
         "its own context; 'truncate' to its start (a conversation: the whole leading turns that fit, never an "
-        "answer without its prompt; none fits: dropped); 'drop'. Applied to the sample index, not the tokens.",
+        "answer without its prompt; none fits: dropped); 'drop'. Applied to the sample index, not the tokens. "
+        "Preference pairs keep a long answer's start ('split', 'truncate') or drop the pair ('drop'; also when "
+        "an answer would keep no token).",
     )
     cache_dir: str = F(
         "",
