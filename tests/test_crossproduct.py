@@ -419,8 +419,8 @@ def prepare_all(world: World) -> None:
 
     for recipe in recipes:
         tables = {**base, "data": {**base["data"], **recipe}}
-        if recipe.get("format") == "preference":
-            tables["train"] = {"objective": "dpo"}
+        if recipe.get("format") == "preference":  # (the pairs are longer than 16 tokens)
+            tables["train"], tables["data"]["seq_len"] = {"objective": "dpo"}, 64
         prepare.ensure(S.loads(tomli_w.dumps(tables)), log=lambda _: None)
 
 
