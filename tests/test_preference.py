@@ -344,3 +344,20 @@ def test_lora_preference_on_fsdp1_uses_the_base_as_reference(tmp_path, base, obj
         assert rows[1]["loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert rows[4]["reward_margin"] > rows[1]["reward_margin"], rows
     assert not ckptfolder.reference_file(run.checkpoints_dir(), "train").exists()
+
+
+def test_a_reference_table_of_other_pairs_is_refused(tmp_path):
+    """Pair ids mean nothing in other data: a resume that reads other pairs (the data, seq_len or
+    split changed) stops with one line instead of reading wrong reference log-probs."""
+    spec = _spec("dpo")
+    table = preference.ReferenceTable(np.arange(2), np.zeros((2, 2)), "abc/0123")
+    table.save(ckptfolder.reference_file(tmp_path, "train"))
+
+    def start(index: str) -> preference.Objectives:
+        samples = SimpleNamespace(parts=[SimpleNamespace(identity=f"abc/{index}")])
+        return preference.start(spec, None, {"train": samples}, tmp_path, True, 0, 1, torch.device("cpu"), print,
+                                lora=False)  # fmt: skip
+
+    assert start("0123").train.reference is not None
+    with pytest.raises(RuntimeError, match=r"computed over other train pairs \(abc/0123; this attempt reads abc/4567"):
+        start("4567")

@@ -202,6 +202,7 @@ class PreparedSamples:
         self.manifest: dict[str, Any] = json.loads((folder / "manifest.json").read_text())
         self.meta: dict[str, Any] = json.loads((tables / "meta.json").read_text())
         self.seq_len, self.seed, self.order = seq_len, seed, order
+        self.identity = f"{folder.name}/{index}"  # the prepared dataset and sample index it reads
         self.count = int(self.meta["samples"])
         self.documents = self.meta["packing"] == "documents"
         self.pairs = self.meta["packing"] == "pairs"

@@ -105,11 +105,13 @@ def pair_losses(
 
 
 class ReferenceTable:
-    """Reference log-probs (chosen, rejected) by pair id, sorted for lookup."""
+    """Reference log-probs (chosen, rejected) by pair id, sorted for lookup, and the identity of
+    the samples they were computed over (`identity`: pair ids mean nothing in other data)."""
 
-    def __init__(self, ids: np.ndarray, logps: np.ndarray):
+    def __init__(self, ids: np.ndarray, logps: np.ndarray, identity: str = ""):
         order = np.argsort(ids)
         self.ids, self.logps = ids[order], logps[order].astype(np.float32)
+        self.identity = identity
 
     def lookup(self, pair_ids: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         ids = pair_ids.numpy()
@@ -123,13 +125,13 @@ class ReferenceTable:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
-            np.savez(f, ids=self.ids, logps=self.logps)
+            np.savez(f, ids=self.ids, logps=self.logps, identity=np.asarray(self.identity))
         os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: Path) -> ReferenceTable:
         with np.load(path, allow_pickle=False) as z:
-            return cls(z["ids"], z["logps"])
+            return cls(z["ids"], z["logps"], str(z["identity"]))
 
 
 class PreferenceLoss:
@@ -189,6 +191,12 @@ class PreferenceLoss:
 
 
 # ---------------------------------------------------------------- the reference pass
+def identity(samples: Any) -> str:
+    """What a sample set reads (its prepared datasets and sample indexes), as a table records it."""
+    parts = [samples] if isinstance(samples, PreparedSamples) else samples.parts
+    return " ".join(p.identity for p in parts)
+
+
 def all_pair_ids(samples: Any) -> list[int]:
     """Every pair of a sample set (a mixture's parts each), by pair id."""
     if isinstance(samples, PreparedSamples):
@@ -231,7 +239,8 @@ def compute_reference(
         dist.all_gather_object(gathered, mine)
     table = {pid: (c, r) for part in gathered for pid, c, r in part}
     keys = np.asarray(sorted(table), np.int64)
-    return ReferenceTable(keys, np.asarray([table[int(k)] for k in keys], np.float64).reshape(-1, 2))
+    logps = np.asarray([table[int(k)] for k in keys], np.float64).reshape(-1, 2)
+    return ReferenceTable(keys, logps, identity(samples))
 
 
 class Objectives:
@@ -262,6 +271,12 @@ def start(
             path = ckptfolder.reference_file(checkpoints, role)
             if path.is_file():
                 tables[role] = loaded = ReferenceTable.load(path)
+                if loaded.identity != identity(samples):
+                    raise RuntimeError(
+                        f"{path}: the reference log-probs were computed over other {role} pairs ({loaded.identity}; "
+                        f"this attempt reads {identity(samples)}: the data, data.seq_len or the split changed): "
+                        "a preference run cannot change its pairs; start a new run"
+                    )
                 log(f"reference log-probs of the {role} pairs: read {len(loaded.ids):,} from {path}")
                 continue
             if resumed:
