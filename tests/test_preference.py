@@ -333,17 +333,23 @@ def base(tmp_path_factory) -> Path:
 def test_lora_preference_on_fsdp1_uses_the_base_as_reference(tmp_path, base, objective):
     """LoRA on FSDP1: dpo's reference is the base with the adapters disabled (no table, no second
     model; the adapters start at zero, so the first loss is log 2); simpo needs no reference.
-    Both raise the reward margin."""
+    Both raise the reward margin; dpo's resume from step 2 is bitwise."""
     lora = '[peft]\nmethod = "lora"\nr = 4\nalpha = 8\n[slurm]\ntasks_per_node = 2\n'
+    lora += "[checkpoint]\nevery_steps = 2\nkeep_last = 5\n"
     run = _pair_run(tmp_path, objective, 'version = 1\nsharding = "full"', lora, f"model.name_or_path={str(base)!r}",
                     "model.preset=''")  # fmt: skip
     out = run_workers(run, 2, job_id="l1")
     assert "reference log-probs" not in out[0][1] and "FSDP1" in out[0][1]
     rows = {r["step"]: r for r in run.metrics()}
-    if objective == "dpo":
-        assert rows[1]["loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert rows[4]["reward_margin"] > rows[1]["reward_margin"], rows
     assert not ckptfolder.reference_file(run.checkpoints_dir(), "train").exists()
+    if objective == "dpo":
+        assert rows[1]["loss"] == pytest.approx(math.log(2), abs=1e-5)
+        ckptfolder.keep_only_up_to(run.checkpoints_dir(), 2)
+        run_workers(run, 2, job_id="l2")
+        original, again = _rows_by_attempt(run)
+        assert all(again[s]["loss"] == original[s]["loss"] for s in (3, 4)), (again, original)  # bitwise
+        assert all(again[s]["reward_margin"] == original[s]["reward_margin"] for s in (3, 4))
 
 
 def test_a_reference_table_of_other_pairs_is_refused(tmp_path):
