@@ -6,8 +6,9 @@ combines:
 
 - data: text (.jsonl records, or with a one-document .txt), chat (native messages), a
   mixture (`[[data.sources]]`) of native chat, ShareGPT-mapped, Alpaca-mapped and text sources
-  with drawn weights, or preference pairs (UltraFeedback-shaped) trained with a drawn
-  train.objective (dpo, ipo, simpo, orpo; kto is refused); the byte tokenizer or a real BPE
+  with drawn weights, or preference pairs (UltraFeedback-shaped, or mixed with an
+  Anthropic-HH-shaped mapped source) trained with a drawn train.objective (dpo, ipo, simpo,
+  orpo; kto is refused); the byte tokenizer or a real BPE
   with a ChatML template; packing (auto, concat, documents), seq_len 16/32/64, data.overlong
   (split, truncate, drop);
 - eval: none, a held-out fraction, or eval.paths; every_steps, batches, eval.samples (from the
@@ -143,6 +144,11 @@ def build_world(root: Path) -> World:
     f["eval_chat"] = write_jsonl(root / "eval_chat.jsonl", conversations(40, seed=7))
     f["pairs"] = write_jsonl(root / "pairs.jsonl", _pairs(rng, 160))
     f["eval_pairs"] = write_jsonl(root / "eval_pairs.jsonl", _pairs(rng, 40))
+    f["hh_pairs"] = write_jsonl(  # Anthropic-HH's shape (no prompt) with ShareGPT's keys: a mapped source
+        root / "hh_pairs.jsonl",
+        [{k: [{"from": {"user": "human"}.get(m["role"], "gpt"), "value": m["content"]} for m in p[a]]
+          for k, a in (("good", "chosen"), ("bad", "rejected"))} for p in _pairs(rng, 120)],
+    )  # fmt: skip
     f["prompts"] = root / "prompts.txt"
     f["prompts"].write_text("quiet river\nsilver window garden\n")
     return world
@@ -152,6 +158,7 @@ def build_world(root: Path) -> World:
 SHAREGPT = {"messages_key": "conversations", "role_key": "from", "content_key": "value",
             "roles": {"human": "user", "gpt": "assistant"}}  # fmt: skip
 ALPACA = {"prompt": "{instruction}\n\n{input}", "response": "{output}"}
+HH = {"chosen_key": "good", "rejected_key": "bad", **{k: v for k, v in SHAREGPT.items() if k != "messages_key"}}
 SWEEPS = {
     "train.lr": ("0.001", "0.003"),
     "train.grad_accum": ("1", "2"),
@@ -204,7 +211,13 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
     elif kind == "chat":
         data["paths"], data["format"] = [str(f["chat"])], "chat"
     elif kind == "preference":
-        data["paths"], data["format"], data["packing"] = [str(f["pairs"])], "preference", "auto"
+        data["format"], data["packing"] = "preference", "auto"
+        if draw(st.booleans()):
+            data["paths"] = [str(f["pairs"])]
+        else:  # a mixture: the answers' common leading messages are the prompt in both shapes
+            data["prompt_key"] = ""
+            data["sources"] = [{"path": str(f["pairs"]), "weight": draw(st.sampled_from([0.5, 1.0]))},
+                               {"path": str(f["hh_pairs"]), **HH}]  # fmt: skip
     else:
         data["format"] = "chat"
         kinds = st.sampled_from(["chat", "sharegpt", "alpaca", "text"])
@@ -411,6 +424,8 @@ def prepare_all(world: World) -> None:
             {"paths": [str(f["eval_chat"])], "tokenizer": tokenizer, "format": "chat"},
             {"paths": [str(f["pairs"])], "tokenizer": tokenizer, "format": "preference"},
             {"paths": [str(f["eval_pairs"])], "tokenizer": tokenizer, "format": "preference"},
+            {"tokenizer": tokenizer, "format": "preference", "prompt_key": "",
+             "sources": [{"path": str(f["pairs"])}, {"path": str(f["hh_pairs"]), **HH}]},
             {"tokenizer": tokenizer, "format": "chat",
              "sources": [{"path": str(f["chat"])}, {"path": str(f["sharegpt"]), **SHAREGPT},
                          {"path": str(f["alpaca"]), **ALPACA}, {"path": str(f["text"]), "format": "text"}]},
