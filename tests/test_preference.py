@@ -367,3 +367,19 @@ def test_a_reference_table_of_other_pairs_is_refused(tmp_path):
     assert start("0123").train.reference is not None
     with pytest.raises(RuntimeError, match=r"computed over other train pairs \(abc/0123; this attempt reads abc/4567"):
         start("4567")
+
+
+def test_pairs_too_long_for_seq_len_are_refused_with_a_longer_seq_len():
+    """Pairs are never split: a sample set emptied by long pairs asks for a longer seq_len (the
+    documents' advice, data.overlong = 'split', is already what pairs read)."""
+    from clusterfsdp.data import mixture, samplesets
+
+    spec = S.loads(PAIRS + '[train]\nobjective = "dpo"\n', ["data.seq_len=16"])
+    meta = {"samples": 0, "overlong": {"overlong": 5, "dropped": 5}}
+    said = samplesets.batch_problem(spec, "train", 0, meta)
+    assert said and said.endswith(
+        "raise data.seq_len (5 pairs left out: longer than seq_len, an answer cut off or 'drop')"
+    )
+    mixed = '[data]\nsource = "files"\nformat = "preference"\ntokenizer = "bytes"\n[[data.sources]]\npath = "p.jsonl"\n'
+    said = mixture.part_problem(S.loads(mixed + '[train]\nobjective = "dpo"\n'), "train", 0, meta)
+    assert said and "(5 pairs left out" in said and said.endswith(": raise data.seq_len"), said
