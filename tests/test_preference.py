@@ -234,6 +234,9 @@ def test_validate_names_a_records_missing_key_and_refuses_unfinished_objectives(
         "train.preference.label_smoothing=0.1 train.objective=ipo": "applies to 'dpo' and 'simpo' only, not 'ipo'",
         "data.format=text": "train.objective: 'dpo' trains on preference pairs",
         "data.packing=documents": "data.packing: 'documents' does not apply to preference pairs",
+        "checkpoint.keep_best=eval_reward_accuracy train.early_stopping.metric=eval_loss eval.fraction=0.5": (
+            "train.early_stopping.metric: the run judges its evaluations by checkpoint.keep_best = "
+        ),
     }
     for sets, line in refusals.items():
         args = [a for kv in sets.split() for a in ("--set", kv)]
@@ -263,10 +266,12 @@ def _pair_run(tmp: Path, objective: str, fsdp: str, tail: str, *overrides: str):
 def test_dpo_starts_at_log_2_evaluates_held_out_pairs_resumes_exactly_and_exports(tmp_path):
     """A full fine-tune (FSDP2, 2 ranks): the reference log-probs are computed once before the
     first step (so its loss is log 2) and read by every resume; the held-out reward accuracy
-    rises above the reference's (0: equal rewards); a resume from step 2 on 2 ranks is bitwise,
-    on 1 rank exact to float rounding; the export loads in transformers."""
+    rises above the reference's (0: equal rewards), and keep_best keeps its best step (the first
+    of the highest: step 2 here, where the eval loss is lowest at step 4); a resume from step 2
+    on 2 ranks is bitwise, on 1 rank exact to float rounding; the export loads in transformers."""
     run = _pair_run(
         tmp_path, "dpo", "", "[slurm]\ntasks_per_node = 2\n[checkpoint]\nevery_steps = 2\nkeep_last = 5\n"
+        'keep_best = "eval_reward_accuracy"\n'
         "[eval]\nfraction = 0.2\nevery_steps = 2\nbatches = 2\n",
     )  # fmt: skip
     first = run_workers(run, 2, job_id="d1")
@@ -280,6 +285,9 @@ def test_dpo_starts_at_log_2_evaluates_held_out_pairs_resumes_exactly_and_export
     assert rows[4]["reward_margin"] > 0 and rows[4]["reward_accuracy"] == 1 and rows[4]["loss"] < math.log(2)
     root = run.checkpoints_dir()
     assert ckptfolder.reference_file(root, "train").is_file() and ckptfolder.reference_file(root, "eval").is_file()
+    accuracy = [(rows[s]["eval_reward_accuracy"], -s) for s in (2, 4)]  # the first of the highest
+    best = ckptfolder.best(root)
+    assert best is not None and best.step == -max(accuracy)[1] == 2 and rows[4]["eval_loss"] < rows[2]["eval_loss"]
 
     ckptfolder.keep_only_up_to(root, 2)
     again = run_workers(run, 2, job_id="d2")  # the same world size: bitwise

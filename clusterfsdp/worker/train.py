@@ -62,7 +62,8 @@ class TrainState:
     elapsed_s: float = 0.0  # training time along the run's trajectory (metrics.Meter)
     data: str = ""  # the key of the prepared training dataset it was trained on
     steps_total: int = 0  # the steps this run trains (train.steps, or derived from train.epochs)
-    best_eval_loss: float = 0.0  # the lowest eval loss so far (keep_best, early stopping), at best_step
+    best_eval_loss: float = 0.0  # the lowest judged score so far (keep_best, early stopping), at best_step: the
+    # eval loss, or minus the eval reward accuracy with checkpoint.keep_best = 'eval_reward_accuracy'
     best_step: int = 0  # 0: no evaluation yet (ckptfolder.BEST_STEP)
     stale_evals: int = 0  # evaluations in a row without an improvement of early_stopping.min_delta
     lr_schedule: dict[str, Any] = field(default_factory=dict)  # the lr curve (control.lrschedule.LrCurve)
@@ -414,7 +415,10 @@ class Trainer:
         eval_loss = evaluate(self.model, loss_fn, self.data.eval, self.eval_batches, self.ctx, self.spec)
         rewards = self.objective.eval.row(self.flag_group, "eval_") if self.objective is not None else {}
         self._phase(Phase.STEP)
-        self._judge(eval_loss)
+        # the judged score, lower better: the eval loss, or minus the reward accuracy (checkpoint.keep_best)
+        self._judge(
+            -rewards["eval_reward_accuracy"] if "reward_accuracy" in self.spec.checkpoint.keep_best else eval_loss
+        )
         if self.sample_gen is not None:  # [eval] samples: every rank generates, rank 0 writes
             samples = self.sample_gen.generate(self.model, self.state.step, self.ctx.device)
             if self.ctx.sink is not None:
@@ -422,8 +426,8 @@ class Trainer:
         return {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0)), **rewards}
 
     def _judge(self, eval_loss: float) -> None:
-        """After an evaluation (the same all-reduced loss on every rank, so every rank decides
-        alike): a new lowest eval loss (saved at this step with checkpoint.keep_best), and
+        """After an evaluation (the same all-reduced score on every rank, so every rank decides
+        alike): a new lowest eval loss, or score (saved at this step with checkpoint.keep_best), and
         train.early_stopping's verdict, against the best before this evaluation."""
         state, stop = self.state, self.spec.train.early_stopping
         first = state.best_step == 0

@@ -29,6 +29,14 @@ def errors(spec: JobSpec) -> list[str]:
             f"train.objective: {objective!r} is not implemented yet (it needs unpaired completion + label data); "
             f"use one of {', '.join(repr(o) for o in IMPLEMENTED)}"
         ]
+    keep_best = spec.checkpoint.keep_best
+    if keep_best == "eval_reward_accuracy" and objective == "sft":
+        out.append("checkpoint.keep_best: 'eval_reward_accuracy' needs a preference objective (train.objective)")
+    elif keep_best == "eval_reward_accuracy" and spec.train.early_stopping.metric:
+        out.append(
+            "train.early_stopping.metric: the run judges its evaluations by checkpoint.keep_best = "
+            "'eval_reward_accuracy'; early stopping on eval_loss would judge another metric (unset one of them)"
+        )
     if objective == "sft":
         if pairs:
             out.append(

@@ -578,10 +578,11 @@ class CheckpointSection(Value):
     dir: str = F("", "Where checkpoints go (empty: <run folder>/checkpoints).")
     every_steps: int = F(0, "Save every N steps (0: only at the end and on preemption).")
     keep_last: int = F(2, "Complete checkpoints to keep; older ones are deleted after a newer one is complete.")
-    keep_best: Literal["", "eval_loss"] = F(
+    keep_best: Literal["", "eval_loss", "eval_reward_accuracy"] = F(
         "",
         "'eval_loss': also save at every evaluation that beats the lowest eval loss so far, and keep that checkpoint "
-        "(never pruned by keep_last; `export --best`); '': off.",
+        "(never pruned by keep_last; `export --best`); 'eval_reward_accuracy' (preference training): the same for "
+        "the highest reward accuracy on the held-out pairs; '': off.",
     )
     async_: bool = F(False, "Save in the background (DCP async_save) while training continues.", key="async")
     async_mode: Literal["thread", "process"] = F(
