@@ -288,7 +288,11 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
     tables["checkpoint"] = {
         "every_steps": draw(st.sampled_from([0, 1, 2])),
         "keep_last": draw(st.sampled_from([1, 2])),
-        "keep_best": "eval_loss" if evaluation and draw(st.booleans()) else "",
+        "keep_best": (
+            draw(st.sampled_from(["eval_loss", "eval_reward_accuracy" if kind == "preference" else "eval_loss"]))
+            if evaluation and draw(st.booleans())
+            else ""
+        ),
         "async": draw(st.booleans()),
     }
     grid = ""
