@@ -388,12 +388,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"progress   step {st.step or 0}/{st.steps or '?'}"
         + (f", epoch {st.epoch:.2f}" if st.epoch is not None else "")
         + (f", loss {st.loss:.4f}" if st.loss is not None else "")
+        + (f", reward accuracy {st.reward_accuracy:.2f}" if st.reward_accuracy is not None else "")
     )
     if st.eval_loss is not None:
         from .control.numbers import perplexity
 
         ppl = perplexity(st.eval_ppl) if st.eval_ppl is not None else "-"
-        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {ppl}")
+        rewards = f", reward accuracy {st.eval_reward_accuracy:.2f}" if st.eval_reward_accuracy is not None else ""
+        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {ppl}{rewards}")
     for line in samplestats.lines(folder.data_file):
         print(f"data       {line}")
     spent = st.cost

@@ -149,6 +149,7 @@ VALIDATE = {
     "clusterfsdp.control.spec.peft", "clusterfsdp.control.spec.templates", "clusterfsdp.control.value",
     "clusterfsdp.control.spec.nodes",
     "clusterfsdp.control.ownership",  # hub: a snapshot in a shared HF cache must be yours (issue 34)
+    "clusterfsdp.control.spec.objective",  # train.objective's checks (issue 37)
 }  # fmt: skip
 DATA_CHECKS = {  # what validate adds for a job that reads files
     "clusterfsdp.data", "clusterfsdp.data.skipped", "clusterfsdp.data.fieldmap", "clusterfsdp.data.mixture",

@@ -4,10 +4,13 @@ features, each checked as a user checks it, the accepted ones trained on the loc
 Each drawn job.toml (hypothesis, shrinking to a smallest failing job, whose job.toml is printed)
 combines:
 
-- data: text (.jsonl records, or with a one-document .txt), chat (native messages), or a
+- data: text (.jsonl records, or with a one-document .txt), chat (native messages), a
   mixture (`[[data.sources]]`) of native chat, ShareGPT-mapped, Alpaca-mapped and text sources
-  with drawn weights; the byte tokenizer or a real BPE with a ChatML template; packing (auto,
-  concat, documents), seq_len 16/32/64, data.overlong (split, truncate, drop);
+  with drawn weights, or preference pairs (UltraFeedback-shaped, or mixed with an
+  Anthropic-HH-shaped mapped source) trained with a drawn train.objective (dpo, ipo, simpo,
+  orpo; kto is refused); the byte tokenizer or a real BPE
+  with a ChatML template; packing (auto, concat, documents), seq_len 16/32/64, data.overlong
+  (split, truncate, drop);
 - eval: none, a held-out fraction, or eval.paths; every_steps, batches, eval.samples (from the
   eval set or a samples_file);
 - length: train.steps or train.epochs; micro-batch, grad_accum, 1 or 2 ranks;
@@ -96,6 +99,17 @@ def _chats(rng: random.Random, n: int, turns: int) -> list[list[dict[str, str]]]
     return out
 
 
+def _pairs(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """Preference pairs in UltraFeedback's shape: a prompt, and answers that repeat it."""
+    out = []
+    for _ in range(n):
+        prompt = [{"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(2, 8)))}]
+        answers = [[*prompt, {"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, 6)))}]
+                   for _ in range(2)]  # fmt: skip
+        out.append({"prompt": prompt[0]["content"], "chosen": answers[0], "rejected": answers[1]})
+    return out
+
+
 def build_world(root: Path) -> World:
     """Sources of every kind (a few hundred samples each at seq_len 32), a BPE tokenizer with a
     ChatML template, and a tiny pretrained Qwen2 (save_pretrained, with that tokenizer)."""
@@ -128,6 +142,13 @@ def build_world(root: Path) -> World:
     )  # fmt: skip
     f["eval_text"] = write_jsonl(root / "eval_text.jsonl", [{"text": d} for d in documents(40, seed=7)])
     f["eval_chat"] = write_jsonl(root / "eval_chat.jsonl", conversations(40, seed=7))
+    f["pairs"] = write_jsonl(root / "pairs.jsonl", _pairs(rng, 160))
+    f["eval_pairs"] = write_jsonl(root / "eval_pairs.jsonl", _pairs(rng, 40))
+    f["hh_pairs"] = write_jsonl(  # Anthropic-HH's shape (no prompt) with ShareGPT's keys: a mapped source
+        root / "hh_pairs.jsonl",
+        [{k: [{"from": {"user": "human"}.get(m["role"], "gpt"), "value": m["content"]} for m in p[a]]
+          for k, a in (("good", "chosen"), ("bad", "rejected"))} for p in _pairs(rng, 120)],
+    )  # fmt: skip
     f["prompts"] = root / "prompts.txt"
     f["prompts"].write_text("quiet river\nsilver window garden\n")
     return world
@@ -137,6 +158,7 @@ def build_world(root: Path) -> World:
 SHAREGPT = {"messages_key": "conversations", "role_key": "from", "content_key": "value",
             "roles": {"human": "user", "gpt": "assistant"}}  # fmt: skip
 ALPACA = {"prompt": "{instruction}\n\n{input}", "response": "{output}"}
+HH = {"chosen_key": "good", "rejected_key": "bad", **{k: v for k, v in SHAREGPT.items() if k != "messages_key"}}
 SWEEPS = {
     "train.lr": ("0.001", "0.003"),
     "train.grad_accum": ("1", "2"),
@@ -167,7 +189,7 @@ def rare(p: int) -> st.SearchStrategy[bool]:
 @st.composite
 def draws(draw: st.DrawFn, world: World) -> Draw:
     f = world.files
-    kind = draw(st.sampled_from(["text", "chat", "mixture"]))
+    kind = draw(st.sampled_from(["text", "chat", "mixture", "preference"]))
     lora = draw(rare(3))
     pretrained = lora or draw(st.booleans())
     presets = st.sampled_from(["llama-tiny", "qwen2-tiny"])
@@ -188,6 +210,14 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
         data["paths"] = [str(f["text"])] + ([str(f["story"])] if draw(st.booleans()) else [])
     elif kind == "chat":
         data["paths"], data["format"] = [str(f["chat"])], "chat"
+    elif kind == "preference":
+        data["format"], data["packing"] = "preference", "auto"
+        if draw(st.booleans()):
+            data["paths"] = [str(f["pairs"])]
+        else:  # a mixture: the answers' common leading messages are the prompt in both shapes
+            data["prompt_key"] = ""
+            data["sources"] = [{"path": str(f["pairs"]), "weight": draw(st.sampled_from([0.5, 1.0]))},
+                               {"path": str(f["hh_pairs"]), **HH}]  # fmt: skip
     else:
         data["format"] = "chat"
         kinds = st.sampled_from(["chat", "sharegpt", "alpaca", "text"])
@@ -213,6 +243,8 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
             "rollback_after": draw(st.sampled_from([0, 1, 3])),
         },
     }
+    if kind == "preference":
+        train["objective"] = draw(st.sampled_from(["dpo", "ipo", "simpo", "orpo", "dpo", "kto"]))
     if draw(st.booleans()):
         train["steps"] = draw(st.integers(2, 4))
     else:
@@ -223,7 +255,7 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
     if held == "fraction":
         evaluation["fraction"] = draw(st.sampled_from([0.1, 0.2, 0.3]))
     elif held == "paths":
-        evaluation["paths"] = [str(f["eval_text"] if kind == "text" else f["eval_chat"])]
+        evaluation["paths"] = [str(f[{"text": "eval_text", "preference": "eval_pairs"}.get(kind, "eval_chat")])]
     if evaluation:
         evaluation["every_steps"] = draw(st.sampled_from([0, 1, 2]))
         evaluation["batches"] = draw(st.sampled_from([1, 2]))
@@ -256,7 +288,11 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
     tables["checkpoint"] = {
         "every_steps": draw(st.sampled_from([0, 1, 2])),
         "keep_last": draw(st.sampled_from([1, 2])),
-        "keep_best": "eval_loss" if evaluation and draw(st.booleans()) else "",
+        "keep_best": (
+            draw(st.sampled_from(["eval_loss", "eval_reward_accuracy" if kind == "preference" else "eval_loss"]))
+            if evaluation and draw(st.booleans())
+            else ""
+        ),
         "async": draw(st.booleans()),
     }
     grid = ""
@@ -350,6 +386,9 @@ def check_completed(run: runfolder.RunFolder) -> None:
     evals = [r for r in run.metrics() if "eval_loss" in r]
     if spec.eval.fraction or spec.eval.paths:
         assert evals and evals[-1]["step"] == done.step and all(math.isfinite(r["eval_loss"]) for r in evals), evals
+    if spec.train.objective != "sft":  # preference training: the rewards in every row
+        assert all("reward_accuracy" in r for r in rows if "loss" in r and not r.get("skipped")), rows
+        assert all(math.isfinite(r["eval_reward_margin"]) for r in evals), evals
     final = ckptfolder.find(run.checkpoints_dir(spec))
     assert final is not None and final.step == done.step
     if spec.checkpoint.keep_best:
@@ -387,6 +426,10 @@ def prepare_all(world: World) -> None:
             {"paths": [str(f["text"])], "tokenizer": tokenizer},
             {"paths": [str(f["eval_text"])], "tokenizer": tokenizer},
             {"paths": [str(f["eval_chat"])], "tokenizer": tokenizer, "format": "chat"},
+            {"paths": [str(f["pairs"])], "tokenizer": tokenizer, "format": "preference"},
+            {"paths": [str(f["eval_pairs"])], "tokenizer": tokenizer, "format": "preference"},
+            {"tokenizer": tokenizer, "format": "preference", "prompt_key": "",
+             "sources": [{"path": str(f["pairs"])}, {"path": str(f["hh_pairs"]), **HH}]},
             {"tokenizer": tokenizer, "format": "chat",
              "sources": [{"path": str(f["chat"])}, {"path": str(f["sharegpt"]), **SHAREGPT},
                          {"path": str(f["alpaca"]), **ALPACA}, {"path": str(f["text"]), "format": "text"}]},
@@ -394,7 +437,10 @@ def prepare_all(world: World) -> None:
     import tomli_w
 
     for recipe in recipes:
-        prepare.ensure(S.loads(tomli_w.dumps({**base, "data": {**base["data"], **recipe}})), log=lambda _: None)
+        tables = {**base, "data": {**base["data"], **recipe}}
+        if recipe.get("format") == "preference":  # (the pairs are longer than 16 tokens)
+            tables["train"], tables["data"]["seq_len"] = {"objective": "dpo"}, 64
+        prepare.ensure(S.loads(tomli_w.dumps(tables)), log=lambda _: None)
 
 
 @pytest.mark.timeout(3600)  # the whole search (pytest's 600 s is per test)
@@ -436,6 +482,7 @@ def features(d: Draw) -> list[str]:
     t, fsdp = d.tables, d.tables["fsdp"]
     flags = {
         "lora": "peft" in t, "mixture": "sources" in t["data"], "eval": "eval" in t, "sweep": bool(d.grid),
+        "preference": "objective" in t["train"],
         "epochs": bool(t["train"].get("epochs")), "ranks=2": t["slurm"]["tasks_per_node"] == 2,
         "compile": fsdp["compile"], "cpu_offload": fsdp["cpu_offload"], "ac": fsdp["activation_checkpointing"],
         "async": t["checkpoint"]["async"],

@@ -1,7 +1,8 @@
 """README.md's fine-tuning walk-through (issue 23), run as written: the shell block between its
 markers, in an empty folder, with this checkout's `clusterfsdp` and `python` first on PATH.
 Real: a Qwen2 and a tokenizer written by save_pretrained, two local CPU ranks, export, then
-plain transformers' `generate`."""
+plain transformers' `generate`. Then its preference-training walk-through (issue 37) in the same
+folder: DPO from the exported SFT model, export, `generate`."""
 
 from __future__ import annotations
 
@@ -23,16 +24,21 @@ def walkthrough(name: str) -> str:
     return found.group(1)
 
 
-def test_the_fine_tuning_walkthrough_runs_as_written(tmp_path: Path):
+def run_walkthrough(name: str, folder: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERFSDP_")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")  # no user config naming another run root
+    env["XDG_CONFIG_HOME"] = str(folder / "config")  # no user config naming another run root
     env["HF_HUB_OFFLINE"] = "1"  # it downloads nothing
     done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", walkthrough("fine-tuning")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        ["bash", "-euo", "pipefail", "-c", walkthrough(name)],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def test_the_fine_tuning_and_preference_walkthroughs_run_as_written(tmp_path: Path):
+    done = run_walkthrough("fine-tuning", tmp_path)
     said = done.stdout + done.stderr
     assert "COMPLETED" in said and "train.epochs = 2: " in said, said[-3000:]
     assert re.search(r"^data +train samples: \d+ of seq_len 64 \(documents packing\).*% padding", said, re.M), said
@@ -41,3 +47,14 @@ def test_the_fine_tuning_walkthrough_runs_as_written(tmp_path: Path):
     assert samples[-1]["completion"] == "yes", samples  # the eval samples: the trained answer
     assert done.stdout.splitlines()[-1] == "reply: yes", done.stdout[-2000:]
     assert "== train sample " in done.stdout and "[[yes<|im_end|>" in done.stdout  # data show: the answers
+
+    dpo = run_walkthrough("preference", tmp_path)
+    said = dpo.stdout + dpo.stderr
+    assert "-- chosen --" in dpo.stdout and "[[no<|im_end|>" in dpo.stdout  # data show: the pair's answers
+    assert "reference log-probs of the train pairs: " in said and "COMPLETED" in said, said[-3000:]
+    assert re.search(r"^eval +step 12: eval_loss [\d.]+, perplexity .*, reward accuracy 1\.00$", dpo.stdout, re.M), said
+    before, after = (
+        re.fullmatch(r"(\S+): log p\(yes\) (\S+), log p\(no\) (\S+)", line) for line in dpo.stdout.splitlines()[-2:]
+    )
+    assert before and after and (before[1], after[1]) == ("chat-model", "dpo-model"), dpo.stdout[-2000:]
+    assert float(before[2]) > float(before[3]) and float(after[3]) > float(after[2]) + 5, dpo.stdout[-2000:]

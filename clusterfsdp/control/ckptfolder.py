@@ -122,6 +122,12 @@ def is_complete(path: Path) -> bool:
     return (path / DCP_METADATA).is_file() and (path / COMPLETE).is_file()
 
 
+def reference_file(root: Path, role: str) -> Path:
+    """The reference log-probs of a preference run's `role` pairs (worker/preference.py):
+    computed once before the first step, read by every later attempt."""
+    return root / "reference" / f"{role}.npz"
+
+
 def read_meta(path: Path) -> dict[str, Any]:
     """A checkpoint's clusterfsdp.json (OSError, ValueError when unreadable or not a JSON object)."""
     meta = fileio.load_json(path / COMPLETE)

@@ -146,6 +146,8 @@ class RunStatus(Value):
     eval_step: int | None = None
     eval_ppl: float | None = None
     epoch: float | None = None  # samples consumed / training samples, at the newest metrics row
+    reward_accuracy: float | None = None  # preference training: at the newest training row
+    eval_reward_accuracy: float | None = None  # and at the newest evaluation
     cost: RunCost | None = None  # Slurm's accounting (`with_costs`); None: no Slurm attempt, or unknown
     cost_error: str = ""  # why the cost of a run with a Slurm attempt is unknown (sacct missing or failing)
 
@@ -166,6 +168,8 @@ class LastLogged(FrozenValue):
     eval_ppl: float | None = None
     epoch: float | None = None
     total_steps: int | None = None  # the steps the run trains, as the worker counted them (train.epochs)
+    reward_accuracy: float | None = None  # preference training (worker/preference.py)
+    eval_reward_accuracy: float | None = None
 
 
 def attempt_alive(attempt: Attempt) -> bool:
@@ -212,6 +216,8 @@ def last_logged(run: RunFolder) -> LastLogged:
         _number(evaluated, "eval_ppl") or (math.exp(min(eval_loss, 700)) if eval_loss is not None else None),
         _number(last, "epoch"),
         last["total_steps"] if last and _int(last.get("total_steps")) else None,
+        _number(trained, "reward_accuracy"),
+        _number(evaluated, "eval_reward_accuracy"),
     )
 
 
@@ -323,6 +329,8 @@ def run_status(
         eval_step=progress.eval_step,
         eval_ppl=progress.eval_ppl,
         epoch=progress.epoch,
+        reward_accuracy=progress.reward_accuracy,
+        eval_reward_accuracy=progress.eval_reward_accuracy,
     )
     events = run.events()
     st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run, job), run.tracker_ids()

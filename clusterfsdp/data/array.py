@@ -292,7 +292,7 @@ def finish(ref: DatasetRef, spec: specmod.JobSpec, log: Log, workers: int) -> di
         "eos": stats[0]["eos"],
         "dtype": stats[0]["dtype"],
         "format": data.format,
-        "mask": data.format == "chat",
+        "mask": data.format != "text",
         "tokens": tokens,
         "documents": sum(s["documents"] for s in stats),
         "skipped": sum(s["skipped"] for s in stats),

@@ -7,7 +7,7 @@ A *prepared dataset* is the token form of a list of sources, built once by
     <cache>/<key>/manifest.json        sources, tokenizer, token and document counts, shards
     <cache>/<key>/shards/NNNNN.tok     flat uint16/uint32 token ids
     <cache>/<key>/shards/NNNNN.doc     int64 offsets (in the shard) where documents start
-    <cache>/<key>/shards/NNNNN.msk     uint8 per token, 1 = trained on (format = 'chat' only)
+    <cache>/<key>/shards/NNNNN.msk     uint8 per token, 1 = trained on (formats 'chat' and 'preference')
     <cache>/<key>/index/<id>/          samples of one seq_len / packing / split (see index.py)
     <cache>/.<key>.partial/            a prepare in progress: never read by a job
     <cache>/<key>.lock                 held while one process prepares (control/lock.py)
@@ -264,6 +264,9 @@ def part_data(spec: specmod.JobSpec, part: int) -> specmod.DataSection:
         split=s.split or d.split,
         text_key=s.text_key or d.text_key,
         messages_key=s.messages_key or d.messages_key,
+        prompt_key=s.prompt_key or d.prompt_key,
+        chosen_key=s.chosen_key or d.chosen_key,
+        rejected_key=s.rejected_key or d.rejected_key,
         sources=[s],
     )
 

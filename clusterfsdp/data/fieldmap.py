@@ -1,6 +1,10 @@
 """How a record's fields become a document: the text of a text record, the messages of a chat
 record. Pure Python (validate reads the first record of each source with it; prepare reads all).
 
+A preference pair (format 'preference') is a prompt and two answers (`Pair`), each a string or a
+list of messages (data.prompt_key, chosen_key, rejected_key); the readers of each format are
+looked up in `READERS`.
+
 The plain form is `data.text_key` / `data.messages_key` with {role, content} messages. A
 `[[data.sources]]` entry may map other shapes onto it: messages under another key with other
 field names and role values (ShareGPT: `conversations` of {from, value}, human/gpt), or
@@ -31,7 +35,7 @@ class MissingKey(DataError):
 class FieldMap(FrozenValue):
     """The fields one source's records are read through, and the job.toml keys that name them."""
 
-    format: str  # 'text' | 'chat'
+    format: str  # 'text' | 'chat' | 'preference'
     text_key: str
     messages_key: str
     role_key: str = "role"
@@ -41,12 +45,14 @@ class FieldMap(FrozenValue):
     response: str = ""
     system: str = ""
     where: str = "data."  # the prefix of the job.toml keys that name them ('' for a source's own)
+    pair_keys: tuple[str, str, str] = ("prompt", "chosen", "rejected")  # format 'preference'
 
     @staticmethod
     def of(data: specmod.DataSection) -> FieldMap:
         """The mapping of a [data] section; a part's section (cache.part_data) carries its source."""
+        keys = (data.prompt_key, data.chosen_key, data.rejected_key)
         if len(data.sources) != 1:
-            return FieldMap(data.format, data.text_key, data.messages_key)
+            return FieldMap(data.format, data.text_key, data.messages_key, pair_keys=keys)
         s = data.sources[0]
         return FieldMap(
             data.format,
@@ -59,6 +65,7 @@ class FieldMap(FrozenValue):
             s.response,
             s.system,
             "",  # errors name the source already (data.sources[i].path: file:line)
+            keys,
         )
 
     @property
@@ -67,16 +74,19 @@ class FieldMap(FrozenValue):
 
     @property
     def key(self) -> str:
-        """The record field read without templates: the text, or the messages."""
-        return self.messages_key if self.format == "chat" else self.text_key
+        """The record field read without templates: the text, the messages, or a pair's answer."""
+        return {"chat": self.messages_key, "preference": self.pair_keys[1]}.get(self.format, self.text_key)
 
     @property
     def field(self) -> str:
         """The job.toml key naming it."""
-        return f"{self.where}{'messages_key' if self.format == 'chat' else 'text_key'}"
+        name = {"chat": "messages_key", "preference": "chosen_key"}.get(self.format, "text_key")
+        return f"{self.where}{name}"
 
     def columns(self) -> list[str]:
         """The record fields (table columns) the mapping reads."""
+        if self.format == "preference":
+            return [k for k in self.pair_keys if k]
         if not self.templated:
             return [self.key]
         names = [n for t in (self.system, self.prompt, self.response) for n in template_fields(t)]
@@ -90,13 +100,20 @@ class FieldMap(FrozenValue):
             out.update(role_key=self.role_key, content_key=self.content_key, roles=list(self.roles))
         if self.templated:
             out.update(prompt=self.prompt, response=self.response, system=self.system)
+        if self.format == "preference":
+            out.update(pair_keys=list(self.pair_keys))
         return out
 
     # ---------------------------------------------------------------- reading a record
-    def apply(self, record: Any, where: str) -> str | list[dict[str, str]]:
-        """The text or messages of one decoded record; DataError naming `where` and the key."""
+    def apply(self, record: Any, where: str) -> Any:
+        """The text, messages or Pair of one decoded record (READERS[format]); DataError naming
+        `where` and the key."""
         if not isinstance(record, dict):
             raise DataError(f"{where}: not a JSON object")
+        return READERS[self.format](self, record, where)
+
+    def _document(self, record: dict, where: str) -> str | list[dict[str, str]]:
+        """The text or the messages of a text or chat record."""
         if self.templated:
             return self._templates(record, where)
         value = self._get(record, self.key, self.field, where)
@@ -137,12 +154,12 @@ class FieldMap(FrozenValue):
             raise DataError(f"{where}: {key!r} is null")
         return value
 
-    def _message(self, m: Any, n: int, where: str) -> Any:
-        """One message in the {role, content} form (left as it is when it is not an object:
-        check_messages names it)."""
+    def _message(self, m: Any, n: int, where: str, key: str = "") -> Any:
+        """One message (of the list under `key`, default the record key) in the {role, content}
+        form (left as it is when it is not an object: check_messages names it)."""
         if not isinstance(m, dict):
             return m
-        here = f"{where}: {self.key}[{n}]"
+        here = f"{where}: {key or self.key}[{n}]"
         for key, name in ((self.role_key, "role_key"), (self.content_key, "content_key")):
             if key not in m:
                 has = ", ".join(sorted(map(str, m))[:8]) or "none"
@@ -176,6 +193,96 @@ class FieldMap(FrozenValue):
             messages.append({"role": "user", "content": prompt})
         messages.append({"role": "assistant", "content": response})
         return check_messages(messages, self.key, where)
+
+    # ---------------------------------------------------------------- preference pairs
+    def _pair_part(self, record: dict, index: int, where: str) -> str | list[dict[str, str]]:
+        """One field of a pair: a non-empty string, or messages in the {role, content} form."""
+        key = self.pair_keys[index]
+        name = ("prompt_key", "chosen_key", "rejected_key")[index]
+        value = self._get(record, key, f"{self.where}{name}", where)
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list) or not value:
+            raise DataError(f"{where}: {key!r} must be a string or a non-empty list of {{role, content}} messages")
+        if (self.role_key, self.content_key) != ("role", "content") or self.roles:
+            value = [self._message(m, n, where, key) for n, m in enumerate(value)]
+        for n, m in enumerate(value):
+            if not isinstance(m, dict) or not all(isinstance(m.get(k), str) for k in ("role", "content")):
+                raise DataError(f"{where}: {key}[{n}] is not an object with string 'role' and 'content'")
+        return value
+
+    def _pair(self, record: dict, where: str) -> Pair:
+        """A preference record as a Pair: strings stay text; with messages anywhere every part
+        becomes messages (a string prompt a user message, a string answer an assistant one), and
+        the messages an answer begins with that are the prompt's (or, without data.prompt_key,
+        that both answers begin with) are the prompt."""
+        chosen, rejected = self._pair_part(record, 1, where), self._pair_part(record, 2, where)
+        prompt = self._pair_part(record, 0, where) if self.pair_keys[0] else None
+        if prompt is not None and all(isinstance(v, str) for v in (prompt, chosen, rejected)):
+            return Pair(prompt, chosen, rejected)
+        if prompt is None and isinstance(chosen, str) and isinstance(rejected, str):
+            raise DataError(
+                f"{where}: the answers are strings and no prompt is named: set {self.where}prompt_key to the "
+                "field holding the prompt"
+            )
+
+        def messages(v: str | list[dict[str, str]], role: str) -> list[dict[str, str]]:
+            return [{"role": role, "content": v}] if isinstance(v, str) else list(v)
+
+        c, r = messages(chosen, "assistant"), messages(rejected, "assistant")
+        if prompt is None:
+            n = 0
+            while n < min(len(c), len(r)) - 1 and c[n] == r[n]:
+                n += 1
+            p = c[:n]
+        else:
+            p = messages(prompt, "user")
+        c, r = _after(p, c), _after(p, r)
+        if not p:
+            raise DataError(f"{where}: the pair has no prompt (the answers have no leading messages in common)")
+        for key, answer in ((self.pair_keys[1], c), (self.pair_keys[2], r)):
+            if not any(m["role"] == "assistant" for m in answer):
+                raise DataError(f"{where}: {key!r} has no 'assistant' message after the prompt: nothing to train on")
+        return Pair(p, c, r)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A preference record: the prompt and the preferred (chosen) and dispreferred (rejected)
+    answers; all strings (text, joined) or all messages (rendered with the chat template)."""
+
+    prompt: str | list[dict[str, str]]
+    chosen: str | list[dict[str, str]]
+    rejected: str | list[dict[str, str]]
+
+    @property
+    def chat(self) -> bool:
+        return not isinstance(self.prompt, str)
+
+    def __len__(self) -> int:
+        """Characters of text (what a batch of records to encode is measured in)."""
+        return sum(record_chars(v) for v in (self.prompt, self.chosen, self.rejected))
+
+
+def _after(prompt: list[dict[str, str]], answer: list[dict[str, str]]) -> list[dict[str, str]]:
+    """`answer` without the messages it repeats of the prompt (UltraFeedback's answers are whole
+    conversations)."""
+    return answer[len(prompt) :] if answer[: len(prompt)] == prompt else answer
+
+
+def record_chars(value: Any) -> int:
+    """Characters of text a record's value holds: a string, messages, or a Pair."""
+    if isinstance(value, str | Pair):
+        return len(value)
+    return sum(len(m["content"]) for m in value)
+
+
+# How a record of each data.format is read.
+READERS: dict[str, Callable[[FieldMap, dict, str], Any]] = {
+    "text": FieldMap._document,
+    "chat": FieldMap._document,
+    "preference": FieldMap._pair,
+}
 
 
 CHAT_ROLES = {"system", "user", "assistant", "tool"}

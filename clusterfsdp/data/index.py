@@ -17,6 +17,11 @@ A sample is a list of token ranges of the prepared stream:
   an answer's masked tokens end, so no answer is kept without its prompt; none fits: dropped).
   The policy acts here, on the index (its id names it), not on the prepared tokens: the same
   prepared dataset serves every seq_len and policy.
+- packing 'pairs' (data.format = 'preference'): sample k is pair k, its two documents (prompt +
+  chosen answer, prompt + rejected answer) in two rows of seq_len positions, padded. A document
+  longer than seq_len + 1 tokens keeps its first seq_len + 1 ('split' and 'truncate'), or its pair
+  is dropped ('drop'); a pair one of whose answers would keep no trained token is dropped. The
+  held-out split (eval.fraction) is by pair.
 
 meta.json also holds the index's statistics (documents, tokens, samples, what the policy did,
 padding, the fraction of label positions trained on, document lengths), which `data prepare`,
@@ -303,6 +308,71 @@ def _fit(
     return starts[keep], lengths[keep], counts
 
 
+def _pair_split(n: int, spec: JobSpec, role: str, what: str) -> np.ndarray:
+    """The pairs of this split (eval.fraction: pair p held out when a hash of (seed, p) falls below
+    it); DataError when either split would hold less than one batch."""
+    if not spec.eval.fraction or spec.eval.paths:
+        return np.ones(n, bool)
+    held = _uniform(spec.job.seed, n) < spec.eval.fraction
+    n_eval, n_train = per_batch(spec, "eval"), per_batch(spec, "train")
+    if held.sum() < n_eval or (~held).sum() < n_train:
+        raise DataError(
+            f"eval.fraction: {spec.eval.fraction:g} holds out {int(held.sum())} of the {n} pairs of {what}, "
+            f"leaving {int((~held).sum())}: one evaluation batch needs {n_eval} and one global batch {n_train}; "
+            "set eval.fraction (or eval.paths) so that both fit"
+        )
+    return held if role == "eval" else ~held
+
+
+def _pairs(
+    dataset: Path, out: Path, manifest: dict[str, Any], spec: JobSpec, role: str, what: str, meta: dict[str, Any]
+) -> dict[str, Any]:
+    """The index of preference pairs (packing 'pairs'): two (start, length) rows per sample."""
+    seq, policy = spec.data.seq_len, spec.data.overlong
+    starts = document_starts(dataset, manifest)
+    if len(starts) % 2:
+        raise DataError(f"{dataset}: a preference dataset holds an odd number of documents: prepare it again")
+    lengths = np.diff(np.append(starts, int(manifest["tokens"])))
+    pair_starts, pair_lengths = starts.reshape(-1, 2), lengths.reshape(-1, 2)
+    keep = _pair_split(len(pair_starts), spec, role, what)
+    over = (pair_lengths - 1 > seq).any(axis=1) & keep
+    counts = {"overlong": int(over.sum()), "split": 0, "truncated": 0, "dropped": 0}
+    if policy == "drop":
+        keep &= ~over
+    elif over.any():  # keep the first seq + 1 tokens, if an answer's token is left in each
+        offsets = shard_offsets(manifest)
+        shard_of = np.searchsorted(offsets, pair_starts, side="right") - 1
+        masks = _masks(dataset, manifest, np.unique(shard_of[over]))
+        for p in np.flatnonzero(over):
+            for j in range(2):
+                at = int(pair_starts[p, j] - offsets[shard_of[p, j]])
+                if not masks[int(shard_of[p, j])][at + 1 : at + min(seq + 1, int(pair_lengths[p, j]))].any():
+                    keep[p] = False
+    counts["dropped"] = int((over & ~keep).sum())
+    counts["truncated"] = int((over & keep).sum())
+    rows = np.stack([pair_starts[keep], np.minimum(pair_lengths[keep], seq + 1)], axis=2).reshape(-1, 2)
+    n = int(keep.sum())
+    offsets_table = np.arange(0, 2 * n + 1, 2, dtype=np.int64)
+    segments = rows.astype(np.int64)
+    meta.update(
+        documents=2 * n,
+        tokens=int(segments[:, 1].sum()),
+        of_documents=manifest["documents"],
+        holdout="pairs" if spec.eval.fraction and not spec.eval.paths else "",
+        lengths=_lengths(pair_lengths[keep].reshape(-1)),
+        overlong=counts,
+        policy=policy,
+        padding=1 - float((segments[:, 1] - 1).sum()) / max(1, 2 * n * seq),
+        trained=_trained(dataset, manifest, segments) / max(1, 2 * n * seq),
+    )
+    files = {}
+    for name, table in (("samples.i64", offsets_table), ("segments.i64", segments)):
+        table.tofile(out / name)
+        trust.secure(out / name)
+        files[name] = trust.seal(out / name)
+    return {**meta, "kind": "table", "samples": n, "files": files}
+
+
 def _trained(dataset: Path, manifest: dict[str, Any], segments: np.ndarray) -> int:
     """Label positions trained on in these (start, length) segments: each segment's tokens after its
     first, and for chat only those the mask marks."""
@@ -353,6 +423,8 @@ def build(
             "tokens": total,
             "trained": trained,
         }
+    if spec.packing == "pairs":
+        return _pairs(dataset, out, manifest, spec, role, what, meta)
     starts, lengths, split = _split_documents(document_starts(dataset, manifest), total, spec, role, what)
     meta.update(documents=len(starts), tokens=int(lengths.sum()), of_documents=manifest["documents"], **split)
     meta["lengths"] = _lengths(lengths)

@@ -12,7 +12,7 @@ from typing import Any
 from ..control.spec import JobSpec
 from .cache import text_hash
 from .mixture import Part, Schedule, epoch_samples
-from .samples import Batch, PreparedSamples, Skipped, stack
+from .samples import Batch, PreparedSamples, Skipped, pair_id, stack
 from .samplesets import index_id
 
 
@@ -43,7 +43,10 @@ class MixtureSamples:
         for position in range(first, first + micro_batch):
             source, k = self.schedule(self.skipped.raw(position))
             part = self.parts[source]
-            samples.append(part.sample(part.index_of(k)))
+            sample = part.sample(part.index_of(k))
+            if sample.pair_id >= 0:
+                sample.pair_id = pair_id(source, sample.pair_id)
+            samples.append(sample)
         return stack(samples)
 
 

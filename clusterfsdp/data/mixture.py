@@ -120,7 +120,10 @@ def part_problem(spec: specmod.JobSpec, role: str, part: int, meta: dict[str, An
     if int(meta["samples"]) > 0:
         return None
     dropped = int((meta.get("overlong") or {}).get("dropped", 0))
-    if dropped:
+    if dropped and spec.packing == "pairs":  # pairs are never split: only a longer seq_len keeps them
+        why = f" ({dropped:,} pairs left out: longer than seq_len, an answer cut off or data.overlong = 'drop')"
+        fix = "raise data.seq_len"
+    elif dropped:
         why = f" (data.overlong = {spec.data.overlong!r} left out {dropped:,} documents longer than seq_len)"
         fix = "set data.overlong = 'split' or raise data.seq_len"
     else:

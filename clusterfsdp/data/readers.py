@@ -18,7 +18,7 @@ import numpy as np
 
 from ..control import spec as specmod
 from ..control.spec import badrecords
-from .fieldmap import FieldMap
+from .fieldmap import FieldMap, record_chars
 from .formats import parse_json_line, utf8_error
 from .shards import ShardStats, ShardWriter
 from .skipped import BAD_KEPT
@@ -46,7 +46,7 @@ class UnitReader:
     def __init__(self, task: Task):
         self.task = task
         self.encoder = DocumentEncoder(task.data.tokenizer)
-        self.chat = task.data.format == "chat"
+        self.format = task.data.format
         self.fields = FieldMap.of(task.data)
         policy = badrecords.parse(task.data.bad_records)
         self.skip_bad = policy is not None and policy.skip
@@ -57,7 +57,7 @@ class UnitReader:
     def run(self, unit: Unit) -> ShardStats:
         cpu = time.process_time()
         src = self.task.sources[unit.source]
-        writer = ShardWriter(Path(self.task.shards), unit.shard, self.encoder, self.chat)
+        writer = ShardWriter(Path(self.task.shards), unit.shard, self.encoder, self.format != "text")
         self._stats = writer.stats
         if src.kind == "txt":
             self._txt(src, unit, writer)
@@ -192,7 +192,7 @@ class UnitReader:
                 continue
             batch.append(value)
             wheres.append(where)
-            size += len(value) if isinstance(value, str) else sum(len(m["content"]) for m in value)
+            size += record_chars(value)
             if size >= BATCH_BYTES:
                 self._encode(batch, wheres, writer)
                 batch, wheres, size = [], [], 0
@@ -200,8 +200,7 @@ class UnitReader:
             self._encode(batch, wheres, writer)
 
     def _encode(self, batch: list[Any], wheres: list[object], writer: ShardWriter) -> None:
-        docs = self.encoder.chats(batch, wheres, self._template_refused) if self.chat else self.encoder.texts(batch)
-        for doc in docs:
+        for doc in self.encoder.encode(self.format, batch, wheres, self._template_refused):
             writer.add(doc)
 
     def _template_refused(self, error: DataError) -> None:

@@ -44,11 +44,14 @@ PREPARE_WAIT = timedelta(days=7)  # how long ranks > 0 wait for rank 0's prepare
 @dataclass
 class Batch:
     """A micro-batch: inputs, shifted labels (IGNORE_INDEX where not trained on), and position
-    ids that restart at each document (packing 'documents'; None otherwise)."""
+    ids that restart at each document (packing 'documents'; None otherwise). Preference pairs
+    (packing 'pairs'): the chosen rows of the micro-batch's pairs, then their rejected rows, and
+    `pair_ids` naming each pair (data.samples.pair_id: what a reference log-prob is looked up by)."""
 
     input_ids: torch.Tensor
     labels: torch.Tensor
     position_ids: torch.Tensor | None = None
+    pair_ids: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
         positions = self.position_ids
@@ -56,10 +59,15 @@ class Batch:
             self.input_ids.to(device, non_blocking=True),
             self.labels.to(device, non_blocking=True),
             None if positions is None else positions.to(device, non_blocking=True),
+            self.pair_ids,
         )
 
     @property
     def label_count(self) -> int:
+        """What the step's summed loss is divided by: the trained labels, or for pairs the pairs
+        (a preference loss is a mean over pairs)."""
+        if self.pair_ids is not None:
+            return len(self.pair_ids)
         return int((self.labels != IGNORE_INDEX).sum())
 
 
@@ -107,9 +115,18 @@ class Skipped:
 
 @dataclass
 class Sample:
-    input_ids: np.ndarray
+    input_ids: np.ndarray  # (seq_len,), or (2, seq_len) for a pair: chosen, rejected
     labels: np.ndarray
     positions: np.ndarray | None = None
+    pair_id: int = -1  # a pair's id (pair_id), -1 otherwise
+
+
+PART_SHIFT = 40  # pair_id: a mixture's source index above the sample index
+
+
+def pair_id(part: int, k: int) -> int:
+    """The id of pair k of a mixture's source `part` (0 without a mixture): unique in a job's data."""
+    return (part << PART_SHIFT) | k
 
 
 class _Reader:
@@ -185,8 +202,10 @@ class PreparedSamples:
         self.manifest: dict[str, Any] = json.loads((folder / "manifest.json").read_text())
         self.meta: dict[str, Any] = json.loads((tables / "meta.json").read_text())
         self.seq_len, self.seed, self.order = seq_len, seed, order
+        self.identity = f"{folder.name}/{index}"  # the prepared dataset and sample index it reads
         self.count = int(self.meta["samples"])
         self.documents = self.meta["packing"] == "documents"
+        self.pairs = self.meta["packing"] == "pairs"
         n = len(self.manifest["shards"])
         offsets = shard_offsets(self.manifest)
         shards = folder / "shards"
@@ -237,6 +256,8 @@ class PreparedSamples:
         """Sample k: input ids, labels and (packing 'documents') position ids, each seq_len long."""
         ranges = self._ranges(k)
         seq = self.seq_len
+        if self.pairs:
+            return self._pair(k, ranges)
         if not self.documents:  # one window of seq + 1 tokens, maybe in several ranges
             ids = np.concatenate([self.tokens.read(s, n) for s, n in ranges]).astype(np.int64)
             labels = ids[1:].copy()
@@ -255,6 +276,15 @@ class PreparedSamples:
             at += n - 1
         return Sample(ids, labels, positions)
 
+    def _pair(self, k: int, ranges: list[tuple[int, int]]) -> Sample:
+        """Pair k: its chosen and rejected documents in two rows of seq_len positions, padded."""
+        ids = np.full((2, self.seq_len), self.pad, np.int64)
+        labels = np.full((2, self.seq_len), IGNORE_INDEX, np.int64)
+        for row, (s, n) in enumerate(ranges):
+            ids[row, : n - 1] = self.tokens.read(s, n - 1)
+            labels[row, : n - 1] = self._labels(s, n)
+        return Sample(ids, labels, pair_id=pair_id(0, k))
+
     def index_of(self, position: int) -> int:
         """The sample at a position of the read order: training epochs reshuffle; eval is fixed."""
         epoch, pos = divmod(position, self.count)
@@ -271,6 +301,12 @@ class PreparedSamples:
 def stack(parts: list[Sample]) -> Batch:
     """Samples as one micro-batch."""
     positions = [p.positions for p in parts if p.positions is not None]
+    if parts and parts[0].input_ids.ndim == 2:  # pairs: every chosen row, then every rejected row
+        return Batch(
+            torch.from_numpy(np.concatenate([np.stack([p.input_ids[j] for p in parts]) for j in (0, 1)])),
+            torch.from_numpy(np.concatenate([np.stack([p.labels[j] for p in parts]) for j in (0, 1)])),
+            pair_ids=torch.tensor([p.pair_id for p in parts], dtype=torch.int64),
+        )
     return Batch(
         torch.from_numpy(np.stack([p.input_ids for p in parts])),
         torch.from_numpy(np.stack([p.labels for p in parts])),

@@ -26,7 +26,8 @@ def index_id(spec: specmod.JobSpec, role: str) -> str:
         "holdout": holdout,
         "seed": spec.job.seed if holdout else 0,
     }
-    if spec.packing == "documents" and spec.data.overlong != "split":  # 'split' keeps the ids built before it
+    # ('split' keeps the ids built before it)
+    if spec.packing in ("documents", "pairs") and spec.data.overlong != "split":
         payload["overlong"] = spec.data.overlong
     return text_hash(json.dumps(payload, sort_keys=True))[:16]
 
@@ -80,7 +81,9 @@ def batch_problem(spec: specmod.JobSpec, role: str, samples: int, meta: dict[str
             if spec.eval.paths
             else "raise eval.fraction or set eval.paths"
         )
-    if lost:  # fewer samples would not help: the documents were left out for being longer than seq_len
+    if lost and spec.packing == "pairs":  # pairs are never split: only a longer seq_len keeps them
+        fix = f"raise data.seq_len ({lost:,} pairs left out: longer than seq_len, an answer cut off or 'drop')"
+    elif lost:  # fewer samples would not help: the documents were left out for being longer than seq_len
         fix = f"set data.overlong = 'split' or raise data.seq_len ({lost:,} longer documents left out)"
     return (
         f"{key}: the {role} data gives {samples} samples of seq_len {spec.data.seq_len} ({spec.packing} packing), "

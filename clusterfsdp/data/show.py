@@ -48,6 +48,7 @@ class Shown:
     title: str
     documents: list[list[tuple[str, bool]]] = field(default_factory=list)
     padding: int = 0  # positions of the sample after its last document
+    names: tuple[str, ...] = ()  # what each document is (a preference pair's 'chosen', 'rejected')
     tokens: int = 0
     trained: int = 0
 
@@ -94,16 +95,17 @@ def render_sample(tok: Any, samples: PreparedSamples, k: int, title: str) -> Sho
         ids = samples.tokens.read(start, n)
         mask = samples.mask.read(start, n) != 0 if samples.mask is not None else np.ones(n, bool)
         docs.append((ids, mask))
-    if not samples.documents:  # one window: its ranges are consecutive parts of it
+    pairs = getattr(samples, "pairs", False)
+    if not samples.documents and not pairs:  # one window: its ranges are consecutive parts of it
         docs = [(np.concatenate([ids for ids, _ in docs]), np.concatenate([mask for _, mask in docs]))]
-    shown = Shown(title)
+    shown = Shown(title, names=("chosen", "rejected") if pairs else ())
     for ids, mask in docs:
         trained = [False, *(bool(m) for m in mask[1:])]  # the first token is no label
         shown.documents.append(pieces_of(tok, [int(i) for i in ids], trained))
         shown.tokens += len(ids)
         shown.trained += sum(trained)
-    used = sum(n - 1 for _, n in ranges) if samples.documents else samples.seq_len
-    shown.padding = samples.seq_len - used
+    used = sum(n - 1 for _, n in ranges) if samples.documents or pairs else samples.seq_len
+    shown.padding = samples.seq_len * (2 if pairs else 1) - used
     return shown
 
 
@@ -187,7 +189,9 @@ def render_text(shown: list[Shown], colour: bool) -> str:
         head += f", {s.padding:,} padding positions" if s.padding else ""
         lines.append(f"\x1b[2m{head}\x1b[0m" if colour else head)
         for d, document in enumerate(s.documents):
-            if d:
+            if s.names:
+                lines.append(f"-- {s.names[d]} --")
+            elif d:
                 lines.append(f"-- document {d + 1} --")
             lines.append("".join(_paint(text, trained, colour) for text, trained in document))
     return "\n".join(lines)

@@ -9,6 +9,12 @@ characters in between, and a token is trained on when it holds characters of an 
 offsets from the fast tokenizer). A template that renders an earlier part of the conversation
 differently once later messages follow (some strip the reasoning of earlier turns) cannot be
 split exactly, and is refused with the record named.
+
+A preference pair (format 'preference', fieldmap.Pair) becomes two documents in a row, the
+prompt with the chosen answer and the prompt with the rejected one, each with a mask that is 1
+on its answer's tokens only (strings: prefix + prompt + answer + EOS, the answer and EOS
+trained; messages: the chat template's rendering, the answer's assistant messages trained).
+`ENCODERS` names the encoding of each data.format.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .fieldmap import Pair
 from .sources import DataError
 
 BYTE_VOCAB = 260  # 256 bytes + BOS, EOS, PAD (+1 spare)
@@ -107,12 +114,16 @@ class DocumentEncoder:
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
-    def _answer_spans(self, messages: list[dict[str, Any]], where: object) -> tuple[str, list[tuple[int, int]]]:
+    def _answer_spans(
+        self, messages: list[dict[str, Any]], where: object, first: int = 0
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered conversation and the character spans of its assistant messages from
+        message `first` on (a pair's answer: not the assistant turns of its prompt)."""
         try:
             text = self._render(messages, False)
             spans = []
             for i, m in enumerate(messages):
-                if m["role"] != "assistant":
+                if m["role"] != "assistant" or i < first:
                     continue
                 prompt = self._render(messages[:i], True) if i else ""
                 upto = self._render(messages[: i + 1], False)
@@ -157,3 +168,71 @@ class DocumentEncoder:
                 mask[(offsets[:, 1] > a) & (offsets[:, 0] < b)] = 1
             out.append(Encoded(np.asarray(enc.ids, self.dtype), mask))
         return out
+
+    # ---- preference pairs
+    def _masked(self, text: str, start: int) -> Encoded:
+        """prefix + tokens of `text` + EOS, the mask 1 on the tokens holding characters from
+        `start` on, and on EOS."""
+        if self.is_bytes:
+            ids = self._ids([text])[0]
+            mask = np.zeros(len(ids), np.uint8)
+            mask[len(text[:start].encode("utf-8")) :] = 1
+        else:
+            assert self.backend is not None
+            enc = self.backend.encode(text, add_special_tokens=False)
+            ids = np.asarray(enc.ids, self.dtype)
+            offsets = np.asarray(enc.offsets, np.int64).reshape(-1, 2)
+            mask = (offsets[:, 1] > start).astype(np.uint8)
+        return Encoded(
+            np.concatenate([self.prefix, ids, np.asarray([self.eos], self.dtype)]),
+            np.concatenate([np.zeros(len(self.prefix), np.uint8), mask, np.ones(1, np.uint8)]),
+        )
+
+    def _chat_answer(self, prompt: list[dict[str, Any]], answer: list[dict[str, Any]], where: object) -> Encoded:
+        assert self.backend is not None
+        text, spans = self._answer_spans([*prompt, *answer], where, first=len(prompt))
+        enc = self.backend.encode(text, add_special_tokens=False)
+        offsets = np.asarray(enc.offsets, np.int64).reshape(-1, 2)
+        mask = np.zeros(len(offsets), np.uint8)
+        for a, b in spans:
+            mask[(offsets[:, 1] > a) & (offsets[:, 0] < b)] = 1
+        return Encoded(np.asarray(enc.ids, self.dtype), mask)
+
+    def pairs(
+        self, pairs: list[Pair], wheres: list[object], refused: Callable[[DataError], None] | None = None
+    ) -> list[Encoded]:
+        """Each pair as two documents (chosen, rejected); a pair the chat template refuses goes to
+        `refused` (None: raise) and is left out whole."""
+        out: list[Encoded] = []
+        for pair, where in zip(pairs, wheres, strict=True):
+            try:
+                if not pair.chat:
+                    prompt, answers = str(pair.prompt), (str(pair.chosen), str(pair.rejected))
+                    docs = [self._masked(prompt + a, len(prompt)) for a in answers]
+                elif self.backend is None or not hasattr(self.tok, "apply_chat_template"):
+                    raise DataError(f"{where}: a pair of messages needs a HF tokenizer with a chat template")
+                else:  # (fieldmap makes every part messages when one is)
+                    answers = [a for a in (pair.chosen, pair.rejected) if not isinstance(a, str)]
+                    assert not isinstance(pair.prompt, str) and len(answers) == 2
+                    docs = [self._chat_answer(pair.prompt, a, where) for a in answers]
+            except DataError as e:
+                if refused is None:
+                    raise
+                refused(e)
+                continue
+            out += docs
+        return out
+
+    def encode(
+        self, format: str, records: list[Any], wheres: list[object], refused: Callable[[DataError], None]
+    ) -> list[Encoded]:
+        """The documents of a batch of records of one data.format (ENCODERS)."""
+        return ENCODERS[format](self, records, wheres, refused)
+
+
+# How the records of each data.format become documents.
+ENCODERS: dict[str, Callable[..., list[Encoded]]] = {
+    "text": lambda enc, records, wheres, refused: enc.texts(records),
+    "chat": DocumentEncoder.chats,
+    "preference": DocumentEncoder.pairs,
+}

@@ -94,6 +94,10 @@ def format_row(row: dict, total_steps: int) -> str:
         if "eval_loss" in row
         else ""
     )
+    if "reward_accuracy" in row:  # preference training (worker/preference.py)
+        evaluated += f" reward_accuracy {row['reward_accuracy']:.2f} reward_margin {row['reward_margin']:.4f}"
+    if "eval_reward_accuracy" in row:
+        evaluated += f" eval_reward_accuracy {row['eval_reward_accuracy']:.2f}"
     return (
         f"step {row['step']}/{total_steps} loss {row['loss']:.4f}{epoch}{evaluated} lr {row['lr']:.2e} "
         f"grad_norm {row['grad_norm']:.3f} tokens/s {row['tokens_per_s']:,.0f}{mfu} mem {row['mem_peak_gb']:.2f} GB"

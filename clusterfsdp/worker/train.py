@@ -37,7 +37,7 @@ from ..control.spec import JobSpec
 from ..data import mixture, samplesets
 from ..data.mixsamples import MixtureSamples
 from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples, TrainingData, open_for_training
-from . import adapters
+from . import adapters, preference
 from . import metrics as metricsmod
 from . import model as modelmod
 from .build import build, token_ids
@@ -63,7 +63,8 @@ class TrainState:
     elapsed_s: float = 0.0  # training time along the run's trajectory (metrics.Meter)
     data: str = ""  # the key of the prepared training dataset it was trained on
     steps_total: int = 0  # the steps this run trains (train.steps, or derived from train.epochs)
-    best_eval_loss: float = 0.0  # the lowest eval loss so far (keep_best, early stopping), at best_step
+    best_eval_loss: float = 0.0  # the lowest judged score so far (keep_best, early stopping), at best_step: the
+    # eval loss, or minus the eval reward accuracy with checkpoint.keep_best = 'eval_reward_accuracy'
     best_step: int = 0  # 0: no evaluation yet (ckptfolder.BEST_STEP)
     stale_evals: int = 0  # evaluations in a row without an improvement of early_stopping.min_delta
     lr_schedule: dict[str, Any] = field(default_factory=dict)  # the lr curve (control.lrschedule.LrCurve)
@@ -177,7 +178,8 @@ class Trainer:
         self.samples.skipped = Skipped.of(self.state.skipped)
         self.t_ready = time.perf_counter()
         self.meter = self._start_metrics()
-        self.loss_fn = _loss_fn(self.spec)
+        self.objective = self._preference() if self.spec.preference_training else None
+        self.loss_fn = self.objective.train if self.objective is not None else _loss_fn(self.spec)
         # FSDP2: no gradient sync on the inner micro-batches of a step.
         self.gradient_sync: Callable[[bool], None] | None = getattr(self.model, "set_requires_gradient_sync", None)
 
@@ -317,6 +319,15 @@ class Trainer:
             self.ctx.sink.begin(self.state.step)
         return metricsmod.Meter(fpt, self.ctx.device, self.ctx.world_size, self.state.elapsed_s)
 
+    def _preference(self) -> preference.Objectives:
+        """The preference objectives, with their reference log-probs (preference.start)."""
+        sets = {"train": self.data.train, "eval": self.data.eval}
+        ctx = self.ctx
+        return preference.start(
+            self.spec, self.model, {role: s for role, s in sets.items() if s is not None}, ctx.checkpoints,
+            self.state.step > 0, ctx.rank, ctx.world_size, ctx.device, self.log, adapters.enabled(self.spec),
+        )  # fmt: skip
+
     # ---------------------------------------------------------------- the loop
     def run(self) -> Outcome:
         """Train to train.steps (then a final, blocking save), or until the ranks agree on a
@@ -366,6 +377,8 @@ class Trainer:
             ctx.beat.fetched()
         scale = world / _label_total(self.spec, self.samples, batches, self.flag_group)
         first = state.consumed
+        if self.objective is not None:
+            self.objective.train.reset()  # the row reports the rewards of the step it logs
         loss_sum = torch.zeros((), device=ctx.device)
         for micro, batch in enumerate(batches):
             state.consumed += world * mb
@@ -385,7 +398,7 @@ class Trainer:
         state.steps_run += 1
         if ctx.beat is not None:
             ctx.beat.step(state.step)
-        tokens = world * t.grad_accum * mb * self.spec.data.seq_len
+        tokens = world * t.grad_accum * mb * self.spec.data.seq_len * (2 if self.objective is not None else 1)
         state.tokens_seen += tokens
         self.meter.tick(tokens)
         ctx.flags.tick()
@@ -400,18 +413,25 @@ class Trainer:
             return {}
         assert self.data.eval is not None
         self._phase(Phase.EVAL)
-        eval_loss = evaluate(self.model, self.loss_fn, self.data.eval, self.eval_batches, self.ctx, self.spec)
+        loss_fn = self.objective.eval if self.objective is not None else self.loss_fn
+        if self.objective is not None:
+            self.objective.eval.reset()
+        eval_loss = evaluate(self.model, loss_fn, self.data.eval, self.eval_batches, self.ctx, self.spec)
+        rewards = self.objective.eval.row(self.flag_group, "eval_") if self.objective is not None else {}
         self._phase(Phase.STEP)
-        self._judge(eval_loss)
+        # the judged score, lower better: the eval loss, or minus the reward accuracy (checkpoint.keep_best)
+        self._judge(
+            -rewards["eval_reward_accuracy"] if "reward_accuracy" in self.spec.checkpoint.keep_best else eval_loss
+        )
         if self.sample_gen is not None:  # [eval] samples: every rank generates, rank 0 writes
             samples = self.sample_gen.generate(self.model, self.state.step, self.ctx.device)
             if self.ctx.sink is not None:
                 self.ctx.sink.samples(samples)
-        return {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0))}
+        return {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0)), **rewards}
 
     def _judge(self, eval_loss: float) -> None:
-        """After an evaluation (the same all-reduced loss on every rank, so every rank decides
-        alike): a new lowest eval loss (saved at this step with checkpoint.keep_best), and
+        """After an evaluation (the same all-reduced score on every rank, so every rank decides
+        alike): a new lowest eval loss, or score (saved at this step with checkpoint.keep_best), and
         train.early_stopping's verdict, against the best before this evaluation."""
         state, stop = self.state, self.spec.train.early_stopping
         first = state.best_step == 0
@@ -450,6 +470,7 @@ class Trainer:
             total_steps=self.steps,
             **self._epoch(),
             **skipped,
+            **(self.objective.train.row(self.flag_group) if self.objective is not None else {}),
             **self.maybe_eval(),
         )
         self.log(metricsmod.format_row(row, self.steps))

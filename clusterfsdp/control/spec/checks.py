@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from . import badrecords
+from . import objective as objectivechecks
 from . import peft as peftchecks
 from .allowlists import container_errors, env_errors, sbatch_name_error, sbatch_value_errors, setup_errors
 from .nodes import parse as parse_nodes
@@ -137,6 +138,7 @@ def check(spec: JobSpec) -> None:
     if spec.fsdp.version == 1 and spec.fsdp.compile:
         errors.append("fsdp.compile: supported with fsdp.version = 2 only")
     errors += peftchecks.errors(spec)
+    errors += objectivechecks.errors(spec)
     errors += env_errors(spec.env, spec.job.allow_env)
     if errors:
         raise SpecError(errors)

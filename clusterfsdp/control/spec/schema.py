@@ -273,11 +273,18 @@ class DataSource(Value):
         "Its share of the training samples (weights are normalized over the sources; a sample is seq_len "
         "positions of one source, so this is also its share of the tokens trained on).",
     )
-    format: Literal["", "text", "chat"] = F("", "'text' or 'chat' (empty: data.format).")
+    format: Literal["", "text", "chat", "preference"] = F(
+        "", "'text', 'chat' or 'preference' (empty: data.format; preference sources cannot mix with others)."
+    )
     split: str = F("", "Split of a dataset folder (empty: data.split).")
     text_key: str = F("", "Field holding the text (format = 'text'; empty: data.text_key).")
     messages_key: str = F(
         "", "Field holding the conversation (format = 'chat'; empty: data.messages_key), e.g. 'conversations'."
+    )
+    prompt_key: str = F("", "format = 'preference': the field holding the prompt (empty: data.prompt_key).")
+    chosen_key: str = F("", "format = 'preference': the field holding the preferred answer (empty: data.chosen_key).")
+    rejected_key: str = F(
+        "", "format = 'preference': the field holding the dispreferred answer (empty: data.rejected_key)."
     )
     role_key: str = F("role", "Field of each message holding its role, e.g. 'from' (ShareGPT).")
     content_key: str = F("content", "Field of each message holding its text, e.g. 'value' (ShareGPT).")
@@ -309,14 +316,24 @@ class DataSection(Value):
         "datasets.load_dataset reads (parquet/json/csv files); globs allowed; relative to this file. "
         "Tokenized once into a prepared dataset (see cache_dir) that every rank reads without loading it.",
     )
-    format: Literal["text", "chat"] = F(
+    format: Literal["text", "chat", "preference"] = F(
         "text",
         "'text': each record is a document (`text_key`); 'chat': each record holds a conversation "
         "(`messages_key`: a list of {role, content}) rendered with the tokenizer's chat template, and the "
-        "loss is computed on the assistant messages only.",
+        "loss is computed on the assistant messages only; 'preference': each record is a pair for preference "
+        "training (train.objective): a prompt (`prompt_key`) and a preferred and a dispreferred answer "
+        "(`chosen_key`, `rejected_key`), each a string (joined as text) or a list of {role, content} messages "
+        "(rendered with the chat template); the loss is on the answers' tokens only.",
     )
     text_key: str = F("text", "Field holding the text of .jsonl, parquet and dataset records (format = 'text').")
     messages_key: str = F("messages", "Field holding the list of {role, content} messages (format = 'chat').")
+    prompt_key: str = F(
+        "prompt",
+        "format = 'preference': the field holding the prompt (a string or messages); '' when the answers hold "
+        "the whole conversation (the messages they begin with alike are the prompt: Anthropic-HH style).",
+    )
+    chosen_key: str = F("chosen", "format = 'preference': the field holding the preferred answer.")
+    rejected_key: str = F("rejected", "format = 'preference': the field holding the dispreferred answer.")
     split: str = F("train", "Split to read from a dataset folder that holds several (save_to_disk or load_dataset).")
     sources: list[DataSource] = F(
         [],
@@ -347,7 +364,9 @@ class DataSection(Value):
         "split",
         "A document longer than seq_len, packing = 'documents' (not 'concat'): 'split' into seq_len pieces, each "
         "its own context; 'truncate' to its start (a conversation: the whole leading turns that fit, never an "
-        "answer without its prompt; none fits: dropped); 'drop'. Applied to the sample index, not the tokens.",
+        "answer without its prompt; none fits: dropped); 'drop'. Applied to the sample index, not the tokens. "
+        "Preference pairs keep a long answer's start ('split', 'truncate') or drop the pair ('drop'; also when "
+        "an answer would keep no token).",
     )
     cache_dir: str = F(
         "",
@@ -482,6 +501,26 @@ class Watchdog(Value):
     straggler_checks: int = F(5, "Watchdog polls in a row (about 2 s each) a rank must be behind to be a straggler.")
 
 
+OBJECTIVES = ("sft", "dpo", "ipo", "simpo", "orpo", "kto")
+
+
+@dataclass(repr=False, eq=False)
+class Preference(Value):
+    """[train.preference]: the knobs of the preference objectives (train.objective other than 'sft')."""
+
+    beta: float = F(
+        0.1,
+        "dpo, ipo: how far the policy may move from the reference (dpo: the scale of the log-ratio in the "
+        "sigmoid; ipo: the target margin is 1 / (2 beta)); simpo: the scale of the length-normalized reward; "
+        "orpo: the weight of the odds-ratio term (lambda in the paper).",
+    )
+    label_smoothing: float = F(
+        0.0,
+        "dpo, simpo: the assumed probability that a pair's preference is flipped (conservative DPO), in [0, 0.5).",
+    )
+    simpo_gamma: float = F(0.5, "simpo: the target reward margin (gamma in the paper).")
+
+
 @dataclass(repr=False, eq=False)
 class TrainSection(Value):
     """[train]: steps or epochs, batch, optimizer and learning-rate schedule."""
@@ -510,11 +549,20 @@ class TrainSection(Value):
         "warm up again to `lr`, then decay to the new end; stretch = the curve planned for the new settings from "
         "step 0 (the lr may jump).",
     )
+    objective: Literal["sft", "dpo", "ipo", "simpo", "orpo", "kto"] = F(
+        "sft",
+        "'sft': next-token cross-entropy on the trained tokens. Preference training on data.format = "
+        "'preference' pairs: 'dpo' (sigmoid, train.preference.label_smoothing), 'ipo', 'simpo' and 'orpo' "
+        "(no reference model). dpo and ipo compare with a reference: with [peft] LoRA the base with the "
+        "adapters disabled; otherwise the model as it starts, its log-probs over the training and eval pairs "
+        "computed once before the first step. 'kto' is not implemented yet (refused).",
+    )
     early_stopping: EarlyStopping = F(
         EarlyStopping(),
         "Stop when the eval metric stops improving (needs [eval]): the run saves and ends COMPLETED, with the "
         "reason in its completed event and `status`.",
     )
+    preference: Preference = F(Preference(), "Knobs of the preference objectives (train.objective).")
     guard: Guard = F(
         Guard(),
         "The numerical guard: steps with a NaN/Inf or spiking loss or grad norm are skipped on every rank and "
@@ -551,10 +599,11 @@ class CheckpointSection(Value):
     dir: str = F("", "Where checkpoints go (empty: <run folder>/checkpoints).")
     every_steps: int = F(0, "Save every N steps (0: only at the end and on preemption).")
     keep_last: int = F(2, "Complete checkpoints to keep; older ones are deleted after a newer one is complete.")
-    keep_best: Literal["", "eval_loss"] = F(
+    keep_best: Literal["", "eval_loss", "eval_reward_accuracy"] = F(
         "",
         "'eval_loss': also save at every evaluation that beats the lowest eval loss so far, and keep that checkpoint "
-        "(never pruned by keep_last; `export --best`); '': off.",
+        "(never pruned by keep_last; `export --best`); 'eval_reward_accuracy' (preference training): the same for "
+        "the highest reward accuracy on the held-out pairs; '': off.",
     )
     async_: bool = F(False, "Save in the background (DCP async_save) while training continues.", key="async")
     async_mode: Literal["thread", "process"] = F(
@@ -730,10 +779,17 @@ class JobSpec(Value):
     @property
     def packing(self) -> str:
         """data.packing with 'auto' decided: 'documents' for chat data (any chat source), else 'concat'."""
+        if self.data.format == "preference" or any(s.format == "preference" for s in self.data.sources):
+            return "pairs"  # one sample is one pair: its answers in two rows (data.index)
         if self.data.packing == "auto":
             chat = self.data.format == "chat" or any(s.format == "chat" for s in self.data.sources)
             return "documents" if chat else "concat"
         return self.data.packing
+
+    @property
+    def preference_training(self) -> bool:
+        """A preference objective (train.objective other than 'sft'): pairs in, rewards out."""
+        return self.train.objective != "sft"
 
     @property
     def eval_enabled(self) -> bool:

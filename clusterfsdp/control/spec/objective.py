@@ -1,0 +1,71 @@
+"""Checks of train.objective and [train.preference], torch-free (run by `checks`).
+
+A preference objective needs preference pairs (data.format = 'preference') and pairs need a
+preference objective: each without the other would train silently on something else. An
+objective that is not implemented yet is refused here, before anything is queued, with one line.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .schema import JobSpec, Preference
+
+# Objectives that compare the policy with a reference model's log-probs.
+NEEDS_REFERENCE = ("dpo", "ipo")
+# Objectives the worker implements (worker/preference.py); the rest of schema.OBJECTIVES is refused.
+IMPLEMENTED = ("sft", "dpo", "ipo", "simpo", "orpo")
+LABEL_SMOOTHING = ("dpo", "simpo")  # the objectives train.preference.label_smoothing acts on
+
+
+def errors(spec: JobSpec) -> list[str]:
+    """train.objective against the data, and the [train.preference] values."""
+    t, d = spec.train, spec.data
+    objective, p = t.objective, t.preference
+    pairs = d.format == "preference" or any(s.format == "preference" for s in d.sources)
+    out: list[str] = []
+    if objective not in IMPLEMENTED:
+        return [
+            f"train.objective: {objective!r} is not implemented yet (it needs unpaired completion + label data); "
+            f"use one of {', '.join(repr(o) for o in IMPLEMENTED)}"
+        ]
+    keep_best = spec.checkpoint.keep_best
+    if keep_best == "eval_reward_accuracy" and objective == "sft":
+        out.append("checkpoint.keep_best: 'eval_reward_accuracy' needs a preference objective (train.objective)")
+    elif keep_best == "eval_reward_accuracy" and spec.train.early_stopping.metric:
+        out.append(
+            "train.early_stopping.metric: the run judges its evaluations by checkpoint.keep_best = "
+            "'eval_reward_accuracy'; early stopping on eval_loss would judge another metric (unset one of them)"
+        )
+    if objective == "sft":
+        if pairs:
+            out.append(
+                "data.format: 'preference' pairs train with a preference objective: set train.objective to "
+                "'dpo', 'ipo', 'simpo' or 'orpo'"
+            )
+        return out
+    if d.source != "files" or not pairs:
+        out.append(
+            f"train.objective: {objective!r} trains on preference pairs: set data.source = 'files' and "
+            "data.format = 'preference' (records with prompt, chosen and rejected)"
+        )
+    mixed = [i for i, s in enumerate(d.sources) if (s.format or d.format) != "preference"]
+    if pairs and mixed:
+        out.append(f"data.sources[{mixed[0]}].format: preference pairs cannot be mixed with other formats")
+    if d.packing != "auto" and pairs:
+        out.append(f"data.packing: {d.packing!r} does not apply to preference pairs (one pair a sample): leave 'auto'")
+    if not (math.isfinite(p.beta) and p.beta > 0):
+        out.append(f"train.preference.beta: must be a number > 0, found {p.beta!r}")
+    if not 0 <= p.label_smoothing < 0.5:
+        out.append(f"train.preference.label_smoothing: expected a number in [0, 0.5), found {p.label_smoothing!r}")
+    elif p.label_smoothing and objective not in LABEL_SMOOTHING:
+        out.append(
+            f"train.preference.label_smoothing: applies to 'dpo' and 'simpo' only, not {objective!r} (set it to 0)"
+        )
+    if not math.isfinite(p.simpo_gamma):
+        out.append(f"train.preference.simpo_gamma: must be a finite number, found {p.simpo_gamma!r}")
+    elif p.simpo_gamma != Preference().simpo_gamma and objective != "simpo":
+        out.append(f"train.preference.simpo_gamma: applies to 'simpo' only, not {objective!r} (remove it)")
+    if spec.eval.samples and not spec.eval.samples_file:
+        out.append("eval.samples: preference pairs give no prompts to generate from: set eval.samples_file")
+    return out
