@@ -188,3 +188,21 @@ def test_a_shorter_time_limit_is_suggested_only_when_slurms_test_starts_it_earli
         "--set slurm.time=15 would start it at 2026-11-28 00:05:00 (sbatch --test-only; with its 60 min Slurm finds "
         "no start: allocation failure: Requested node configuration is not available)"
     )
+
+
+def test_the_budget_clock_counts_the_allocations_gpus_before_accounting_lists_the_job(tmp_path, monkeypatch):
+    """slurmdbd records a job after the controller started it: the batch script's first step can
+    find no sacct row for its own job. The clock then took 0 GPUs and never ran down (a clean-clone
+    CI run's two-node test); it now takes the allocation's GPUs the batch script knows
+    (SLURM_JOB_NUM_NODES x slurm.gpus_per_node). sacct is a stub on PATH that lists nothing."""
+    from tui_helpers import make_run
+
+    stub = tmp_path / "bin" / "sacct"
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/bash\nexit 0\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stub.parent}:{os.environ['PATH']}")
+    run = make_run(tmp_path, end=None)
+    budget = cost.write_budget(run, "4242", 10.0, 1000.0, plan_s=0.0, gpus_hint=4.0)
+    assert (budget.gpus, budget.left_s, budget.limit_h) == (4.0, 36000.0, 10.0)
+    assert cost.read_budget(run) == budget

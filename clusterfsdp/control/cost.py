@@ -326,12 +326,16 @@ class Budget:
         return f"slurm.max_gpu_hours = {self.limit_h:g} used up ({self.gpus:g} GPU(s) of this attempt)"
 
 
-def write_budget(run: RunFolder, job_id: str, limit_h: float, now: float, plan_s: float = 0.0) -> Budget:
+def write_budget(
+    run: RunFolder, job_id: str, limit_h: float, now: float, plan_s: float = 0.0, gpus_hint: float = 0.0
+) -> Budget:
     """The budget clock of the running incarnation of `job_id`: what the run used before it
     (sacct: every other incarnation) and the GPUs Slurm gave it (its AllocTRES). A point of a
     sweep shares the budget with the other points (`slurm.max_gpu_hours` bounds the sweep): what
     they used, and what they may still use, is taken off too (`_held`; `plan_s`, this attempt's
-    nodes x GPUs x time limit, for a point whose array task has not started)."""
+    nodes x GPUs x time limit, for a point whose array task has not started). `gpus_hint`: the GPUs
+    when accounting does not list the running job yet (slurmdbd records a job after the controller
+    starts it: a clean-clone CI run saw 0 GPUs, a clock that never ran down)."""
     mine = [a.job_id for a in run.record().attempts if a.executor is Executor.SLURM] + [job_id]
     sweep, others = _other_points(run)
     usage = accounting(mine + [j for ids in others for j in ids])
@@ -342,7 +346,8 @@ def write_budget(run: RunFolder, job_id: str, limit_h: float, now: float, plan_s
         spent += sum(u.gpu_s for j in ids for u in usage.get(j, Accounted(())).rows)
         spent += _held(usage.get(ids[-1]) if ids else None, plan_s)
     out = slurmcli.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "AllocTRES"]) if rows else ""
-    gpus = parse_tres(out.strip().splitlines()[-1] if out.strip() else "").get("gres/gpu", 0.0)
+    text = out.strip()
+    gpus = parse_tres(text.splitlines()[-1]).get("gres/gpu", 0.0) if text else gpus_hint
     budget = Budget(limit_h * HOUR - spent, gpus, now, limit_h, sweep)
     fileio.atomic_write(run.path / BUDGET_FILE, json.dumps(budget.__dict__))
     return budget
