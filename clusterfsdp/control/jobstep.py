@@ -88,8 +88,8 @@ def before(run: runfolder.RunFolder, job: SlurmJob) -> int:
         try:
             gpus = spec.node_range.high * spec.slurm.gpus_per_node  # (a range: its largest)
             plan_s = gpus * spec.time_minutes * 60.0
-            nodes_now = int(os.environ.get("SLURM_JOB_NUM_NODES", "0") or 0)  # (this allocation's; 0 outside one)
-            hint = nodes_now * spec.slurm.gpus_per_node if nodes_now > 0 else gpus
+            nodes_now = slurmcli.allocation_nodes()  # (this allocation's; None outside one)
+            hint = nodes_now * spec.slurm.gpus_per_node if nodes_now else gpus
             budget = cost.write_budget(run, job.job_id, spec.slurm.max_gpu_hours, time.time(), plan_s, hint)
         except (OSError, slurmcli.SlurmError) as e:
             print(f"clusterfsdp jobstep: slurm.max_gpu_hours not enforced in this attempt: {e}", file=sys.stderr)

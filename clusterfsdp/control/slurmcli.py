@@ -454,3 +454,12 @@ def requeue(job_id: str, restarts_before: int) -> None:
 
 def hostnames(nodelist: str) -> list[str]:
     return run(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+def allocation_nodes(environ: Mapping[str, str] | None = None) -> int | None:
+    """The node count of the allocation this process runs in, as Slurm gave it
+    (SLURM_JOB_NUM_NODES, or SLURM_NNODES of older Slurms): with `--nodes=MIN-MAX` the real one,
+    not the job file's range (None outside an allocation)."""
+    env = os.environ if environ is None else environ
+    value = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+    return int(value) if value and value.isdigit() else None

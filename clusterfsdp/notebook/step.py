@@ -22,7 +22,7 @@ from ..control import spec as specmod
 from ..control.records import EventKind
 from ..control.run import GRACE_S, Run, RunError
 from ..control.runfolder import RunFolder
-from ..worker.distenv import allocation_nodes
+from ..control.slurmcli import allocation_nodes
 from .errors import SrunError, StepFailed, StepInterrupted
 from .job import load_job, with_layout
 from .placement import choose_launcher, launcher_env, srun_command

@@ -17,7 +17,6 @@ import re
 import socket
 import struct
 import zlib
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -86,15 +85,6 @@ def tasks_per_node(value: str) -> list[int]:
 
 
 # ---------------------------------------------------------------- ranks
-def allocation_nodes(environ: Mapping[str, str] | None = None) -> int | None:
-    """The node count of the allocation this process runs in, as Slurm gave it
-    (SLURM_JOB_NUM_NODES, or SLURM_NNODES of older Slurms): with `--nodes=MIN-MAX` the real one,
-    not the job file's range (None outside an allocation)."""
-    env = os.environ if environ is None else environ
-    value = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
-    return int(value) if value and value.isdigit() else None
-
-
 @dataclass(frozen=True)
 class DistEnv:
     rank: int

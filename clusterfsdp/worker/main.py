@@ -240,7 +240,7 @@ def _sized(spec: specmod.JobSpec, env: distenv.DistEnv) -> specmod.JobSpec:
     ranks must be what that size makes, or the losses would be silently wrong."""
     if not spec.node_range.elastic:
         return spec
-    nodes = distenv.allocation_nodes() or env.num_nodes
+    nodes = slurmcli.allocation_nodes() or env.num_nodes
     sized = spec.on_nodes(nodes)
     if (env.num_nodes, env.world_size) != (nodes, sized.world_size):
         raise RuntimeError(
