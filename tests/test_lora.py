@@ -261,6 +261,35 @@ def test_chat_lora_run_on_fsdp1_resumes_exactly_and_exports_adapters_and_merged(
     assert _export(run.path, bases / "llama", tmp_path / "out")["default_dtype"] == "float32"
 
 
+def test_lora_on_one_fsdp1_rank_saves_after_evaluations_and_accumulation(bases, tmp_path):
+    """LoRA on FSDP1 with one rank: FSDP runs it NO_SHARD, so its root unit (embeddings, norm, head:
+    all frozen) never reshards and a forward left its weights as plain tensors; the second
+    micro-batch's forward then adopted them as the parameters, and every save failed with "FSDP
+    assumes model.embed_tokens.weight is in the state_dict" (issue 40's cross product, seed
+    20261128). With two micro-batches a step and evaluations before the saves, the run saves
+    every checkpoint, and a resume from step 2 repeats steps 3 and 4 bitwise."""
+    job = tiny_job_toml(
+        "lora1",
+        seed=5,
+        steps=4,
+        fsdp='version = 1\nsharding = "full"',
+        tail="[slurm]\ntasks_per_node = 1\n[checkpoint]\nevery_steps = 2\nkeep_last = 5\n"
+        "[eval]\nfraction = 0.1\nevery_steps = 2\nbatches = 2\n"
+        '[peft]\nmethod = "lora"\nr = 4\n',
+    )
+    chat = _chat_lora(bases, tmp_path, 120)
+    run = make_run(job, tmp_path / "runs", [*chat, "train.micro_batch_size=1", "train.grad_accum=2"])
+    out = run_workers(run, 1, job_id="n1")
+    assert "FSDP1" in out[0][1] and "NO_SHARD" in out[0][1]
+    root = run.checkpoints_dir()
+    assert [c.step for c in ckptfolder.list_checkpoints(root)] == [2, 4]
+    assert [r["step"] for r in run.metrics() if "eval_loss" in r] == [2, 4]
+    ckptfolder.keep_only_up_to(root, 2)
+    run_workers(run, 1, job_id="n2")
+    original, resumed = losses_by_attempt(run)
+    assert sorted(resumed) == [3, 4] and all(resumed[s] == original[s] for s in resumed), (resumed, original)
+
+
 def test_chat_lora_exports_stop_at_the_end_of_the_answer(bases, tmp_path):
     """A chat LoRA run whose tokenizer's eos is `<|endoftext|>` (a base model's, as Qwen2.5's) while
     every answer ends with `<|im_end|>`: the merged export and the adapter folder (loaded into

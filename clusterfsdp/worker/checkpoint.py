@@ -164,6 +164,9 @@ class Checkpointer:
     def _state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        from .parallelize import expose_fsdp1_params
+
+        expose_fsdp1_params(self.model)  # (a NO_SHARD unit's frozen weights, as tensors since the last forward)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
         if self.trainable_only:  # (ignore_frozen_params keeps the second name of a tied frozen weight)
             from .model import canonical

@@ -112,7 +112,7 @@ def fsdp1(
     if strategy is ShardingStrategy.FULL_SHARD and not spec.fsdp.reshard_after_forward:
         strategy = ShardingStrategy.SHARD_GRAD_OP
     mp = MP_DTYPES[spec.fsdp.mixed_precision]
-    return FSDP(
+    wrapped = FSDP(
         model,
         sharding_strategy=strategy,
         device_mesh=mesh if strategy is ShardingStrategy.HYBRID_SHARD else None,
@@ -125,3 +125,43 @@ def fsdp1(
         param_init_fn=param_init_fn,
         sync_module_states=False,  # every rank builds identical weights (deterministic init), or rank 0 broadcasts
     )
+    for unit in FSDP.fsdp_modules(wrapped):  # before FSDP's own pre-forward writes the tensor views back
+        if _unsharded_views(unit):
+            unit.register_forward_pre_hook(_expose, prepend=True)
+    return wrapped
+
+
+def expose_fsdp1_params(model: nn.Module) -> None:
+    """Register FSDP1's original parameters as Parameters again where a forward left them as
+    tensors. Without this, a frozen NO_SHARD unit's weights are missing from every state dict.
+
+    With use_orig_params, FSDP1 swaps each unit's parameters for plain tensor views during the
+    forward and restores them when it reshards. A NO_SHARD unit never reshards: one rank, or
+    fsdp.sharding = "none". Its post-backward hook restores them only when its flat parameter
+    trains, so a unit that is all frozen stays as tensors after any forward, and a trainable one
+    after an evaluation's forward. LoRA's root unit (the embeddings, final norm and head) is such
+    a unit. The next forward's writeback then adopts those tensors as the parameters for good.
+    FSDP's state-dict hook then asserts that `model.embed_tokens.weight` is missing (torch 2.13).
+
+    `fsdp1` hooks this in before every forward of such a unit, and the checkpointer calls it before
+    it takes or loads a state dict. It does nothing for FSDP2 or for sharded FSDP1 units.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    for unit in FSDP.fsdp_modules(model):
+        _expose(unit)
+
+
+def _unsharded_views(unit: nn.Module) -> bool:
+    """Whether `unit` is an FSDP1 unit whose original parameters are views into its whole flat
+    parameter: use_orig_params on NO_SHARD."""
+    handle = getattr(unit, "_handle", None)
+    return handle is not None and handle._use_orig_params and not handle.uses_sharded_strategy
+
+
+def _expose(unit: nn.Module, *_hook_args: Any) -> None:
+    """One unit's views as Parameters, between steps only (in a forward they must stay tensors)."""
+    from torch.distributed.fsdp._common_utils import HandleTrainingState
+
+    if _unsharded_views(unit) and unit._handle._training_state is HandleTrainingState.IDLE:  # type: ignore[union-attr]
+        unit._handle._use_unsharded_views(as_params=True)  # type: ignore[union-attr]
