@@ -1,4 +1,5 @@
-"""clusterfsdp/loss.py: the fused, chunked lm_head + cross-entropy equals logits + F.cross_entropy.
+"""clusterfsdp/loss.py: the fused, chunked lm_head + cross-entropy equals logits + F.cross_entropy,
+and the per-row label log-probs of the preference objectives equal logits + log_softmax.
 
 Fast, one process, CPU, float32: loss and gradients must agree within 1e-5.
 """
@@ -52,6 +53,33 @@ def test_linear_cross_entropy_matches_unfused(chunk_elements: int, reduction: lo
     assert torch.count_nonzero(gh[::7]) == 0  # an ignored token's hidden state gets exactly no gradient
 
 
+@pytest.mark.parametrize("chunk_elements", [lossmod.CHUNK_ELEMENTS, 1000])  # one chunk; chunks across rows
+def test_linear_label_logps_match_log_softmax_per_row(chunk_elements: int) -> None:
+    """Each row's summed label log-prob, and the gradients under a different upstream gradient
+    per row (as a preference loss gives), equal log_softmax over the whole logits."""
+    torch.manual_seed(0)
+    rows, seq, hidden_size, vocab = 6, 9, 64, 260
+    hidden = torch.randn(rows, seq, hidden_size, requires_grad=True)
+    weight = (0.1 * torch.randn(vocab, hidden_size)).requires_grad_()
+    labels = torch.randint(0, vocab, (rows, seq))
+    labels[:, :3] = lossmod.IGNORE_INDEX  # a prompt
+    labels[4] = lossmod.IGNORE_INDEX  # a row with nothing trained
+    upstream = torch.tensor([1.0, -2.0, 0.5, 3.0, 1.0, -0.25])
+
+    valid = labels != lossmod.IGNORE_INDEX
+    logp = F.log_softmax(hidden @ weight.t(), dim=-1).gather(2, torch.where(valid, labels, 0).unsqueeze(2)).squeeze(2)
+    ref = (logp * valid).sum(dim=1)
+    ref_gh, ref_gw = torch.autograd.grad((upstream * ref).sum(), (hidden, weight))
+    got = lossmod.linear_label_logps(hidden, weight, labels, chunk_elements=chunk_elements)
+    gh, gw = torch.autograd.grad((upstream * got).sum(), (hidden, weight))
+
+    assert got.shape == (rows,) and got.dtype == torch.float32 and float(got[4].detach()) == 0.0
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gh, ref_gh, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gw, ref_gw, rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(gh[:, :3]) == 0 and torch.count_nonzero(gh[4]) == 0
+
+
 def test_a_fully_ignored_batch_sums_to_zero_not_nan() -> None:
     """A micro-batch of prompt tokens and padding only (possible with chat data) adds nothing."""
     hidden = torch.randn(5, 8, requires_grad=True)
@@ -78,6 +106,32 @@ def test_causal_lm_loss_fused_equals_logits_path() -> None:
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     ref_grads, got_grads = _grads(plain), _grads(fused)
     assert ref_grads.keys() == got_grads.keys() and "model.embed_tokens.weight" in got_grads  # tied lm_head
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(got_grads[name], g, rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_preference_logps_fused_equal_the_logits_path() -> None:
+    """The whole llama-tiny model: `preference.sequence_logps` through the attached per-row method
+    (one chunk of logits at a time) equals model(...).logits + log_softmax, values and gradients."""
+    from clusterfsdp.data.samples import Batch
+    from clusterfsdp.worker import preference
+
+    plain, fused = _tiny_llama(), _tiny_llama()
+    assert lossmod.attach(fused, compile=False) and not hasattr(plain, "clusterfsdp_logps")
+    ids = _batch(plain.config.vocab_size, bs=4)
+    labels = ids[:, 1:].clone()
+    labels[:, :5] = lossmod.IGNORE_INDEX
+    batch = Batch(input_ids=ids[:, :-1], labels=labels)
+    ref, ref_counts = preference.sequence_logps(plain, batch)
+    got, counts = preference.sequence_logps(fused, batch)
+    upstream = torch.tensor([1.0, -1.0, 0.5, 2.0])
+    (upstream * ref).sum().backward()
+    (upstream * got).sum().backward()
+
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(counts, ref_counts)
+    ref_grads, got_grads = _grads(plain), _grads(fused)
+    assert ref_grads.keys() == got_grads.keys() and "model.embed_tokens.weight" in got_grads
     for name, g in ref_grads.items():
         torch.testing.assert_close(got_grads[name], g, rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 

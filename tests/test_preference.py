@@ -18,6 +18,7 @@ reference), a resume bitwise on the same world size and exact on another, LoRA o
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -263,7 +264,7 @@ def _pair_run(tmp: Path, objective: str, fsdp: str, tail: str, *overrides: str):
     return make_run(job, tmp / "runs", ["train.lr=1e-2", *overrides])
 
 
-def test_dpo_starts_at_log_2_evaluates_held_out_pairs_resumes_exactly_and_exports(tmp_path):
+def test_dpo_starts_at_log_2_evaluates_held_out_pairs_resumes_exactly_and_exports(tmp_path, capsys):
     """A full fine-tune (FSDP2, 2 ranks): the reference log-probs are computed once before the
     first step (so its loss is log 2) and read by every resume; the held-out reward accuracy
     rises above the reference's (0: equal rewards), and keep_best keeps its best step (the first
@@ -288,6 +289,10 @@ def test_dpo_starts_at_log_2_evaluates_held_out_pairs_resumes_exactly_and_export
     accuracy = [(rows[s]["eval_reward_accuracy"], -s) for s in (2, 4)]  # the first of the highest
     best = ckptfolder.best(root)
     assert best is not None and best.step == -max(accuracy)[1] == 2 and rows[4]["eval_loss"] < rows[2]["eval_loss"]
+    capsys.readouterr()
+    assert cli.main(["status", str(run.path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["reward_accuracy"], doc["eval_reward_accuracy"]) == (1, rows[4]["eval_reward_accuracy"])
 
     ckptfolder.keep_only_up_to(root, 2)
     again = run_workers(run, 2, job_id="d2")  # the same world size: bitwise

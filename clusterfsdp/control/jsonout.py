@@ -66,6 +66,8 @@ def _status(st: RunStatus) -> dict[str, Any]:
         "eval_step": st.eval_step,
         "eval_loss": st.eval_loss,
         "eval_ppl": st.eval_ppl,
+        "reward_accuracy": st.reward_accuracy,
+        "eval_reward_accuracy": st.eval_reward_accuracy,
         "checkpoints": st.checkpoints,
         "attempts": to_json(st.attempts),
         "events": to_json(st.events),

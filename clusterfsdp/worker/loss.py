@@ -13,8 +13,10 @@ the unfused forward + backward: nothing is recomputed.
 
 `attach(model, compile=...)` gives a supported HF causal LM (logits = lm_head(hidden),
 no bias, no logit scaling or soft-capping) a `clusterfsdp_loss(input_ids, labels)`
-method; under FSDP2 it is registered as a forward method, so the root unit's parameters
-(the tied embedding / lm_head) are gathered around it exactly as around `forward`.
+method, and `clusterfsdp_logps(input_ids, labels)`: each row's summed label log-probs, which
+the preference objectives need (`linear_label_logps`, recomputing each chunk's logits in
+backward). Under FSDP2 both are registered as forward methods, so the root unit's parameters
+(the tied embedding / lm_head) are gathered around them exactly as around `forward`.
 `causal_lm_loss` uses that method when present and otherwise falls back to
 `model(input_ids).logits` + cross-entropy (FSDP1, other architectures), plus the router's
 auxiliary loss for a mixture of experts that asks for it.
@@ -35,6 +37,9 @@ Reduction = Literal["mean", "sum"]
 # Largest chunk of logits formed at once, in elements (2**29: 1 GiB of bf16 logits, and as much
 # again for their gradient; 4096 tokens of a 128k vocabulary).
 CHUNK_ELEMENTS = 2**29
+# The same for the preference objectives' per-row log-probs (one fp32 buffer of a chunk in
+# backward: the logits again, turned into their gradient in place; 256 MiB).
+LOGPS_CHUNK_ELEMENTS = 2**26
 # Architectures whose logits are exactly lm_head(final hidden state): no bias, scaling or capping.
 FUSED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 
@@ -134,13 +139,88 @@ def linear_cross_entropy(
     hidden: (..., H) in the compute dtype; weight: (V, H); labels: (...) int.
     """
     h = hidden.reshape(-1, hidden.shape[-1])
-    y = labels.reshape(-1)
-    n, vocab = h.shape[0], weight.shape[0]
-    pieces = max(1, -(-n * vocab // chunk_elements))
-    chunk = -(-n // pieces)  # equal chunks: one compiled shape
+    chunk = _chunk_tokens(h.shape[0], weight.shape[0], chunk_elements)
     return _LinearCrossEntropy.apply(
-        h, weight, y, ignore_index, chunk, _ce(compile), torch.is_grad_enabled(), reduction == "mean"
+        h, weight, labels.reshape(-1), ignore_index, chunk, _ce(compile), torch.is_grad_enabled(), reduction == "mean"
     )
+
+
+def _chunk_tokens(n: int, vocab: int, chunk_elements: int) -> int:
+    """Tokens per chunk: equal chunks (one compiled shape) of at most `chunk_elements` logits."""
+    pieces = max(1, -(-n * vocab // chunk_elements))
+    return -(-n // pieces)
+
+
+class _LinearLabelLogps(torch.autograd.Function):
+    """Per row: the summed log-prob of its labels under softmax(hidden @ weight.T).
+
+    Preference objectives need one number per row, and each row's gradient scale is known only
+    in backward, so `_LinearCrossEntropy`'s trick of finishing the gradients in forward does not
+    apply. Forward keeps each chunk's per-token log-probs, backward forms each chunk's logits
+    again. One chunk of logits exists at a time in both passes, at the cost of a second lm_head
+    matmul in backward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, rows: int, ignore_index: int, chunk: int):
+        n = hidden.shape[0]
+        token = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        for start in range(0, n, chunk):
+            x = torch.mm(hidden[start : start + chunk], weight.t()).float()
+            y = labels[start : start + chunk]
+            valid = y != ignore_index
+            target = x.gather(1, torch.where(valid, y, 0).unsqueeze(1)).squeeze(1)
+            token[start : start + chunk] = torch.where(valid, target - torch.logsumexp(x, dim=-1), 0.0)
+            del x
+        ctx.save_for_backward(hidden, weight, labels)
+        ctx.rows, ctx.ignore_index, ctx.chunk = rows, ignore_index, chunk
+        return token.view(rows, -1).sum(dim=1)
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        hidden, weight, labels = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        per_token = grad_rows.float().repeat_interleave(hidden.shape[0] // ctx.rows)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            h, y = hidden[start : start + ctx.chunk], labels[start : start + ctx.chunk]
+            valid = y != ctx.ignore_index
+            coef = torch.where(valid, per_token[start : start + ctx.chunk], 0.0).unsqueeze(1)
+            # d logp / d logits = onehot - softmax, times the row's upstream gradient: formed in
+            # place in one fp32 buffer (softmax, scaled, then the label's entry added)
+            g = torch.mm(h, weight.t()).float()
+            g.sub_(torch.logsumexp(g, dim=-1, keepdim=True)).exp_().mul_(-coef)
+            g.scatter_add_(1, torch.where(valid, y, 0).unsqueeze(1), coef)
+            g = g.to(hidden.dtype)
+            if grad_h is not None:
+                torch.mm(g, weight, out=grad_h[start : start + ctx.chunk])
+            if grad_w is not None:
+                grad_w = _accumulate(grad_w, g.t(), h)
+            del g
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None
+
+
+def linear_label_logps(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    ignore_index: int = IGNORE_INDEX,
+    chunk_elements: int = LOGPS_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Per row of `labels` (rows, T): the sum over its non-ignored tokens of log softmax(hidden @
+    weight.T)[label], in fp32, with the logits formed a chunk of tokens at a time.
+
+    hidden: (rows, T, H) in the compute dtype; weight: (V, H); labels: (rows, T) int."""
+    h = hidden.reshape(-1, hidden.shape[-1])
+    chunk = _chunk_tokens(h.shape[0], weight.shape[0], chunk_elements)
+    return _LinearLabelLogps.apply(h, weight, labels.reshape(-1), labels.shape[0], ignore_index, chunk)
+
+
+def _fused_logps(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Bound to the HF model by `attach`: decoder stack, then each row's label log-probs, chunked."""
+    hidden = self.base_model(input_ids=input_ids).last_hidden_state
+    return linear_label_logps(hidden, self.get_output_embeddings().weight, labels)
 
 
 def _fused_loss(
@@ -176,7 +256,9 @@ def attach(model: Any, *, compile: bool) -> bool:
     # plain attributes (not parameters or submodules), set past nn.Module's typed __setattr__
     object.__setattr__(model, "_clusterfsdp_compile_loss", compile)
     object.__setattr__(model, "clusterfsdp_loss", types.MethodType(_fused_loss, model))
+    object.__setattr__(model, "clusterfsdp_logps", types.MethodType(_fused_logps, model))
     register_fsdp_forward_method(model, "clusterfsdp_loss")
+    register_fsdp_forward_method(model, "clusterfsdp_logps")
     return True
 
 

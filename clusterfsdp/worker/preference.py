@@ -45,10 +45,17 @@ from ..data.tokens import IGNORE_INDEX
 
 
 def sequence_logps(model: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row: the summed log-prob of its trained labels, and how many there are (fp32)."""
-    logits = model(input_ids=batch.input_ids).logits.float()
+    """Per row: the summed log-prob of its trained labels, and how many there are (fp32).
+
+    A model with the fused lm_head (worker/loss.py `attach`) never holds more than one chunk of
+    logits. Otherwise (FSDP1, other architectures) the whole fp32 logits of the batch exist,
+    2 x micro_batch x seq_len x vocab values."""
     labels = batch.labels
     valid = labels != IGNORE_INDEX
+    fused: Callable[..., torch.Tensor] | None = getattr(model, "clusterfsdp_logps", None)
+    if fused is not None:
+        return fused(batch.input_ids, labels), valid.sum(dim=1).float()
+    logits = model(input_ids=batch.input_ids).logits.float()
     picked = torch.gather(F.log_softmax(logits, dim=-1), 2, torch.where(valid, labels, 0).unsqueeze(2)).squeeze(2)
     return (picked * valid).sum(dim=1), valid.sum(dim=1).float()
 
