@@ -3,6 +3,7 @@ checkpoint listing and the queue join. No app is started here."""
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -401,6 +402,24 @@ def test_charts_title_latest_values_and_say_per_rank_without_gpus(tmp_path):
     assert tokens.title.plain == "tokens/s 24,000  12,000 per rank"
     assert charts(metrics, 0.0, "GPU")[3].title.plain.endswith("per GPU")
     assert [s.tag for s in charts(metrics, 0.0, "GPU")[0].series] == ["main", "eval"]
+
+
+def test_a_preference_run_charts_its_reward_accuracy_with_the_held_out_one(tmp_path):
+    """train.objective = "dpo" rows carry reward_accuracy, and evaluations eval_reward_accuracy:
+    the second chart plots both (the learning rate moves to its title)."""
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "loss": 0.7, "lr": 1e-4, "reward_accuracy": s / 8} for s in range(1, 5)]
+    rows.insert(2, {"step": 2, "eval_loss": 0.69, "eval_reward_accuracy": 0.5})
+    rows.append({"step": 4, "eval_loss": 0.6, "eval_reward_accuracy": 0.75})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tail = MetricsTail(path)
+    tail.read_new()
+    second = charts(tail.snapshot(), 0.0, "rank")[1]
+    assert second.title.plain == "reward accuracy 0.50  eval 0.75  lr 1.00e-04"
+    assert [(s.tag, list(s.xs), list(s.ys)) for s in second.series] == [
+        ("main", [1, 2, 3, 4], [0.125, 0.25, 0.375, 0.5]),
+        ("eval", [2, 4], [0.5, 0.75]),
+    ]
 
 
 # ---------------------------------------------------------------- checkpoints, queue

@@ -5,7 +5,7 @@ Each poll reads only the bytes appended since the last one, and keeps the number
 of a hundred thousand logged steps costs about 8 MB; past `max_points` the older half is thinned.
 
 Rows come in two kinds, both keyed by step: training rows (`loss`, `lr`, ...) and eval rows
-(`eval_loss`, `eval_ppl`), which may be rows of their own or keys of a training row. An eval row
+(`eval_loss`, `eval_ppl`, `eval_reward_accuracy`), which may be rows of their own or keys of a training row. An eval row
 adds to its step; it never erases the step's training numbers. A training row for a step at or
 before the newest training step seen is a resumed attempt logging again from its checkpoint:
 the steps from it on are dropped, so the charts show the history the current weights have.
@@ -21,8 +21,10 @@ from pathlib import Path
 
 from clusterfsdp.control.jsonltail import JsonlTail, Row
 
-TRAIN_KEYS = ("loss", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_gb", "lr", "grad_norm", "epoch")
-EVAL_KEYS = ("eval_loss", "eval_ppl")
+TRAIN_KEYS = (
+    "loss", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_gb", "lr", "grad_norm", "epoch", "reward_accuracy",
+)  # fmt: skip
+EVAL_KEYS = ("eval_loss", "eval_ppl", "eval_reward_accuracy")
 KEYS = TRAIN_KEYS + EVAL_KEYS
 NAN = math.nan
 

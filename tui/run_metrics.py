@@ -67,6 +67,23 @@ def _title(name: str, value: float | None, fmt: str, extra: str = "") -> Content
     return Content.from_markup("[$primary]$name[/] [b]$value[/]$extra", name=name, value=shown, extra=extra)
 
 
+def _second(metrics: Metrics, smoothing: float) -> ChartData:
+    """The learning rate; for a preference run (train.objective) the reward accuracy, with the
+    held-out one on the same axes and the learning rate in the title: what DPO is judged by."""
+    lr = metrics.latest("lr")
+    eval_xs, eval_ys = metrics.series("eval_reward_accuracy")
+    if metrics.latest("reward_accuracy") is None and not eval_ys:
+        return ChartData("lr", _title("lr", lr, ".2e"), _curve(metrics, "lr", 0.0))
+    title = _title("reward accuracy", metrics.latest("reward_accuracy"), ".2f")
+    if eval_ys:
+        title += Content.from_markup("  [$warning]eval[/] [b]$value[/]", value=f"{eval_ys[-1]:.2f}")
+    if lr is not None:
+        title += Content.from_markup("  lr $value", value=f"{lr:.2e}")
+    return ChartData(
+        "lr", title, [*_curve(metrics, "reward_accuracy", smoothing), Series(*decimate(eval_xs, eval_ys), "eval")]
+    )
+
+
 def charts(metrics: Metrics, smoothing: float, per: str) -> list[ChartData]:
     """The four charts; `per` is what tokens_per_s_per_gpu is per: "GPU", or "rank" on CPU."""
     eval_xs, eval_ys = metrics.series("eval_loss")
@@ -79,7 +96,7 @@ def charts(metrics: Metrics, smoothing: float, per: str) -> list[ChartData]:
         ChartData(
             "loss", loss_title, [*_curve(metrics, "loss", smoothing), Series(*decimate(eval_xs, eval_ys), "eval")]
         ),
-        ChartData("lr", _title("lr", metrics.latest("lr"), ".2e"), _curve(metrics, "lr", 0.0)),
+        _second(metrics, smoothing),
         ChartData(
             "grad_norm",
             _title("grad norm", metrics.latest("grad_norm"), ".3f"),

@@ -1,7 +1,8 @@
 """Run: the selected run's charts (loss with the eval loss, learning rate, gradient norm,
-tokens/s) from metrics.jsonl (read incrementally), its step, MFU and memory, each rank's health
-(heartbeats: hung ranks and stragglers marked), its attempts, and its checkpoints, from which it
-can be resumed as a new attempt."""
+tokens/s; a preference run: reward accuracy in place of the learning rate) from metrics.jsonl
+(read incrementally), its step, MFU and memory, each rank's health (heartbeats: hung ranks and
+stragglers marked), its attempts, and its checkpoints, from which it can be resumed as a new
+attempt."""
 
 from __future__ import annotations
 
@@ -85,8 +86,9 @@ class RunScreen(Screen):
 
     HELP = (
         "The selected run's charts from metrics.jsonl (only new lines are read): loss with the eval "
-        "loss on the same axes, learning rate, gradient norm and tokens/s, each titled with its "
-        "latest value. s changes the smoothing of loss, gradient norm and tokens/s (TensorBoard's "
+        "loss on the same axes, learning rate (a preference run: the reward accuracy, with the held-out "
+        "one), gradient norm and tokens/s, each titled with its latest value. s changes the "
+        "smoothing of loss, reward accuracy, gradient norm and tokens/s (TensorBoard's "
         "exponential moving average; the raw values stay, dimmed); tab moves between charts and z "
         "enlarges the focused one. Below: each rank's health while it trains (heartbeat age, step, "
         "step time, how late it reaches the others; hung ranks and stragglers first), the run's "
