@@ -20,7 +20,7 @@ from .records import Attempt, Event, TrackerIds
 from .run import Run, Submission
 from .runfolder import RunFolder
 from .status import RunStatus
-from .strictjson import dumps, finite
+from .strictjson import dumps
 
 SCHEMA = 1
 
@@ -89,5 +89,5 @@ def listing(rows: Iterable[RunStatus], slurm_error: str, by_user: dict[str, Any]
     yield f'{{\n  "schema": {SCHEMA},\n  "runs": ['
     for i, row in enumerate(rows):
         yield ("," if i else "") + "\n" + textwrap.indent(dumps(to_json(row)), "    ")
-    users = textwrap.indent(json.dumps(finite(by_user or {}), indent=2, sort_keys=True, allow_nan=False), "  ").lstrip()
+    users = textwrap.indent(dumps(by_user or {}, sort_keys=True), "  ").lstrip()
     yield f'\n  ],\n  "slurm_error": {json.dumps(slurm_error)},\n  "cost_by_user": {users}\n}}\n'

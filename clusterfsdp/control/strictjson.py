@@ -22,6 +22,6 @@ def finite(value: Any) -> Any:
     return value
 
 
-def dumps(value: Any) -> str:
+def dumps(value: Any, *, sort_keys: bool = False) -> str:
     """One indented, strict JSON document of plain data (dicts, lists, numbers, strings)."""
-    return json.dumps(finite(value), indent=2, allow_nan=False)
+    return json.dumps(finite(value), indent=2, sort_keys=sort_keys, allow_nan=False)
