@@ -393,9 +393,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if st.eval_loss is not None:
         from .control.numbers import perplexity
 
-        ppl = perplexity(st.eval_ppl) if st.eval_ppl is not None else "-"
+        ppl = f", perplexity {perplexity(st.eval_ppl)}" if st.eval_ppl is not None else ""
         rewards = f", reward accuracy {st.eval_reward_accuracy:.2f}" if st.eval_reward_accuracy is not None else ""
-        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}, perplexity {ppl}{rewards}")
+        print(f"eval       step {st.eval_step}: eval_loss {st.eval_loss:.4f}{ppl}{rewards}")
     for line in samplestats.lines(folder.data_file):
         print(f"data       {line}")
     spent = st.cost

@@ -283,6 +283,7 @@ def test_dpo_starts_at_log_2_evaluates_held_out_pairs_resumes_exactly_and_export
     assert rows[1]["loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert rows[1]["reward_chosen"] == pytest.approx(0, abs=1e-5) and rows[1]["reward_accuracy"] == 0
     assert rows[4]["eval_reward_accuracy"] > 0.9 and rows[4]["eval_reward_margin"] > 0, rows[4]
+    assert "eval_ppl" not in rows[4]  # exp of a pair loss is no perplexity
     assert rows[4]["reward_margin"] > 0 and rows[4]["reward_accuracy"] == 1 and rows[4]["loss"] < math.log(2)
     root = run.checkpoints_dir()
     assert ckptfolder.reference_file(root, "train").is_file() and ckptfolder.reference_file(root, "eval").is_file()
@@ -293,6 +294,7 @@ def test_dpo_starts_at_log_2_evaluates_held_out_pairs_resumes_exactly_and_export
     assert cli.main(["status", str(run.path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert (doc["reward_accuracy"], doc["eval_reward_accuracy"]) == (1, rows[4]["eval_reward_accuracy"])
+    assert doc["eval_loss"] == rows[4]["eval_loss"] and doc["eval_ppl"] is None
 
     ckptfolder.keep_only_up_to(root, 2)
     again = run_workers(run, 2, job_id="d2")  # the same world size: bitwise

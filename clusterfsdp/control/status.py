@@ -177,6 +177,14 @@ def attempt_alive(attempt: Attempt) -> bool:
     return attempt.leader is not None and procs.group_alive(attempt.leader)
 
 
+def _perplexity(evaluated: dict | None, eval_loss: float | None) -> float | None:
+    """The row's eval_ppl, or exp(eval_loss) for rows written before it was logged; none for a
+    preference objective's evaluation (its rows carry rewards: exp of a pair loss means nothing)."""
+    if evaluated is None or eval_loss is None or _has(evaluated, "eval_reward_accuracy"):
+        return _number(evaluated, "eval_ppl")
+    return _number(evaluated, "eval_ppl") or math.exp(min(eval_loss, 700))
+
+
 def _number(row: dict | None, key: str) -> float | None:
     value = (row or {}).get(key)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -213,7 +221,7 @@ def last_logged(run: RunFolder) -> LastLogged:
         _number(trained, "loss"),
         evaluated["step"] if evaluated else None,
         eval_loss,
-        _number(evaluated, "eval_ppl") or (math.exp(min(eval_loss, 700)) if eval_loss is not None else None),
+        _perplexity(evaluated, eval_loss),
         _number(last, "epoch"),
         last["total_steps"] if last and _int(last.get("total_steps")) else None,
         _number(trained, "reward_accuracy"),

@@ -89,11 +89,9 @@ def format_row(row: dict, total_steps: int) -> str:
     notebook tests read that prefix)."""
     mfu = f" mfu {100 * row['mfu']:.1f}%" if row.get("mfu") is not None else ""
     epoch = f" epoch {row['epoch']:.2f}" if "epoch" in row else ""
-    evaluated = (
-        f" eval_loss {row['eval_loss']:.4f} eval_ppl {numbers.perplexity(row['eval_ppl'])}"
-        if "eval_loss" in row
-        else ""
-    )
+    evaluated = f" eval_loss {row['eval_loss']:.4f}" if "eval_loss" in row else ""
+    if "eval_ppl" in row:
+        evaluated += f" eval_ppl {numbers.perplexity(row['eval_ppl'])}"
     if "reward_accuracy" in row:  # preference training (worker/preference.py)
         evaluated += f" reward_accuracy {row['reward_accuracy']:.2f} reward_margin {row['reward_margin']:.4f}"
     if "eval_reward_accuracy" in row:

@@ -408,7 +408,8 @@ class Trainer:
 
     def maybe_eval(self) -> dict[str, float]:
         """eval_loss and eval_ppl when this step evaluates (every eval.every_steps, and the last
-        step), else nothing."""
+        step), else nothing. A preference objective's rows have its rewards instead of eval_ppl:
+        the exponential of a pair loss is no perplexity."""
         if not self._eval_due():
             return {}
         assert self.data.eval is not None
@@ -427,7 +428,9 @@ class Trainer:
             samples = self.sample_gen.generate(self.model, self.state.step, self.ctx.device)
             if self.ctx.sink is not None:
                 self.ctx.sink.samples(samples)
-        return {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0)), **rewards}
+        if self.objective is not None:
+            return {"eval_loss": eval_loss, **rewards}
+        return {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0))}
 
     def _judge(self, eval_loss: float) -> None:
         """After an evaluation (the same all-reduced score on every rank, so every rank decides
