@@ -280,7 +280,7 @@ def test_lora_on_one_fsdp1_rank_saves_after_evaluations_and_accumulation(bases, 
     chat = _chat_lora(bases, tmp_path, 120)
     run = make_run(job, tmp_path / "runs", [*chat, "train.micro_batch_size=1", "train.grad_accum=2"])
     out = run_workers(run, 1, job_id="n1")
-    assert "FSDP1" in out[0][1] and "NO_SHARD" in out[0][1]
+    assert "FSDP1" in out[0][1] and "NO_SHARD" in out[0][1] and "loss: the full logits" in out[0][1]
     root = run.checkpoints_dir()
     assert [c.step for c in ckptfolder.list_checkpoints(root)] == [2, 4]
     assert [r["step"] for r in run.metrics() if "eval_loss" in r] == [2, 4]

@@ -279,6 +279,7 @@ def test_dpo_starts_at_log_2_evaluates_held_out_pairs_resumes_exactly_and_export
     assert (
         "reference log-probs of the train pairs: " in first[0][1] and " computed by the starting model" in first[0][1]
     )
+    assert "loss: lm_head fused with the loss" in first[0][1]  # FSDP2: the chunked per-row log-probs
     rows = {r["step"]: r for r in run.metrics()}
     assert rows[1]["loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert rows[1]["reward_chosen"] == pytest.approx(0, abs=1e-5) and rows[1]["reward_accuracy"] == 0

@@ -237,10 +237,19 @@ def _fused_loss(
     )
 
 
+def _architecture(model: Any) -> str:
+    """The model's class name; FSDP2's `fully_shard` swaps the class for a subclass of it named
+    `FSDP<name>` (bases: FSDPModule, the class), which is the class looked at here."""
+    cls = type(model)
+    if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2 and cls.__bases__[0].__name__ == "FSDPModule":
+        cls = cls.__bases__[1]
+    return cls.__name__
+
+
 def supports_fused(model: Any) -> bool:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return (
-        type(model).__name__ in FUSED_ARCHITECTURES
+        _architecture(model) in FUSED_ARCHITECTURES
         and isinstance(head, torch.nn.Linear)
         and head.bias is None
         and getattr(model, "base_model", model) is not model

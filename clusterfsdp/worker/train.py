@@ -306,6 +306,12 @@ class Trainer:
             f"mesh {spec.mesh_shape} ({spec.effective_sharding}, FSDP{spec.fsdp.version}), "
             f"built in {self.t_ready - self.t_build:.2f} s"
         )
+        fused = hasattr(self.model, "clusterfsdp_loss")  # loss.attach: FSDP2 and a supported architecture
+        self.log(
+            "loss: lm_head fused with the loss, a chunk of logits at a time"
+            if fused
+            else "loss: the full logits (FSDP1, or an architecture outside loss.FUSED_ARCHITECTURES)"
+        )
         if counts.trainable:
             share = 100 * counts.trainable / counts.total
             self.log(
