@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import pty
@@ -383,9 +384,14 @@ async def _probe(served: Served) -> None:
                 message = await ws.receive(timeout=60)
                 assert message.type == aiohttp.WSMsgType.BINARY, message
                 screen += message.data
-            (pid,) = _app_sessions(served.runs)
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-            assert TOKEN_ENV.encode() not in environ and token.encode() not in environ
+            # the session's app, and any child it is forking at that moment (a subprocess keeps
+            # the app's command line until it execs): none has the token
+            pids = _app_sessions(served.runs)
+            assert pids
+            for pid in pids:
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    environ = Path(f"/proc/{pid}/environ").read_bytes()
+                    assert TOKEN_ENV.encode() not in environ and token.encode() not in environ, pid
         assert await ws_status(**own, Host="tui.example.org", Origin="https://tui.example.org") == 101
 
 
