@@ -67,35 +67,34 @@ def _title(name: str, value: float | None, fmt: str, extra: str = "") -> Content
     return Content.from_markup("[$primary]$name[/] [b]$value[/]$extra", name=name, value=shown, extra=extra)
 
 
+def _with_held_out(chart: str, name: str, key: str, fmt: str, metrics: Metrics, smoothing: float) -> ChartData:
+    """A training curve and, on the same axes in its own colour, its held-out twin (`eval_<key>`),
+    the latest of each in the title."""
+    eval_xs, eval_ys = metrics.series(f"eval_{key}")
+    title = _title(name, metrics.latest(key), fmt)
+    if eval_ys:
+        title += Content.from_markup("  [$warning]eval[/] [b]$value[/]", value=format(eval_ys[-1], fmt))
+    return ChartData(chart, title, [*_curve(metrics, key, smoothing), Series(*decimate(eval_xs, eval_ys), "eval")])
+
+
 def _second(metrics: Metrics, smoothing: float) -> ChartData:
     """The learning rate; for a preference run (train.objective) the reward accuracy, with the
     held-out one on the same axes and the learning rate in the title: what DPO is judged by."""
     lr = metrics.latest("lr")
-    eval_xs, eval_ys = metrics.series("eval_reward_accuracy")
-    if metrics.latest("reward_accuracy") is None and not eval_ys:
+    if metrics.latest("reward_accuracy") is None and not metrics.series("eval_reward_accuracy")[1]:
         return ChartData("lr", _title("lr", lr, ".2e"), _curve(metrics, "lr", 0.0))
-    title = _title("reward accuracy", metrics.latest("reward_accuracy"), ".2f")
-    if eval_ys:
-        title += Content.from_markup("  [$warning]eval[/] [b]$value[/]", value=f"{eval_ys[-1]:.2f}")
-    if lr is not None:
-        title += Content.from_markup("  lr $value", value=f"{lr:.2e}")
-    return ChartData(
-        "lr", title, [*_curve(metrics, "reward_accuracy", smoothing), Series(*decimate(eval_xs, eval_ys), "eval")]
-    )
+    chart = _with_held_out("lr", "reward accuracy", "reward_accuracy", ".2f", metrics, smoothing)
+    if lr is None:
+        return chart
+    return ChartData(chart.key, chart.title + Content.from_markup("  lr $value", value=f"{lr:.2e}"), chart.series)
 
 
 def charts(metrics: Metrics, smoothing: float, per: str) -> list[ChartData]:
     """The four charts; `per` is what tokens_per_s_per_gpu is per: "GPU", or "rank" on CPU."""
-    eval_xs, eval_ys = metrics.series("eval_loss")
-    loss_title = _title("loss", metrics.latest("loss"), ".4f")
-    if eval_ys:
-        loss_title += Content.from_markup("  [$warning]eval[/] [b]$value[/]", value=f"{eval_ys[-1]:.4f}")
     per_worker = metrics.latest("tokens_per_s_per_gpu")
     per_text = f"  {per_worker:,.0f} per {per}" if per_worker is not None else ""
     return [
-        ChartData(
-            "loss", loss_title, [*_curve(metrics, "loss", smoothing), Series(*decimate(eval_xs, eval_ys), "eval")]
-        ),
+        _with_held_out("loss", "loss", "loss", ".4f", metrics, smoothing),
         _second(metrics, smoothing),
         ChartData(
             "grad_norm",

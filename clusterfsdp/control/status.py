@@ -180,9 +180,10 @@ def attempt_alive(attempt: Attempt) -> bool:
 def _perplexity(evaluated: dict | None, eval_loss: float | None) -> float | None:
     """The row's eval_ppl, or exp(eval_loss) for rows written before it was logged; none for a
     preference objective's evaluation (its rows carry rewards: exp of a pair loss means nothing)."""
-    if evaluated is None or eval_loss is None or _has(evaluated, "eval_reward_accuracy"):
-        return _number(evaluated, "eval_ppl")
-    return _number(evaluated, "eval_ppl") or math.exp(min(eval_loss, 700))
+    logged = _number(evaluated, "eval_ppl")
+    if logged or evaluated is None or eval_loss is None or _has(evaluated, "eval_reward_accuracy"):
+        return logged
+    return math.exp(min(eval_loss, 700))
 
 
 def _number(row: dict | None, key: str) -> float | None:
