@@ -75,6 +75,16 @@ case "$PLAN" in
     step lora_bs8 130 $LB --set peft.method=lora --tag lora_bs8
     step lora_bf16_base_bs8 130 $LB --set peft.method=lora --set peft.base_dtype=bfloat16 --tag lora_bf16_base_bs8
     ;;
+  fused)  # issues 4 and 37: the fused lm_head against the full logits, now that FSDP2 runs engage it
+    # (7837d41): SFT on llama-1b, then DPO's per-row log-probs (128k vocabulary, bf16, a llama-1b body)
+    info 2>&1 | tee -a "$LOG"
+    step ours_bs8 100 $TB --bs 8 --steps 30 --tag ours_bs8
+    step ours_bs8_logits 110 $TB --bs 8 --steps 30 --loss logits --tag ours_bs8_logits
+    step ours_bs16 100 $TB --bs 16 --steps 30 --tag ours_bs16
+    step ours_bs16_logits 110 $TB --bs 16 --steps 30 --loss logits --tag ours_bs16_logits
+    step pref_1b 150 python3 bench/preference_bench.py --device cuda --dtype bfloat16 --vocab 128256 \
+      --rows 8 --seq 2048 --hidden 2048 --layers 16 --repeats 4
+    ;;
   *) echo "unknown plan $PLAN"; exit 2 ;;
 esac
 (cd /tmp/inductor 2>/dev/null && tar -czf "$OUT/inductor-cache.tgz" . 2>/dev/null)

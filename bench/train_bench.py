@@ -119,6 +119,7 @@ def main() -> None:
         reshard_after_forward=a.reshard,
         ac=a.ac,
         loss=a.loss,
+        loss_path="fused" if "loss: lm_head fused" in log else "logits" if "loss: the full logits" in log else None,
         steps=a.steps,
         measured_steps=len(use) * a.log_every,
         tokens_per_s=round(tps),

@@ -264,13 +264,23 @@ def _load_spec(attempt: _Attempt) -> specmod.JobSpec:
     return spec
 
 
+def group_backends(backend: str) -> str:
+    """The default group's backends: on GPUs NCCL for CUDA tensors and gloo for CPU ones.
+
+    The control collectives (the attempt's admission verdict, the local restart count, stop
+    flags, eval totals) move small CPU tensors, which an NCCL-only group refuses ("No backend
+    type associated with device type cpu"): every GPU run failed at `_admit` until a device
+    call found it (bench/device_run.sh, 2026-11-28). Model collectives stay on NCCL."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
+
+
 def _init_process_group(attempt: _Attempt, timeout_s: float):
     """The device (this node's GPU by local rank, else CPU) and the default process group
-    (NCCL on GPUs, gloo on CPUs), its timeout the watchdog's start-up rule (the heartbeat
-    follows the phases and the step time later). Rank 0 hosts the rendezvous on the master
-    port: one another process holds stops it with what to set (distenv.MasterPortInUse). The
-    local executor's restart count is counted from the `start` events and agreed on here
-    (Slurm counts restarts itself)."""
+    (NCCL on GPUs with gloo beside it for CPU tensors, gloo on CPUs), its timeout the
+    watchdog's start-up rule (the heartbeat follows the phases and the step time later). Rank 0
+    hosts the rendezvous on the master port: one another process holds stops it with what to
+    set (distenv.MasterPortInUse). The local executor's restart count is counted from the
+    `start` events and agreed on here (Slurm counts restarts itself)."""
     from datetime import timedelta
 
     import torch
@@ -290,7 +300,9 @@ def _init_process_group(attempt: _Attempt, timeout_s: float):
     if env.rank == 0 and distenv.port_taken(env.master_port):  # rank 0 hosts the rendezvous store
         raise distenv.master_port_problem(env.master_port)
     try:
-        dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None)
+        dist.init_process_group(
+            group_backends(backend), timeout=timeout, device_id=device if backend == "nccl" else None
+        )
     except RuntimeError as e:  # taken between the check and the bind
         if env.rank == 0 and "EADDRINUSE" in str(e):
             raise distenv.master_port_problem(env.master_port) from e
