@@ -1,5 +1,5 @@
 """control/value.py: the control plane's dataclasses get repr, equality and (frozen) hashing from
-one base instead of per-class generated methods (start-up, issue 25 item 3). The behaviour must be
+one decorator (`@value`) instead of per-class generated methods (start-up, issue 25 item 3). The behaviour must be
 the one `dataclasses` would have generated, and no dataclass may be left comparing by identity."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 from test_layout import DATA_TORCH_FREE
 
 import clusterfsdp.control
-from clusterfsdp.control.value import FrozenValue, Value
+from clusterfsdp.control.value import value
 
 
-@dataclass(repr=False, eq=False)
-class Ours(Value):
+@value
+class Ours:
     name: str
     sizes: list[int] = field(default_factory=list)
     hidden: float = field(default=0.0, repr=False, compare=False)
@@ -30,8 +30,8 @@ class Generated:
     hidden: float = field(default=0.0, repr=False, compare=False)
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class OursFrozen(FrozenValue):
+@value(frozen=True)
+class OursFrozen:
     key: str
     step: int = 0
 
@@ -67,7 +67,8 @@ def _torch_free_modules() -> list[str]:
 
 
 def test_no_control_plane_dataclass_compares_by_identity():
-    """A class declared `eq=False` for start-up must inherit Value's equality, not object's."""
+    """Every control-plane dataclass is declared `@value` (no generated methods at start-up, and
+    none left comparing by identity, as a bare `eq=False` would)."""
     missing = []
     for name in _torch_free_modules():
         module = importlib.import_module(name)

@@ -25,12 +25,11 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import fileio, ownership
-from .value import FrozenValue
+from .value import value
 
 COMPLETE = "clusterfsdp.json"
 DCP_METADATA = ".metadata"
@@ -45,8 +44,8 @@ _PARTIAL_NAME = r"^\.step-(\d+)\.partial$"
 _SET_ASIDE_NAME = r"^step-(\d+)(?:-.+)?-\d+$"
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class CheckpointInfo(FrozenValue):
+@value(frozen=True)
+class CheckpointInfo:
     path: Path
     step: int
     meta: dict[str, Any]

@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from . import ownership
 from .errors import UserError
-from .value import FrozenValue
+from .value import value
 
 RepoType = Literal["model", "dataset"]
 # How hard to try: download what is missing (submit), ask the hub whether an uncached id exists
@@ -37,8 +36,8 @@ class HubError(UserError):
     """A hub id that cannot be resolved; the message is one line and says how to fetch it."""
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class Snapshot(FrozenValue):
+@value(frozen=True)
+class Snapshot:
     """Where a hub id lives on this host. `path` is None when it is not cached and was not fetched
     (modes 'check' and 'cache'); `note` then says what submit will do."""
 

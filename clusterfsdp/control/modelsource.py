@@ -22,7 +22,7 @@ import json
 import math
 import shutil
 import struct
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from . import fileio, hub
 from . import spec as specmod
 from .fileio import atomic_write
 from .presets import PRESETS
-from .value import FrozenValue, Value
+from .value import value
 
 WEIGHTS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
@@ -57,8 +57,8 @@ MODEL_KEEP = ("config.json", "generation_config.json")
 SOURCES_FILE = "sources.json"
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class Source(FrozenValue):
+@value(frozen=True)
+class Source:
     """Where one key of the job points after resolution (written to <run>/model/sources.json)."""
 
     key: str  # "model.name_or_path", "model.config" or "data.tokenizer"
@@ -68,8 +68,8 @@ class Source(FrozenValue):
     revision: str = ""  # the commit of that snapshot
 
 
-@dataclass(repr=False, eq=False)
-class Prepared(Value):
+@value
+class Prepared:
     """A job whose model and tokenizer sources are local folders that passed their checks."""
 
     spec: specmod.JobSpec
@@ -77,8 +77,8 @@ class Prepared(Value):
     sources: list[Source] = field(default_factory=list)
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class ParamEstimate(FrozenValue):
+@value(frozen=True)
+class ParamEstimate:
     """The model's parameter count, for the memory estimate and MFU."""
 
     total: int

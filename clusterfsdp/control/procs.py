@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 
-from .value import FrozenValue
+from .value import value
 
 
 def boot_id() -> str:
@@ -65,8 +64,8 @@ def hostname() -> str:
     return os.uname().nodename
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class ProcessId(FrozenValue):
+@value(frozen=True)
+class ProcessId:
     """A process as recorded in the run folder: enough to recognise it again, on its own host."""
 
     pid: int

@@ -20,14 +20,14 @@ import functools
 import types
 import typing
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
 from . import fileio
 from .procs import ProcessId
-from .value import Value
+from .value import value
 
 
 class RunState(StrEnum):
@@ -246,11 +246,11 @@ def _from_dict(cls: type[T], data: Any, **converted: Any) -> T:
         raise RecordError(f"{cls.__name__}: expected a JSON object, found {type(data).__name__}")
     hints = _hints(cls)
     kept = {k: v for k, v in data.items() if k in hints and k not in converted}
-    for key, value in kept.items():
-        if not _matches(value, hints[key]):
-            if _matches(value, hints[key], bounded=False):
-                raise RecordError(f"{key}: {_short(value)} is out of range")
-            raise RecordError(f"{key}: expected {hints[key]}, found {type(value).__name__} {_short(value)}")
+    for key, found in kept.items():
+        if not _matches(found, hints[key]):
+            if _matches(found, hints[key], bounded=False):
+                raise RecordError(f"{key}: {_short(found)} is out of range")
+            raise RecordError(f"{key}: expected {hints[key]}, found {type(found).__name__} {_short(found)}")
     try:
         return cls(**{**kept, **converted})
     except TypeError as e:  # a required key missing
@@ -319,8 +319,8 @@ def _read(cls: Any, path: Path) -> Any:
         raise RecordError(f"{path.name}: {_short_reason(reason)}") from None
 
 
-@dataclass(repr=False, eq=False)
-class Attempt(Value):
+@value
+class Attempt:
     """One submission of a run: a Slurm job (which Slurm may requeue, keeping its id), a local
     executor job, or a notebook's srun step. Written by the control plane only."""
 
@@ -364,8 +364,8 @@ class Attempt(Value):
         return _to_dict(self)
 
 
-@dataclass(repr=False, eq=False)
-class RunRecord(Value):
+@value
+class RunRecord:
     """state.json: who submitted what. Written by the control plane only, under the run lock."""
 
     run_id: str
@@ -398,8 +398,8 @@ class RunRecord(Value):
         return next((a for a in reversed(self.attempts) if a.job_id == job_id), None)
 
 
-@dataclass(repr=False, eq=False)
-class Event(Value):
+@value
+class Event:
     """One line of events.jsonl, written by the workers."""
 
     event: EventKind
@@ -461,8 +461,8 @@ def preflight_verdict(event: Event) -> str:
     return event.reason.partition(f"{PREFLIGHT_ERROR}: ")[2] or event.reason
 
 
-@dataclass(repr=False, eq=False)
-class TrackerIds(Value):
+@value
+class TrackerIds:
     """trackers.json: the experiment trackers' run ids, so that every attempt of a run (requeue,
     resume, another world size) logs into the same tracker run. Written by rank 0 only."""
 
@@ -480,8 +480,8 @@ class TrackerIds(Value):
         return _to_dict(self)
 
 
-@dataclass(repr=False, eq=False)
-class SweepPoint(Value):
+@value
+class SweepPoint:
     """One point of a sweep: its index (the Slurm array task id), its run and the values it sets."""
 
     index: int
@@ -493,8 +493,8 @@ class SweepPoint(Value):
         return _from_dict(cls, data)
 
 
-@dataclass(repr=False, eq=False)
-class SweepRecord(Value):
+@value
+class SweepRecord:
     """sweep.json, in the sweep folder beside its points' run folders: what was swept and where
     each point runs. Written by the control plane only (control.sweep)."""
 

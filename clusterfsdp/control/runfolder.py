@@ -34,7 +34,6 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +42,7 @@ from .errors import UserError
 from .fileio import append_jsonl, atomic_write, load_json, read_jsonl
 from .records import Attempt, Event, Executor, RunRecord, TrackerIds
 from .runroot import ENV_RUN_ROOT, default_run_root, lookup_roots
-from .value import FrozenValue
+from .value import value
 
 if TYPE_CHECKING:  # imported where a spec is loaded or written: `status` and `runs` start without it
     from . import spec as specmod
@@ -59,8 +58,8 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class RunFolder(FrozenValue):
+@value(frozen=True)
+class RunFolder:
     """Paths and typed reads/writes of one run folder. No policy: the run service (control.run)
     decides who may write what, and when."""
 

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -31,7 +31,7 @@ from . import retrynotes
 from .errors import UserError
 from .records import RunState
 from .slurmping import controller
-from .value import FrozenValue
+from .value import value
 
 T = TypeVar("T")
 
@@ -71,8 +71,8 @@ class SlurmError(UserError, RuntimeError):
         self.transient = transient
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class JobRow(FrozenValue):
+@value(frozen=True)
+class JobRow:
     job_id: str
     state: str
     reason: str = ""
@@ -82,8 +82,8 @@ class JobRow(FrozenValue):
     by: str = ""  # sacct's `CANCELLED by UID`: the uid of who cancelled the job
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class JobInfo(FrozenValue):
+@value(frozen=True)
+class JobInfo:
     """`scontrol -o show job`: what tells a preemption from a cancel, and where the job ran.
     `preempt_time` is "" when Slurm prints None or hides it (a requeued job's base state is
     PENDING then; docs/recovery.md)."""

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from . import ckptfolder, cost, fileio, jsonltail, pending, procs, records, slurmcli
 from .cost import RunCost
 from .records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from .runfolder import RunFolder
-from .value import FrozenValue, Value
+from .value import value
 
 # The final record of an attempt -> the run state it means.
 _END_STATES = {
@@ -41,8 +41,8 @@ _END_ORDER = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class AttemptEnd(FrozenValue):
+@value(frozen=True)
+class AttemptEnd:
     """How one incarnation of an attempt (a job id and Slurm's restart count) ended: the record
     that says it, with its classified cause (`status` and the TUI show one line per incarnation).
     A failure's `reason` and `finding` are the doctor's verdict (`judged_ends`)."""
@@ -125,8 +125,8 @@ def guard_note(events: list[Event]) -> str:
     return f"numerical guard: {bad} step(s) skipped{latest}"
 
 
-@dataclass(repr=False, eq=False)
-class RunStatus(Value):
+@value
+class RunStatus:
     run: RunFolder
     state: RunState
     reason: str = ""
@@ -157,8 +157,8 @@ class RunStatus(Value):
         return any(a.executor is Executor.SLURM for a in self.attempts)
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class LastLogged(FrozenValue):
+@value(frozen=True)
+class LastLogged:
     """The newest training row of metrics.jsonl (step, loss) and the newest evaluation."""
 
     step: int | None = None
@@ -230,8 +230,8 @@ def last_logged(run: RunFolder) -> LastLogged:
     )
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class ListedJob(FrozenValue):
+@value(frozen=True)
+class ListedJob:
     """The two keys of a run's job.toml that its status needs: train.steps and checkpoint.dir.
     Read with tomllib alone, not through the spec: the run folder's job.toml is a complete dump
     of the spec (spec.dumps writes every key), and loading and checking the whole spec for each
@@ -475,8 +475,8 @@ def with_costs(rows: list[RunStatus], ask: cost.Ask | None = None) -> str:
     return error
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class UserCost(FrozenValue):
+@value(frozen=True)
+class UserCost:
     """What one user's runs (the run folders they own) cost, of those listed."""
 
     used: cost.Usage

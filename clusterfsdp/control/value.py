@@ -4,44 +4,56 @@
 `__hash__` anew for every class and compiles each with its own `exec`: about a third of a
 millisecond per method. Over the forty-odd records and schema sections that `validate` and
 `status` import, that was a fifth of their start-up, paid by every call (issue 25 item 3). A class
-declared `@dataclass(repr=False, eq=False)` (with `frozen=True` where it is immutable) and based on
-`Value` (or `FrozenValue`) gets the same three behaviours from here: the repr lists the fields
-with `repr=True`; two values are equal when they are of the same class and their fields with
-`compare=True` are equal; a frozen value hashes those fields, a mutable one is unhashable.
-tests/test_layout.py checks that no control-plane dataclass is left without value equality.
+declared `@value` (or `@value(frozen=True)`) is a dataclass that gets the same three behaviours
+from the functions here instead: the repr lists the fields with `repr=True`; two values are equal
+when they are of the same class and their fields with `compare=True` are equal; a frozen value
+hashes those fields, a mutable one is unhashable. The decorator says what the class is; type
+checkers see a dataclass through `dataclass_transform`. tests/test_value.py checks the behaviour
+against the generated methods and that no control-plane dataclass compares by identity.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, TypeVar, dataclass_transform, overload
+
+T = TypeVar("T", bound=type)
 
 
-class Value:
-    """Base of a mutable dataclass declared with `repr=False, eq=False`."""
-
-    __slots__ = ()
-    __dataclass_fields__: ClassVar[dict[str, Any]]  # set by @dataclass on each subclass
-
-    def __repr__(self) -> str:
-        shown = (f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr)
-        return f"{type(self).__qualname__}({', '.join(shown)})"
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._compared() == other._compared()  # type: ignore[attr-defined]
-
-    __hash__ = None  # type: ignore[assignment]  # mutable and compared by value: unhashable
-
-    def _compared(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.compare)
+def _compared(self: Any) -> tuple[Any, ...]:
+    return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.compare)
 
 
-class FrozenValue(Value):
-    """Base of a frozen dataclass declared with `frozen=True, repr=False, eq=False`: hashable."""
+def _repr(self: Any) -> str:
+    shown = (f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr)
+    return f"{type(self).__qualname__}({', '.join(shown)})"
 
-    __slots__ = ()
 
-    def __hash__(self) -> int:
-        return hash(self._compared())
+def _eq(self: Any, other: object) -> bool:
+    if other.__class__ is not self.__class__:
+        return NotImplemented
+    return _compared(self) == _compared(other)
+
+
+def _hash(self: Any) -> int:
+    return hash(_compared(self))
+
+
+@overload
+def value(cls: T, /) -> T: ...
+@overload
+def value(*, frozen: bool = False) -> Callable[[T], T]: ...
+@dataclass_transform(field_specifiers=(dataclasses.field, dataclasses.Field))
+def value(cls: T | None = None, /, *, frozen: bool = False) -> T | Callable[[T], T]:
+    """`@value` / `@value(frozen=True)`: a dataclass (`frozen` as dataclasses means it) with the
+    repr, the equality and, when frozen, the hash of this module; a mutable one is unhashable."""
+
+    def wrap(c: T) -> T:
+        out = dataclasses.dataclass(c, repr=False, eq=False, frozen=frozen)
+        out.__repr__ = _repr  # type: ignore[method-assign]
+        out.__eq__ = _eq  # type: ignore[method-assign]
+        out.__hash__ = _hash if frozen else None  # type: ignore[method-assign,assignment]
+        return out
+
+    return wrap if cls is None else wrap(cls)

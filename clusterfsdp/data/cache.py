@@ -28,7 +28,6 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from ..control import fileio
 from ..control import spec as specmod
 from ..control.runroot import default_run_root
 from ..control.spec import badrecords
-from ..control.value import FrozenValue
+from ..control.value import value
 from . import trust
 from .fieldmap import FieldMap
 from .sources import DataError, Source, local_sources
@@ -140,8 +139,8 @@ def tokenizer_files(folder: Path) -> list[Path]:
     )
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class DatasetRef(FrozenValue):
+@value(frozen=True)
+class DatasetRef:
     """One prepared dataset a job needs: 'train' (data.paths) or 'eval' (eval.paths)."""
 
     role: str
@@ -179,8 +178,8 @@ class DatasetRef(FrozenValue):
             return None
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class DatasetInput(FrozenValue):
+@value(frozen=True)
+class DatasetInput:
     """What one prepared dataset is made of, before its key: the role, the job.toml key naming
     its paths, the paths, how its records are read, and its entry of data.sources (or -1)."""
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..control import spec as specmod
 from ..control.spec.templates import template_fields
-from ..control.value import FrozenValue
+from ..control.value import value
 from .sources import DataError
 
 
@@ -31,8 +31,8 @@ class MissingKey(DataError):
     whatever data.bad_records says: every record would be skipped)."""
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class FieldMap(FrozenValue):
+@value(frozen=True)
+class FieldMap:
     """The fields one source's records are read through, and the job.toml keys that name them."""
 
     format: str  # 'text' | 'chat' | 'preference'

@@ -19,11 +19,10 @@ source i is passed weight_i x total / samples_i times per epoch, which the repor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ..control import spec as specmod
-from ..control.value import FrozenValue
+from ..control.value import value
 from .cache import DatasetRef
 from .samplesets import batch_problem, epochs_note, eval_batches_note, index_meta, sample_roles, total_steps
 
@@ -71,8 +70,8 @@ class Schedule:
         return source, b * self.counts[source] + k
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class Part(FrozenValue):
+@value(frozen=True)
+class Part:
     """One source of a mixture as the report needs it."""
 
     label: str  # e.g. "data.sources[1] (/data/alpaca.jsonl)"

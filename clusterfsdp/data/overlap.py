@@ -11,19 +11,18 @@ import itertools
 import os
 from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..control.value import FrozenValue
+from ..control.value import value
 from . import trust
 from .cache import DatasetRef
 
 BUDGET_BYTES = 64 << 20  # token bytes read of each dataset at most
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class Overlap(FrozenValue):
+@value(frozen=True)
+class Overlap:
     """How many eval documents are also training documents (a leak worth a warning)."""
 
     shared: int  # distinct eval documents that are also training documents

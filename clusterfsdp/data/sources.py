@@ -19,13 +19,12 @@ import fnmatch
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
 from ..control import spec as specmod
 from ..control.errors import UserError
-from ..control.value import FrozenValue
+from ..control.value import value
 
 SourceKind = Literal["txt", "jsonl", "parquet", "saved_dataset", "dataset_folder"]
 Compression = Literal["", "gz", "zst"]
@@ -44,8 +43,8 @@ class TooBroad(DataError):
     which, and what to give instead; the caller adds the key)."""
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class Source(FrozenValue):
+@value(frozen=True)
+class Source:
     """One data file or dataset folder a job names, as found on this host."""
 
     field: str  # the job.toml key that named it, e.g. "data.paths[0]"

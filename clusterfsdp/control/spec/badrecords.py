@@ -6,15 +6,14 @@ control plane, so `validate` refuses a bad value before anything runs; applied b
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from ..value import FrozenValue
+from ..value import value
 
 SYNTAX = "'error', 'skip', 'skip:N' (at most N records) or 'skip:P%' (at most P percent of the records)"
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class BadRecords(FrozenValue):
+@value(frozen=True)
+class BadRecords:
     """`skip`: bad records are left out and counted; at most `count` of them, or `percent` of
     the records read (None: no limit)."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import fileio
 from ..runroot import default_run_root
-from ..value import FrozenValue
+from ..value import value
 from .codec import loads, override_label, override_of
 from .schema import JobSpec, SpecError, short
 from .tokenizer import chat_problem, default_tokenizer
@@ -26,8 +26,8 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
     return JobText.read(path).load(overrides)
 
 
-@dataclasses.dataclass(frozen=True, repr=False, eq=False)
-class JobText(FrozenValue):
+@value(frozen=True)
+class JobText:
     """A job's TOML text and the folder its relative paths are relative to: a job file read once
     (`read`), or a job that is no file (the TUI's compose form), whose `origin` is empty."""
 

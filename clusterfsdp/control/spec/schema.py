@@ -21,11 +21,11 @@ import functools
 import re
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal, get_args, get_origin
 
 from ..errors import UserError
-from ..value import Value
+from ..value import value
 from .nodes import NodeRange, grad_accum_at
 from .nodes import parse as parse_nodes
 
@@ -77,8 +77,8 @@ def F(default: Any, doc: str, *, key: str | None = None) -> Any:
     return field(default=default, metadata=meta)
 
 
-@dataclass(repr=False, eq=False)
-class JobSection(Value):
+@value
+class JobSection:
     """[job]: the run's name, where its folder goes, its seed."""
 
     name: str = F("job", "Job name; runs go to <run_root>/<name>/<run id>/ and it names the Slurm job.")
@@ -97,8 +97,8 @@ class JobSection(Value):
     )
 
 
-@dataclass(repr=False, eq=False)
-class ContainerSection(Value):
+@value
+class ContainerSection:
     """[slurm.container]: the image the workers run in (pyxis, Apptainer, OCI)."""
 
     kind: Literal["none", "pyxis", "apptainer", "oci"] = F(
@@ -128,8 +128,8 @@ class ContainerSection(Value):
     )
 
 
-@dataclass(repr=False, eq=False)
-class SlurmSection(Value):
+@value
+class SlurmSection:
     """[slurm]: what each attempt asks of Slurm, and how it comes back after an interruption."""
 
     partition: str = F("", "Slurm partition (empty: the cluster's default).")
@@ -219,8 +219,8 @@ class SlurmSection(Value):
     )
 
 
-@dataclass(repr=False, eq=False)
-class ModelSection(Value):
+@value
+class ModelSection:
     """[model]: which model (a folder, a hub id, a config or a preset) and its dtype."""
 
     name_or_path: str = F(
@@ -260,8 +260,8 @@ class ModelSection(Value):
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = F("sdpa", "HF attention kernel.")
 
 
-@dataclass(repr=False, eq=False)
-class DataSource(Value):
+@value
+class DataSource:
     """One `[[data.sources]]` entry: a dataset of a mixture, with its weight and field mapping."""
 
     path: str = F(
@@ -304,8 +304,8 @@ class DataSource(Value):
     system: str = F("", "With prompt, format 'chat': the template of a system message (none when it renders empty).")
 
 
-@dataclass(repr=False, eq=False)
-class DataSection(Value):
+@value
+class DataSection:
     """[data]: the training data, its format, tokenizer, packing and prepared cache."""
 
     source: Literal["synthetic", "files"] = F("synthetic", "'synthetic' random tokens, or 'files' to read `paths`.")
@@ -399,8 +399,8 @@ class DataSection(Value):
     )
 
 
-@dataclass(repr=False, eq=False)
-class EvalSection(Value):
+@value
+class EvalSection:
     """[eval]: the held-out set and how often it is evaluated."""
 
     fraction: float = F(
@@ -433,8 +433,8 @@ class EvalSection(Value):
     samples_max_new_tokens: int = F(64, "Tokens generated at most per prompt (generation stops at a special token).")
 
 
-@dataclass(repr=False, eq=False)
-class EarlyStopping(Value):
+@value
+class EarlyStopping:
     """[train.early_stopping]: stop when the eval loss stops improving."""
 
     metric: Literal["", "eval_loss"] = F("", "'eval_loss' ends the run when it stops improving; '': off.")
@@ -442,8 +442,8 @@ class EarlyStopping(Value):
     min_delta: float = F(0.0, "How much lower than the best so far an eval_loss must be to count as an improvement.")
 
 
-@dataclass(repr=False, eq=False)
-class Guard(Value):
+@value
+class Guard:
     """[train.guard]: skip steps with a NaN/Inf or spiking loss, roll back after several."""
 
     nonfinite: bool = F(
@@ -477,8 +477,8 @@ class Guard(Value):
     )
 
 
-@dataclass(repr=False, eq=False)
-class Watchdog(Value):
+@value
+class Watchdog:
     """[train.watchdog]: when a rank counts as hung or late."""
 
     enabled: bool = F(True, "Watch every rank's heartbeat for hangs and stragglers (docs/recovery.md).")
@@ -504,8 +504,8 @@ class Watchdog(Value):
 OBJECTIVES = ("sft", "dpo", "ipo", "simpo", "orpo", "kto")
 
 
-@dataclass(repr=False, eq=False)
-class Preference(Value):
+@value
+class Preference:
     """[train.preference]: the knobs of the preference objectives (train.objective other than 'sft')."""
 
     beta: float = F(
@@ -521,8 +521,8 @@ class Preference(Value):
     simpo_gamma: float = F(0.5, "simpo: the target reward margin (gamma in the paper).")
 
 
-@dataclass(repr=False, eq=False)
-class TrainSection(Value):
+@value
+class TrainSection:
     """[train]: steps or epochs, batch, optimizer and learning-rate schedule."""
 
     steps: int = F(100, "Optimizer steps in total (a resumed run continues to this number); with train.epochs: 0.")
@@ -575,8 +575,8 @@ class TrainSection(Value):
     )
 
 
-@dataclass(repr=False, eq=False)
-class FsdpSection(Value):
+@value
+class FsdpSection:
     """[fsdp]: sharding, FSDP version, mixed precision, activation checkpointing, compile."""
 
     version: Literal[1, 2] = F(2, "2 = FSDP2 `fully_shard` (default); 1 = FullyShardedDataParallel.")
@@ -592,8 +592,8 @@ class FsdpSection(Value):
     cpu_offload: bool = F(False, "Keep sharded params and optimizer state in CPU memory.")
 
 
-@dataclass(repr=False, eq=False)
-class CheckpointSection(Value):
+@value
+class CheckpointSection:
     """[checkpoint]: how often and where the sharded checkpoints are written, and how many kept."""
 
     dir: str = F("", "Where checkpoints go (empty: <run folder>/checkpoints).")
@@ -614,8 +614,8 @@ class CheckpointSection(Value):
     )
 
 
-@dataclass(repr=False, eq=False)
-class PeftSection(Value):
+@value
+class PeftSection:
     """[peft]: LoRA adapters (Hugging Face peft) instead of a full fine-tune."""
 
     method: Literal["none", "lora"] = F(
@@ -656,8 +656,8 @@ class PeftSection(Value):
 Tracker = Literal["tensorboard", "wandb", "mlflow"]
 
 
-@dataclass(repr=False, eq=False)
-class LogSection(Value):
+@value
+class LogSection:
     """[log]: experiment trackers rank 0 logs to."""
 
     trackers: list[Tracker] = F(
@@ -679,8 +679,8 @@ class LogSection(Value):
 MAX_SWEEP_POINTS = 1000
 
 
-@dataclass(repr=False, eq=False)
-class SweepSection(Value):
+@value
+class SweepSection:
     """[sweep]: read by `clusterfsdp sweep` (control.sweep), never part of a run's JobSpec: each
     point is a normal run whose job.toml has the point's values in place."""
 
@@ -700,8 +700,8 @@ class SweepSection(Value):
     )
 
 
-@dataclass(repr=False, eq=False)
-class JobSpec(Value):
+@value
+class JobSpec:
     """A whole job.toml, typed: one field per section, and the facts derived from them."""
 
     job: JobSection = field(default_factory=JobSection)
