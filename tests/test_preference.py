@@ -13,7 +13,9 @@ Pairs are prepared like SFT data (strings with the byte tokenizer; UltraFeedback
 and Anthropic-HH-style conversations through a [[data.sources]] mapping with a chat tokenizer),
 shown by `data show`, and refused by `validate` with the file, line and keys of a record. The
 runs are real: 2 gloo ranks on CPU, the first DPO step's loss log 2 (the policy is its
-reference), a resume bitwise on the same world size and exact on another, LoRA on FSDP1.
+reference), a resume bitwise on the same world size and exact on another, LoRA on FSDP1; the
+in-training reference (train.preference.reference = 'live') on FSDP2 (equal to the table's
+numbers, resumed bitwise), FSDP1 and HSDP.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 import pytest
 import torch
 from data_helpers import WORDS, make_tokenizer, write_jsonl
-from procs import make_run, run_workers, tiny_job_toml
+from procs import launch, make_run, run_workers, tiny_job_toml, wait
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl.experimental.cpo.cpo_trainer import CPOTrainer as _CPOTrainer
@@ -235,6 +237,10 @@ def test_validate_names_a_records_missing_key_and_refuses_unfinished_objectives(
         "train.preference.label_smoothing=0.1 train.objective=ipo": "applies to 'dpo' and 'simpo' only, not 'ipo'",
         "data.format=text": "train.objective: 'dpo' trains on preference pairs",
         "data.packing=documents": "data.packing: 'documents' does not apply to preference pairs",
+        "train.objective=simpo train.preference.reference=live": (
+            "train.preference.reference: 'live' applies to 'dpo' and 'ipo' only; 'simpo' uses no reference model"
+        ),
+        "train.objective=orpo train.preference.reference=live": "'orpo' uses no reference model (remove it)",
         "checkpoint.keep_best=eval_reward_accuracy train.early_stopping.metric=eval_loss eval.fraction=0.5": (
             "train.early_stopping.metric: the run judges its evaluations by checkpoint.keep_best = "
         ),
@@ -319,6 +325,117 @@ def test_dpo_starts_at_log_2_evaluates_held_out_pairs_resumes_exactly_and_export
     assert torch.isfinite(model(torch.tensor([[72, 105]])).logits).all()
 
 
+def test_live_reference_is_the_starting_model_frozen_and_rebuilt_by_a_resume(tmp_path):
+    """train.preference.reference = 'live' (FSDP2, 2 ranks): a frozen second copy of the starting
+    model, sharded like the policy, its log-probs computed each micro-batch (the fused path).
+    Both references are the starting model, so every step's loss and rewards (train and eval)
+    equal a reference = 'start' run's on the same pairs: a copy that trained, shared the policy's
+    parameters or started elsewhere would drift from it. No table is kept; a resume from step 2
+    rebuilds the copy (not in the checkpoint) and continues bitwise."""
+    tail = "[slurm]\ntasks_per_node = 2\n[checkpoint]\nevery_steps = 2\nkeep_last = 5\n"
+    tail += "[eval]\nfraction = 0.2\nevery_steps = 2\nbatches = 2\n"
+    runs = {}
+    for mode in ("live", "start"):
+        (tmp_path / mode).mkdir()
+        runs[mode] = _pair_run(tmp_path / mode, "dpo", "", tail, f"train.preference.reference={mode}")
+        out = run_workers(runs[mode], 2, job_id=mode)
+        said = out[0][1]
+        assert (
+            "reference: live, a frozen copy of the starting model sharded like the policy (fused log-probs" in said
+        ) == (mode == "live") and ("reference log-probs of the train pairs" in said) == (mode == "start")
+    live, start = ({r["step"]: r for r in runs[m].metrics()} for m in ("live", "start"))
+    assert live[1]["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert min(live[s]["loss"] for s in (2, 3, 4)) < math.log(2) - 0.1  # the policy moved away from its reference
+    keys = ("loss", "reward_chosen", "reward_rejected", "reward_margin", "eval_loss", "eval_reward_margin")
+    assert sorted(live) == sorted(start) == [1, 2, 3, 4]
+    for s in live:
+        assert {k: live[s].get(k) for k in keys} == pytest.approx(
+            {k: start[s].get(k) for k in keys}, rel=1e-5, abs=1e-6
+        ), (s, live[s], start[s])
+    root = runs["live"].checkpoints_dir()
+    assert not any(ckptfolder.reference_file(root, role).exists() for role in ("train", "eval"))
+    ckptfolder.keep_only_up_to(root, 2)
+    again = run_workers(runs["live"], 2, job_id="live2")
+    assert "reference: live" in again[0][1]
+    original, resumed = _rows_by_attempt(runs["live"])
+    assert sorted(resumed) == [3, 4]
+    assert all(resumed[s].get(k) == original[s].get(k) for s in resumed for k in keys), (resumed, original)  # bitwise
+
+
+def test_live_reference_on_fsdp1(tmp_path):
+    """reference = 'live' on FSDP1 (2 ranks, full shard): the frozen copy is wrapped like the policy
+    (its units flattened with requires_grad False) and read through the full logits; the first
+    loss is log 2 (the copy is the starting policy), then the loss falls and the margin rises (a
+    reference that followed the policy would keep log 2 and a zero margin)."""
+    run = _pair_run(tmp_path, "dpo", 'version = 1\nsharding = "full"', "[slurm]\ntasks_per_node = 2\n",
+                    "train.preference.reference=live")  # fmt: skip
+    out = run_workers(run, 2, job_id="f1")
+    assert "reference: live, a frozen copy of the starting model sharded like the policy (" in out[0][1]
+    assert "FSDP1" in out[0][1] and "reference log-probs" not in out[0][1]
+    rows = {r["step"]: r for r in run.metrics()}
+    assert rows[1]["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert min(rows[s]["loss"] for s in (2, 3, 4)) < math.log(2) - 0.1, rows  # a reference = the policy: log 2
+    assert max(rows[s]["reward_margin"] for s in (2, 3, 4)) > 0.3, rows
+
+
+LIVE_CHECK = r"""
+import json, os, sys, torch, torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from clusterfsdp.control import spec as S
+from clusterfsdp.data.samples import Batch
+from clusterfsdp.worker import build as buildmod, distenv, preference
+
+os.environ.update(distenv.from_environ().export())
+dist.init_process_group("gloo")
+cpu, world = torch.device("cpu"), dist.get_world_size()
+spec = S.loads(sys.argv[1])
+policy, _, _, _ = buildmod.build(spec, cpu, world, buildmod.token_ids(spec))
+shape = lambda m: [(n, p.device_mesh.mesh_dim_names, p.placements, p.to_local().shape) for n, p in m.named_parameters()]
+sharded = shape(policy)  # (before its forward: FSDP2 keeps the root gathered after one)
+torch.manual_seed(7)
+rng = torch.random.get_rng_state()
+live = preference.build_live(spec, cpu, world, None, print)
+ids = torch.arange(24).reshape(2, 12) * 5 % 250
+labels = torch.where(torch.arange(12) > 6, ids.roll(-1, 1), -100)
+batch = Batch(ids, labels, pair_ids=torch.tensor([0]))
+reference = preference.PreferenceLoss(spec, None, False, live).reference_logps(policy, batch)
+resharded = all(isinstance(p, DTensor) for p in live.parameters())
+with torch.no_grad():
+    start = preference.sequence_logps(policy, batch)[0]
+print("RESULT " + json.dumps({
+    "rng_kept": torch.equal(rng, torch.random.get_rng_state()),
+    "frozen": not live.training and not any(p.requires_grad for p in live.parameters()),
+    "resharded": resharded,
+    "sharded_like_the_policy": resharded and shape(live) == sharded,
+    "fused": hasattr(live, "clusterfsdp_logps"),
+    "same_logps": torch.equal(torch.cat(reference), start),
+    "meshes": sorted({str(p.device_mesh.mesh_dim_names) for p in live.parameters()}) if resharded else None,
+}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_live_reference_is_built_like_the_policy_on_hsdp():
+    """build_live on HSDP (2 ranks as 2 nodes x 1): the frozen copy's parameters are placed on the
+    policy's 2-D mesh exactly as the policy's, frozen and in eval mode, with the fused log-probs;
+    its log-probs of a pair are the starting policy's; after its forward every unit is sharded
+    again (FSDP2 keeps the root and last layer gathered after a forward for the backward the
+    reference never runs); and building it leaves the global RNG as it was (its init reseeds it,
+    and a resume builds it after restoring the checkpoint's RNG)."""
+    text = (
+        f'{PAIRS}seq_len = 16\n[model]\npreset = "llama-tiny"\n[train]\nobjective = "dpo"\n'
+        '[train.preference]\nreference = "live"\n[fsdp]\nsharding = "hybrid"\nmixed_precision = "fp32"\n'
+        "[slurm]\nnodes = 2\ntasks_per_node = 1\n"
+    )
+    out = wait(launch(["-c", LIVE_CHECK, text], 2))
+    assert all(code == 0 for code, _ in out), "\n".join(t[-3000:] for _, t in out)
+    for _, said in out:
+        got = json.loads(said.split("RESULT ", 1)[1].splitlines()[0])
+        expected = {"rng_kept": True, "frozen": True, "resharded": True, "sharded_like_the_policy": True,
+                    "fused": True, "same_logps": True, "meshes": ["('replicate', 'shard')"]}  # fmt: skip
+        assert got == expected, said[-2000:]
+
+
 def _rows_by_attempt(run) -> list[dict[int, dict]]:
     """The metrics rows of each attempt, step -> row (a new attempt starts where a step repeats)."""
     attempts: list[dict[int, dict]] = [{}]
@@ -348,14 +465,18 @@ def base(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("objective", ["dpo", "simpo"])
 def test_lora_preference_on_fsdp1_uses_the_base_as_reference(tmp_path, base, objective):
     """LoRA on FSDP1: dpo's reference is the base with the adapters disabled (no table, no second
-    model; the adapters start at zero, so the first loss is log 2); simpo needs no reference.
+    model; the adapters start at zero, so the first loss is log 2), which train.preference.reference
+    = 'live' accepts as its own (said in the log); simpo needs no reference.
     Both raise the reward margin; dpo's resume from step 2 is bitwise."""
     lora = '[peft]\nmethod = "lora"\nr = 4\nalpha = 8\n[slurm]\ntasks_per_node = 2\n'
     lora += "[checkpoint]\nevery_steps = 2\nkeep_last = 5\n"
+    live = ["train.preference.reference=live"] if objective == "dpo" else []  # accepted: what LoRA does anyway
     run = _pair_run(tmp_path, objective, 'version = 1\nsharding = "full"', lora, f"model.name_or_path={str(base)!r}",
-                    "model.preset=''")  # fmt: skip
+                    "model.preset=''", *live)  # fmt: skip
     out = run_workers(run, 2, job_id="l1")
     assert "reference log-probs" not in out[0][1] and "FSDP1" in out[0][1]
+    said = "reference: live: with LoRA the base with the adapters disabled (no second model, no table)"
+    assert (said in out[0][1]) == (objective == "dpo") and "a frozen copy" not in out[0][1]
     rows = {r["step"]: r for r in run.metrics()}
     assert rows[4]["reward_margin"] > rows[1]["reward_margin"], rows
     assert not ckptfolder.reference_file(run.checkpoints_dir(), "train").exists()

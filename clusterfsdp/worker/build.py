@@ -33,9 +33,32 @@ def build(
 
     `kept`: the run's copy of the model's config (<run>/model), used when present so that a
     resume does not need the original folder. Returns (model, optimizer, config, ParamCount)."""
+    model, config, counts = build_model(spec, device, world_size, tokens, kept, resume, frozen=False)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters only
+        lr=spec.train.lr,
+        weight_decay=spec.train.weight_decay,
+        betas=(0.9, 0.95),
+        fused=device.type == "cuda" and not spec.fsdp.cpu_offload,
+    )
+    return model, optimizer, config, counts
+
+
+def build_model(
+    spec: JobSpec, device: torch.device, world_size: int, tokens: modelmod.TokenIds | None, kept: Path | None,
+    resume: bool, frozen: bool,
+) -> tuple[Any, Any, modelmod.ParamCount]:  # fmt: skip
+    """The sharded, filled model of `build` without an optimizer: (model, config, ParamCount).
+
+    `frozen`: every parameter with requires_grad False from the meta model on (before FSDP
+    flattens or shards it), in eval mode: the in-training reference of a preference run
+    (train.preference.reference = 'live', worker/preference.py), built by the same steps as
+    the policy, so it is sharded like it and starts from the same weights."""
     config = modelmod.build_config(spec.model, tokens, kept)
     meta = modelmod.build_meta(spec.model, config, spec.base_dtype)  # 1. build on meta
     counts = modelmod.param_count(meta, config)  # (unsharded: the same on every world size)
+    if frozen:
+        meta.requires_grad_(False)
     dtype = modelmod.DTYPES[spec.base_dtype]  # (LoRA: the frozen base's; the adapters train in model.dtype)
     lora = adapters.enabled(spec)  # a LoRA checkpoint holds only the adapters: the base is loaded again
     mode = "buffers" if resume and not lora else "pretrained" if spec.model.name_or_path else "init"
@@ -75,14 +98,9 @@ def build(
             adapters.fill(model, spec.job.seed, torch.device("cpu") if spec.fsdp.cpu_offload else device)
             weights.check_materialized(model, filler.plan.model_type)
     _check_tied(model, config)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters only
-        lr=spec.train.lr,
-        weight_decay=spec.train.weight_decay,
-        betas=(0.9, 0.95),
-        fused=device.type == "cuda" and not spec.fsdp.cpu_offload,
-    )
-    return model, optimizer, config, counts
+    if frozen:
+        model.eval()
+    return model, config, counts
 
 
 def _check_tied(model, config) -> None:

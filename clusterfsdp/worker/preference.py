@@ -17,10 +17,13 @@ The loss a rank returns is the sum over its pairs; the Trainer divides by the pa
 over all ranks (Batch.label_count), so each pair weighs the same whatever the world size.
 
 The reference log-probs (dpo, ipo): with LoRA, the same model with every adapter disabled (no
-second model); otherwise `ReferenceTable`, computed once before the first step by the model as
-it starts (`compute_reference`: the policy before training is the reference) over every
-training pair and every evaluated pair, and kept in the checkpoint folder so a resume (on any
-world size) reads the same numbers.
+second model, whatever train.preference.reference says); otherwise, with reference = 'start',
+`ReferenceTable`, computed once before the first step by the model as it starts
+(`compute_reference`: the policy before training is the reference) over every training pair and
+every evaluated pair, and kept in the checkpoint folder so a resume (on any world size) reads
+the same numbers; with reference = 'live', a frozen second copy of the starting model
+(`build_live`: build.build_model, so sharded like the policy; not in any checkpoint, built again
+by every attempt) whose log-probs are computed each micro-batch, for data a table cannot cover.
 """
 
 from __future__ import annotations
@@ -145,8 +148,8 @@ class PreferenceLoss:
     """loss(model, batch) for a pair batch: the summed per-pair loss of train.objective, and the
     sums the metrics rows report (rewards, reward accuracy and margin) since `reset`."""
 
-    def __init__(self, spec: JobSpec, reference: ReferenceTable | None, lora: bool):
-        self.spec, self.reference, self.lora = spec, reference, lora
+    def __init__(self, spec: JobSpec, reference: ReferenceTable | None, lora: bool, live: Any = None):
+        self.spec, self.reference, self.lora, self.live = spec, reference, lora, live
         self.needs_reference = spec.train.objective in NEEDS_REFERENCE
         self.sums = torch.zeros(5, dtype=torch.float64)  # pairs, chosen, rejected, correct, margin
 
@@ -159,9 +162,12 @@ class PreferenceLoss:
         if self.reference is not None:
             assert batch.pair_ids is not None
             return self.reference.lookup(batch.pair_ids, batch.input_ids.device)
-        assert self.lora, "a full fine-tune reads its reference log-probs from the reference table"
-        with torch.no_grad(), adapters_disabled(model):
-            logps, _ = sequence_logps(model, batch)
+        live = self.live
+        assert self.lora or live is not None, "a full fine-tune reads its reference from a table or a live copy"
+        with torch.no_grad(), adapters_disabled(model) if live is None else contextlib.nullcontext():
+            logps, _ = sequence_logps(model if live is None else live, batch)
+        if live is not None:
+            _reshard(live)
         chosen, rejected = logps.chunk(2)
         return chosen, rejected
 
@@ -195,6 +201,44 @@ class PreferenceLoss:
             f"{prefix}reward_accuracy": float(sums[3]) / n,
             f"{prefix}reward_margin": float(sums[4]) / n,
         }
+
+
+def _reshard(model: Any) -> None:
+    """FSDP2 keeps the root unit and the last layer gathered after a forward (for the backward,
+    which frees them; see parallelize.fsdp2): the frozen reference has no backward, so they are
+    freed here and it holds only its shards between forwards. FSDP1 frees them itself."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+def build_live(spec: JobSpec, device: torch.device, world: int, kept: Path | None, log: Callable[[str], None]) -> Any:
+    """train.preference.reference = 'live': the starting model again (model.name_or_path, or the
+    init from job.seed: never a checkpoint, so a resume builds the same reference), frozen, in
+    eval mode, sharded like the policy (build.build_model: FSDP2 on the same mesh shape, HSDP,
+    or FSDP1; the fused log-probs where loss.attach applies), without an optimizer. The global
+    RNG, which a resume has just restored, is left as it was (weights.init_unit forks it)."""
+    from .build import build_model, token_ids
+
+    t0 = time.perf_counter()
+    live, _, counts = build_model(spec, device, world, token_ids(spec), kept, resume=False, frozen=True)
+    shards = sum(_local(p).numel() * p.element_size() for p in live.parameters())
+    fused = " (fused log-probs)" if hasattr(live, "clusterfsdp_logps") else ""
+    log(
+        f"reference: live, a frozen copy of the starting model sharded like the policy{fused} "
+        f"({counts.total / 1e6:.2f}M params, {shards / 2**20:.1f} MiB of shards on this rank, plus the "
+        f"units it gathers in each forward), built in {time.perf_counter() - t0:.1f} s"
+    )
+    return live
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """A parameter's shard on this rank (FSDP2: the DTensor's local part; FSDP1 with
+    use_orig_params: the parameter is already this rank's slice)."""
+    to_local = getattr(param, "to_local", None)
+    return to_local() if to_local is not None else param
 
 
 # ---------------------------------------------------------------- the reference pass
@@ -268,12 +312,21 @@ def start(
     device: torch.device,
     log: Callable[[str], None],
     lora: bool,
+    kept: Path | None = None,
 ) -> Objectives:
-    """The objectives of train.objective; for dpo and ipo without LoRA first the reference table
-    of each sample set (`sets`: role -> samples): read from the checkpoint folder, or computed
-    now by the model as it starts (before the first step only: a resumed policy is no reference)."""
+    """The objectives of train.objective; for dpo and ipo without LoRA first their reference:
+    with train.preference.reference = 'live' the frozen copy (`build_live`; `kept`: the run's
+    copy of the model config, as for the policy), else the reference table of each sample set
+    (`sets`: role -> samples): read from the checkpoint folder, or computed now by the model as
+    it starts (before the first step only: a resumed policy is no reference)."""
     tables: dict[str, ReferenceTable | None] = {"train": None, "eval": None}
-    if spec.train.objective in NEEDS_REFERENCE and not lora:
+    needs, mode = spec.train.objective in NEEDS_REFERENCE, spec.train.preference.reference
+    if needs and lora:
+        log(f"reference: {mode}: with LoRA the base with the adapters disabled (no second model, no table)")
+    if needs and not lora and mode == "live":
+        live = build_live(spec, device, world, kept, log)
+        return Objectives(PreferenceLoss(spec, None, lora, live), PreferenceLoss(spec, None, lora, live))
+    if needs and not lora:
         for role, samples in sets.items():
             path = ckptfolder.reference_file(checkpoints, role)
             if path.is_file():

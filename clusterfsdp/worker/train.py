@@ -326,12 +326,12 @@ class Trainer:
         return metricsmod.Meter(fpt, self.ctx.device, self.ctx.world_size, self.state.elapsed_s)
 
     def _preference(self) -> preference.Objectives:
-        """The preference objectives, with their reference log-probs (preference.start)."""
-        sets = {"train": self.data.train, "eval": self.data.eval}
-        ctx = self.ctx
+        """The preference objectives, with their reference (preference.start: a table or a live copy)."""
+        sets, ctx = {"train": self.data.train, "eval": self.data.eval}, self.ctx
         return preference.start(
             self.spec, self.model, {role: s for role, s in sets.items() if s is not None}, ctx.checkpoints,
             self.state.step > 0, ctx.rank, ctx.world_size, ctx.device, self.log, adapters.enabled(self.spec),
+            kept=ctx.model_dir,
         )  # fmt: skip
 
     # ---------------------------------------------------------------- the loop

@@ -62,6 +62,11 @@ def errors(spec: JobSpec) -> list[str]:
         out.append(
             f"train.preference.label_smoothing: applies to 'dpo' and 'simpo' only, not {objective!r} (set it to 0)"
         )
+    if p.reference == "live" and objective not in NEEDS_REFERENCE:
+        out.append(
+            f"train.preference.reference: 'live' applies to 'dpo' and 'ipo' only; {objective!r} uses no reference "
+            "model (remove it)"
+        )
     if not math.isfinite(p.simpo_gamma):
         out.append(f"train.preference.simpo_gamma: must be a finite number, found {p.simpo_gamma!r}")
     elif p.simpo_gamma != Preference().simpo_gamma and objective != "simpo":

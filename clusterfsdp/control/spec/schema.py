@@ -519,6 +519,17 @@ class Preference:
         "dpo, simpo: the assumed probability that a pair's preference is flipped (conservative DPO), in [0, 0.5).",
     )
     simpo_gamma: float = F(0.5, "simpo: the target reward margin (gamma in the paper).")
+    reference: Literal["start", "live"] = F(
+        "start",
+        "dpo, ipo without [peft]: where the reference log-probs come from. 'start': the model as it starts, its "
+        "log-probs over every training and eval pair computed once before the first step and kept in the "
+        "checkpoint folder (training holds only the policy). 'live': a frozen second copy of the starting model "
+        "(model.name_or_path, or the seeded init), built and sharded like the policy and never saved (a resume "
+        "builds it again: model.name_or_path must still be readable), its log-probs computed each micro-batch: "
+        "for data that changes each epoch, at the memory of a second model's shards. With LoRA both are the base "
+        "with the adapters disabled (no second model, no table). simpo and orpo use no reference: 'live' is "
+        "refused.",
+    )
 
 
 @value
@@ -555,7 +566,8 @@ class TrainSection:
         "'preference' pairs: 'dpo' (sigmoid, train.preference.label_smoothing), 'ipo', 'simpo' and 'orpo' "
         "(no reference model). dpo and ipo compare with a reference: with [peft] LoRA the base with the "
         "adapters disabled; otherwise the model as it starts, its log-probs over the training and eval pairs "
-        "computed once before the first step. 'kto' is not implemented yet (refused).",
+        "computed once before the first step, or a frozen copy of it (train.preference.reference). 'kto' is "
+        "not implemented yet (refused).",
     )
     early_stopping: EarlyStopping = F(
         EarlyStopping(),
