@@ -230,7 +230,7 @@ def test_validate_names_a_records_missing_key_and_refuses_unfinished_objectives(
     said = capsys.readouterr().err
     assert "pairs.jsonl:1: no 'rejected' key (data.rejected_key; the record has: answer, chosen, prompt)" in said
     refusals = {
-        "train.objective=kto": "train.objective: 'kto' is not implemented yet",
+        "train.objective=kto": "train.objective: 'kto' trains on unpaired examples: set data.source",
         "train.objective=sft": "data.format: 'preference' pairs train with a preference objective",
         "train.preference.label_smoothing=0.1 train.objective=ipo": "applies to 'dpo' and 'simpo' only, not 'ipo'",
         "data.format=text": "train.objective: 'dpo' trains on preference pairs",

@@ -153,6 +153,11 @@ class PreferenceLoss:
     def reset(self) -> None:
         self.sums.zero_()
 
+    def begin(self, model: Any, batches: list[Batch], device: torch.device) -> None:
+        """Before a step's micro-batches, or an evaluation's: the sums reset (kto.KTOLoss also
+        estimates its KL term over the batches here)."""
+        self.reset()
+
     def reference_logps(self, model: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not self.needs_reference:
             return None
@@ -303,4 +308,7 @@ def start(
                 f"reference log-probs of the {role} pairs: {len(ids):,} computed by the starting model in "
                 f"{time.perf_counter() - t0:.1f} s, kept in {path}"
             )
-    return Objectives(PreferenceLoss(spec, tables["train"], lora), PreferenceLoss(spec, tables["eval"], lora))
+    from .kto import KTOLoss
+
+    loss = KTOLoss if spec.train.objective == "kto" else PreferenceLoss  # kto: the rows hold (completion, KL)
+    return Objectives(loss(spec, tables["train"], lora), loss(spec, tables["eval"], lora))
