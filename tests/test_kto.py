@@ -14,6 +14,7 @@ the same world size bitwise and on 1 rank with grad_accum 2 exact to rounding.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from data_helpers import WORDS, write_jsonl
+from data_helpers import WORDS, make_tokenizer, write_jsonl
 from procs import make_run, run_workers, tiny_job_toml
 from test_preference import _pairs_batch, _rows_by_attempt
 
@@ -147,7 +148,10 @@ def test_unpaired_records_are_prepared_shown_and_refused(tmp_path, capfd):
     job = _job(tmp_path)
     assert cli.main(["data", "show", str(job), "-n", "6"]) == 2  # not prepared yet
     assert cli.main(["data", "prepare", str(job)]) == 0
-    capfd.readouterr()
+    assert (
+        "train samples: 6 of seq_len 48 (pairs packing), 12 documents, 3 desirable and 3 undesirable examples"
+        in capfd.readouterr().out
+    )
     assert cli.main(["data", "show", str(job), "-n", "6"]) == 0
     shown = capfd.readouterr().out
     # each example: its completion (the label shown), then its prompt with the example before it's completion
@@ -197,7 +201,7 @@ def test_unpaired_records_are_prepared_shown_and_refused(tmp_path, capfd):
 
 
 # ---------------------------------------------------------------- a run (2 gloo ranks)
-def test_kto_starts_at_a_half_logs_its_metrics_and_resumes_exactly(tmp_path):
+def test_kto_starts_at_a_half_logs_its_metrics_and_resumes_exactly(tmp_path, capsys):
     """A full fine-tune (FSDP2, 2 ranks): the reference log-probs of the completions and the KL
     rows are computed once before step 1 (so its loss is 0.5, the KL estimate 0); the desirable
     rewards rise above the undesirable ones; a resume from step 2 on 2 ranks is bitwise, and on
@@ -230,6 +234,10 @@ def test_kto_starts_at_a_half_logs_its_metrics_and_resumes_exactly(tmp_path):
     assert rows[4]["reward_margin"] > rows[2]["reward_margin"] > 0 and rows[4]["loss"] < 0.5, rows[4]
     assert rows[4]["eval_reward_margin"] > rows[2]["eval_reward_margin"] > 0 and "eval_ppl" not in rows[4], rows[4]
     assert rows[2]["kl"] > 0 and math.isfinite(rows[4]["kl"]) and rows[4]["eval_kl"] > 0
+    capsys.readouterr()
+    assert cli.main(["status", str(run.path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)  # exp of a KTO loss is no perplexity
+    assert (doc["kl"], doc["reward_margin"], doc["eval_ppl"]) == (rows[4]["kl"], rows[4]["reward_margin"], None)
 
     root = run.checkpoints_dir()
     ckptfolder.keep_only_up_to(root, 2)
@@ -246,3 +254,36 @@ def test_kto_starts_at_a_half_logs_its_metrics_and_resumes_exactly(tmp_path):
     assert all(
         other[s][k] == pytest.approx(original[s][k], rel=1e-4, abs=1e-5) for s in other for k in keys if k in other[s]
     ), (other, original)
+
+
+def test_message_examples_take_the_chat_template_and_a_source_mapping(tmp_path):
+    """Messages through a [[data.sources]] mapping (completion_key, label_key, ShareGPT keys): the
+    completion row trains on its assistant answer only, the KL row on the previous example's."""
+    from test_preference import _trained
+
+    from clusterfsdp.data import prepare
+    from clusterfsdp.data.samples import PreparedSamples
+    from clusterfsdp.data.samplesets import index_id
+
+    tok = make_tokenizer(tmp_path / "tok")
+    from transformers import AutoTokenizer
+
+    decode = AutoTokenizer.from_pretrained(tok).decode
+    write_jsonl(tmp_path / "c.jsonl", [
+        {"turns": [{"from": "human", "value": f"say {w}"}], "reply": [{"from": "gpt", "value": w}], "ok": k != 1}
+        for k, w in enumerate(("paper", "horse", "cloud"))
+    ])  # fmt: skip
+    source = (
+        '[[data.sources]]\npath = "c.jsonl"\nprompt_key = "turns"\ncompletion_key = "reply"\nlabel_key = "ok"\n'
+        'role_key = "from"\ncontent_key = "value"\nroles = { human = "user", gpt = "assistant" }'
+    )
+    job = _job(tmp_path).read_text().replace('paths = ["u.jsonl"]\n', "").replace('"bytes"', f'"{tok}"')
+    (tmp_path / "job.toml").write_text(job.replace("[train]", f"{source}\n[train]"))
+    spec = S.load(str(tmp_path / "job.toml"))
+    (ref,) = prepare.ensure(spec, lambda _: None)
+    samples = PreparedSamples(ref.folder, index_id(spec, "train"), 48, 0, "train")
+    assert samples.meta["desirable"] == 2 and samples.meta["undesirable"] == 1
+    (row, trained), (kl_row, kl_trained) = _trained(samples, 1, decode)
+    assert row.startswith("<|im_start|>user\nsay horse<|im_end|>") and kl_row.startswith(row.split("assistant")[0])
+    assert (trained, kl_trained) == ("horse<|im_end|>\n", "paper<|im_end|>\n")
+    assert [samples.sample(k).desirable for k in range(3)] == [True, False, True]

@@ -352,7 +352,7 @@ def _pairs(
     counts["dropped"] = int((over & ~keep).sum())
     counts["truncated"] = int((over & keep).sum())
     if spec.data.format == "unpaired" or any(s.format == "unpaired" for s in spec.data.sources):
-        meta.update(_labels(dataset, manifest, pair_starts[keep, 0], pair_lengths[keep, 0], role, what))
+        meta.update(_labels(dataset, manifest, spec, pair_starts[keep, 0], pair_lengths[keep, 0], role, what))
     rows = np.stack([pair_starts[keep], np.minimum(pair_lengths[keep], seq + 1)], axis=2).reshape(-1, 2)
     n = int(keep.sum())
     offsets_table = np.arange(0, 2 * n + 1, 2, dtype=np.int64)
@@ -377,11 +377,18 @@ def _pairs(
 
 
 def _labels(
-    dataset: Path, manifest: dict[str, Any], starts: np.ndarray, lengths: np.ndarray, role: str, what: str
+    dataset: Path,
+    manifest: dict[str, Any],
+    spec: JobSpec,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    role: str,
+    what: str,
 ) -> dict[str, int]:
     """How many of these unpaired examples (their completion rows) are desirable and undesirable
-    (the label is in the mask: data/unpaired.py); DataError for training data without either:
-    KTO weighs one against the other (TRL would train on, its loss then pushing one way only)."""
+    (the label is in the mask: data/unpaired.py); DataError for training data without either
+    (not checked per source of a mixture, where one source may hold one kind and another the
+    other): KTO weighs one against the other (TRL would train on, pushing one way only)."""
     offsets = shard_offsets(manifest)
     shard_of = np.searchsorted(offsets, starts, side="right") - 1
     masks = _masks(dataset, manifest, np.unique(shard_of))
@@ -390,7 +397,7 @@ def _labels(
         for s, n, i in zip(starts.tolist(), lengths.tolist(), shard_of.tolist(), strict=True)
     )
     good = len(starts) - bad
-    if role == "train" and len(starts) and not (good and bad):
+    if role == "train" and len(spec.data.sources) < 2 and len(starts) and not (good and bad):
         have, lacks = ("desirable", "undesirable (label false)") if good else ("undesirable", "desirable (label true)")
         raise DataError(
             f"{what}: all {len(starts):,} unpaired examples are {have}: train.objective = 'kto' needs {lacks} "
