@@ -195,9 +195,13 @@ def test_unpaired_records_are_prepared_shown_and_refused(tmp_path, capfd):
         ),
     }
     for sets, line in refusals.items():
-        args = [a for kv in sets.split() for a in ("--set", kv)]
-        assert cli.main(["validate", str(job), *args]) == 2
-        assert line in capfd.readouterr().err, sets
+        assert line in _validate_refuses(job, sets.split(), capfd), sets
+
+
+def _validate_refuses(job: Path, sets: list[str], capfd) -> str:
+    """What `validate --set ...` says on stderr (it must refuse: exit 2)."""
+    assert cli.main(["validate", str(job), *(a for kv in sets for a in ("--set", kv))]) == 2
+    return capfd.readouterr().err
 
 
 # ---------------------------------------------------------------- a run (2 gloo ranks)
