@@ -291,3 +291,29 @@ def test_message_examples_take_the_chat_template_and_a_source_mapping(tmp_path):
     assert row.startswith("<|im_start|>user\nsay horse<|im_end|>") and kl_row.startswith(row.split("assistant")[0])
     assert (trained, kl_trained) == ("horse<|im_end|>\n", "paper<|im_end|>\n")
     assert [samples.sample(k).desirable for k in range(3)] == [True, False, True]
+
+
+def test_a_last_example_alone_in_its_encode_batch_joins_the_batch_before(tmp_path, monkeypatch):
+    """Records are encoded in batches of about readers.BATCH_BYTES of text; a last batch of one
+    unpaired example would have no other completion for its KL row: it joins the batch before
+    (the rotation then runs over all three examples)."""
+    from test_preference import _trained
+
+    from clusterfsdp.data import prepare, readers
+    from clusterfsdp.data.samples import PreparedSamples
+    from clusterfsdp.data.samplesets import index_id
+
+    monkeypatch.setattr(readers, "BATCH_BYTES", 20)  # two of these records fill a batch
+    write_jsonl(
+        tmp_path / "u.jsonl", [{"prompt": f"p{i}: ", "completion": f"answer{i}", "label": i != 1} for i in range(3)]
+    )
+    spec = S.load(str(_job(tmp_path)))
+    (ref,) = prepare.ensure(spec, lambda _: None)
+    samples = PreparedSamples(ref.folder, index_id(spec, "train"), 48, 0, "train")
+
+    def decode(ids):
+        return bytes(i for i in ids if i < 256).decode()
+
+    assert [kl for _, (kl, _) in (_trained(samples, k, decode) for k in range(3))] == [
+        "p0: answer2", "p1: answer0", "p2: answer1"
+    ]  # fmt: skip
