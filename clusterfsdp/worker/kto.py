@@ -15,13 +15,14 @@ divided by the step's examples over all ranks by the Trainer), is the same at an
 grad_accum (with grad_accum 1 and equal batches it is TRL's number). An evaluation estimates it
 likewise over all its batches before its first loss (TRL: per eval batch).
 
-The reference log-probs are those of the preference objectives (worker/preference.py): the
+The reference log-probs are those of the preference objectives (PreferenceLoss.reference_logps): the
 table computed once before step 1 holds two per example (its completion row and its KL row,
 where a pair holds its chosen and rejected rows), or with LoRA the model with its adapters off.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ import torch.distributed as dist
 
 from ..control.spec import JobSpec
 from ..data.samples import Batch
-from .preference import PreferenceLoss, adapters_disabled, sequence_logps
+from .preference import PreferenceLoss, sequence_logps
 
 
 def kto_losses(
@@ -64,47 +65,44 @@ class KTOLoss(PreferenceLoss):
         # desirable, undesirable, their reward sums, KL estimates summed, how many
         self.sums = torch.zeros(6, dtype=torch.float64)
         self.kl: torch.Tensor | None = None
+        self.pending: deque[torch.Tensor] = deque()  # the completions' reference log-probs `begin` read
 
     def reset(self) -> None:
         self.sums.zero_()
         self.kl = None
+        self.pending.clear()
 
     def begin(self, model: Any, batches: list[Batch], device: torch.device) -> None:
-        """The KL estimate over these micro-batches (a step's, or an evaluation's), which the
-        losses until the next `begin` or `reset` use; the sums reset first (collective: every rank
-        calls it)."""
+        """The KL estimate over these micro-batches (a step's, or an evaluation's), which their
+        losses use, in this order (collective: every rank calls it); the sums reset first. The
+        reference log-probs of both rows of each batch are read here (PreferenceLoss.reference_logps:
+        the table, or with LoRA one adapters-off forward), those of the completions kept for its loss."""
         self.reset()
-        self.kl = self._kl(model, batches, device)
+        self._estimate(model, batches, device)
 
-    def _reference(self, model: Any, batch: Batch, which: int) -> torch.Tensor:
-        """The reference's summed log-probs of the completion (0) or KL (1) rows."""
-        if self.reference is not None:
-            assert batch.pair_ids is not None
-            return self.reference.lookup(batch.pair_ids, batch.input_ids.device)[which]
-        assert self.lora, "a full fine-tune reads its reference log-probs from the reference table"
-        with torch.no_grad(), adapters_disabled(model):
-            return sequence_logps(model, rows(batch, which))[0]
-
-    def _kl(self, model: Any, batches: list[Batch], device: torch.device) -> torch.Tensor:
-        """mean(π - ref) over the KL rows of these batches on every rank, clamped at 0 (TRL)."""
+    def _estimate(self, model: Any, batches: list[Batch], device: torch.device) -> None:
+        """self.kl: mean(π - ref) over the KL rows of these batches on every rank, at least 0."""
         total = torch.zeros(2, dtype=torch.float64, device=device)
         with torch.no_grad():
             for batch in (b.to(device) for b in batches):
-                gap = sequence_logps(model, rows(batch, 1))[0].double() - self._reference(model, batch, 1).double()
+                reference = self.reference_logps(model, batch)
+                assert reference is not None
+                self.pending.append(reference[0])
+                gap = sequence_logps(model, rows(batch, 1))[0].double() - reference[1].double()
                 total += torch.stack([gap.sum(), torch.tensor(float(len(gap)), dtype=torch.float64, device=device)])
         if dist.is_initialized():
             dist.all_reduce(total)
-        kl = (total[0] / total[1].clamp(min=1)).clamp(min=0).float()
-        self.sums[4:] += torch.stack([kl.double().cpu(), torch.ones((), dtype=torch.float64)])
-        return kl
+        self.kl = (total[0] / total[1].clamp(min=1)).clamp(min=0).float()  # TRL: detached, at least 0
+        self.sums[4:] += torch.stack([self.kl.double().cpu(), torch.ones((), dtype=torch.float64)])
 
     def __call__(self, model: Any, batch: Batch) -> torch.Tensor:
-        kl = self.kl if self.kl is not None else self._kl(model, [batch], batch.input_ids.device)
-        assert batch.desirable is not None
-        reference = self._reference(model, batch, 0)
+        if not self.pending:  # a batch `begin` did not see: its own estimate
+            self._estimate(model, [batch], batch.input_ids.device)
+        assert self.kl is not None and batch.desirable is not None
+        reference = self.pending.popleft()
         logps, _ = sequence_logps(model, rows(batch, 0))
         desirable = batch.desirable.to(logps.device)
-        losses, rewards = kto_losses(self.spec, logps, reference, kl, desirable)
+        losses, rewards = kto_losses(self.spec, logps, reference, self.kl, desirable)
         rewards = rewards.double()
         self.sums[:4] += (
             torch.stack([desirable.sum(), (~desirable).sum(), rewards[desirable].sum(), rewards[~desirable].sum()])
