@@ -79,6 +79,10 @@ def errors(spec: JobSpec) -> list[str]:
         out.append(f"train.preference.simpo_gamma: must be a finite number, found {p.simpo_gamma!r}")
     elif p.simpo_gamma != Preference().simpo_gamma and objective != "simpo":
         out.append(f"train.preference.simpo_gamma: applies to 'simpo' only, not {objective!r} (remove it)")
+    # train.preference.reference = 'live' (a frozen second model; on main since this branch began):
+    # kto's loss reads its reference through the table or the adapters, not yet through a live copy
+    if objective == "kto" and getattr(p, "reference", "start") == "live":
+        out.append("train.preference.reference: 'live' is not implemented for 'kto' yet: leave 'start'")
     for key in ("desirable_weight", "undesirable_weight"):
         value = getattr(p, key)
         if not (math.isfinite(value) and value > 0):
