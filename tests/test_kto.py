@@ -317,3 +317,23 @@ def test_a_last_example_alone_in_its_encode_batch_joins_the_batch_before(tmp_pat
     assert [kl for _, (kl, _) in (_trained(samples, k, decode) for k in range(3))] == [
         "p0: answer2", "p1: answer0", "p2: answer1"
     ]  # fmt: skip
+
+
+def test_a_mixture_of_unpaired_sources_needs_both_labels_between_them(tmp_path, capfd):
+    """One source may hold only desirable examples and another only undesirable ones; a mixture
+    without either kind is refused by `data prepare` and `validate`."""
+    for name, label in (("a", True), ("b", False)):
+        write_jsonl(
+            tmp_path / f"{name}.jsonl", [{"prompt": f"{name}{i}", "completion": "x", "label": label} for i in range(4)]
+        )
+    sources = '[[data.sources]]\npath = "a.jsonl"\n[[data.sources]]\npath = "b.jsonl"\n'
+    job = _job(tmp_path)
+    job.write_text(job.read_text().replace('paths = ["u.jsonl"]\n', "").replace("[train]", f"{sources}[train]"))
+    assert cli.main(["data", "prepare", str(job)]) == 0 and cli.main(["validate", str(job)]) == 0
+    write_jsonl(tmp_path / "b.jsonl", [{"prompt": f"b{i}", "completion": "y", "label": True} for i in range(4)])
+    said = (
+        "data.sources: all 8 unpaired examples of the mixture are desirable: train.objective = 'kto' needs undesirable"
+    )
+    capfd.readouterr()
+    assert cli.main(["data", "prepare", str(job)]) == 2 and said in capfd.readouterr().err
+    assert cli.main(["validate", str(job)]) == 2 and said in capfd.readouterr().err
