@@ -21,7 +21,8 @@ A sample is a list of token ranges of the prepared stream:
   chosen answer, prompt + rejected answer) in two rows of seq_len positions, padded. A document
   longer than seq_len + 1 tokens keeps its first seq_len + 1 ('split' and 'truncate'), or its pair
   is dropped ('drop'); a pair one of whose answers would keep no trained token is dropped. The
-  held-out split (eval.fraction) is by pair.
+  held-out split (eval.fraction) is by pair. Unpaired examples (data.format = 'unpaired') are
+  indexed the same way (prompt + completion, prompt + the KL completion), their labels counted.
 
 meta.json also holds the index's statistics (documents, tokens, samples, what the policy did,
 padding, the fraction of label positions trained on, document lengths), which `data prepare`,
@@ -387,8 +388,8 @@ def _labels(
 ) -> dict[str, int]:
     """How many of these unpaired examples (their completion rows) are desirable and undesirable
     (the label is in the mask: data/unpaired.py); DataError for training data without either
-    (not checked per source of a mixture, where one source may hold one kind and another the
-    other): KTO weighs one against the other (TRL would train on, pushing one way only)."""
+    (a mixture's sources are checked together: mixture.labels_problem): KTO weighs one against
+    the other (TRL would train on, pushing one way only)."""
     offsets = shard_offsets(manifest)
     shard_of = np.searchsorted(offsets, starts, side="right") - 1
     masks = _masks(dataset, manifest, np.unique(shard_of))
