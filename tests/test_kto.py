@@ -183,6 +183,7 @@ def test_unpaired_records_are_prepared_shown_and_refused(tmp_path, capfd):
         "data.format=preference": (
             "train.objective: 'kto' trains on unpaired examples: set data.source = 'files' and data.format = 'unpaired'"
         ),
+        "data.prompt_key=''": "u.jsonl:1: format 'unpaired' reads a prompt: set data.prompt_key to its field",
         "train.objective=dpo": "train.objective: 'dpo' trains on preference pairs",
         "train.objective=sft": "data.format: 'unpaired' examples train with train.objective = 'kto'",
         "train.preference.desirable_weight=0": "train.preference.desirable_weight: must be a number > 0, found 0.0",
