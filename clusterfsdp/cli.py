@@ -389,6 +389,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         + (f", epoch {st.epoch:.2f}" if st.epoch is not None else "")
         + (f", loss {st.loss:.4f}" if st.loss is not None else "")
         + (f", reward accuracy {st.reward_accuracy:.2f}" if st.reward_accuracy is not None else "")
+        + (
+            f", reward margin {st.reward_margin:.4f}, kl {st.kl:.4f}"
+            if st.kl is not None and st.reward_margin is not None
+            else ""
+        )
     )
     if st.eval_loss is not None:
         from .control.numbers import perplexity

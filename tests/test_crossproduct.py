@@ -8,7 +8,7 @@ combines:
   mixture (`[[data.sources]]`) of native chat, ShareGPT-mapped, Alpaca-mapped and text sources
   with drawn weights, or preference pairs (UltraFeedback-shaped, or mixed with an
   Anthropic-HH-shaped mapped source) trained with a drawn train.objective (dpo, ipo, simpo,
-  orpo; kto is refused); the byte tokenizer or a real BPE
+  orpo; kto is refused on pairs: it trains on unpaired data, tests/test_kto.py); the byte tokenizer or a real BPE
   with a ChatML template; packing (auto, concat, documents), seq_len 16/32/64, data.overlong
   (split, truncate, drop);
 - eval: none, a held-out fraction, or eval.paths; every_steps, batches, eval.samples (from the

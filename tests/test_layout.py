@@ -20,6 +20,7 @@ DATA_TORCH_FREE = (
     "sources",
     "formats",
     "fieldmap",
+    "unpaired",
     "trust",
     "cache",
     "samplesets",

@@ -232,13 +232,13 @@ def test_validate_names_a_records_missing_key_and_refuses_unfinished_objectives(
     said = capsys.readouterr().err
     assert "pairs.jsonl:1: no 'rejected' key (data.rejected_key; the record has: answer, chosen, prompt)" in said
     refusals = {
-        "train.objective=kto": "train.objective: 'kto' is not implemented yet",
+        "train.objective=kto": "train.objective: 'kto' trains on unpaired examples: set data.source",
         "train.objective=sft": "data.format: 'preference' pairs train with a preference objective",
         "train.preference.label_smoothing=0.1 train.objective=ipo": "applies to 'dpo' and 'simpo' only, not 'ipo'",
         "data.format=text": "train.objective: 'dpo' trains on preference pairs",
         "data.packing=documents": "data.packing: 'documents' does not apply to preference pairs",
         "train.objective=simpo train.preference.reference=live": (
-            "train.preference.reference: 'live' applies to 'dpo' and 'ipo' only; 'simpo' uses no reference model"
+            "train.preference.reference: 'live' applies to 'dpo', 'ipo' and 'kto' only; 'simpo' uses no reference model"
         ),
         "train.objective=orpo train.preference.reference=live": "'orpo' uses no reference model (remove it)",
         "checkpoint.keep_best=eval_reward_accuracy train.early_stopping.metric=eval_loss eval.fraction=0.5": (

@@ -68,6 +68,8 @@ def _status(st: RunStatus) -> dict[str, Any]:
         "eval_ppl": st.eval_ppl,
         "reward_accuracy": st.reward_accuracy,
         "eval_reward_accuracy": st.eval_reward_accuracy,
+        "reward_margin": st.reward_margin,
+        "kl": st.kl,
         "checkpoints": st.checkpoints,
         "attempts": to_json(st.attempts),
         "events": to_json(st.events),

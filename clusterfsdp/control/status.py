@@ -148,6 +148,8 @@ class RunStatus:
     epoch: float | None = None  # samples consumed / training samples, at the newest metrics row
     reward_accuracy: float | None = None  # preference training: at the newest training row
     eval_reward_accuracy: float | None = None  # and at the newest evaluation
+    reward_margin: float | None = None  # preference training (dpo... and kto): at the newest training row
+    kl: float | None = None  # kto: its KL estimate at the newest training row
     cost: RunCost | None = None  # Slurm's accounting (`with_costs`); None: no Slurm attempt, or unknown
     cost_error: str = ""  # why the cost of a run with a Slurm attempt is unknown (sacct missing or failing)
 
@@ -170,6 +172,8 @@ class LastLogged:
     total_steps: int | None = None  # the steps the run trains, as the worker counted them (train.epochs)
     reward_accuracy: float | None = None  # preference training (worker/preference.py)
     eval_reward_accuracy: float | None = None
+    reward_margin: float | None = None
+    kl: float | None = None  # kto (worker/kto.py)
 
 
 def attempt_alive(attempt: Attempt) -> bool:
@@ -179,9 +183,15 @@ def attempt_alive(attempt: Attempt) -> bool:
 
 def _perplexity(evaluated: dict | None, eval_loss: float | None) -> float | None:
     """The row's eval_ppl, or exp(eval_loss) for rows written before it was logged; none for a
-    preference objective's evaluation (its rows carry rewards: exp of a pair loss means nothing)."""
+    preference objective's evaluation (its rows carry rewards, kto's a KL estimate: exp of a
+    pair or KTO loss means nothing)."""
     logged = _number(evaluated, "eval_ppl")
-    if logged or evaluated is None or eval_loss is None or _has(evaluated, "eval_reward_accuracy"):
+    if (
+        logged
+        or evaluated is None
+        or eval_loss is None
+        or any(_has(evaluated, k) for k in ("eval_reward_accuracy", "eval_kl"))
+    ):
         return logged
     return math.exp(min(eval_loss, 700))
 
@@ -227,6 +237,8 @@ def last_logged(run: RunFolder) -> LastLogged:
         last["total_steps"] if last and _int(last.get("total_steps")) else None,
         _number(trained, "reward_accuracy"),
         _number(evaluated, "eval_reward_accuracy"),
+        _number(trained, "reward_margin"),
+        _number(trained, "kl"),
     )
 
 
@@ -340,6 +352,8 @@ def run_status(
         epoch=progress.epoch,
         reward_accuracy=progress.reward_accuracy,
         eval_reward_accuracy=progress.eval_reward_accuracy,
+        reward_margin=progress.reward_margin,
+        kl=progress.kl,
     )
     events = run.events()
     st.events, st.checkpoints, st.trackers = events, _checkpoint_steps(run, job), run.tracker_ids()

@@ -2,7 +2,7 @@
 
 The torch-free half (the control plane imports it for `validate` and `submit`; listed by name
 in tests/test_layout.py): `sources` (which files the paths name), `formats` (what a record is),
-`trust` (whom a shared cache trusts, sealed files),
+`fieldmap` and `unpaired` (a record's fields), `trust` (whom a shared cache trusts, sealed files),
 `cache` (the prepared-data cache: keys, fingerprints, layout), `samplesets` (which sample sets
 a job reads and their size checks), `checks` (what is refused before queueing).
 The numpy half, on workers and in `clusterfsdp data prepare`: `units` (planning a prepare),

@@ -266,6 +266,8 @@ def part_data(spec: specmod.JobSpec, part: int) -> specmod.DataSection:
         prompt_key=s.prompt_key or d.prompt_key,
         chosen_key=s.chosen_key or d.chosen_key,
         rejected_key=s.rejected_key or d.rejected_key,
+        completion_key=s.completion_key or d.completion_key,
+        label_key=s.label_key or d.label_key,
         sources=[s],
     )
 

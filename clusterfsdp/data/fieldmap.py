@@ -2,8 +2,9 @@
 record. Pure Python (validate reads the first record of each source with it; prepare reads all).
 
 A preference pair (format 'preference') is a prompt and two answers (`Pair`), each a string or a
-list of messages (data.prompt_key, chosen_key, rejected_key); the readers of each format are
-looked up in `READERS`.
+list of messages (data.prompt_key, chosen_key, rejected_key); an unpaired example (format
+'unpaired', data/unpaired.py) a prompt, a completion and a desirability label (prompt_key,
+completion_key, label_key). The readers of each format are looked up in `READERS`.
 
 The plain form is `data.text_key` / `data.messages_key` with {role, content} messages. A
 `[[data.sources]]` entry may map other shapes onto it: messages under another key with other
@@ -35,7 +36,7 @@ class MissingKey(DataError):
 class FieldMap:
     """The fields one source's records are read through, and the job.toml keys that name them."""
 
-    format: str  # 'text' | 'chat' | 'preference'
+    format: str  # 'text' | 'chat' | 'preference' | 'unpaired'
     text_key: str
     messages_key: str
     role_key: str = "role"
@@ -46,13 +47,15 @@ class FieldMap:
     system: str = ""
     where: str = "data."  # the prefix of the job.toml keys that name them ('' for a source's own)
     pair_keys: tuple[str, str, str] = ("prompt", "chosen", "rejected")  # format 'preference'
+    unpaired_keys: tuple[str, str] = ("completion", "label")  # format 'unpaired' (and pair_keys[0], the prompt)
 
     @staticmethod
     def of(data: specmod.DataSection) -> FieldMap:
         """The mapping of a [data] section; a part's section (cache.part_data) carries its source."""
         keys = (data.prompt_key, data.chosen_key, data.rejected_key)
+        example_keys = (data.completion_key, data.label_key)
         if len(data.sources) != 1:
-            return FieldMap(data.format, data.text_key, data.messages_key, pair_keys=keys)
+            return FieldMap(data.format, data.text_key, data.messages_key, pair_keys=keys, unpaired_keys=example_keys)
         s = data.sources[0]
         return FieldMap(
             data.format,
@@ -66,6 +69,7 @@ class FieldMap:
             s.system,
             "",  # errors name the source already (data.sources[i].path: file:line)
             keys,
+            example_keys,
         )
 
     @property
@@ -75,18 +79,23 @@ class FieldMap:
     @property
     def key(self) -> str:
         """The record field read without templates: the text, the messages, or a pair's answer."""
-        return {"chat": self.messages_key, "preference": self.pair_keys[1]}.get(self.format, self.text_key)
+        keys = {"chat": self.messages_key, "preference": self.pair_keys[1], "unpaired": self.unpaired_keys[0]}
+        return keys.get(self.format, self.text_key)
 
     @property
     def field(self) -> str:
         """The job.toml key naming it."""
-        name = {"chat": "messages_key", "preference": "chosen_key"}.get(self.format, "text_key")
+        name = {"chat": "messages_key", "preference": "chosen_key", "unpaired": "completion_key"}.get(
+            self.format, "text_key"
+        )
         return f"{self.where}{name}"
 
     def columns(self) -> list[str]:
         """The record fields (table columns) the mapping reads."""
         if self.format == "preference":
             return [k for k in self.pair_keys if k]
+        if self.format == "unpaired":
+            return [k for k in (self.pair_keys[0], *self.unpaired_keys) if k]
         if not self.templated:
             return [self.key]
         names = [n for t in (self.system, self.prompt, self.response) for n in template_fields(t)]
@@ -102,6 +111,8 @@ class FieldMap:
             out.update(prompt=self.prompt, response=self.response, system=self.system)
         if self.format == "preference":
             out.update(pair_keys=list(self.pair_keys))
+        if self.format == "unpaired":
+            out.update(prompt_key=self.pair_keys[0], unpaired_keys=list(self.unpaired_keys))
         return out
 
     # ---------------------------------------------------------------- reading a record
@@ -195,10 +206,13 @@ class FieldMap:
         return check_messages(messages, self.key, where)
 
     # ---------------------------------------------------------------- preference pairs
-    def _pair_part(self, record: dict, index: int, where: str) -> str | list[dict[str, str]]:
-        """One field of a pair: a non-empty string, or messages in the {role, content} form."""
-        key = self.pair_keys[index]
-        name = ("prompt_key", "chosen_key", "rejected_key")[index]
+    def _pair_part(
+        self, record: dict, index: int, where: str, key: str = "", name: str = ""
+    ) -> str | list[dict[str, str]]:
+        """One field of a pair (pair_keys[index], or `key` named by the job.toml key `name`): a
+        non-empty string, or messages in the {role, content} form."""
+        key = key or self.pair_keys[index]
+        name = name or ("prompt_key", "chosen_key", "rejected_key")[index]
         value = self._get(record, key, f"{self.where}{name}", where)
         if isinstance(value, str):
             return value
@@ -226,17 +240,14 @@ class FieldMap:
                 "field holding the prompt"
             )
 
-        def messages(v: str | list[dict[str, str]], role: str) -> list[dict[str, str]]:
-            return [{"role": role, "content": v}] if isinstance(v, str) else list(v)
-
-        c, r = messages(chosen, "assistant"), messages(rejected, "assistant")
+        c, r = _messages(chosen, "assistant"), _messages(rejected, "assistant")
         if prompt is None:
             n = 0
             while n < min(len(c), len(r)) - 1 and c[n] == r[n]:
                 n += 1
             p = c[:n]
         else:
-            p = messages(prompt, "user")
+            p = _messages(prompt, "user")
         c, r = _after(p, c), _after(p, r)
         if not p:
             raise DataError(f"{where}: the pair has no prompt (the answers have no leading messages in common)")
@@ -271,13 +282,18 @@ def _after(prompt: list[dict[str, str]], answer: list[dict[str, str]]) -> list[d
 
 
 def record_chars(value: Any) -> int:
-    """Characters of text a record's value holds: a string, messages, or a Pair."""
-    if isinstance(value, str | Pair):
-        return len(value)
-    return sum(len(m["content"]) for m in value)
+    """Characters of text a record's value holds: a string, messages, a Pair or an Unpaired."""
+    if isinstance(value, list):
+        return sum(len(m["content"]) for m in value)
+    return len(value)
 
 
-# How a record of each data.format is read.
+def _messages(value: str | list[dict[str, str]], role: str) -> list[dict[str, str]]:
+    """A pair's or an example's part as messages (a string: one message of `role`)."""
+    return [{"role": role, "content": value}] if isinstance(value, str) else list(value)
+
+
+# How a record of each data.format is read (unpaired: data/unpaired.py, registered below).
 READERS: dict[str, Callable[[FieldMap, dict, str], Any]] = {
     "text": FieldMap._document,
     "chat": FieldMap._document,
@@ -316,3 +332,6 @@ def check_messages(value: Any, key: str, where: str, hint: Callable[[], str] = s
     if not any(m["role"] == "assistant" for m in value):
         raise DataError(f"{where}: {key!r} has no 'assistant' message: nothing to train on{hint()}")
     return value
+
+
+from . import unpaired  # noqa: E402, F401 - registers READERS['unpaired'] (it reads records through FieldMap)

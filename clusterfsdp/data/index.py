@@ -21,7 +21,8 @@ A sample is a list of token ranges of the prepared stream:
   chosen answer, prompt + rejected answer) in two rows of seq_len positions, padded. A document
   longer than seq_len + 1 tokens keeps its first seq_len + 1 ('split' and 'truncate'), or its pair
   is dropped ('drop'); a pair one of whose answers would keep no trained token is dropped. The
-  held-out split (eval.fraction) is by pair.
+  held-out split (eval.fraction) is by pair. Unpaired examples (data.format = 'unpaired') are
+  indexed the same way (prompt + completion, prompt + the KL completion), their labels counted.
 
 meta.json also holds the index's statistics (documents, tokens, samples, what the policy did,
 padding, the fraction of label positions trained on, document lengths), which `data prepare`,
@@ -70,6 +71,7 @@ from .mixture import label
 from .samplesets import eval_samples, held_out_pieces, holdout_note, index_id, index_meta, per_batch, stats_line
 from .shards import document_starts, read_sealed, shard_offsets
 from .sources import DataError
+from .unpaired import UNDESIRABLE
 
 M64 = (1 << 64) - 1
 
@@ -350,6 +352,8 @@ def _pairs(
                     keep[p] = False
     counts["dropped"] = int((over & ~keep).sum())
     counts["truncated"] = int((over & keep).sum())
+    if spec.data.format == "unpaired" or any(s.format == "unpaired" for s in spec.data.sources):
+        meta.update(_labels(dataset, manifest, spec, pair_starts[keep, 0], pair_lengths[keep, 0], role, what))
     rows = np.stack([pair_starts[keep], np.minimum(pair_lengths[keep], seq + 1)], axis=2).reshape(-1, 2)
     n = int(keep.sum())
     offsets_table = np.arange(0, 2 * n + 1, 2, dtype=np.int64)
@@ -373,6 +377,36 @@ def _pairs(
     return {**meta, "kind": "table", "samples": n, "files": files}
 
 
+def _labels(
+    dataset: Path,
+    manifest: dict[str, Any],
+    spec: JobSpec,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    role: str,
+    what: str,
+) -> dict[str, int]:
+    """How many of these unpaired examples (their completion rows) are desirable and undesirable
+    (the label is in the mask: data/unpaired.py); DataError for training data without either
+    (a mixture's sources are checked together: mixture.labels_problem): KTO weighs one against
+    the other (TRL would train on, pushing one way only)."""
+    offsets = shard_offsets(manifest)
+    shard_of = np.searchsorted(offsets, starts, side="right") - 1
+    masks = _masks(dataset, manifest, np.unique(shard_of))
+    bad = sum(
+        int(masks[int(i)][s - offsets[i] : s - offsets[i] + n].max(initial=0) == UNDESIRABLE)
+        for s, n, i in zip(starts.tolist(), lengths.tolist(), shard_of.tolist(), strict=True)
+    )
+    good = len(starts) - bad
+    if role == "train" and len(spec.data.sources) < 2 and len(starts) and not (good and bad):
+        have, lacks = ("desirable", "undesirable (label false)") if good else ("undesirable", "desirable (label true)")
+        raise DataError(
+            f"{what}: all {len(starts):,} unpaired examples are {have}: train.objective = 'kto' needs {lacks} "
+            "examples too (check data.label_key)"
+        )
+    return {"desirable": good, "undesirable": bad}
+
+
 def _trained(dataset: Path, manifest: dict[str, Any], segments: np.ndarray) -> int:
     """Label positions trained on in these (start, length) segments: each segment's tokens after its
     first, and for chat only those the mask marks."""
@@ -382,7 +416,7 @@ def _trained(dataset: Path, manifest: dict[str, Any], segments: np.ndarray) -> i
     shard_of = np.searchsorted(offsets, segments[:, 0], side="right") - 1
     total = 0
     for i, mask in _masks(dataset, manifest, np.unique(shard_of)).items():
-        cum = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
+        cum = np.concatenate([[0], np.cumsum(mask != 0, dtype=np.int64)])  # (an undesirable completion's are 2)
         rows = segments[shard_of == i]
         lo = rows[:, 0] - offsets[i] + 1
         total += int((cum[lo + rows[:, 1] - 1] - cum[lo]).sum())
@@ -392,7 +426,7 @@ def _trained(dataset: Path, manifest: dict[str, Any], segments: np.ndarray) -> i
 def _trained_share(dataset: Path, manifest: dict[str, Any]) -> float:
     """The share of the whole stream's tokens the mask trains on (concat windows of chat data)."""
     masks = _masks(dataset, manifest, np.arange(len(manifest["shards"])))
-    return sum(int(m.sum()) for m in masks.values()) / max(1, int(manifest["tokens"]))
+    return sum(int(np.count_nonzero(m)) for m in masks.values()) / max(1, int(manifest["tokens"]))
 
 
 def _lengths(lengths: np.ndarray) -> dict[str, int]:

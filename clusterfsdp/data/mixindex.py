@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..control import spec as specmod
 from . import index
 from .cache import DatasetRef
-from .mixture import epoch_samples, part, part_problem, share_lines
+from .mixture import epoch_samples, labels_problem, part, part_problem, share_lines
 from .sources import DataError
 
 
@@ -18,6 +18,8 @@ def ensure_indexes(refs: list[DatasetRef], spec: specmod.JobSpec, log, role: str
     for r, meta in metas:
         if problem := part_problem(spec, role, r.part, meta):
             raise DataError(problem)
+    if role == "train" and (problem := labels_problem([meta for _, meta in metas])):
+        raise DataError(problem)
     parts = [part(spec, r, meta) for r, meta in metas]
     if role == "train":
         for line in share_lines(parts):

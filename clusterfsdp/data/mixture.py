@@ -133,6 +133,22 @@ def part_problem(spec: specmod.JobSpec, role: str, part: int, meta: dict[str, An
     )
 
 
+def labels_problem(metas: list[dict[str, Any]]) -> str | None:
+    """An error line when the training sources of a mixture of unpaired examples (their index
+    metas count the labels: index._labels) hold no desirable or no undesirable example between
+    them (a single source is refused as it is indexed; in a mixture one source may hold each kind)."""
+    if not metas or any("desirable" not in m for m in metas):
+        return None
+    good, bad = sum(int(m["desirable"]) for m in metas), sum(int(m["undesirable"]) for m in metas)
+    if not good + bad or (good and bad):
+        return None
+    have, lacks = ("desirable", "undesirable (label false)") if good else ("undesirable", "desirable (label true)")
+    return (
+        f"data.sources: all {good + bad:,} unpaired examples of the mixture are {have}: train.objective = 'kto' "
+        f"needs {lacks} examples too (check each source's label_key)"
+    )
+
+
 def state_lines(spec: specmod.JobSpec, refs: list[DatasetRef]) -> list[str]:
     """validate's lines about a mixture whose sources are all indexed: each source's share, the
     steps of train.epochs, the eval samples held out of the sources (eval.fraction), and an
@@ -151,6 +167,7 @@ def state_lines(spec: specmod.JobSpec, refs: list[DatasetRef]) -> list[str]:
             each = ", ".join(f"{p.samples:,}" for p in parts)
             out.append(f"eval: {samples:,} samples held out of the sources ({each}), read in the mixture's proportions")
         empty = [part_problem(spec, role, r.part, m) for r, m in zip(mixed, metas, strict=True) if m]
+        empty.append(labels_problem([m for m in metas if m]) if role == "train" else None)
         out += [f"error: {problem}" for problem in empty if problem]
         if problem := batch_problem(spec, role, samples):
             out.append(f"error: {problem}")

@@ -181,8 +181,12 @@ class UnitReader:
 
     # ---- tokenizing
     def _records(self, records: Iterator[tuple[Any, object]], writer: ShardWriter) -> None:
+        """Records encoded in batches of about BATCH_BYTES of text, each full batch held back
+        until the next one fills, so that a last batch of one record joins it (an unpaired
+        example takes its KL completion from another of its batch: data/unpaired.py)."""
         batch: list[Any] = []
         wheres: list[object] = []
+        held: tuple[list[Any], list[object]] | None = None
         size = 0
         assert self._stats is not None
         for value, where in records:
@@ -194,10 +198,14 @@ class UnitReader:
             wheres.append(where)
             size += record_chars(value)
             if size >= BATCH_BYTES:
-                self._encode(batch, wheres, writer)
-                batch, wheres, size = [], [], 0
-        if batch:
-            self._encode(batch, wheres, writer)
+                if held is not None:
+                    self._encode(*held, writer)
+                held, batch, wheres, size = (batch, wheres), [], [], 0
+        if held is not None and len(batch) == 1:
+            held, batch, wheres = (held[0] + batch, held[1] + wheres), [], []
+        for part, names in (held or ([], [])), (batch, wheres):
+            if part:
+                self._encode(part, names, writer)
 
     def _encode(self, batch: list[Any], wheres: list[object], writer: ShardWriter) -> None:
         for doc in self.encoder.encode(self.format, batch, wheres, self._template_refused):

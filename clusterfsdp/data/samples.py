@@ -34,6 +34,7 @@ from .samplesets import eval_batches_note, index_id, sample_roles
 from .shards import shard_offsets
 from .sources import DataError
 from .tokens import IGNORE_INDEX
+from .unpaired import UNDESIRABLE
 
 if TYPE_CHECKING:
     from .mixsamples import MixtureSamples
@@ -46,12 +47,15 @@ class Batch:
     """A micro-batch: inputs, shifted labels (IGNORE_INDEX where not trained on), and position
     ids that restart at each document (packing 'documents'; None otherwise). Preference pairs
     (packing 'pairs'): the chosen rows of the micro-batch's pairs, then their rejected rows, and
-    `pair_ids` naming each pair (data.samples.pair_id: what a reference log-prob is looked up by)."""
+    `pair_ids` naming each pair (data.samples.pair_id: what a reference log-prob is looked up by).
+    Unpaired examples (data.format 'unpaired') likewise, their completion rows then their KL rows,
+    and `desirable` the label of each."""
 
     input_ids: torch.Tensor
     labels: torch.Tensor
     position_ids: torch.Tensor | None = None
     pair_ids: torch.Tensor | None = None
+    desirable: torch.Tensor | None = None  # bool per example (unpaired data only)
 
     def to(self, device: torch.device) -> Batch:
         positions = self.position_ids
@@ -60,6 +64,7 @@ class Batch:
             self.labels.to(device, non_blocking=True),
             None if positions is None else positions.to(device, non_blocking=True),
             self.pair_ids,
+            None if self.desirable is None else self.desirable.to(device, non_blocking=True),
         )
 
     @property
@@ -119,6 +124,7 @@ class Sample:
     labels: np.ndarray
     positions: np.ndarray | None = None
     pair_id: int = -1  # a pair's id (pair_id), -1 otherwise
+    desirable: bool | None = None  # an unpaired example's label (None: not one)
 
 
 PART_SHIFT = 40  # pair_id: a mixture's source index above the sample index
@@ -206,6 +212,7 @@ class PreparedSamples:
         self.count = int(self.meta["samples"])
         self.documents = self.meta["packing"] == "documents"
         self.pairs = self.meta["packing"] == "pairs"
+        self.unpaired = "desirable" in self.meta  # unpaired examples (data/unpaired.py): index.py counted them
         n = len(self.manifest["shards"])
         offsets = shard_offsets(self.manifest)
         shards = folder / "shards"
@@ -283,7 +290,11 @@ class PreparedSamples:
         for row, (s, n) in enumerate(ranges):
             ids[row, : n - 1] = self.tokens.read(s, n - 1)
             labels[row, : n - 1] = self._labels(s, n)
-        return Sample(ids, labels, pair_id=pair_id(0, k))
+        desirable = None
+        if self.unpaired and self.mask is not None:  # the label is in the completion row's mask
+            s, n = ranges[0]
+            desirable = bool(self.mask.read(s + 1, n - 1).max(initial=0) != UNDESIRABLE)
+        return Sample(ids, labels, pair_id=pair_id(0, k), desirable=desirable)
 
     def index_of(self, position: int) -> int:
         """The sample at a position of the read order: training epochs reshuffle; eval is fixed."""
@@ -306,6 +317,7 @@ def stack(parts: list[Sample]) -> Batch:
             torch.from_numpy(np.concatenate([np.stack([p.input_ids[j] for p in parts]) for j in (0, 1)])),
             torch.from_numpy(np.concatenate([np.stack([p.labels[j] for p in parts]) for j in (0, 1)])),
             pair_ids=torch.tensor([p.pair_id for p in parts], dtype=torch.int64),
+            desirable=None if parts[0].desirable is None else torch.tensor([bool(p.desirable) for p in parts]),
         )
     return Batch(
         torch.from_numpy(np.stack([p.input_ids for p in parts])),

@@ -132,6 +132,8 @@ def stats_line(role: str, meta: dict[str, Any]) -> str:
         f"{role} samples: {meta['samples']:,} of seq_len {meta['seq_len']} ({meta['packing']} packing)",
         f"{meta['documents']:,} {what}",
     ]
+    if "desirable" in meta:  # unpaired examples (data/unpaired.py)
+        parts.append(f"{meta['desirable']:,} desirable and {meta['undesirable']:,} undesirable examples")
     if "tokens" in meta:
         parts.append(f"{meta['tokens']:,} tokens")
     fit = meta.get("overlong")

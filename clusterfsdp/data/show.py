@@ -36,6 +36,7 @@ from .samples import PreparedSamples
 from .samplesets import index_id, index_meta, sample_roles
 from .sources import DataError
 from .tokens import BOS, EOS, PAD, ByteTokenizer, load_tokenizer
+from .unpaired import UNDESIRABLE
 
 OPEN, CLOSE = "[[", "]]"  # around trained tokens in plain text
 _BYTE_SPECIALS = {BOS: "<bos>", EOS: "<eos>", PAD: "<pad>"}
@@ -98,7 +99,11 @@ def render_sample(tok: Any, samples: PreparedSamples, k: int, title: str) -> Sho
     pairs = getattr(samples, "pairs", False)
     if not samples.documents and not pairs:  # one window: its ranges are consecutive parts of it
         docs = [(np.concatenate([ids for ids, _ in docs]), np.concatenate([mask for _, mask in docs]))]
-    shown = Shown(title, names=("chosen", "rejected") if pairs else ())
+    names: tuple[str, ...] = ("chosen", "rejected") if pairs else ()
+    if getattr(samples, "unpaired", False):  # data/unpaired.py: the label is in the completion's mask
+        undesirable = samples.mask is not None and samples.mask.read(ranges[0][0], ranges[0][1]).max() == UNDESIRABLE
+        names = ("undesirable completion" if undesirable else "desirable completion", "KL row (another's completion)")
+    shown = Shown(title, names=names)
     for ids, mask in docs:
         trained = [False, *(bool(m) for m in mask[1:])]  # the first token is no label
         shown.documents.append(pieces_of(tok, [int(i) for i in ids], trained))

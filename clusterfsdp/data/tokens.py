@@ -14,7 +14,9 @@ A preference pair (format 'preference', fieldmap.Pair) becomes two documents in 
 prompt with the chosen answer and the prompt with the rejected one, each with a mask that is 1
 on its answer's tokens only (strings: prefix + prompt + answer + EOS, the answer and EOS
 trained; messages: the chat template's rendering, the answer's assistant messages trained).
-`ENCODERS` names the encoding of each data.format.
+An unpaired example (format 'unpaired', data/unpaired.py) becomes two documents the same way:
+the prompt with its completion, and the prompt with another example's completion (KTO's KL
+row). `ENCODERS` names the encoding of each data.format.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from . import unpaired
 from .fieldmap import Pair
 from .sources import DataError
 
@@ -235,4 +238,5 @@ ENCODERS: dict[str, Callable[..., list[Encoded]]] = {
     "text": lambda enc, records, wheres, refused: enc.texts(records),
     "chat": DocumentEncoder.chats,
     "preference": DocumentEncoder.pairs,
+    "unpaired": unpaired.encode,
 }

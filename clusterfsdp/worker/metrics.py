@@ -94,6 +94,8 @@ def format_row(row: dict, total_steps: int) -> str:
         evaluated += f" eval_ppl {numbers.perplexity(row['eval_ppl'])}"
     if "reward_accuracy" in row:  # preference training (worker/preference.py)
         evaluated += f" reward_accuracy {row['reward_accuracy']:.2f} reward_margin {row['reward_margin']:.4f}"
+    if "kl" in row:  # kto (worker/kto.py)
+        evaluated += f" reward_margin {row.get('reward_margin', float('nan')):.4f} kl {row['kl']:.4f}"
     if "eval_reward_accuracy" in row:
         evaluated += f" eval_reward_accuracy {row['eval_reward_accuracy']:.2f}"
     return (

@@ -156,6 +156,11 @@ class PreferenceLoss:
     def reset(self) -> None:
         self.sums.zero_()
 
+    def begin(self, model: Any, batches: list[Batch], device: torch.device) -> None:
+        """Before a step's micro-batches, or an evaluation's: the sums reset (kto.KTOLoss also
+        estimates its KL term over the batches here)."""
+        self.reset()
+
     def reference_logps(self, model: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not self.needs_reference:
             return None
@@ -323,9 +328,12 @@ def start(
     needs, mode = spec.train.objective in NEEDS_REFERENCE, spec.train.preference.reference
     if needs and lora:
         log(f"reference: {mode}: with LoRA the base with the adapters disabled (no second model, no table)")
+    from .kto import KTOLoss
+
+    loss = KTOLoss if spec.train.objective == "kto" else PreferenceLoss  # kto: the rows hold (completion, KL)
     if needs and not lora and mode == "live":
         live = build_live(spec, device, world, kept, log)
-        return Objectives(PreferenceLoss(spec, None, lora, live), PreferenceLoss(spec, None, lora, live))
+        return Objectives(loss(spec, None, lora, live), loss(spec, None, lora, live))
     if needs and not lora:
         for role, samples in sets.items():
             path = ckptfolder.reference_file(checkpoints, role)
@@ -356,4 +364,4 @@ def start(
                 f"reference log-probs of the {role} pairs: {len(ids):,} computed by the starting model in "
                 f"{time.perf_counter() - t0:.1f} s, kept in {path}"
             )
-    return Objectives(PreferenceLoss(spec, tables["train"], lora), PreferenceLoss(spec, tables["eval"], lora))
+    return Objectives(loss(spec, tables["train"], lora), loss(spec, tables["eval"], lora))

@@ -384,7 +384,7 @@ class Trainer:
         scale = world / _label_total(self.spec, self.samples, batches, self.flag_group)
         first = state.consumed
         if self.objective is not None:
-            self.objective.train.reset()  # the row reports the rewards of the step it logs
+            self.objective.train.begin(self.model, batches, ctx.device)  # the step's rewards (kto: its KL first)
         loss_sum = torch.zeros((), device=ctx.device)
         for micro, batch in enumerate(batches):
             state.consumed += world * mb
@@ -421,8 +421,6 @@ class Trainer:
         assert self.data.eval is not None
         self._phase(Phase.EVAL)
         loss_fn = self.objective.eval if self.objective is not None else self.loss_fn
-        if self.objective is not None:
-            self.objective.eval.reset()
         eval_loss = evaluate(self.model, loss_fn, self.data.eval, self.eval_batches, self.ctx, self.spec)
         rewards = self.objective.eval.row(self.flag_group, "eval_") if self.objective is not None else {}
         self._phase(Phase.STEP)
@@ -576,12 +574,14 @@ def evaluate(
 ) -> float:
     """Mean loss over the first `batches` global micro-batches of the fixed evaluation order:
     every rank its slice, the sums of loss and of trained labels all-reduced."""
-    mb = spec.train.micro_batch_size
+    mb, world = spec.train.micro_batch_size, ctx.world_size
     totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)
     model.eval()
+    if isinstance(loss_fn, preference.PreferenceLoss):  # its sums reset (kto: its KL estimate over all the batches)
+        loss_fn.begin(model, [samples.batch(j * world * mb, ctx.rank, world, mb) for j in range(batches)], ctx.device)
     with torch.no_grad():
         for j in range(batches):
-            batch = samples.batch(j * ctx.world_size * mb, ctx.rank, ctx.world_size, mb)
+            batch = samples.batch(j * world * mb, ctx.rank, world, mb)
             totals[0] += loss_fn(model, batch.to(ctx.device)).double()
             totals[1] += batch.label_count
     model.train()

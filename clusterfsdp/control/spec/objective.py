@@ -1,7 +1,8 @@
 """Checks of train.objective and [train.preference], torch-free (run by `checks`).
 
-A preference objective needs preference pairs (data.format = 'preference') and pairs need a
-preference objective: each without the other would train silently on something else. An
+A preference objective needs preference pairs (data.format = 'preference'), 'kto' unpaired
+examples (data.format = 'unpaired'), and such data needs its objective: each without the other
+would train silently on something else. An
 objective that is not implemented yet is refused here, before anything is queued, with one line.
 """
 
@@ -12,9 +13,9 @@ import math
 from .schema import JobSpec, Preference
 
 # Objectives that compare the policy with a reference model's log-probs.
-NEEDS_REFERENCE = ("dpo", "ipo")
-# Objectives the worker implements (worker/preference.py); the rest of schema.OBJECTIVES is refused.
-IMPLEMENTED = ("sft", "dpo", "ipo", "simpo", "orpo")
+NEEDS_REFERENCE = ("dpo", "ipo", "kto")
+# Objectives the worker implements (worker/preference.py, worker/kto.py); the rest of schema.OBJECTIVES is refused.
+IMPLEMENTED = ("sft", "dpo", "ipo", "simpo", "orpo", "kto")
 LABEL_SMOOTHING = ("dpo", "simpo")  # the objectives train.preference.label_smoothing acts on
 
 
@@ -22,7 +23,10 @@ def errors(spec: JobSpec) -> list[str]:
     """train.objective against the data, and the [train.preference] values."""
     t, d = spec.train, spec.data
     objective, p = t.objective, t.preference
-    pairs = d.format == "preference" or any(s.format == "preference" for s in d.sources)
+    # the data format the objective trains on: unpaired examples for kto, pairs for the others
+    wanted = "unpaired" if objective == "kto" else "preference"
+    formats = {d.format, *(s.format or d.format for s in d.sources)} if d.sources else {d.format}
+    pairs = bool(formats & {"preference", "unpaired"})
     out: list[str] = []
     if objective not in IMPLEMENTED:
         return [
@@ -30,28 +34,37 @@ def errors(spec: JobSpec) -> list[str]:
             f"use one of {', '.join(repr(o) for o in IMPLEMENTED)}"
         ]
     keep_best = spec.checkpoint.keep_best
-    if keep_best == "eval_reward_accuracy" and objective == "sft":
-        out.append("checkpoint.keep_best: 'eval_reward_accuracy' needs a preference objective (train.objective)")
+    if keep_best == "eval_reward_accuracy" and objective in ("sft", "kto"):
+        out.append(
+            "checkpoint.keep_best: 'eval_reward_accuracy' needs a pair objective (train.objective 'dpo', 'ipo', "
+            "'simpo' or 'orpo'; kto's unpaired examples have no accuracy): use 'eval_loss'"
+        )
     elif keep_best == "eval_reward_accuracy" and spec.train.early_stopping.metric:
         out.append(
             "train.early_stopping.metric: the run judges its evaluations by checkpoint.keep_best = "
             "'eval_reward_accuracy'; early stopping on eval_loss would judge another metric (unset one of them)"
         )
     if objective == "sft":
-        if pairs:
+        if "preference" in formats:
             out.append(
                 "data.format: 'preference' pairs train with a preference objective: set train.objective to "
                 "'dpo', 'ipo', 'simpo' or 'orpo'"
             )
+        elif "unpaired" in formats:
+            out.append("data.format: 'unpaired' examples train with train.objective = 'kto'")
         return out
-    if d.source != "files" or not pairs:
-        out.append(
-            f"train.objective: {objective!r} trains on preference pairs: set data.source = 'files' and "
-            "data.format = 'preference' (records with prompt, chosen and rejected)"
+    if d.source != "files" or wanted not in formats:
+        what = (
+            "unpaired examples: set data.source = 'files' and data.format = 'unpaired' (records with prompt, "
+            "completion and a true/false label)"
+            if wanted == "unpaired"
+            else "preference pairs: set data.source = 'files' and data.format = 'preference' (records with prompt, "
+            "chosen and rejected)"
         )
-    mixed = [i for i, s in enumerate(d.sources) if (s.format or d.format) != "preference"]
-    if pairs and mixed:
-        out.append(f"data.sources[{mixed[0]}].format: preference pairs cannot be mixed with other formats")
+        out.append(f"train.objective: {objective!r} trains on {what}")
+    mixed = [i for i, s in enumerate(d.sources) if (s.format or d.format) != wanted]
+    if wanted in formats and mixed:
+        out.append(f"data.sources[{mixed[0]}].format: {wanted} data cannot be mixed with other formats")
     if d.packing != "auto" and pairs:
         out.append(f"data.packing: {d.packing!r} does not apply to preference pairs (one pair a sample): leave 'auto'")
     if not (math.isfinite(p.beta) and p.beta > 0):
@@ -64,13 +77,19 @@ def errors(spec: JobSpec) -> list[str]:
         )
     if p.reference == "live" and objective not in NEEDS_REFERENCE:
         out.append(
-            f"train.preference.reference: 'live' applies to 'dpo' and 'ipo' only; {objective!r} uses no reference "
-            "model (remove it)"
+            f"train.preference.reference: 'live' applies to 'dpo', 'ipo' and 'kto' only; {objective!r} uses no "
+            "reference model (remove it)"
         )
     if not math.isfinite(p.simpo_gamma):
         out.append(f"train.preference.simpo_gamma: must be a finite number, found {p.simpo_gamma!r}")
     elif p.simpo_gamma != Preference().simpo_gamma and objective != "simpo":
         out.append(f"train.preference.simpo_gamma: applies to 'simpo' only, not {objective!r} (remove it)")
+    for key in ("desirable_weight", "undesirable_weight"):
+        value = getattr(p, key)
+        if not (math.isfinite(value) and value > 0):
+            out.append(f"train.preference.{key}: must be a number > 0, found {value!r}")
+        elif value != 1.0 and objective != "kto":
+            out.append(f"train.preference.{key}: applies to 'kto' only, not {objective!r} (remove it)")
     if spec.eval.samples and not spec.eval.samples_file:
-        out.append("eval.samples: preference pairs give no prompts to generate from: set eval.samples_file")
+        out.append(f"eval.samples: {wanted} data gives no prompts to generate from: set eval.samples_file")
     return out

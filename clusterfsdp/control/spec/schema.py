@@ -273,8 +273,10 @@ class DataSource:
         "Its share of the training samples (weights are normalized over the sources; a sample is seq_len "
         "positions of one source, so this is also its share of the tokens trained on).",
     )
-    format: Literal["", "text", "chat", "preference"] = F(
-        "", "'text', 'chat' or 'preference' (empty: data.format; preference sources cannot mix with others)."
+    format: Literal["", "text", "chat", "preference", "unpaired"] = F(
+        "",
+        "'text', 'chat', 'preference' or 'unpaired' (empty: data.format; preference and unpaired sources cannot "
+        "mix with others).",
     )
     split: str = F("", "Split of a dataset folder (empty: data.split).")
     text_key: str = F("", "Field holding the text (format = 'text'; empty: data.text_key).")
@@ -285,6 +287,10 @@ class DataSource:
     chosen_key: str = F("", "format = 'preference': the field holding the preferred answer (empty: data.chosen_key).")
     rejected_key: str = F(
         "", "format = 'preference': the field holding the dispreferred answer (empty: data.rejected_key)."
+    )
+    completion_key: str = F("", "format = 'unpaired': the field holding the completion (empty: data.completion_key).")
+    label_key: str = F(
+        "", "format = 'unpaired': the field holding the true/false desirability label (empty: data.label_key)."
     )
     role_key: str = F("role", "Field of each message holding its role, e.g. 'from' (ShareGPT).")
     content_key: str = F("content", "Field of each message holding its text, e.g. 'value' (ShareGPT).")
@@ -316,14 +322,16 @@ class DataSection:
         "datasets.load_dataset reads (parquet/json/csv files); globs allowed; relative to this file. "
         "Tokenized once into a prepared dataset (see cache_dir) that every rank reads without loading it.",
     )
-    format: Literal["text", "chat", "preference"] = F(
+    format: Literal["text", "chat", "preference", "unpaired"] = F(
         "text",
         "'text': each record is a document (`text_key`); 'chat': each record holds a conversation "
         "(`messages_key`: a list of {role, content}) rendered with the tokenizer's chat template, and the "
         "loss is computed on the assistant messages only; 'preference': each record is a pair for preference "
         "training (train.objective): a prompt (`prompt_key`) and a preferred and a dispreferred answer "
         "(`chosen_key`, `rejected_key`), each a string (joined as text) or a list of {role, content} messages "
-        "(rendered with the chat template); the loss is on the answers' tokens only.",
+        "(rendered with the chat template); the loss is on the answers' tokens only; 'unpaired': each record "
+        "is one example for train.objective = 'kto': a prompt (`prompt_key`), a completion (`completion_key`, a "
+        "string or messages like a pair's answer) and a `label_key` true (desirable) or false (undesirable).",
     )
     text_key: str = F("text", "Field holding the text of .jsonl, parquet and dataset records (format = 'text').")
     messages_key: str = F("messages", "Field holding the list of {role, content} messages (format = 'chat').")
@@ -334,6 +342,10 @@ class DataSection:
     )
     chosen_key: str = F("chosen", "format = 'preference': the field holding the preferred answer.")
     rejected_key: str = F("rejected", "format = 'preference': the field holding the dispreferred answer.")
+    completion_key: str = F("completion", "format = 'unpaired': the field holding the completion.")
+    label_key: str = F(
+        "label", "format = 'unpaired': the field holding the label, true (desirable) or false (undesirable)."
+    )
     split: str = F("train", "Split to read from a dataset folder that holds several (save_to_disk or load_dataset).")
     sources: list[DataSource] = F(
         [],
@@ -502,6 +514,7 @@ class Watchdog:
 
 
 OBJECTIVES = ("sft", "dpo", "ipo", "simpo", "orpo", "kto")
+TWO_ROWS = ("preference", "unpaired")  # the data formats whose samples are two documents (packing 'pairs')
 
 
 @value
@@ -512,7 +525,8 @@ class Preference:
         0.1,
         "dpo, ipo: how far the policy may move from the reference (dpo: the scale of the log-ratio in the "
         "sigmoid; ipo: the target margin is 1 / (2 beta)); simpo: the scale of the length-normalized reward; "
-        "orpo: the weight of the odds-ratio term (lambda in the paper).",
+        "orpo: the weight of the odds-ratio term (lambda in the paper); kto: the scale of the log-ratio (minus "
+        "the KL estimate) in the sigmoid.",
     )
     label_smoothing: float = F(
         0.0,
@@ -521,7 +535,7 @@ class Preference:
     simpo_gamma: float = F(0.5, "simpo: the target reward margin (gamma in the paper).")
     reference: Literal["start", "live"] = F(
         "start",
-        "dpo, ipo without [peft]: where the reference log-probs come from. 'start': the model as it starts, its "
+        "dpo, ipo, kto without [peft]: where the reference log-probs come from. 'start': the model as it starts, its "
         "log-probs over every training and eval pair computed once before the first step and kept in the "
         "checkpoint folder (training holds only the policy). 'live': a frozen second copy of the starting model "
         "(model.name_or_path, or the seeded init), built and sharded like the policy and never saved (a resume "
@@ -530,6 +544,8 @@ class Preference:
         "with the adapters disabled (no second model, no table). simpo and orpo use no reference: 'live' is "
         "refused.",
     )
+    desirable_weight: float = F(1.0, "kto: the weight of the desirable examples' losses (lambda_D in the paper).")
+    undesirable_weight: float = F(1.0, "kto: the weight of the undesirable examples' losses (lambda_U in the paper).")
 
 
 @value
@@ -566,8 +582,10 @@ class TrainSection:
         "'preference' pairs: 'dpo' (sigmoid, train.preference.label_smoothing), 'ipo', 'simpo' and 'orpo' "
         "(no reference model). dpo and ipo compare with a reference: with [peft] LoRA the base with the "
         "adapters disabled; otherwise the model as it starts, its log-probs over the training and eval pairs "
-        "computed once before the first step, or a frozen copy of it (train.preference.reference). 'kto' is "
-        "not implemented yet (refused).",
+        "computed once before the first step, or a frozen copy of it (train.preference.reference). 'kto' "
+        "(Kahneman-Tversky) trains on data.format = 'unpaired' examples (a completion labelled desirable or not) "
+        "against the same reference, with TRL's KL estimate from mismatched prompt/completion pairs "
+        "(train.preference desirable_weight, undesirable_weight).",
     )
     early_stopping: EarlyStopping = F(
         EarlyStopping(),
@@ -791,8 +809,8 @@ class JobSpec:
     @property
     def packing(self) -> str:
         """data.packing with 'auto' decided: 'documents' for chat data (any chat source), else 'concat'."""
-        if self.data.format == "preference" or any(s.format == "preference" for s in self.data.sources):
-            return "pairs"  # one sample is one pair: its answers in two rows (data.index)
+        if self.data.format in TWO_ROWS or any(s.format in TWO_ROWS for s in self.data.sources):
+            return "pairs"  # one sample is one pair (its answers) or one unpaired example (+ its KL row) in two rows
         if self.data.packing == "auto":
             chat = self.data.format == "chat" or any(s.format == "chat" for s in self.data.sources)
             return "documents" if chat else "concat"
