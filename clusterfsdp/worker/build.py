@@ -33,6 +33,27 @@ def build(
 
     `kept`: the run's copy of the model's config (<run>/model), used when present so that a
     resume does not need the original folder. Returns (model, optimizer, config, ParamCount)."""
+    model, config, counts = build_model(spec, device, world_size, tokens, kept, resume)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters only
+        lr=spec.train.lr,
+        weight_decay=spec.train.weight_decay,
+        betas=(0.9, 0.95),
+        fused=device.type == "cuda" and not spec.fsdp.cpu_offload,
+    )
+    return model, optimizer, config, counts
+
+
+def build_model(
+    spec: JobSpec,
+    device: torch.device,
+    world_size: int,
+    tokens: modelmod.TokenIds | None,
+    kept: Path | None,
+    resume: bool,
+) -> tuple[Any, Any, modelmod.ParamCount]:
+    """The sharded, filled model without an optimizer (`build`'s; the reference pass of a
+    preference run builds its frozen reference this way, worker/preference.py)."""
     config = modelmod.build_config(spec.model, tokens, kept)
     meta = modelmod.build_meta(spec.model, config, spec.base_dtype)  # 1. build on meta
     counts = modelmod.param_count(meta, config)  # (unsharded: the same on every world size)
@@ -75,14 +96,7 @@ def build(
             adapters.fill(model, spec.job.seed, torch.device("cpu") if spec.fsdp.cpu_offload else device)
             weights.check_materialized(model, filler.plan.model_type)
     _check_tied(model, config)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters only
-        lr=spec.train.lr,
-        weight_decay=spec.train.weight_decay,
-        betas=(0.9, 0.95),
-        fused=device.type == "cuda" and not spec.fsdp.cpu_offload,
-    )
-    return model, optimizer, config, counts
+    return model, config, counts
 
 
 def _check_tied(model, config) -> None:

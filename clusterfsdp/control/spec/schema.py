@@ -519,6 +519,27 @@ class Preference(Value):
         "dpo, simpo: the assumed probability that a pair's preference is flipped (conservative DPO), in [0, 0.5).",
     )
     simpo_gamma: float = F(0.5, "simpo: the target reward margin (gamma in the paper).")
+    reference_pass: Literal["auto", "job", "in_job"] = F(
+        "auto",
+        "dpo, ipo without LoRA: where the reference log-probs of the train and eval pairs are computed, once, "
+        "before the first step: 'job' a Slurm job of its own (the training job's nodes, GPUs and container, "
+        "named <job.name>-reference, after the data prepare array) that the training job waits for "
+        "(--dependency=afterok), so training holds only the policy; 'in_job' the training job, before its "
+        "first step; 'auto' 'job' on Slurm, 'in_job' with the local executor ('job' is refused there). "
+        "Either way the tables are kept in <checkpoints>/reference/ and every attempt reads them.",
+    )
+    reference_model: str = F(
+        "",
+        "dpo, ipo without LoRA: the frozen reference model (empty: the run's starting model, model.name_or_path "
+        "or its random init). A local HuggingFace folder (an exported checkpoint: `clusterfsdp export`) or a "
+        "hub id, resolved and checked like model.name_or_path; its vocabulary must fit the data's token ids. "
+        "With reference_pass = 'in_job' the training job builds it before the policy trains and frees it "
+        "before the first step.",
+    )
+    reference_partition: str = F(
+        "",
+        "Slurm partition of the reference job (reference_pass 'job' or 'auto' on Slurm; empty: slurm.partition).",
+    )
 
 
 @dataclass(repr=False, eq=False)
@@ -554,8 +575,9 @@ class TrainSection(Value):
         "'sft': next-token cross-entropy on the trained tokens. Preference training on data.format = "
         "'preference' pairs: 'dpo' (sigmoid, train.preference.label_smoothing), 'ipo', 'simpo' and 'orpo' "
         "(no reference model). dpo and ipo compare with a reference: with [peft] LoRA the base with the "
-        "adapters disabled; otherwise the model as it starts, its log-probs over the training and eval pairs "
-        "computed once before the first step. 'kto' is not implemented yet (refused).",
+        "adapters disabled; otherwise the model as it starts (or train.preference.reference_model), its "
+        "log-probs over the training and eval pairs computed once (train.preference.reference_pass). 'kto' is not "
+        "implemented yet (refused).",
     )
     early_stopping: EarlyStopping = F(
         EarlyStopping(),
