@@ -58,6 +58,9 @@ def test_the_reference_pass_is_its_own_slurm_job_before_training(slurm_cluster, 
     assert f"job {training_id} waits for reference job {reference_id}" in r.stderr, r.stderr
     script = (run.submitit_dir / training_id / f"{training_id}_submission.sh").read_text()
     assert f"--dependency=afterok:{prepare_id}:{reference_id}" in script, script
+    waiting = f"waiting for reference job {reference_id} (RUNNING): the reference log-probs of the pairs"
+    wait_for(lambda: status.run_status(run).reason == waiting, 60, "status: the reference job running", 0.5)
+    assert status.run_status(run).state == "PENDING"
 
     bad = cli("submit", str(tiny_job), "--executor", "slurm", *args,
               "--set", f"train.preference.reference_model={_small_vocab_llama(tmp_path / 'small')}")  # fmt: skip

@@ -57,10 +57,18 @@ class ReferenceCall:
         return importlib.import_module("clusterfsdp.worker.reference").run(self.run_dir)
 
 
-def check(spec: specmod.JobSpec, executor: str) -> None:
-    """reference_pass = 'job' needs a Slurm batch submission (a notebook's srun step or the local
-    executor cannot wait for another job): refused before anything is made otherwise."""
-    if reference_table(spec) and spec.train.preference.reference_pass == "job" and executor != "slurm":
+def check(spec: specmod.JobSpec, executor: str, *, sweep: bool = False) -> None:
+    """reference_pass = 'job' needs a Slurm batch submission of one run (a notebook's srun step,
+    the local executor or a sweep's points, which compute it in their training job, cannot wait
+    for another job): refused before anything is made otherwise."""
+    if not (reference_table(spec) and spec.train.preference.reference_pass == "job"):
+        return
+    if sweep:
+        raise ReferenceJobError(
+            "train.preference.reference_pass: 'job' is not queued for a sweep's points (each computes its reference "
+            "in its training job); set it to 'in_job' (or 'auto')"
+        )
+    if executor != "slurm":
         raise ReferenceJobError(
             f"train.preference.reference_pass: 'job' is a Slurm job of its own and this run uses the {executor} "
             "executor; set it to 'in_job' (or 'auto'), or submit with --executor slurm"
