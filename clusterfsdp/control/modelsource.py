@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import ckptfolder, fileio, hub
+from . import fileio, hub
 from . import spec as specmod
 from .fileio import atomic_write
 from .presets import PRESETS
@@ -154,6 +154,8 @@ def _reference_model(out: Prepared, errors: list[str], mode: hub.Mode) -> None:
     path = _locate(out, errors, key, value, "", mode, MODEL_PATTERNS)
     if not path:
         return
+    from . import ckptfolder  # (only here: `validate` of other jobs imports no more, tests/test_cli.py)
+
     if (Path(path) / ckptfolder.COMPLETE).is_file() or (Path(path) / ckptfolder.DCP_METADATA).is_file():
         errors.append(
             f"{key}: {path} is a clusterfsdp checkpoint (DCP shards); export it first (`clusterfsdp export RUN "
