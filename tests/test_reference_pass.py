@@ -70,6 +70,9 @@ def test_reference_keys_where_no_reference_pass_runs_are_refused(tmp_path, capsy
     assert cli.main(["submit", str(job), "--executor", "local", *sets]) == 2
     assert "train.preference.reference_pass: 'job' is a Slurm job of its own and this run uses the local executor; " \
         "set it to 'in_job'" in capsys.readouterr().err  # fmt: skip
+    assert cli.main(["submit", str(job), "--dry-run", *sets]) == 2
+    assert "train.preference.reference_pass: 'job' is a Slurm job of its own, which `submit --dry-run` does not " \
+        "write; set it to 'in_job'" in capsys.readouterr().err  # fmt: skip
     grid = ["--grid", "train.lr=1e-3,2e-3"]
     assert cli.main(["sweep", str(job), *grid, "--executor", "local", *sets]) == 2
     assert "train.preference.reference_pass: 'job' is not queued for a sweep's points" in capsys.readouterr().err

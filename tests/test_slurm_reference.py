@@ -4,7 +4,7 @@ data prepare array, then `<name>-reference` after it, then the training job afte
 training job reads the tables (its first loss is log 2: the reference is the starting model)
 and completes. A reference model whose vocabulary does not fit the data fails the reference
 job: the training job never starts, and `status` and `doctor` name the reference job and its
-error."""
+error. `cancel` of a run waiting for its reference job cancels that job too."""
 
 from __future__ import annotations
 
@@ -88,3 +88,11 @@ def test_the_reference_pass_is_its_own_slurm_job_before_training(slurm_cluster, 
     assert found.finding is doctor.Finding.BAD_CONFIG and why in found.summary, found
     shown = cli("status", str(failed.path)).stdout
     assert f"reference job {bad_ref} FAILED: {why}" in shown, shown
+
+    # cancelling a run whose training job waits for its reference job cancels both
+    assert cli("submit", str(tiny_job), "--executor", "slurm", *args).returncode == 0
+    (third,) = [x for x in runfolder.list_runs(root) if x.id not in (run.id, failed.id)]
+    third_ref = json.loads((third.path / "reference.json").read_text())["job_id"]
+    stopped = cli("cancel", str(third.path))
+    assert stopped.returncode == 0 and "its reference job too" in stopped.stdout, stopped.stdout + stopped.stderr
+    slurm_cluster.wait_sacct(third_ref, "CANCELLED", 60)

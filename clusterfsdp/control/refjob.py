@@ -57,22 +57,19 @@ class ReferenceCall:
         return importlib.import_module("clusterfsdp.worker.reference").run(self.run_dir)
 
 
-def check(spec: specmod.JobSpec, executor: str, *, sweep: bool = False) -> None:
-    """reference_pass = 'job' needs a Slurm batch submission of one run (a notebook's srun step,
-    the local executor or a sweep's points, which compute it in their training job, cannot wait
-    for another job): refused before anything is made otherwise."""
-    if not (reference_table(spec) and spec.train.preference.reference_pass == "job"):
+def check(spec: specmod.JobSpec, where: str) -> None:
+    """reference_pass = 'job' needs a Slurm batch submission of one run (`where` 'slurm'): the
+    local executor, a notebook's srun step (`where`: the executor), a sweep's points ('sweep',
+    which compute it in their training job) and a dry run ('dry run', one script) cannot wait
+    for another job; refused before anything is made."""
+    if where == "slurm" or not (reference_table(spec) and spec.train.preference.reference_pass == "job"):
         return
-    if sweep:
-        raise ReferenceJobError(
-            "train.preference.reference_pass: 'job' is not queued for a sweep's points (each computes its reference "
-            "in its training job); set it to 'in_job' (or 'auto')"
-        )
-    if executor != "slurm":
-        raise ReferenceJobError(
-            f"train.preference.reference_pass: 'job' is a Slurm job of its own and this run uses the {executor} "
-            "executor; set it to 'in_job' (or 'auto'), or submit with --executor slurm"
-        )
+    because = {
+        "sweep": "is not queued for a sweep's points (each computes its reference in its training job)",
+        "dry run": "is a Slurm job of its own, which `submit --dry-run` does not write",
+    }.get(where, f"is a Slurm job of its own and this run uses the {where} executor")
+    how = ", or submit with --executor slurm" if where in ("local", "srun") else ""
+    raise ReferenceJobError(f"train.preference.reference_pass: 'job' {because}; set it to 'in_job' (or 'auto'){how}")
 
 
 def before_training(spec: specmod.JobSpec, run: RunFolder, *, slurm: bool, after: str | None) -> str | None:
@@ -123,17 +120,26 @@ def queue(spec: specmod.JobSpec, run: RunFolder, dependency: str | None) -> str:
 
 
 def abandon_job(job_id: str) -> None:
+    """scancel, best effort (a job that already ended is no error here)."""
     try:
         slurmcli.scancel(job_id)
     except slurmcli.SlurmError:
         pass
 
 
-def abandon(run: RunFolder) -> None:
-    """Cancel the reference job of a run whose training job could not be queued (best effort)."""
+def abandon(run: RunFolder) -> bool:
+    """Cancel the reference job of a run whose training job could not be queued or was
+    cancelled (best effort); whether one was still queued or running."""
     job_id = recorded(run.path)
-    if job_id is not None:
+    if job_id is None:
+        return False
+    try:
+        live = RunState.parse(slurmcli.job_states([job_id])[job_id].state).live
+    except (slurmcli.SlurmError, KeyError):
+        live = True  # not known: cancelled all the same
+    if live:
         abandon_job(job_id)
+    return live
 
 
 def recorded(run_path: Path) -> str | None:

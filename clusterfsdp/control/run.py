@@ -209,6 +209,7 @@ class Run:
         """A dry run: the same checks and source preparation as `submit` for Slurm, the run folder,
         and the exact sbatch script to submit by hand (sbatch.sh); nothing is queued."""
         slurm = backends.Slurm()
+        refjob.check(spec, "dry run")
         prepared = cls.check_new(spec, slurm)
         folder = cls.create(prepared, slurm.executor).folder
         record = folder.record()
@@ -438,6 +439,8 @@ class Run:
                 return f"run {self.id}: " + (f"{backend.describe(last)} runs, but no signal could be sent to it"
                                              if live else "nothing running")  # fmt: skip
             if backend.scheduled:
+                if len(self.folder.record().attempts) == 1 and refjob.abandon(self.folder):
+                    message += "; its reference job too"  # (the first attempt waited for it)
                 return message
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and backend.is_live(last):

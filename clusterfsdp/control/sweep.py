@@ -118,7 +118,7 @@ class Sweep:
                 spec = _named(point_spec, name)
                 specs.append(spec)
                 backend.check(spec)
-                refjob.check(spec, str(backend.executor), sweep=True)
+                refjob.check(spec, "sweep")
                 if backend.executor is Executor.SLURM and (problem := arraylaunch.array_refusal(specs)):
                     raise SweepError([problem])
                 prepared.append(Run.check_new(spec, backend))

@@ -525,7 +525,8 @@ class Preference(Value):
         "before the first step: 'job' a Slurm job of its own (the training job's nodes, GPUs and container, "
         "named <job.name>-reference, after the data prepare array) that the training job waits for "
         "(--dependency=afterok), so training holds only the policy; 'in_job' the training job, before its "
-        "first step; 'auto' 'job' on Slurm, 'in_job' with the local executor ('job' is refused there). "
+        "first step; 'auto' 'job' on Slurm, 'in_job' otherwise (the local executor, a notebook's srun, a sweep's "
+        "points, a dry run; 'job' is refused for the first three). "
         "Either way the tables are kept in <checkpoints>/reference/ and every attempt reads them.",
     )
     reference_model: str = F(
