@@ -487,6 +487,14 @@ def _never_started(run: RunFolder, live: bool, state: RunState | None, reason: s
             base.finding = Finding.DATA_ERROR if " failed: " in note else Finding.CANCELLED
             base.summary, base.next_steps = note, next_steps(base.finding, Context(run.id))
             return base
+    if (run.path / "reference.json").is_file():  # (control/refjob.py: imported only for such a run)
+        from . import refjob
+
+        note = refjob.note(run.path, live)
+        if note and not live:  # the reference pass failed: its rank 0's error, if it had one
+            base.finding = Finding.BAD_CONFIG if " FAILED" in note else Finding.CANCELLED
+            base.summary, base.next_steps = note, next_steps(base.finding, Context(run.id))
+            return base
     if state is RunState.CANCELLED or (not live and last.cancelled is not None):
         base.finding = Finding.CANCELLED
         base.summary = reason or "cancelled before it started (clusterfsdp cancel)"

@@ -111,6 +111,7 @@ def prepare(spec: specmod.JobSpec, mode: hub.Mode = "download") -> Prepared:
             config = _config(errors, "model.config", Path(path))
             base_type = config.get("model_type") if config else None
             out.spec = _replace(out.spec, "model", config=path)
+    _reference_model(out, errors, mode)
     given_type = m.from_config.get("model_type")
     if base_type and given_type and given_type != base_type:
         errors.append(
@@ -141,6 +142,30 @@ def prepare(spec: specmod.JobSpec, mode: hub.Mode = "download") -> Prepared:
     if errors:
         raise specmod.SpecError(errors)
     return out
+
+
+def _reference_model(out: Prepared, errors: list[str], mode: hub.Mode) -> None:
+    """train.preference.reference_model, resolved and checked like model.name_or_path (a hub id
+    to its local snapshot, a folder with config.json and weights). A clusterfsdp checkpoint
+    (DCP shards, no config.json) is named as such: its HuggingFace export is what loads."""
+    key, value = "train.preference.reference_model", out.spec.train.preference.reference_model
+    if not value:
+        return
+    path = _locate(out, errors, key, value, "", mode, MODEL_PATTERNS)
+    if not path:
+        return
+    from . import ckptfolder  # (only here: `validate` of other jobs imports no more, tests/test_cli.py)
+
+    if (Path(path) / ckptfolder.COMPLETE).is_file() or (Path(path) / ckptfolder.DCP_METADATA).is_file():
+        errors.append(
+            f"{key}: {path} is a clusterfsdp checkpoint (DCP shards); export it first (`clusterfsdp export RUN "
+            "--step N --to DIR`) and set reference_model to that folder"
+        )
+        return
+    if _config(errors, key, Path(path)) is not None:
+        errors += weight_problems(key, Path(path), out.notes)
+    preference = dataclasses.replace(out.spec.train.preference, reference_model=path)
+    out.spec = _replace(out.spec, "train", preference=preference)
 
 
 def _note_bytes_for_pretrained(out: Prepared) -> None:

@@ -43,6 +43,7 @@ from . import (
     noderecord,
     peftbase,
     prepjob,
+    refjob,
     runfolder,
     secretenv,
     slurmcli,
@@ -138,22 +139,28 @@ class Run:
     def _first_attempt(cls, spec: specmod.JobSpec, backend: backends.Backend, notice: str) -> Submission:
         """Check `spec` completely, prepare its sources, create the run folder and queue its first
         attempt on `backend`; nothing is left behind if queueing fails."""
+        slurm = backend.executor is Executor.SLURM
         prepared = cls.check_new(spec, backend)
         run = cls.create(prepared, backend.executor)
         try:
             # data.prepare = 'job' on Slurm: a prepare array first, the training job after it
-            dependency = prepjob.before_training(prepared.spec, run.folder, slurm=backend.executor is Executor.SLURM)
+            array = prepjob.before_training(prepared.spec, run.folder, slurm=slurm)
+            # dpo/ipo on Slurm: the reference pass next (after the array), the training job after both
+            dependency = refjob.before_training(prepared.spec, run.folder, slurm=slurm, after=array)
             queued = backend.queue(prepared.spec, run.folder, dependency=dependency)
         except BaseException:
             prepjob.abandon(run.folder)
+            refjob.abandon(run.folder)
             shutil.rmtree(run.path, ignore_errors=True)
             raise
         run.record_first(queued, backend, prepared.spec)
         backend.start(queued)
         notes = [*prepared.notes, *queued.notes]
-        if dependency:  # (the training job is queued behind the prepare array)
-            array = dependency.removeprefix("afterok:")
-            notes.append(f"data: not prepared yet: job {queued.job_id} waits for data prepare job {array}")
+        if array:  # (the training job is queued behind the prepare array)
+            notes.append(f"data: not prepared yet: job {queued.job_id} waits for data prepare job "
+                         f"{array.removeprefix('afterok:')}")  # fmt: skip
+        if reference := refjob.recorded(run.path):
+            notes.append(f"reference log-probs: job {queued.job_id} waits for reference job {reference}")
         return Submission(run, backend.executor, queued.job_id, notice, notes=tuple(notes))
 
     @classmethod
@@ -161,6 +168,7 @@ class Run:
         """Every check of a new run on `backend`, then its sources prepared (hub ids resolved, the
         data read); nothing is made. A sweep checks all its points this way before making any."""
         _check_submittable(spec, backend)
+        refjob.check(spec, str(backend.executor))
         return prepare_sources(spec)
 
     @classmethod
@@ -201,6 +209,7 @@ class Run:
         """A dry run: the same checks and source preparation as `submit` for Slurm, the run folder,
         and the exact sbatch script to submit by hand (sbatch.sh); nothing is queued."""
         slurm = backends.Slurm()
+        refjob.check(spec, "dry run")
         prepared = cls.check_new(spec, slurm)
         folder = cls.create(prepared, slurm.executor).folder
         record = folder.record()
@@ -430,6 +439,8 @@ class Run:
                 return f"run {self.id}: " + (f"{backend.describe(last)} runs, but no signal could be sent to it"
                                              if live else "nothing running")  # fmt: skip
             if backend.scheduled:
+                if len(self.folder.record().attempts) == 1 and refjob.abandon(self.folder):
+                    message += "; its reference job too"  # (the first attempt waited for it)
                 return message
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and backend.is_live(last):

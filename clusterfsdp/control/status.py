@@ -425,13 +425,19 @@ def run_status(
 
 
 def _prepare_note(run: RunFolder, live: bool) -> str | None:
-    """The prepare array a training job waits for (or was cancelled for): control/prepjob.py,
-    imported only for a run that has one (prepjob.RECORD): `status` stays light."""
-    if not (run.path / "prepare.json").is_file():
-        return None
-    from . import prepjob
+    """The job a training job waits for (or was cancelled for): the data prepare array
+    (control/prepjob.py), then the reference job (control/refjob.py), each imported only for a
+    run that has one (their RECORD files): `status` stays light."""
+    note = None
+    if (run.path / "prepare.json").is_file():
+        from . import prepjob
 
-    return prepjob.note(run.path, live)
+        note = prepjob.note(run.path, live)
+    if note is None and (run.path / "reference.json").is_file():
+        from . import refjob
+
+        note = refjob.note(run.path, live)
+    return note
 
 
 def _unrecorded_end(run: RunFolder, events: list[Event], job_id: str, restart: int) -> str:

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import arraylaunch, backends, launch, modelsource, procs, retrynotes, runfolder, slurmcli
+from . import arraylaunch, backends, launch, modelsource, procs, refjob, retrynotes, runfolder, slurmcli
 from . import spec as specmod
 from .errors import UserError
 from .records import Executor, RunState, SweepPoint, SweepRecord
@@ -118,6 +118,7 @@ class Sweep:
                 spec = _named(point_spec, name)
                 specs.append(spec)
                 backend.check(spec)
+                refjob.check(spec, "sweep")
                 if backend.executor is Executor.SLURM and (problem := arraylaunch.array_refusal(specs)):
                     raise SweepError([problem])
                 prepared.append(Run.check_new(spec, backend))

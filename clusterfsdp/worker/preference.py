@@ -18,17 +18,21 @@ over all ranks (Batch.label_count), so each pair weighs the same whatever the wo
 
 The reference log-probs (dpo, ipo): with LoRA, the same model with every adapter disabled (no
 second model, whatever train.preference.reference says); otherwise, with reference = 'start',
-`ReferenceTable`, computed once before the first step by the model as it starts
-(`compute_reference`: the policy before training is the reference) over every training pair and
-every evaluated pair, and kept in the checkpoint folder so a resume (on any world size) reads
-the same numbers; with reference = 'live', a frozen second copy of the starting model
-(`build_live`: build.build_model, so sharded like the policy; not in any checkpoint, built again
-by every attempt) whose log-probs are computed each micro-batch, for data a table cannot cover.
+`ReferenceTable`, computed once over every training pair and every evaluated pair by the
+reference (the model as it starts, or train.preference.reference_model) and kept in the
+checkpoint folder, so a resume (on any world size) reads the same numbers: on Slurm by a job of
+its own before the training job starts (worker/reference.py, queued by control/refjob.py),
+otherwise by the training job before its first step (`compute_tables`); with reference =
+'live', a frozen second copy of the starting model (`build_live`: build.build_model, so sharded
+like the policy; not in any checkpoint, built again by every attempt) whose log-probs are
+computed each micro-batch, for data a table cannot cover.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -306,6 +310,73 @@ class Objectives:
         self.train, self.eval = train, evaluation
 
 
+def build_reference(spec: JobSpec, device: torch.device, world: int, kept: Path | None, max_id: int) -> Any:
+    """The frozen reference, sharded like the policy (worker/build.py, no optimizer):
+    train.preference.reference_model (a local HuggingFace folder, hub ids resolved at submit),
+    else the run's starting model as the policy is built (`kept`: the run's copy of its config)."""
+    from .build import build_model, token_ids
+
+    path = spec.train.preference.reference_model
+    if path:
+        model = dataclasses.replace(spec.model, name_or_path=path, config="", from_config={}, revision="")
+        spec, kept = dataclasses.replace(spec, model=model), None
+    built, config, _ = build_model(spec, device, world, token_ids(spec), kept, False, frozen=True)
+    if max_id >= config.vocab_size:
+        key = "train.preference.reference_model" if path else "model"
+        raise ValueError(f"{key}: token id {max_id} of the data does not fit its vocab_size {config.vocab_size}")
+    return built
+
+
+def compute_tables(
+    spec: JobSpec,
+    sets: dict[str, Any],
+    log: Callable[[str], None],
+    device: torch.device,
+    rank: int,
+    world: int,
+    checkpoints: Path,
+    *,
+    policy: Any = None,
+    kept: Path | None = None,
+    max_id: int = -1,
+) -> dict[str, ReferenceTable]:
+    """The reference table of each sample set, computed now and kept in the checkpoint folder
+    (rank 0 writes): by the starting `policy` itself, or by a reference model built for the
+    pass (train.preference.reference_model, or no `policy`: the reference job) and freed after.
+    Every rank calls it (the forwards gather FSDP shards)."""
+    reference = policy
+    if policy is None or spec.train.preference.reference_model:
+        t0 = time.perf_counter()
+        reference = build_reference(spec, device, world, kept, max_id)
+        what = spec.train.preference.reference_model or "the starting model"
+        log(f"reference model ({what}) built in {time.perf_counter() - t0:.1f} s")
+    by = f"the reference model {spec.train.preference.reference_model}" if spec.train.preference.reference_model else (
+        "the starting model")  # fmt: skip
+    tables: dict[str, ReferenceTable] = {}
+    try:
+        for role, samples in sets.items():
+            t0, path = time.perf_counter(), ckptfolder.reference_file(checkpoints, role)
+            ids = all_pair_ids(samples)
+            tables[role] = table = compute_reference(
+                reference, samples, ids, rank, world, spec.train.micro_batch_size, device
+            )
+            if rank == 0:
+                table.save(path)
+            if dist.is_initialized():
+                dist.barrier()
+            log(
+                f"reference log-probs of the {role} pairs: {len(ids):,} computed by {by} in "
+                f"{time.perf_counter() - t0:.1f} s, kept in {path}"
+            )
+    finally:
+        if reference is not policy:  # the policy trains alone: the reference's memory is given back
+            del reference
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return tables
+
+
 def start(
     spec: JobSpec,
     model: Any,
@@ -318,12 +389,15 @@ def start(
     log: Callable[[str], None],
     lora: bool,
     kept: Path | None = None,
+    max_id: int = -1,
 ) -> Objectives:
     """The objectives of train.objective; for dpo and ipo without LoRA first their reference:
     with train.preference.reference = 'live' the frozen copy (`build_live`; `kept`: the run's
     copy of the model config, as for the policy), else the reference table of each sample set
-    (`sets`: role -> samples): read from the checkpoint folder, or computed now by the model as
-    it starts (before the first step only: a resumed policy is no reference)."""
+    (`sets`: role -> samples): read from the checkpoint folder (the reference job wrote it, or an
+    earlier attempt), or computed now (`compute_tables`: by the model as it starts, or
+    train.preference.reference_model; before the first step only: a resumed policy is no
+    reference)."""
     tables: dict[str, ReferenceTable | None] = {"train": None, "eval": None}
     needs, mode = spec.train.objective in NEEDS_REFERENCE, spec.train.preference.reference
     if needs and lora:
@@ -335,33 +409,33 @@ def start(
         live = build_live(spec, device, world, kept, log)
         return Objectives(loss(spec, None, lora, live), loss(spec, None, lora, live))
     if needs and not lora:
+        missing: dict[str, Any] = {}
         for role, samples in sets.items():
             path = ckptfolder.reference_file(checkpoints, role)
-            if path.is_file():
-                tables[role] = loaded = ReferenceTable.load(path)
-                if loaded.identity != identity(samples):
-                    raise RuntimeError(
-                        f"{path}: the reference log-probs were computed over other {role} pairs ({loaded.identity}; "
-                        f"this attempt reads {identity(samples)}: the data, data.seq_len or the split changed): "
-                        "a preference run cannot change its pairs; start a new run"
-                    )
-                log(f"reference log-probs of the {role} pairs: read {len(loaded.ids):,} from {path}")
+            if not path.is_file():
+                missing[role] = samples
                 continue
+            tables[role] = loaded = ReferenceTable.load(path)
+            if loaded.identity != identity(samples):
+                raise RuntimeError(
+                    f"{path}: the reference log-probs were computed over other {role} pairs ({loaded.identity}; "
+                    f"this attempt reads {identity(samples)}: the data, data.seq_len or the split changed): "
+                    "a preference run cannot change its pairs; start a new run"
+                )
+            log(f"reference log-probs of the {role} pairs: read {len(loaded.ids):,} from {path}")
+        if missing:
+            path = ckptfolder.reference_file(checkpoints, next(iter(missing)))
             if resumed:
                 raise RuntimeError(
-                    f"{path} is missing: the reference log-probs are computed by the model before its first step, "
+                    f"{path} is missing: the reference log-probs are computed before the run's first step, "
                     "and this run has trained since; start a new run"
                 )
-            t0 = time.perf_counter()
-            ids = all_pair_ids(samples)
-            table = compute_reference(model, samples, ids, rank, world, spec.train.micro_batch_size, device)
-            if rank == 0:
-                table.save(path)
-            if dist.is_initialized():
-                dist.barrier()
-            tables[role] = table
-            log(
-                f"reference log-probs of the {role} pairs: {len(ids):,} computed by the starting model in "
-                f"{time.perf_counter() - t0:.1f} s, kept in {path}"
-            )
+            if spec.train.preference.reference_pass == "job":
+                raise RuntimeError(
+                    f"{path} is missing: train.preference.reference_pass = 'job' computes it in the reference job "
+                    f"({spec.job.name}-reference), which did not write it; submit again, or set reference_pass = "
+                    "'in_job'"
+                )
+            tables.update(compute_tables(spec, missing, log, device, rank, world, checkpoints, policy=model, kept=kept,
+                                         max_id=max_id))  # fmt: skip
     return Objectives(loss(spec, tables["train"], lora), loss(spec, tables["eval"], lora))

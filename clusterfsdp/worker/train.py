@@ -331,7 +331,7 @@ class Trainer:
         return preference.start(
             self.spec, self.model, {role: s for role, s in sets.items() if s is not None}, ctx.checkpoints,
             self.state.step > 0, ctx.rank, ctx.world_size, ctx.device, self.log, adapters.enabled(self.spec),
-            kept=ctx.model_dir,
+            kept=ctx.model_dir, max_id=self.data.max_id,
         )  # fmt: skip
 
     # ---------------------------------------------------------------- the loop

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from .allowlists import sbatch_name_error
 from .schema import JobSpec, Preference
 
 # Objectives that compare the policy with a reference model's log-probs.
@@ -17,6 +18,44 @@ NEEDS_REFERENCE = ("dpo", "ipo", "kto")
 # Objectives the worker implements (worker/preference.py, worker/kto.py); the rest of schema.OBJECTIVES is refused.
 IMPLEMENTED = ("sft", "dpo", "ipo", "simpo", "orpo", "kto")
 LABEL_SMOOTHING = ("dpo", "simpo")  # the objectives train.preference.label_smoothing acts on
+
+
+def reference_table(spec: JobSpec) -> bool:
+    """Whether the run reads a reference table (<checkpoints>/reference/): dpo and ipo without
+    LoRA (LoRA's reference is its base with the adapters disabled, no table, no second model)
+    with train.preference.reference = 'start' ('live' computes its log-probs each micro-batch)."""
+    p = spec.train.preference
+    return spec.train.objective in NEEDS_REFERENCE and spec.peft.method != "lora" and p.reference == "start"
+
+
+def reference_job(spec: JobSpec, slurm: bool) -> bool:
+    """Whether the reference table is computed by a Slurm job of its own (control/refjob.py)
+    rather than by the training job: train.preference.reference_pass 'job', or 'auto' on Slurm."""
+    p = spec.train.preference.reference_pass
+    return reference_table(spec) and (p == "job" or (p == "auto" and slurm))
+
+
+def _reference_errors(spec: JobSpec) -> list[str]:
+    """The reference keys set where there is no reference table to compute: silently ignored,
+    they would suggest a reference the run never uses."""
+    p, out = spec.train.preference, []
+    if not reference_table(spec):
+        why = (
+            f"train.objective {spec.train.objective!r} compares with no reference model (only 'dpo' and 'ipo' do)"
+            if spec.train.objective not in NEEDS_REFERENCE
+            else "with [peft] LoRA the reference is the base with the adapters disabled (no reference pass)"
+            if spec.peft.method == "lora"
+            else "reference = 'live' computes the reference log-probs each micro-batch (no reference pass)"
+        )
+        given = [(k, v) for k, v in (("reference_pass", p.reference_pass != "auto"),
+                                     ("reference_model", p.reference_model),
+                                     ("reference_partition", p.reference_partition)) if v]  # fmt: skip
+        return [f"train.preference.{given[0][0]}: {why}; remove it"] if given else []
+    if p.reference_partition and p.reference_pass == "in_job":
+        out.append("train.preference.reference_partition: reference_pass = 'in_job' queues no reference job; remove it")
+    if problem := sbatch_name_error("train.preference.reference_partition", p.reference_partition):
+        out.append(problem)
+    return out
 
 
 def errors(spec: JobSpec) -> list[str]:
@@ -33,6 +72,7 @@ def errors(spec: JobSpec) -> list[str]:
             f"train.objective: {objective!r} is not implemented yet (it needs unpaired completion + label data); "
             f"use one of {', '.join(repr(o) for o in IMPLEMENTED)}"
         ]
+    out += _reference_errors(spec)
     keep_best = spec.checkpoint.keep_best
     if keep_best == "eval_reward_accuracy" and objective in ("sft", "kto"):
         out.append(

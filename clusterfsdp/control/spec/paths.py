@@ -136,6 +136,10 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
         name_or_path=source("model.name_or_path", spec.model.name_or_path),
         config=source("model.config", spec.model.config),
     )
+    reference = source("train.preference.reference_model", spec.train.preference.reference_model)
+    out.train = dataclasses.replace(
+        spec.train, preference=dataclasses.replace(spec.train.preference, reference_model=reference)
+    )
     out = default_tokenizer(out)
     if problem := chat_problem(out):  # decided only now, with the model's folder
         errors.append(problem)

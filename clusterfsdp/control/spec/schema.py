@@ -546,6 +546,28 @@ class Preference:
     )
     desirable_weight: float = F(1.0, "kto: the weight of the desirable examples' losses (lambda_D in the paper).")
     undesirable_weight: float = F(1.0, "kto: the weight of the undesirable examples' losses (lambda_U in the paper).")
+    reference_pass: Literal["auto", "job", "in_job"] = F(
+        "auto",
+        "dpo, ipo, kto without LoRA: where the reference log-probs of the train and eval pairs are computed, once, "
+        "before the first step: 'job' a Slurm job of its own (the training job's nodes, GPUs and container, "
+        "named <job.name>-reference, after the data prepare array) that the training job waits for "
+        "(--dependency=afterok), so training holds only the policy; 'in_job' the training job, before its "
+        "first step; 'auto' 'job' on Slurm, 'in_job' otherwise (the local executor, a notebook's srun, a sweep's "
+        "points, a dry run; 'job' is refused for the first three). "
+        "Either way the tables are kept in <checkpoints>/reference/ and every attempt reads them.",
+    )
+    reference_model: str = F(
+        "",
+        "dpo, ipo, kto without LoRA: the frozen reference model (empty: the run's starting model, model.name_or_path "
+        "or its random init). A local HuggingFace folder (an exported checkpoint: `clusterfsdp export`) or a "
+        "hub id, resolved and checked like model.name_or_path; its vocabulary must fit the data's token ids. "
+        "With reference_pass = 'in_job' the training job builds it before the policy trains and frees it "
+        "before the first step.",
+    )
+    reference_partition: str = F(
+        "",
+        "Slurm partition of the reference job (reference_pass 'job' or 'auto' on Slurm; empty: slurm.partition).",
+    )
 
 
 @value
@@ -581,11 +603,11 @@ class TrainSection:
         "'sft': next-token cross-entropy on the trained tokens. Preference training on data.format = "
         "'preference' pairs: 'dpo' (sigmoid, train.preference.label_smoothing), 'ipo', 'simpo' and 'orpo' "
         "(no reference model). dpo and ipo compare with a reference: with [peft] LoRA the base with the "
-        "adapters disabled; otherwise the model as it starts, its log-probs over the training and eval pairs "
-        "computed once before the first step, or a frozen copy of it (train.preference.reference). 'kto' "
-        "(Kahneman-Tversky) trains on data.format = 'unpaired' examples (a completion labelled desirable or not) "
-        "against the same reference, with TRL's KL estimate from mismatched prompt/completion pairs "
-        "(train.preference desirable_weight, undesirable_weight).",
+        "adapters disabled; otherwise the model as it starts (or train.preference.reference_model), its "
+        "log-probs over the training and eval pairs computed once (train.preference.reference_pass), or a frozen "
+        "copy of it (train.preference.reference). 'kto' (Kahneman-Tversky) trains on data.format = 'unpaired' "
+        "examples (a completion labelled desirable or not) against the same reference, with TRL's KL estimate "
+        "from mismatched prompt/completion pairs (train.preference desirable_weight, undesirable_weight).",
     )
     early_stopping: EarlyStopping = F(
         EarlyStopping(),
