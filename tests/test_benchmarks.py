@@ -1,0 +1,118 @@
+"""[benchmarks] (issue 38): lm-evaluation-harness on a run's checkpoints. Real: the checks run
+through `clusterfsdp validate`; the evaluation is the real lm-eval on a checkpoint of a real
+(one-process) training run, exported by the real export, compared with lm-eval's own CLI run by
+hand on the same exported folder. Local task YAML over a local JSONL: nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from procs import CORPUS
+
+ROWS = [
+    ("The sun rises in the", "east", "west"),
+    ("Water is", "wet", "dry"),
+    ("One plus one is", "two", "five"),
+    ("The sky is", "blue", "green"),
+    ("Fire is", "hot", "cold"),
+    ("Ice is", "cold", "hot"),
+]
+TASK_YAML = """task: {task}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+def write_task(folder: Path, data: str = "tiny_mc.jsonl", task: str = "tiny_mc") -> Path:
+    """A multiple-choice task YAML in lm-eval's format over a JSONL beside it (`data` relative to it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "tiny_mc.jsonl", "w") as f:
+        for i, (question, right, wrong) in enumerate(ROWS):
+            choices = [right, wrong] if i % 2 == 0 else [wrong, right]
+            f.write(json.dumps({"question": question, "choices": [" " + c for c in choices], "answer": i % 2}) + "\n")
+    path = folder / "tiny_mc.yaml"
+    path.write_text(TASK_YAML.format(data=data, task=task))
+    return path
+
+
+def job_text(run_root: Path, tasks: list[str], extra: str = "") -> str:
+    return f"""
+[job]
+name = "bench"
+run_root = "{run_root}"
+[model]
+preset = "llama-tiny"
+[data]
+source = "files"
+paths = ["{CORPUS}"]
+seq_len = 64
+[train]
+steps = 4
+micro_batch_size = 2
+lr = 3e-3
+log_every = 1
+[fsdp]
+mixed_precision = "fp32"
+[checkpoint]
+every_steps = 2
+keep_last = 3
+[benchmarks]
+tasks = {json.dumps(tasks)}
+limit = 5
+{extra}
+"""
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clusterfsdp.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_benchmark_tasks_are_checked_before_queueing(tmp_path):
+    """Every broken task is its own one-line error of `validate` (exit 2), none needs lm_eval's
+    import: a local YAML that is missing, one whose data file is missing (relative to the YAML),
+    a name the installed lm-eval does not ship (with the closest one), values out of range."""
+    write_task(tmp_path / "tasks")
+    write_task(tmp_path / "broken", data="gone.jsonl", task="tiny_broken")
+    tasks = ["tasks/tiny_mc.yaml", "broken/tiny_mc.yaml", "missing.yaml", "hellaswag", "hellaswg"]
+    job = tmp_path / "job.toml"
+    job.write_text(job_text(tmp_path / "runs", tasks, 'batch_size = 0\ntime = "soon"\npartition = "a b"'))
+    r = cli("validate", str(job), cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert any("benchmarks.batch_size: must be in [1, 4096], found 0" in e for e in errors), errors
+    assert any("benchmarks.time:" in e for e in errors) and any("benchmarks.partition:" in e for e in errors)
+    job.write_text(job_text(tmp_path / "runs", tasks))  # the values fixed: the files are checked next
+    r = cli("validate", str(job), cwd=tmp_path)
+    assert r.returncode == 2
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: benchmarks.tasks[1]: {tmp_path}/broken/tiny_mc.yaml: data file {tmp_path}/broken/gone.jsonl does "
+        "not exist",
+        f"error: benchmarks.tasks[2]: {tmp_path}/missing.yaml: no such task file",
+        "error: benchmarks.tasks[4]: 'hellaswg' is no lm-eval task (did you mean 'hellaswag'?); name one or give "
+        "a local task .yaml file",
+    ], r.stderr
+    job.write_text(job_text(tmp_path / "runs", ["tasks/tiny_mc.yaml", "hellaswag"]))
+    r = cli("validate", str(job), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
