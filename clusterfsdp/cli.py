@@ -564,6 +564,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     return _find(args).export(Path(args.to), args.step, args.dtype, args.force, best=args.best, merge=args.merge)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """lm-eval on checkpoints of a run (control/bench.py): each result printed as it lands."""
+    from .control import bench
+
+    if args.all and args.step is not None:
+        raise CliError("bench: give --step or --all, not both")
+    run = _find(args)
+    steps = bench.steps_to_run(run, args.step, args.all)
+    if not steps:
+        print(f"run {run.id}: every checkpoint has its benchmarks already (--step N evaluates one again)")
+    for step in steps:
+        print(bench.describe(bench.evaluate(run, step)), flush=True)
+    return 0
+
+
 def cmd_nodes(args: argparse.Namespace) -> int:
     from .control import nodescli
 
@@ -800,6 +815,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "--merge", action="store_true", help="LoRA runs: a full model with the adapters merged (default: the adapters)"
     )
     s.set_defaults(fn=cmd_export)
+
+    s = command("bench", help="run the job's [benchmarks] (lm-eval) on a checkpoint: benchmarks/step-N.json")
+    _add_run(s)
+    s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
+    s.add_argument("--all", action="store_true", help="every complete checkpoint that has no result yet")
+    s.set_defaults(fn=cmd_bench)
 
     s = command("rm", help="remove runs: their folders and checkpoints (never a live run)")
     s.add_argument("run", nargs="*", help="run ids (or unique prefixes) or run folders")

@@ -116,3 +116,61 @@ def test_benchmark_tasks_are_checked_before_queueing(tmp_path):
     job.write_text(job_text(tmp_path / "runs", ["tasks/tiny_mc.yaml", "hellaswag"]))
     r = cli("validate", str(job), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+
+
+def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_path):
+    """`clusterfsdp bench RUN --step 4` on a real 4-step run: benchmarks/step-4.json holds the same
+    scores as lm-eval's own CLI run by hand (`lm_eval --include_path`, from the task's folder, so
+    its relative data file resolves) on `clusterfsdp export` of that checkpoint, offline; the
+    scores reach `status --json`. A task whose data went missing fails in one line and is recorded."""
+    from procs import run_workers
+
+    from clusterfsdp.control import runfolder
+    from clusterfsdp.control import spec as S
+    from clusterfsdp.control.records import Executor
+
+    task = write_task(tmp_path / "tasks")
+    job = tmp_path / "job.toml"
+    job.write_text(job_text(tmp_path / "runs", ["tasks/tiny_mc.yaml"], "every_checkpoints = 0"))
+    run = runfolder.create_run(S.load(job), Executor.LOCAL)
+    run_workers(run, 1)
+
+    scratch = tmp_path / "scratch"  # $TMPDIR: where the temporary export goes
+    scratch.mkdir()
+    r = cli("bench", str(run.path), "--step", "4", cwd=tmp_path, env={"TMPDIR": str(scratch)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("step 4: bench/tiny_mc/acc ")
+    doc = json.loads((run.path / "benchmarks" / "step-4.json").read_text())
+    assert doc["step"] == 4 and doc["lm_eval"]["results"]["tiny_mc"]["acc,none"] == doc["metrics"]["bench/tiny_mc/acc"]
+    assert not list(scratch.glob("clusterfsdp-bench-*"))  # the temporary export removed (torch leaves its own)
+
+    hf = tmp_path / "hf"
+    assert cli("export", str(run.path), "--step", "4", "--to", str(hf), cwd=tmp_path).returncode == 0
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    by_hand = subprocess.run(
+        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={hf}", "--tasks", "tiny_mc",
+         "--include_path", str(task.parent), "--limit", "5", "--device", "cpu", "--output_path", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        cwd=task.parent,
+        env={**os.environ, **offline},
+        timeout=600,
+    )  # fmt: skip
+    assert by_hand.returncode == 0, by_hand.stderr[-3000:]
+    (result,) = (tmp_path / "o").rglob("results_*.json")
+    expected = json.loads(result.read_text())["results"]["tiny_mc"]
+    ours = doc["lm_eval"]["results"]["tiny_mc"]
+    scores = ("acc,none", "acc_stderr,none", "acc_norm,none", "acc_norm_stderr,none")
+    assert {k: ours[k] for k in scores} == {k: expected[k] for k in scores}
+    assert doc["metrics"]["bench/tiny_mc/acc_norm"] == expected["acc_norm,none"]
+
+    st = cli("status", str(run.path), "--json", cwd=tmp_path)
+    (row,) = json.loads(st.stdout)["benchmarks"]
+    assert row["step"] == 4 and row["bench/tiny_mc/acc"] == expected["acc,none"]
+
+    (task.parent / "tiny_mc.jsonl").unlink()
+    r = cli("bench", str(run.path), "--step", "2", cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: run {run.id}: benchmarks of step 2 failed: lm-eval: ")
+    failed = json.loads((run.path / "benchmarks" / "step-2.failed.json").read_text())
+    assert failed["step"] == 2 and failed["error"] in r.stderr

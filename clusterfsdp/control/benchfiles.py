@@ -48,7 +48,10 @@ def _loader() -> Any:
     class Loader(yaml.SafeLoader):
         pass
 
-    Loader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+    def function(loader: yaml.SafeLoader, node: yaml.Node) -> str:
+        return str(node.value)
+
+    Loader.add_constructor("!function", function)
     return Loader
 
 
