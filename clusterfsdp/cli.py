@@ -453,16 +453,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
         return sweepcli.cmd_doctor(args, _run_root(args))
 
-    from .control import doctor, status, strictjson
+    from .control import benchresults, doctor, status, strictjson
 
     folder = _find_folder(args)
     st = status.run_status(folder)
     found = doctor.diagnose(folder, st.events, st.state.live, st.state, st.reason)
+    failed = benchresults.failures(folder)  # evaluations never fail the run: their own finding
     if args.json:
-        print(strictjson.dumps({"schema": 1, **found.to_dict()}))
+        print(strictjson.dumps({"schema": 1, **found.to_dict(), "benchmarks_failed": failed}))
         return 0
     print(f"run        {folder.id} ({folder.name})")
     print("\n".join(found.render()))
+    for f in failed:
+        print(f"benchmark  step {f['step']} failed: {f.get('error', '')}")
+        print(f"           (training is not affected; after a fix: clusterfsdp bench {folder.id} --step {f['step']})")
     return 0
 
 

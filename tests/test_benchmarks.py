@@ -9,9 +9,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from procs import CORPUS
+
+from clusterfsdp.control import runfolder
 
 ROWS = [
     ("The sun rises in the", "east", "west"),
@@ -125,7 +128,6 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
     scores reach `status --json`. A task whose data went missing fails in one line and is recorded."""
     from procs import run_workers
 
-    from clusterfsdp.control import runfolder
     from clusterfsdp.control import spec as S
     from clusterfsdp.control.records import Executor
 
@@ -174,3 +176,48 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
     assert r.stderr.startswith(f"error: run {run.id}: benchmarks of step 2 failed: lm-eval: ")
     failed = json.loads((run.path / "benchmarks" / "step-2.failed.json").read_text())
     assert failed["step"] == 2 and failed["error"] in r.stderr
+
+
+def _wait_for(results: Path, steps: list[int], timeout_s: float = 480) -> None:
+    """Until each step's evaluation (run in the background) has ended: its step-N.json or
+    step-N.failed.json is there, at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    ended = lambda step: (results / f"step-{step}.json").exists() or (results / f"step-{step}.failed.json").exists()
+    while not all(ended(step) for step in steps):
+        assert time.monotonic() < deadline, f"evaluations not ended after {timeout_s} s: {sorted(results.glob('*'))}"
+        time.sleep(2)
+
+
+def test_a_run_queues_its_evaluations_in_the_background_and_a_broken_one_never_fails_it(tmp_path):
+    """Two real local runs (one rank, checkpoints at steps 2 and 4). The first evaluates each
+    checkpoint in the background: its training completed before the step-4 evaluation did (it
+    never waited), and with keep_last = 1 checkpoint 2 was still there for its evaluation (held
+    from keep_last until exported). The second's task cannot load its split: training completes
+    all the same, and `doctor` names the failed evaluations."""
+    write_task(tmp_path / "tasks")
+    broken = write_task(tmp_path / "broken", task="tiny_broken")
+    broken.write_text(broken.read_text().replace("test_split: test", "test_split: validation"))
+    runs = []
+    for name in ("tasks", "broken"):
+        job = tmp_path / f"{name}.toml"
+        job.write_text(job_text(tmp_path / name, [f"{name}/tiny_mc.yaml"]))
+        r = cli("submit", str(job), "--executor", "local", "--follow", "--set", "checkpoint.keep_last=1", cwd=tmp_path)
+        assert r.returncode == 0 and ": COMPLETED" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+        (run,) = runfolder.list_runs(tmp_path / name)
+        runs.append(run)
+    good, bad = runs
+    results = good.path / "benchmarks"
+    _wait_for(results, [2, 4])
+    assert not list(results.glob("*.failed.json")), [p.read_text() for p in results.glob("*.failed.json")]
+    st = json.loads(cli("status", str(good.path), "--json", cwd=tmp_path).stdout)
+    assert [row["step"] for row in st["benchmarks"]] == [2, 4] and st["state"] == "COMPLETED"
+    completed = [e["time"] for e in st["events"] if e["event"] == "completed"]
+    assert completed and completed[0] < st["benchmarks"][1]["time"]  # training did not wait for step 4's
+    assert not list(good.checkpoints_dir().glob(".bench-hold-*"))  # every hold released
+
+    _wait_for(bad.path / "benchmarks", [2, 4])
+    doc = cli("doctor", str(bad.path), cwd=tmp_path)
+    assert doc.returncode == 0 and "benchmark  step 2 failed: lm-eval: " in doc.stdout, doc.stdout
+    assert json.loads(cli("status", str(bad.path), "--json", cwd=tmp_path).stdout)["state"] == "COMPLETED"
+    found = json.loads(cli("doctor", str(bad.path), "--json", cwd=tmp_path).stdout)
+    assert [f["step"] for f in found["benchmarks_failed"]] == [2, 4]

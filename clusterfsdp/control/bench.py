@@ -6,17 +6,13 @@ uses (`Run.export_command`: a LoRA run's adapters merged into a full model), the
 a subprocess (worker/bench.py; lm_eval imports torch, the control plane never does), the folder
 removed after. Local tasks run offline (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): a cluster's
 compute nodes often have no internet, and a task that tried would hang there.
-
-    <run>/benchmarks/step-N.json         worker/bench.py's document: `metrics` (bench/<task>/<metric>)
-                                         and lm-eval's own result document (`lm_eval`)
-    <run>/benchmarks/step-N.failed.json  why the last evaluation of step N failed (removed by a success)
+The results' layout and readers: control/benchresults.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -26,55 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from . import ckptfolder
+from .benchresults import failure_path, result_path, results_dir
 from .run import Run, RunError
 from .runfolder import RunFolder
 from .spec.benchsection import is_local
 
-RESULTS = "benchmarks"
-_RESULT = re.compile(r"^step-(\d+)\.json$")
-_FAILED = re.compile(r"^step-(\d+)\.failed\.json$")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-def results_dir(run: RunFolder) -> Path:
-    return run.path / RESULTS
-
-
-def result_path(run: RunFolder, step: int) -> Path:
-    return results_dir(run) / f"step-{step}.json"
-
-
-def failure_path(run: RunFolder, step: int) -> Path:
-    return results_dir(run) / f"step-{step}.failed.json"
-
-
-def _documents(run: RunFolder, pattern: re.Pattern[str]) -> list[dict[str, Any]]:
-    """The JSON documents of benchmarks/ whose names match, by step; unreadable ones left out
-    (one being renamed into place is whole or absent: worker/bench.write)."""
-    try:
-        names = os.listdir(results_dir(run))
-    except OSError:
-        return []
-    out = []
-    for name in names:
-        if pattern.match(name):
-            try:
-                doc = json.loads((results_dir(run) / name).read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(doc, dict) and isinstance(doc.get("step"), int):
-                out.append(doc)
-    return sorted(out, key=lambda d: d["step"])
-
-
-def rows(run: RunFolder) -> list[dict[str, Any]]:
-    """One row per evaluated step, oldest first: `step`, `time` and the `bench/<task>/<metric>` scores."""
-    return [{"step": d["step"], "time": d.get("time"), **(d.get("metrics") or {})} for d in _documents(run, _RESULT)]
-
-
-def failures(run: RunFolder) -> list[dict[str, Any]]:
-    """The evaluations that failed (`step`, `time`, `error`), oldest step first."""
-    return _documents(run, _FAILED)
 
 
 def steps_to_run(run: Run, step: int | None, every: bool) -> list[int]:
@@ -113,8 +66,13 @@ def evaluate(run: Run, step: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"clusterfsdp-bench-{run.id}-{step}-"))
     try:
         model = tmp / "model"
-        export = run.export_command(model, step, merge=spec.peft.method == "lora")
-        done = subprocess.run(export, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        try:
+            export = run.export_command(model, step, merge=spec.peft.method == "lora")
+            done = subprocess.run(export, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        except RunError as e:  # (no such checkpoint any more, not yours): recorded like any failure
+            raise _fail(run.folder, step, f"export: {e}") from None
+        finally:  # read (or given up): keep_last may let the checkpoint go (worker/benchqueue.py held it)
+            ckptfolder.release(run.folder.checkpoints_dir(spec), step)
         if done.returncode != 0:
             raise _fail(run.folder, step, f"export: {_last_line(done)}")
         env = {**os.environ, **(OFFLINE if all(is_local(t) for t in spec.benchmarks.tasks) else {})}

@@ -16,7 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from .bench import rows as bench_rows
+from .benchresults import rows as bench_rows
 from .records import Attempt, Event, TrackerIds
 from .run import Run, Submission
 from .runfolder import RunFolder
