@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from procs import CORPUS
+import pytest
+from procs import tiny_job_toml
 
 from clusterfsdp.control import runfolder
 
@@ -53,31 +55,11 @@ def write_task(folder: Path, data: str = "tiny_mc.jsonl", task: str = "tiny_mc")
 
 
 def job_text(run_root: Path, tasks: list[str], extra: str = "") -> str:
-    return f"""
-[job]
-name = "bench"
-run_root = "{run_root}"
-[model]
-preset = "llama-tiny"
-[data]
-source = "files"
-paths = ["{CORPUS}"]
-seq_len = 64
-[train]
-steps = 4
-micro_batch_size = 2
-lr = 3e-3
-log_every = 1
-[fsdp]
-mixed_precision = "fp32"
-[checkpoint]
-every_steps = 2
-keep_last = 3
-[benchmarks]
-tasks = {json.dumps(tasks)}
-limit = 5
-{extra}
-"""
+    """procs' tiny job (4 steps), checkpoints at steps 2 and 4, [benchmarks] with `tasks` (5 examples)."""
+    tail = (
+        f"[checkpoint]\nevery_steps = 2\nkeep_last = 3\n[benchmarks]\ntasks = {json.dumps(tasks)}\nlimit = 5\n{extra}\n"
+    )
+    return tiny_job_toml("bench", 0, 4, tail=tail).replace("[job]\n", f'[job]\nrun_root = "{run_root}"\n', 1)
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -221,3 +203,29 @@ def test_a_run_queues_its_evaluations_in_the_background_and_a_broken_one_never_f
     assert json.loads(cli("status", str(bad.path), "--json", cwd=tmp_path).stdout)["state"] == "COMPLETED"
     found = json.loads(cli("doctor", str(bad.path), "--json", cwd=tmp_path).stdout)
     assert [f["step"] for f in found["benchmarks_failed"]] == [2, 4]
+
+
+@pytest.mark.slurm
+def test_on_slurm_each_checkpoint_is_an_evaluation_job_on_the_benchmarks_partition(slurm_cluster, tmp_path):
+    """The devcluster: a one-rank run on partition debug with benchmarks.partition = 'low'. Each
+    checkpoint (steps 2 and 4) gets a Slurm job of its own, queued by submitit from rank 0, named
+    for the run (singleton: they run in order), on 'low'; both score, and status --json has them."""
+    write_task(tmp_path / "tasks")
+    job = tmp_path / "job.toml"
+    job.write_text(job_text(tmp_path / "runs", ["tasks/tiny_mc.yaml"], 'partition = "low"\ntime = "10"'))
+    r = cli("submit", str(job), "--executor", "slurm", "--follow", "--set", "slurm.time=10", cwd=tmp_path)
+    assert r.returncode == 0 and ": COMPLETED" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    (run,) = runfolder.list_runs(tmp_path / "runs")
+    assert "[benchmarks]: evaluating step 2: job " in r.stdout, r.stdout[-3000:]
+    results = run.path / "benchmarks"
+    _wait_for(results, [2, 4])
+    assert not list(results.glob("*.failed.json")), [p.read_text() for p in results.glob("*.failed.json")]
+    jobs = re.findall(r"\[benchmarks\]: evaluating step \d+: job (\d+) on low", r.stdout)
+    assert len(jobs) == 2, r.stdout[-3000:]
+    for job_id in jobs:
+        slurm_cluster.wait_sacct(job_id, "COMPLETED", timeout=60)
+        listed = slurm_cluster.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobName,Partition"]).stdout
+        assert listed.split() == [f"bench-{run.id}|low"]
+    st = json.loads(cli("status", str(run.path), "--json", cwd=tmp_path).stdout)
+    assert [row["step"] for row in st["benchmarks"]] == [2, 4]
+    assert not list(run.checkpoints_dir().glob(".bench-hold-*"))

@@ -23,7 +23,7 @@ BIN = str(Path(sys.executable).parent)  # the venv's `clusterfsdp` script, for c
 STATUS_KEYS = {
     "run_id", "name", "folder", "state", "live", "bad", "reason", "job_id", "executor", "step", "steps", "loss",
     "checkpoints", "attempts", "events", "notes", "trackers", "eval_step", "eval_loss", "eval_ppl",
-    "reward_accuracy", "eval_reward_accuracy", "created", "epoch", "cost", "cost_error",
+    "reward_accuracy", "eval_reward_accuracy", "created", "epoch", "cost", "cost_error", "benchmarks",
 }  # fmt: skip
 
 

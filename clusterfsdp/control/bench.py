@@ -17,12 +17,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from . import ckptfolder
-from .benchresults import failure_path, result_path, results_dir
+from .benchresults import failure_path, record_failure, result_path
 from .run import Run, RunError
 from .runfolder import RunFolder
 from .spec.benchsection import is_local
@@ -53,8 +52,7 @@ def _last_line(proc: subprocess.CompletedProcess) -> str:
 
 def _fail(run: RunFolder, step: int, error: str) -> RunError:
     """Record the failure for `doctor` and `status`, and the one-line error to raise."""
-    results_dir(run).mkdir(exist_ok=True)
-    failure_path(run, step).write_text(json.dumps({"step": step, "time": time.time(), "error": error}) + "\n")
+    record_failure(run, step, error)
     return RunError(f"run {run.id}: benchmarks of step {step} failed: {error}")
 
 

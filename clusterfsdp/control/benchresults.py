@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,9 @@ def rows(run: RunFolder) -> list[dict[str, Any]]:
 def failures(run: RunFolder) -> list[dict[str, Any]]:
     """The evaluations that failed (`step`, `time`, `error`), oldest step first."""
     return _documents(run, _FAILED)
+
+
+def record_failure(run: RunFolder, step: int, error: str) -> None:
+    """benchmarks/step-N.failed.json: what `doctor` shows; a later success removes it."""
+    results_dir(run).mkdir(exist_ok=True)
+    failure_path(run, step).write_text(json.dumps({"step": step, "time": time.time(), "error": error}) + "\n")

@@ -1,13 +1,13 @@
 """Benchmarks queued by the run itself (issue 38): on rank 0, when a checkpoint is complete, one
 evaluation per `benchmarks.every_checkpoints` saves, run as `clusterfsdp bench RUN --step N`
-(control/bench.py) in a background process of its own session: training never waits for it,
-and it outlives the attempt. The checkpoint is held from keep_last (ckptfolder.hold) until the
+(control/bench.py) in a background process of its own session (local launches): training never
+waits for it, and it outlives the attempt. The checkpoint is held from keep_last (ckptfolder.hold) until the
 evaluation has exported it. Its output goes to <run>/benchmarks/step-N.log; a failure is
 benchmarks/step-N.failed.json (`doctor`), never the training run's.
 
-Local launches only, for now: under Slurm a process left behind is killed with the job's
-allocation, so there each save logs that `clusterfsdp bench RUN --all` evaluates them (an
-evaluation job per checkpoint on benchmarks.partition is the part still to come).
+Under Slurm a process left behind would be killed with the job's allocation: there each
+evaluation is a Slurm job of its own (control/benchjob.py) on benchmarks.partition, queued with
+sbatch from rank 0 (held checkpoint, then sbatch: a few tenths of a second of the step).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ class BenchQueue:
         self.run, self.spec, self.launcher, self.log = run, spec, launcher, log
         self.saves = 0
         self.started: list[subprocess.Popen] = []
-        self.told = False
 
     def __call__(self, step: int) -> None:
         """Never raises: an evaluation that cannot start is a log line, not a failed run."""
@@ -46,31 +45,41 @@ class BenchQueue:
         self.started = [p for p in self.started if p.poll() is None]  # (reaps the ended ones)
         if self.saves % self.spec.benchmarks.every_checkpoints:
             return
-        if self.launcher == "slurm":
-            if not self.told:
-                self.log("[benchmarks]: evaluations after each save run with local launches only so far; "
-                         f"`clusterfsdp bench {self.run.path} --all` evaluates this run's checkpoints")  # fmt: skip
-                self.told = True
-            return
         root = self.run.checkpoints_dir(self.spec)
-        try:
-            self.started.append(self._start(root, step))
-        except Exception as e:  # (OSError, a full disk): the run goes on without this evaluation
-            ckptfolder.release(root, step)
-            self.log(f"[benchmarks]: the evaluation of step {step} did not start: {e}")
-            return
-        self.log(f"[benchmarks]: evaluating step {step} in the background (benchmarks/step-{step}.log)")
-
-    def _start(self, root, step: int) -> subprocess.Popen:
         ckptfolder.hold(root, step)
+        try:
+            where = self._queue(step) if self.launcher == "slurm" else self._start(step)
+        except Exception as e:  # (sbatch refused, OSError, a full disk): the run goes on without it
+            ckptfolder.release(root, step)
+            line = " ".join(str(e).split())[:300]
+            benchresults.record_failure(self.run, step, f"not queued: {line}")
+            self.log(f"[benchmarks]: the evaluation of step {step} was not queued: {line}")
+            return
+        self.log(f"[benchmarks]: evaluating step {step}: {where}")
+
+    def _queue(self, step: int) -> str:
+        """A Slurm job of its own (control/benchjob.py): a process left behind here would die
+        with this job's allocation."""
+        from ..control import benchjob
+
+        job_id = benchjob.queue(self.run, self.spec, step)
+        partition = self.spec.benchmarks.partition or self.spec.slurm.partition or "the default partition"
+        return f"job {job_id} on {partition}"
+
+    def _start(self, step: int) -> str:
+        """A background process of its own session: not in the attempt's process group, so a
+        stop or cancel of the attempt leaves it."""
         folder = benchresults.results_dir(self.run)
         folder.mkdir(exist_ok=True)
         with open(folder / f"step-{step}.log", "ab") as out:
-            return subprocess.Popen(
-                [sys.executable, "-m", "clusterfsdp.cli", "bench", str(self.run.path), "--step", str(step)],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # not in the attempt's process group: a stop or cancel leaves it
-                env=_plain_env(),
+            self.started.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "clusterfsdp.cli", "bench", str(self.run.path), "--step", str(step)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=_plain_env(),
+                )
             )
+        return f"in the background (benchmarks/step-{step}.log)"
