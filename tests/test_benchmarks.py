@@ -107,7 +107,8 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
     """`clusterfsdp bench RUN --step 4` on a real 4-step run: benchmarks/step-4.json holds the same
     scores as lm-eval's own CLI run by hand (`lm_eval --include_path`, from the task's folder, so
     its relative data file resolves) on `clusterfsdp export` of that checkpoint, offline; the
-    scores reach `status --json`. A task whose data went missing fails in one line and is recorded."""
+    scores reach `status --json` and TensorBoard. A task whose data went missing fails in one line
+    and is recorded."""
     from procs import run_workers
 
     from clusterfsdp.control import spec as S
@@ -115,7 +116,9 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
 
     task = write_task(tmp_path / "tasks")
     job = tmp_path / "job.toml"
-    job.write_text(job_text(tmp_path / "runs", ["tasks/tiny_mc.yaml"], "every_checkpoints = 0"))
+    job.write_text(
+        job_text(tmp_path / "runs", ["tasks/tiny_mc.yaml"], 'every_checkpoints = 0\n[log]\ntrackers = ["tensorboard"]')
+    )
     run = runfolder.create_run(S.load(job), Executor.LOCAL)
     run_workers(run, 1)
 
@@ -151,6 +154,12 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
     st = cli("status", str(run.path), "--json", cwd=tmp_path)
     (row,) = json.loads(st.stdout)["benchmarks"]
     assert row["step"] == 4 and row["bench/tiny_mc/acc"] == expected["acc,none"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    plots = EventAccumulator(str(run.path / "tensorboard" / "benchmarks"))
+    plots.Reload()
+    (point,) = plots.Scalars("bench/tiny_mc/acc")  # (float32 there)
+    assert point.step == 4 and point.value == pytest.approx(expected["acc,none"], rel=1e-6)
 
     (task.parent / "tiny_mc.jsonl").unlink()
     r = cli("bench", str(run.path), "--step", "2", cwd=tmp_path)

@@ -10,7 +10,8 @@ against the YAML's folder (control/benchfiles.py: how validate checked them), an
 `simple_evaluate` as a task config; a name is lm-eval's own task. FILE gets lm-eval's result
 document (`lm_eval`, as `simple_evaluate` returns it, without per-sample logs) and the scores as
 flat metric names (`metrics`: `bench/<task>/<metric>`, names TensorBoard, W&B and MLflow all
-accept), written next to FILE and renamed into place.
+accept), written next to FILE and renamed into place; with `[log] trackers` naming
+tensorboard, also as scalars in `<run>/tensorboard/benchmarks/` (W&B and MLflow: not yet).
 """
 
 from __future__ import annotations
@@ -127,9 +128,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    document = evaluate(runfolder.RunFolder(args.run), args.model, args.step)
+    run = runfolder.RunFolder(args.run)
+    document = evaluate(run, args.model, args.step)
     write(args.out, document)
+    if "tensorboard" in run.spec().log.trackers:
+        try:
+            to_tensorboard(run, document)
+        except Exception as e:  # the scores are kept in step-N.json whatever the plot does
+            print(f"warning: benchmarks of step {args.step} not written to TensorBoard: {e}", file=sys.stderr)
     return 0
+
+
+def to_tensorboard(run: runfolder.RunFolder, document: dict[str, Any]) -> None:
+    """The scores at their checkpoint's step, in `<run>/tensorboard/benchmarks/`: a TensorBoard
+    run of its own beside the training's, whose attempts purge the steps a resume repeats
+    (worker/trackers.py) and would drop a result that landed after training moved on."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(run.tensorboard_dir / "benchmarks"))
+    try:
+        for name, value in document["metrics"].items():
+            writer.add_scalar(name, value, document["step"])
+    finally:
+        writer.close()
 
 
 if __name__ == "__main__":

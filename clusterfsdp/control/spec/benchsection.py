@@ -39,8 +39,8 @@ class BenchmarksSection(Value):
     every_checkpoints: int = field(
         default=1,
         metadata=_doc(
-            "Evaluate every N-th saved checkpoint automatically, in the background (never blocking training); "
-            "0: only by hand (`clusterfsdp bench RUN`)."
+            "Evaluate every N-th checkpoint an attempt saves, as it is saved (never blocking training: a background "
+            "process locally, a Slurm job of its own on `partition`); 0: only by hand (`clusterfsdp bench RUN`)."
         ),
     )
     limit: int = field(default=0, metadata=_doc("Examples per task at most (lm-eval's limit); 0: all."))
