@@ -421,6 +421,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             detail = e.reason or e.checkpoint
             print(f"event      {datetime.fromtimestamp(e.time):%H:%M:%S} job {e.job_id} {e.event} {detail}".rstrip())
     print(f"checkpoints {', '.join(f'step {c}' for c in st.checkpoints) or 'none'}")
+    if (folder.path / "benchmarks").is_dir():  # [benchmarks] (its reader imported only then: start-up)
+        _benchmark_lines(folder)
     if st.state.bad or st.state.live:  # why it failed or hangs, in short (`clusterfsdp doctor RUN` says more)
         from .control import doctor
 
@@ -428,6 +430,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         if st.state.bad or found.finding is doctor.Finding.HANG:
             print("\n".join(found.render(short=True)))
     return 1 if st.state.bad else 0
+
+
+def _benchmark_lines(folder: RunFolder) -> None:
+    """The newest benchmark scores (stderr columns left out) and how many evaluations failed."""
+    from .control import benchresults
+
+    for row in benchresults.rows(folder)[-1:]:
+        scores = ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k.startswith("bench/") and "_stderr" not in k)
+        print(f"benchmark  step {row['step']}: {scores}")
+    if failed := benchresults.failures(folder):
+        print(f"benchmark  {len(failed)} evaluation(s) failed (`clusterfsdp doctor {folder.id}`)")
 
 
 def _why_waiting(folder: RunFolder, job_id: str) -> None:

@@ -151,6 +151,8 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
     assert {k: ours[k] for k in scores} == {k: expected[k] for k in scores}
     assert doc["metrics"]["bench/tiny_mc/acc_norm"] == expected["acc_norm,none"]
 
+    shown = cli("status", str(run.path), cwd=tmp_path).stdout
+    assert f"benchmark  step 4: bench/tiny_mc/acc {expected['acc,none']:.4g}, bench/tiny_mc/acc_norm " in shown
     st = cli("status", str(run.path), "--json", cwd=tmp_path)
     (row,) = json.loads(st.stdout)["benchmarks"]
     assert row["step"] == 4 and row["bench/tiny_mc/acc"] == expected["acc,none"]
