@@ -426,6 +426,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             detail = e.reason or e.checkpoint
             print(f"event      {datetime.fromtimestamp(e.time):%H:%M:%S} job {e.job_id} {e.event} {detail}".rstrip())
     print(f"checkpoints {', '.join(f'step {c}' for c in st.checkpoints) or 'none'}")
+    if (folder.path / "benchmarks").is_dir():  # [benchmarks] (its reader imported only then: start-up)
+        _benchmark_lines(folder)
     if st.state.bad or st.state.live:  # why it failed or hangs, in short (`clusterfsdp doctor RUN` says more)
         from .control import doctor
 
@@ -433,6 +435,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         if st.state.bad or found.finding is doctor.Finding.HANG:
             print("\n".join(found.render(short=True)))
     return 1 if st.state.bad else 0
+
+
+def _benchmark_lines(folder: RunFolder) -> None:
+    """The newest benchmark scores (stderr columns left out) and how many evaluations failed."""
+    from .control import benchresults
+
+    for row in benchresults.rows(folder)[-1:]:
+        scores = ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k.startswith("bench/") and "_stderr" not in k)
+        print(f"benchmark  step {row['step']}: {scores}")
+    if failed := benchresults.failures(folder):
+        print(f"benchmark  {len(failed)} evaluation(s) failed (`clusterfsdp doctor {folder.id}`)")
 
 
 def _why_waiting(folder: RunFolder, job_id: str) -> None:
@@ -458,16 +471,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
         return sweepcli.cmd_doctor(args, _run_root(args))
 
-    from .control import doctor, status, strictjson
+    from .control import benchresults, doctor, status, strictjson
 
     folder = _find_folder(args)
     st = status.run_status(folder)
     found = doctor.diagnose(folder, st.events, st.state.live, st.state, st.reason)
+    failed = benchresults.failures(folder)  # evaluations never fail the run: their own finding
     if args.json:
-        print(strictjson.dumps({"schema": 1, **found.to_dict()}))
+        print(strictjson.dumps({"schema": 1, **found.to_dict(), "benchmarks_failed": failed}))
         return 0
     print(f"run        {folder.id} ({folder.name})")
     print("\n".join(found.render()))
+    for f in failed:
+        print(f"benchmark  step {f['step']} failed: {f.get('error', '')}")
+        print(f"           (training is not affected; after a fix: clusterfsdp bench {folder.id} --step {f['step']})")
     return 0
 
 
@@ -567,6 +584,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.best and args.step is not None:
         raise CliError("export: give --step or --best, not both")
     return _find(args).export(Path(args.to), args.step, args.dtype, args.force, best=args.best, merge=args.merge)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """lm-eval on checkpoints of a run (control/bench.py): each result printed as it lands."""
+    from .control import bench
+
+    if args.all and args.step is not None:
+        raise CliError("bench: give --step or --all, not both")
+    run = _find(args)
+    steps = bench.steps_to_run(run, args.step, args.all)
+    if not steps:
+        print(f"run {run.id}: every checkpoint has its benchmarks already (--step N evaluates one again)")
+    for step in steps:
+        print(bench.describe(bench.evaluate(run, step)), flush=True)
+    return 0
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
@@ -805,6 +837,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "--merge", action="store_true", help="LoRA runs: a full model with the adapters merged (default: the adapters)"
     )
     s.set_defaults(fn=cmd_export)
+
+    s = command("bench", help="run the job's [benchmarks] (lm-eval) on a checkpoint: benchmarks/step-N.json")
+    _add_run(s)
+    s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
+    s.add_argument("--all", action="store_true", help="every complete checkpoint that has no result yet")
+    s.set_defaults(fn=cmd_bench)
 
     s = command("rm", help="remove runs: their folders and checkpoints (never a live run)")
     s.add_argument("run", nargs="*", help="run ids (or unique prefixes) or run folders")

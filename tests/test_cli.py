@@ -150,6 +150,7 @@ VALIDATE = {
     "clusterfsdp.control.spec.nodes",
     "clusterfsdp.control.ownership",  # hub: a snapshot in a shared HF cache must be yours (issue 34)
     "clusterfsdp.control.spec.objective",  # train.objective's checks (issue 37)
+    "clusterfsdp.control.spec.benchsection",  # [benchmarks] (issue 38; its files only for a job with tasks)
 }  # fmt: skip
 DATA_CHECKS = {  # what validate adds for a job that reads files
     "clusterfsdp.data", "clusterfsdp.data.skipped", "clusterfsdp.data.fieldmap", "clusterfsdp.data.mixture",

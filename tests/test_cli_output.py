@@ -24,6 +24,7 @@ STATUS_KEYS = {
     "run_id", "name", "folder", "state", "live", "bad", "reason", "job_id", "executor", "step", "steps", "loss",
     "checkpoints", "attempts", "events", "notes", "trackers", "eval_step", "eval_loss", "eval_ppl",
     "reward_accuracy", "eval_reward_accuracy", "reward_margin", "kl", "created", "epoch", "cost", "cost_error",
+    "benchmarks",
 }  # fmt: skip
 
 

@@ -12,6 +12,8 @@ Python: no torch.
     checkpoints/.pruning/                 old checkpoints being deleted in the background
     checkpoints/set-aside/step-N-T        newer ones a `resume --step` moved away (never deleted)
     checkpoints/set-aside/step-N-unreadable-T   ones that did not load on some rank
+    checkpoints/.bench-hold-N             step N waits for its benchmark evaluation to export it
+                                          (keep_last lets it go only after: control/bench.py)
 
 A checkpoint is written under `.step-<N>.partial/` and renamed to `step-<N>` only after
 every rank's shards and DCP's `.metadata` are on disk, so a crash, a kill -9 or a full
@@ -42,6 +44,7 @@ _STEP = r"^step-(\d+)$"
 _PARTIAL_GLOB = ".step-*.partial"
 _PARTIAL_NAME = r"^\.step-(\d+)\.partial$"
 _SET_ASIDE_NAME = r"^step-(\d+)(?:-.+)?-\d+$"
+_HOLD = ".bench-hold-"
 
 
 @value(frozen=True)
@@ -171,10 +174,29 @@ def best(root: Path) -> CheckpointInfo | None:
 
 def beyond_keep(root: Path, keep_last: int, keep_best: bool) -> list[Path]:
     """The complete checkpoints `keep_last` lets go: all but the newest `keep_last` and, with
-    checkpoint.keep_best, the best."""
+    checkpoint.keep_best, the best, and none that a benchmark evaluation has yet to read (`hold`)."""
     found = list_checkpoints(root)
     kept = best(root) if keep_best else None
-    return [c.path for c in found[:-keep_last] if kept is None or c.step != kept.step]
+    held = held_steps(root)
+    return [c.path for c in found[:-keep_last] if (kept is None or c.step != kept.step) and c.step not in held]
+
+
+def hold(root: Path, step: int) -> None:
+    """Keep checkpoint `step` from keep_last until `release`: its benchmark evaluation is queued."""
+    (root / f"{_HOLD}{step}").touch()
+
+
+def release(root: Path, step: int) -> None:
+    """The evaluation has read checkpoint `step` (or given up): keep_last may let it go at the next save."""
+    (root / f"{_HOLD}{step}").unlink(missing_ok=True)
+
+
+def held_steps(root: Path) -> set[int]:
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return set()
+    return {int(n[len(_HOLD) :]) for n in names if n.startswith(_HOLD) and n[len(_HOLD) :].isdigit()}
 
 
 def set_aside(checkpoint: Path, why: str = "") -> Path:

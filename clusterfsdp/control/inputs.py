@@ -20,7 +20,7 @@ def prepare_sources(spec: specmod.JobSpec, mode: hub.Mode = "download") -> model
     the data sources read (readable, not smaller than a batch; they may need the resolved
     tokenizer). SpecError with every problem."""
     prepared = modelsource.prepare(spec, mode)
-    problems = _peft_problems(prepared.spec) + data_problems(prepared.spec)
+    problems = _peft_problems(prepared.spec) + data_problems(prepared.spec) + bench_problems(prepared.spec)
     if problems:
         raise specmod.SpecError(problems)
     return prepared
@@ -33,6 +33,15 @@ def data_problems(spec: specmod.JobSpec) -> list[str]:
     from ..data import checks
 
     return checks.problems(spec)
+
+
+def bench_problems(spec: specmod.JobSpec) -> list[str]:
+    """`benchfiles.problems`: the [benchmarks] tasks' files and names (imported only for a job with tasks)."""
+    if not spec.benchmarks.tasks:
+        return []
+    from . import benchfiles
+
+    return benchfiles.problems(spec.benchmarks)
 
 
 def container_only_paths(spec: specmod.JobSpec) -> list[str]:

@@ -16,6 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from .benchresults import rows as bench_rows
 from .records import Attempt, Event, TrackerIds
 from .run import Run, Submission
 from .runfolder import RunFolder
@@ -77,6 +78,7 @@ def _status(st: RunStatus) -> dict[str, Any]:
         "trackers": to_json(st.trackers),
         "cost": st.cost.to_json() if st.cost is not None else None,
         "cost_error": st.cost_error,
+        "benchmarks": bench_rows(st.run),
     }
 
 

@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,9 @@ class Checkpointer:
         # the ranks that read it), over gloo so it needs no device tensor.
         self._agree_pg = _gloo_group()
         self._pruner = _Pruner(root) if rank == 0 else None
+        # Rank 0, once a checkpoint is complete, before keep_last prunes: [benchmarks] queues its
+        # evaluation there (worker/benchqueue.py), holding the checkpoint first.
+        self.on_complete: Callable[[int], None] | None = None
 
     def _state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -282,6 +286,8 @@ class Checkpointer:
         os.replace(tmp, partial / COMPLETE)
         os.replace(partial, final)
         _fsync_dir(self.root)
+        if self.on_complete is not None:
+            self.on_complete(meta["step"])
         if self._pruner is not None:
             self._pruner.prune(ckptfolder.beyond_keep(self.root, self.config.keep_last, bool(self.config.keep_best)))
 

@@ -212,6 +212,10 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
         attempt.beat,
     )
     trainer = train.Trainer(ctx)
+    if env.rank == 0 and spec.benchmarks.tasks and spec.benchmarks.every_checkpoints > 0:
+        from .benchqueue import BenchQueue
+
+        trainer.checkpointer.on_complete = BenchQueue(run, spec, env.launcher, log)
     trainer.budget = cost.read_budget(run) if spec.slurm.max_gpu_hours > 0 else None  # (jobstep wrote it)
     if env.rank == 0 and env.launcher == "slurm":  # a node range below its largest size: grow when nodes free up
         trainer.grow = attempt.grow = elastic.watch(spec, env.job_id, env.num_nodes, run.events())

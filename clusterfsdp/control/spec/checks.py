@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any
 
-from . import badrecords
+from . import badrecords, benchsection
 from . import objective as objectivechecks
 from . import peft as peftchecks
 from .allowlists import container_errors, env_errors, sbatch_name_error, sbatch_value_errors, setup_errors
@@ -138,6 +138,7 @@ def check(spec: JobSpec) -> None:
     if spec.fsdp.version == 1 and spec.fsdp.compile:
         errors.append("fsdp.compile: supported with fsdp.version = 2 only")
     errors += peftchecks.errors(spec)
+    errors += benchsection.errors(spec.benchmarks)
     errors += objectivechecks.errors(spec)
     errors += env_errors(spec.env, spec.job.allow_env)
     if errors:

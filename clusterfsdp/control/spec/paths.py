@@ -13,6 +13,7 @@ from pathlib import Path
 from .. import fileio
 from ..runroot import default_run_root
 from ..value import value
+from .benchsection import is_local
 from .codec import loads, override_label, override_of
 from .schema import JobSpec, SpecError, short
 from .tokenizer import chat_problem, default_tokenizer
@@ -129,6 +130,11 @@ def with_absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
         spec.eval,
         paths=[data_path(f"eval.paths[{i}]", x) for i, x in enumerate(spec.eval.paths)],
         samples_file=absolute("eval.samples_file", spec.eval.samples_file),
+    )
+    b = spec.benchmarks
+    out.benchmarks = dataclasses.replace(
+        b,
+        tasks=[absolute(f"benchmarks.tasks[{i}]", t) if is_local(t) else t for i, t in enumerate(b.tasks)],
     )
     out.checkpoint = dataclasses.replace(spec.checkpoint, dir=absolute("checkpoint.dir", spec.checkpoint.dir))
     out.model = dataclasses.replace(

@@ -26,6 +26,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from ..errors import UserError
 from ..value import value
+from .benchsection import BenchmarksSection
 from .nodes import NodeRange, grad_accum_at
 from .nodes import parse as parse_nodes
 
@@ -766,6 +767,7 @@ class JobSpec:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     log: LogSection = field(default_factory=LogSection)
     peft: PeftSection = field(default_factory=PeftSection)
+    benchmarks: BenchmarksSection = field(default_factory=BenchmarksSection)
     env: dict[str, str] = field(
         default_factory=dict,
         metadata={"doc": "Extra environment for the workers; overrides everything clusterfsdp sets (NCCL_*, etc.)."},

@@ -1,0 +1,92 @@
+"""Benchmarks of a run's checkpoints (issue 38): `clusterfsdp bench RUN [--step N | --all]`, and
+the results `status --json` reads.
+
+One evaluation: the checkpoint exported to a temporary HF folder by the export every `export`
+uses (`Run.export_command`: a LoRA run's adapters merged into a full model), then lm-eval on it in
+a subprocess (worker/bench.py; lm_eval imports torch, the control plane never does), the folder
+removed after. Local tasks run offline (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): a cluster's
+compute nodes often have no internet, and a task that tried would hang there.
+The results' layout and readers: control/benchresults.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from . import ckptfolder
+from .benchresults import failure_path, record_failure, result_path
+from .run import Run, RunError
+from .runfolder import RunFolder
+from .spec.benchsection import is_local
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def steps_to_run(run: Run, step: int | None, every: bool) -> list[int]:
+    """The checkpoint steps `bench` evaluates: `step`, or with `every` each complete checkpoint
+    that has no result yet, else the newest (RunError: none there)."""
+    spec = run.folder.spec()
+    if not spec.benchmarks.tasks:
+        raise RunError(f"run {run.id}: its job has no [benchmarks] tasks; set benchmarks.tasks in its job.toml")
+    root = run.folder.checkpoints_dir(spec)
+    if every:
+        steps = [c.step for c in ckptfolder.list_checkpoints(root)]
+        return [s for s in steps if not result_path(run.folder, s).is_file()]
+    info = ckptfolder.find(root, step)
+    if info is None:
+        raise RunError(f"run {run.id}: no complete checkpoint{f' at step {step}' if step is not None else ''}")
+    return [info.step]
+
+
+def _last_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [line for line in (proc.stderr or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else f"exit status {proc.returncode}"
+
+
+def _fail(run: RunFolder, step: int, error: str) -> RunError:
+    """Record the failure for `doctor` and `status`, and the one-line error to raise."""
+    record_failure(run, step, error)
+    return RunError(f"run {run.id}: benchmarks of step {step} failed: {error}")
+
+
+def evaluate(run: Run, step: int) -> dict[str, Any]:
+    """Export checkpoint `step` to a temporary folder, run lm-eval on it, return the result
+    document (also in benchmarks/step-N.json). RunError with one line on failure, recorded in
+    benchmarks/step-N.failed.json."""
+    spec = run.folder.spec()
+    tmp = Path(tempfile.mkdtemp(prefix=f"clusterfsdp-bench-{run.id}-{step}-"))
+    try:
+        model = tmp / "model"
+        try:
+            export = run.export_command(model, step, merge=spec.peft.method == "lora")
+            done = subprocess.run(export, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        except RunError as e:  # (no such checkpoint any more, not yours): recorded like any failure
+            raise _fail(run.folder, step, f"export: {e}") from None
+        finally:  # read (or given up): keep_last may let the checkpoint go (worker/benchqueue.py held it)
+            ckptfolder.release(run.folder.checkpoints_dir(spec), step)
+        if done.returncode != 0:
+            raise _fail(run.folder, step, f"export: {_last_line(done)}")
+        env = {**os.environ, **(OFFLINE if all(is_local(t) for t in spec.benchmarks.tasks) else {})}
+        out = result_path(run.folder, step)
+        argv = [sys.executable, "-m", "clusterfsdp.worker.bench", str(run.path), "--step", str(step)]
+        argv += ["--model", str(model), "--out", str(out)]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise _fail(run.folder, step, f"lm-eval: {_last_line(done)}")
+        failure_path(run.folder, step).unlink(missing_ok=True)
+        return json.loads(out.read_text())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def describe(document: dict[str, Any]) -> str:
+    """'step 4: bench/tiny_mc/acc 0.8333, ...' (stderr columns left out), and the time it took."""
+    scores = ", ".join(f"{k} {v:.4g}" for k, v in document["metrics"].items() if "_stderr" not in k)
+    return f"step {document['step']}: {scores or 'no scores'} ({document.get('seconds', 0):.1f} s)"

@@ -1,0 +1,75 @@
+"""A benchmark evaluation as a Slurm job of its own (issue 38): queued through submitit by rank 0
+of a training job when a checkpoint is complete (worker/benchqueue.py), on benchmarks.partition
+with benchmarks.gpus and benchmarks.time. Its batch step runs `bench.evaluate` on the run folder
+(export, then lm-eval), so it needs nothing from the training job, which never waits for it.
+Jobs of one run share a name and `--dependency=singleton`: Slurm runs them one at a time, in the
+order they were queued, however many checkpoints arrive while the partition is busy.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import sys
+from dataclasses import dataclass
+
+from .benchresults import results_dir
+from .runfolder import RunFolder
+from .spec import JobSpec, parse_time_minutes
+
+
+@dataclass(frozen=True)
+class BenchCall:
+    """What submitit pickles: evaluate checkpoint `step` of the run at `run_path`. A failure is
+    recorded (benchmarks/step-N.failed.json) and ends the job with exit status 1."""
+
+    run_path: str
+    step: int
+
+    def __call__(self) -> None:
+        from . import bench
+        from .run import Run, RunError
+
+        try:
+            print(bench.describe(bench.evaluate(Run(self.run_path), self.step)), flush=True)
+        except RunError as e:
+            sys.exit(f"error: {e}")
+
+
+def job_name(run: RunFolder) -> str:
+    """One name per run: `--dependency=singleton` orders that run's evaluations."""
+    return f"bench-{run.id}"
+
+
+def queue(run: RunFolder, spec: JobSpec, step: int) -> str:
+    """Queue the evaluation of checkpoint `step`; its job id (slurmcli.SlurmError when sbatch refuses)."""
+    from . import launch, slurmexec
+
+    b, s = spec.benchmarks, spec.slurm
+    parameters = {
+        "job_name": job_name(run),
+        "nodes": 1,
+        "ntasks_per_node": 1,
+        "time": parse_time_minutes(b.time),
+        "partition": b.partition or s.partition or None,
+        "account": s.account or None,
+        "qos": s.qos or None,
+        "gpus_per_node": b.gpus or None,
+        "wckey": None,  # submitit's default "submitit" is refused where wckeys are enforced
+        "setup": list(s.setup),
+        "use_srun": s.container.kind != "none",
+        "srun_args": list(launch.task_launch(spec).srun_args),
+        "additional_parameters": {"dependency": "singleton"},
+    }
+    folder = results_dir(run) / "slurm"
+    folder.mkdir(parents=True, exist_ok=True)
+    ex = slurmexec.executor(
+        folder / "%j",
+        shlex.join(launch.task_launch(spec).python),
+        {k: v for k, v in parameters.items() if v is not None or k == "wckey"},
+        token=f"clusterfsdp:bench:{secrets.token_hex(4)}",
+        hold=False,
+    )
+    with launch.submission_env(spec):
+        job = ex.submit(BenchCall(str(run.path), step))
+    return str(job.job_id)

@@ -1,0 +1,157 @@
+"""Run lm-evaluation-harness on one exported checkpoint: the worker half of `clusterfsdp bench`
+(control/bench.py exports the checkpoint, then runs this as a subprocess, so the control plane
+never imports lm_eval, which imports torch).
+
+`python -m clusterfsdp.worker.bench RUN_DIR --step N --model HF_DIR --out FILE`
+
+The tasks are the run's [benchmarks] (its job.toml): a local task YAML is loaded with lm-eval's
+own loader (`include:` and `!function` relative to the file, as --include_path reads it), its data_files made absolute
+against the YAML's folder (control/benchfiles.py: how validate checked them), and passed to
+`simple_evaluate` as a task config; a name is lm-eval's own task. FILE gets lm-eval's result
+document (`lm_eval`, as `simple_evaluate` returns it, without per-sample logs) and the scores as
+flat metric names (`metrics`: `bench/<task>/<metric>`, names TensorBoard, W&B and MLflow all
+accept), written next to FILE and renamed into place; with `[log] trackers` naming
+tensorboard, also as scalars in `<run>/tensorboard/benchmarks/` (W&B and MLflow: not yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..control import benchfiles, runfolder
+from ..control.spec.benchsection import BenchmarksSection, is_local
+
+EXIT_FAILED = 1
+
+
+def task_configs(b: BenchmarksSection) -> list[str | dict[str, Any]]:
+    """What `simple_evaluate(tasks=...)` gets for [benchmarks]: a name as it is, a local YAML as
+    its loaded config with absolute data files (lm-eval would read relative ones against the
+    working folder, not the YAML's)."""
+    # lm-eval's own loader of task files (private, hence lm-eval pinned to one minor version in
+    # pyproject): `include:` and `!function` resolved as lm-eval resolves them for --include_path.
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    out: list[str | dict[str, Any]] = []
+    for task in b.tasks:
+        if not is_local(task):
+            out.append(task)
+            continue
+        path = Path(task)
+        config = load_yaml(path)
+        files = benchfiles.data_files(config, path.parent)
+        if files is not None:
+            config["dataset_kwargs"] = {
+                **config["dataset_kwargs"],
+                "data_files": {split: [str(p) for p in paths] for split, paths in files.items()},
+            }
+        out.append(config)
+    return out
+
+
+def metric_name(task: str, key: str) -> str | None:
+    """lm-eval's 'acc,none' of `task` as 'bench/<task>/acc' ('bench/<task>/exact_match/strict-match'
+    for another filter); None for a key that is no metric ('alias'). Characters outside letters,
+    digits and `_.-/` become '_' (MLflow refuses commas, among others)."""
+    metric, sep, filt = key.partition(",")
+    if not sep:
+        return None
+    name = f"bench/{task}/{metric}" + (f"/{filt}" if filt != "none" else "")
+    return re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
+
+
+def flat_metrics(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Every numeric score of lm-eval's `results` table as one flat name -> value (stderr 'N/A' left out)."""
+    out = {}
+    for task, scores in results.items():
+        for key, value in scores.items():
+            name = metric_name(task, key)
+            if name is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[name] = float(value)
+    return out
+
+
+def evaluate(run: runfolder.RunFolder, model: Path, step: int) -> dict[str, Any]:
+    """lm-eval on the exported folder `model` with the run's [benchmarks]; the result document."""
+    import torch
+    from lm_eval import utils
+    from lm_eval.evaluator import simple_evaluate
+
+    b = run.spec().benchmarks
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    started = time.time()
+    tasks: list[Any] = task_configs(b)  # (simple_evaluate's list also takes Task objects: invariant)
+    results = simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={model}",
+        tasks=tasks,
+        num_fewshot=None if b.num_fewshot < 0 else b.num_fewshot,
+        batch_size=b.batch_size,
+        device=device,
+        limit=b.limit or None,
+        log_samples=False,
+    )
+    if results is None:  # simple_evaluate returns None on ranks other than 0; one process here
+        raise RuntimeError("lm-eval returned no results")
+    document = json.loads(json.dumps(results, default=utils.handle_non_serializable))
+    return {
+        "step": step,
+        "time": time.time(),
+        "seconds": round(time.time() - started, 3),
+        "tasks": list(b.tasks),
+        "metrics": flat_metrics(document.get("results", {})),
+        "lm_eval": document,
+    }
+
+
+def write(out: Path, document: dict[str, Any]) -> None:
+    """`out` whole or not at all: written beside it, then renamed (a reader never sees half)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(document, indent=1) + "\n")
+    tmp.replace(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m clusterfsdp.worker.bench")
+    p.add_argument("run", type=Path)
+    p.add_argument("--step", type=int, required=True)
+    p.add_argument("--model", type=Path, required=True, help="the exported HF folder of that step")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    run = runfolder.RunFolder(args.run)
+    document = evaluate(run, args.model, args.step)
+    write(args.out, document)
+    if "tensorboard" in run.spec().log.trackers:
+        try:
+            to_tensorboard(run, document)
+        except Exception as e:  # the scores are kept in step-N.json whatever the plot does
+            print(f"warning: benchmarks of step {args.step} not written to TensorBoard: {e}", file=sys.stderr)
+    return 0
+
+
+def to_tensorboard(run: runfolder.RunFolder, document: dict[str, Any]) -> None:
+    """The scores at their checkpoint's step, in `<run>/tensorboard/benchmarks/`: a TensorBoard
+    run of its own beside the training's, whose attempts purge the steps a resume repeats
+    (worker/trackers.py) and would drop a result that landed after training moved on."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(run.tensorboard_dir / "benchmarks"))
+    try:
+        for name, value in document["metrics"].items():
+            writer.add_scalar(name, value, document["step"])
+    finally:
+        writer.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
