@@ -8,7 +8,8 @@ combines:
   mixture (`[[data.sources]]`) of native chat, ShareGPT-mapped, Alpaca-mapped and text sources
   with drawn weights, or preference pairs (UltraFeedback-shaped, or mixed with an
   Anthropic-HH-shaped mapped source) trained with a drawn train.objective (dpo, ipo, simpo,
-  orpo; kto is refused on pairs: it trains on unpaired data, tests/test_kto.py); the byte tokenizer or a real BPE
+  orpo; kto is refused on pairs), or KTO's unpaired examples (kto; dpo is refused on them), the
+  reference of dpo/ipo/kto drawn as the starting model's table or a live frozen copy); the byte tokenizer or a real BPE
   with a ChatML template; packing (auto, concat, documents), seq_len 16/32/64, data.overlong
   (split, truncate, drop);
 - eval: none, a held-out fraction, or eval.paths; every_steps, batches, eval.samples (from the
@@ -110,6 +111,13 @@ def _pairs(rng: random.Random, n: int) -> list[dict[str, Any]]:
     return out
 
 
+def _unpaired(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """KTO's unpaired examples: a prompt, a completion and whether it is desirable (both kinds)."""
+    return [{"prompt": " ".join(rng.choices(WORDS, k=rng.randint(2, 8))),
+             "completion": " ".join(rng.choices(WORDS, k=rng.randint(1, 6))), "label": i % 3 != 0}
+            for i in range(n)]  # fmt: skip
+
+
 def build_world(root: Path) -> World:
     """Sources of every kind (a few hundred samples each at seq_len 32), a BPE tokenizer with a
     ChatML template, and a tiny pretrained Qwen2 (save_pretrained, with that tokenizer)."""
@@ -149,6 +157,8 @@ def build_world(root: Path) -> World:
         [{k: [{"from": {"user": "human"}.get(m["role"], "gpt"), "value": m["content"]} for m in p[a]]
           for k, a in (("good", "chosen"), ("bad", "rejected"))} for p in _pairs(rng, 120)],
     )  # fmt: skip
+    f["unpaired"] = write_jsonl(root / "unpaired.jsonl", _unpaired(rng, 160))
+    f["eval_unpaired"] = write_jsonl(root / "eval_unpaired.jsonl", _unpaired(rng, 40))
     f["prompts"] = root / "prompts.txt"
     f["prompts"].write_text("quiet river\nsilver window garden\n")
     return world
@@ -189,7 +199,7 @@ def rare(p: int) -> st.SearchStrategy[bool]:
 @st.composite
 def draws(draw: st.DrawFn, world: World) -> Draw:
     f = world.files
-    kind = draw(st.sampled_from(["text", "chat", "mixture", "preference"]))
+    kind = draw(st.sampled_from(["text", "chat", "mixture", "preference", "unpaired"]))
     lora = draw(rare(3))
     pretrained = lora or draw(st.booleans())
     presets = st.sampled_from(["llama-tiny", "qwen2-tiny"])
@@ -218,6 +228,8 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
             data["prompt_key"] = ""
             data["sources"] = [{"path": str(f["pairs"]), "weight": draw(st.sampled_from([0.5, 1.0]))},
                                {"path": str(f["hh_pairs"]), **HH}]  # fmt: skip
+    elif kind == "unpaired":  # KTO's examples
+        data["format"], data["packing"], data["paths"] = "unpaired", "auto", [str(f["unpaired"])]
     else:
         data["format"] = "chat"
         kinds = st.sampled_from(["chat", "sharegpt", "alpaca", "text"])
@@ -245,6 +257,10 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
     }
     if kind == "preference":
         train["objective"] = draw(st.sampled_from(["dpo", "ipo", "simpo", "orpo", "dpo", "kto"]))
+    elif kind == "unpaired":
+        train["objective"] = draw(st.sampled_from(["kto", "kto", "kto", "dpo"]))  # (dpo on unpaired: refused)
+    if train.get("objective") in ("dpo", "ipo", "kto"):  # the table of the starting model, or a frozen copy
+        train["preference"] = {"reference": draw(st.sampled_from(["start", "start", "live"]))}
     if draw(st.booleans()):
         train["steps"] = draw(st.integers(2, 4))
     else:
@@ -255,7 +271,8 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
     if held == "fraction":
         evaluation["fraction"] = draw(st.sampled_from([0.1, 0.2, 0.3]))
     elif held == "paths":
-        evaluation["paths"] = [str(f[{"text": "eval_text", "preference": "eval_pairs"}.get(kind, "eval_chat")])]
+        held_out = {"text": "eval_text", "preference": "eval_pairs", "unpaired": "eval_unpaired"}
+        evaluation["paths"] = [str(f[held_out.get(kind, "eval_chat")])]
     if evaluation:
         evaluation["every_steps"] = draw(st.sampled_from([0, 1, 2]))
         evaluation["batches"] = draw(st.sampled_from([1, 2]))
@@ -386,9 +403,12 @@ def check_completed(run: runfolder.RunFolder) -> None:
     evals = [r for r in run.metrics() if "eval_loss" in r]
     if spec.eval.fraction or spec.eval.paths:
         assert evals and evals[-1]["step"] == done.step and all(math.isfinite(r["eval_loss"]) for r in evals), evals
-    if spec.train.objective != "sft":  # preference training: the rewards in every row
-        assert all("reward_accuracy" in r for r in rows if "loss" in r and not r.get("skipped")), rows
-        assert all(math.isfinite(r["eval_reward_margin"]) for r in evals), evals
+    if spec.train.objective != "sft":  # preference training: the rewards in every row (kto: and its KL estimate)
+        shown = "kl" if spec.train.objective == "kto" else "reward_accuracy"
+        assert all(shown in r for r in rows if "loss" in r and not r.get("skipped")), rows
+        # (kto's margin needs both kinds of example among those evaluated, as in TRL; its KL is always there)
+        assert all(math.isfinite(r[f"eval_{shown}" if shown == "kl" else "eval_reward_margin"]) for r in evals), evals
+        assert all(math.isfinite(r.get("eval_reward_margin", 0.0)) for r in evals), evals
     final = ckptfolder.find(run.checkpoints_dir(spec))
     assert final is not None and final.step == done.step
     if spec.checkpoint.keep_best:
@@ -428,6 +448,8 @@ def prepare_all(world: World) -> None:
             {"paths": [str(f["eval_chat"])], "tokenizer": tokenizer, "format": "chat"},
             {"paths": [str(f["pairs"])], "tokenizer": tokenizer, "format": "preference"},
             {"paths": [str(f["eval_pairs"])], "tokenizer": tokenizer, "format": "preference"},
+            {"paths": [str(f["unpaired"])], "tokenizer": tokenizer, "format": "unpaired"},
+            {"paths": [str(f["eval_unpaired"])], "tokenizer": tokenizer, "format": "unpaired"},
             {"tokenizer": tokenizer, "format": "preference", "prompt_key": "",
              "sources": [{"path": str(f["pairs"])}, {"path": str(f["hh_pairs"]), **HH}]},
             {"tokenizer": tokenizer, "format": "chat",
@@ -438,8 +460,9 @@ def prepare_all(world: World) -> None:
 
     for recipe in recipes:
         tables = {**base, "data": {**base["data"], **recipe}}
-        if recipe.get("format") == "preference":  # (the pairs are longer than 16 tokens)
-            tables["train"], tables["data"]["seq_len"] = {"objective": "dpo"}, 64
+        if recipe.get("format") in ("preference", "unpaired"):  # (the pairs are longer than 16 tokens)
+            objective = "dpo" if recipe["format"] == "preference" else "kto"
+            tables["train"], tables["data"]["seq_len"] = {"objective": objective}, 64
         prepare.ensure(S.loads(tomli_w.dumps(tables)), log=lambda _: None)
 
 
@@ -482,7 +505,8 @@ def features(d: Draw) -> list[str]:
     t, fsdp = d.tables, d.tables["fsdp"]
     flags = {
         "lora": "peft" in t, "mixture": "sources" in t["data"], "eval": "eval" in t, "sweep": bool(d.grid),
-        "preference": "objective" in t["train"],
+        "preference": "objective" in t["train"], "kto": t["train"].get("objective") == "kto",
+        "reference=live": t["train"].get("preference", {}).get("reference") == "live",
         "epochs": bool(t["train"].get("epochs")), "ranks=2": t["slurm"]["tasks_per_node"] == 2,
         "compile": fsdp["compile"], "cpu_offload": fsdp["cpu_offload"], "ac": fsdp["activation_checkpointing"],
         "async": t["checkpoint"]["async"],
