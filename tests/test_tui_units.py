@@ -422,6 +422,23 @@ def test_a_preference_run_charts_its_reward_accuracy_with_the_held_out_one(tmp_p
     ]
 
 
+def test_a_kto_run_charts_its_reward_margin(tmp_path):
+    """kto rows have no accuracy (no pairs): the second chart plots the reward margin and its
+    held-out twin; a dpo row's margin does not displace its accuracy (the test above)."""
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "loss": 0.5, "lr": 1e-4, "reward_margin": s / 10, "kl": 0.1} for s in range(1, 4)]
+    rows.append({"step": 3, "eval_loss": 0.4, "eval_reward_margin": 0.25, "eval_kl": 0.2})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tail = MetricsTail(path)
+    tail.read_new()
+    second = charts(tail.snapshot(), 0.0, "rank")[1]
+    assert second.title.plain == "reward margin 0.300  eval 0.250  lr 1.00e-04"
+    assert [(s.tag, list(s.xs), list(s.ys)) for s in second.series] == [
+        ("main", [1, 2, 3], [0.1, 0.2, 0.3]),
+        ("eval", [3], [0.25]),
+    ]
+
+
 # ---------------------------------------------------------------- checkpoints, queue
 def test_checkpoint_scan_lists_complete_partial_and_set_aside(tmp_path):
     run = make_run(tmp_path / "runs", checkpoints=(20, 40), partial=(60,))

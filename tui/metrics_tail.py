@@ -5,10 +5,11 @@ Each poll reads only the bytes appended since the last one, and keeps the number
 of a hundred thousand logged steps costs about 8 MB; past `max_points` the older half is thinned.
 
 Rows come in two kinds, both keyed by step: training rows (`loss`, `lr`, ...) and eval rows
-(`eval_loss`, `eval_ppl`, `eval_reward_accuracy`), which may be rows of their own or keys of a training row. An eval row
-adds to its step; it never erases the step's training numbers. A training row for a step at or
-before the newest training step seen is a resumed attempt logging again from its checkpoint:
-the steps from it on are dropped, so the charts show the history the current weights have.
+(`eval_loss`, `eval_ppl`, `eval_reward_accuracy`, `eval_reward_margin`), which may be rows of
+their own or keys of a training row. An eval row adds to its step; it never erases the step's
+training numbers. A training row for a step at or before the newest training step seen is a
+resumed attempt logging again from its checkpoint: the steps from it on are dropped, so the
+charts show the history the current weights have.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from clusterfsdp.control.jsonltail import JsonlTail, Row
 
 TRAIN_KEYS = (
     "loss", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_gb", "lr", "grad_norm", "epoch", "reward_accuracy",
+    "reward_margin",
 )  # fmt: skip
-EVAL_KEYS = ("eval_loss", "eval_ppl", "eval_reward_accuracy")
+EVAL_KEYS = ("eval_loss", "eval_ppl", "eval_reward_accuracy", "eval_reward_margin")
 KEYS = TRAIN_KEYS + EVAL_KEYS
 NAN = math.nan
 

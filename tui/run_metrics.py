@@ -77,13 +77,21 @@ def _with_held_out(chart: str, name: str, key: str, fmt: str, metrics: Metrics, 
     return ChartData(chart, title, [*_curve(metrics, key, smoothing), Series(*decimate(eval_xs, eval_ys), "eval")])
 
 
+# What a preference run is judged by, in order: pairs (dpo, ipo, simpo, orpo) have an accuracy;
+# kto's unpaired examples only the margin between the desirable and the undesirable rewards.
+JUDGED_BY = (("reward_accuracy", "reward accuracy", ".2f"), ("reward_margin", "reward margin", ".3f"))
+
+
 def _second(metrics: Metrics, smoothing: float) -> ChartData:
-    """The learning rate; for a preference run (train.objective) the reward accuracy, with the
-    held-out one on the same axes and the learning rate in the title: what DPO is judged by."""
+    """The learning rate; for a preference run (train.objective) the reward accuracy (kto: the
+    reward margin), with the held-out one on the same axes and the learning rate in the title:
+    what the objective is judged by."""
     lr = metrics.latest("lr")
-    if metrics.latest("reward_accuracy") is None and not metrics.series("eval_reward_accuracy")[1]:
+    judged = [j for j in JUDGED_BY if metrics.latest(j[0]) is not None or metrics.series(f"eval_{j[0]}")[1]]
+    if not judged:
         return ChartData("lr", _title("lr", lr, ".2e"), _curve(metrics, "lr", 0.0))
-    chart = _with_held_out("lr", "reward accuracy", "reward_accuracy", ".2f", metrics, smoothing)
+    key, name, fmt = judged[0]
+    chart = _with_held_out("lr", name, key, fmt, metrics, smoothing)
     if lr is None:
         return chart
     return ChartData(chart.key, chart.title + Content.from_markup("  lr $value", value=f"{lr:.2e}"), chart.series)
