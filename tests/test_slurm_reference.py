@@ -2,7 +2,7 @@
 worker/reference.py), through the real daemons of the local test cluster: `submit` queues the
 data prepare array, then `<name>-reference` after it, then the training job after both; the
 training job reads the tables (its first loss is log 2: the reference is the starting model)
-and completes. That run is HSDP across the cluster's two nodes (a replica per node), so the
+and completes. That run is HSDP over the cluster's two nodes (2 x 2 ranks: a replica per node), so the
 reference job and the training job each span both. A reference model whose vocabulary does not
 fit the data fails the reference job: the training job never starts, and `status` and `doctor`
 name the reference job and its error. `cancel` of a run waiting for its reference job cancels
@@ -77,7 +77,7 @@ def test_the_reference_pass_is_its_own_slurm_job_before_training(slurm_cluster, 
     said = "".join(p.read_text() for p in run.path.glob("logs/*/rank0.log"))
     assert "reference log-probs of the train pairs: read 48 from" in said, said
     assert "reference log-probs of the eval pairs: read 16 from" in said and " computed by " not in said, said
-    assert "2 ranks on 2 node(s)" in said and "mesh (2, 1) (hybrid, FSDP2)" in said, said
+    assert "4 ranks on 2 node(s)" in said and "mesh (2, 2) (hybrid, FSDP2)" in said, said
     first = next(row for row in run.metrics() if row.get("step") == 1)
     assert first["loss"] == pytest.approx(math.log(2), abs=1e-5)
     reference_log = (run.path / "reference" / reference_id / f"{reference_id}_0_log.out").read_text()
