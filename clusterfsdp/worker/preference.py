@@ -37,7 +37,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ from ..control.spec import JobSpec
 from ..control.spec.objective import NEEDS_REFERENCE
 from ..data.samples import PART_SHIFT, Batch, PreparedSamples, stack
 from ..data.tokens import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from .model import ParamCount
 
 
 def sequence_logps(model: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,10 +232,8 @@ def build_live(spec: JobSpec, device: torch.device, world: int, kept: Path | Non
     eval mode, sharded like the policy (build.build_model: FSDP2 on the same mesh shape, HSDP,
     or FSDP1; the fused log-probs where loss.attach applies), without an optimizer. The global
     RNG, which a resume has just restored, is left as it was (weights.init_unit forks it)."""
-    from .build import build_model, token_ids
-
     t0 = time.perf_counter()
-    live, _, counts = build_model(spec, device, world, token_ids(spec), kept, resume=False, frozen=True)
+    live, counts = build_reference(spec, device, world, kept, max_id=-1)  # (reference_model is refused with 'live')
     shards = sum(_local(p).numel() * p.element_size() for p in live.parameters())
     fused = " (fused log-probs)" if hasattr(live, "clusterfsdp_logps") else ""
     log(
@@ -310,21 +311,25 @@ class Objectives:
         self.train, self.eval = train, evaluation
 
 
-def build_reference(spec: JobSpec, device: torch.device, world: int, kept: Path | None, max_id: int) -> Any:
-    """The frozen reference, sharded like the policy (worker/build.py, no optimizer):
-    train.preference.reference_model (a local HuggingFace folder, hub ids resolved at submit),
-    else the run's starting model as the policy is built (`kept`: the run's copy of its config)."""
+def build_reference(
+    spec: JobSpec, device: torch.device, world: int, kept: Path | None, max_id: int
+) -> tuple[Any, ParamCount]:
+    """The frozen reference, sharded like the policy (worker/build.py, no optimizer), and its
+    parameter count: train.preference.reference_model (a local HuggingFace folder, hub ids
+    resolved at submit), else the run's starting model as the policy is built (`kept`: the run's
+    copy of its config). The reference table's pass and the live reference both build it here;
+    `max_id` (the data's largest token id, -1: unchecked) must fit its vocabulary."""
     from .build import build_model, token_ids
 
     path = spec.train.preference.reference_model
     if path:
         model = dataclasses.replace(spec.model, name_or_path=path, config="", from_config={}, revision="")
         spec, kept = dataclasses.replace(spec, model=model), None
-    built, config, _ = build_model(spec, device, world, token_ids(spec), kept, False, frozen=True)
+    built, config, counts = build_model(spec, device, world, token_ids(spec), kept, False, frozen=True)
     if max_id >= config.vocab_size:
         key = "train.preference.reference_model" if path else "model"
         raise ValueError(f"{key}: token id {max_id} of the data does not fit its vocab_size {config.vocab_size}")
-    return built
+    return built, counts
 
 
 def compute_tables(
@@ -347,7 +352,7 @@ def compute_tables(
     reference = policy
     if policy is None or spec.train.preference.reference_model:
         t0 = time.perf_counter()
-        reference = build_reference(spec, device, world, kept, max_id)
+        reference, _ = build_reference(spec, device, world, kept, max_id)
         what = spec.train.preference.reference_model or "the starting model"
         log(f"reference model ({what}) built in {time.perf_counter() - t0:.1f} s")
     by = f"the reference model {spec.train.preference.reference_model}" if spec.train.preference.reference_model else (
