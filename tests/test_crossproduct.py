@@ -407,8 +407,8 @@ def check_completed(run: runfolder.RunFolder) -> None:
         shown = "kl" if spec.train.objective == "kto" else "reward_accuracy"
         assert all(shown in r for r in rows if "loss" in r and not r.get("skipped")), rows
         # (kto's margin needs both kinds of example among those evaluated, as in TRL; its KL is always there)
-        assert all(math.isfinite(r[f"eval_{shown}" if shown == "kl" else "eval_reward_margin"]) for r in evals), evals
-        assert all(math.isfinite(r.get("eval_reward_margin", 0.0)) for r in evals), evals
+        always = "eval_kl" if spec.train.objective == "kto" else "eval_reward_margin"
+        assert all(math.isfinite(r[always]) and math.isfinite(r.get("eval_reward_margin", 0.0)) for r in evals), evals
     final = ckptfolder.find(run.checkpoints_dir(spec))
     assert final is not None and final.step == done.step
     if spec.checkpoint.keep_best:
