@@ -597,7 +597,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not steps:
         print(f"run {run.id}: every checkpoint has its benchmarks already (--step N evaluates one again)")
     for step in steps:
-        print(bench.describe(bench.evaluate(run, step)), flush=True)
+        document = bench.evaluate_once(run, step, lambda line: print(line, flush=True), again=not args.all)
+        print(bench.describe(document) if document else f"step {step}: evaluated meanwhile", flush=True)
     return 0
 
 

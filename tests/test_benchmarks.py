@@ -163,6 +163,24 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
     (point,) = plots.Scalars("bench/tiny_mc/acc")  # (float32 there)
     assert point.step == 4 and point.value == pytest.approx(expected["acc,none"], rel=1e-6)
 
+    # `bench --all` beside an evaluation under way (here: step 2's lock held by this test, as the
+    # run's own background evaluation holds it) waits for it instead of running it twice
+    from clusterfsdp.control.lock import FileLock
+
+    held = FileLock(run.path / "benchmarks" / "step-2.lock", "benchmarks of step 2").acquire()
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "clusterfsdp.cli", "bench", str(run.path), "--all"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, "TMPDIR": str(scratch)},
+    )  # fmt: skip
+    assert waiting.stdout is not None
+    first = waiting.stdout.readline()
+    assert first.startswith("step 2: waiting for its evaluation under way (pid ") and "benchmarks of step 2" in first
+    (run.path / "benchmarks" / "step-2.json").write_text(json.dumps({**doc, "step": 2}))  # it lands meanwhile
+    held.release()
+    out, err = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0 and out == "step 2: evaluated meanwhile\n", out + err
+    assert not list(scratch.glob("clusterfsdp-bench-*")) and not (run.path / "benchmarks" / "step-2.lock").exists()
+
     (task.parent / "tiny_mc.jsonl").unlink()
     r = cli("bench", str(run.path), "--step", "2", cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

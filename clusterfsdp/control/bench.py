@@ -17,11 +17,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import ckptfolder
-from .benchresults import failure_path, record_failure, result_path
+from .benchresults import failure_path, record_failure, result_path, results_dir
+from .lock import FileLock, LockHeld
 from .run import Run, RunError
 from .runfolder import RunFolder
 from .spec.benchsection import is_local
@@ -54,6 +56,26 @@ def _fail(run: RunFolder, step: int, error: str) -> RunError:
     """Record the failure for `doctor` and `status`, and the one-line error to raise."""
     record_failure(run, step, error)
     return RunError(f"run {run.id}: benchmarks of step {step} failed: {error}")
+
+
+def evaluate_once(run: Run, step: int, say: Callable[[str], None], *, again: bool) -> dict[str, Any] | None:
+    """`evaluate` under the step's lock (benchmarks/step-N.lock): an evaluation already under way
+    (the run's own, in the background or as a Slurm job; another `bench`) is waited for, never
+    run twice at once. Then, unless `again`, a step that has its result now is left alone (None).
+    The lock beats every 30 s, so an evaluation job on another host that died stops holding it."""
+    held = FileLock(results_dir(run.folder) / f"step-{step}.lock", f"benchmarks of step {step}", heartbeat_s=30.0)
+    try:
+        held.acquire(0.0)
+    except LockHeld as e:
+        who = e.owner.describe() if e.owner else "another process"
+        say(f"step {step}: waiting for its evaluation under way ({who})")
+        held.acquire(None, poll_s=1.0)
+    try:
+        if not again and result_path(run.folder, step).is_file():
+            return None
+        return evaluate(run, step)
+    finally:
+        held.release()
 
 
 def evaluate(run: Run, step: int) -> dict[str, Any]:

@@ -52,6 +52,12 @@ def _task_main(run_dir: str) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
     _mark(f"exit rank={rank} code={code}")
+    if code != 0:
+        # Leave without the interpreter's teardown: a failed rank's process group is still up, and
+        # its gloo threads, finding a peer gone (stopped by kill-on-bad-exit), can abort the process
+        # while Python unwinds (SIGABRT, -6, instead of the status just reported). Everything the
+        # rank had to say is flushed above; the worker recorded the failure before raising.
+        os._exit(code)
     return code
 
 
