@@ -597,7 +597,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not steps:
         print(f"run {run.id}: every checkpoint has its benchmarks already (--step N evaluates one again)")
     for step in steps:
-        document = bench.evaluate_once(run, step, lambda line: print(line, flush=True), again=not args.all)
+        document = bench.evaluate_once(
+            run, step, lambda line: print(line, flush=True), again=not (args.all or args.if_missing)
+        )
         print(bench.describe(document) if document else f"step {step}: evaluated meanwhile", flush=True)
     return 0
 
@@ -843,6 +845,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_run(s)
     s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
     s.add_argument("--all", action="store_true", help="every complete checkpoint that has no result yet")
+    s.add_argument(
+        "--if-missing", action="store_true", help="leave a step that has a result (the run's own evaluations use it)"
+    )
     s.set_defaults(fn=cmd_bench)
 
     s = command("rm", help="remove runs: their folders and checkpoints (never a live run)")

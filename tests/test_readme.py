@@ -2,7 +2,8 @@
 markers, in an empty folder, with this checkout's `clusterfsdp` and `python` first on PATH.
 Real: a Qwen2 and a tokenizer written by save_pretrained, two local CPU ranks, export, then
 plain transformers' `generate`. Then its preference-training walk-through (issue 37) in the same
-folder: DPO from the exported SFT model, export, `generate`."""
+folder: DPO from the exported SFT model, export, `generate`; and its benchmarks walk-through
+(issue 38): a local lm-eval task evaluated at each checkpoint of a run, in the background."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def run_walkthrough(name: str, folder: Path) -> subprocess.CompletedProcess:
     return done
 
 
-def test_the_fine_tuning_and_preference_walkthroughs_run_as_written(tmp_path: Path):
+def test_the_fine_tuning_preference_and_benchmark_walkthroughs_run_as_written(tmp_path: Path):
     done = run_walkthrough("fine-tuning", tmp_path)
     said = done.stdout + done.stderr
     assert "COMPLETED" in said and "train.epochs = 2: " in said, said[-3000:]
@@ -58,3 +59,13 @@ def test_the_fine_tuning_and_preference_walkthroughs_run_as_written(tmp_path: Pa
     )
     assert before and after and (before[1], after[1]) == ("chat-model", "dpo-model"), dpo.stdout[-2000:]
     assert float(before[2]) > float(before[3]) and float(after[3]) > float(after[2]) + 5, dpo.stdout[-2000:]
+
+    bench = run_walkthrough("benchmarks", tmp_path)
+    said = bench.stdout + bench.stderr
+    assert "[benchmarks]: evaluating step 12: in the background" in said and ": COMPLETED" in said, said[-3000:]
+    # bench --all found both evaluations done or under way (the run's own): it ran none itself
+    assert re.findall(r"^step (\d+): evaluated meanwhile$", bench.stdout, re.M) == ["12", "23"], bench.stdout[-3000:]
+    assert "benchmark  step 23: bench/says_yes/acc 1\n" in bench.stdout, bench.stdout[-2000:]  # it learned "yes"
+    (run,) = (tmp_path / "finetune" / "runs" / "bench").iterdir()
+    assert sorted(p.name for p in (run / "benchmarks").glob("step-*.json")) == ["step-12.json", "step-23.json"]
+    assert not list((run / "benchmarks").glob("*.lock")) and not list((run / "benchmarks").glob("*.failed.json"))

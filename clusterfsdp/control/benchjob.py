@@ -31,7 +31,10 @@ class BenchCall:
         from .run import Run, RunError
 
         try:
-            print(bench.describe(bench.evaluate(Run(self.run_path), self.step)), flush=True)
+            document = bench.evaluate_once(
+                Run(self.run_path), self.step, lambda line: print(line, flush=True), again=False
+            )
+            print(bench.describe(document) if document else f"step {self.step}: evaluated meanwhile", flush=True)
         except RunError as e:
             sys.exit(f"error: {e}")
 

@@ -1,5 +1,5 @@
 """Benchmarks queued by the run itself (issue 38): on rank 0, when a checkpoint is complete, one
-evaluation per `benchmarks.every_checkpoints` saves, run as `clusterfsdp bench RUN --step N`
+evaluation per `benchmarks.every_checkpoints` saves, run as `clusterfsdp bench RUN --step N --if-missing`
 (control/bench.py) in a background process of its own session (local launches): training never
 waits for it, and it outlives the attempt. The checkpoint is held from keep_last (ckptfolder.hold) until the
 evaluation has exported it. Its output goes to <run>/benchmarks/step-N.log; a failure is
@@ -74,7 +74,16 @@ class BenchQueue:
         with open(folder / f"step-{step}.log", "ab") as out:
             self.started.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "clusterfsdp.cli", "bench", str(self.run.path), "--step", str(step)],
+                    [
+                        sys.executable,
+                        "-m",
+                        "clusterfsdp.cli",
+                        "bench",
+                        str(self.run.path),
+                        "--step",
+                        str(step),
+                        "--if-missing",
+                    ],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
