@@ -21,7 +21,10 @@ combines:
   checkpointing x compile x cpu_offload x reshard_after_forward;
 - checkpoints (every_steps, keep_last, keep_best, async), the numerical guard (nonfinite,
   spike thresholds and window, rollback_after), early stopping, the pre-flight;
-- a sweep over one of those keys (two points, `clusterfsdp sweep --grid`).
+- a sweep over one of those keys (two points, `clusterfsdp sweep --grid`);
+- `[benchmarks]`: a local lm-eval task evaluated at each (or every second) checkpoint in the
+  background; `clusterfsdp bench RUN --all` then waits for them, and every evaluated step has
+  finite scores (at most BENCHED such draws per run: an evaluation is ~15 s of lm-eval).
 
 Each job goes through `clusterfsdp validate` in this process (the sweeps: `clusterfsdp sweep`,
 which checks every point first). A refused job must be refused with `error:` lines only, each
@@ -68,6 +71,7 @@ from clusterfsdp.control import ckptfolder, runfolder
 SEED = int(os.environ.get("CLUSTERFSDP_XPROD_SEED") or datetime.datetime.now(datetime.UTC).strftime("%Y%m%d"))
 MIN_TRAINED = int(os.environ.get("CLUSTERFSDP_XPROD_TRAINED", "40"))
 COMPILED = 1  # compiled jobs trained per run at most: inductor takes minutes on a loaded 2-core machine
+BENCHED = 2  # draws with [benchmarks] trained per run at most: lm-eval's start and the export, per checkpoint
 RUN_TIMEOUT_S = 600.0
 
 
@@ -161,6 +165,15 @@ def build_world(root: Path) -> World:
     f["eval_unpaired"] = write_jsonl(root / "eval_unpaired.jsonl", _unpaired(rng, 40))
     f["prompts"] = root / "prompts.txt"
     f["prompts"].write_text("quiet river\nsilver window garden\n")
+    f["task"] = root / "task" / "pick.yaml"  # a local lm-eval task: which of two words follows
+    f["task"].parent.mkdir()
+    write_jsonl(root / "task" / "pick.jsonl", [{"q": " ".join(rng.choices(WORDS, k=4)), "choices": rng.sample(WORDS, 2),
+                                               "answer": i % 2} for i in range(6)])  # fmt: skip
+    f["task"].write_text(
+        "task: xprod_pick\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: pick.jsonl\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{q}}'\ndoc_to_choice: '{{choices}}'\n"
+        "doc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n"
+    )
     return world
 
 
@@ -312,6 +325,12 @@ def draws(draw: st.DrawFn, world: World) -> Draw:
         ),
         "async": draw(st.booleans()),
     }
+    if draw(rare(6)):
+        tables["benchmarks"] = {
+            "tasks": [str(f["task"])],
+            "limit": 3,
+            "every_checkpoints": draw(st.sampled_from([1, 2])),
+        }
     grid = ""
     if draw(rare(6)):
         key = draw(st.sampled_from(sorted(SWEEPS)))
@@ -418,6 +437,22 @@ def check_completed(run: runfolder.RunFolder) -> None:
         assert len(files) == len(evals) and all(
             1 <= len(p.read_text().splitlines()) <= spec.eval.samples for p in files
         ), files
+    if spec.benchmarks.tasks:
+        check_benchmarks(run, final.step)
+
+
+def check_benchmarks(run: runfolder.RunFolder, final_step: int) -> None:
+    """The run's own evaluations (in the background) waited for by `bench --all`, which then
+    evaluates the checkpoints left without a result: every one kept has finite scores, none failed."""
+    from clusterfsdp.control import benchresults
+
+    code, out, err = clusterfsdp("bench", str(run.path), "--all")
+    assert code == 0, f"bench --all: exit {code}\n{out}{err}\n{what_happened(run)}"
+    assert not benchresults.failures(run), benchresults.failures(run)
+    scored = {row["step"]: row for row in benchresults.rows(run)}
+    assert final_step in scored, (sorted(scored), out)
+    assert all(math.isfinite(row["bench/xprod_pick/acc"]) for row in scored.values()), scored
+    assert not list((run.path / "benchmarks").glob("*.lock")), "an evaluation left its lock"
 
 
 # ---------------------------------------------------------------- the test
@@ -480,8 +515,10 @@ def test_every_drawn_job_that_validate_accepts_trains(world: World) -> None:
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
     @given(draws(world))
     def one(d: Draw) -> None:
-        compiled = d.tables["fsdp"]["compile"]
+        compiled, benched = d.tables["fsdp"]["compile"], "benchmarks" in d.tables
         if tally["trained"] >= MIN_TRAINED or (compiled and tally["compile"] >= COMPILED):
+            return
+        if benched and tally["benchmarks"] >= BENCHED:
             return
         note(f"seed {SEED}; the job.toml{' (sweep --grid ' + d.grid + ')' if d.grid else ''}:\n{d.toml()}")
         outcome = run_draw(d, world.root / "job.toml")
@@ -509,6 +546,6 @@ def features(d: Draw) -> list[str]:
         "reference=live": t["train"].get("preference", {}).get("reference") == "live",
         "epochs": bool(t["train"].get("epochs")), "ranks=2": t["slurm"]["tasks_per_node"] == 2,
         "compile": fsdp["compile"], "cpu_offload": fsdp["cpu_offload"], "ac": fsdp["activation_checkpointing"],
-        "async": t["checkpoint"]["async"],
+        "async": t["checkpoint"]["async"], "benchmarks": "benchmarks" in t,
     }  # fmt: skip
     return [f"mixed_precision={fsdp['mixed_precision']}", f"fsdp{fsdp['version']}", *(k for k, v in flags.items() if v)]
