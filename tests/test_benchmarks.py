@@ -170,7 +170,8 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
     held = FileLock(run.path / "benchmarks" / "step-2.lock", "benchmarks of step 2").acquire()
     waiting = subprocess.Popen(
         [sys.executable, "-m", "clusterfsdp.cli", "bench", str(run.path), "--all"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )  # fmt: skip
     assert waiting.stdout is not None
     first = waiting.stdout.readline()
