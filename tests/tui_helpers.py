@@ -190,6 +190,25 @@ def make_run(
     return run
 
 
+def write_bench(
+    run: runfolder.RunFolder, step: int, scores: dict[str, float], lower: tuple[str, ...] = ()
+) -> None:
+    """benchmarks/step-N.json as worker/bench.write leaves it (renamed into place): the flat
+    `bench/<task>/<metric>` scores and lm-eval's `higher_is_better` table (false for `lower`)."""
+    higher: dict[str, dict[str, bool]] = {}
+    for name in scores:
+        _, task, metric = name.split("/", 2)
+        if not metric.endswith("_stderr"):
+            higher.setdefault(task, {})[metric] = name not in lower
+    doc = {"step": step, "time": T0 + 100 + step, "seconds": 1.0, "tasks": sorted(higher), "metrics": scores,
+           "lm_eval": {"results": {}, "higher_is_better": higher}}  # fmt: skip
+    folder = run.path / "benchmarks"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".step-{step}.json.tmp"
+    tmp.write_text(json.dumps(doc) + "\n")
+    tmp.replace(folder / f"step-{step}.json")
+
+
 def run_app(app: ClusterApp, scenario: Callable[[Pilot], Awaitable[None]], size: tuple[int, int] = SIZE) -> None:
     async def main() -> None:
         async with app.run_test(size=size) as pilot:
