@@ -780,7 +780,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     s = command("status", help="state of one run or sweep (or all runs)")
     s.add_argument("run", nargs="?", help="run or sweep id (or unique prefix), or its folder; none: list runs")
-    s.add_argument("--sort", metavar="KEY", help="a sweep's points by eval_loss, loss, step, state or a varied key")
+    s.add_argument(
+        "--sort",
+        metavar="KEY",
+        help="a sweep's points by loss, eval_loss, step, state, a varied key, bench/TASK/METRIC",
+    )
     _add_run_root(s)
     s.add_argument("--limit", type=int, default=50, help="without RUN: show at most this many runs")
     s.add_argument("--json", action="store_true", help="print the status as JSON (docs/json.md)")

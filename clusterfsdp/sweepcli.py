@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .control import cost, strictjson, sweepfolder
 from .control.errors import UserError
 from .control.records import RunState
-from .control.sweepfolder import SORT_KEYS, PointStatus, SweepFolder, SweepSummary, sort_key
+from .control.sweepfolder import PointStatus, SweepFolder, SweepSummary, sort_key
 
 if TYPE_CHECKING:
     from .control.records import SweepRecord
@@ -70,9 +70,7 @@ def cmd_status(args: argparse.Namespace, run_root: Path | None) -> int:
     folder = _find(args.run, run_root)
     record = folder.record()
     rows, error = folder.statuses(costs=True)
-    sort = args.sort or "index"
-    if sort not in (*SORT_KEYS, *record.keys):
-        raise UserError(f"--sort {sort}: one of {', '.join([*SORT_KEYS, *record.keys])}")
+    sort = sweepfolder.sort_name(args.sort or "index", record.keys, rows)
     rows.sort(key=lambda r: sort_key(sort, r))
     if error:
         print(f"warning: {error}", file=sys.stderr)
@@ -91,14 +89,18 @@ def cmd_status(args: argparse.Namespace, run_root: Path | None) -> int:
         print("cancelled  no point starts any more (`clusterfsdp resume SWEEP` starts the rest)")
     keys = [(k, max(len(k), *(len(_short(r.point.values.get(k))) for r in rows))) for k in record.keys]
     head = "".join(f"{k:<{w}}  " for k, w in keys)
-    print(f"{'POINT':<5}  {'RUN':<24}  {head}{'STATE':<11} {'STEP':>11} {'LOSS':>8} {'EVAL_LOSS':>9} {'COST':>11}")
+    scores = [(n, n.removeprefix("bench/"), max(9, len(n) - 6)) for n in sweepfolder.shown_scores(rows, sort)]
+    bench_head = "".join(f" {label:>{w}}" for _, label, w in scores)  # each point's newest result
+    print(f"{'POINT':<5}  {'RUN':<24}  {head}{'STATE':<11} {'STEP':>11} {'LOSS':>8} {'EVAL_LOSS':>9} {'COST':>11}"
+          f"{bench_head}")  # fmt: skip
     for r in rows:
         st = r.status
         vals = "".join(f"{_short(r.point.values.get(k)):<{w}}  " for k, w in keys)
         step = f"{st.step or 0}/{st.steps or '?'}"
+        bench = "".join(f" {_num(r.bench.scores.get(n) if r.bench else None):>{w}}" for n, _, w in scores)
         print(
             f"{r.point.index:<5}  {r.point.run_id:<24}  {vals}{term.state_text(st.state, 11, sys.stdout)} {step:>11} "
-            f"{_num(st.loss):>8} {_num(st.eval_loss):>9} {cost.cell(st.cost, st.on_slurm):>11}"
+            f"{_num(st.loss):>8} {_num(st.eval_loss):>9} {cost.cell(st.cost, st.on_slurm):>11}{bench}"
         )
     if any(r.status.on_slurm for r in rows):
         used, unknown = sweepfolder.total_cost(rows)
