@@ -588,6 +588,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """lm-eval on checkpoints of a run (control/bench.py): each result printed as it lands."""
+    if _names_sweep(args):
+        from . import sweepcli
+
+        return sweepcli.cmd_bench(args, _lookup_root(args))
     from .control import bench
 
     if args.all and args.step is not None:
@@ -842,7 +846,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     s.set_defaults(fn=cmd_export)
 
-    s = command("bench", help="run the job's [benchmarks] (lm-eval) on a checkpoint: benchmarks/step-N.json")
+    s = command("bench", help="run the job's [benchmarks] (lm-eval) on a checkpoint (a sweep: each point's)")
     _add_run(s)
     s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
     s.add_argument("--all", action="store_true", help="every complete checkpoint that has no result yet")

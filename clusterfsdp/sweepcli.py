@@ -263,6 +263,41 @@ def cmd_doctor(args: argparse.Namespace, run_root: Path) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace, run_root: Path | None) -> int:
+    """`bench SWEEP [--step N | --all]`: each point's benchmarks in turn, as `bench RUN` runs
+    them (control/bench.py). A point that has nothing to evaluate (no checkpoint, no step N, no
+    [benchmarks]) is a line and the others go on; so is an evaluation that fails (recorded for
+    `doctor`, as for a run). Exit 1 when an evaluation failed, else 0."""
+    from .control import bench
+    from .control.run import Run
+
+    if args.all and args.step is not None:
+        raise UserError("bench: give --step or --all, not both")
+    folder = _find(args.run, run_root)
+    record = folder.record()
+    evaluated, skipped, failed = 0, 0, 0
+    for point in record.points:
+        run = Run(folder.run_folder(point))
+        head = f"point {point.index} ({_clip(_values(point.values), 48)}) run {point.run_id}"
+        try:
+            steps = bench.steps_to_run(run, args.step, args.all)
+        except UserError as e:  # RunError: no checkpoint (yet), no [benchmarks]; SpecError: its job.toml
+            print(f"{head}: skipped: {e}", flush=True)
+            skipped += 1
+            continue
+        if not steps:
+            print(f"{head}: every checkpoint has its benchmarks already", flush=True)
+        for step in steps:
+            try:
+                print(f"{head}: {bench.describe(bench.evaluate(run, step))}", flush=True)
+                evaluated += 1
+            except UserError as e:
+                print(f"{head}: error: {e}", file=sys.stderr, flush=True)
+                failed += 1
+    print(f"sweep {record.sweep_id}: {evaluated} evaluated, {failed} failed, {skipped} point(s) skipped")
+    return 1 if failed else 0
+
+
 def cmd_export(args: argparse.Namespace, run_root: Path) -> int:
     """`export SWEEP`: a sweep has no weights of its own; the error says which runs have."""
     folder = _find(args.run, run_root)
