@@ -28,6 +28,16 @@ def _column(table: DataTable, label: str) -> list[str]:
     return [str(table.get_row_at(i)[at]) for i in range(table.row_count)]
 
 
+async def _open_sweeps(pilot) -> SweepsScreen:
+    """The Sweeps screen (key 6), once it has read the sweeps."""
+    await pilot.press("6")
+    screen = pilot.app.screen
+    assert isinstance(screen, SweepsScreen)
+    await until(pilot, lambda: screen.refreshed, "the sweeps read")
+    await pilot.pause()
+    return screen
+
+
 def test_sweeps_screen_lists_sorts_charts_and_selects_points(tmp_path):
     """Three points (lr 3e-3, 1e-3, 2e-3) that logged 40, 20 and 30 of 40 steps, the first with
     eval losses: the sweep's line, the points in each sort order s cycles through, one curve per
@@ -47,11 +57,7 @@ def test_sweeps_screen_lists_sorts_charts_and_selects_points(tmp_path):
     app = ClusterApp(root, FakeSlurm(), refresh_s=60)
 
     async def scenario(pilot):
-        await pilot.press("6")
-        screen = app.screen
-        assert isinstance(screen, SweepsScreen)
-        await until(pilot, lambda: screen.refreshed, "the sweeps read")
-        await pilot.pause()
+        screen = await _open_sweeps(pilot)
         sweeps = screen.query_one("#sweeps", DataTable)
         # best: point 0's eval loss 2.8 (5.2 - 2.4) beats every training loss (2.5 is not eval)
         assert [str(c) for c in sweeps.get_row_at(0)] == ["swab", "tiny", "3", "3 COMPLETED", "2.8000 (point 0)"]
@@ -90,19 +96,15 @@ def test_sweeps_screen_lists_sorts_charts_and_selects_points(tmp_path):
 
 
 def test_sweeps_screen_shows_and_sorts_by_each_points_newest_benchmark_scores(tmp_path):
-    """The sweep of test_sweep's benchmark test (tui_helpers.scored_sweep: point 0 acc 0.5, point 1
-    acc 0.75, point 2 no result): a column per score (no standard errors) with each point's newest value, and s
-    reaches the scores, which sort best first (word_perplexity: lowest), the unscored point last."""
+    """tui_helpers.scored_sweep (point 0 acc 0.5, point 1 acc 0.75, point 2 no result): a column
+    per score (no standard errors) with each point's newest value, and s reaches the scores,
+    which sort best first (word_perplexity: lowest), the unscored point last."""
     root = tmp_path / "runs"
     scored_sweep(root)
     app = ClusterApp(root, FakeSlurm(), refresh_s=60)
 
     async def scenario(pilot):
-        await pilot.press("6")
-        screen = app.screen
-        assert isinstance(screen, SweepsScreen)
-        await until(pilot, lambda: screen.refreshed, "the sweeps read")
-        await pilot.pause()
+        screen = await _open_sweeps(pilot)
         table = screen.query_one("#sweep-points", DataTable)
         assert _column(table, "mc/acc") == ["0.5000", "0.7500", "-"]
         assert _column(table, "mc/word_perplexity") == ["12.0000", "20.0000", "-"]
