@@ -460,6 +460,8 @@ def test_benchmark_scores_are_charted_beside_the_loss(tmp_path):
         ("main", [20, 40], [0.5, 0.75]),
         ("eval", [20, 40], [0.25, 0.5]),
     ]
+    nan = [{"step": 20, "bench/mc/acc": float("nan")}, {"step": 40, "bench/mc/acc": None}]  # no score computed
+    assert charts(metrics, 0.6, "rank", nan)[1].title.plain == "lr 3.00e-04"
     preference = MetricsTail(tmp_path / "dpo.jsonl")
     (tmp_path / "dpo.jsonl").write_text(json.dumps({"step": 1, "loss": 0.7, "reward_accuracy": 0.5}) + "\n")
     preference.read_new()

@@ -107,7 +107,9 @@ def _benchmarks(rows: Sequence[dict[str, Any]]) -> ChartData | None:
     `<task>/<metric>`); None without a score."""
     series, title = [], Content("")
     for name, (tag, colour) in zip(bench_names(rows), BENCH_TAGS, strict=False):
-        points = [(r["step"], float(r[name])) for r in rows if isinstance(r.get(name), (int, float))]
+        points = [(r["step"], float(v)) for r in rows if benchresults.is_score(v := r.get(name))]
+        if not points:  # a score lm-eval could not compute (NaN, or null in a JSON copy)
+            continue
         series.append(Series([s for s, _ in points], [v for _, v in points], tag))
         title += Content.from_markup(
             f"{'  ' if series[1:] else ''}[{colour}]$name[/] [b]$value[/]",

@@ -11,12 +11,13 @@ stay light:
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from .runfolder import RunFolder
 
@@ -83,6 +84,11 @@ def scores(row: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in row.items() if k.startswith("bench/")}
 
 
+def is_score(value: object) -> TypeGuard[float]:
+    """A finite number: lm-eval writes NaN for a score it could not compute (a stderr of one example)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def is_stderr(name: str) -> bool:
     """`bench/<task>/acc_stderr`: a score's standard error, not a score to rank or plot."""
     return "_stderr" in name
@@ -127,7 +133,8 @@ def latest(run: RunFolder) -> Latest | None:
     for step in steps:
         doc = read_document(result_path(run, step))
         if doc is not None:
-            return Latest(doc["step"], scores(row(doc)), _lower_is_better(doc))
+            found = {k: float(v) for k, v in scores(row(doc)).items() if is_score(v)}
+            return Latest(doc["step"], found, _lower_is_better(doc))
     return None
 
 
