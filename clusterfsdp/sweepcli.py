@@ -19,6 +19,7 @@ from .control.sweepfolder import PointStatus, SweepFolder, SweepSummary, sort_ke
 
 if TYPE_CHECKING:
     from .control.records import SweepRecord
+    from .control.run import Run
     from .control.runfolder import RunFolder
     from .control.spec import JobText
     from .control.status import RunStatus
@@ -289,13 +290,20 @@ def cmd_bench(args: argparse.Namespace, run_root: Path | None) -> int:
             print(f"{head}: every checkpoint has its benchmarks already", flush=True)
         for step in steps:
             try:
-                print(f"{head}: {bench.describe(bench.evaluate(run, step))}", flush=True)
+                print(f"{head}: {bench.describe(_evaluate(run, step))}", flush=True)
                 evaluated += 1
             except UserError as e:
                 print(f"{head}: error: {e}", file=sys.stderr, flush=True)
                 failed += 1
     print(f"sweep {record.sweep_id}: {evaluated} evaluated, {failed} failed, {skipped} point(s) skipped")
     return 1 if failed else 0
+
+
+def _evaluate(run: Run, step: int) -> dict[str, Any]:
+    """One point's evaluation of `step`, as `bench RUN --step N` evaluates it (control/bench.py)."""
+    from .control import bench
+
+    return bench.evaluate(run, step)
 
 
 def cmd_export(args: argparse.Namespace, run_root: Path) -> int:
