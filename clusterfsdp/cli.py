@@ -588,6 +588,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """lm-eval on checkpoints of a run (control/bench.py): each result printed as it lands."""
+    if _names_sweep(args):
+        from . import sweepcli
+
+        return sweepcli.cmd_bench(args, _lookup_root(args))
     from .control import bench
 
     if args.all and args.step is not None:
@@ -783,7 +787,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     s = command("status", help="state of one run or sweep (or all runs)")
     s.add_argument("run", nargs="?", help="run or sweep id (or unique prefix), or its folder; none: list runs")
-    s.add_argument("--sort", metavar="KEY", help="a sweep's points by eval_loss, loss, step, state or a varied key")
+    s.add_argument(
+        "--sort",
+        metavar="KEY",
+        help="a sweep's points by loss, eval_loss, step, state, a varied key, bench/TASK/METRIC",
+    )
     _add_run_root(s)
     s.add_argument("--limit", type=int, default=50, help="without RUN: show at most this many runs")
     s.add_argument("--json", action="store_true", help="print the status as JSON (docs/json.md)")
@@ -841,7 +849,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     s.set_defaults(fn=cmd_export)
 
-    s = command("bench", help="run the job's [benchmarks] (lm-eval) on a checkpoint: benchmarks/step-N.json")
+    s = command("bench", help="run the job's [benchmarks] (lm-eval) on a checkpoint (a sweep: each point's)")
     _add_run(s)
     s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
     s.add_argument("--all", action="store_true", help="every complete checkpoint that has no result yet")

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 from .control import cost, strictjson, sweepfolder
 from .control.errors import UserError
 from .control.records import RunState
-from .control.sweepfolder import SORT_KEYS, PointStatus, SweepFolder, SweepSummary, sort_key
+from .control.sweepfolder import PointStatus, SweepFolder, SweepSummary, sort_key
 
 if TYPE_CHECKING:
     from .control.records import SweepRecord
+    from .control.run import Run
     from .control.runfolder import RunFolder
     from .control.spec import JobText
     from .control.status import RunStatus
@@ -70,9 +71,7 @@ def cmd_status(args: argparse.Namespace, run_root: Path | None) -> int:
     folder = _find(args.run, run_root)
     record = folder.record()
     rows, error = folder.statuses(costs=True)
-    sort = args.sort or "index"
-    if sort not in (*SORT_KEYS, *record.keys):
-        raise UserError(f"--sort {sort}: one of {', '.join([*SORT_KEYS, *record.keys])}")
+    sort = sweepfolder.sort_name(args.sort or "index", record.keys, rows)
     rows.sort(key=lambda r: sort_key(sort, r))
     if error:
         print(f"warning: {error}", file=sys.stderr)
@@ -91,14 +90,18 @@ def cmd_status(args: argparse.Namespace, run_root: Path | None) -> int:
         print("cancelled  no point starts any more (`clusterfsdp resume SWEEP` starts the rest)")
     keys = [(k, max(len(k), *(len(_short(r.point.values.get(k))) for r in rows))) for k in record.keys]
     head = "".join(f"{k:<{w}}  " for k, w in keys)
-    print(f"{'POINT':<5}  {'RUN':<24}  {head}{'STATE':<11} {'STEP':>11} {'LOSS':>8} {'EVAL_LOSS':>9} {'COST':>11}")
+    scores = [(n, n.removeprefix("bench/"), max(9, len(n) - 6)) for n in sweepfolder.shown_scores(rows, sort)]
+    bench_head = "".join(f" {label:>{w}}" for _, label, w in scores)  # each point's newest result
+    print(f"{'POINT':<5}  {'RUN':<24}  {head}{'STATE':<11} {'STEP':>11} {'LOSS':>8} {'EVAL_LOSS':>9} {'COST':>11}"
+          f"{bench_head}")  # fmt: skip
     for r in rows:
         st = r.status
         vals = "".join(f"{_short(r.point.values.get(k)):<{w}}  " for k, w in keys)
         step = f"{st.step or 0}/{st.steps or '?'}"
+        bench = "".join(f" {_num(r.bench.scores.get(n) if r.bench else None):>{w}}" for n, _, w in scores)
         print(
             f"{r.point.index:<5}  {r.point.run_id:<24}  {vals}{term.state_text(st.state, 11, sys.stdout)} {step:>11} "
-            f"{_num(st.loss):>8} {_num(st.eval_loss):>9} {cost.cell(st.cost, st.on_slurm):>11}"
+            f"{_num(st.loss):>8} {_num(st.eval_loss):>9} {cost.cell(st.cost, st.on_slurm):>11}{bench}"
         )
     if any(r.status.on_slurm for r in rows):
         used, unknown = sweepfolder.total_cost(rows)
@@ -259,6 +262,50 @@ def cmd_doctor(args: argparse.Namespace, run_root: Path) -> int:
         if r.status.state.bad or d.finding is doctor.Finding.HANG:
             print("\n".join(f"  {line}" for line in d.render(short=True)))
     return 0
+
+
+def cmd_bench(args: argparse.Namespace, run_root: Path | None) -> int:
+    """`bench SWEEP [--step N | --all]`: each point's benchmarks in turn, as `bench RUN` runs
+    them (control/bench.py). A point that has nothing to evaluate (no checkpoint, no step N, no
+    [benchmarks]) is a line and the others go on; so is an evaluation that fails (recorded for
+    `doctor`, as for a run). Exit 1 when an evaluation failed, else 0."""
+    from .control import bench
+    from .control.run import Run
+
+    if args.all and args.step is not None:
+        raise UserError("bench: give --step or --all, not both")
+    folder = _find(args.run, run_root)
+    record = folder.record()
+    evaluated, skipped, failed = 0, 0, 0
+    for point in record.points:
+        run = Run(folder.run_folder(point))
+        head = f"point {point.index} ({_clip(_values(point.values), 48)}) run {point.run_id}"
+        try:
+            steps = bench.steps_to_run(run, args.step, args.all)
+        except UserError as e:  # RunError: no checkpoint (yet), no [benchmarks]; SpecError: its job.toml
+            print(f"{head}: skipped: {e}", flush=True)
+            skipped += 1
+            continue
+        if not steps:
+            print(f"{head}: every checkpoint has its benchmarks already", flush=True)
+        for step in steps:
+            try:
+                document = _evaluate(run, step, head, again=not (args.all or args.if_missing))
+                print(f"{head}: {bench.describe(document) if document else f'step {step}: evaluated meanwhile'}")
+                evaluated += bool(document)
+            except UserError as e:
+                print(f"{head}: error: {e}", file=sys.stderr, flush=True)
+                failed += 1
+    print(f"sweep {record.sweep_id}: {evaluated} evaluated, {failed} failed, {skipped} point(s) skipped")
+    return 1 if failed else 0
+
+
+def _evaluate(run: Run, step: int, head: str, *, again: bool) -> dict[str, Any] | None:
+    """One point's evaluation of `step`, as `bench RUN --step N` evaluates it (control/bench.py):
+    under the step's lock, waiting for one under way (None: unless `again`, it landed meanwhile)."""
+    from .control import bench
+
+    return bench.evaluate_once(run, step, lambda line: print(f"{head}: {line}", flush=True), again=again)
 
 
 def cmd_export(args: argparse.Namespace, run_root: Path) -> int:

@@ -190,6 +190,51 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
     assert failed["step"] == 2 and failed["error"] in r.stderr
 
 
+def test_bench_sweep_evaluates_each_point_and_reports_one_without_a_checkpoint(tmp_path):
+    """`bench SWEEP --step 4` on a sweep laid out as control.sweep leaves it, from ONE real 4-step
+    run (trained once, copied as points 0 and 1; point 2 as prepared, no checkpoint): each trained
+    point gets its step-4.json (the same scores: the same weights), point 2 is a line saying it
+    has no checkpoint and the others go on (exit 0); then `status SWEEP --sort tiny_mc/acc --json`
+    sorts by the real scores, point 2 last. A sweep with --step and --all is one line, exit 2."""
+    import shutil
+
+    from procs import run_workers
+
+    from clusterfsdp.control import spec as S
+    from clusterfsdp.control.records import Executor, SweepPoint, SweepRecord
+    from clusterfsdp.control.sweepfolder import SweepFolder
+
+    write_task(tmp_path / "tasks")
+    job = tmp_path / "job.toml"
+    job.write_text(job_text(tmp_path / "runs", ["tasks/tiny_mc.yaml"], "every_checkpoints = 0"))
+    run = runfolder.create_run(S.load(job), Executor.LOCAL)
+    run_workers(run, 1)
+    sweep = SweepFolder(tmp_path / "runs" / "bench-swab")
+    points = [SweepPoint(i, f"ab-p{i}", {"train.lr": lr}) for i, lr in enumerate((3e-3, 1e-3, 2e-3))]
+    for p in points:
+        ignore = shutil.ignore_patterns("checkpoints") if p.index == 2 else None
+        shutil.copytree(run.path, sweep.path / p.run_id, ignore=ignore)
+    sweep.write_record(SweepRecord("swab", "bench", Executor.LOCAL, time.time(), ["train.lr"], points))
+
+    r = cli("bench", str(sweep.path), "--step", "4", "--all", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr == "error: bench: give --step or --all, not both\n", r.stderr
+    r = cli("bench", str(sweep.path), "--step", "4", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("point 0 (train.lr=0.003) run ab-p0: step 4: bench/tiny_mc/acc "), lines
+    assert lines[1].startswith("point 1 (train.lr=0.001) run ab-p1: step 4: bench/tiny_mc/acc "), lines
+    assert lines[2:] == [
+        "point 2 (train.lr=0.002) run ab-p2: skipped: run ab-p2: no complete checkpoint at step 4",
+        "sweep swab: 2 evaluated, 0 failed, 1 point(s) skipped",
+    ]
+    docs = [json.loads((sweep.path / f"ab-p{i}" / "benchmarks" / "step-4.json").read_text()) for i in (0, 1)]
+    assert docs[0]["metrics"] == docs[1]["metrics"] and "bench/tiny_mc/acc" in docs[0]["metrics"]
+    st = cli("status", str(sweep.path), "--sort", "tiny_mc/acc", "--json", cwd=tmp_path)
+    doc = json.loads(st.stdout)
+    assert doc["sorted_by"] == "bench/tiny_mc/acc" and [p["index"] for p in doc["points"]] == [0, 1, 2]
+    assert [[row["step"] for row in p["benchmarks"]] for p in doc["points"]] == [[4], [4], []]
+
+
 def _wait_for(results: Path, steps: list[int], timeout_s: float = 480) -> None:
     """Until each step's evaluation (run in the background) has ended: its step-N.json or
     step-N.failed.json is there, at most `timeout_s`."""

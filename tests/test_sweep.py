@@ -272,3 +272,38 @@ def test_doctor_and_export_given_a_sweep_address_its_points(tmp_path, capsys):
     assert "the best, point 0 (eval_loss 2.8000): clusterfsdp export ab-p0 --to DIR" in err
     assert "its points: 0: ab-p0 (train.lr=0.003), 1: ab-p1 (train.lr=0.001)" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_status_sweep_sorts_points_by_a_benchmark_score_best_first(tmp_path, capsys):
+    """`status SWEEP --sort bench/mc/acc` (or `mc/acc`): the points by their newest result's score,
+    highest first, the point without a result last, the score in a column; a score lm-eval says
+    is better lower (word_perplexity) lowest first; an unknown one is one line (exit 2) listing
+    the known names; `--json` sorts the same way and names the score in `sorted_by`, each point's
+    `benchmarks` holding its results."""
+    from tui_helpers import scored_sweep
+
+    root = tmp_path / "runs"
+    scored_sweep(root)
+
+    def points(*args: str) -> tuple[list[str], str]:
+        assert main(["status", "swab", "--run-root", str(root), *args]) == 0
+        out = capsys.readouterr().out
+        table = out[out.index("POINT") :].splitlines()
+        return [line.split()[0] for line in table[1:] if line[:1].isdigit()], table[0]
+
+    order, head = points("--sort", "bench/mc/acc")
+    assert order == ["1", "0", "2"] and head.split()[-2:] == ["mc/acc", "mc/word_perplexity"], head
+    assert points("--sort", "mc/acc")[0] == ["1", "0", "2"]
+    assert points("--sort", "bench/mc/word_perplexity")[0] == ["0", "1", "2"]
+    assert points("--sort", "loss")[0] == ["0", "1", "2"]  # what status sorted by before still sorts
+    assert main(["status", "swab", "--run-root", str(root), "--sort", "bench/mc/f1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: --sort bench/mc/f1: unknown; one of index, state, step, loss, eval_loss, train.lr, bench/mc/acc, "
+        "bench/mc/acc_stderr, bench/mc/word_perplexity\n"
+    )
+    assert main(["status", "swab", "--run-root", str(root), "--sort", "mc/acc", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["sorted_by"] == "bench/mc/acc" and [p["index"] for p in doc["points"]] == [1, 0, 2]
+    assert [[r["step"] for r in p["benchmarks"]] for p in doc["points"]] == [[40], [20, 40], []]
+    assert doc["points"][0]["benchmarks"][-1]["bench/mc/acc"] == 0.75

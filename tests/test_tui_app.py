@@ -23,6 +23,7 @@ from tui_helpers import (
     select,
     settle,
     until,
+    write_bench,
 )
 
 from clusterfsdp.control import slurmcli
@@ -420,6 +421,27 @@ def test_run_screen_charts_metrics_and_lists_checkpoints(root):
             f.write('{"step": 50, "loss": 1.5, "tokens_per_s": 1.0}\n')
         await until(pilot, lambda: "step 50/40" in rendered(screen.query_one("#run-header")), "the new row", 10)
         await until(pilot, lambda: "loss 1.5000" in rendered(loss), "the new row in the loss chart", 10)
+
+    run_app(app, scenario)
+
+
+def test_run_screen_charts_benchmark_scores_beside_the_loss_as_they_land(root):
+    """A run with one benchmark result (step 20): the chart beside the loss plots its scores,
+    titled with the latest; a second result written while the screen is open (as an evaluation
+    job lands it) is charted without leaving the screen."""
+    run = make_run(root)
+    write_bench(run, 20, {"bench/mc/acc": 0.5, "bench/mc/acc_stderr": 0.2})
+    app = ClusterApp(root, slurm=FakeSlurm(), refresh_s=3600)
+
+    async def scenario(pilot):
+        screen = await open_run_screen(pilot, app)
+        chart = screen.query_one("#lr", MetricChart)
+        await until(pilot, lambda: "mc/acc 0.5  lr 3.00e-04" in rendered(chart), "the first result charted")
+        assert [(s.tag, list(s.xs)) for s in chart.series] == [("main", [20])]
+        write_bench(run, 40, {"bench/mc/acc": 0.75, "bench/mc/acc_stderr": 0.2})
+        await until(pilot, lambda: "mc/acc 0.75  lr" in rendered(chart), "the new result charted", 30)
+        assert [(s.tag, list(s.xs), list(s.ys)) for s in chart.series] == [("main", [20, 40], [0.5, 0.75])]
+        assert "⠉" in rendered(chart) or "⠑" in rendered(chart) or "⢄" in rendered(chart)  # the line drawn
 
     run_app(app, scenario)
 

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 from textual.widgets import DataTable, Input, Select, TabbedContent
-from tui_helpers import T0, FakeSlurm, make_run, open_in_compose, rendered, run_app, settle, until
+from tui_helpers import T0, FakeSlurm, make_run, open_in_compose, rendered, run_app, scored_sweep, settle, until
 
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.records import Executor, SweepPoint, SweepRecord
@@ -26,6 +26,16 @@ from clusterfsdp.tui.sweeps_screen import SweepsScreen
 def _column(table: DataTable, label: str) -> list[str]:
     at = [str(c.label).split(" ")[0] for c in table.columns.values()].index(label)
     return [str(table.get_row_at(i)[at]) for i in range(table.row_count)]
+
+
+async def _open_sweeps(pilot) -> SweepsScreen:
+    """The Sweeps screen (key 6), once it has read the sweeps."""
+    await pilot.press("6")
+    screen = pilot.app.screen
+    assert isinstance(screen, SweepsScreen)
+    await until(pilot, lambda: screen.refreshed, "the sweeps read")
+    await pilot.pause()
+    return screen
 
 
 def test_sweeps_screen_lists_sorts_charts_and_selects_points(tmp_path):
@@ -47,11 +57,7 @@ def test_sweeps_screen_lists_sorts_charts_and_selects_points(tmp_path):
     app = ClusterApp(root, FakeSlurm(), refresh_s=60)
 
     async def scenario(pilot):
-        await pilot.press("6")
-        screen = app.screen
-        assert isinstance(screen, SweepsScreen)
-        await until(pilot, lambda: screen.refreshed, "the sweeps read")
-        await pilot.pause()
+        screen = await _open_sweeps(pilot)
         sweeps = screen.query_one("#sweeps", DataTable)
         # best: point 0's eval loss 2.8 (5.2 - 2.4) beats every training loss (2.5 is not eval)
         assert [str(c) for c in sweeps.get_row_at(0)] == ["swab", "tiny", "3", "3 COMPLETED", "2.8000 (point 0)"]
@@ -85,6 +91,29 @@ def test_sweeps_screen_lists_sorts_charts_and_selects_points(tmp_path):
             assert screen.refreshed == done + 1  # rebuilding the table selected nothing, so read nothing
             assert screen.selected == str(older.path) and _column(table, "train.seed") == ["7"]
             assert [s.tag for s in chart.series] == ["p0"]
+
+    run_app(app, scenario)
+
+
+def test_sweeps_screen_shows_and_sorts_by_each_points_newest_benchmark_scores(tmp_path):
+    """tui_helpers.scored_sweep (point 0 acc 0.5, point 1 acc 0.75, point 2 no result): a column
+    per score (no standard errors) with each point's newest value, and s reaches the scores,
+    which sort best first (word_perplexity: lowest), the unscored point last."""
+    root = tmp_path / "runs"
+    scored_sweep(root)
+    app = ClusterApp(root, FakeSlurm(), refresh_s=60)
+
+    async def scenario(pilot):
+        screen = await _open_sweeps(pilot)
+        table = screen.query_one("#sweep-points", DataTable)
+        assert _column(table, "mc/acc") == ["0.5000", "0.7500", "-"]
+        assert _column(table, "mc/word_perplexity") == ["12.0000", "20.0000", "-"]
+        orders = {}
+        for _ in range(8):  # state, step, loss, eval_loss, train.lr, then the two scores, then index
+            await pilot.press("s")
+            orders[screen.sort] = _column(table, "POINT")
+        assert orders["bench/mc/acc"] == ["1", "0", "2"] and orders["bench/mc/word_perplexity"] == ["0", "1", "2"]
+        assert screen.sort == "index" and "bench/mc/acc_stderr" not in orders
 
     run_app(app, scenario)
 

@@ -9,12 +9,13 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from tui_helpers import SINFO, FakeSlurm, job, make_run
+from tui_helpers import SINFO, FakeSlurm, job, make_run, write_bench
 
 from clusterfsdp.control import slurmcli
 from clusterfsdp.control import spec as S
 from clusterfsdp.control.presets import PRESETS
 from clusterfsdp.tui import form
+from clusterfsdp.tui.bench_tail import BenchTail
 from clusterfsdp.tui.checkpoints import scan
 from clusterfsdp.tui.estimate import Memory
 from clusterfsdp.tui.estimate import estimate as estimate_or_none
@@ -437,6 +438,61 @@ def test_a_kto_run_charts_its_reward_margin(tmp_path):
         ("main", [1, 2, 3], [0.1, 0.2, 0.3]),
         ("eval", [3], [0.25]),
     ]
+
+
+def test_benchmark_scores_are_charted_beside_the_loss(tmp_path):
+    """A run with benchmark results (two checkpoints, two scores and their standard errors): the
+    chart beside the loss plots each score by checkpoint step in its own colour, the latest of
+    each in the title (standard errors left out), the learning rate moved to the title; before
+    any result it is the learning rate, and a preference run's reward accuracy gives way to them."""
+    run = make_run(tmp_path / "runs")
+    tail = MetricsTail(run.metrics_file)
+    tail.read_new()
+    metrics = tail.snapshot()
+    assert charts(metrics, 0.6, "rank", [])[1].title.plain == "lr 3.00e-04"
+    write_bench(run, 20, {"bench/mc/acc": 0.5, "bench/mc/acc_stderr": 0.2, "bench/mc/acc_norm": 0.25})
+    write_bench(run, 40, {"bench/mc/acc": 0.75, "bench/mc/acc_stderr": 0.2, "bench/mc/acc_norm": 0.5})
+    bench = BenchTail(run)
+    assert bench.read_new()
+    second = charts(metrics, 0.6, "rank", bench.rows())[1]
+    assert second.key == "lr" and second.title.plain == "mc/acc 0.75  mc/acc_norm 0.5  lr 3.00e-04"
+    assert [(s.tag, list(s.xs), list(s.ys)) for s in second.series] == [
+        ("main", [20, 40], [0.5, 0.75]),
+        ("eval", [20, 40], [0.25, 0.5]),
+    ]
+    nan = [{"step": 20, "bench/mc/acc": float("nan")}, {"step": 40, "bench/mc/acc": None}]  # no score computed
+    assert charts(metrics, 0.6, "rank", nan)[1].title.plain == "lr 3.00e-04"
+    preference = MetricsTail(tmp_path / "dpo.jsonl")
+    (tmp_path / "dpo.jsonl").write_text(json.dumps({"step": 1, "loss": 0.7, "reward_accuracy": 0.5}) + "\n")
+    preference.read_new()
+    assert charts(preference.snapshot(), 0.0, "rank", bench.rows())[1].title.plain.startswith("mc/acc 0.75")
+    assert charts(preference.snapshot(), 0.0, "rank", [])[1].title.plain.startswith("reward accuracy 0.50")
+
+
+def test_bench_tail_reads_only_new_or_changed_results(tmp_path, monkeypatch):
+    """Each poll reads the result files that appeared or changed (a rewritten step replaces its
+    row, a removed one goes, a half-written one is read again once whole) and says whether any
+    row changed; nothing new: False, and no file is read (the reads counted)."""
+    from clusterfsdp.control import benchresults
+
+    reads: list[str] = []
+    read_document = benchresults.read_document
+    monkeypatch.setattr(benchresults, "read_document", lambda path: reads.append(path.name) or read_document(path))
+    run = make_run(tmp_path / "runs")
+    bench = BenchTail(run)
+    assert not bench.read_new() and bench.rows() == []  # no benchmarks/ folder yet
+    write_bench(run, 20, {"bench/mc/acc": 0.5})
+    assert bench.read_new() and [r["step"] for r in bench.rows()] == [20]
+    assert not bench.read_new() and reads == ["step-20.json"]
+    half = run.path / "benchmarks" / "step-40.json"
+    half.write_text('{"step": 40, "metr')
+    assert not bench.read_new() and [r["step"] for r in bench.rows()] == [20]
+    write_bench(run, 40, {"bench/mc/acc": 0.75})
+    write_bench(run, 20, {"bench/mc/acc": 0.25})  # evaluated again
+    assert bench.read_new() and [(r["step"], r["bench/mc/acc"]) for r in bench.rows()] == [(20, 0.25), (40, 0.75)]
+    assert sorted(reads) == ["step-20.json", "step-20.json", "step-40.json", "step-40.json"]
+    (run.path / "benchmarks" / "step-20.json").unlink()
+    assert bench.read_new() and [r["step"] for r in bench.rows()] == [40]
 
 
 # ---------------------------------------------------------------- checkpoints, queue

@@ -190,6 +190,39 @@ def make_run(
     return run
 
 
+def write_bench(run: runfolder.RunFolder, step: int, scores: dict[str, float], lower: tuple[str, ...] = ()) -> None:
+    """benchmarks/step-N.json as worker/bench.write leaves it (renamed into place): the flat
+    `bench/<task>/<metric>` scores and lm-eval's `higher_is_better` table (false for `lower`)."""
+    higher: dict[str, dict[str, bool]] = {}
+    for name in scores:
+        _, task, metric = name.split("/", 2)
+        if not metric.endswith("_stderr"):
+            higher.setdefault(task, {})[metric] = name not in lower
+    doc = {"step": step, "time": T0 + 100 + step, "seconds": 1.0, "tasks": sorted(higher), "metrics": scores,
+           "lm_eval": {"results": {}, "higher_is_better": higher}}  # fmt: skip
+    folder = run.path / "benchmarks"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".step-{step}.json.tmp"
+    tmp.write_text(json.dumps(doc) + "\n")
+    tmp.replace(folder / f"step-{step}.json")
+
+
+def scored_sweep(root: Path) -> None:
+    """Three points as the worker and `bench` leave them (fixed content, no training): point 0
+    scored acc 0.5 (word_perplexity 12, better lower) at steps 20 and 40, point 1 acc 0.75 (20) at
+    step 40, point 2 no result."""
+    from clusterfsdp.control.records import SweepPoint, SweepRecord
+    from clusterfsdp.control.sweepfolder import SweepFolder
+
+    points = [SweepPoint(i, f"ab-p{i}", {"train.lr": lr}) for i, lr in enumerate((3e-3, 1e-3, 2e-3))]
+    runs = [make_run(root, p.run_id, name="tiny-swab", log_lines=0, checkpoints=()) for p in points]
+    lower = ("bench/mc/word_perplexity",)
+    write_bench(runs[0], 20, {"bench/mc/acc": 0.9, "bench/mc/word_perplexity": 1.0}, lower)
+    for run, acc, ppl in ((runs[0], 0.5, 12.0), (runs[1], 0.75, 20.0)):
+        write_bench(run, 40, {"bench/mc/acc": acc, "bench/mc/acc_stderr": 0.1, "bench/mc/word_perplexity": ppl}, lower)
+    SweepFolder(root / "tiny-swab").write_record(SweepRecord("swab", "tiny", Executor.LOCAL, T0, ["train.lr"], points))
+
+
 def run_app(app: ClusterApp, scenario: Callable[[Pilot], Awaitable[None]], size: tuple[int, int] = SIZE) -> None:
     async def main() -> None:
         async with app.run_test(size=size) as pilot:

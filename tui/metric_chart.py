@@ -1,6 +1,7 @@
 """One metric's chart on the run screen: braille lines that redraw to the widget's size, each
 series coloured by its component class (raw values dim, the smoothed line bright, the eval loss
-in its own colour). Focusable, so tab moves between charts and z enlarges the focused one."""
+in its own colour; benchmark scores: main, eval, b2, b3). Focusable, so tab moves between
+charts and z enlarges the focused one."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from textual.widget import Widget
 
 from .plot import AXIS, Series, chart
 
-TAGS = (AXIS, "raw", "main", "eval")
+TAGS = (AXIS, "raw", "main", "eval", "b2", "b3")
 
 
 class MetricChart(Widget, can_focus=True):
-    COMPONENT_CLASSES = {"metric-chart--axis", "metric-chart--raw", "metric-chart--main", "metric-chart--eval"}
+    COMPONENT_CLASSES = {f"metric-chart--{tag or 'axis'}" for tag in TAGS}
 
     TAGS = TAGS  # the tags its series use, each styled by the component class metric-chart--<tag>
 

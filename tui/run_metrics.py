@@ -1,12 +1,18 @@
 """What the run screen plots: one chart per metric (loss with the eval loss on the same axes,
 learning rate, gradient norm, tokens/s), each titled with its latest values, with TensorBoard's
-smoothing applied to the noisy ones. Pure functions over `metrics_tail.Metrics`."""
+smoothing applied to the noisy ones; beside the loss, a run with benchmark results charts their
+scores instead of the learning rate. Pure functions over `metrics_tail.Metrics` and the rows of
+`<run>/benchmarks/` (control/benchresults.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from textual.content import Content
+
+from clusterfsdp.control import benchresults
 
 from .metrics_tail import Metrics
 from .plot import Series
@@ -82,28 +88,63 @@ def _with_held_out(chart: str, name: str, key: str, fmt: str, metrics: Metrics, 
 JUDGED_BY = (("reward_accuracy", "reward accuracy", ".2f"), ("reward_margin", "reward margin", ".3f"))
 
 
-def _second(metrics: Metrics, smoothing: float) -> ChartData:
+# The benchmark scores the chart beside the loss plots (a task's standard errors left out), each
+# in its own colour: the chart widget's tags, the title's theme variables, in order.
+BENCH_TAGS = (("main", "$primary"), ("eval", "$warning"), ("b2", "$success"), ("b3", "$error"))
+
+
+def bench_names(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The scores to plot: `bench/<task>/<metric>` as first seen oldest row first, no standard
+    errors, at most one per colour."""
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update((k, None) for k in benchresults.scores(row) if not benchresults.is_stderr(k))
+    return list(names)[: len(BENCH_TAGS)]
+
+
+def _benchmarks(rows: Sequence[dict[str, Any]]) -> ChartData | None:
+    """Each score by checkpoint step, in its own colour, the latest of each in the title (named
+    `<task>/<metric>`); None without a score."""
+    series, title = [], Content("")
+    for name, (tag, colour) in zip(bench_names(rows), BENCH_TAGS, strict=False):
+        points = [(r["step"], float(v)) for r in rows if benchresults.is_score(v := r.get(name))]
+        if not points:  # a score lm-eval could not compute (NaN, or null in a JSON copy)
+            continue
+        series.append(Series([s for s, _ in points], [v for _, v in points], tag))
+        title += Content.from_markup(
+            f"{'  ' if series[1:] else ''}[{colour}]$name[/] [b]$value[/]",
+            name=name.removeprefix("bench/"),
+            value=format(points[-1][1], ".4g"),
+        )
+    return ChartData("lr", title, series) if series else None
+
+
+def _second(metrics: Metrics, smoothing: float, bench: Sequence[dict[str, Any]] = ()) -> ChartData:
     """The learning rate; for a preference run (train.objective) the reward accuracy (kto: the
-    reward margin), with the held-out one on the same axes and the learning rate in the title:
-    what the objective is judged by."""
+    reward margin), with the held-out one on the same axes: what the objective is judged by;
+    for a run with benchmark results, their scores (what the issue's users judge a fine-tune by,
+    before the objective's own numbers). The learning rate goes to the title of the others."""
     lr = metrics.latest("lr")
     judged = [j for j in JUDGED_BY if metrics.latest(j[0]) is not None or metrics.series(f"eval_{j[0]}")[1]]
-    if not judged:
+    chart = _benchmarks(bench)
+    if chart is None and not judged:
         return ChartData("lr", _title("lr", lr, ".2e"), _curve(metrics, "lr", 0.0))
-    key, name, fmt = judged[0]
-    chart = _with_held_out("lr", name, key, fmt, metrics, smoothing)
+    if chart is None:
+        key, name, fmt = judged[0]
+        chart = _with_held_out("lr", name, key, fmt, metrics, smoothing)
     if lr is None:
         return chart
     return ChartData(chart.key, chart.title + Content.from_markup("  lr $value", value=f"{lr:.2e}"), chart.series)
 
 
-def charts(metrics: Metrics, smoothing: float, per: str) -> list[ChartData]:
-    """The four charts; `per` is what tokens_per_s_per_gpu is per: "GPU", or "rank" on CPU."""
+def charts(metrics: Metrics, smoothing: float, per: str, bench: Sequence[dict[str, Any]] = ()) -> list[ChartData]:
+    """The four charts; `per` is what tokens_per_s_per_gpu is per: "GPU", or "rank" on CPU;
+    `bench` the run's benchmark rows (control/benchresults.rows), oldest step first."""
     per_worker = metrics.latest("tokens_per_s_per_gpu")
     per_text = f"  {per_worker:,.0f} per {per}" if per_worker is not None else ""
     return [
         _with_held_out("loss", "loss", "loss", ".4f", metrics, smoothing),
-        _second(metrics, smoothing),
+        _second(metrics, smoothing, bench),
         ChartData(
             "grad_norm",
             _title("grad norm", metrics.latest("grad_norm"), ".3f"),

@@ -1,14 +1,14 @@
 """Run: the selected run's charts (loss with the eval loss, learning rate, gradient norm,
-tokens/s; a preference run: reward accuracy in place of the learning rate) from metrics.jsonl
-(read incrementally), its step, MFU and memory, each rank's health (heartbeats: hung ranks and
-stragglers marked), its attempts, and its checkpoints, from which it can be resumed as a new
-attempt."""
+tokens/s; a preference run: reward accuracy in place of the learning rate; a run with benchmark
+results: their scores there) from metrics.jsonl and benchmarks/ (both read incrementally), its
+step, MFU and memory, each rank's health (heartbeats: hung ranks and stragglers marked), its
+attempts, and its checkpoints, from which it can be resumed as a new attempt."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import ComposeResult
@@ -28,6 +28,7 @@ from clusterfsdp.control.run import Run
 from clusterfsdp.term import printable
 
 from . import actions
+from .bench_tail import BenchTail
 from .checkpoints import CheckpointRow, scan
 from .data_screen import DataScreen
 from .eval_samples import EvalSamples
@@ -65,6 +66,7 @@ class RunFacts:
     ends: dict[str, str] = field(default_factory=dict)  # job id -> how its last incarnation ended (classified)
     diagnosis: doctor.Diagnosis | None = None  # why its newest incarnation failed or hangs (`clusterfsdp doctor`)
     ranks: list[health.RankHealth] = field(default_factory=list)  # the newest attempt's heartbeats
+    bench: list[dict[str, Any]] | None = None  # benchmark rows (benchresults.rows); None: unchanged
 
 
 def progress_text(metrics: Metrics, steps: int | None, per: str, smoothing: float) -> str:
@@ -87,7 +89,8 @@ class RunScreen(Screen):
     HELP = (
         "The selected run's charts from metrics.jsonl (only new lines are read): loss with the eval "
         "loss on the same axes, learning rate (a preference run: the reward accuracy, with the held-out "
-        "one), gradient norm and tokens/s, each titled with its latest value. s changes the "
+        "one; a run with [benchmarks] results: each benchmark score by checkpoint step, charted as each "
+        "result lands), gradient norm and tokens/s, each titled with its latest value. s changes the "
         "smoothing of loss, reward accuracy, gradient norm and tokens/s (TensorBoard's "
         "exponential moving average; the raw values stay, dimmed); tab moves between charts and z "
         "enlarges the focused one. Below: each rank's health while it trains (heartbeat age, step, "
@@ -113,8 +116,10 @@ class RunScreen(Screen):
         super().__init__()
         self.run: runfolder.RunFolder | None = None
         self.tail: MetricsTail | None = None
+        self.bench_tail: BenchTail | None = None
         self.facts: RunFacts | None = None
         self.metrics = EMPTY
+        self.bench: list[dict[str, Any]] = []  # the run's benchmark rows, oldest step first
         self.smoothing = DEFAULT_SMOOTHING
         self._typed: dict[str, ResumeRequest] = {}  # by run id: a resume that failed, as typed
         self._poller: Timer | None = None
@@ -163,8 +168,9 @@ class RunScreen(Screen):
         run = self.app.current_run
         if run != self.run:
             self.run, self.tail, self.facts = run, MetricsTail(run.metrics_file) if run else None, None
+            self.bench_tail = BenchTail(run) if run else None
             self._next_read = 0.0
-            self.metrics = EMPTY
+            self.metrics, self.bench = EMPTY, []
             self._show_charts(charts(EMPTY, self.smoothing, "GPU"))
             self.query_one("#checkpoints", DataTable).clear()
             self.query_one(EvalSamples).follow(run.samples_dir if run else None)
@@ -172,13 +178,15 @@ class RunScreen(Screen):
         self._read()
 
     def _read(self) -> None:
-        if self.run is None or self.tail is None or self._reading or time.monotonic() < self._next_read:
+        if self.run is None or self.tail is None or self.bench_tail is None:
+            return
+        if self._reading or time.monotonic() < self._next_read:
             return
         self._reading = True
-        self._read_facts(self.run, self.tail)
+        self._read_facts(self.run, self.tail, self.bench_tail)
 
     @work(thread=True, group="read", exit_on_error=False)
-    def _read_facts(self, run: runfolder.RunFolder, tail: MetricsTail) -> None:
+    def _read_facts(self, run: runfolder.RunFolder, tail: MetricsTail, bench: BenchTail) -> None:
         started = time.monotonic()
         try:
             try:
@@ -189,13 +197,14 @@ class RunScreen(Screen):
             except specmod.SpecError:
                 root, nodes, steps, per = run.path / "checkpoints", 1, None, "rank"
             metrics = tail.snapshot() if tail.read_new() else None
+            scores = bench.rows() if bench.read_new() else None
             record = run.record()
             events = run.events()
             ends = {e.job_id: e.label for e in status.judged_ends(run, events)}
             found = doctor.diagnose(run, events)
             ranks = health.rank_health(run.path, events, time.time())
             facts = RunFacts(record.attempts, record.executor, nodes, steps, per, scan(root), metrics, ends, found,
-                             ranks)  # fmt: skip
+                             ranks, scores)  # fmt: skip
         finally:
             self.app.call_from_thread(self._read_done, time.monotonic() - started)
         self.app.call_from_thread(self._show_facts, run, facts)
@@ -213,8 +222,9 @@ class RunScreen(Screen):
         self.facts = facts
         if facts.metrics is not None:
             self.metrics = facts.metrics
-            self._redraw()
-        elif old is None or old.per != facts.per:
+        if facts.bench is not None:
+            self.bench = facts.bench
+        if facts.metrics is not None or facts.bench is not None or old is None or old.per != facts.per:
             self._redraw()
         if old is None or old.checkpoints != facts.checkpoints:
             self._show_checkpoints(facts.checkpoints)
@@ -222,18 +232,19 @@ class RunScreen(Screen):
         self._show_header()
 
     def _redraw(self) -> None:
-        self._chart(self.metrics, self.smoothing, self._per)
+        self._chart(self.metrics, self.smoothing, self._per, self.bench)
 
     @work(thread=True, exclusive=True, group="charts", exit_on_error=False)
-    def _chart(self, metrics: Metrics, smoothing: float, per: str) -> None:
+    def _chart(self, metrics: Metrics, smoothing: float, per: str, bench: list[dict[str, Any]]) -> None:
         """Series, smoothing and decimation over every point: O(points), so in a worker."""
         started = time.monotonic()
-        data = charts(metrics, smoothing, per)
-        self.app.call_from_thread(self._charted, metrics, smoothing, data, time.monotonic() - started)
+        data = charts(metrics, smoothing, per, bench)
+        self.app.call_from_thread(self._charted, (metrics, bench), smoothing, data, time.monotonic() - started)
 
-    def _charted(self, metrics: Metrics, smoothing: float, data: list[ChartData], cost: float) -> None:
+    def _charted(self, drawn: tuple[Metrics, list], smoothing: float, data: list[ChartData], cost: float) -> None:
         self._chart_cost = cost
-        if metrics is self.metrics and smoothing == self.smoothing:  # else a newer one is on its way
+        metrics, bench = drawn
+        if metrics is self.metrics and bench is self.bench and smoothing == self.smoothing:  # else a newer one comes
             self._show_charts(data)
 
     def _show_charts(self, data: list[ChartData]) -> None:

@@ -1,7 +1,8 @@
 """Sweeps: every sweep under the run root (points, their states counted, the best loss), and for
 the selected one its points as `status SWEEP` shows them (varied values, state, step, loss, eval
-loss; s cycles the sort column) over one chart of the points' loss curves. Space shows or hides a
-point's curve; Enter makes the point's run the current run, which Logs and Run then show.
+loss, the newest benchmark scores; s cycles the sort column) over one chart of the points' loss
+curves. Space shows or hides a point's curve; Enter makes the point's run the current run, which
+Logs and Run then show.
 
 Refreshed in the background like the Queue (a worker reads the sweep folders and the selected
 sweep's metrics through sweep_rows); rows are keyed by folder, so the selection stays put."""
@@ -52,7 +53,8 @@ class SweepsScreen(Screen):
 
     HELP = (
         "Sweeps under the run root (newest first) and, for the selected one, its points as "
-        "`clusterfsdp status SWEEP` shows them, over one chart of their loss curves (eval loss in "
+        "`clusterfsdp status SWEEP` shows them (with [benchmarks], each point's newest scores, "
+        "named <task>/<metric>), over one chart of their loss curves (eval loss in "
         "the same colour). s cycles the column the points are sorted by; Space shows or hides the "
         "selected point's curve; Enter makes its run the one Logs and Run show."
     )
@@ -161,15 +163,21 @@ class SweepsScreen(Screen):
         self._show_chart()
 
     def _fill_points(self, table: DataTable) -> None:
+        from clusterfsdp.control.sweepfolder import shown_scores
+
         sweep = self.current
         cursor = table.cursor_row
         table.clear(columns=True)
         if sweep is None or sweep.record is None:
             return
         keys = sweep.record.keys
-        for label in (*POINT_COLUMNS, *keys, *STATUS_COLUMNS):
-            shown = {"POINT": "index"}.get(label, label.lower() if label in STATUS_COLUMNS else label) == self.sort
-            table.add_column(Text(label + (" ▲" if shown else ""), "bold" if shown else ""), key=label)
+        scores = shown_scores(sweep.points, self.sort)
+        sorts = {"POINT": "index", **{k.upper(): k.lower() for k in STATUS_COLUMNS}, **{s: s for s in scores}}
+        labels = [*POINT_COLUMNS, *keys, *STATUS_COLUMNS[:-1], *scores, STATUS_COLUMNS[-1]]
+        for label in labels:
+            shown = sorts.get(label, label) == self.sort
+            text = label.removeprefix("bench/") + (" ▲" if shown else "")
+            table.add_column(Text(text, "bold" if shown else ""), key=label)
         for r in self.sorted_points():
             st = r.status
             state = str(st.state)
@@ -181,6 +189,7 @@ class SweepsScreen(Screen):
                 f"{st.step or 0}/{st.steps or '?'}",
                 _num(st.loss),
                 _num(st.eval_loss),
+                *(_num(r.bench.scores.get(n) if r.bench else None) for n in scores),
                 "●" if r.point.index not in self.hidden else "",
                 key=str(r.point.index),
             )
@@ -237,8 +246,8 @@ class SweepsScreen(Screen):
         sweep = self.current
         if sweep is None or sweep.record is None:
             return
-        from clusterfsdp.control.sweepfolder import SORT_KEYS
+        from clusterfsdp.control.sweepfolder import SORT_KEYS, bench_names
 
-        order = [*SORT_KEYS, *sweep.record.keys]
+        order = [*SORT_KEYS, *sweep.record.keys, *bench_names(sweep.points, stderr=False)]
         self.sort = order[(order.index(self.sort) + 1) % len(order)] if self.sort in order else order[0]
         self._show_points()

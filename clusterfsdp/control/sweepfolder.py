@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import fileio, runfolder, status
+from . import benchresults, fileio, runfolder, status
 from .cost import Usage
 from .errors import UserError
 from .procs import ProcessId
@@ -30,7 +30,8 @@ SWEEP_FILE = "sweep.json"
 DRIVER_FILE = "driver.json"
 ID_PREFIX = "sw"
 SORT_KEYS = ("index", "state", "step", "loss", "eval_loss")
-"""What the points may be sorted by besides a varied key (`status SWEEP --sort`, the TUI's s)."""
+"""What the points may be sorted by besides a varied key and a benchmark score (`status SWEEP
+--sort`, the TUI's s)."""
 
 
 class SweepNotFound(UserError, LookupError):
@@ -43,6 +44,7 @@ class PointStatus:
 
     point: SweepPoint
     status: status.RunStatus
+    bench: benchresults.Latest | None = None  # its newest benchmark result ([benchmarks], `bench`)
 
 
 @dataclass(frozen=True)
@@ -86,13 +88,50 @@ class SweepFolder:
         one sacct more at most) and Slurm's error, if any."""
         record = self.record()
         rows, error = status.statuses([self.run_folder(p) for p in record.points], costs)
-        return [PointStatus(p, st) for p, st in zip(record.points, rows, strict=True)], error
+        return [
+            PointStatus(p, st, benchresults.latest(st.run)) for p, st in zip(record.points, rows, strict=True)
+        ], error
+
+
+def bench_names(rows: list[PointStatus], stderr: bool = True) -> list[str]:
+    """The benchmark scores the points' newest results have (`bench/<task>/<metric>`), sorted;
+    without `stderr`, no standard errors (what the Sweeps screen shows and sorts by)."""
+    names = {n for r in rows if r.bench is not None for n in r.bench.scores}
+    return sorted(n for n in names if stderr or not benchresults.is_stderr(n))
+
+
+SHOWN_SCORES = 4  # benchmark score columns of `status SWEEP` and the Sweeps screen at most
+
+
+def shown_scores(rows: list[PointStatus], sort: str) -> list[str]:
+    """The benchmark scores shown as columns: the one sorted by first, then the others (no
+    standard errors), SHOWN_SCORES at most."""
+    first = [sort] if sort.startswith("bench/") else []
+    return [*first, *(n for n in bench_names(rows, stderr=False) if n != sort)][:SHOWN_SCORES]
+
+
+def sort_name(name: str, keys: list[str], rows: list[PointStatus]) -> str:
+    """`status SWEEP --sort NAME` as a sort key: a SORT_KEYS entry, a varied key, or a benchmark
+    score the points have (`bench/mytask/acc`, or `mytask/acc`); UserError in one line naming
+    the known ones."""
+    scores = bench_names(rows)
+    if name in (*SORT_KEYS, *keys, *scores):
+        return name
+    if f"bench/{name}" in scores:
+        return f"bench/{name}"
+    known = ", ".join([*SORT_KEYS, *keys, *scores])
+    unscored = " (no point has a benchmark result yet)" if not scores else ""
+    raise UserError(f"--sort {name}: unknown; one of {known}{unscored}")
 
 
 def sort_key(name: str, row: PointStatus) -> tuple[bool, Any]:
-    """`name` (a SORT_KEYS entry or a varied key) of a row, for sorting; rows without the value
-    (no loss yet) last, whatever the order."""
+    """`name` (a SORT_KEYS entry, a varied key or a benchmark score) of a row, for sorting; rows
+    without the value (no loss yet, no result) last, whatever the order. Benchmark scores sort
+    best first: highest first, lowest first for those lm-eval says are better lower."""
     st = row.status
+    if name.startswith("bench/"):
+        rank = row.bench.rank(name) if row.bench is not None else None
+        return (rank is None, rank if rank is not None else 0)
     value = {"index": row.point.index, "state": str(st.state), "step": st.step, "loss": st.loss,
              "eval_loss": st.eval_loss}.get(name, row.point.values.get(name))  # fmt: skip
     return (value is None, value if value is not None else 0)

@@ -20,13 +20,13 @@ import argparse
 import json
 import logging
 import os
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ..control import benchfiles, runfolder
+from ..control.benchresults import metric_name
 from ..control.spec.benchsection import BenchmarksSection, is_local
 
 EXIT_FAILED = 1
@@ -55,17 +55,6 @@ def task_configs(b: BenchmarksSection) -> list[str | dict[str, Any]]:
             }
         out.append(config)
     return out
-
-
-def metric_name(task: str, key: str) -> str | None:
-    """lm-eval's 'acc,none' of `task` as 'bench/<task>/acc' ('bench/<task>/exact_match/strict-match'
-    for another filter); None for a key that is no metric ('alias'). Characters outside letters,
-    digits and `_.-/` become '_' (MLflow refuses commas, among others)."""
-    metric, sep, filt = key.partition(",")
-    if not sep:
-        return None
-    name = f"bench/{task}/{metric}" + (f"/{filt}" if filt != "none" else "")
-    return re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
 
 
 def flat_metrics(results: dict[str, dict[str, Any]]) -> dict[str, float]:
