@@ -153,6 +153,9 @@ VALIDATE = {
     "clusterfsdp.control.spec.objective",  # train.objective's checks (issue 37)
     "clusterfsdp.control.spec.benchsection",  # [benchmarks] (issue 38; its files only for a job with tasks)
     "clusterfsdp.cli.jobcmds",  # the CLI's group of job-file commands (init, schema, validate)
+    "clusterfsdp.control.spec.docfield", "clusterfsdp.control.spec.slurmsection",  # the schema's sections
+    "clusterfsdp.control.spec.datasection", "clusterfsdp.control.spec.trainsection",
+    "clusterfsdp.control.spec.outputsection",
 }  # fmt: skip
 DATA_CHECKS = {  # what validate adds for a job that reads files
     "clusterfsdp.data", "clusterfsdp.data.skipped", "clusterfsdp.data.fieldmap", "clusterfsdp.data.mixture",
