@@ -50,8 +50,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         prepared.notes += [f"data path {path} is not on this host: {later}" for path in inside]
         reachable = ping.state() == "up"
     where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
-    if not reachable and spec.node_range.high > 1:
-        where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"
+    if not reachable and (needs := spec.needs_slurm()):
+        where += f" -- but {needs}"
     print(summary(spec, where))
     if points:
         print(f"sweep      {points} point(s) in [sweep], each checked: `clusterfsdp sweep {args.job}` runs them")

@@ -129,6 +129,13 @@ class JobSpec:
         `high` is the size the global batch is defined at, `low` what node exclusions must leave."""
         return parse_nodes(self.slurm.nodes)
 
+    def needs_slurm(self) -> str:
+        """'slurm.nodes = N needs Slurm' when the job spans more than one node (the largest of a
+        range), else '': without Slurm (the local executor, a notebook's local ranks) every rank
+        runs on this one machine. The one statement of the rule: validate's and the TUI's
+        summaries say it, the local backends refuse with it (`backends.Local`, `LocalRanks`)."""
+        return f"slurm.nodes = {self.slurm.nodes} needs Slurm" if self.node_range.high > 1 else ""
+
     @property
     def world_size(self) -> int:
         """Ranks at the largest size (an elastic attempt's are its own: `on_nodes`)."""
