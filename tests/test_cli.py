@@ -135,6 +135,7 @@ READ_ONLY = {
     "clusterfsdp.control.fileio", "clusterfsdp.control.retrynotes", "clusterfsdp.control.slurmping",
     "clusterfsdp.control.value", "clusterfsdp.control.pending",  # a pending job's reason in words
     "clusterfsdp.control.cost",  # what each run cost (sacct, and the figures a run folder keeps)
+    "clusterfsdp.cli.statuscmds",  # the CLI's group of run-folder readers (runs, status, doctor, logs)
 }  # fmt: skip
 
 VALIDATE = {
@@ -151,6 +152,10 @@ VALIDATE = {
     "clusterfsdp.control.ownership",  # hub: a snapshot in a shared HF cache must be yours (issue 34)
     "clusterfsdp.control.spec.objective",  # train.objective's checks (issue 37)
     "clusterfsdp.control.spec.benchsection",  # [benchmarks] (issue 38; its files only for a job with tasks)
+    "clusterfsdp.cli.jobcmds",  # the CLI's group of job-file commands (init, schema, validate)
+    "clusterfsdp.control.spec.docfield", "clusterfsdp.control.spec.slurmsection",  # the schema's sections
+    "clusterfsdp.control.spec.datasection", "clusterfsdp.control.spec.trainsection",
+    "clusterfsdp.control.spec.outputsection",
 }  # fmt: skip
 DATA_CHECKS = {  # what validate adds for a job that reads files
     "clusterfsdp.data", "clusterfsdp.data.skipped", "clusterfsdp.data.fieldmap", "clusterfsdp.data.mixture",
@@ -197,6 +202,27 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     job.write_text(job.read_text().replace('"synthetic"', '"files"\npaths = ["corpus.txt"]\nseq_len = 64'))
     names, count = _imported_by(["validate", str(job)])
     assert names == VALIDATE | DATA_CHECKS, names ^ (VALIDATE | DATA_CHECKS)
+
+
+def test_every_command_names_a_function_of_its_group():
+    """Commands are registered by the name of their function ("<group>.<cmd_fn>", the group
+    imported only when the command runs): a misspelt name would show only when that command
+    runs, so every registered one (data's actions too) is resolved here."""
+    import argparse
+    import importlib
+
+    from clusterfsdp.cli import build_parser
+
+    def names(parser: argparse.ArgumentParser) -> list[str]:
+        """The `fn` of every command that runs (a parser without sub-commands: data's actions)."""
+        subs = [p for a in parser._actions if isinstance(a, argparse._SubParsersAction) for p in a.choices.values()]
+        return [n for p in subs for n in names(p)] if subs else [parser.get_default("fn")]
+
+    found = names(build_parser())
+    assert len(found) > 20 and "statuscmds.cmd_status" in found, found
+    for name in found:
+        group, fn = name.split(".")
+        assert callable(getattr(importlib.import_module(f"clusterfsdp.cli.{group}"), fn, None)), name
 
 
 def test_rm_removes_finished_and_prepared_runs_and_refuses_live_and_foreign_ones(tmp_path, capsys):

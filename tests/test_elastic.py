@@ -148,6 +148,22 @@ def test_the_summary_says_how_a_range_starts_and_grows():
            "grows up to 1 time(s) when nodes come free (sinfo every 30 s)" in text  # fmt: skip
 
 
+def test_more_than_one_node_needs_slurm_is_said_alike_by_the_summaries_and_the_local_backends(tmp_path):
+    """The rule is one function (`JobSpec.needs_slurm`, issue 35): the TUI's summary names
+    slurm.nodes as written, as validate does (it named the range's largest size), and the local
+    executor and the notebook's local ranks refuse with the same words; one node needs nothing."""
+    from clusterfsdp.control import backends
+    from clusterfsdp.tui.job_summary import summarize
+
+    said = "slurm.nodes = 1-2 needs Slurm"
+    assert load().needs_slurm() == said and load("slurm.nodes=1").needs_slurm() == ""
+    assert f"this machine (local executor) -- but {said}" in summarize(load(), tmp_path, "local", False).text
+    for backend in (backends.Local(), backends.LocalRanks(lambda run: ([], {}))):
+        with pytest.raises(launch.SubmitError, match=f"^{said}: "):
+            backend.check(load())
+        backend.check(load("slurm.nodes=1"))
+
+
 def test_a_grow_is_found_by_two_checks_in_a_row_leaving_out_excluded_nodes():
     """The grow check's rule on sinfo's answers in turn: free nodes the job excludes do not count,
     and one answer alone (a node idle between two jobs) starts nothing."""

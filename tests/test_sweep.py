@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 import clusterfsdp
-from clusterfsdp import sweepcli
-from clusterfsdp.cli import build_parser, main
+from clusterfsdp.cli import build_parser, main, sweepcmds
 from clusterfsdp.control import status, sweepplan
 from clusterfsdp.control.records import Executor, RecordError, SweepPoint, SweepRecord
 from clusterfsdp.control.spec.schema import MAX_SWEEP_POINTS
@@ -209,7 +208,7 @@ def test_local_sweep_runs_points_in_turn_and_cancel_stops_the_live_one_after_a_s
     # `sweep --follow` on it now: each point's end in a line, the sweep's in the last; exit 1, as
     # point 1 did not complete
     said: list[str] = []
-    assert sweepcli.follow(handle.sweep.folder, said.append, poll_s=0.1) == 1
+    assert sweepcmds.follow(handle.sweep.folder, said.append, poll_s=0.1) == 1
     assert said[0].startswith(f"point 0 (train.steps=3) run {first.id}: COMPLETED (loss ") and "step 3/3" in said[0]
     assert said[1].startswith(f"point 1 (train.steps=1000000) run {second.id}: ") and len(said) == 3
     assert said[2].startswith(f"sweep {handle.id}: 1 COMPLETED, 1 ") and "; best loss " in said[2]

@@ -157,3 +157,22 @@ def test_a_tracker_that_cannot_start_stops_every_rank_before_training(tmp_path):
     assert [code != 0 for code, _ in out] == [True, True]
     assert "log.trackers: wandb.init failed" in out[0][1] and "rank 0 did not start this attempt" in out[1][1]
     assert not run.metrics_file.exists()
+
+
+def test_every_tracker_the_schema_accepts_has_an_entry_and_an_unknown_one_is_refused(tmp_path):
+    """`worker.trackers.TRACKERS` (one entry per tracker module) holds exactly the names the
+    schema accepts, and a name without an entry (a spec built past the schema's check) is a
+    TrackerError naming it, before any tracker starts: it was once taken for MLflow."""
+    from typing import get_args
+
+    from clusterfsdp.control.records import Executor
+    from clusterfsdp.control.spec import Tracker
+    from clusterfsdp.worker.trackers import TRACKERS, TrackerError, Trackers
+
+    assert set(TRACKERS) == set(get_args(Tracker))
+    spec = S.loads(tiny_job_toml("unknown", 1, 2), [f"job.run_root={tmp_path}"])
+    spec.log.trackers = ["tensorboardx"]  # pyright: ignore[reportAttributeAccessIssue] (past the schema)
+    run = runfolder.create_run(spec, Executor.LOCAL, "20260101-120000-trkr")
+    with pytest.raises(TrackerError, match=r"^log.trackers: no tracker is named 'tensorboardx' \(known: "):
+        Trackers.open(run, spec, 0, print)
+    assert not (run.path / "mlruns").exists()

@@ -27,14 +27,14 @@ class Summary:
     sweep: Varied | None = None  # a sweep's points: submitted as a sweep of `spec`'s job
 
 
-def where(executor: str, nodes: int, slurm_available: bool | None) -> str:
+def where(executor: str, spec: specmod.JobSpec, slurm_available: bool | None) -> str:
     if executor == "auto":
         executor = {True: "slurm", False: "local", None: "auto"}[slurm_available]
     if executor == "auto":
         return "Slurm if a controller answers, else this machine (checking…)"
     if executor == "local":
-        text = "this machine (local executor)"
-        return text + (f" -- but slurm.nodes = {nodes} needs Slurm" if nodes > 1 else "")
+        needs = spec.needs_slurm()
+        return "this machine (local executor)" + (f" -- but {needs}" if needs else "")
     return "Slurm" + (" -- but no controller answers `scontrol ping` now" if slurm_available is False else "")
 
 
@@ -68,7 +68,7 @@ def summarize(
 ) -> Summary:
     absolute = specmod.with_absolute_paths(spec, base)
     text = sweep_text(sweep) if sweep else ""
-    text += summary(absolute, where(executor, spec.node_range.high, slurm_available))
+    text += summary(absolute, where(executor, spec, slurm_available))
     if partitions is not None and (executor == "slurm" or (executor == "auto" and slurm_available)):
         text += "\npartition  " + partition_text(spec, partitions)
     memory = estimate(absolute)

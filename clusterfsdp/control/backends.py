@@ -121,9 +121,9 @@ class Local(Backend):
 
     def check(self, spec: specmod.JobSpec) -> None:
         super().check(spec)
-        if spec.node_range.high > 1:
+        if needs := spec.needs_slurm():
             raise launch.SubmitError(
-                f"slurm.nodes = {spec.slurm.nodes!r}: the local executor runs on one machine; "
+                f"{needs}: the local executor runs on one machine; "
                 "use Slurm (try `clusterfsdp devcluster up` for a local test cluster) or set slurm.nodes = 1"
             )
 
@@ -185,10 +185,10 @@ class LocalRanks(_Streamed, Local):
 
     def check(self, spec: specmod.JobSpec) -> None:
         Backend.check(self, spec)
-        if spec.node_range.high > 1:
+        if needs := spec.needs_slurm():
             raise launch.SubmitError(
-                f"slurm.nodes = {spec.slurm.nodes!r}: without Slurm the job runs as local processes on this "
-                f"machine; pass nodes=1 (or run the kernel inside `salloc -N{spec.node_range.high}`)"
+                f"{needs}: without it the job runs as local processes on this machine; pass nodes=1 "
+                f"(or run the kernel inside `salloc -N{spec.node_range.high}`)"
             )
 
     def queue(

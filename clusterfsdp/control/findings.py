@@ -73,7 +73,10 @@ class Context:
 # stepped around until it is fixed.
 WORKAROUNDS = {
     "clusterfsdp/worker/evalsamples.py": "eval.samples = 0 (no generated samples at evaluations)",
-    "clusterfsdp/worker/trackers.py": "log.trackers = [] (no experiment trackers)",
+    **{  # the trackers' sink, what they share, and one module per tracker
+        f"clusterfsdp/worker/{module}.py": "log.trackers = [] (no experiment trackers)"
+        for module in ("trackers", "trackerbase", "tbtracker", "wandbtracker", "mlflowtracker")
+    },
     "clusterfsdp/worker/watchdog.py": "train.watchdog.enabled = false",
     "clusterfsdp/worker/heartbeat.py": "train.watchdog.enabled = false",
     "clusterfsdp/worker/preflight.py": "slurm.preflight = false",

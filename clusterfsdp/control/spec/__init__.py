@@ -3,8 +3,9 @@ errors, command-line overrides, cross-field checks and TOML output.
 
 Everything here is pure Python (no torch), so `validate`, `init` and the TUI's compose form stay
 fast. One module per concern:
-- `schema`: the dataclasses (one per `[section]`, every field with its docstring) and `JobSpec`'s
-  derived facts;
+- `schema`: `JobSpec` and its derived facts, over the sections' dataclasses (one per `[section]`,
+  every field with its docstring, `docfield.F`) in `slurmsection`, `datasection`, `trainsection`,
+  `outputsection` and `benchsection`;
 - `codec`: TOML data <-> JobSpec (`coerce`, `from_dict`, `loads`, `--set` overrides, `dumps`,
   `render_value`);
 - `checks`: cross-field checks; `allowlists`: what may reach a shell or `#SBATCH` line;

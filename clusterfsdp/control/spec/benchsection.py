@@ -1,25 +1,18 @@
 """[benchmarks]: lm-evaluation-harness tasks run on a run's checkpoints (issue 38), and the
 checks of the section that need no file system (`errors`).
 
-Its own module because schema.py is long already; its fields are made with `dataclasses.field`
-and the same metadata as schema's `F` (a call of `F` here would trip ruff's RUF009, which
-accepts `F` only in the module that defines it). schema.py imports this module, never the
-reverse. Pure Python: no torch, no lm_eval (it imports torch): what a task needs on disk is
-checked by `benchfiles` before queueing.
+One of the schema's section modules (schema.py imports it, never the reverse); its fields are
+made with `docfield.F` like every section's. Pure Python: no torch, no lm_eval (it imports
+torch): what a task needs on disk is checked by `benchfiles` before queueing.
 """
 
 # No `from __future__ import annotations`: the codec resolves these annotations (schema.hints).
 
-from dataclasses import field
-
 from ..value import value
+from .docfield import F
 
 YAML_SUFFIXES = (".yaml", ".yml")
 MAX_BENCH_GPUS = 256  # as schema.MAX_TASKS_PER_NODE: more is a typo
-
-
-def _doc(doc: str) -> dict:
-    return {"doc": doc, "key": None}
 
 
 @value
@@ -27,30 +20,24 @@ class BenchmarksSection:
     """[benchmarks]: lm-evaluation-harness on checkpoints (`clusterfsdp bench`, and after each
     save with every_checkpoints)."""
 
-    tasks: list[str] = field(
-        default_factory=list,
-        metadata=_doc(
-            "lm-evaluation-harness tasks run on checkpoints: paths of local task YAML files (relative to this file; "
-            "their dataset_kwargs data_files relative to the YAML's folder, so no internet is needed) or names of "
-            "tasks that ship with lm-eval (checked against the installed lm-eval before queueing; their data comes "
-            "from the Hugging Face hub). Empty: no benchmarks. Needs `pip install 'clusterfsdp[bench]'`."
-        ),
+    tasks: list[str] = F(
+        [],
+        "lm-evaluation-harness tasks run on checkpoints: paths of local task YAML files (relative to this file; "
+        "their dataset_kwargs data_files relative to the YAML's folder, so no internet is needed) or names of "
+        "tasks that ship with lm-eval (checked against the installed lm-eval before queueing; their data comes "
+        "from the Hugging Face hub). Empty: no benchmarks. Needs `pip install 'clusterfsdp[bench]'`.",
     )
-    every_checkpoints: int = field(
-        default=1,
-        metadata=_doc(
-            "Evaluate every N-th checkpoint an attempt saves, as it is saved (never blocking training: a background "
-            "process locally, a Slurm job of its own on `partition`); 0: only by hand (`clusterfsdp bench RUN`)."
-        ),
+    every_checkpoints: int = F(
+        1,
+        "Evaluate every N-th checkpoint an attempt saves, as it is saved (never blocking training: a background "
+        "process locally, a Slurm job of its own on `partition`); 0: only by hand (`clusterfsdp bench RUN`).",
     )
-    limit: int = field(default=0, metadata=_doc("Examples per task at most (lm-eval's limit); 0: all."))
-    num_fewshot: int = field(default=-1, metadata=_doc("Few-shot examples per prompt; -1: each task's own default."))
-    batch_size: int = field(default=1, metadata=_doc("lm-eval's batch size."))
-    partition: str = field(
-        default="", metadata=_doc("Slurm partition of the evaluation jobs (empty: slurm.partition).")
-    )
-    gpus: int = field(default=0, metadata=_doc("GPUs of an evaluation job (0: it runs on CPU)."))
-    time: str = field(default="1:00:00", metadata=_doc("Time limit of an evaluation job (Slurm's forms)."))
+    limit: int = F(0, "Examples per task at most (lm-eval's limit); 0: all.")
+    num_fewshot: int = F(-1, "Few-shot examples per prompt; -1: each task's own default.")
+    batch_size: int = F(1, "lm-eval's batch size.")
+    partition: str = F("", "Slurm partition of the evaluation jobs (empty: slurm.partition).")
+    gpus: int = F(0, "GPUs of an evaluation job (0: it runs on CPU).")
+    time: str = F("1:00:00", "Time limit of an evaluation job (Slurm's forms).")
 
 
 def is_local(task: str) -> bool:

@@ -1,6 +1,7 @@
 """The CLI's sweep commands (`clusterfsdp sweep`, and `status`, `cancel`, `resume`, `runs` given a
-sweep), apart from cli.py so that the other commands' start-up imports none of it: cli.py
-imports this module only when a command names a sweep (tests/test_cli.py counts the modules).
+sweep), a group of their own so that the other commands' start-up imports none of it: the
+other groups import this module only when a command names a sweep (tests/test_cli.py counts
+the modules).
 Each function parses, calls the sweep service (`control.sweep`) and prints."""
 
 from __future__ import annotations
@@ -12,21 +13,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .control import cost, strictjson, sweepfolder
-from .control.errors import UserError
-from .control.records import RunState
-from .control.sweepfolder import PointStatus, SweepFolder, SweepSummary, sort_key
+from ..control import cost, strictjson, sweepfolder
+from ..control.errors import UserError
+from ..control.records import RunState
+from ..control.sweepfolder import PointStatus, SweepFolder, SweepSummary, sort_key
 
 if TYPE_CHECKING:
-    from .control.records import SweepRecord
-    from .control.run import Run
-    from .control.runfolder import RunFolder
-    from .control.spec import JobText
-    from .control.status import RunStatus
+    from ..control.records import SweepRecord
+    from ..control.run import Run
+    from ..control.runfolder import RunFolder
+    from ..control.spec import JobText
+    from ..control.status import RunStatus
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from .control.sweep import Sweep
+    from ..control.sweep import Sweep
 
     planned = Sweep.plan(
         args.job,
@@ -60,15 +61,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _values(values: dict[str, Any]) -> str:
-    from .control import spec as specmod
+    from ..control import spec as specmod
 
     return " ".join(f"{k}={specmod.render_value(v)}" for k, v in values.items())
 
 
 def cmd_status(args: argparse.Namespace, run_root: Path | None) -> int:
-    from . import term
+    from .. import term
 
-    folder = _find(args.run, run_root)
+    folder = find_run(args.run, run_root)
     record = folder.record()
     rows, error = folder.statuses(costs=True)
     sort = sweepfolder.sort_name(args.sort or "index", record.keys, rows)
@@ -77,7 +78,7 @@ def cmd_status(args: argparse.Namespace, run_root: Path | None) -> int:
         print(f"warning: {error}", file=sys.stderr)
     bad = any(r.status.state.bad for r in rows)
     if args.json:
-        from .control import jsonout
+        from ..control import jsonout
 
         doc = {"folder": str(folder.path), **record.to_dict(), "sorted_by": sort, "slurm_error": error,
                "cost": _cost_json(rows)}  # fmt: skip
@@ -120,7 +121,7 @@ def _cost_json(rows: list[PointStatus]) -> dict[str, Any]:
 
 
 def _short(value: Any) -> str:
-    from .control import spec as specmod
+    from ..control import spec as specmod
 
     return _clip(specmod.render_value(value) if value is not None else "-", 24)
 
@@ -137,24 +138,24 @@ def _num(value: float | None) -> str:
     return f"{value:.4f}" if value is not None else "-"
 
 
-def _find(ref: str, run_root: Path | None) -> SweepFolder:
+def find_run(ref: str, run_root: Path | None) -> SweepFolder:
     return sweepfolder.find_sweep(ref, run_root)
 
 
 def cmd_cancel(args: argparse.Namespace, run_root: Path | None) -> int:
-    from .control.sweep import Sweep
+    from ..control.sweep import Sweep
 
-    for line in Sweep(_find(args.run, run_root)).cancel():
+    for line in Sweep(find_run(args.run, run_root)).cancel():
         print(line)
     return 0
 
 
 def cmd_resume(args: argparse.Namespace, run_root: Path | None) -> int:
-    from .control.sweep import Sweep
+    from ..control.sweep import Sweep
 
     if args.step is not None or args.set:
         raise UserError("resume SWEEP resumes every unfinished point as it is: --step and --set are for one run")
-    for line in Sweep(_find(args.run, run_root)).resume(executor=args.executor, force=args.force):
+    for line in Sweep(find_run(args.run, run_root)).resume(executor=args.executor, force=args.force):
         print(line)
     return 0
 
@@ -163,8 +164,8 @@ def sweep_lines(sweeps: list[SweepFolder], runs: list[RunFolder]) -> tuple[list[
     """`runs`: one line per sweep (its points' states counted, the best, what they cost; `status
     SWEEP` expands it), and the statuses of the points and of `runs` (the runs listed apart), all
     from one squeue call and at most two sacct calls (states, costs): (lines, every status, Slurm's error)."""
-    from .control import status
-    from .control.records import RecordError
+    from ..control import status
+    from ..control.records import RecordError
 
     records: dict[SweepFolder, SweepRecord | RecordError] = {}
     for folder in sweeps:
@@ -208,7 +209,7 @@ def follow(folder: SweepFolder, out: Callable[[str], None] = print, poll_s: floa
     """`sweep --follow`: a line each time a point's state changes, until every point has ended
     (or will never start: the sweep was cancelled, or its local driver is gone), then the sweep
     in a line; 0 when every point completed, 1 otherwise."""
-    from .control import procs
+    from ..control import procs
 
     seen: dict[int, str] = {}
     try:
@@ -241,9 +242,9 @@ def follow(folder: SweepFolder, out: Callable[[str], None] = print, poll_s: floa
 
 def cmd_doctor(args: argparse.Namespace, run_root: Path) -> int:
     """`doctor SWEEP`: each point's verdict, the doctor's short block under each failed one."""
-    from .control import doctor
+    from ..control import doctor
 
-    folder = _find(args.run, run_root)
+    folder = find_run(args.run, run_root)
     record = folder.record()
     rows, error = folder.statuses()
     if error:
@@ -269,12 +270,12 @@ def cmd_bench(args: argparse.Namespace, run_root: Path | None) -> int:
     them (control/bench.py). A point that has nothing to evaluate (no checkpoint, no step N, no
     [benchmarks]) is a line and the others go on; so is an evaluation that fails (recorded for
     `doctor`, as for a run). Exit 1 when an evaluation failed, else 0."""
-    from .control import bench
-    from .control.run import Run
+    from ..control import bench
+    from ..control.run import Run
 
     if args.all and args.step is not None:
         raise UserError("bench: give --step or --all, not both")
-    folder = _find(args.run, run_root)
+    folder = find_run(args.run, run_root)
     record = folder.record()
     evaluated, skipped, failed = 0, 0, 0
     for point in record.points:
@@ -303,14 +304,14 @@ def cmd_bench(args: argparse.Namespace, run_root: Path | None) -> int:
 def _evaluate(run: Run, step: int, head: str, *, again: bool) -> dict[str, Any] | None:
     """One point's evaluation of `step`, as `bench RUN --step N` evaluates it (control/bench.py):
     under the step's lock, waiting for one under way (None: unless `again`, it landed meanwhile)."""
-    from .control import bench
+    from ..control import bench
 
     return bench.evaluate_once(run, step, lambda line: print(f"{head}: {line}", flush=True), again=again)
 
 
 def cmd_export(args: argparse.Namespace, run_root: Path) -> int:
     """`export SWEEP`: a sweep has no weights of its own; the error says which runs have."""
-    folder = _find(args.run, run_root)
+    folder = find_run(args.run, run_root)
     record = folder.record()
     rows, _ = folder.statuses()
     summary = SweepSummary.of(rows)  # the same best as `runs` and `sweep --follow` name
@@ -332,7 +333,7 @@ def table_points(job: JobText, overrides: list[str]) -> int:
     """`validate`: how many points the job file's [sweep] table has, each checked as `sweep`
     checks them (SweepError, exit 2, naming the key or the point); 0 without one. `submit`
     refuses a job with one, and `sweep` refused tables that `validate` passed."""
-    from .control import sweepplan
+    from ..control import sweepplan
 
     table = sweepplan.read_table(job.text)
     return len(sweepplan.vary(job, overrides=overrides).points) if table.grid or table.zip else 0
