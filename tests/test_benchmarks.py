@@ -103,6 +103,72 @@ def test_benchmark_tasks_are_checked_before_queueing(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def test_task_code_of_another_user_and_hub_data_not_cached_are_refused_before_queueing(
+    tmp_path, other_user, shared_root
+):
+    """lm-eval imports the Python a task YAML names (`!function utils.fn`: utils.py beside it), so
+    a task file of another user, or your task file naming their code, is refused by `validate`
+    (one line naming the file); so is a `dataset_path` that is a hub dataset id not in the local
+    datasets cache (evaluations run offline), until the cache has it."""
+    theirs = other_user.plant_copy(write_task(tmp_path / "theirs").parent, shared_root)
+    other_user.plant(shared_root, {"mixed/utils.py": b"def process_docs(docs):\n    return docs\n"})
+    mixed = write_task(shared_root / "mixed", task="tiny_mixed")
+    mixed.write_text(mixed.read_text() + "process_docs: !function utils.process_docs\n")
+    hub = write_task(tmp_path / "hub", task="tiny_hub")
+    hub.write_text(hub.read_text().replace("dataset_path: json", "dataset_path: someorg/tiny_mc_data"))
+    hub.write_text(re.sub(r"dataset_kwargs:\n  data_files:\n    test: .*\n", "", hub.read_text()))
+    job = tmp_path / "job.toml"
+    job.write_text(job_text(tmp_path / "runs", [str(theirs / "tiny_mc.yaml"), str(mixed), "hub/tiny_mc.yaml"]))
+    cache = {"HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": "", "HF_HUB_CACHE": ""}
+    r = cli("validate", str(job), cwd=tmp_path, env=cache)
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    owner = f"belongs to {other_user.name} (uid {other_user.uid}), not to you or the trusted group"
+    assert errors == [
+        f"error: benchmarks.tasks[0]: {theirs}/tiny_mc.yaml {owner} ($CLUSTERFSDP_TRUSTED_GROUP): refusing to load "
+        "it as an lm-eval task file (lm-eval would run its code as you); copy it into a folder of yours",
+        f"error: benchmarks.tasks[1]: {mixed.parent}/utils.py {owner} ($CLUSTERFSDP_TRUSTED_GROUP): refusing to "
+        f"load it as the code of {mixed}'s !function utils.process_docs (lm-eval would run its code as you); copy "
+        "it into a folder of yours",
+        f"error: benchmarks.tasks[2]: {hub}: dataset_path 'someorg/tiny_mc_data' is a Hugging Face hub dataset that "
+        "is not in the local cache, and evaluations run offline: set dataset_path to json, csv or parquet with "
+        "dataset_kwargs.data_files (local files), or download it into the cache first",
+    ], r.stderr
+    (tmp_path / "hf" / "datasets" / "someorg___tiny_mc_data").mkdir(parents=True)  # datasets' own cache layout
+    r = cli("validate", str(job), cwd=tmp_path, env=cache)
+    assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == errors[:2], r.stderr
+
+
+def test_keep_best_and_early_stopping_on_a_benchmark_score_are_checked(tmp_path):
+    """`checkpoint.keep_best` / `train.early_stopping.metric` = 'bench/<task>/<metric>': the task
+    must be one of [benchmarks].tasks (a local YAML's `task:` name), the metric one whose direction
+    is known; early stopping needs the run to evaluate its checkpoints itself. One line each."""
+    write_task(tmp_path / "tasks")
+    job = tmp_path / "job.toml"
+    job.write_text(job_text(tmp_path / "runs", ["tasks/tiny_mc.yaml"]))
+    cases = {
+        "checkpoint.keep_best=bench/tiny_mc/acc_norm": None,
+        "train.early_stopping.metric=bench/tiny_mc/acc": None,
+        "checkpoint.keep_best=bench/tiny_other/acc": "checkpoint.keep_best: 'bench/tiny_other/acc' names task "
+        "'tiny_other', which is not in benchmarks.tasks (its tasks: tiny_mc)",
+        "checkpoint.keep_best=bench/tiny_mc/acc_stderr": "checkpoint.keep_best: cannot tell whether a higher or a "
+        "lower 'acc_stderr' is better (known lm-eval metrics: ",
+        "checkpoint.keep_best=bench/tiny_mc": "checkpoint.keep_best: 'bench/tiny_mc' is no benchmark score; write "
+        "'bench/<task>/<metric>'",
+        "train.early_stopping.metric=bench/tiny_mc/acc benchmarks.every_checkpoints=0": "train.early_stopping.metric: "
+        "'bench/tiny_mc/acc' needs the run to evaluate its checkpoints as it saves them",
+        "checkpoint.keep_best=eval_los": "checkpoint.keep_best: expected one of '', 'eval_loss', "
+        "'eval_reward_accuracy' or 'bench/<task>/<metric>', found 'eval_los' (did you mean 'eval_loss'?)",
+    }
+    for sets, expected in cases.items():
+        r = cli("validate", str(job), *(a for s in sets.split() for a in ("--set", s)), cwd=tmp_path)
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+        if expected is None:
+            assert r.returncode == 0, (sets, r.stderr)
+        else:
+            assert r.returncode == 2 and len(errors) == 1 and expected in errors[0], (sets, r.stderr)
+
+
 def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_path):
     """`clusterfsdp bench RUN --step 4` on a real 4-step run: benchmarks/step-4.json holds the same
     scores as lm-eval's own CLI run by hand (`lm_eval --include_path`, from the task's folder, so

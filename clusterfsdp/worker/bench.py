@@ -20,13 +20,13 @@ import argparse
 import json
 import logging
 import os
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ..control import benchfiles, runfolder
+from ..control.spec import benchmetric
 from ..control.spec.benchsection import BenchmarksSection, is_local
 
 EXIT_FAILED = 1
@@ -46,6 +46,7 @@ def task_configs(b: BenchmarksSection) -> list[str | dict[str, Any]]:
             out.append(task)
             continue
         path = Path(task)
+        benchfiles.local_task(path)  # (again here: whose the files and the code they name are now)
         config = load_yaml(path)
         files = benchfiles.data_files(config, path.parent)
         if files is not None:
@@ -64,8 +65,7 @@ def metric_name(task: str, key: str) -> str | None:
     metric, sep, filt = key.partition(",")
     if not sep:
         return None
-    name = f"bench/{task}/{metric}" + (f"/{filt}" if filt != "none" else "")
-    return re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
+    return benchmetric.flat(f"bench/{task}/{metric}" + (f"/{filt}" if filt != "none" else ""))
 
 
 def flat_metrics(results: dict[str, dict[str, Any]]) -> dict[str, float]:

@@ -450,9 +450,15 @@ class EvalSection:
 class EarlyStopping:
     """[train.early_stopping]: stop when the eval loss stops improving."""
 
-    metric: Literal["", "eval_loss"] = F("", "'eval_loss' ends the run when it stops improving; '': off.")
-    patience: int = F(3, "Evaluations in a row without an improvement of min_delta that end the run.")
-    min_delta: float = F(0.0, "How much lower than the best so far an eval_loss must be to count as an improvement.")
+    metric: str = F(
+        "",
+        "'eval_loss' ends the run when it stops improving; a benchmark score 'bench/<task>/<metric>' (a task of "
+        "[benchmarks]) when its results, read as they land, stop improving; '': off.",
+    )
+    patience: int = F(
+        3, "Evaluations (or benchmark results) in a row without an improvement of min_delta that end the run."
+    )
+    min_delta: float = F(0.0, "How much better than the best so far a score must be to count as an improvement.")
 
 
 @value
@@ -652,11 +658,13 @@ class CheckpointSection:
     dir: str = F("", "Where checkpoints go (empty: <run folder>/checkpoints).")
     every_steps: int = F(0, "Save every N steps (0: only at the end and on preemption).")
     keep_last: int = F(2, "Complete checkpoints to keep; older ones are deleted after a newer one is complete.")
-    keep_best: Literal["", "eval_loss", "eval_reward_accuracy"] = F(
+    keep_best: str = F(
         "",
         "'eval_loss': also save at every evaluation that beats the lowest eval loss so far, and keep that checkpoint "
         "(never pruned by keep_last; `export --best`); 'eval_reward_accuracy' (preference training): the same for "
-        "the highest reward accuracy on the held-out pairs; '': off.",
+        "the highest reward accuracy on the held-out pairs; 'bench/<task>/<metric>' (e.g. 'bench/tiny_mc/acc', a "
+        "task of [benchmarks]): keep the checkpoint with the best benchmark score, decided as each result lands; "
+        "'': off.",
     )
     async_: bool = F(False, "Save in the background (DCP async_save) while training continues.", key="async")
     async_mode: Literal["thread", "process"] = F(
