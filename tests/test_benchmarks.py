@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -306,3 +307,99 @@ def test_on_slurm_each_checkpoint_is_an_evaluation_job_on_the_benchmarks_partiti
     st = json.loads(cli("status", str(run.path), "--json", cwd=tmp_path).stdout)
     assert [row["step"] for row in st["benchmarks"]] == [2, 4]
     assert not list(run.checkpoints_dir().glob(".bench-hold-*"))
+
+
+PPL_YAML = """task: tiny_ppl
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: tiny_ppl.jsonl
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{text}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+"""
+PPL = "bench/tiny_ppl/word_perplexity"
+
+
+def write_ppl_task(folder: Path) -> Path:
+    """A perplexity task (lm-eval's loglikelihood_rolling) over paragraphs of the training corpus:
+    a continuous score that differs from checkpoint to checkpoint (lower is better)."""
+    from procs import CORPUS
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paragraphs = [p.strip() for p in CORPUS.read_text().split("\n\n") if p.strip()][:3]
+    (folder / "tiny_ppl.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs))
+    path = folder / "tiny_ppl.yaml"
+    path.write_text(PPL_YAML)
+    return path
+
+
+def test_keep_best_on_a_benchmark_score_decides_as_results_land_and_export_best_picks_it(tmp_path, monkeypatch):
+    """A real one-rank run (checkpoints 2 and 4, keep_last = 1) with keep_best on a perplexity
+    score, evaluated in the background as it saves, W&B (offline) and MLflow (file store) on.
+    Once both results landed: `.bench-best.json` names the step with the lower recorded score,
+    `export --best` exports that one, keep_last would let go of the other (not the newest) only if
+    it is not the best, no hold is left; the scores are in MLflow's run and in W&B's
+    `<run>-benchmarks` run at their steps. Then a second, one-step run on the same landed results
+    with early stopping on the score (min_delta so large that the second result cannot improve):
+    its trainer reads them at its first agreement point and ends COMPLETED with the reason."""
+    from procs import make_run, run_workers
+    from test_trackers import _wandb_records
+
+    from clusterfsdp.control import ckptfolder
+
+    for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_ALLOW_FILE_STORE": "true"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    task = write_ppl_task(tmp_path / "tasks")
+    extra = '[log]\ntrackers = ["wandb", "mlflow"]\nproject = "proj"\n'
+    job = job_text(tmp_path / "runs", [str(task)], extra).replace(
+        "keep_last = 3", f'keep_last = 1\nkeep_best = "{PPL}"'
+    )
+    run = make_run(job, tmp_path / "runs")
+    run_workers(run, 1)
+    results = run.path / "benchmarks"
+    _wait_for(results, [2, 4])
+    assert not list(results.glob("*.failed.json")), [p.read_text() for p in results.glob("*.failed.json")]
+    scores = {s: json.loads((results / f"step-{s}.json").read_text())["metrics"][PPL] for s in (2, 4)}
+    assert scores[2] != scores[4], scores
+    best = min(scores, key=lambda s: scores[s])
+    root = run.checkpoints_dir()
+    deadline = time.monotonic() + 60  # the step-4 result is written before its process records the best
+    while ckptfolder.held_steps(root) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not ckptfolder.held_steps(root)
+    record = json.loads((root / ".bench-best.json").read_text())
+    assert record == {"metric": PPL, "step": best, "value": scores[best]}
+    assert [p.name for p in ckptfolder.beyond_keep(root, 1, PPL)] == ([] if best == 2 else ["step-00000002"])
+    r = cli("export", str(run.path), "--best", "--to", str(tmp_path / "best"), cwd=tmp_path)
+    assert r.returncode == 0 and f"exported step {best} to " in r.stdout, r.stdout + r.stderr
+
+    from mlflow.tracking import MlflowClient
+
+    ids = json.loads(run.trackers_file.read_text())
+    client = MlflowClient(tracking_uri=(run.path / "mlruns").as_uri())
+    history = client.get_metric_history(ids["mlflow_run_id"], PPL)
+    assert sorted((m.step, m.value) for m in history) == [(s, pytest.approx(scores[s])) for s in (2, 4)]
+    logs = sorted((run.path / "wandb").glob(f"offline-run-*/run-{ids['wandb_run_id']}-bench.wandb"))
+    assert len(logs) == 2, sorted((run.path / "wandb").rglob("*.wandb"))
+    logged = []
+    for path in logs:
+        for rec in _wandb_records(str(path)):
+            if rec.WhichOneof("record_type") == "history":
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+                logged.append((items["train/step"], items[PPL]))
+    assert sorted(logged) == [(s, pytest.approx(scores[s])) for s in (2, 4)]
+
+    stop = "train.early_stopping={ metric = '" + PPL + "', patience = 1, min_delta = 1e9 }"
+    again = make_run(job, tmp_path / "again", ["benchmarks.every_checkpoints=2", "log.trackers=[]", stop])
+    shutil.copytree(results, again.path / "benchmarks", ignore=shutil.ignore_patterns("*.log", "slurm"))
+    out = run_workers(again, 1)
+    assert f"early stopping at step 1: {PPL} has not improved by more than 1e+09 on its best " in out[0][1], out[0][1]
+    completed = [e for e in again.events() if e.event.value == "completed"]
+    assert completed and completed[-1].reason.startswith("early stopping at step 1") and completed[-1].step == 1

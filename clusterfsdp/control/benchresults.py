@@ -36,28 +36,40 @@ def failure_path(run: RunFolder, step: int) -> Path:
     return results_dir(run) / f"step-{step}.failed.json"
 
 
+def _document(path: Path) -> dict[str, Any] | None:
+    """One JSON document of benchmarks/ with its `step`; None when unreadable (one being renamed
+    into place is whole or absent: worker/bench.write)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("step"), int) else None
+
+
 def _documents(run: RunFolder, pattern: re.Pattern[str]) -> list[dict[str, Any]]:
-    """The JSON documents of benchmarks/ whose names match, by step; unreadable ones left out
-    (one being renamed into place is whole or absent: worker/bench.write)."""
+    """The documents of benchmarks/ whose names match, by step; unreadable ones left out."""
     try:
         names = os.listdir(results_dir(run))
     except OSError:
         return []
-    out = []
-    for name in names:
-        if pattern.match(name):
-            try:
-                doc = json.loads((results_dir(run) / name).read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(doc, dict) and isinstance(doc.get("step"), int):
-                out.append(doc)
-    return sorted(out, key=lambda d: d["step"])
+    found = (_document(results_dir(run) / name) for name in names if pattern.match(name))
+    return sorted((d for d in found if d is not None), key=lambda d: d["step"])
+
+
+def _row(doc: dict[str, Any]) -> dict[str, Any]:
+    return {"step": doc["step"], "time": doc.get("time"), **(doc.get("metrics") or {})}
 
 
 def rows(run: RunFolder) -> list[dict[str, Any]]:
     """One row per evaluated step, oldest first: `step`, `time` and the `bench/<task>/<metric>` scores."""
-    return [{"step": d["step"], "time": d.get("time"), **(d.get("metrics") or {})} for d in _documents(run, _RESULT)]
+    return [_row(d) for d in _documents(run, _RESULT)]
+
+
+def row(path: Path) -> dict[str, Any] | None:
+    """The row of one file of benchmarks/ (`rows`); None for one that is no result (a failure
+    record, lm-eval's own files) or unreadable."""
+    doc = _document(path) if _RESULT.match(path.name) else None
+    return _row(doc) if doc is not None else None
 
 
 def failures(run: RunFolder) -> list[dict[str, Any]]:

@@ -132,16 +132,12 @@ class WandB:
             import wandb
         except ImportError as e:
             raise TrackerError(f"log.trackers: 'wandb' needs the wandb package ({e}); {INSTALL_HINT}") from None
-        ids = run.tracker_ids()
-        if not ids.wandb_run_id:
-            ids.wandb_run_id = secrets.token_hex(4)  # W&B's own ids are 8 characters of [a-z0-9]
-            run.write_tracker_ids(ids)
         try:
             self.wb = wandb.init(
                 project=spec.log.project or spec.job.name,
                 name=run.id,
                 group=spec.job.name,
-                id=ids.wandb_run_id,
+                id=wandb_run_id(run),
                 resume="allow",
                 dir=str(run.path),
                 config=hyperparameters(spec),
@@ -184,10 +180,7 @@ class MLflow:
                 f"log.trackers: 'mlflow' needs the mlflow(-skinny) package ({e}); {INSTALL_HINT}"
             ) from None
         sweep = sweep_of(run)
-        uri = spec.log.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
-        if not uri:  # MLflow 3 wants an opt-in for the file store; it is the one that needs no server
-            uri = ((sweep.path if sweep else run.path) / "mlruns").as_uri()
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        uri = mlflow_uri(run, spec)
         self.client = MlflowClient(tracking_uri=uri)
         ids = run.tracker_ids()
         try:
@@ -252,6 +245,63 @@ class MLflow:
 
     def finish(self, outcome: RankOutcome) -> None:
         self.client.set_terminated(self.run_id, self._STATUS.get(outcome, "KILLED"))
+
+
+def wandb_run_id(run: RunFolder) -> str:
+    """The run's W&B run id, made and kept in trackers.json by the first attempt that asks."""
+    ids = run.tracker_ids()
+    if not ids.wandb_run_id:
+        ids.wandb_run_id = secrets.token_hex(4)  # W&B's own ids are 8 characters of [a-z0-9]
+        run.write_tracker_ids(ids)
+    return ids.wandb_run_id
+
+
+def mlflow_uri(run: RunFolder, spec: specmod.JobSpec) -> str:
+    """`[log] mlflow_tracking_uri`, else $MLFLOW_TRACKING_URI, else the file store in the run's (or
+    its sweep's) folder."""
+    sweep = sweep_of(run)
+    uri = spec.log.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri:  # MLflow 3 wants an opt-in for the file store; it is the one that needs no server
+        uri = ((sweep.path if sweep else run.path) / "mlruns").as_uri()
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return uri
+
+
+def log_benchmarks(run: RunFolder, spec: specmod.JobSpec, step: int, scores: dict[str, float]) -> None:
+    """The benchmark scores of checkpoint `step` (issue 38; worker/bench.py, in the evaluation's
+    own process, which lands after training moved on, maybe while it still runs) to W&B and MLflow
+    as `[log] trackers` names them. MLflow: into the training's run (trackers.json), at the
+    checkpoint's step; a run takes writers side by side. W&B: into a run of its own beside the
+    training's, `<run id>-benchmarks` (id `<the training's id>-bench`, same project and group, x
+    axis `train/step`): a W&B run takes one writer at a time, and the training's may be live."""
+    if "mlflow" in spec.log.trackers:
+        from mlflow.entities import Metric
+        from mlflow.tracking import MlflowClient
+
+        run_id = run.tracker_ids().mlflow_run_id
+        if not run_id:
+            raise TrackerError("mlflow: the training has not made its MLflow run (trackers.json) to log into")
+        now = int(time.time() * 1000)
+        MlflowClient(tracking_uri=mlflow_uri(run, spec)).log_batch(
+            run_id, metrics=[Metric(k, v, now, step) for k, v in scores.items()]
+        )
+    if "wandb" in spec.log.trackers:
+        import wandb
+
+        wb = wandb.init(
+            project=spec.log.project or spec.job.name,
+            name=f"{run.id}-benchmarks",
+            group=spec.job.name,
+            job_type="benchmarks",
+            id=f"{wandb_run_id(run)}-bench",
+            resume="allow",
+            dir=str(run.path),
+            settings=wandb.Settings(console="off"),
+        )
+        wb.define_metric("train/step")
+        wb.define_metric("bench/*", step_metric="train/step")
+        wb.log({**scores, "train/step": step})
+        wb.finish()
 
 
 def samples_markdown(samples: list[EvalSample]) -> str:
