@@ -396,10 +396,11 @@ def test_keep_best_on_a_benchmark_score_decides_as_results_land_and_export_best_
                 logged.append((items["train/step"], items[PPL]))
     assert sorted(logged) == [(s, pytest.approx(scores[s])) for s in (2, 4)]
 
-    stop = "train.early_stopping={ metric = '" + PPL + "', patience = 1, min_delta = 1e9 }"
+    bits = "bench/tiny_ppl/bits_per_byte"  # (a few bits: a min_delta of 100 is more than any change)
+    stop = "train.early_stopping={ metric = '" + bits + "', patience = 1, min_delta = 100.0 }"
     again = make_run(job, tmp_path / "again", ["benchmarks.every_checkpoints=2", "log.trackers=[]", stop])
     shutil.copytree(results, again.path / "benchmarks", ignore=shutil.ignore_patterns("*.log", "slurm"))
     out = run_workers(again, 1)
-    assert f"early stopping at step 1: {PPL} has not improved by more than 1e+09 on its best " in out[0][1], out[0][1]
+    assert f"early stopping at step 1: {bits} has not improved by more than 100 on its best " in out[0][1], out[0][1]
     completed = [e for e in again.events() if e.event.value == "completed"]
     assert completed and completed[-1].reason.startswith("early stopping at step 1") and completed[-1].step == 1

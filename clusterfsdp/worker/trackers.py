@@ -288,6 +288,9 @@ def log_benchmarks(run: RunFolder, spec: specmod.JobSpec, step: int, scores: dic
     if "wandb" in spec.log.trackers:
         import wandb
 
+        # started by rank 0 (or sbatch from it), this process inherited the training's W&B service
+        # socket, which ends with the training: this process starts a service of its own
+        os.environ.pop("WANDB_SERVICE", None)
         wb = wandb.init(
             project=spec.log.project or spec.job.name,
             name=f"{run.id}-benchmarks",
