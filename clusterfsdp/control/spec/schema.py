@@ -448,7 +448,7 @@ class EvalSection:
 
 @value
 class EarlyStopping:
-    """[train.early_stopping]: stop when the eval loss stops improving."""
+    """[train.early_stopping]: stop when the eval loss (or a benchmark score) stops improving."""
 
     metric: str = F(
         "",
@@ -618,8 +618,8 @@ class TrainSection:
     )
     early_stopping: EarlyStopping = F(
         EarlyStopping(),
-        "Stop when the eval metric stops improving (needs [eval]): the run saves and ends COMPLETED, with the "
-        "reason in its completed event and `status`.",
+        "Stop when the eval metric (needs [eval]) or a benchmark score stops improving: the run saves and ends "
+        "COMPLETED, with the reason in its completed event and `status`.",
     )
     preference: Preference = F(Preference(), "Knobs of the preference objectives (train.objective).")
     guard: Guard = F(
