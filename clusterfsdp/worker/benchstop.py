@@ -25,12 +25,8 @@ class BenchStop:
     """`check` on every rank at the same step boundaries; `run` is given on rank 0 only."""
 
     def __init__(self, spec: JobSpec, run: RunFolder | None, group: Any):
-        stop = spec.train.early_stopping
-        self.metric, self.patience, self.min_delta = (
-            parse("train.early_stopping.metric", stop.metric),
-            stop.patience,
-            stop.min_delta,
-        )
+        self.stop = spec.train.early_stopping
+        self.metric = parse("train.early_stopping.metric", self.stop.metric)
         self.run, self.group = run, group
         self.read: dict[str, tuple[int, dict[str, Any]]] = {}  # file name -> (mtime_ns, its row)
 
@@ -51,13 +47,13 @@ class BenchStop:
 
     def reason(self, step: int) -> str:
         """Rank 0: why training stops at `step`, or ''."""
-        found = benchbest.verdict(self._rows(), self.metric, self.min_delta)
-        if found is None or found.stale < self.patience:
+        found = benchbest.verdict(self._rows(), self.metric, self.stop.min_delta)
+        if found is None or found.stale < self.stop.patience:
             return ""
         return (
-            f"early stopping at step {step}: {self.metric.name} has not improved by more than {self.min_delta:g} on "
-            f"its best ({found.value:.4g} at step {found.step}) for {self.patience} benchmark result(s), "
-            f"{found.results} landed"
+            f"early stopping at step {step}: {self.metric.name} has not improved by more than "
+            f"{self.stop.min_delta:g} on its best ({found.value:.4g} at step {found.step}) for {self.stop.patience} "
+            f"benchmark result(s), {found.results} landed"
         )
 
     def check(self, step: int) -> str:
