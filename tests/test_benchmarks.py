@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -101,6 +102,72 @@ def test_benchmark_tasks_are_checked_before_queueing(tmp_path):
     job.write_text(job_text(tmp_path / "runs", ["tasks/tiny_mc.yaml", "hellaswag"]))
     r = cli("validate", str(job), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+
+
+def test_task_code_of_another_user_and_hub_data_not_cached_are_refused_before_queueing(
+    tmp_path, other_user, shared_root
+):
+    """lm-eval imports the Python a task YAML names (`!function utils.fn`: utils.py beside it), so
+    a task file of another user, or your task file naming their code, is refused by `validate`
+    (one line naming the file); so is a `dataset_path` that is a hub dataset id not in the local
+    datasets cache (evaluations run offline), until the cache has it."""
+    theirs = other_user.plant_copy(write_task(tmp_path / "theirs").parent, shared_root)
+    other_user.plant(shared_root, {"mixed/utils.py": b"def process_docs(docs):\n    return docs\n"})
+    mixed = write_task(shared_root / "mixed", task="tiny_mixed")
+    mixed.write_text(mixed.read_text() + "process_docs: !function utils.process_docs\n")
+    hub = write_task(tmp_path / "hub", task="tiny_hub")
+    hub.write_text(hub.read_text().replace("dataset_path: json", "dataset_path: someorg/tiny_mc_data"))
+    hub.write_text(re.sub(r"dataset_kwargs:\n  data_files:\n    test: .*\n", "", hub.read_text()))
+    job = tmp_path / "job.toml"
+    job.write_text(job_text(tmp_path / "runs", [str(theirs / "tiny_mc.yaml"), str(mixed), "hub/tiny_mc.yaml"]))
+    cache = {"HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": "", "HF_HUB_CACHE": ""}
+    r = cli("validate", str(job), cwd=tmp_path, env=cache)
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    owner = f"belongs to {other_user.name} (uid {other_user.uid}), not to you or the trusted group"
+    assert errors == [
+        f"error: benchmarks.tasks[0]: {theirs}/tiny_mc.yaml {owner} ($CLUSTERFSDP_TRUSTED_GROUP): refusing to load "
+        "it as an lm-eval task file (lm-eval would run its code as you); copy it into a folder of yours",
+        f"error: benchmarks.tasks[1]: {mixed.parent}/utils.py {owner} ($CLUSTERFSDP_TRUSTED_GROUP): refusing to "
+        f"load it as the code of {mixed}'s !function utils.process_docs (lm-eval would run its code as you); copy "
+        "it into a folder of yours",
+        f"error: benchmarks.tasks[2]: {hub}: dataset_path 'someorg/tiny_mc_data' is a Hugging Face hub dataset that "
+        "is not in the local cache, and evaluations run offline: set dataset_path to json, csv or parquet with "
+        "dataset_kwargs.data_files (local files), or download it into the cache first",
+    ], r.stderr
+    (tmp_path / "hf" / "datasets" / "someorg___tiny_mc_data").mkdir(parents=True)  # datasets' own cache layout
+    r = cli("validate", str(job), cwd=tmp_path, env=cache)
+    assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == errors[:2], r.stderr
+
+
+def test_keep_best_and_early_stopping_on_a_benchmark_score_are_checked(tmp_path):
+    """`checkpoint.keep_best` / `train.early_stopping.metric` = 'bench/<task>/<metric>': the task
+    must be one of [benchmarks].tasks (a local YAML's `task:` name), the metric one whose direction
+    is known; early stopping needs the run to evaluate its checkpoints itself. One line each."""
+    write_task(tmp_path / "tasks")
+    job = tmp_path / "job.toml"
+    job.write_text(job_text(tmp_path / "runs", ["tasks/tiny_mc.yaml"]))
+    cases = {
+        "checkpoint.keep_best=bench/tiny_mc/acc_norm": None,
+        "train.early_stopping.metric=bench/tiny_mc/acc": None,
+        "checkpoint.keep_best=bench/tiny_other/acc": "checkpoint.keep_best: 'bench/tiny_other/acc' names task "
+        "'tiny_other', which is not in benchmarks.tasks (its tasks: tiny_mc)",
+        "checkpoint.keep_best=bench/tiny_mc/acc_stderr": "checkpoint.keep_best: cannot tell whether a higher or a "
+        "lower 'acc_stderr' is better (known lm-eval metrics: ",
+        "checkpoint.keep_best=bench/tiny_mc": "checkpoint.keep_best: 'bench/tiny_mc' is no benchmark score; write "
+        "'bench/<task>/<metric>'",
+        "train.early_stopping.metric=bench/tiny_mc/acc benchmarks.every_checkpoints=0": "train.early_stopping.metric: "
+        "'bench/tiny_mc/acc' needs the run to evaluate its checkpoints as it saves them",
+        "checkpoint.keep_best=eval_los": "checkpoint.keep_best: expected one of '', 'eval_loss', "
+        "'eval_reward_accuracy' or 'bench/<task>/<metric>', found 'eval_los' (did you mean 'eval_loss'?)",
+    }
+    for sets, expected in cases.items():
+        r = cli("validate", str(job), *(a for s in sets.split() for a in ("--set", s)), cwd=tmp_path)
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+        if expected is None:
+            assert r.returncode == 0, (sets, r.stderr)
+        else:
+            assert r.returncode == 2 and len(errors) == 1 and expected in errors[0], (sets, r.stderr)
 
 
 def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_path):
@@ -304,3 +371,100 @@ def test_on_slurm_each_checkpoint_is_an_evaluation_job_on_the_benchmarks_partiti
     st = json.loads(cli("status", str(run.path), "--json", cwd=tmp_path).stdout)
     assert [row["step"] for row in st["benchmarks"]] == [2, 4]
     assert not list(run.checkpoints_dir().glob(".bench-hold-*"))
+
+
+PPL_YAML = """task: tiny_ppl
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: tiny_ppl.jsonl
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{text}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+"""
+PPL = "bench/tiny_ppl/word_perplexity"
+
+
+def write_ppl_task(folder: Path) -> Path:
+    """A perplexity task (lm-eval's loglikelihood_rolling) over paragraphs of the training corpus:
+    a continuous score that differs from checkpoint to checkpoint (lower is better)."""
+    from procs import CORPUS
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paragraphs = [p.strip() for p in CORPUS.read_text().split("\n\n") if p.strip()][:3]
+    (folder / "tiny_ppl.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs))
+    path = folder / "tiny_ppl.yaml"
+    path.write_text(PPL_YAML)
+    return path
+
+
+def test_keep_best_on_a_benchmark_score_decides_as_results_land_and_export_best_picks_it(tmp_path, monkeypatch):
+    """A real one-rank run (checkpoints 2 and 4, keep_last = 1) with keep_best on a perplexity
+    score, evaluated in the background as it saves, W&B (offline) and MLflow (file store) on.
+    Once both results landed: `.bench-best.json` names the step with the lower recorded score,
+    `export --best` exports that one, keep_last would let go of the other (not the newest) only if
+    it is not the best, no hold is left; the scores are in MLflow's run and in W&B's
+    `<run>-benchmarks` run at their steps. Then a second, one-step run on the same landed results
+    with early stopping on the score (min_delta so large that the second result cannot improve):
+    its trainer reads them at its first agreement point and ends COMPLETED with the reason."""
+    from procs import make_run, run_workers
+    from test_trackers import _wandb_records
+
+    from clusterfsdp.control import ckptfolder
+
+    for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_ALLOW_FILE_STORE": "true"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    task = write_ppl_task(tmp_path / "tasks")
+    extra = '[log]\ntrackers = ["wandb", "mlflow"]\nproject = "proj"\n'
+    job = job_text(tmp_path / "runs", [str(task)], extra).replace(
+        "keep_last = 3", f'keep_last = 1\nkeep_best = "{PPL}"'
+    )
+    run = make_run(job, tmp_path / "runs")
+    run_workers(run, 1)
+    results = run.path / "benchmarks"
+    _wait_for(results, [2, 4])
+    assert not list(results.glob("*.failed.json")), [p.read_text() for p in results.glob("*.failed.json")]
+    scores = {s: json.loads((results / f"step-{s}.json").read_text())["metrics"][PPL] for s in (2, 4)}
+    assert scores[2] != scores[4], scores
+    best = min(scores, key=lambda s: scores[s])
+    root = run.checkpoints_dir()
+    deadline = time.monotonic() + 60  # the step-4 result is written before its process records the best
+    while ckptfolder.held_steps(root) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not ckptfolder.held_steps(root)
+    record = json.loads((root / ".bench-best.json").read_text())
+    assert record == {"metric": PPL, "step": best, "value": scores[best]}
+    assert [p.name for p in ckptfolder.beyond_keep(root, 1, PPL)] == ([] if best == 2 else ["step-00000002"])
+    r = cli("export", str(run.path), "--best", "--to", str(tmp_path / "best"), cwd=tmp_path)
+    assert r.returncode == 0 and f"exported step {best} to " in r.stdout, r.stdout + r.stderr
+
+    from mlflow.tracking import MlflowClient
+
+    ids = json.loads(run.trackers_file.read_text())
+    client = MlflowClient(tracking_uri=(run.path / "mlruns").as_uri())
+    history = client.get_metric_history(ids["mlflow_run_id"], PPL)
+    assert sorted((m.step, m.value) for m in history) == [(s, pytest.approx(scores[s])) for s in (2, 4)]
+    logs = sorted((run.path / "wandb").glob(f"offline-run-*/run-{ids['wandb_run_id']}-bench.wandb"))
+    assert len(logs) == 2, sorted((run.path / "wandb").rglob("*.wandb"))
+    logged = []
+    for path in logs:
+        for rec in _wandb_records(str(path)):
+            if rec.WhichOneof("record_type") == "history":
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+                logged.append((items["train/step"], items[PPL]))
+    assert sorted(logged) == [(s, pytest.approx(scores[s])) for s in (2, 4)]
+
+    bits = "bench/tiny_ppl/bits_per_byte"  # (a few bits: a min_delta of 100 is more than any change)
+    stop = "train.early_stopping={ metric = '" + bits + "', patience = 1, min_delta = 100.0 }"
+    again = make_run(job, tmp_path / "again", ["benchmarks.every_checkpoints=2", "log.trackers=[]", stop])
+    shutil.copytree(results, again.path / "benchmarks", ignore=shutil.ignore_patterns("*.log", "slurm"))
+    out = run_workers(again, 1)
+    assert f"early stopping at step 1: {bits} has not improved by more than 100 on its best " in out[0][1], out[0][1]
+    completed = [e for e in again.events() if e.event.value == "completed"]
+    assert completed and completed[-1].reason.startswith("early stopping at step 1") and completed[-1].step == 1

@@ -69,3 +69,9 @@ def test_the_fine_tuning_preference_and_benchmark_walkthroughs_run_as_written(tm
     (run,) = (tmp_path / "finetune" / "runs" / "bench").iterdir()
     assert sorted(p.name for p in (run / "benchmarks").glob("step-*.json")) == ["step-12.json", "step-23.json"]
     assert not list((run / "benchmarks").glob("*.lock")) and not list((run / "benchmarks").glob("*.failed.json"))
+    # keep_best on the score: the best landed step (the first of the highest, as each result landed) exported
+    scores = {s: json.loads((run / "benchmarks" / f"step-{s}.json").read_text())["metrics"]["bench/says_yes/acc"]
+              for s in (12, 23)}  # fmt: skip
+    best = max(scores, key=lambda s: (scores[s], -s))
+    assert f"exported step {best} to " in said and (tmp_path / "finetune" / "best-model" / "config.json").is_file(), (
+        scores, said[-2000:])  # fmt: skip

@@ -292,7 +292,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s = command("export", help="write a checkpoint as a HuggingFace model folder (weights, tokenizer)")
     _add_run(s)
     s.add_argument("--step", type=int, help="the checkpoint step (default: newest)")
-    s.add_argument("--best", action="store_true", help="the lowest-eval-loss checkpoint (checkpoint.keep_best)")
+    s.add_argument("--best", action="store_true", help="the best checkpoint by checkpoint.keep_best")
     s.add_argument("--to", required=True, help="output folder (created; a non-empty one only with --force)")
     s.add_argument(
         "--dtype",

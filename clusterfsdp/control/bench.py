@@ -4,8 +4,10 @@ the results `status --json` reads.
 One evaluation: the checkpoint exported to a temporary HF folder by the export every `export`
 uses (`Run.export_command`: a LoRA run's adapters merged into a full model), then lm-eval on it in
 a subprocess (worker/bench.py; lm_eval imports torch, the control plane never does), the folder
-removed after. Local tasks run offline (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): a cluster's
-compute nodes often have no internet, and a task that tried would hang there.
+removed after. With checkpoint.keep_best on a benchmark score the checkpoint stays held until its
+result landed and the best was recorded (control/benchbest.py). Local tasks run offline
+(HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): a cluster's compute nodes often have no internet, and a
+task that tried would hang there.
 The results' layout and readers: control/benchresults.py.
 """
 
@@ -21,11 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import ckptfolder
+from . import benchbest, ckptfolder
 from .benchresults import failure_path, record_failure, result_path, results_dir
 from .lock import FileLock, LockHeld
 from .run import Run, RunError
 from .runfolder import RunFolder
+from .spec import benchmetric
 from .spec.benchsection import is_local
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -83,6 +86,7 @@ def evaluate(run: Run, step: int) -> dict[str, Any]:
     document (also in benchmarks/step-N.json). RunError with one line on failure, recorded in
     benchmarks/step-N.failed.json."""
     spec = run.folder.spec()
+    root, keep_best = run.folder.checkpoints_dir(spec), benchmetric.is_bench(spec.checkpoint.keep_best)
     tmp = Path(tempfile.mkdtemp(prefix=f"clusterfsdp-bench-{run.id}-{step}-"))
     try:
         model = tmp / "model"
@@ -92,7 +96,8 @@ def evaluate(run: Run, step: int) -> dict[str, Any]:
         except RunError as e:  # (no such checkpoint any more, not yours): recorded like any failure
             raise _fail(run.folder, step, f"export: {e}") from None
         finally:  # read (or given up): keep_last may let the checkpoint go (worker/benchqueue.py held it)
-            ckptfolder.release(run.folder.checkpoints_dir(spec), step)
+            if not keep_best:  # (with keep_best on a score: once its result landed, below)
+                ckptfolder.release(root, step)
         if done.returncode != 0:
             raise _fail(run.folder, step, f"export: {_last_line(done)}")
         env = {**os.environ, **(OFFLINE if all(is_local(t) for t in spec.benchmarks.tasks) else {})}
@@ -103,8 +108,15 @@ def evaluate(run: Run, step: int) -> dict[str, Any]:
         if done.returncode != 0:
             raise _fail(run.folder, step, f"lm-eval: {_last_line(done)}")
         failure_path(run.folder, step).unlink(missing_ok=True)
+        for line in done.stderr.splitlines():  # (a tracker that did not take the scores)
+            if line.startswith("warning: "):
+                print(line, file=sys.stderr)
+        if keep_best:  # the best recorded before the hold goes (ckptfolder.beyond_keep reads them in that order)
+            benchbest.land(run.folder, spec)
         return json.loads(out.read_text())
     finally:
+        if keep_best:
+            ckptfolder.release(root, step)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -46,7 +46,7 @@ def metric_name(task: str, key: str) -> str | None:
     if not sep:
         return None
     name = f"bench/{task}/{metric}" + (f"/{filt}" if filt != "none" else "")
-    return re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
+    return re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)  # (spec.benchmetric.flat: status imports no spec)
 
 
 def read_document(path: Path) -> dict[str, Any] | None:
@@ -72,6 +72,13 @@ def _documents(run: RunFolder, pattern: re.Pattern[str]) -> list[dict[str, Any]]
 def row(doc: dict[str, Any]) -> dict[str, Any]:
     """A result document as a row: `step`, `time` and the `bench/<task>/<metric>` scores."""
     return {"step": doc["step"], "time": doc.get("time"), **(doc.get("metrics") or {})}
+
+
+def file_row(path: Path) -> dict[str, Any] | None:
+    """The row of one file of benchmarks/ (`rows`); None for one that is no result (a failure
+    record, lm-eval's own files) or unreadable."""
+    doc = read_document(path) if RESULT_NAME.match(path.name) else None
+    return row(doc) if doc is not None else None
 
 
 def rows(run: RunFolder) -> list[dict[str, Any]]:

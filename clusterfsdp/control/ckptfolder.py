@@ -13,13 +13,17 @@ Python: no torch.
     checkpoints/set-aside/step-N-T        newer ones a `resume --step` moved away (never deleted)
     checkpoints/set-aside/step-N-unreadable-T   ones that did not load on some rank
     checkpoints/.bench-hold-N             step N waits for its benchmark evaluation to export it
-                                          (keep_last lets it go only after: control/bench.py)
+                                          (keep_last lets it go only after: control/bench.py), with
+                                          keep_best on a benchmark score until its result landed
+    checkpoints/.bench-best.json          keep_best on a benchmark score: the best step so far
+                                          (control/benchbest.py writes it as each result lands)
 
 A checkpoint is written under `.step-<N>.partial/` and renamed to `step-<N>` only after
 every rank's shards and DCP's `.metadata` are on disk, so a crash, a kill -9 or a full
 disk mid-save leaves a partial folder that resume never picks. `keep_last` deletes old
 ones only after a newer one is complete, never the best one (checkpoint.keep_best: the
-`best_step` every checkpoint's clusterfsdp.json records).
+`best_step` every checkpoint's clusterfsdp.json records, or for a benchmark score the step
+`.bench-best.json` records).
 """
 
 from __future__ import annotations
@@ -162,22 +166,33 @@ def find(root: Path, step: int | None = None) -> CheckpointInfo | None:
 
 
 BEST_STEP = "best_step"  # clusterfsdp.json: the step of the lowest eval loss so far (0: none)
+BENCH_BEST = ".bench-best.json"  # {"metric", "step", "value"}: keep_best on a benchmark score
 
 
-def best(root: Path) -> CheckpointInfo | None:
-    """The checkpoint with the lowest eval loss so far, as the newest checkpoint records it
-    (checkpoint.keep_best); None when none is recorded or it is gone."""
+def best(root: Path, keep_best: str = "eval_loss") -> CheckpointInfo | None:
+    """The best checkpoint by checkpoint.keep_best: for an eval metric as the newest checkpoint
+    records it, for a benchmark score ('bench/...') as `.bench-best.json` does (for that score:
+    one recorded for another is not it); None when none is recorded or it is gone."""
     found = list_checkpoints(root)
-    step = found[-1].meta.get(BEST_STEP) if found else None
+    if keep_best.startswith("bench/"):
+        try:
+            record = fileio.load_json(root / BENCH_BEST)
+        except (OSError, ValueError):
+            record = None
+        step = record.get("step") if isinstance(record, dict) and record.get("metric") == keep_best else None
+    else:
+        step = found[-1].meta.get(BEST_STEP) if found else None
     return next((c for c in found if c.step == step), None) if type(step) is int and step > 0 else None
 
 
-def beyond_keep(root: Path, keep_last: int, keep_best: bool) -> list[Path]:
+def beyond_keep(root: Path, keep_last: int, keep_best: str) -> list[Path]:
     """The complete checkpoints `keep_last` lets go: all but the newest `keep_last` and, with
-    checkpoint.keep_best, the best, and none that a benchmark evaluation has yet to read (`hold`)."""
-    found = list_checkpoints(root)
-    kept = best(root) if keep_best else None
+    checkpoint.keep_best, the best, and none that a benchmark evaluation has yet to read (`hold`).
+    The holds are read before the best: an evaluation records a new best, then releases its hold
+    (control/bench.py), so a checkpoint whose result just landed is seen held or seen best."""
     held = held_steps(root)
+    found = list_checkpoints(root)
+    kept = best(root, keep_best) if keep_best else None
     return [c.path for c in found[:-keep_last] if (kept is None or c.step != kept.step) and c.step not in held]
 
 

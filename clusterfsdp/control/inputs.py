@@ -40,8 +40,9 @@ def bench_problems(spec: specmod.JobSpec) -> list[str]:
     if not spec.benchmarks.tasks:
         return []
     from . import benchfiles
+    from .spec import benchmetric
 
-    return benchfiles.problems(spec.benchmarks)
+    return benchfiles.problems(spec.benchmarks, benchmetric.used(spec))
 
 
 def container_only_paths(spec: specmod.JobSpec) -> list[str]:

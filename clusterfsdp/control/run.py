@@ -54,6 +54,7 @@ from .errors import UserError
 from .inputs import prepare_sources
 from .records import Attempt, Cause, Executor, RunState
 from .runfolder import RunFolder
+from .spec import benchmetric
 
 # Seconds the workers of a cancelled attempt get to save before SIGKILL (where no scheduler decides).
 GRACE_S = 20.0
@@ -501,7 +502,7 @@ class Run:
         merge: bool = False,
     ) -> list[str]:
         """The worker-side command that writes a checkpoint (the newest, the one at `step`, or
-        with `best` the one with the lowest eval loss) as a HuggingFace folder (run as a
+        with `best` the best by checkpoint.keep_best) as a HuggingFace folder (run as a
         subprocess: the control plane never imports torch). It checks `to` itself (not empty
         without `force`) and prints one line on failure. A LoRA run exports its adapters (a PEFT
         adapter folder), or with `merge` a full model with the adapters merged in."""
@@ -512,9 +513,12 @@ class Run:
         if best:
             if not spec.checkpoint.keep_best:
                 raise RunError(f"run {self.id}: --best needs checkpoint.keep_best (it is off for this run)")
-            info = ckptfolder.best(self.folder.checkpoints_dir(spec))
+            info = ckptfolder.best(self.folder.checkpoints_dir(spec), spec.checkpoint.keep_best)
             if info is None:
-                raise RunError(f"run {self.id}: no best checkpoint yet (no evaluation saved one)")
+                why = "no evaluation saved one"
+                if benchmetric.is_bench(spec.checkpoint.keep_best):
+                    why = f"no benchmark result with {spec.checkpoint.keep_best} has landed"
+                raise RunError(f"run {self.id}: no best checkpoint yet ({why})")
         else:
             info = ckptfolder.find(self.folder.checkpoints_dir(spec), step)
         if info is None:

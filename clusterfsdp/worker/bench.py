@@ -11,7 +11,8 @@ against the YAML's folder (control/benchfiles.py: how validate checked them), an
 document (`lm_eval`, as `simple_evaluate` returns it, without per-sample logs) and the scores as
 flat metric names (`metrics`: `bench/<task>/<metric>`, names TensorBoard, W&B and MLflow all
 accept), written next to FILE and renamed into place; with `[log] trackers` naming
-tensorboard, also as scalars in `<run>/tensorboard/benchmarks/` (W&B and MLflow: not yet).
+tensorboard, also as scalars in `<run>/tensorboard/benchmarks/`, and to W&B and MLflow
+(`benchtrackers.log_benchmarks`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def task_configs(b: BenchmarksSection) -> list[str | dict[str, Any]]:
             out.append(task)
             continue
         path = Path(task)
+        benchfiles.local_task(path)  # (again here: whose the files and the code they name are now)
         config = load_yaml(path)
         files = benchfiles.data_files(config, path.parent)
         if files is not None:
@@ -120,11 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     run = runfolder.RunFolder(args.run)
     document = evaluate(run, args.model, args.step)
     write(args.out, document)
-    if "tensorboard" in run.spec().log.trackers:
+    spec = run.spec()
+    if "tensorboard" in spec.log.trackers:
         try:
             to_tensorboard(run, document)
         except Exception as e:  # the scores are kept in step-N.json whatever the plot does
             print(f"warning: benchmarks of step {args.step} not written to TensorBoard: {e}", file=sys.stderr)
+    if {"wandb", "mlflow"} & set(spec.log.trackers):
+        from .benchtrackers import log_benchmarks
+
+        try:
+            log_benchmarks(run, spec, args.step, document["metrics"])
+        except Exception as e:  # (as above)
+            print(f"warning: benchmarks of step {args.step} not written to W&B/MLflow: {e}", file=sys.stderr)
     return 0
 
 

@@ -289,7 +289,7 @@ class Checkpointer:
         if self.on_complete is not None:
             self.on_complete(meta["step"])
         if self._pruner is not None:
-            self._pruner.prune(ckptfolder.beyond_keep(self.root, self.config.keep_last, bool(self.config.keep_best)))
+            self._pruner.prune(ckptfolder.beyond_keep(self.root, self.config.keep_last, self.config.keep_best))
 
     def amend(self, info: CheckpointInfo, fields: dict[str, Any]) -> None:
         """Rank 0 adds TrainState fields to a complete checkpoint's clusterfsdp.json, replaced

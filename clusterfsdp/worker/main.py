@@ -23,6 +23,7 @@ from ..control import cost, elastic, health, lock, outcomes, retrynotes, runfold
 from ..control import spec as specmod
 from ..control.outcomes import RankOutcome
 from ..control.records import Cause, Event, EventKind, Executor
+from ..control.spec import benchmetric
 from . import distenv, preflight, stopflags
 from .stopflags import StopFlags
 
@@ -216,6 +217,10 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
         from .benchqueue import BenchQueue
 
         trainer.checkpointer.on_complete = BenchQueue(run, spec, env.launcher, log)
+    if benchmetric.is_bench(spec.train.early_stopping.metric):  # every rank asks, rank 0 reads the results
+        from .benchstop import BenchStop
+
+        trainer.bench_stop = BenchStop(spec, run if env.rank == 0 else None, trainer.flag_group)
     trainer.budget = cost.read_budget(run) if spec.slurm.max_gpu_hours > 0 else None  # (jobstep wrote it)
     if env.rank == 0 and env.launcher == "slurm":  # a node range below its largest size: grow when nodes free up
         trainer.grow = attempt.grow = elastic.watch(spec, env.job_id, env.num_nodes, run.events())

@@ -34,10 +34,7 @@ class MLflow:
                 f"log.trackers: 'mlflow' needs the mlflow(-skinny) package ({e}); {INSTALL_HINT}"
             ) from None
         sweep = sweep_of(run)
-        uri = spec.log.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
-        if not uri:  # MLflow 3 wants an opt-in for the file store; it is the one that needs no server
-            uri = ((sweep.path if sweep else run.path) / "mlruns").as_uri()
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        uri = mlflow_uri(run, spec)
         self.client = MlflowClient(tracking_uri=uri)
         ids = run.tracker_ids()
         try:
@@ -106,3 +103,14 @@ class MLflow:
 
 def _without_query(uri: str) -> str:
     return uri.split("?", 1)[0]
+
+
+def mlflow_uri(run: RunFolder, spec: specmod.JobSpec) -> str:
+    """`[log] mlflow_tracking_uri`, else $MLFLOW_TRACKING_URI, else the file store in the run's (or
+    its sweep's) folder."""
+    sweep = sweep_of(run)
+    uri = spec.log.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri:  # MLflow 3 wants an opt-in for the file store; it is the one that needs no server
+        uri = ((sweep.path if sweep else run.path) / "mlruns").as_uri()
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return uri

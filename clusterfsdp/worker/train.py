@@ -5,10 +5,9 @@ components (data, model, optimizer, learning-rate schedule, Checkpointer, metric
 
 Stops cleanly at a step boundary when any rank got SIGUSR2 or SIGTERM (stopflags.py): a
 collective save, then `worker.main` decides with Slurm whether the job comes back (time limit,
-preemption) or stops (cancel).
-
-A step with a NaN/Inf or spiking loss or grad norm is skipped on every rank, and bad steps in a
-row roll back to a checkpoint with their samples skipped (numguard.py, train.guard).
+preemption) or stops (cancel). A step with a NaN/Inf or spiking loss or grad norm is skipped on
+every rank, and bad steps in a row roll back to a checkpoint with their samples skipped
+(numguard.py, train.guard). Early stopping on a benchmark score: benchstop.py.
 
 Over 500 lines on purpose: the `Trainer` and its `TrainState` are one unit (what a step does and
 what a checkpoint carries must change together); set-up, checkpointing, metrics and the guard
@@ -40,6 +39,7 @@ from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples, Tr
 from . import adapters, preference
 from . import metrics as metricsmod
 from . import model as modelmod
+from .benchstop import BenchStop
 from .build import build, token_ids
 from .checkpoint import Checkpointer
 from .evalsamples import SampleGenerator
@@ -63,8 +63,7 @@ class TrainState:
     elapsed_s: float = 0.0  # training time along the run's trajectory (metrics.Meter)
     data: str = ""  # the key of the prepared training dataset it was trained on
     steps_total: int = 0  # the steps this run trains (train.steps, or derived from train.epochs)
-    best_eval_loss: float = 0.0  # the lowest judged score so far (keep_best, early stopping), at best_step: the
-    # eval loss, or minus the eval reward accuracy with checkpoint.keep_best = 'eval_reward_accuracy'
+    best_eval_loss: float = 0.0  # the best judged score (lower better: eval loss, or minus the eval reward accuracy)
     best_step: int = 0  # 0: no evaluation yet (ckptfolder.BEST_STEP)
     stale_evals: int = 0  # evaluations in a row without an improvement of early_stopping.min_delta
     lr_schedule: dict[str, Any] = field(default_factory=dict)  # the lr curve (control.lrschedule.LrCurve)
@@ -169,6 +168,7 @@ class Trainer:
         self.new_best, self.stop_reason = False, ""  # what the last evaluation decided (_judge)
         self.budget: Budget | None = None  # the GPU-hours budget clock (worker.main sets it under Slurm)
         self.grow: GrowWatch | None = None  # rank 0 of a node range below its largest size (worker.main)
+        self.bench_stop: BenchStop | None = None  # early stopping on a benchmark score (worker.main)
         self.curve = self._restore()
         self.state.lr_schedule = self.curve.to_json()
         self._set_lr()
@@ -347,6 +347,8 @@ class Trainer:
                 flags.budget_used()  # slurm.max_gpu_hours: saved and stopped like a cancel
             if self.grow is not None and state.step > first and flags.due(state.step) and self.grow.reason:
                 flags.grow()  # nodes came free: saved and requeued onto more (after a step: never a no-progress stop)
+            if self.bench_stop is not None and flags.due(state.step) and not self.stop_reason:
+                self.stop_reason = self.bench_stop.check(state.step + 1)  # (it stops after this step)
             stop = flags.agree(self.flag_group, state.step, spec.slurm.signal_grace_s) if flags.due(state.step) else 0
             if stop:
                 return self._interrupted(SIGNAL_NAMES[stop])
@@ -413,9 +415,8 @@ class Trainer:
         return loss_sum, grad_norm
 
     def maybe_eval(self) -> dict[str, float]:
-        """eval_loss and eval_ppl when this step evaluates (every eval.every_steps, and the last
-        step), else nothing. A preference objective's rows have its rewards instead of eval_ppl:
-        the exponential of a pair loss is no perplexity."""
+        """eval_loss and eval_ppl when this step evaluates (every eval.every_steps, and the last step), else
+        nothing; a preference objective's rewards instead of eval_ppl (the exp of a pair loss is no perplexity)."""
         if not self._eval_due():
             return {}
         assert self.data.eval is not None
@@ -442,7 +443,7 @@ class Trainer:
         train.early_stopping's verdict, against the best before this evaluation."""
         state, stop = self.state, self.spec.train.early_stopping
         first = state.best_step == 0
-        if stop.metric and not first:
+        if stop.metric == "eval_loss" and not first:
             improved = eval_loss < state.best_eval_loss - stop.min_delta
             state.stale_evals = 0 if improved else state.stale_evals + 1
             if state.stale_evals >= stop.patience:
@@ -493,11 +494,10 @@ class Trainer:
         return {"epoch": samplesets.epoch(self.state.consumed, self.samples.count)}
 
     def maybe_save(self) -> None:
-        """A checkpoint every checkpoint.every_steps and, with checkpoint.keep_best, at an
-        evaluation with a new lowest eval loss (async when configured); not at the last step nor
-        when early stopping ends the run: `run` saves those blocking."""
+        """A checkpoint every checkpoint.every_steps and, with keep_best on an eval metric, at an evaluation
+        with a new best (async when configured); not at the last step nor when early stopping ends the run."""
         c, step = self.spec.checkpoint, self.state.step
-        best, self.new_best = self.new_best and bool(c.keep_best), False
+        best, self.new_best = self.new_best and c.keep_best in ("eval_loss", "eval_reward_accuracy"), False
         due = (c.every_steps and step % c.every_steps == 0) or best
         if not due or step >= self.steps or self.stop_reason:
             return

@@ -23,16 +23,12 @@ class WandB:
             import wandb
         except ImportError as e:
             raise TrackerError(f"log.trackers: 'wandb' needs the wandb package ({e}); {INSTALL_HINT}") from None
-        ids = run.tracker_ids()
-        if not ids.wandb_run_id:
-            ids.wandb_run_id = secrets.token_hex(4)  # W&B's own ids are 8 characters of [a-z0-9]
-            run.write_tracker_ids(ids)
         try:
             self.wb = wandb.init(
                 project=spec.log.project or spec.job.name,
                 name=run.id,
                 group=spec.job.name,
-                id=ids.wandb_run_id,
+                id=wandb_run_id(run),
                 resume="allow",
                 dir=str(run.path),
                 config=hyperparameters(spec),
@@ -60,3 +56,12 @@ class WandB:
 
     def finish(self, outcome: RankOutcome) -> None:
         self.wb.finish(exit_code=1 if outcome is RankOutcome.FAILED else 0)
+
+
+def wandb_run_id(run: RunFolder) -> str:
+    """The run's W&B run id, made and kept in trackers.json by the first attempt that asks."""
+    ids = run.tracker_ids()
+    if not ids.wandb_run_id:
+        ids.wandb_run_id = secrets.token_hex(4)  # W&B's own ids are 8 characters of [a-z0-9]
+        run.write_tracker_ids(ids)
+    return ids.wandb_run_id

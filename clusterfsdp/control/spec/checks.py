@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any
 
-from . import badrecords, benchsection
+from . import badrecords, benchmetric, benchsection
 from . import objective as objectivechecks
 from . import peft as peftchecks
 from .allowlists import container_errors, env_errors, sbatch_name_error, sbatch_value_errors, setup_errors
@@ -138,7 +138,7 @@ def check(spec: JobSpec) -> None:
     if spec.fsdp.version == 1 and spec.fsdp.compile:
         errors.append("fsdp.compile: supported with fsdp.version = 2 only")
     errors += peftchecks.errors(spec)
-    errors += benchsection.errors(spec.benchmarks)
+    errors += benchsection.errors(spec.benchmarks) + benchmetric.errors(spec)
     errors += objectivechecks.errors(spec)
     errors += env_errors(spec.env, spec.job.allow_env)
     if errors:
@@ -230,7 +230,7 @@ def _check_eval(spec: JobSpec, errors: list[str]) -> None:
     if stop.min_delta < 0:
         errors.append(f"train.early_stopping.min_delta: must be >= 0, found {stop.min_delta!r}")
     for key, on in (("train.early_stopping.metric", stop.metric), ("checkpoint.keep_best", spec.checkpoint.keep_best)):
-        if on and not spec.eval_enabled:
+        if on in benchmetric.EVAL_KEEP_BEST[1:] and not spec.eval_enabled:
             errors.append(f"{key}: {on!r} needs an eval set ([eval] fraction or paths)")
     if (e.fraction or e.paths) and spec.data.source != "files":
         errors.append("eval: held-out or separate evaluation data needs data.source = 'files'")

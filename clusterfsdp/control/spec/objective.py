@@ -79,7 +79,7 @@ def errors(spec: JobSpec) -> list[str]:
             "checkpoint.keep_best: 'eval_reward_accuracy' needs a pair objective (train.objective 'dpo', 'ipo', "
             "'simpo' or 'orpo'; kto's unpaired examples have no accuracy): use 'eval_loss'"
         )
-    elif keep_best == "eval_reward_accuracy" and spec.train.early_stopping.metric:
+    elif keep_best == "eval_reward_accuracy" and spec.train.early_stopping.metric == "eval_loss":
         out.append(
             "train.early_stopping.metric: the run judges its evaluations by checkpoint.keep_best = "
             "'eval_reward_accuracy'; early stopping on eval_loss would judge another metric (unset one of them)"

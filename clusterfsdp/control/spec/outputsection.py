@@ -21,11 +21,13 @@ class CheckpointSection:
     dir: str = F("", "Where checkpoints go (empty: <run folder>/checkpoints).")
     every_steps: int = F(0, "Save every N steps (0: only at the end and on preemption).")
     keep_last: int = F(2, "Complete checkpoints to keep; older ones are deleted after a newer one is complete.")
-    keep_best: Literal["", "eval_loss", "eval_reward_accuracy"] = F(
+    keep_best: str = F(
         "",
         "'eval_loss': also save at every evaluation that beats the lowest eval loss so far, and keep that checkpoint "
         "(never pruned by keep_last; `export --best`); 'eval_reward_accuracy' (preference training): the same for "
-        "the highest reward accuracy on the held-out pairs; '': off.",
+        "the highest reward accuracy on the held-out pairs; 'bench/<task>/<metric>' (e.g. 'bench/tiny_mc/acc', a "
+        "task of [benchmarks]): keep the checkpoint with the best benchmark score, decided as each result lands; "
+        "'': off.",
     )
     async_: bool = F(False, "Save in the background (DCP async_save) while training continues.", key="async")
     async_mode: Literal["thread", "process"] = F(

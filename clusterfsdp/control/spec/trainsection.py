@@ -12,11 +12,17 @@ from .docfield import F
 
 @value
 class EarlyStopping:
-    """[train.early_stopping]: stop when the eval loss stops improving."""
+    """[train.early_stopping]: stop when the eval loss (or a benchmark score) stops improving."""
 
-    metric: Literal["", "eval_loss"] = F("", "'eval_loss' ends the run when it stops improving; '': off.")
-    patience: int = F(3, "Evaluations in a row without an improvement of min_delta that end the run.")
-    min_delta: float = F(0.0, "How much lower than the best so far an eval_loss must be to count as an improvement.")
+    metric: str = F(
+        "",
+        "'eval_loss' ends the run when it stops improving; a benchmark score 'bench/<task>/<metric>' (a task of "
+        "[benchmarks]) when its results, read as they land, stop improving; '': off.",
+    )
+    patience: int = F(
+        3, "Evaluations (or benchmark results) in a row without an improvement of min_delta that end the run."
+    )
+    min_delta: float = F(0.0, "How much better than the best so far a score must be to count as an improvement.")
 
 
 @value
@@ -176,8 +182,8 @@ class TrainSection:
     )
     early_stopping: EarlyStopping = F(
         EarlyStopping(),
-        "Stop when the eval metric stops improving (needs [eval]): the run saves and ends COMPLETED, with the "
-        "reason in its completed event and `status`.",
+        "Stop when the eval metric (needs [eval]) or a benchmark score stops improving: the run saves and ends "
+        "COMPLETED, with the reason in its completed event and `status`.",
     )
     preference: Preference = F(Preference(), "Knobs of the preference objectives (train.objective).")
     guard: Guard = F(
