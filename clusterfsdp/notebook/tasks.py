@@ -1,5 +1,9 @@
 """The processes of a notebook launch: one rank (`_task`, under srun or the local supervisor) and the
-local supervisor that stands in for srun (`_local`). `python -m clusterfsdp.notebook.tasks`."""
+local supervisor that stands in for srun (`_local`). `python -m clusterfsdp.notebook.tasks`.
+
+The local supervisor imports torch and transformers once and forks its ranks
+(`worker.warmstart`), a fresh process started for the launch, never the kernel; srun's tasks
+start as they did."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from ..worker import warmstart
 
 MARK = "@@clusterfsdp "  # marker lines the tasks print on stdout (never shown in the cell)
 
@@ -69,7 +75,7 @@ def _local_main(run_dir: str, ntasks: int) -> int:
                 except OSError:
                     pass
 
-    procs: list[subprocess.Popen] = []
+    procs: list[warmstart.Forked | subprocess.Popen[bytes]] = []
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     job_id = f"nb{os.getpid()}"
@@ -84,7 +90,8 @@ def _local_main(run_dir: str, ntasks: int) -> int:
                 out.write(f"{rank}: ".encode() + (raw if raw.endswith(b"\n") else raw + b"\n"))
                 out.flush()
 
-    threads = []
+    launcher = warmstart.Launcher()  # torch and transformers imported once, each rank forked
+    launcher.preload(run_dir)
     for rank in range(ntasks):
         env = dict(
             os.environ,
@@ -99,14 +106,12 @@ def _local_main(run_dir: str, ntasks: int) -> int:
         )
         if stopping.is_set():
             break
-        p = subprocess.Popen(
-            [sys.executable, "-u", "-m", "clusterfsdp.notebook.tasks", "_task", run_dir],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+        argv = [sys.executable, "-u", "-m", "clusterfsdp.notebook.tasks", "_task", run_dir]
+        procs.append(
+            launcher.start(argv, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         )
-        procs.append(p)
+    threads = []  # started once every rank is: a thread alive at a fork would make it unsafe
+    for rank, p in enumerate(procs):
         t = threading.Thread(target=pump, args=(rank, p.stdout), daemon=True)
         t.start()
         threads.append(t)
@@ -156,4 +161,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(warmstart.run_main(main))  # (a rank forked by `_local` leaves `main` as BecomeRank)
