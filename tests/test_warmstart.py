@@ -30,6 +30,9 @@ def main():
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the notebook's supervisor does
     launchers = {"cold": warmstart.Launcher(), "warm": warmstart.Launcher()}
     print("NOTE " + launchers["warm"].preload(None, modules=("numpy",)), flush=True)
+    os.environ[warmstart.ENV_COLD] = "1"
+    print("OFF " + warmstart.Launcher().preload(None, modules=("numpy",)), flush=True)
+    del os.environ[warmstart.ENV_COLD]
     extra = open(os.devnull)  # opened after the imports: never a rank's
     out = {}
     for mode, launcher in launchers.items():
@@ -48,13 +51,14 @@ sys.exit(warmstart.run_main(main))
 
 @pytest.fixture(scope="module")
 def started() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "CLUSTERFSDP_COLD_START"}
+    # (the local controller runs without -u: its stdout is buffered, the ranks' must not be)
+    env = {k: v for k, v in os.environ.items() if k not in ("CLUSTERFSDP_COLD_START", "PYTHONUNBUFFERED")}
     r = subprocess.run(
         [sys.executable, "-c", LAUNCHER, *ENDINGS], capture_output=True, text=True, cwd=TESTS, env=env, timeout=300
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.startswith(("NOTE ", "RESULT ")))
-    return {"note": lines["NOTE"], **json.loads(lines["RESULT"])}
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.startswith(("NOTE ", "OFF ", "RESULT ")))
+    return {"note": lines["NOTE"], "off": lines["OFF"], **json.loads(lines["RESULT"])}
 
 
 def _report(child: dict) -> dict:
@@ -65,6 +69,7 @@ def test_ranks_are_forked_once_the_launcher_preloaded(started):
     assert started["note"].startswith("warm start: imports done in"), started["note"]
     assert {c["type"] for c in started["cold"]} == {"Popen"}
     assert {c["type"] for c in started["warm"]} == {"Forked"}  # every ending forked from the warm launcher
+    assert started["off"] == "cold start: CLUSTERFSDP_COLD_START=1"  # the switch a user turns it off with
 
 
 def test_a_forked_rank_starts_as_a_cold_one(started):

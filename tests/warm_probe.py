@@ -6,6 +6,7 @@ numpy's and Python's random draws), registers an atexit line, then ends as HOW s
 from __future__ import annotations
 
 import atexit
+import io
 import json
 import os
 import random
@@ -32,6 +33,7 @@ def report() -> dict:
         "stdio": [
             (type(s.buffer).__name__, s.write_through, s.line_buffering, s.errors, s.encoding)
             for s in (sys.stdout, sys.stderr)
+            if isinstance(s, io.TextIOWrapper)
         ],
         "stdin": type(sys.stdin.buffer).__name__,
         "draws": [random.random(), float(numpy.random.random())],

@@ -119,13 +119,12 @@ def _local_main(run_dir: str, ntasks: int) -> int:
     kill_at = None
     while len(codes) < len(procs):
         for rank, p in enumerate(procs):
-            if rank not in codes and p.poll() is not None:
-                codes[rank] = p.returncode
-                if p.returncode != 0 and kill_at is None:  # like srun --kill-on-bad-exit
+            code = p.poll() if rank not in codes else None
+            if code is not None:
+                codes[rank] = code
+                if code != 0 and kill_at is None:  # like srun --kill-on-bad-exit
                     with lock:
-                        out.write(
-                            f"local: rank {rank} exited with status {p.returncode}: stopping the others\n".encode()
-                        )
+                        out.write(f"local: rank {rank} exited with status {code}: stopping the others\n".encode())
                         out.flush()
                     for q in procs:
                         if q.poll() is None:

@@ -13,8 +13,8 @@ A forked rank must be what a cold-started one is, so the child, before it runs a
 - gets the signal dispositions a new interpreter has: every Python handler of the launcher back
   to the default, SIGINT to KeyboardInterrupt unless it was ignored, SIGPIPE and SIGXFSZ
   ignored (signals are blocked across the fork, so none reaches a launcher handler in the child);
-- reseeds numpy's global generator (a cold rank seeds it from the OS; Python's `random` reseeds
-  itself after a fork);
+- draws new random numbers: Python's `random` and numpy's global generator reseed themselves
+  after a fork (a cold rank seeds them from the OS);
 - then unwinds the launcher's stack (`BecomeRank`, caught at the launcher's `__main__`) and runs
   the rank's module as `python -m` would (`runpy`), so the interpreter ends as a cold one does:
   the exit status of SystemExit, a traceback and 1 for an error, atexit handlers, non-daemon
@@ -75,18 +75,18 @@ preload_s: float = 0.0
 FileArg = int | IO[Any] | None
 
 
-class BecomeRank(BaseException):  # noqa: N818 (not an error: the child's way out of the launcher)
+class BecomeRank(BaseException):
     """Raised in a forked child once it is set up as a rank: the launcher's `__main__` catches
     it outside every frame of its own and calls `run`, so no `finally` of the launcher runs
     with its state (its tasks are the child's siblings: the caller clears them first)."""
 
     def __init__(self, module: str, args: Sequence[str]):
         super().__init__(module)
-        self.module, self.args = module, list(args)
+        self.module, self.argv = module, list(args)
 
     def run(self) -> None:
         """`python -m MODULE ARGS` in this process: exceptions and SystemExit leave as they would."""
-        sys.argv = [sys.argv[0], *self.args]
+        sys.argv = [sys.argv[0], *self.argv]
         runpy.run_module(self.module, run_name="__main__", alter_sys=True)
 
 
@@ -325,9 +325,6 @@ def _become(fds: list[int], keep: set[int], env: Mapping[str, str]) -> None:
     os.environ.update(env)
     _default_signals()
     _fresh_stdio()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
     launcher = os.getppid()
 
 
