@@ -24,9 +24,11 @@ from . import warmstart
 
 class Controller(localctl.Controller):
     def __init__(self, folder: Path, run_dir: str):
-        super().__init__(folder)
+        # Before submitit's handler is installed: a cancel (SIGTERM to the group) during the
+        # imports ends this process with no rank started, as it ends a cold rank in its imports.
         self.launcher = warmstart.Launcher()
         print(f"clusterfsdp local controller {os.getpid()}: {self.launcher.preload(run_dir)}", flush=True)
+        super().__init__(folder)
 
     def start_tasks(self) -> None:
         """submitit's `start_tasks` (1.5.x), each task started by the warm launcher."""
