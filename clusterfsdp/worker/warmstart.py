@@ -207,19 +207,25 @@ class Launcher:
             if stream is not None:
                 stream.flush()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except BaseException:
+            pid = -1
+            raise
+        finally:
+            if pid != 0:  # the launcher (or a failed fork): the child's ends are its own now
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                for fd in (devnull, write_end, *((read_end,) if pid < 0 else ())):
+                    if fd >= 0:
+                        os.close(fd)
         if pid == 0:
             try:
                 _become(fds, self.keep, env)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             except BaseException as e:
                 os.write(2, f"warm start: setting up the rank failed: {e!r}\n".encode())
                 os._exit(1)
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             raise BecomeRank(*command)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        os.close(devnull)
-        if write_end >= 0:
-            os.close(write_end)
         return Forked(pid, os.fdopen(read_end, "rb") if read_end >= 0 else None)
 
 
