@@ -79,6 +79,7 @@ def test_a_forked_rank_starts_as_a_cold_one(started):
     for cold, warm in zip(started["cold"], started["warm"], strict=True):
         a, b = _report(cold), _report(warm)
         draws = a.pop("draws"), b.pop("draws")
+        assert a.pop("frozen") == 0 and b.pop("frozen") > 0  # the launcher's imports: out of the collector's way
         assert a == b
         assert draws[0] != draws[1]
     assert _report(started["warm"][0])["signals"]["SIGTERM"] == "<Handlers.SIG_DFL: 0>"

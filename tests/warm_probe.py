@@ -1,11 +1,13 @@
 """A stand-in rank for tests/test_warmstart.py: `python -u -m warm_probe HOW` prints what a rank
 could tell about how it was started (environment, signal dispositions, open fds, stdio, argv,
-numpy's and Python's random draws), registers an atexit line, then ends as HOW says: `ok`,
-`exit3` (SystemExit(3)), `error` (an exception), `interrupt` (KeyboardInterrupt), `kill` (SIGKILL)."""
+numpy's and Python's random draws, objects frozen out of the collector), registers an atexit
+line, then ends as HOW says: `ok`, `exit3` (SystemExit(3)), `error` (an exception), `interrupt`
+(KeyboardInterrupt), `kill` (SIGKILL)."""
 
 from __future__ import annotations
 
 import atexit
+import gc
 import io
 import json
 import os
@@ -37,6 +39,7 @@ def report() -> dict:
         ],
         "stdin": type(sys.stdin.buffer).__name__,
         "draws": [random.random(), float(numpy.random.random())],
+        "frozen": gc.get_freeze_count(),
     }
 
 
