@@ -27,6 +27,7 @@ def report() -> dict:
             continue
     return {
         "argv": [os.path.basename(sys.argv[0]), *sys.argv[1:]],
+        "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\0").decode().split("\0"),
         "name": __name__,
         "env": dict(os.environ),
         "fds": sorted(os.listdir("/proc/self/fd")),
