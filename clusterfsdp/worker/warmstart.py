@@ -7,8 +7,8 @@ supervisor (`notebook/tasks.py`); Slurm's ranks are srun's tasks, started as the
 A forked rank must be what a cold-started one is, so the child, before it runs a line of the rank:
 
 - gets the rank's stdin/stdout/stderr on fds 0-2 and nothing else the launcher opened after its
-  imports (a cold child of Popen inherits only 0-2: another rank's pipe held open would keep
-  its reader from ever seeing the end), and new `sys.std*` objects as `python -u` makes them;
+  imports (a cold child of Popen inherits only 0-2: the other ranks' log files and pipe ends
+  are not its to hold), and new `sys.std*` objects as `python -u` makes them;
 - gets exactly the environment the launcher would have passed to Popen, and shows the rank's
   command in /proc/PID/cmdline (ps, pgrep -f);
 - gets the signal dispositions a new interpreter has: every Python handler of the launcher back
@@ -27,7 +27,7 @@ its first heavy import), so a value read at import time (huggingface_hub's offli
 OpenMP's thread count) is the same. What each rank sets for itself later (RANK, the master, the
 network interfaces) is read when the process group starts, after the fork.
 
-Fork-safety is checked before every round of forks, and a rank starts cold (Popen, as before)
+Fork-safety is checked before every fork, and a rank starts cold (Popen, as before)
 when it fails: only the main thread in Python and in the process (numpy's and scipy's OpenBLAS
 start worker threads at import; they stop themselves in their pthread_atfork handler, which a
 probe fork after the imports runs once; torch's intra-op pool is never started by an import),
