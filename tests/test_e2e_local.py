@@ -43,6 +43,7 @@ def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
     assert logs == [f"logs/{attempt.job_id}.0/rank0.log", f"logs/{attempt.job_id}.0/rank1.log"]
     node = json.loads(next(run.nodes_dir.rglob("*.json")).read_text())
     assert node["backend"] == "gloo" and node["dist"]["world_size"] == 2
+    assert node["warm_start"] is True  # forked from the controller that imported torch once (worker/warmctl.py)
     assert node["preflight"]["passed"] and node["preflight"]["busbw_gbps"] > 0  # worker/preflight.py, 2 ranks
     # the 2 ranks share this machine's CPUs for torch's threads (worker/threads.py), unless told
     shared = max(1, len(os.sched_getaffinity(0)) // 2)
@@ -63,6 +64,7 @@ def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
     assert "loading checkpoint step-00000150" in shown and "\r" in shown and ": done in" not in shown
     log = (run.logs_dir / f"{attempt.job_id}.0" / "rank0.log").read_text()
     assert "building the model (preset llama-tiny)" in log  # (tokenizing: whichever rank gets there first)
+    assert f"warm start: forked from pid {attempt.job_id}, which imported torch and transformers in" in log
     assert "saving the final checkpoint (step 150) ..." in log
     assert "pre-flight: 1 node(s) passed (gpus, checkpoint space, /dev/shm, network)" in log
     check = f"""

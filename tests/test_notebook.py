@@ -385,6 +385,8 @@ def test_local_fallback_notebook_streams_progress_and_returns_the_result(tiny_jo
     state = json.loads((run_dir / "state.json").read_text())
     assert state["executor"] == "local" and state["attempts"][0]["job_id"] == r["job_id"]
     assert (run_dir / "logs" / f"{r['job_id']}.0" / "rank1.log").is_file()
+    node = json.loads(next((run_dir / "nodes").rglob("*.json")).read_text())
+    assert node["warm_start"] is True  # the local supervisor imported torch once and forked the ranks
     for f in run_dir.rglob("*"):  # the secret reached the ranks through the environment only
         if f.is_file():
             assert secret.encode() not in f.read_bytes(), f

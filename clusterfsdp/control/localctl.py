@@ -12,7 +12,10 @@ so that `doctor` and `status` name the signal (control/evidence.py). Slurm's sru
 same through its exit status, which the batch script's job step records (control/jobstep.py).
 
 `Executor` is submitit's LocalExecutor with this controller instead of submitit's own; its
-environment is the one submitit's `start_controller` gives (submitit 1.5.x, pinned).
+environment is the one submitit's `start_controller` gives (submitit 1.5.x, pinned). Given the run
+folder, it starts this controller warm (`clusterfsdp.worker.warmctl`, issue 36): the job's
+controller process imports torch and transformers once and forks the ranks from itself, so the
+control plane that queues the job imports neither.
 """
 
 from __future__ import annotations
@@ -48,8 +51,16 @@ class Controller(local.Controller):
         return codes
 
 
+# The warm controller: this module's, in the worker (it imports torch); started by name.
+WARM_CONTROLLER = "clusterfsdp.worker.warmctl"
+
+
 class Executor(submitit.LocalExecutor):
-    """submitit's LocalExecutor, started with this module's controller."""
+    """submitit's LocalExecutor, started with this module's controller (warm, given `run_dir`)."""
+
+    def __init__(self, folder: str | Path, *, run_dir: str | Path | None = None, **kwargs: tp.Any):
+        super().__init__(folder, **kwargs)
+        self.run_dir = run_dir
 
     def _submit_command(self, command: str) -> submitit.LocalJob:
         ntasks = self.parameters.get("tasks_per_node", 1)
@@ -66,7 +77,10 @@ class Executor(submitit.LocalExecutor):
             "CUDA_VISIBLE_DEVICES": ",".join(str(k) for k in range(self.parameters.get("gpus_per_node", 0))),
             "SUBMITIT_LOCAL_WITH_SHELL": "",
         }
-        process = subprocess.Popen([sys.executable, "-m", "clusterfsdp.control.localctl", str(self.folder)], env=env)
+        controller = [sys.executable, "-m", "clusterfsdp.control.localctl", str(self.folder)]
+        if self.run_dir is not None:
+            controller = [sys.executable, "-m", WARM_CONTROLLER, str(self.folder), str(self.run_dir)]
+        process = subprocess.Popen(controller, env=env)
         tasks = list(range(ntasks))
         return submitit.LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=tasks)
 

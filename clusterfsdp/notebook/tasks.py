@@ -1,5 +1,9 @@
 """The processes of a notebook launch: one rank (`_task`, under srun or the local supervisor) and the
-local supervisor that stands in for srun (`_local`). `python -m clusterfsdp.notebook.tasks`."""
+local supervisor that stands in for srun (`_local`). `python -m clusterfsdp.notebook.tasks`.
+
+The local supervisor imports torch and transformers once and forks its ranks
+(`worker.warmstart`), a fresh process started for the launch, never the kernel; srun's tasks
+start as they did."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from ..worker import warmstart
 
 MARK = "@@clusterfsdp "  # marker lines the tasks print on stdout (never shown in the cell)
 
@@ -75,7 +81,7 @@ def _local_main(run_dir: str, ntasks: int) -> int:
                 except OSError:
                     pass
 
-    procs: list[subprocess.Popen] = []
+    procs: list[warmstart.Forked | subprocess.Popen[bytes]] = []
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     job_id = f"nb{os.getpid()}"
@@ -90,7 +96,8 @@ def _local_main(run_dir: str, ntasks: int) -> int:
                 out.write(f"{rank}: ".encode() + (raw if raw.endswith(b"\n") else raw + b"\n"))
                 out.flush()
 
-    threads = []
+    launcher = warmstart.Launcher()  # torch and transformers imported once, each rank forked
+    launcher.preload(run_dir)
     for rank in range(ntasks):
         env = dict(
             os.environ,
@@ -105,14 +112,12 @@ def _local_main(run_dir: str, ntasks: int) -> int:
         )
         if stopping.is_set():
             break
-        p = subprocess.Popen(
-            [sys.executable, "-u", "-m", "clusterfsdp.notebook.tasks", "_task", run_dir],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+        argv = [sys.executable, "-u", "-m", "clusterfsdp.notebook.tasks", "_task", run_dir]
+        procs.append(
+            launcher.start(argv, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         )
-        procs.append(p)
+    threads = []  # started once every rank is: a thread alive at a fork would make it unsafe
+    for rank, p in enumerate(procs):
         t = threading.Thread(target=pump, args=(rank, p.stdout), daemon=True)
         t.start()
         threads.append(t)
@@ -120,13 +125,12 @@ def _local_main(run_dir: str, ntasks: int) -> int:
     kill_at = None
     while len(codes) < len(procs):
         for rank, p in enumerate(procs):
-            if rank not in codes and p.poll() is not None:
-                codes[rank] = p.returncode
-                if p.returncode != 0 and kill_at is None:  # like srun --kill-on-bad-exit
+            code = p.poll() if rank not in codes else None
+            if code is not None:
+                codes[rank] = code
+                if code != 0 and kill_at is None:  # like srun --kill-on-bad-exit
                     with lock:
-                        out.write(
-                            f"local: rank {rank} exited with status {p.returncode}: stopping the others\n".encode()
-                        )
+                        out.write(f"local: rank {rank} exited with status {code}: stopping the others\n".encode())
                         out.flush()
                     for q in procs:
                         if q.poll() is None:
@@ -162,4 +166,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(warmstart.run_main(main))  # (a rank forked by `_local` leaves `main` as BecomeRank)

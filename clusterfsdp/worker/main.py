@@ -182,6 +182,7 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
     watch = health.WatchdogSettings.of(spec.train.watchdog)
     device, backend = _init_process_group(attempt, health.collective_timeout_s(watch, health.Phase.START_UP, 0))
     log = _tee_output(attempt)
+    _note_warm_start(attempt, log)
     _start_heartbeat(attempt, watch)
     retrynotes.report_retries(log)
     _admit(attempt, spec, log)
@@ -390,6 +391,17 @@ def _admit(attempt: _Attempt, spec: specmod.JobSpec, log: Callable[[str], None])
         dist.broadcast(verdict, 0)
         if verdict.item():
             raise RuntimeError("rank 0 did not start this attempt (see its log); not starting")
+
+
+def _note_warm_start(attempt: _Attempt, log: Callable[[str], None]) -> None:
+    """Whether this rank was forked from a launcher that had imported torch and transformers
+    (worker/warmstart.py), in the log and the node record."""
+    from . import warmstart
+
+    attempt.facts["warm_start"] = warmstart.launcher is not None
+    if warmstart.launcher is not None:
+        log(f"warm start: forked from pid {warmstart.launcher}, which imported torch and transformers "
+            f"in {warmstart.preload_s:.1f} s")  # fmt: skip
 
 
 def _set_threads(attempt: _Attempt, log: Callable[[str], None]) -> None:

@@ -1,0 +1,100 @@
+"""Warm rank start (worker/warmstart.py, issue 36): a rank forked from a launcher that imported
+the heavy modules once is what a cold-started one (Popen of `python -u -m ...`) is.
+
+One launcher process (a real `Launcher`, preloading numpy here instead of torch and transformers,
+which the end-to-end tests preload: test_e2e_local.py, test_notebook.py) installs handlers as the
+local controller and the notebook's supervisor do, opens a file after its imports, then starts
+tests/warm_probe.py once per ending, cold and forked, and prints what each child reported, its
+output and its exit status as the launcher's `poll()` saw it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+ENDINGS = ("ok", "ok", "exit3", "error", "interrupt", "kill")
+
+LAUNCHER = """
+import json, os, signal, subprocess, sys
+from clusterfsdp.worker import warmstart
+
+def main():
+    signal.signal(signal.SIGTERM, lambda *a: None)  # as submitit's controller does
+    signal.signal(signal.SIGUSR2, lambda *a: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the notebook's supervisor does
+    launchers = {"cold": warmstart.Launcher(), "warm": warmstart.Launcher()}
+    print("NOTE " + launchers["warm"].preload(None, modules=("numpy",)), flush=True)
+    os.environ[warmstart.ENV_COLD] = "1"
+    print("OFF " + warmstart.Launcher().preload(None, modules=("numpy",)), flush=True)
+    del os.environ[warmstart.ENV_COLD]
+    extra = open(os.devnull)  # opened after the imports: never a rank's
+    out = {}
+    for mode, launcher in launchers.items():
+        for k, how in enumerate(sys.argv[1:]):
+            env = {**os.environ, "SUBMITIT_LOCAL_LOCALID": str(k)}
+            argv = [sys.executable, "-u", "-m", "warm_probe", how]
+            p = launcher.start(argv, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            text = p.stdout.read().decode()
+            out.setdefault(mode, []).append({"type": type(p).__name__, "code": p.wait(timeout=60), "out": text})
+    print("RESULT " + json.dumps(out), flush=True)
+    extra.close()
+
+sys.exit(warmstart.run_main(main))
+"""
+
+
+@pytest.fixture(scope="module")
+def started() -> dict:
+    # (the local controller runs without -u: its stdout is buffered, the ranks' must not be)
+    env = {k: v for k, v in os.environ.items() if k not in ("CLUSTERFSDP_COLD_START", "PYTHONUNBUFFERED")}
+    r = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, *ENDINGS], capture_output=True, text=True, cwd=TESTS, env=env, timeout=300
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.startswith(("NOTE ", "OFF ", "RESULT ")))
+    return {"note": lines["NOTE"], "off": lines["OFF"], **json.loads(lines["RESULT"])}
+
+
+def _report(child: dict) -> dict:
+    return json.loads(next(line for line in child["out"].splitlines() if line.startswith("REPORT "))[7:])
+
+
+def test_ranks_are_forked_once_the_launcher_preloaded(started):
+    assert started["note"].startswith("warm start: imports done in"), started["note"]
+    assert {c["type"] for c in started["cold"]} == {"Popen"}
+    assert {c["type"] for c in started["warm"]} == {"Forked"}  # every ending forked from the warm launcher
+    assert started["off"] == "cold start: CLUSTERFSDP_COLD_START=1"  # the switch a user turns it off with
+
+
+def test_a_forked_rank_starts_as_a_cold_one(started):
+    """The same environment, signal dispositions (the launcher's handlers gone, its ignored SIGINT
+    kept as exec keeps it), blocked signals, open fds (not the file opened after the imports),
+    stdio as `python -u` makes it, argv and `__main__`."""
+    for cold, warm in zip(started["cold"], started["warm"], strict=True):
+        a, b = _report(cold), _report(warm)
+        draws = a.pop("draws"), b.pop("draws")
+        assert a.pop("frozen") == 0 and b.pop("frozen") > 0  # the launcher's imports: out of the collector's way
+        assert a == b
+        assert draws[0] != draws[1]
+    assert _report(started["warm"][0])["signals"]["SIGTERM"] == "<Handlers.SIG_DFL: 0>"
+    first, second = (_report(c)["draws"] for c in started["warm"][:2])
+    assert first[0] != second[0] and first[1] != second[1]  # Python's and numpy's generators reseeded in each
+
+
+def test_a_forked_rank_ends_as_a_cold_one(started):
+    """Exit status (SystemExit's code, 1 for an error, -N for the signal that killed it, SIGINT's for an
+    unhandled KeyboardInterrupt), the traceback and atexit handlers, as the launcher's `poll()` sees them."""
+    codes = {mode: [c["code"] for c in started[mode]] for mode in ("cold", "warm")}
+    assert codes["warm"] == codes["cold"] == [0, 0, 3, 1, -2, -9], codes
+    for cold, warm in zip(started["cold"], started["warm"], strict=True):  # (a traceback's outer frames differ:
+        said = [[line for line in c["out"].splitlines() if not line.startswith(("REPORT ", " "))] for c in (cold, warm)]
+        assert said[0] == said[1]  # the launcher's before runpy's)
+    error = started["warm"][ENDINGS.index("error")]["out"]
+    assert "Traceback" in error and error.rstrip().endswith("ATEXIT ran") and "ValueError: boom" in error
+    assert "ATEXIT ran" not in started["warm"][ENDINGS.index("kill")]["out"]
