@@ -22,6 +22,7 @@ import pytest
 from procs import newest_checkpoint, newest_step, weights_folder
 from slurm_fixtures import bounded
 
+from clusterfsdp.control import budget as budgetmod
 from clusterfsdp.control import ckptfolder, cost, doctor, runfolder, slurmcli, status
 
 pytestmark = pytest.mark.slurm
@@ -117,7 +118,7 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
     assert f"cost       {gpu_h:.2f} GPU-h, {cpu_h:.2f} CPU-h" in st.stdout, st.stdout
     assert f"  cost     {gpu_h:.2f} GPU-h, {cpu_h:.2f} CPU-h" in st.stdout
     if version == 2:  # the budget clock the batch script gave the workers: the allocation's 4 GPUs, 10 h
-        budget = cost.read_budget(run)
+        budget = budgetmod.read_budget(run)
         assert budget is not None and (budget.gpus, budget.limit_h) == (4, 10) and budget.left_s == 10 * 3600
     spent = cost.run_cost(run)
     assert spent is not None and (spent.total.gpu_s, spent.total.cpu_s) == (

@@ -13,6 +13,7 @@ from . import ckptfolder, cost, fileio, jsonltail, pending, procs, records, slur
 from .cost import RunCost
 from .records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from .runfolder import RunFolder
+from .sweeplayout import sweep_of
 from .value import value
 
 # The final record of an attempt -> the run state it means.
@@ -309,10 +310,8 @@ def _read_record(run: RunFolder) -> RunRecord | RecordError:
 def _unstarted(run: RunFolder) -> tuple[RunState, str]:
     """A run with no attempt: a point of a sweep its local driver has not started yet (PENDING,
     not final: waiting for it ends when it has run), one it never will, or a dry run."""
-    from .sweepfolder import SWEEP_FILE, SweepFolder  # it imports this module
-
-    sweep = SweepFolder(run.path.parent)
-    if not (sweep.path / SWEEP_FILE).is_file():
+    sweep = sweep_of(run)
+    if sweep is None:
         return RunState.PREPARED, f"not submitted (dry run): sbatch {run.sbatch_script}"
     try:
         cancelled = sweep.record().cancelled is not None

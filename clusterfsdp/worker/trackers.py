@@ -40,7 +40,7 @@ from ..control.fileio import atomic_write
 from ..control.lock import held
 from ..control.outcomes import RankOutcome
 from ..control.runfolder import RunFolder
-from ..control.sweepfolder import SweepFolder, sweep_of
+from ..control.sweeplayout import SweepLayout, sweep_of
 
 _SKIPPED = ("step", "time")  # the x axis and the wall clock
 INSTALL_HINT = "install it where the workers run: pip install 'clusterfsdp[trackers]'"
@@ -212,7 +212,7 @@ class MLflow:
             ) from None
         self.run_id = ids.mlflow_run_id
 
-    def _parent(self, sweep: SweepFolder, uri: str, experiment_id: str) -> str:
+    def _parent(self, sweep: SweepLayout, uri: str, experiment_id: str) -> str:
         """The sweep's MLflow run, made by its first point (under a lock in the sweep folder: points
         start side by side) and kept in `<sweep folder>/mlflow.json` with its tracking URI."""
         record = sweep.path / "mlflow.json"

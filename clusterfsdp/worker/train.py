@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..control import ckptfolder, lrschedule, peftbase
-from ..control.cost import Budget
+from ..control.budget import Budget
 from ..control.elastic import GrowWatch
 from ..control.records import EventKind
 from ..control.spec import JobSpec
