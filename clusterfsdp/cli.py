@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .control.errors import UserError
+from .core.errors import UserError
 
 if TYPE_CHECKING:
-    from .control import spec as specmod
-    from .control.runfolder import RunFolder
+    from .core import spec as specmod
+    from .core.runfolder import RunFolder
 
 EXIT_BAD_INPUT = 2
 
@@ -38,13 +38,13 @@ class CliError(UserError):
 
 
 def _load(args: argparse.Namespace) -> specmod.JobSpec:
-    from .control import spec as specmod
+    from .core import spec as specmod
 
     return specmod.load(args.job, args.set or [])
 
 
 def _run_root(args: argparse.Namespace) -> Path:
-    from .control.runroot import default_run_root
+    from .core.runroot import default_run_root
 
     return Path(args.run_root).expanduser() if args.run_root else default_run_root()
 
@@ -63,7 +63,7 @@ def _find(args: argparse.Namespace):
 
 def _find_folder(args: argparse.Namespace) -> RunFolder:
     """The run folder, for the commands that only read it (status, logs)."""
-    from .control import runfolder
+    from .core import runfolder
 
     try:
         return runfolder.find_run(args.run, _lookup_root(args))
@@ -73,7 +73,7 @@ def _find_folder(args: argparse.Namespace) -> RunFolder:
 
 # ---------------------------------------------------------------- commands
 def cmd_init(args: argparse.Namespace) -> int:
-    from .control import spec as specmod
+    from .core import spec as specmod
 
     path = Path(args.path)
     if path.exists() and not args.force:
@@ -84,19 +84,19 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from .control import spec as specmod
+    from .core import spec as specmod
 
     print("\n".join(specmod.describe_schema(args.key or "")))  # an unknown key: SpecError, exit 2
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .control.slurmping import Ping
+    from .core.slurmping import Ping
 
     with Ping() as ping:  # asks Slurm while the job is checked (start-up)
         from .control import inputs
-        from .control import spec as specmod
         from .control.summary import summary
+        from .core import spec as specmod
 
         job = specmod.JobText.read(args.job)
         spec = job.load(args.set or [])
@@ -142,8 +142,8 @@ def _data_prepare_array(args: argparse.Namespace) -> int:
     """`data prepare --executor slurm`: one Slurm job array tokenizes the missing datasets
     (control/prepjob.py); with --follow, its progress until it ends."""
     from .control import launch, prepjob
-    from .control import spec as specmod
-    from .control.spec.allowlists import sbatch_name_error
+    from .core import spec as specmod
+    from .core.spec.allowlists import sbatch_name_error
     from .data.checks import source_problems
 
     spec = _load(args)
@@ -222,7 +222,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _slurm_answers() -> bool:
-    from .control import slurmping
+    from .core import slurmping
 
     return slurmping.controller() == "up"
 
@@ -249,8 +249,7 @@ def _log_output(path: Path):
     you could have written the file; escaped like every other line (`term.SafeStream`) when another
     user could have (a run of theirs in a shared run root: escape sequences in it would drive your
     terminal)."""
-    from . import term
-    from .control import ownership
+    from .core import ownership, term
 
     return term.raw(sys.stdout) if ownership.path_clause(path) is None else sys.stdout
 
@@ -300,14 +299,14 @@ def _names_sweep(args: argparse.Namespace) -> bool:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from .control import runfolder
-    from .control.runroot import lookup_roots
+    from .core import runfolder
+    from .core.runroot import lookup_roots
 
     roots = [_run_root(args)] if args.run_root else lookup_roots()
     found = sorted({r for root in roots for r in runfolder.iter_runs(root)}, key=lambda r: r.id, reverse=True)
     if args.user is not None:  # the runs whose folders a user owns (`--user` alone: yours)
-        from .control.ownership import user_name
         from .control.status import owner
+        from .core.ownership import user_name
 
         who = args.user or user_name(os.geteuid())
         found = [r for r in found if owner(r) == who]
@@ -321,8 +320,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not found and not args.json:
         print(f"no runs under {' or '.join(map(str, roots))} (--run-root, or set $CLUSTERFSDP_RUN_ROOT)")
         return 0
-    from . import term
     from .control import cost, status
+    from .core import term
 
     if swept:  # a sweep is one line (`status SWEEP` lists its points); ONE squeue and sacct for all
         from . import sweepcli
@@ -368,9 +367,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         return sweepcli.cmd_status(args, _lookup_root(args))
     from datetime import datetime
 
-    from . import term
-    from .control import records, samplestats, status
-    from .control.records import EventKind, RunState
+    from .control import status
+    from .core import records, term
+    from .core.records import EventKind, RunState
+    from .data import samplestats
 
     folder = _find_folder(args)
     st = status.run_status(folder)
@@ -396,7 +396,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     )
     if st.eval_loss is not None:
-        from .control.numbers import perplexity
+        from .core.numbers import perplexity
 
         ppl = f", perplexity {perplexity(st.eval_ppl)}" if st.eval_ppl is not None else ""
         rewards = f", reward accuracy {st.eval_reward_accuracy:.2f}" if st.eval_reward_accuracy is not None else ""
@@ -439,7 +439,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _benchmark_lines(folder: RunFolder) -> None:
     """The newest benchmark scores (stderr columns left out) and how many evaluations failed."""
-    from .control import benchresults
+    from .core import benchresults
 
     for row in benchresults.rows(folder)[-1:]:
         scores = ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k.startswith("bench/") and "_stderr" not in k)
@@ -471,7 +471,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
         return sweepcli.cmd_doctor(args, _run_root(args))
 
-    from .control import benchresults, doctor, status, strictjson
+    from .control import doctor, status, strictjson
+    from .core import benchresults
 
     folder = _find_folder(args)
     st = status.run_status(folder)
@@ -895,19 +896,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     named = argv[0] if argv and not argv[0].startswith("-") else None
     args = build_parser(named).parse_args(argv)  # --help and usage errors end here, before any import
-    from . import term
+    from .core import term
 
     with term.safe_output():  # names and reasons read from run folders never drive the terminal
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from . import term
+    from .core import term
 
     try:
         if args.command in ("init", "schema", "completion") or getattr(args, "quiet", False):
             return args.fn(args)
-        from .control import retrynotes
+        from .core import retrynotes
 
         with retrynotes.retry_notices(retrynotes.say_on_stderr):  # a controller outage is waited for, visibly
             return args.fn(args)

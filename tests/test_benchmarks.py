@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from procs import tiny_job_toml
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.core import runfolder
 
 ROWS = [
     ("The sun rises in the", "east", "west"),
@@ -111,8 +111,8 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
     and is recorded."""
     from procs import run_workers
 
-    from clusterfsdp.control import spec as S
-    from clusterfsdp.control.records import Executor
+    from clusterfsdp.core import spec as S
+    from clusterfsdp.core.records import Executor
 
     task = write_task(tmp_path / "tasks")
     job = tmp_path / "job.toml"
@@ -165,7 +165,7 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
 
     # `bench --all` beside an evaluation under way (here: step 2's lock held by this test, as the
     # run's own background evaluation holds it) waits for it instead of running it twice
-    from clusterfsdp.control.lock import FileLock
+    from clusterfsdp.core.lock import FileLock
 
     held = FileLock(run.path / "benchmarks" / "step-2.lock", "benchmarks of step 2").acquire()
     waiting = subprocess.Popen(

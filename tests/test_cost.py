@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from clusterfsdp.control import budget as budgetmod
 from clusterfsdp.control import cost
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Event, EventKind, Executor
+from clusterfsdp.core import budget as budgetmod
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Event, EventKind, Executor
 
 
 def test_tres_counts_are_read_and_units_left_out():
@@ -85,8 +85,8 @@ def test_the_workers_save_and_stop_when_the_budget_is_used(tmp_path):
 
     from procs import launch, make_run, tiny_job_toml, wait
 
-    from clusterfsdp.control import ckptfolder
     from clusterfsdp.control import status as statusmod
+    from clusterfsdp.core import ckptfolder
 
     run = make_run(tiny_job_toml("budget", 0, 400, tail="[slurm]\nmax_gpu_hours = 1\n"), tmp_path / "runs")
     run.add_attempt("t1", Executor.LOCAL, "submit")  # (the job id procs.launch gives the ranks)
@@ -123,8 +123,8 @@ def test_a_sweeps_points_share_its_budget(tmp_path, monkeypatch, limit_h, left_s
     from tui_helpers import make_run
 
     from clusterfsdp.control import jobstep
-    from clusterfsdp.control.records import SweepPoint, SweepRecord
     from clusterfsdp.control.sweepfolder import SweepFolder
+    from clusterfsdp.core.records import SweepPoint, SweepRecord
 
     root = tmp_path / "runs"
     points = [SweepPoint(i, f"cd-p{i}", {"train.lr": 1e-3 * (i + 1)}) for i in range(3)]

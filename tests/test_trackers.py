@@ -16,9 +16,9 @@ import pytest
 from procs import launch, make_run, run_workers, tiny_job_toml, wait
 
 import clusterfsdp
-from clusterfsdp.control import ckptfolder, fileio, runfolder
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import EventKind
+from clusterfsdp.core import ckptfolder, fileio, runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import EventKind
 
 SECRET = "sekrit-0123456789abcdef0123456789abcdef01234567"
 TRACKED = '[log]\ntrackers = ["tensorboard", "wandb", "mlflow"]\nproject = "proj"\n'

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from tui_helpers import SINFO, FakeSlurm, job, make_run
 
-from clusterfsdp.control import slurmcli
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.presets import PRESETS
+from clusterfsdp.core import slurmcli
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.presets import PRESETS
 from clusterfsdp.tui import form
 from clusterfsdp.tui.checkpoints import scan
 from clusterfsdp.tui.estimate import Memory

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from textual.pilot import Pilot
 
-from clusterfsdp.control import cost, partitions, runfolder, slurmcli
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Attempt, Event, EventKind, Executor, RunRecord
+from clusterfsdp.control import cost, partitions
+from clusterfsdp.core import runfolder, slurmcli
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Attempt, Event, EventKind, Executor, RunRecord
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.queue_rows import Slurm, SlurmJob
 

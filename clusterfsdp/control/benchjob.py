@@ -18,10 +18,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .benchresults import results_dir
-from .errors import UserError
-from .runfolder import RunFolder
-from .spec import JobSpec, parse_time_minutes
+from ..core.benchresults import results_dir
+from ..core.errors import UserError
+from ..core.runfolder import RunFolder
+from ..core.spec import JobSpec, parse_time_minutes
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def queue(run: RunFolder, spec: JobSpec, step: int) -> str:
 
 def main(argv: list[str]) -> int:
     """Queue the evaluation of step argv[1] of the run at argv[0]; print its job id (or the error, exit 1)."""
-    from . import slurmcli
+    from ..core import slurmcli
 
     if len(argv) != 2 or not argv[1].isdigit():
         print("usage: python -m clusterfsdp.control.benchjob RUN_DIR STEP", file=sys.stderr)

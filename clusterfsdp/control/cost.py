@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import fileio, ownership, runfolder, slurmcli
-from .budget import BUDGET_FILE, Budget
-from .records import Event, EventKind, Executor
-from .runfolder import RunFolder
-from .sweeplayout import sweep_of
+from ..core import fileio, ownership, runfolder, slurmcli
+from ..core.budget import BUDGET_FILE, Budget
+from ..core.records import Event, EventKind, Executor
+from ..core.runfolder import RunFolder
+from ..core.sweeplayout import sweep_of
 
 HOUR = 3600.0
 
@@ -347,7 +347,7 @@ def _held(job: Accounted | None, plan_s: float) -> float:
 
 def _other_points(run: RunFolder) -> tuple[str, list[list[str]]]:
     """(the sweep's id, each other point's Slurm job ids) for a point of a sweep; ('', []) else."""
-    from .records import RecordError
+    from ..core.records import RecordError
 
     sweep = sweep_of(run)
     if sweep is None:

@@ -29,10 +29,11 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import ckptfolder, evidence, fileio, outcomes
+from ..core import ckptfolder, fileio, outcomes
+from ..core.records import Cause, Event, EventKind, RunState, preflight_failures, preflight_verdict
+from ..core.runfolder import RunFolder
+from . import evidence
 from .findings import Context, Finding, Numbers, next_steps
-from .records import Cause, Event, EventKind, RunState, preflight_failures, preflight_verdict
-from .runfolder import RunFolder
 
 __all__ = ["Diagnosis", "Finding", "diagnose", "verdict"]
 

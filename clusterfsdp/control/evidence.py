@@ -12,8 +12,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import fileio
-from .runfolder import RunFolder
+from ..core import fileio
+from ..core.runfolder import RunFolder
 
 TAIL_BYTES = 256 << 10  # of a rank log: a traceback and what led to it
 DUMP_BYTES = 64 << 10  # of a stack dump file

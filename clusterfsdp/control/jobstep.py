@@ -37,10 +37,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ckptfolder, cost, launch, noderecord, outcomes, retrynotes, runfolder, slurmcli
-from . import spec as specmod
-from .errors import UserError
-from .records import Cause, Event, EventKind
+from ..core import ckptfolder, outcomes, retrynotes, runfolder, slurmcli
+from ..core import spec as specmod
+from ..core.errors import UserError
+from ..core.records import Cause, Event, EventKind
+from . import cost, launch, noderecord
 from .run import Run, RunError
 
 JOBSTEP_RANK = -1  # the `rank` of events this step writes: not a worker rank

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import ownership, procs, runfolder, slurmcli
-from . import spec as specmod
-from .errors import UserError
-from .procs import ProcessId
-from .records import Attempt, Executor, RunState
-from .runfolder import RunFolder
+from ..core import ownership, procs, runfolder, slurmcli
+from ..core import spec as specmod
+from ..core.errors import UserError
+from ..core.procs import ProcessId
+from ..core.records import Attempt, Executor, RunState
+from ..core.runfolder import RunFolder
 
 if TYPE_CHECKING:
     import submitit

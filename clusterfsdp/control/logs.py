@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from . import evidence, fileio, runfolder
+from ..core import fileio, runfolder
+from . import evidence
 
 
 def attempt_keys(run: runfolder.RunFolder) -> list[str]:

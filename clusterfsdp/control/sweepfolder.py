@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import runfolder, status
+from ..core import runfolder
+from ..core.errors import UserError
+from ..core.records import SweepPoint
+from ..core.runroot import ENV_RUN_ROOT, lookup_roots
+from ..core.sweeplayout import ID_PREFIX, SWEEP_FILE, SweepLayout
+from . import status
 from .cost import Usage
-from .errors import UserError
-from .records import SweepPoint
-from .runroot import ENV_RUN_ROOT, lookup_roots
-from .sweeplayout import ID_PREFIX, SWEEP_FILE, SweepLayout
 
 SORT_KEYS = ("index", "state", "step", "loss", "eval_loss")
 """What the points may be sorted by besides a varied key (`status SWEEP --sort`, the TUI's s)."""

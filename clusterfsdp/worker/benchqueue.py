@@ -17,9 +17,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from ..control import benchresults, ckptfolder
-from ..control.runfolder import RunFolder
-from ..control.spec import JobSpec
+from ..core import benchresults, ckptfolder
+from ..core.runfolder import RunFolder
+from ..core.spec import JobSpec
 
 # The launcher's variables: an evaluation is one process of its own, which lm-eval (accelerate)
 # and the export would otherwise take for a rank of this attempt's process group.

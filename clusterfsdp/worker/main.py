@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ..control import elastic, health, lock, outcomes, retrynotes, runfolder, secretenv, slurmcli
-from ..control import spec as specmod
-from ..control.budget import read_budget
-from ..control.outcomes import RankOutcome
-from ..control.records import Cause, Event, EventKind, Executor
-from . import distenv, preflight, stopflags
+from ..core import health, lock, outcomes, retrynotes, runfolder, secretenv, slurmcli
+from ..core import spec as specmod
+from ..core.budget import read_budget
+from ..core.outcomes import RankOutcome
+from ..core.records import Cause, Event, EventKind, Executor
+from . import distenv, elastic, preflight, stopflags
 from .stopflags import StopFlags
 
 if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed the signal flags

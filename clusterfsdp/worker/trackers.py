@@ -34,13 +34,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..control import spec as specmod
-from ..control.evalsamples import EvalSample
-from ..control.fileio import atomic_write
-from ..control.lock import held
-from ..control.outcomes import RankOutcome
-from ..control.runfolder import RunFolder
-from ..control.sweeplayout import SweepLayout, sweep_of
+from ..core import spec as specmod
+from ..core.evalsamples import EvalSample
+from ..core.fileio import atomic_write
+from ..core.lock import held
+from ..core.outcomes import RankOutcome
+from ..core.runfolder import RunFolder
+from ..core.sweeplayout import SweepLayout, sweep_of
 
 _SKIPPED = ("step", "time")  # the x axis and the wall clock
 INSTALL_HINT = "install it where the workers run: pip install 'clusterfsdp[trackers]'"
