@@ -134,7 +134,7 @@ def test_front_ends_never_import_torch_and_the_tui_never_imports_the_cli():
     assert not offending(files("tui"), ("clusterfsdp.cli",))
 
 
-@pytest.mark.parametrize("package", ["control", "data", "data.checks", "worker", "notebook"])
+@pytest.mark.parametrize("package", ["core", "control", "data", "data.checks", "worker", "notebook"])
 def test_importing_a_package_is_cheap(package):
     """Importing any subpackage (what submitit's unpickling and `python -m` do first) loads no torch."""
     code = f"import sys, clusterfsdp.{package}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
