@@ -15,27 +15,23 @@ from pathlib import Path
 
 import pytest
 
+from clusterfsdp.data import TORCH_FREE
+
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "safetensors", "datasets", "tokenizers", "numpy", "pandas")
-# clusterfsdp/data/: what the control plane may import (validate and submit check data with it)
-DATA_TORCH_FREE = (
-    "sources",
-    "formats",
-    "fieldmap",
-    "unpaired",
-    "trust",
-    "cache",
-    "samplesets",
-    "mixture",
-    "overlap",
-    "checks",
-    "skipped",
-    "arraystate",
-)
+# clusterfsdp/data/: what the control plane may import (validate and submit check data with it);
+# the one list, in the package itself (docs/ARCHITECTURE.md shows it: test_architecture_lists_them)
+DATA_TORCH_FREE = TORCH_FREE
 DATA_DIR = REPO / "clusterfsdp" / "data"
 DATA_HEAVY = tuple(
     f"clusterfsdp.data.{p.stem}" for p in sorted(DATA_DIR.glob("*.py")) if p.stem not in (*DATA_TORCH_FREE, "__init__")
 )
+
+
+def module_file(name: str) -> Path:
+    """clusterfsdp.a.b -> <repo>/clusterfsdp/a/b.py (the tui package lives at <repo>/tui)."""
+    parts = name.split(".")
+    return REPO.joinpath(*(parts[1:] if parts[1:2] == ["tui"] else parts)).with_suffix(".py")
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
@@ -51,7 +47,10 @@ def imports(path: Path) -> list[tuple[int, str]]:
             if node.level:
                 parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parent + ([base] if base else []))
-            out += [(node.lineno, f"{base}.{a.name}" if not node.module else base) for a in node.names]
+            for a in node.names:  # `from pkg import mod` imports pkg.mod too
+                sub = f"{base}.{a.name}"
+                is_module = (REPO / Path(*sub.split(".")[1:])).is_dir() or module_file(sub).is_file()
+                out += [(node.lineno, base)] * bool(node.module) + [(node.lineno, sub)] * (is_module or not node.module)
     return out
 
 
@@ -140,3 +139,11 @@ def test_importing_a_package_is_cheap(package):
     code = f"import sys, clusterfsdp.{package}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_architecture_lists_the_torch_free_modules():
+    """docs/ARCHITECTURE.md's list of the torch-free data modules is data.TORCH_FREE, as generated."""
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    start, end = "<!-- torch-free data modules: data.TORCH_FREE -->\n", "\n<!-- /torch-free -->"
+    block = text.split(start, 1)[1].split(end, 1)[0]
+    assert block == ", ".join(f"`{name}`" for name in TORCH_FREE), block
