@@ -128,7 +128,7 @@ def async_modes(ck_root: Path, make, meta: dict, step, repeat: int) -> dict:
 def prune_cost(ck_root: Path, make, meta: dict, copies: int) -> dict:
     """Blocked seconds to delete a checkpoint: `rmtree` inline (before) vs the Checkpointer's
     rename into `.pruning/` (now), each on its own copy of the same checkpoint."""
-    from clusterfsdp.control import ckptfolder
+    from clusterfsdp.core import ckptfolder
 
     saver = make(ck_root / "prune", writer_threads=4)
     saver.save(1, meta, blocking=True)
@@ -236,8 +236,8 @@ def main() -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict_saver import save
 
-    from clusterfsdp.control import ckptfolder
-    from clusterfsdp.control import spec as specmod
+    from clusterfsdp.core import ckptfolder
+    from clusterfsdp.core import spec as specmod
     from clusterfsdp.data.samples import Batch
     from clusterfsdp.worker import build, distenv, train
     from clusterfsdp.worker import checkpoint as ckpt

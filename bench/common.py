@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from clusterfsdp.control.spec import JobSpec
+    from clusterfsdp.core.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -50,7 +50,7 @@ def bench_job(
     overrides: Sequence[str] = (),
 ) -> JobSpec:
     """The benchmark's job spec: random-init preset, synthetic tokens, FSDP2 on one node."""
-    from clusterfsdp.control import spec as specmod
+    from clusterfsdp.core import spec as specmod
 
     data = {
         "job": {"name": name, "run_root": run_root, "seed": 0},

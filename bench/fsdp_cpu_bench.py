@@ -100,8 +100,8 @@ def on_slurm(version: int, threads: str, args: argparse.Namespace) -> dict:
     """One run as a Slurm job of the devcluster; its CPU and elapsed time from sacct."""
     import subprocess
 
-    from clusterfsdp.control import spec as specmod
     from clusterfsdp.control.run import Run
+    from clusterfsdp.core import spec as specmod
 
     omp = [f"env.OMP_NUM_THREADS='{len(os.sched_getaffinity(0))}'"] if threads == "all" else []
     text, overrides = job(version, args.steps, args.nodes, args.tasks)

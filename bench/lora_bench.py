@@ -34,7 +34,7 @@ from procs import launch, make_run, wait  # the tests' launcher of real worker r
 MAKE = r"""
 import sys, torch
 from transformers import AutoConfig, AutoModelForCausalLM
-from clusterfsdp.control.presets import PRESETS
+from clusterfsdp.core.presets import PRESETS
 keys = dict(PRESETS[sys.argv[2]]); model_type = keys.pop("model_type")
 torch.manual_seed(0)
 AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **keys)).save_pretrained(sys.argv[1])

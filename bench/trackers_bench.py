@@ -20,7 +20,7 @@ from pathlib import Path
 CHILD = """
 import json, sys, time
 from clusterfsdp.control import runfolder, spec as S
-from clusterfsdp.control.records import Executor
+from clusterfsdp.core.records import Executor
 from clusterfsdp.worker.metrics import MetricsWriter
 from clusterfsdp.worker.trackers import Trackers
 trackers, rows, root = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench_job, result, versions
 
-from clusterfsdp.control.records import EventKind
+from clusterfsdp.core.records import EventKind
 
 
 def main() -> None:
@@ -55,8 +55,8 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], help="extra section.key=value overrides")
     a = p.parse_args()
 
-    from clusterfsdp.control import runfolder
-    from clusterfsdp.control.records import Executor
+    from clusterfsdp.core import runfolder
+    from clusterfsdp.core.records import Executor
     from clusterfsdp.worker import loss as lossmod
     from clusterfsdp.worker import main as worker
 

@@ -50,9 +50,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from clusterfsdp.control import runfolder  # noqa: E402
-from clusterfsdp.control import spec as specmod  # noqa: E402
-from clusterfsdp.control.records import Event, EventKind, Executor  # noqa: E402
+from clusterfsdp.core import runfolder  # noqa: E402
+from clusterfsdp.core import spec as specmod  # noqa: E402
+from clusterfsdp.core.records import Event, EventKind, Executor  # noqa: E402
 
 LINE = "[rank0] step {i} loss {loss:.4f} lr 3.00e-04 grad_norm 0.912 tokens/s 21,153 mem 0.42 GB {pad}\n"
 TRACEBACK = "Traceback (most recent call last):\n"

@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from clusterfsdp.control import health
-from clusterfsdp.control.health import Beat, Phase, WatchdogSettings
+from clusterfsdp.core import health
+from clusterfsdp.core.health import Beat, Phase, WatchdogSettings
 from clusterfsdp.worker.heartbeat import Heartbeat
 
 

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .control.errors import UserError
     from .control.run import Run, Submission
-    from .control.spec import JobSpec
+    from .core.errors import UserError
+    from .core.spec import JobSpec
     from .frames import metrics_frame
     from .sweephandle import SweepHandle
 
@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:
 
         return Run
     if name == "UserError":  # the base of every error the user can act on (control.errors)
-        from .control.errors import UserError
+        from .core.errors import UserError
 
         return UserError
     if name == "metrics_frame":  # pandas only when a frame is asked for
@@ -71,8 +71,8 @@ def sweep(
     file's [sweep] table; values typed by the schema. Every point is checked first: one bad
     point raises a `clusterfsdp.UserError` naming it, and nothing is queued. The handle's
     `.frame()` is a DataFrame of the points' final and best metrics."""
-    from .control.spec.schema import SweepSection
     from .control.sweep import Sweep
+    from .core.spec.schema import SweepSection
     from .sweephandle import SweepHandle
 
     if executor not in ("auto", "slurm", "local"):

@@ -9,7 +9,7 @@ import os
 from typing import TYPE_CHECKING
 
 from .control.run import Run
-from .control.runfolder import RunFolder
+from .core.runfolder import RunFolder
 
 if TYPE_CHECKING:
     import pandas

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from procs import CORPUS
 
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import spec as S
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

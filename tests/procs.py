@@ -12,10 +12,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from clusterfsdp.control import ckptfolder, runfolder
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.presets import PRESETS
-from clusterfsdp.control.records import Executor
+from clusterfsdp.core import ckptfolder, runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.presets import PRESETS
+from clusterfsdp.core.records import Executor
 
 CORPUS = Path(__file__).resolve().parents[1] / "jobs" / "data" / "corpus.txt"
 

@@ -21,7 +21,7 @@ import pytest
 import tomli_w
 
 from clusterfsdp import cli
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import spec as S
 
 REPO = Path(__file__).resolve().parents[1]
 # The demo job, its data path made absolute so that copies of it elsewhere still find the corpus.
@@ -245,8 +245,8 @@ def test_run_root_that_is_a_file_or_read_only_is_exit_2(tmp_path):
 
 def test_a_closed_pipe_is_not_a_traceback(tmp_path):
     """`clusterfsdp runs | head -1` with more runs than head reads."""
-    from clusterfsdp.control import runfolder
-    from clusterfsdp.control.records import Executor
+    from clusterfsdp.core import runfolder
+    from clusterfsdp.core.records import Executor
 
     spec = S.loads(f'[job]\nrun_root = "{tmp_path}"\n')
     for i in range(400):
@@ -303,8 +303,9 @@ def test_setup_lines_that_are_directives_or_break_the_script_are_refused(line, m
 def test_setup_lines_bash_parses_are_kept_and_the_batch_script_parses(tmp_path):
     """A construct over several entries (if/fi), a here-string and quotes are fine; the rendered
     batch script with them is valid bash (checked by bash itself)."""
-    from clusterfsdp.control import launch, runfolder
-    from clusterfsdp.control.records import Executor
+    from clusterfsdp.control import launch
+    from clusterfsdp.core import runfolder
+    from clusterfsdp.core.records import Executor
 
     lines = ["if [ -f /etc/profile ]; then", '  echo "it\'s $HOSTNAME"', "fi", "read -r x <<< 'y'", "export A=1"]
     spec = S.loads(setup_toml(*lines) + f'[job]\nrun_root = "{tmp_path}"\n')

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from procs import tiny_job_toml
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.core import runfolder
 
 ROWS = [
     ("The sun rises in the", "east", "west"),
@@ -178,8 +178,8 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
     and is recorded."""
     from procs import run_workers
 
-    from clusterfsdp.control import spec as S
-    from clusterfsdp.control.records import Executor
+    from clusterfsdp.core import spec as S
+    from clusterfsdp.core.records import Executor
 
     task = write_task(tmp_path / "tasks")
     job = tmp_path / "job.toml"
@@ -232,7 +232,7 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
 
     # `bench --all` beside an evaluation under way (here: step 2's lock held by this test, as the
     # run's own background evaluation holds it) waits for it instead of running it twice
-    from clusterfsdp.control.lock import FileLock
+    from clusterfsdp.core.lock import FileLock
 
     held = FileLock(run.path / "benchmarks" / "step-2.lock", "benchmarks of step 2").acquire()
     waiting = subprocess.Popen(
@@ -267,9 +267,9 @@ def test_bench_sweep_evaluates_each_point_and_reports_one_without_a_checkpoint(t
 
     from procs import run_workers
 
-    from clusterfsdp.control import spec as S
-    from clusterfsdp.control.records import Executor, SweepPoint, SweepRecord
     from clusterfsdp.control.sweepfolder import SweepFolder
+    from clusterfsdp.core import spec as S
+    from clusterfsdp.core.records import Executor, SweepPoint, SweepRecord
 
     write_task(tmp_path / "tasks")
     job = tmp_path / "job.toml"
@@ -415,7 +415,7 @@ def test_keep_best_on_a_benchmark_score_decides_as_results_land_and_export_best_
     from procs import make_run, run_workers
     from test_trackers import _wandb_records
 
-    from clusterfsdp.control import ckptfolder
+    from clusterfsdp.core import ckptfolder
 
     for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_ALLOW_FILE_STORE": "true"}.items():
         monkeypatch.setenv(key, value)

@@ -13,7 +13,7 @@ import torch
 from data_helpers import conversations, make_tokenizer, write_jsonl
 from procs import make_run, run_workers
 
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import spec as S
 from clusterfsdp.data import checks
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data import samples as datamod
@@ -118,7 +118,7 @@ def test_prompt_tokens_contribute_exactly_zero_gradient(tmp_path, chat_tok):
     of a loss computed from the assistant positions alone."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from clusterfsdp.control.presets import PRESETS
+    from clusterfsdp.core.presets import PRESETS
 
     spec = S.loads(chat_job(tmp_path, chat_tok, 40))
     dataprep.ensure(spec, workers=1)

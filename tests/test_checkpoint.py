@@ -16,10 +16,11 @@ import pytest
 from data_helpers import conversations, documents, make_tokenizer, write_jsonl, write_parquet
 from procs import launch, make_run, run_workers, tiny_job_toml, wait
 
-from clusterfsdp.control import ckptfolder, runfolder, status
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import EventKind
+from clusterfsdp.control import status
 from clusterfsdp.control.run import Run
+from clusterfsdp.core import ckptfolder, runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import EventKind
 
 JOB = tiny_job_toml(
     "ck",

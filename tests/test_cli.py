@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import spec as S
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -128,40 +128,40 @@ print(" ".join(sorted(m for m in new if m.startswith("clusterfsdp") or m in {als
 
 
 READ_ONLY = {
-    "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.term", "clusterfsdp.control", "clusterfsdp.control.records",
-    "clusterfsdp.control.procs", "clusterfsdp.control.runfolder", "clusterfsdp.control.runroot",
-    "clusterfsdp.control.jsonltail", "clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
-    "clusterfsdp.control.ckptfolder", "clusterfsdp.control.errors", "clusterfsdp.control.ownership",
-    "clusterfsdp.control.fileio", "clusterfsdp.control.retrynotes", "clusterfsdp.control.slurmping",
-    "clusterfsdp.control.value", "clusterfsdp.control.pending",  # a pending job's reason in words
+    "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.core.term", "clusterfsdp.control", "clusterfsdp.core.records",
+    "clusterfsdp.core.procs", "clusterfsdp.core.runfolder", "clusterfsdp.core.runroot",
+    "clusterfsdp.control.jsonltail", "clusterfsdp.control.status", "clusterfsdp.core.slurmcli",
+    "clusterfsdp.core.ckptfolder", "clusterfsdp.core.errors", "clusterfsdp.core.ownership",
+    "clusterfsdp.core.fileio", "clusterfsdp.core.retrynotes", "clusterfsdp.core.slurmping",
+    "clusterfsdp.core.value", "clusterfsdp.control.pending",  # a pending job's reason in words
     "clusterfsdp.control.cost",  # what each run cost (sacct, and the figures a run folder keeps)
     "clusterfsdp.cli.statuscmds",  # the CLI's group of run-folder readers (runs, status, doctor, logs)
 }  # fmt: skip
 
 VALIDATE = {
-    "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.term", "clusterfsdp.control", "clusterfsdp.control.errors",
-    "clusterfsdp.control.inputs", "clusterfsdp.control.summary", "clusterfsdp.control.modelsource",
-    "clusterfsdp.control.hub", "clusterfsdp.control.presets", "clusterfsdp.control.slurmping",
-    "clusterfsdp.control.retrynotes", "clusterfsdp.control.fileio",
-    "clusterfsdp.control.runroot", "clusterfsdp.control.secretenv",
-    "clusterfsdp.control.spec", "clusterfsdp.control.spec.allowlists", "clusterfsdp.control.spec.checks",
-    "clusterfsdp.control.spec.codec", "clusterfsdp.control.spec.docs", "clusterfsdp.control.spec.paths",
-    "clusterfsdp.control.spec.schema", "clusterfsdp.control.spec.tokenizer", "clusterfsdp.control.spec.badrecords",
-    "clusterfsdp.control.spec.peft", "clusterfsdp.control.spec.templates", "clusterfsdp.control.value",
-    "clusterfsdp.control.spec.nodes",
-    "clusterfsdp.control.ownership",  # hub: a snapshot in a shared HF cache must be yours (issue 34)
-    "clusterfsdp.control.spec.objective",  # train.objective's checks (issue 37)
-    "clusterfsdp.control.spec.benchsection",  # [benchmarks] (issue 38; its files only for a job with tasks)
+    "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.core.term", "clusterfsdp.control", "clusterfsdp.core.errors",
+    "clusterfsdp.control.inputs", "clusterfsdp.control.summary", "clusterfsdp.core.modelsource",
+    "clusterfsdp.core.hub", "clusterfsdp.core.presets", "clusterfsdp.core.slurmping",
+    "clusterfsdp.core.retrynotes", "clusterfsdp.core.fileio",
+    "clusterfsdp.core.runroot", "clusterfsdp.core.secretenv",
+    "clusterfsdp.core.spec", "clusterfsdp.core.spec.allowlists", "clusterfsdp.core.spec.checks",
+    "clusterfsdp.core.spec.codec", "clusterfsdp.core.spec.docs", "clusterfsdp.core.spec.paths",
+    "clusterfsdp.core.spec.schema", "clusterfsdp.core.spec.tokenizer", "clusterfsdp.core.spec.badrecords",
+    "clusterfsdp.core.spec.peft", "clusterfsdp.core.spec.templates", "clusterfsdp.core.value",
+    "clusterfsdp.core.spec.nodes",
+    "clusterfsdp.core.ownership",  # hub: a snapshot in a shared HF cache must be yours (issue 34)
+    "clusterfsdp.core.spec.objective",  # train.objective's checks (issue 37)
+    "clusterfsdp.core.spec.benchsection",  # [benchmarks] (issue 38; its files only for a job with tasks)
     "clusterfsdp.cli.jobcmds",  # the CLI's group of job-file commands (init, schema, validate)
-    "clusterfsdp.control.spec.docfield", "clusterfsdp.control.spec.slurmsection",  # the schema's sections
-    "clusterfsdp.control.spec.datasection", "clusterfsdp.control.spec.trainsection",
-    "clusterfsdp.control.spec.outputsection",
+    "clusterfsdp.core.spec.docfield", "clusterfsdp.core.spec.slurmsection",  # the schema's sections
+    "clusterfsdp.core.spec.datasection", "clusterfsdp.core.spec.trainsection",
+    "clusterfsdp.core.spec.outputsection",
 }  # fmt: skip
 DATA_CHECKS = {  # what validate adds for a job that reads files
     "clusterfsdp.data", "clusterfsdp.data.skipped", "clusterfsdp.data.fieldmap", "clusterfsdp.data.mixture",
     "clusterfsdp.data.cache", "clusterfsdp.data.checks", "clusterfsdp.data.formats", "clusterfsdp.data.overlap",
     "clusterfsdp.data.samplesets", "clusterfsdp.data.sources", "clusterfsdp.data.trust",
-    "clusterfsdp.control.ownership",
+    "clusterfsdp.core.ownership",
     "clusterfsdp.data.unpaired",  # the 'unpaired' reader registered with data.formats (issue 37's kto)
 }  # fmt: skip
 
@@ -177,18 +177,18 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     make_run(tmp_path, checkpoints=(20,), log_lines=1, ranks=1)
     root = ["--run-root", str(tmp_path)]
     names, count = _imported_by(["--help"])
-    # (control/errors.py: the one error base every front-end catches; it imports nothing)
-    help_only = {"clusterfsdp", "clusterfsdp.cli", "clusterfsdp.control", "clusterfsdp.control.errors"}
+    # (core/errors.py: the one error base every front-end catches; it imports nothing)
+    help_only = {"clusterfsdp", "clusterfsdp.cli", "clusterfsdp.control", "clusterfsdp.core.errors"}
     assert names == help_only and count < 30, (names, count)
     names, _ = _imported_by(["status", "20260101-120000-aaaa", *root])
-    one_run = READ_ONLY | {"clusterfsdp.control.samplestats"}  # the data.json reader
+    one_run = READ_ONLY | {"clusterfsdp.data.samplestats"}  # the data.json reader
     assert names == one_run, names ^ one_run
     names, _ = _imported_by(["runs", *root])
     assert names == READ_ONLY, names ^ READ_ONLY
     names, _ = _imported_by(["runs", "--quiet", *root])
-    assert names == READ_ONLY - {"clusterfsdp.control.status", "clusterfsdp.control.slurmcli",
-                                 "clusterfsdp.control.slurmping", "clusterfsdp.control.retrynotes",
-                                 "clusterfsdp.control.ckptfolder", "clusterfsdp.control.jsonltail",
+    assert names == READ_ONLY - {"clusterfsdp.control.status", "clusterfsdp.core.slurmcli",
+                                 "clusterfsdp.core.slurmping", "clusterfsdp.core.retrynotes",
+                                 "clusterfsdp.core.ckptfolder", "clusterfsdp.control.jsonltail",
                                  "clusterfsdp.control.pending", "clusterfsdp.control.cost"}, names  # fmt: skip
     # validate: the spec, the source checks and the summary, not the run service (run, backends,
     # launch, lock, status) nor the run folder's records or Slurm's job table; synthetic tokens:
@@ -236,8 +236,8 @@ def test_rm_removes_finished_and_prepared_runs_and_refuses_live_and_foreign_ones
     from tui_helpers import make_run
 
     from clusterfsdp.cli import main
-    from clusterfsdp.control import procs
-    from clusterfsdp.control.records import RunRecord
+    from clusterfsdp.core import procs
+    from clusterfsdp.core.records import RunRecord
 
     done = make_run(tmp_path, "20260101-120000-done")
     outside = tmp_path / "ckpt" / done.id

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from procs import on_a_tty
 
-from clusterfsdp.control import fileio, runfolder
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Event, EventKind, Executor, TrackerIds
+from clusterfsdp.core import fileio, runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Event, EventKind, Executor, TrackerIds
 
 BIN = str(Path(sys.executable).parent)  # the venv's `clusterfsdp` script, for completion
 STATUS_KEYS = {

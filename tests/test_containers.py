@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from clusterfsdp.control import launch, runfolder
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Executor
+from clusterfsdp.control import launch
 from clusterfsdp.control.run import Run
+from clusterfsdp.core import runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Executor
 
 GOLDEN = Path(__file__).parent / "golden"
 JOB = """

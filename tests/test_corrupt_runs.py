@@ -24,8 +24,8 @@ import pytest
 from tui_helpers import FakeSlurm, make_run, run_app, settle
 
 from clusterfsdp import cli
-from clusterfsdp.control import fileio
-from clusterfsdp.control.records import RunState
+from clusterfsdp.core import fileio
+from clusterfsdp.core.records import RunState
 from clusterfsdp.tui.app import ClusterApp
 
 GOOD_ATTEMPT = {"attempt": 0, "job_id": "1001", "executor": "local", "submitted": 1.0, "reason": "submit"}

@@ -10,8 +10,9 @@ import os
 import pytest
 
 from clusterfsdp.control import cost
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Event, EventKind, Executor
+from clusterfsdp.core import budget as budgetmod
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Event, EventKind, Executor
 
 
 def test_tres_counts_are_read_and_units_left_out():
@@ -84,13 +85,13 @@ def test_the_workers_save_and_stop_when_the_budget_is_used(tmp_path):
 
     from procs import launch, make_run, tiny_job_toml, wait
 
-    from clusterfsdp.control import ckptfolder
     from clusterfsdp.control import status as statusmod
+    from clusterfsdp.core import ckptfolder
 
     run = make_run(tiny_job_toml("budget", 0, 400, tail="[slurm]\nmax_gpu_hours = 1\n"), tmp_path / "runs")
     run.add_attempt("t1", Executor.LOCAL, "submit")  # (the job id procs.launch gives the ranks)
     budget = {"left_s": 1.0, "gpus": 2.0, "since": time.time(), "limit_h": 1.0}
-    (run.path / cost.BUDGET_FILE).write_text(json.dumps(budget))
+    (run.path / budgetmod.BUDGET_FILE).write_text(json.dumps(budget))
     out = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], 2), timeout=300)
     assert all(code == 0 for code, _ in out), out
     (stopped,) = [e for e in run.events() if e.event is EventKind.STOPPED]
@@ -122,8 +123,8 @@ def test_a_sweeps_points_share_its_budget(tmp_path, monkeypatch, limit_h, left_s
     from tui_helpers import make_run
 
     from clusterfsdp.control import jobstep
-    from clusterfsdp.control.records import SweepPoint, SweepRecord
     from clusterfsdp.control.sweepfolder import SweepFolder
+    from clusterfsdp.core.records import SweepPoint, SweepRecord
 
     root = tmp_path / "runs"
     points = [SweepPoint(i, f"cd-p{i}", {"train.lr": 1e-3 * (i + 1)}) for i in range(3)]
@@ -142,7 +143,7 @@ def test_a_sweeps_points_share_its_budget(tmp_path, monkeypatch, limit_h, left_s
     stub.chmod(0o755)
     monkeypatch.setenv("PATH", f"{stub.parent}:{os.environ['PATH']}")
     started = jobstep.before(runs[2], jobstep.SlurmJob("4000_2", 0, "node1"))
-    budget = cost.read_budget(runs[2])
+    budget = budgetmod.read_budget(runs[2])
     assert budget is not None and (budget.left_s, budget.gpus, budget.sweep) == (left_s, 2.0, "swcd")
     if left_s > 0:
         assert started == 0 and not [e for e in runs[2].events() if e.event is EventKind.GAVE_UP]
@@ -205,4 +206,4 @@ def test_the_budget_clock_counts_the_allocations_gpus_before_accounting_lists_th
     run = make_run(tmp_path, end=None)
     budget = cost.write_budget(run, "4242", 10.0, 1000.0, plan_s=0.0, gpus_hint=4.0)
     assert (budget.gpus, budget.left_s, budget.limit_h) == (4.0, 36000.0, 10.0)
-    assert cost.read_budget(run) == budget
+    assert budgetmod.read_budget(run) == budget

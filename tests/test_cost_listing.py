@@ -22,8 +22,8 @@ import pytest
 from tui_helpers import make_run
 
 from clusterfsdp.control import cost, status
-from clusterfsdp.control.records import Event, EventKind, Executor, SweepPoint, SweepRecord
 from clusterfsdp.control.sweepfolder import SweepFolder
+from clusterfsdp.core.records import Event, EventKind, Executor, SweepPoint, SweepRecord
 
 # Every job: 2 fake GPUs and 4 CPUs for 1800 s (1.00 GPU-h, 2.00 CPU-h); job 2002 also an earlier
 # incarnation of 900 s that was requeued.

@@ -66,7 +66,7 @@ from hypothesis import strategies as st
 from procs import CORPUS
 
 from clusterfsdp import cli
-from clusterfsdp.control import ckptfolder, runfolder
+from clusterfsdp.core import ckptfolder, runfolder
 
 SEED = int(os.environ.get("CLUSTERFSDP_XPROD_SEED") or datetime.datetime.now(datetime.UTC).strftime("%Y%m%d"))
 MIN_TRAINED = int(os.environ.get("CLUSTERFSDP_XPROD_TRAINED", "40"))
@@ -407,7 +407,7 @@ def what_happened(run: runfolder.RunFolder) -> str:
 def check_completed(run: runfolder.RunFolder) -> None:
     """The run ended COMPLETED, and did what its job asks: every step logged (finite losses where
     the step was not skipped), evaluations, the final and best checkpoints, the samples files."""
-    from clusterfsdp.control import spec as S
+    from clusterfsdp.core import spec as S
 
     end = wait_final(run)
     assert end.state == "COMPLETED", f"{run.path}: {end.state} {end.reason}\n{what_happened(run)}"
@@ -444,7 +444,7 @@ def check_completed(run: runfolder.RunFolder) -> None:
 def check_benchmarks(run: runfolder.RunFolder, final_step: int) -> None:
     """The run's own evaluations (in the background) waited for by `bench --all`, which then
     evaluates the checkpoints left without a result: every one kept has finite scores, none failed."""
-    from clusterfsdp.control import benchresults
+    from clusterfsdp.core import benchresults
 
     code, out, err = clusterfsdp("bench", str(run.path), "--all")
     assert code == 0, f"bench --all: exit {code}\n{out}{err}\n{what_happened(run)}"
@@ -464,7 +464,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
 def prepare_all(world: World) -> None:
     """Every dataset the draws can name, prepared once: validate then knows every size (it
     builds the sample index a drawn seq_len/packing/split needs from the prepared data)."""
-    from clusterfsdp.control import spec as S
+    from clusterfsdp.core import spec as S
     from clusterfsdp.data import prepare
 
     f = world.files

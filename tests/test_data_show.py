@@ -25,9 +25,9 @@ from test_readme import walkthrough
 from textual.widgets import Static
 from tui_helpers import FakeSlurm, open_in_compose, open_run_screen, rendered, run_app, settle, until
 
-from clusterfsdp.control import runfolder
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Executor
+from clusterfsdp.core import runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Executor
 from clusterfsdp.data import cache, mixsamples, prepare
 from clusterfsdp.data.samples import PreparedSamples
 from clusterfsdp.data.show import open_split, show

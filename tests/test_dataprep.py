@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from data_helpers import documents, job, make_tokenizer, write_jsonl, write_parquet, write_saved_dataset
 
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.lock import FileLock
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.lock import FileLock
 from clusterfsdp.data import cache, checks, shards
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data.sources import DataError

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from data_helpers import documents, write_jsonl
 
-from clusterfsdp.control import fileio, runfolder
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Executor
+from clusterfsdp.core import fileio, runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Executor
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import pytest
 from data_helpers import documents, job, write_jsonl
 
-from clusterfsdp.control import ownership
-from clusterfsdp.control.procs import ProcessId
+from clusterfsdp.core import ownership
+from clusterfsdp.core.procs import ProcessId
 from clusterfsdp.data import cache, checks, samples
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data.sources import DataError

@@ -29,10 +29,11 @@ import pytest
 from procs import CORPUS, launch, make_run, tiny_job_toml, wait
 
 from clusterfsdp import cli
-from clusterfsdp.control import doctor, outcomes, runfolder
+from clusterfsdp.control import doctor
 from clusterfsdp.control.doctor import Finding
-from clusterfsdp.control.records import Cause, Event, EventKind, Executor
-from clusterfsdp.control.slurmcli import JobInfo
+from clusterfsdp.core import outcomes, runfolder
+from clusterfsdp.core.records import Cause, Event, EventKind, Executor
+from clusterfsdp.core.slurmcli import JobInfo
 
 FAULTY = str(Path(__file__).parent / "faulty_worker.py")
 GOLDEN = Path(__file__).parent / "golden" / "scontrol"
@@ -346,7 +347,7 @@ def test_a_watchdogs_hang_record_and_a_py_spy_dump(tmp_path):
         "Process 5120: python -u -m submitit.core._submit\nPython v3.11.2 (/usr/bin/python3.11)\n\n"
         'Thread 5120 (idle): "MainThread"\n    wait (threading.py:331)\n    get (queue.py:180)\n'
         "    next_batch (clusterfsdp/data/samples.py:212)\n"
-        'Thread 5177 (idle): "Thread-2 (_heartbeat)"\n    sleep (clusterfsdp/control/lock.py:90)\n'
+        'Thread 5177 (idle): "Thread-2 (_heartbeat)"\n    sleep (clusterfsdp/core/lock.py:90)\n'
     )
     d = doctor.diagnose(run, live=True)
     assert d.finding is Finding.HANG and (d.rank, d.host) == (3, "node2") and "95 s" in d.summary, d

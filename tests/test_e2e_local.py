@@ -11,7 +11,7 @@ from pathlib import Path
 
 from procs import on_a_tty
 
-from clusterfsdp.control import ckptfolder, runfolder
+from clusterfsdp.core import ckptfolder, runfolder
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -71,7 +71,7 @@ def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
 import torch, torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from clusterfsdp.control import ckptfolder, runfolder
-from clusterfsdp.control.spec import CheckpointSection
+from clusterfsdp.core.spec import CheckpointSection
 from clusterfsdp.worker import build, checkpoint
 
 text = "It is a truth universally acknowledged"

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from clusterfsdp.control import elastic, launch, runfolder
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Cause, Event, EventKind, Executor, attempt_sizes
-from clusterfsdp.control.spec import nodes as N
-from clusterfsdp.worker import distenv, stopflags
+from clusterfsdp.control import launch
+from clusterfsdp.core import runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Cause, Event, EventKind, Executor, attempt_sizes
+from clusterfsdp.core.spec import nodes as N
+from clusterfsdp.worker import distenv, elastic, stopflags
 from clusterfsdp.worker.main import _sized
 
 JOB = """

@@ -13,11 +13,12 @@ import pytest
 from data_helpers import documents, write_jsonl
 from procs import make_run, run_workers, tiny_job_toml
 
-from clusterfsdp.control import ckptfolder, jsonout, status
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.errors import UserError
-from clusterfsdp.control.records import EventKind, Executor, RunState
+from clusterfsdp.control import jsonout, status
 from clusterfsdp.control.run import Run
+from clusterfsdp.core import ckptfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.errors import UserError
+from clusterfsdp.core.records import EventKind, Executor, RunState
 from clusterfsdp.data import cache, checks, samplesets
 
 JOB = tiny_job_toml(

@@ -15,10 +15,11 @@ from procs import make_run, run_workers, tiny_job_toml
 from tui_helpers import FakeSlurm, open_run_screen, rendered, run_app, until
 from tui_helpers import make_run as make_run_folder
 
-from clusterfsdp.control import evalsamples, samplestats
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.evalsamples import EvalSample
+from clusterfsdp.core import evalsamples
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.evalsamples import EvalSample
 from clusterfsdp.data import checks as datachecks
+from clusterfsdp.data import samplestats
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.eval_samples import EvalSamples
 

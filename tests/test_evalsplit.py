@@ -15,9 +15,9 @@ import pytest
 from data_helpers import documents, job
 from procs import CORPUS, run_workers
 
-from clusterfsdp.control import runfolder
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Executor
+from clusterfsdp.core import runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Executor
 from clusterfsdp.data import checks, samples
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data.sources import DataError

@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
 from clusterfsdp import cli
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import spec as S
 
 SEED = 20261127
 JOB_EXAMPLES, RUN_EXAMPLES = 1100, 1000  # 2,100 inputs

@@ -34,8 +34,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl.trainer.kto_trainer import KTOTrainer as _KTOTrainer
 
 from clusterfsdp import cli
-from clusterfsdp.control import ckptfolder
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import ckptfolder
+from clusterfsdp.core import spec as S
 from clusterfsdp.worker import kto, preference
 
 KTOTrainer: Any = _KTOTrainer

@@ -1,8 +1,10 @@
-"""The package layout carries the architecture: the control plane (and every front-end that runs
-on a login node) never imports torch, transformers or the worker, and of the data package only
-the torch-free modules named in DATA_TORCH_FREE, which themselves import nothing heavy; checked
-statically on every import statement (also those inside functions) and at run time for the
-commands people type."""
+"""The package layout carries the architecture (docs/ARCHITECTURE.md, "Layers"): core/ at the
+ground floor, data/ and worker/ above it, the run service (control/) above data/, the front-ends
+on top; no import climbs (LAYERS, checked by package on every import statement, also those inside
+functions, and on the module names given to importlib). The control plane (and every front-end
+that runs on a login node) never imports torch, transformers or the worker, and of the data
+package only the torch-free modules named in DATA_TORCH_FREE, which themselves import nothing
+heavy; checked statically and at run time for the commands people type."""
 
 from __future__ import annotations
 
@@ -13,27 +15,23 @@ from pathlib import Path
 
 import pytest
 
+from clusterfsdp.data import TORCH_FREE
+
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "safetensors", "datasets", "tokenizers", "numpy", "pandas")
-# clusterfsdp/data/: what the control plane may import (validate and submit check data with it)
-DATA_TORCH_FREE = (
-    "sources",
-    "formats",
-    "fieldmap",
-    "unpaired",
-    "trust",
-    "cache",
-    "samplesets",
-    "mixture",
-    "overlap",
-    "checks",
-    "skipped",
-    "arraystate",
-)
+# clusterfsdp/data/: what the control plane may import (validate and submit check data with it);
+# the one list, in the package itself (docs/ARCHITECTURE.md shows it: test_architecture_lists_them)
+DATA_TORCH_FREE = TORCH_FREE
 DATA_DIR = REPO / "clusterfsdp" / "data"
 DATA_HEAVY = tuple(
     f"clusterfsdp.data.{p.stem}" for p in sorted(DATA_DIR.glob("*.py")) if p.stem not in (*DATA_TORCH_FREE, "__init__")
 )
+
+
+def module_file(name: str) -> Path:
+    """clusterfsdp.a.b -> <repo>/clusterfsdp/a/b.py (the tui package lives at <repo>/tui)."""
+    parts = name.split(".")
+    return REPO.joinpath(*(parts[1:] if parts[1:2] == ["tui"] else parts)).with_suffix(".py")
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
@@ -49,8 +47,57 @@ def imports(path: Path) -> list[tuple[int, str]]:
             if node.level:
                 parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parent + ([base] if base else []))
-            out += [(node.lineno, f"{base}.{a.name}" if not node.module else base) for a in node.names]
+            for a in node.names:  # `from pkg import mod` imports pkg.mod too
+                sub = f"{base}.{a.name}"
+                is_module = (REPO / Path(*sub.split(".")[1:])).is_dir() or module_file(sub).is_file()
+                out += [(node.lineno, base)] * bool(node.module) + [(node.lineno, sub)] * (is_module or not node.module)
     return out
+
+
+def importlib_names(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every `importlib.import_module("clusterfsdp....")` in a file: an import too."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
+            out += [
+                (node.lineno, a.value) for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+            ]
+    return out
+
+
+# The floors, lowest first: a module may import its own package and any floor below its own.
+LAYERS = {"core": 0, "data": 1, "worker": 2, "control": 2, "front": 3}
+# What the run service names for submitit to import in the job's own process (the pickled call of
+# an attempt, the reference pass, a prepare-array task): entry points, not imports of the service.
+ENTRY_POINTS = {"clusterfsdp.worker.main", "clusterfsdp.worker.reference", "clusterfsdp.data.array"}
+
+
+def floor(module: str) -> str:
+    """The floor of a product module: its subpackage, or `front` (cli, tui, notebook, the rest)."""
+    sub = module.split(".")[1] if module.count(".") >= 1 else ""
+    return sub if sub in ("core", "data", "worker", "control") else "front"
+
+
+def climbs(path: Path) -> list[str]:
+    """The imports of `path` that reach a floor above its own, or sideways between worker/ and
+    control/ (the worker calls the run service as a process: `python -m clusterfsdp.control...`)."""
+    rel = path.relative_to(REPO)
+    own = floor(".".join(("clusterfsdp", *rel.parts[1:])) if rel.parts[0] == "clusterfsdp" else "clusterfsdp.tui.x")
+    out = []
+    for line, name in imports(path) + importlib_names(path):
+        if not name.startswith("clusterfsdp.") or (own == "control" and name in ENTRY_POINTS):
+            continue
+        there = floor(name)
+        if there != own and (LAYERS[there] > LAYERS[own] or LAYERS[there] == LAYERS[own]):
+            out.append(f"{rel}:{line} ({own}) imports {name} ({there})")
+    return out
+
+
+def test_no_import_climbs_a_floor():
+    """core/ imports only core/; data/ core/; worker/ core/ and data/; control/ core/ and data/
+    (the worker's entry points by name only, for submitit); the front-ends anything below."""
+    product = [p for p in files("clusterfsdp") if "tui" not in p.relative_to(REPO).parts]
+    assert not [c for p in product for c in climbs(p)]
 
 
 def files(*roots: str) -> list[Path]:
@@ -86,9 +133,17 @@ def test_front_ends_never_import_torch_and_the_tui_never_imports_the_cli():
     assert not offending(files("tui"), ("clusterfsdp.cli",))
 
 
-@pytest.mark.parametrize("package", ["control", "data", "data.checks", "worker", "notebook"])
+@pytest.mark.parametrize("package", ["core", "control", "data", "data.checks", "worker", "notebook"])
 def test_importing_a_package_is_cheap(package):
     """Importing any subpackage (what submitit's unpickling and `python -m` do first) loads no torch."""
     code = f"import sys, clusterfsdp.{package}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_architecture_lists_the_torch_free_modules():
+    """docs/ARCHITECTURE.md's list of the torch-free data modules is data.TORCH_FREE, as generated."""
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    start, end = "<!-- torch-free data modules: data.TORCH_FREE -->\n", "\n<!-- /torch-free -->"
+    block = text.split(start, 1)[1].split(end, 1)[0]
+    assert block == ", ".join(f"`{name}`" for name in TORCH_FREE), block

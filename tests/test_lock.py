@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from clusterfsdp.control import lock, procs
+from clusterfsdp.core import lock, procs
 
 RACE = """
 import sys, time
 from pathlib import Path
-from clusterfsdp.control.lock import FileLock, LockHeld
+from clusterfsdp.core.lock import FileLock, LockHeld
 path, start = Path(sys.argv[1]), float(sys.argv[2])
 release = Path(sys.argv[3]) if len(sys.argv) > 3 else None
 while time.time() < start:
@@ -156,7 +156,7 @@ def test_a_filesystem_without_hard_links_still_gets_an_exclusive_lock(tmp_path: 
 BREAK_RACE = """
 import sys, threading, time
 from pathlib import Path
-from clusterfsdp.control.lock import FileLock, LockHeld
+from clusterfsdp.core.lock import FileLock, LockHeld
 sys.setswitchinterval(1e-6)
 folder, start, trials, release = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
 kept = []

@@ -20,10 +20,10 @@ from data_helpers import conversations, make_tokenizer, write_jsonl
 from procs import compiled_layers, inductor_env, launch, losses_by_attempt, make_run, run_workers, tiny_job_toml, wait
 
 from clusterfsdp import cli
-from clusterfsdp.control import ckptfolder
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.presets import PRESETS
-from clusterfsdp.control.records import EventKind
+from clusterfsdp.core import ckptfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.presets import PRESETS
+from clusterfsdp.core.records import EventKind
 
 TINY = {k: v for k, v in PRESETS["llama-tiny"].items() if k != "model_type"}
 BASES = {

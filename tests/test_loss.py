@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clusterfsdp.control.presets import PRESETS
+from clusterfsdp.core.presets import PRESETS
 from clusterfsdp.worker import loss as lossmod
 
 

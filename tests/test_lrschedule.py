@@ -1,5 +1,5 @@
 """The learning-rate curve and what a resume with changed [train] settings does to it
-(control/lrschedule.py, pure Python). The real resumes are in test_checkpoint.py."""
+(core/lrschedule.py, pure Python). The real resumes are in test_checkpoint.py."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from clusterfsdp.control import ckptfolder
-from clusterfsdp.control import lrschedule as L
-from clusterfsdp.control.spec import TrainSection
+from clusterfsdp.core import ckptfolder
+from clusterfsdp.core import lrschedule as L
+from clusterfsdp.core.spec import TrainSection
 
 
 def closed_form(step: int, t: TrainSection) -> float:

@@ -11,9 +11,10 @@ import pytest
 from data_helpers import WORDS, make_tokenizer, write_jsonl, write_parquet
 from procs import CORPUS, make_run, run_workers, tiny_job_toml
 
-from clusterfsdp.control import ckptfolder, samplestats, status
-from clusterfsdp.control import spec as S
-from clusterfsdp.data import cache, checks, samplesets
+from clusterfsdp.control import status
+from clusterfsdp.core import ckptfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.data import cache, checks, samplesets, samplestats
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data.mixsamples import MixtureSamples
 from clusterfsdp.data.mixture import Schedule, block_counts

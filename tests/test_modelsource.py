@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from procs import CORPUS, launch, wait, write_safetensors
 
-from clusterfsdp.control import modelsource, runfolder
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import modelsource, runfolder
+from clusterfsdp.core import spec as S
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -283,7 +283,7 @@ def auto_job(tmp_path: Path, model: str, extra: str = "") -> Path:
 TOKEN_IDS = """
 import sys
 from pathlib import Path
-from clusterfsdp.control.runfolder import RunFolder
+from clusterfsdp.core.runfolder import RunFolder
 from clusterfsdp.worker.train import token_ids
 from clusterfsdp.data.tokens import load_tokenizer
 spec = RunFolder(Path(sys.argv[1])).spec()

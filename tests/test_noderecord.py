@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterfsdp.control import noderecord, ownership
+from clusterfsdp.control import noderecord
 from clusterfsdp.control.noderecord import BAD, CLEAR, Mark
+from clusterfsdp.core import ownership
 
 HOUR = 3600.0
 

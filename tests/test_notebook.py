@@ -181,7 +181,7 @@ def fake_controller_env(tmp_path: Path) -> dict[str, str]:
 # ---------------------------------------------------------------- unit tests (no processes)
 def test_load_job_from_path_text_spec_and_overrides(tiny_job, tmp_path, monkeypatch):
     from clusterfsdp import notebook
-    from clusterfsdp.control import spec as specmod
+    from clusterfsdp.core import spec as specmod
 
     a = notebook.load_job(str(tiny_job), ["train.steps=7"])
     assert a.train.steps == 7 and a.job.run_root == str(tmp_path / "runs")
@@ -202,7 +202,7 @@ def test_load_job_from_path_text_spec_and_overrides(tiny_job, tmp_path, monkeypa
 
 def test_layout_overrides_are_written_into_the_spec(tiny_job):
     from clusterfsdp import notebook
-    from clusterfsdp.control import spec as specmod
+    from clusterfsdp.core import spec as specmod
 
     s = notebook.with_layout(notebook.load_job(tiny_job), nodes=2, gpus_per_node=4)
     assert (s.slurm.nodes, s.slurm.gpus_per_node, s.tasks_per_node, s.world_size) == (2, 4, 4, 8)
@@ -214,7 +214,7 @@ def test_layout_overrides_are_written_into_the_spec(tiny_job):
 
 def test_launcher_choice(tmp_path, monkeypatch):
     from clusterfsdp import notebook
-    from clusterfsdp.control import slurmcli
+    from clusterfsdp.core import slurmcli
 
     with_srun = tmp_path / "bin"
     with_srun.mkdir()
@@ -250,8 +250,8 @@ def test_a_notebook_launch_goes_through_the_run_service_checks(tiny_job, tmp_pat
     import io
 
     from clusterfsdp import notebook
-    from clusterfsdp.control import runfolder
-    from clusterfsdp.control import spec as specmod
+    from clusterfsdp.core import runfolder
+    from clusterfsdp.core import spec as specmod
 
     small = tmp_path / "bad.jsonl"
     small.write_text("not json\n")
@@ -331,7 +331,8 @@ def test_srun_line_restates_resources_and_env_is_scrubbed(tiny_job, tmp_path):
 
 def test_submit_function_accepts_toml_text_and_refuses_unreachable_slurm(tmp_path, monkeypatch):
     import clusterfsdp
-    from clusterfsdp.control import launch, slurmcli
+    from clusterfsdp.control import launch
+    from clusterfsdp.core import slurmcli
 
     monkeypatch.setattr(slurmcli, "controller", lambda: "none")
     with pytest.raises(launch.SubmitError, match="no Slurm controller answers"):
@@ -473,7 +474,8 @@ def test_demo_notebook_runs_without_slurm(tiny_job, tmp_path):
     stopped with the stop button)."""
     import nbformat
 
-    from clusterfsdp.control import runfolder, status
+    from clusterfsdp.control import status
+    from clusterfsdp.core import runfolder
 
     shutil.copy(tiny_job, tmp_path / "tiny-cpu.toml")  # the demo's job, with runs under tmp_path
     nb = nbformat.read(REPO / "jobs" / "notebook-demo.ipynb", as_version=4)

@@ -16,11 +16,12 @@ import pytest
 import torch
 from procs import launch, make_run, tiny_job_toml, wait
 
-from clusterfsdp.control import ckptfolder, runfolder, status
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import EventKind
-from clusterfsdp.control.spec.schema import Guard
+from clusterfsdp.control import status
 from clusterfsdp.control.status import guard_note
+from clusterfsdp.core import ckptfolder, runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import EventKind
+from clusterfsdp.core.spec.schema import Guard
 from clusterfsdp.data.samples import Skipped
 from clusterfsdp.worker.main import ENV_LOG_ALL_RANKS
 from clusterfsdp.worker.numguard import NumGuard, Verdict

@@ -1,4 +1,4 @@
-"""How an attempt ended, classified (control/outcomes.py), and how often the ranks agree on a stop
+"""How an attempt ended, classified (core/outcomes.py), and how often the ranks agree on a stop
 signal (worker/stopflags.py): pure rules, checked against `scontrol -o show job` lines captured on
 the devcluster (tests/golden/scontrol/: Slurm 22.05, PreemptMode=REQUEUE and CANCEL, GraceTime=30)."""
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from clusterfsdp.control import outcomes
-from clusterfsdp.control.outcomes import StopAction
-from clusterfsdp.control.records import Cause, Event, EventKind
-from clusterfsdp.control.slurmcli import JobInfo
+from clusterfsdp.core import outcomes
+from clusterfsdp.core.outcomes import StopAction
+from clusterfsdp.core.records import Cause, Event, EventKind
+from clusterfsdp.core.slurmcli import JobInfo
 from clusterfsdp.worker import stopflags
 
 GOLDEN = Path(__file__).parent / "golden" / "scontrol"

@@ -15,8 +15,8 @@ import pytest
 import torch
 from data_helpers import documents, write_jsonl
 
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.presets import PRESETS
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.presets import PRESETS
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data import samples as datamod
 from clusterfsdp.data.index import Permutation

@@ -17,7 +17,7 @@ import pytest
 from tui_helpers import SINFO
 
 from clusterfsdp.control import partitions as P
-from clusterfsdp.control import slurmcli
+from clusterfsdp.core import slurmcli
 
 
 @pytest.mark.parametrize(

@@ -39,8 +39,8 @@ from trl.experimental.cpo.cpo_trainer import CPOTrainer as _CPOTrainer
 from trl.experimental.orpo.orpo_trainer import ORPOTrainer as _ORPOTrainer
 
 from clusterfsdp import cli
-from clusterfsdp.control import ckptfolder
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import ckptfolder
+from clusterfsdp.core import spec as S
 from clusterfsdp.data import prepare
 from clusterfsdp.data.samples import Batch, PreparedSamples, Sample, stack
 from clusterfsdp.data.samplesets import index_id
@@ -453,7 +453,7 @@ def base(tmp_path_factory) -> Path:
     """A tiny Llama for the byte tokenizer, written by save_pretrained (LoRA needs a pretrained base)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from clusterfsdp.control.presets import PRESETS
+    from clusterfsdp.core.presets import PRESETS
 
     folder = tmp_path_factory.mktemp("base") / "llama"
     torch.manual_seed(1)

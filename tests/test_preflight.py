@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from procs import launch, make_run, tiny_job_toml, wait
 
-from clusterfsdp.control import ckptfolder, doctor, outcomes, records, status
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Cause, EventKind, Executor
+from clusterfsdp.control import doctor, status
+from clusterfsdp.core import ckptfolder, outcomes, records
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Cause, EventKind, Executor
 from clusterfsdp.worker import distenv, preflight
 from clusterfsdp.worker.preflight import GIB, Check, NodeReport
 

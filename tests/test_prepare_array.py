@@ -19,8 +19,8 @@ import pytest
 from data_helpers import conversations, documents, job, make_tokenizer, write_jsonl
 
 from clusterfsdp import cli
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.lock import FileLock
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.lock import FileLock
 from clusterfsdp.data import array, arraystate, cache
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data.sources import DataError

@@ -22,8 +22,8 @@ from procs import run_workers
 from test_preference import _job, _pair_run, _word_pairs
 
 from clusterfsdp import cli
-from clusterfsdp.control import ckptfolder
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import ckptfolder
+from clusterfsdp.core import spec as S
 from clusterfsdp.data.samples import open_for_training
 from clusterfsdp.worker import preference
 
@@ -82,7 +82,7 @@ def test_reference_keys_where_no_reference_pass_runs_are_refused(tmp_path, capsy
 def _saved_llama(folder: Path, seed: int) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from clusterfsdp.control.presets import PRESETS
+    from clusterfsdp.core.presets import PRESETS
 
     torch.manual_seed(seed)
     keys = {k: v for k, v in PRESETS["llama-tiny"].items() if k != "model_type"}

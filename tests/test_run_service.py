@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from procs import CORPUS, launch, make_run, run_workers, tiny_job_toml, wait
 
-from clusterfsdp.control import ckptfolder, procs, runfolder, status
-from clusterfsdp.control.records import EventKind, Executor, RunState
+from clusterfsdp.control import status
 from clusterfsdp.control.run import Run
+from clusterfsdp.core import ckptfolder, procs, runfolder
+from clusterfsdp.core.records import EventKind, Executor, RunState
 
 SECRETS = {
     "SSH_KEY": "s3cr3t-ssh-9f1c",

@@ -17,8 +17,8 @@ from tui_helpers import T0, make_run
 from clusterfsdp import cli
 from clusterfsdp.control import doctor, jsonout, logs, status
 from clusterfsdp.control.doctor import Finding
-from clusterfsdp.control.records import Event, EventKind, Executor, RunState
-from clusterfsdp.control.slurmcli import JobRow
+from clusterfsdp.core.records import Event, EventKind, Executor, RunState
+from clusterfsdp.core.slurmcli import JobRow
 
 
 def test_a_slurm_job_still_running_after_its_workers_completed_is_completing(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tui_helpers import make_run
 
-from clusterfsdp.control import runfolder
+from clusterfsdp.core import runfolder
 
 RUN_ID = "20260101-120000-aaaa"
 

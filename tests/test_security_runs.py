@@ -16,9 +16,9 @@ import pytest
 from tui_helpers import make_run
 from users import OtherUser
 
-from clusterfsdp.control import ownership, procs, runfolder
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Executor
+from clusterfsdp.core import ownership, procs, runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Executor
 
 RUN_ID = "20260101-120000-aaaa"
 

@@ -1,4 +1,4 @@
-"""The secret rule of `[env]` (control/secretenv.py, issue 29.6), table-driven: every name or
+"""The secret rule of `[env]` (core/secretenv.py, issue 29.6), table-driven: every name or
 value that carries a credential is redacted from the files clusterfsdp writes, and harmless
 variables that merely contain KEY, TOKEN or AUTH are not (a redacted harmless variable blocks
 `resume` until the user exports it)."""
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from clusterfsdp.control import secretenv
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import secretenv
+from clusterfsdp.core import spec as S
 
 SECRET_NAMES = [
     "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",

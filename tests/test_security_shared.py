@@ -14,7 +14,7 @@ from procs import launch, tiny_job_toml, wait
 from procs import make_run as make_run_folder
 from tui_helpers import make_run
 
-from clusterfsdp.control.records import EventKind
+from clusterfsdp.core.records import EventKind
 
 BIN = str(Path(sys.executable).parent)  # the venv's `clusterfsdp` script, which the completion calls
 
@@ -109,7 +109,7 @@ def test_the_pruner_never_follows_a_link(tmp_path):
 
 
 def test_a_checkpoint_dir_others_can_write_without_the_sticky_bit_is_refused(tmp_path):
-    from clusterfsdp.control import ckptfolder
+    from clusterfsdp.core import ckptfolder
 
     loose = tmp_path / "loose"
     loose.mkdir()
@@ -252,7 +252,8 @@ def test_a_prepare_jobs_folder_another_user_made_is_refused(tmp_path, other_user
     when another user made either."""
     from data_helpers import job
 
-    from clusterfsdp.control import ownership, prepjob
+    from clusterfsdp.control import prepjob
+    from clusterfsdp.core import ownership
 
     cache = shared_root / "cache"
     cache.mkdir()

@@ -22,7 +22,9 @@ import pytest
 from procs import newest_checkpoint, newest_step, weights_folder
 from slurm_fixtures import bounded
 
-from clusterfsdp.control import ckptfolder, cost, doctor, runfolder, slurmcli, status
+from clusterfsdp.control import cost, doctor, status
+from clusterfsdp.core import budget as budgetmod
+from clusterfsdp.core import ckptfolder, runfolder, slurmcli
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +119,7 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
     assert f"cost       {gpu_h:.2f} GPU-h, {cpu_h:.2f} CPU-h" in st.stdout, st.stdout
     assert f"  cost     {gpu_h:.2f} GPU-h, {cpu_h:.2f} CPU-h" in st.stdout
     if version == 2:  # the budget clock the batch script gave the workers: the allocation's 4 GPUs, 10 h
-        budget = cost.read_budget(run)
+        budget = budgetmod.read_budget(run)
         assert budget is not None and (budget.gpus, budget.limit_h) == (4, 10) and budget.left_s == 10 * 3600
     spent = cost.run_cost(run)
     assert spent is not None and (spent.total.gpu_s, spent.total.cpu_s) == (
@@ -546,7 +548,7 @@ def test_a_frozen_rank_is_found_its_stacks_dumped_and_the_run_completes(slurm_cl
 def test_a_submission_the_hung_controller_processes_late_is_not_duplicated(slurm_cluster, tmp_path, monkeypatch):
     """A hung slurmctld (SIGSTOP): sbatch times out, yet the controller queues the job when it wakes
     (seen on the devcluster). The retry finds it by its --comment instead of queueing a second one."""
-    from clusterfsdp.control import retrynotes, slurmcli
+    from clusterfsdp.core import retrynotes, slurmcli
 
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH -o /dev/null\ntrue\n")

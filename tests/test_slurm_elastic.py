@@ -11,7 +11,8 @@ import pytest
 from procs import losses, make_run, run_workers
 from test_slurm_e2e import assert_every_attempt_is_submitits, cli, logged_steps, only_run, wait_for
 
-from clusterfsdp.control import doctor, noderecord, slurmcli, status
+from clusterfsdp.control import doctor, noderecord, status
+from clusterfsdp.core import slurmcli
 
 pytestmark = pytest.mark.slurm
 # Steps of 64 samples x 128 tokens (0.4 s on a loaded 2-core VM), enough of them to still be training on

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 from procs import CORPUS, tiny_job_toml
 
-from clusterfsdp.control import launch, runfolder
+from clusterfsdp.control import launch
+from clusterfsdp.core import runfolder
 
 REPO = Path(__file__).resolve().parents[1]
 IN_BUNDLE = "/corpus-in-bundle.txt"

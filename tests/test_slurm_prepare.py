@@ -18,9 +18,10 @@ from data_helpers import documents, job, write_jsonl
 from slurm_fixtures import bounded
 from test_prepare_array import dataset_bytes
 
-from clusterfsdp.control import doctor, runfolder, status
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.lock import FileLock
+from clusterfsdp.control import doctor, status
+from clusterfsdp.core import runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.lock import FileLock
 from clusterfsdp.data import array, arraystate, cache
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data.units import plan, unit_size

@@ -19,7 +19,8 @@ from data_helpers import write_jsonl
 from test_preference import _word_pairs
 from test_slurm_prepare import cli, wait_for
 
-from clusterfsdp.control import doctor, runfolder, status
+from clusterfsdp.control import doctor, status
+from clusterfsdp.core import runfolder
 
 pytestmark = pytest.mark.slurm
 

@@ -1,4 +1,4 @@
-"""Slurm commands through a controller outage (control/slurmcli.py): retried with backoff on the
+"""Slurm commands through a controller outage (core/slurmcli.py): retried with backoff on the
 messages of an unreachable or busy controller, a clear message when the budget runs out, no retry
 of a refusal, and commands that change things made safe to repeat.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterfsdp.control import retrynotes, slurmcli, slurmping
+from clusterfsdp.core import retrynotes, slurmcli, slurmping
 
 TIMED_OUT = "Socket timed out on send/recv operation"
 

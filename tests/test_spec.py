@@ -10,7 +10,7 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import spec as S
 
 
 def errors_of(text: str, overrides: Sequence[str] = ()) -> list[str]:

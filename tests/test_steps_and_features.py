@@ -13,8 +13,8 @@ import sys
 import pytest
 from procs import compiled_layers, inductor_env, launch, losses_by_attempt, make_run, run_workers, tiny_job_toml, wait
 
-from clusterfsdp.control import ckptfolder, runfolder
-from clusterfsdp.control.records import EventKind
+from clusterfsdp.core import ckptfolder, runfolder
+from clusterfsdp.core.records import EventKind
 
 JOB = tiny_job_toml(
     "steps",

@@ -15,9 +15,9 @@ import pytest
 import clusterfsdp
 from clusterfsdp.cli import build_parser, main, sweepcmds
 from clusterfsdp.control import status, sweepplan
-from clusterfsdp.control.records import Executor, RecordError, SweepPoint, SweepRecord
-from clusterfsdp.control.spec.schema import MAX_SWEEP_POINTS
 from clusterfsdp.control.sweepfolder import all_sweeps
+from clusterfsdp.core.records import Executor, RecordError, SweepPoint, SweepRecord
+from clusterfsdp.core.spec.schema import MAX_SWEEP_POINTS
 
 
 def sweep_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -222,9 +222,9 @@ def test_mlflow_runs_of_a_sweeps_points_are_children_of_one_sweep_run(tiny_job, 
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    from clusterfsdp.control import runfolder
-    from clusterfsdp.control import spec as S
     from clusterfsdp.control.sweepfolder import SweepFolder
+    from clusterfsdp.core import runfolder
+    from clusterfsdp.core import spec as S
     from clusterfsdp.worker.trackers import MLflow
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -249,8 +249,8 @@ def test_doctor_and_export_given_a_sweep_address_its_points(tmp_path, capsys):
     completed with evaluations, point 1 failed with a CUDA out-of-memory error on rank 1."""
     from tui_helpers import T0, make_run
 
-    from clusterfsdp.control.records import Cause, Event, EventKind
     from clusterfsdp.control.sweepfolder import SweepFolder
+    from clusterfsdp.core.records import Cause, Event, EventKind
 
     root = tmp_path / "runs"
     points = [SweepPoint(i, f"ab-p{i}", {"train.lr": lr}) for i, lr in enumerate((3e-3, 1e-3))]

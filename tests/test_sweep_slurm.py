@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from slurm_fixtures import bounded
 
-from clusterfsdp.control import ckptfolder, status
+from clusterfsdp.control import status
 from clusterfsdp.control.sweepfolder import all_sweeps
+from clusterfsdp.core import ckptfolder
 
 pytestmark = pytest.mark.slurm
 

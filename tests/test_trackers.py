@@ -16,9 +16,9 @@ import pytest
 from procs import launch, make_run, run_workers, tiny_job_toml, wait
 
 import clusterfsdp
-from clusterfsdp.control import ckptfolder, fileio, runfolder
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import EventKind
+from clusterfsdp.core import ckptfolder, fileio, runfolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import EventKind
 
 SECRET = "sekrit-0123456789abcdef0123456789abcdef01234567"
 TRACKED = '[log]\ntrackers = ["tensorboard", "wandb", "mlflow"]\nproject = "proj"\n'
@@ -165,8 +165,8 @@ def test_every_tracker_the_schema_accepts_has_an_entry_and_an_unknown_one_is_ref
     TrackerError naming it, before any tracker starts: it was once taken for MLflow."""
     from typing import get_args
 
-    from clusterfsdp.control.records import Executor
-    from clusterfsdp.control.spec import Tracker
+    from clusterfsdp.core.records import Executor
+    from clusterfsdp.core.spec import Tracker
     from clusterfsdp.worker.trackers import TRACKERS, TrackerError, Trackers
 
     assert set(TRACKERS) == set(get_args(Tracker))

@@ -26,9 +26,9 @@ from tui_helpers import (
     write_bench,
 )
 
-from clusterfsdp.control import slurmcli
-from clusterfsdp.control.presets import PRESETS
-from clusterfsdp.control.procs import ProcessId
+from clusterfsdp.core import slurmcli
+from clusterfsdp.core.presets import PRESETS
+from clusterfsdp.core.procs import ProcessId
 from clusterfsdp.tui import actions
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.cluster_screen import ClusterScreen

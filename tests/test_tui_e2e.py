@@ -11,8 +11,8 @@ import pytest
 from textual.widgets import DataTable, Input, Select, TabbedContent
 from tui_helpers import FakeSlurm, rendered, run_app, settle, until
 
-from clusterfsdp.control import procs, runfolder
-from clusterfsdp.control.records import Event
+from clusterfsdp.core import procs, runfolder
+from clusterfsdp.core.records import Event
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.compose_screen import ComposeScreen
 from clusterfsdp.tui.confirm_screen import ConfirmScreen

@@ -10,10 +10,10 @@ from pathlib import Path
 from textual.widgets import DataTable, Input, Select, TabbedContent
 from tui_helpers import T0, FakeSlurm, make_run, open_in_compose, rendered, run_app, scored_sweep, settle, until
 
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Executor, SweepPoint, SweepRecord
 from clusterfsdp.control.sweep import Sweep
 from clusterfsdp.control.sweepfolder import SweepFolder
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Executor, SweepPoint, SweepRecord
 from clusterfsdp.tui import actions
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.compose_screen import ComposeScreen

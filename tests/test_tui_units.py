@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from tui_helpers import SINFO, FakeSlurm, job, make_run, write_bench
 
-from clusterfsdp.control import slurmcli
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.presets import PRESETS
+from clusterfsdp.core import slurmcli
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.presets import PRESETS
 from clusterfsdp.tui import form
 from clusterfsdp.tui.bench_tail import BenchTail
 from clusterfsdp.tui.checkpoints import scan
@@ -473,7 +473,7 @@ def test_bench_tail_reads_only_new_or_changed_results(tmp_path, monkeypatch):
     """Each poll reads the result files that appeared or changed (a rewritten step replaces its
     row, a removed one goes, a half-written one is read again once whole) and says whether any
     row changed; nothing new: False, and no file is read (the reads counted)."""
-    from clusterfsdp.control import benchresults
+    from clusterfsdp.core import benchresults
 
     reads: list[str] = []
     read_document = benchresults.read_document

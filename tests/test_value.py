@@ -1,4 +1,4 @@
-"""control/value.py: the control plane's dataclasses get repr, equality and (frozen) hashing from
+"""core/value.py: the control plane's dataclasses get repr, equality and (frozen) hashing from
 one decorator (`@value`) instead of per-class generated methods (start-up, issue 25 item 3). The behaviour must be
 the one `dataclasses` would have generated, and no dataclass may be left comparing by identity."""
 
@@ -13,7 +13,7 @@ import pytest
 from test_layout import DATA_TORCH_FREE
 
 import clusterfsdp.control
-from clusterfsdp.control.value import value
+from clusterfsdp.core.value import value
 
 
 @value

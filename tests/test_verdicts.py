@@ -24,8 +24,9 @@ from procs import CORPUS
 from test_doctor import _broken_jsonl
 
 from clusterfsdp import cli
-from clusterfsdp.control import doctor, runfolder, status
+from clusterfsdp.control import doctor, status
 from clusterfsdp.control.doctor import Finding
+from clusterfsdp.core import runfolder
 
 REPO = Path(__file__).resolve().parents[1]
 KILLED = "rank 1 died without an exception (signal 9 (SIGKILL): kill -9, or the OOM killer)"

@@ -1,4 +1,4 @@
-"""The hang and straggler watchdog (control/health.py, worker/heartbeat.py, worker/watchdog.py)
+"""The hang and straggler watchdog (core/health.py, worker/heartbeat.py, worker/watchdog.py)
 and the per-rank health the TUI's run screen shows (tui/rank_health.py).
 
 The rules are unit-tested on heartbeat records. The watchdog itself runs for real, in one run of
@@ -22,12 +22,13 @@ from procs import launch, make_run, tiny_job_toml, wait
 from tui_helpers import FakeSlurm, run_app, settle, until
 from tui_helpers import make_run as make_tui_run
 
-from clusterfsdp.control import doctor, health, outcomes, status
-from clusterfsdp.control import spec as S
+from clusterfsdp.control import doctor, status
 from clusterfsdp.control.doctor import Finding
-from clusterfsdp.control.health import Beat, Phase, WatchdogSettings
-from clusterfsdp.control.records import Cause, Event, EventKind
-from clusterfsdp.control.spec import SpecError
+from clusterfsdp.core import health, outcomes
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.health import Beat, Phase, WatchdogSettings
+from clusterfsdp.core.records import Cause, Event, EventKind
+from clusterfsdp.core.spec import SpecError
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.rank_health import RankHealthTable
 from clusterfsdp.tui.run_screen import RunScreen

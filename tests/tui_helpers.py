@@ -18,9 +18,10 @@ from pathlib import Path
 
 from textual.pilot import Pilot
 
-from clusterfsdp.control import cost, partitions, runfolder, slurmcli
-from clusterfsdp.control import spec as S
-from clusterfsdp.control.records import Attempt, Event, EventKind, Executor, RunRecord
+from clusterfsdp.control import cost, partitions
+from clusterfsdp.core import runfolder, slurmcli
+from clusterfsdp.core import spec as S
+from clusterfsdp.core.records import Attempt, Event, EventKind, Executor, RunRecord
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.queue_rows import Slurm, SlurmJob
 
@@ -211,8 +212,8 @@ def scored_sweep(root: Path) -> None:
     """Three points as the worker and `bench` leave them (fixed content, no training): point 0
     scored acc 0.5 (word_perplexity 12, better lower) at steps 20 and 40, point 1 acc 0.75 (20) at
     step 40, point 2 no result."""
-    from clusterfsdp.control.records import SweepPoint, SweepRecord
     from clusterfsdp.control.sweepfolder import SweepFolder
+    from clusterfsdp.core.records import SweepPoint, SweepRecord
 
     points = [SweepPoint(i, f"ab-p{i}", {"train.lr": lr}) for i, lr in enumerate((3e-3, 1e-3, 2e-3))]
     runs = [make_run(root, p.run_id, name="tiny-swab", log_lines=0, checkpoints=()) for p in points]

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from clusterfsdp.control import launch
-from clusterfsdp.control import spec as specmod
 from clusterfsdp.control.run import Run, Submission
+from clusterfsdp.core import spec as specmod
 
 from .queue_rows import QueueRow, Slurm
 

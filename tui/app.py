@@ -15,9 +15,9 @@ from textual.app import App
 from textual.binding import Binding
 from textual.reactive import var
 
-from clusterfsdp.control import runfolder
-from clusterfsdp.control.errors import describe
 from clusterfsdp.control.partitions import Partition
+from clusterfsdp.core import runfolder
+from clusterfsdp.core.errors import describe
 
 from .cluster_screen import ClusterScreen
 from .compose_screen import ComposeScreen

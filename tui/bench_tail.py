@@ -1,4 +1,4 @@
-"""A run's benchmark results (`<run>/benchmarks/step-N.json`, control/benchresults.py) followed
+"""A run's benchmark results (`<run>/benchmarks/step-N.json`, core/benchresults.py) followed
 for the run screen's benchmark chart: each poll lists the folder and reads only the files that
 are new or changed since the last one (a result document carries lm-eval's whole report; a
 long run has one per checkpoint), so a result that lands while the screen is open is charted
@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from clusterfsdp.control import benchresults
-from clusterfsdp.control.runfolder import RunFolder
+from clusterfsdp.core import benchresults
+from clusterfsdp.core.runfolder import RunFolder
 
 
 class BenchTail:

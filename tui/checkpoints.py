@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from clusterfsdp.control import ckptfolder
-from clusterfsdp.control.records import MAX_SECONDS
+from clusterfsdp.core import ckptfolder
+from clusterfsdp.core.records import MAX_SECONDS
 
 State = Literal["complete", "partial", "set aside"]
 

@@ -19,10 +19,11 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Label, OptionList, Select, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
-from clusterfsdp.control import fileio, launch, sweepplan
-from clusterfsdp.control import spec as specmod
-from clusterfsdp.control.errors import describe
+from clusterfsdp.control import launch, sweepplan
 from clusterfsdp.control.partitions import Partition
+from clusterfsdp.core import fileio
+from clusterfsdp.core import spec as specmod
+from clusterfsdp.core.errors import describe
 
 from . import actions, form
 from .confirm_screen import ConfirmScreen

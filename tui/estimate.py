@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clusterfsdp.control import modelsource
-from clusterfsdp.control import spec as specmod
+from clusterfsdp.core import modelsource
+from clusterfsdp.core import spec as specmod
 
 from .units import human_size
 

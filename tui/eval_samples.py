@@ -11,7 +11,7 @@ from pathlib import Path
 from textual import work
 from textual.widgets import DataTable
 
-from clusterfsdp.control import evalsamples
+from clusterfsdp.core import evalsamples
 
 SHOWN_CHARS = 200  # of a prompt (its end: the part the completion follows) and of a completion
 PROMPT_SHARE = 0.4  # of the table's width at most: the completion keeps the rest, on screen

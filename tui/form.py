@@ -23,10 +23,11 @@ from typing import Any, Literal, get_args, get_origin
 
 import tomli_w
 
-from clusterfsdp.control import modelsource, sweepplan
-from clusterfsdp.control import spec as specmod
-from clusterfsdp.control.errors import UserError
-from clusterfsdp.control.presets import PRESETS
+from clusterfsdp.control import sweepplan
+from clusterfsdp.core import modelsource
+from clusterfsdp.core import spec as specmod
+from clusterfsdp.core.errors import UserError
+from clusterfsdp.core.presets import PRESETS
 
 Kind = Literal["bool", "choice", "text", "number", "time", "toml"]
 

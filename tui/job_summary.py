@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterfsdp.control import launch, runfolder
-from clusterfsdp.control import spec as specmod
+from clusterfsdp.control import launch
 from clusterfsdp.control.partitions import Partition
 from clusterfsdp.control.summary import summary
 from clusterfsdp.control.sweepplan import Varied, render_values
+from clusterfsdp.core import runfolder
+from clusterfsdp.core import spec as specmod
 
 from .estimate import estimate
 

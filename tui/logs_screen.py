@@ -21,7 +21,8 @@ from textual.timer import Timer
 from textual.widgets import Footer, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
-from clusterfsdp.control import logs, runfolder
+from clusterfsdp.control import logs
+from clusterfsdp.core import runfolder
 
 from .log_view import LogView
 from .logtail import CHUNK_BYTES, ERRORS, Chunk, LogFile, Search, compile_query

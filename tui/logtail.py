@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clusterfsdp.control import fileio
+from clusterfsdp.core import fileio
 
 CHUNK_BYTES = 1 << 20
 # A "line" longer than this (a binary dump, a progress bar without newlines) is cut, so a scan

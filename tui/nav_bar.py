@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from textual.content import Content
 from textual.widgets import Static
 
-from clusterfsdp.term import printable
+from clusterfsdp.core.term import printable
 
 if TYPE_CHECKING:
     from .app import ClusterApp

@@ -18,10 +18,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterfsdp.control import cost, pending, runfolder, slurmcli, status
+from clusterfsdp.control import cost, pending, status
 from clusterfsdp.control.partitions import Partition, query_partitions
-from clusterfsdp.control.records import Executor, RunState
-from clusterfsdp.term import printable
+from clusterfsdp.core import runfolder, slurmcli
+from clusterfsdp.core.records import Executor, RunState
+from clusterfsdp.core.term import printable
 
 # squeue's own fields plus name and partition, which slurmcli.squeue does not ask for.
 SQUEUE_FORMAT = "%i|%T|%r|%M|%N|%j|%P"

@@ -16,8 +16,8 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from clusterfsdp.control.errors import describe
-from clusterfsdp.term import printable
+from clusterfsdp.core.errors import describe
+from clusterfsdp.core.term import printable
 
 from .actions import cancel, remove
 from .compose_screen import ComposeScreen

@@ -1,6 +1,6 @@
 """The run screen's per-rank health table: each rank's phase, step, step time, how late it
 reaches the others, the age of its last heartbeat, and a mark for hung ranks and stragglers
-(control/health.py reads the heartbeat files and the events; this only shows them).
+(core/health.py reads the heartbeat files and the events; this only shows them).
 
 Hidden when the run has no heartbeats, or when every rank of its newest attempt left training
 with nothing to mark. Marked ranks come first, so a hung rank among hundreds is on screen.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from textual.widgets import DataTable
 
-from clusterfsdp.control.health import Phase, RankHealth
+from clusterfsdp.core.health import Phase, RankHealth
 
 COLUMNS = (
     ("rank", "RANK"),

@@ -16,8 +16,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
-from clusterfsdp.control import launch, runfolder
-from clusterfsdp.control import spec as specmod
+from clusterfsdp.control import launch
+from clusterfsdp.core import runfolder
+from clusterfsdp.core import spec as specmod
 
 from .actions import requested
 

@@ -2,7 +2,7 @@
 learning rate, gradient norm, tokens/s), each titled with its latest values, with TensorBoard's
 smoothing applied to the noisy ones; beside the loss, a run with benchmark results charts their
 scores instead of the learning rate. Pure functions over `metrics_tail.Metrics` and the rows of
-`<run>/benchmarks/` (control/benchresults.py)."""
+`<run>/benchmarks/` (core/benchresults.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from textual.content import Content
 
-from clusterfsdp.control import benchresults
+from clusterfsdp.core import benchresults
 
 from .metrics_tail import Metrics
 from .plot import Series
@@ -139,7 +139,7 @@ def _second(metrics: Metrics, smoothing: float, bench: Sequence[dict[str, Any]] 
 
 def charts(metrics: Metrics, smoothing: float, per: str, bench: Sequence[dict[str, Any]] = ()) -> list[ChartData]:
     """The four charts; `per` is what tokens_per_s_per_gpu is per: "GPU", or "rank" on CPU;
-    `bench` the run's benchmark rows (control/benchresults.rows), oldest step first."""
+    `bench` the run's benchmark rows (core/benchresults.rows), oldest step first."""
     per_worker = metrics.latest("tokens_per_s_per_gpu")
     per_text = f"  {per_worker:,.0f} per {per}" if per_worker is not None else ""
     return [

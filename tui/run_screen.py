@@ -20,12 +20,13 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Static
 
-from clusterfsdp.control import doctor, health, runfolder, status
-from clusterfsdp.control import spec as specmod
-from clusterfsdp.control.errors import describe
-from clusterfsdp.control.records import Attempt, RunState
+from clusterfsdp.control import doctor, status
 from clusterfsdp.control.run import Run
-from clusterfsdp.term import printable
+from clusterfsdp.core import health, runfolder
+from clusterfsdp.core import spec as specmod
+from clusterfsdp.core.errors import describe
+from clusterfsdp.core.records import Attempt, RunState
+from clusterfsdp.core.term import printable
 
 from . import actions
 from .bench_tail import BenchTail

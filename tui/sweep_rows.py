@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clusterfsdp.control.errors import describe
-from clusterfsdp.control.records import SweepRecord
 from clusterfsdp.control.sweepfolder import PointStatus, SweepFolder, SweepSummary, all_sweeps
+from clusterfsdp.core.errors import describe
+from clusterfsdp.core.records import SweepRecord
 
 from .metrics_tail import MetricsTail
 

@@ -19,8 +19,8 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from clusterfsdp.control.errors import describe
-from clusterfsdp.term import printable
+from clusterfsdp.core.errors import describe
+from clusterfsdp.core.term import printable
 
 from .nav_bar import NavBar
 from .plot import Series
@@ -43,7 +43,7 @@ def _num(value: float | None) -> str:
 
 
 def _value(value: Any) -> str:
-    from clusterfsdp.control import spec as specmod
+    from clusterfsdp.core import spec as specmod
 
     return specmod.render_value(value) if value is not None else "-"
 

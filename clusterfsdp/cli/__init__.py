@@ -35,14 +35,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..control.errors import UserError
+from ..core.errors import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..control import spec as specmod
     from ..control.run import Run, Submission
     from ..control.status import RunStatus
+    from ..core import spec as specmod
 
 EXIT_BAD_INPUT = 2
 
@@ -54,14 +54,14 @@ class CliError(UserError):
 # ---------------------------------------------------------------- what the command groups share
 def load_spec(args: argparse.Namespace) -> specmod.JobSpec:
     """The job file `args.job` with its `--set` overrides, loaded and checked."""
-    from ..control import spec as specmod
+    from ..core import spec as specmod
 
     return specmod.load(args.job, args.set or [])
 
 
 def run_root(args: argparse.Namespace) -> Path:
     """--run-root, else the default run root (where new runs go and `runs` lists)."""
-    from ..control.runroot import default_run_root
+    from ..core.runroot import default_run_root
 
     return Path(args.run_root).expanduser() if args.run_root else default_run_root()
 
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     named = argv[0] if argv and not argv[0].startswith("-") else None
     args = build_parser(named).parse_args(argv)  # --help and usage errors end here, before any import
-    from .. import term
+    from ..core import term
 
     with term.safe_output():  # names and reasons read from run folders never drive the terminal
         return _run(args)
@@ -373,12 +373,12 @@ def _command(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .. import term
+    from ..core import term
 
     try:
         if args.command in ("init", "schema", "completion") or getattr(args, "quiet", False):
             return _command(args)(args)
-        from ..control import retrynotes
+        from ..core import retrynotes
 
         with retrynotes.retry_notices(retrynotes.say_on_stderr):  # a controller outage is waited for, visibly
             return _command(args)(args)

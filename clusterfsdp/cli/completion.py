@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from ..control import spec as specmod
+from ..core import spec as specmod
 
 _RUN_IDS = "_clusterfsdp_run_ids"
 # Run ids are data from a possibly shared run root: another user may name a folder `$(cmd)`.

@@ -28,8 +28,8 @@ def _data_prepare_array(args: argparse.Namespace) -> int:
     """`data prepare --executor slurm`: one Slurm job array tokenizes the missing datasets
     (control/prepjob.py); with --follow, its progress until it ends."""
     from ..control import launch, prepjob
-    from ..control import spec as specmod
-    from ..control.spec.allowlists import sbatch_name_error
+    from ..core import spec as specmod
+    from ..core.spec.allowlists import sbatch_name_error
     from ..data.checks import source_problems
 
     spec = load_spec(args)

@@ -11,7 +11,7 @@ from . import CliError
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from ..control import spec as specmod
+    from ..core import spec as specmod
 
     path = Path(args.path)
     if path.exists() and not args.force:
@@ -22,19 +22,19 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from ..control import spec as specmod
+    from ..core import spec as specmod
 
     print("\n".join(specmod.describe_schema(args.key or "")))  # an unknown key: SpecError, exit 2
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from ..control.slurmping import Ping
+    from ..core.slurmping import Ping
 
     with Ping() as ping:  # asks Slurm while the job is checked (start-up)
         from ..control import inputs
-        from ..control import spec as specmod
         from ..control.summary import summary
+        from ..core import spec as specmod
 
         job = specmod.JobText.read(args.job)
         spec = job.load(args.set or [])

@@ -46,7 +46,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _slurm_answers() -> bool:
-    from ..control import slurmping
+    from ..core import slurmping
 
     return slurmping.controller() == "up"
 

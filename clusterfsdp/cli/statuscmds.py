@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 from . import CliError, json_text, lookup_root, names_sweep, run_root
 
 if TYPE_CHECKING:
-    from ..control.runfolder import RunFolder
+    from ..core.runfolder import RunFolder
 
 
 def find_folder(args: argparse.Namespace) -> RunFolder:
     """The run folder, for the commands that only read it (status, logs)."""
-    from ..control import runfolder
+    from ..core import runfolder
 
     try:
         return runfolder.find_run(args.run, lookup_root(args))
@@ -32,8 +32,7 @@ def log_output(path: Path):
     you could have written the file; escaped like every other line (`term.SafeStream`) when another
     user could have (a run of theirs in a shared run root: escape sequences in it would drive your
     terminal)."""
-    from .. import term
-    from ..control import ownership
+    from ..core import ownership, term
 
     return term.raw(sys.stdout) if ownership.path_clause(path) is None else sys.stdout
 
@@ -72,14 +71,14 @@ def _age(ts: float | None) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from ..control import runfolder
-    from ..control.runroot import lookup_roots
+    from ..core import runfolder
+    from ..core.runroot import lookup_roots
 
     roots = [run_root(args)] if args.run_root else lookup_roots()
     found = sorted({r for root in roots for r in runfolder.iter_runs(root)}, key=lambda r: r.id, reverse=True)
     if args.user is not None:  # the runs whose folders a user owns (`--user` alone: yours)
-        from ..control.ownership import user_name
         from ..control.status import owner
+        from ..core.ownership import user_name
 
         who = args.user or user_name(os.geteuid())
         found = [r for r in found if owner(r) == who]
@@ -93,8 +92,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not found and not args.json:
         print(f"no runs under {' or '.join(map(str, roots))} (--run-root, or set $CLUSTERFSDP_RUN_ROOT)")
         return 0
-    from .. import term
     from ..control import cost, status
+    from ..core import term
 
     if swept:  # a sweep is one line (`status SWEEP` lists its points); ONE squeue and sacct for all
         from ..control.sweepfolder import SweepFolder
@@ -140,9 +139,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         return sweepcmds.cmd_status(args, lookup_root(args))
     from datetime import datetime
 
-    from .. import term
-    from ..control import records, samplestats, status
-    from ..control.records import EventKind, RunState
+    from ..control import status
+    from ..core import records, term
+    from ..core.records import EventKind, RunState
+    from ..data import samplestats
 
     folder = find_folder(args)
     st = status.run_status(folder)
@@ -168,7 +168,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     )
     if st.eval_loss is not None:
-        from ..control.numbers import perplexity
+        from ..core.numbers import perplexity
 
         ppl = f", perplexity {perplexity(st.eval_ppl)}" if st.eval_ppl is not None else ""
         rewards = f", reward accuracy {st.eval_reward_accuracy:.2f}" if st.eval_reward_accuracy is not None else ""
@@ -211,7 +211,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _benchmark_lines(folder: RunFolder) -> None:
     """The newest benchmark scores (stderr columns left out) and how many evaluations failed."""
-    from ..control import benchresults
+    from ..core import benchresults
 
     for row in benchresults.rows(folder)[-1:]:
         scores = ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k.startswith("bench/") and "_stderr" not in k)
@@ -243,7 +243,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
         return sweepcmds.cmd_doctor(args, run_root(args))
 
-    from ..control import benchresults, doctor, status, strictjson
+    from ..control import doctor, status, strictjson
+    from ..core import benchresults
 
     folder = find_folder(args)
     st = status.run_status(folder)

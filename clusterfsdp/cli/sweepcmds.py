@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..control import cost, strictjson, sweepfolder
-from ..control.errors import UserError
-from ..control.records import RunState
 from ..control.sweepfolder import PointStatus, SweepFolder, SweepSummary, sort_key
+from ..core.errors import UserError
+from ..core.records import RunState
 
 if TYPE_CHECKING:
-    from ..control.records import SweepRecord
     from ..control.run import Run
-    from ..control.runfolder import RunFolder
-    from ..control.spec import JobText
     from ..control.status import RunStatus
+    from ..core.records import SweepRecord
+    from ..core.runfolder import RunFolder
+    from ..core.spec import JobText
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -61,13 +61,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _values(values: dict[str, Any]) -> str:
-    from ..control import spec as specmod
+    from ..core import spec as specmod
 
     return " ".join(f"{k}={specmod.render_value(v)}" for k, v in values.items())
 
 
 def cmd_status(args: argparse.Namespace, run_root: Path | None) -> int:
-    from .. import term
+    from ..core import term
 
     folder = find_run(args.run, run_root)
     record = folder.record()
@@ -121,7 +121,7 @@ def _cost_json(rows: list[PointStatus]) -> dict[str, Any]:
 
 
 def _short(value: Any) -> str:
-    from ..control import spec as specmod
+    from ..core import spec as specmod
 
     return _clip(specmod.render_value(value) if value is not None else "-", 24)
 
@@ -165,7 +165,7 @@ def sweep_lines(sweeps: list[SweepFolder], runs: list[RunFolder]) -> tuple[list[
     SWEEP` expands it), and the statuses of the points and of `runs` (the runs listed apart), all
     from one squeue call and at most two sacct calls (states, costs): (lines, every status, Slurm's error)."""
     from ..control import status
-    from ..control.records import RecordError
+    from ..core.records import RecordError
 
     records: dict[SweepFolder, SweepRecord | RecordError] = {}
     for folder in sweeps:
@@ -209,7 +209,7 @@ def follow(folder: SweepFolder, out: Callable[[str], None] = print, poll_s: floa
     """`sweep --follow`: a line each time a point's state changes, until every point has ended
     (or will never start: the sweep was cancelled, or its local driver is gone), then the sweep
     in a line; 0 when every point completed, 1 otherwise."""
-    from ..control import procs
+    from ..core import procs
 
     seen: dict[int, str] = {}
     try:

@@ -12,9 +12,10 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import launch, noderecord, slurmcli
-from . import spec as specmod
-from .runfolder import RunFolder
+from ..core import slurmcli
+from ..core import spec as specmod
+from ..core.runfolder import RunFolder
+from . import launch, noderecord
 
 if TYPE_CHECKING:
     from .slurmexec import RetriedSlurmExecutor

@@ -33,10 +33,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from . import launch, noderecord, procs, slurmcli
-from . import spec as specmod
-from .records import Attempt, Executor, RunState
-from .runfolder import RunFolder
+from ..core import procs, slurmcli
+from ..core import spec as specmod
+from ..core.records import Attempt, Executor, RunState
+from ..core.runfolder import RunFolder
+from . import launch, noderecord
 
 # What a streamed backend runs for a run folder: (argv, environment) of its launcher process.
 LauncherCommand = Callable[[RunFolder], tuple[list[str], Mapping[str, str]]]

@@ -5,10 +5,10 @@ One evaluation: the checkpoint exported to a temporary HF folder by the export e
 uses (`Run.export_command`: a LoRA run's adapters merged into a full model), then lm-eval on it in
 a subprocess (worker/bench.py; lm_eval imports torch, the control plane never does), the folder
 removed after. With checkpoint.keep_best on a benchmark score the checkpoint stays held until its
-result landed and the best was recorded (control/benchbest.py). Local tasks run offline
+result landed and the best was recorded (core/benchbest.py). Local tasks run offline
 (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): a cluster's compute nodes often have no internet, and a
 task that tried would hang there.
-The results' layout and readers: control/benchresults.py.
+The results' layout and readers: core/benchresults.py.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import benchbest, ckptfolder
-from .benchresults import failure_path, record_failure, result_path, results_dir
-from .lock import FileLock, LockHeld
+from ..core import benchbest, ckptfolder
+from ..core.benchresults import failure_path, record_failure, result_path, results_dir
+from ..core.lock import FileLock, LockHeld
+from ..core.runfolder import RunFolder
+from ..core.spec import benchmetric
+from ..core.spec.benchsection import is_local
 from .run import Run, RunError
-from .runfolder import RunFolder
-from .spec import benchmetric
-from .spec.benchsection import is_local
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 

@@ -4,6 +4,10 @@ with benchmarks.gpus and benchmarks.time. Its batch step runs `bench.evaluate` o
 (export, then lm-eval), so it needs nothing from the training job, which never waits for it.
 Jobs of one run share a name and `--dependency=singleton`: Slurm runs them one at a time, in the
 order they were queued, however many checkpoints arrive while the partition is busy.
+
+Rank 0 queues it across a process boundary (the worker stands below the run service):
+
+    python -m clusterfsdp.control.benchjob RUN_DIR STEP     # prints the job id
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ import secrets
 import shlex
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-from .benchresults import results_dir
-from .runfolder import RunFolder
-from .spec import JobSpec, parse_time_minutes
+from ..core.benchresults import results_dir
+from ..core.errors import UserError
+from ..core.runfolder import RunFolder
+from ..core.spec import JobSpec, parse_time_minutes
 
 
 @dataclass(frozen=True)
@@ -76,3 +82,23 @@ def queue(run: RunFolder, spec: JobSpec, step: int) -> str:
     with launch.submission_env(spec):
         job = ex.submit(BenchCall(str(run.path), step))
     return str(job.job_id)
+
+
+def main(argv: list[str]) -> int:
+    """Queue the evaluation of step argv[1] of the run at argv[0]; print its job id (or the error, exit 1)."""
+    from ..core import slurmcli
+
+    if len(argv) != 2 or not argv[1].isdigit():
+        print("usage: python -m clusterfsdp.control.benchjob RUN_DIR STEP", file=sys.stderr)
+        return 2
+    run = RunFolder(Path(argv[0]))
+    try:
+        print(queue(run, run.spec(), int(argv[1])), flush=True)
+    except (slurmcli.SlurmError, UserError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -15,9 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import fileio, ownership, runfolder, slurmcli
-from .records import Event, EventKind, Executor
-from .runfolder import RunFolder
+from ..core import fileio, ownership, runfolder, slurmcli
+from ..core.budget import BUDGET_FILE, Budget
+from ..core.records import Event, EventKind, Executor
+from ..core.runfolder import RunFolder
+from ..core.sweeplayout import sweep_of
 
 HOUR = 3600.0
 
@@ -299,33 +301,6 @@ def cell(found: RunCost | None, slurm: bool) -> str:
 
 
 # ---------------------------------------------------------------- the budget clock of an incarnation
-BUDGET_FILE = "budget.json"
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What an incarnation may still use (`left_s` GPU-seconds) on its `gpus` GPUs, counted from
-    `since`; written by the batch script's `before` step, read by the workers at start. `sweep`:
-    the id of the sweep whose points share the budget ('' for a run of its own)."""
-
-    left_s: float
-    gpus: float
-    since: float
-    limit_h: float
-    sweep: str = ""
-
-    def reached(self, now: float) -> bool:
-        return self.gpus > 0 and (now - self.since) * self.gpus >= self.left_s
-
-    def reason(self) -> str:
-        if self.sweep:
-            return (
-                f"slurm.max_gpu_hours = {self.limit_h:g} of sweep {self.sweep} used up (what its points used, and "
-                f"hold for their running and waiting attempts; {self.gpus:g} GPU(s) of this attempt)"
-            )
-        return f"slurm.max_gpu_hours = {self.limit_h:g} used up ({self.gpus:g} GPU(s) of this attempt)"
-
-
 def write_budget(
     run: RunFolder, job_id: str, limit_h: float, now: float, plan_s: float = 0.0, gpus_hint: float = 0.0
 ) -> Budget:
@@ -372,8 +347,7 @@ def _held(job: Accounted | None, plan_s: float) -> float:
 
 def _other_points(run: RunFolder) -> tuple[str, list[list[str]]]:
     """(the sweep's id, each other point's Slurm job ids) for a point of a sweep; ('', []) else."""
-    from .records import RecordError
-    from .sweepfolder import sweep_of  # (it imports status, which imports this module)
+    from ..core.records import RecordError
 
     sweep = sweep_of(run)
     if sweep is None:
@@ -384,12 +358,3 @@ def _other_points(run: RunFolder) -> tuple[str, list[list[str]]]:
         return "", []
     others = [sweep.run_folder(p) for p in points if p.run_id != run.id]
     return sweep.id, [[a.job_id for a in r.record().attempts if a.executor is Executor.SLURM] for r in others]
-
-
-def read_budget(run: RunFolder) -> Budget | None:
-    try:
-        data = json.loads((run.path / BUDGET_FILE).read_text())
-        return Budget(float(data["left_s"]), float(data["gpus"]), float(data["since"]), float(data["limit_h"]),
-                      str(data.get("sweep", "")))  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError):
-        return None

@@ -6,7 +6,7 @@ The evidence is what the workers and the batch script's job steps already leave:
 steps recorded what Slurm did and how they classified it), the rank logs
 (`logs/<job>.<restart>/rank<R>.log`, with the traceback each failing rank printed), submitit's
 task logs (a worker that died before it opened its own log) and the exit status of each local
-task (`localctl`), and stack dumps (`diagnostics/`; control/evidence.py reads them, bounded). From
+task (`localctl`), and stack dumps (`diagnostics/`; core/evidence.py reads them, bounded). From
 these it names the first error across ranks in time order, the rank and host it came from, the
 classified cause (`Finding`, control/findings.py with what each advises), the few log lines that
 show it and what to do next.
@@ -29,10 +29,10 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import ckptfolder, evidence, fileio, outcomes
+from ..core import ckptfolder, evidence, fileio, outcomes
+from ..core.records import Cause, Event, EventKind, RunState, preflight_failures, preflight_verdict
+from ..core.runfolder import RunFolder
 from .findings import Context, Finding, Numbers, next_steps
-from .records import Cause, Event, EventKind, RunState, preflight_failures, preflight_verdict
-from .runfolder import RunFolder
 
 __all__ = ["Diagnosis", "Finding", "diagnose", "verdict"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import hub, modelsource
-from . import spec as specmod
-from .spec import peft
+from ..core import hub, modelsource
+from ..core import spec as specmod
+from ..core.spec import peft
 
 
 def prepare_sources(spec: specmod.JobSpec, mode: hub.Mode = "download") -> modelsource.Prepared:
@@ -39,8 +39,8 @@ def bench_problems(spec: specmod.JobSpec) -> list[str]:
     """`benchfiles.problems`: the [benchmarks] tasks' files and names (imported only for a job with tasks)."""
     if not spec.benchmarks.tasks:
         return []
-    from . import benchfiles
-    from .spec import benchmetric
+    from ..core import benchfiles
+    from ..core.spec import benchmetric
 
     return benchfiles.problems(spec.benchmarks, benchmetric.used(spec))
 

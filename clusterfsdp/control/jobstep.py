@@ -4,6 +4,11 @@ line (launch.job_steps: the last `setup` line and the `teardown`):
     python -m clusterfsdp.control.jobstep before RUN_DIR      # then srun ... submitit.core._submit
     python -m clusterfsdp.control.jobstep after RUN_DIR RC    # RC: srun's exit status
 
+and rank 0's one call into the run service, across a process boundary (the worker stands below
+the service: it never imports it):
+
+    python -m clusterfsdp.control.jobstep come-back RUN_DIR JOB_ID RESTART CAUSE requeue|follow-up
+
 They run on the batch host, where a failed attempt is still alive to speak for itself (the
 worker's ranks cannot: the failed one is dead, and the others may be too):
 
@@ -24,6 +29,7 @@ imports torch.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -31,10 +37,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ckptfolder, cost, launch, noderecord, outcomes, retrynotes, runfolder, slurmcli
-from . import spec as specmod
-from .errors import UserError
-from .records import Cause, Event, EventKind
+from ..core import ckptfolder, outcomes, retrynotes, runfolder, slurmcli
+from ..core import spec as specmod
+from ..core.errors import UserError
+from ..core.records import Cause, Event, EventKind
+from . import cost, launch, noderecord
 from .run import Run, RunError
 
 JOBSTEP_RANK = -1  # the `rank` of events this step writes: not a worker rank
@@ -84,7 +91,7 @@ def before(run: runfolder.RunFolder, job: SlurmJob) -> int:
                   "`clusterfsdp resume` continues from the newest checkpoint")  # fmt: skip
         _event(run, job, EventKind.GAVE_UP, cause=Cause.RESTARTS_EXHAUSTED, reason=reason)
         return 1
-    if spec.slurm.max_gpu_hours > 0:  # the workers' budget clock (cost.Budget)
+    if spec.slurm.max_gpu_hours > 0:  # the workers' budget clock (budget.Budget)
         try:
             gpus = spec.node_range.high * spec.slurm.gpus_per_node  # (a range: its largest)
             plan_s = gpus * spec.time_minutes * 60.0
@@ -227,9 +234,33 @@ def _fewer_nodes(spec: specmod.JobSpec, exclude: tuple[str, ...]) -> outcomes.No
     return outcomes.plan_nodes(spec.node_range.high, spec.train.grad_accum, healthy)
 
 
+def come_back(run: runfolder.RunFolder, job_id: str, restart: int, cause: Cause, *, requeue: bool) -> int:
+    """Rank 0 of an interrupted Slurm job brings it back (Run.come_back: requeued, or a follow-up
+    job); prints `{"job_id_next": ..., "why": ...}` for a follow-up, nothing for a requeue. A
+    controller that does not answer: its error on stderr, exit status 1."""
+    try:
+        followed = Run(run).come_back(specmod.load(run.job_toml), job_id, restart, cause, requeue=requeue)
+    except (UserError, slurmcli.SlurmError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if followed is not None:
+        sub, why = followed
+        print(json.dumps({"job_id_next": sub.job_id, "why": why}), flush=True)
+    return 0
+
+
+USAGE = (
+    "usage: python -m clusterfsdp.control.jobstep before RUN_DIR | after RUN_DIR RC\n"
+    "       | come-back RUN_DIR JOB_ID RESTART CAUSE requeue|follow-up"
+)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["come-back"] and len(argv) == 6 and argv[5] in ("requeue", "follow-up"):
+        run = runfolder.RunFolder(Path(argv[1]))
+        return come_back(run, argv[2], int(argv[3]), Cause(argv[4]), requeue=argv[5] == "requeue")
     if len(argv) < 2 or argv[0] not in ("before", "after") or (argv[0] == "after" and len(argv) != 3):
-        print("usage: python -m clusterfsdp.control.jobstep before RUN_DIR | after RUN_DIR RC", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     run, job = runfolder.RunFolder(Path(argv[1])), SlurmJob.from_environ()
     retrynotes.report_retries(retrynotes.say_on_stderr)

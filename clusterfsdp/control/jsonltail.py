@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import fileio
+from ..core import fileio
 
 CHUNK_BYTES = 1 << 20
 Row = dict[str, Any]

@@ -16,10 +16,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from .benchresults import rows as bench_rows
-from .records import Attempt, Event, TrackerIds
+from ..core.benchresults import rows as bench_rows
+from ..core.records import Attempt, Event, TrackerIds
+from ..core.runfolder import RunFolder
 from .run import Run, Submission
-from .runfolder import RunFolder
 from .status import RunStatus
 from .strictjson import dumps
 

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import ownership, procs, runfolder, slurmcli
-from . import spec as specmod
-from .errors import UserError
-from .procs import ProcessId
-from .records import Attempt, Executor, RunState
-from .runfolder import RunFolder
+from ..core import ownership, procs, runfolder, slurmcli
+from ..core import spec as specmod
+from ..core.errors import UserError
+from ..core.procs import ProcessId
+from ..core.records import Attempt, Executor, RunState
+from ..core.runfolder import RunFolder
 
 if TYPE_CHECKING:
     import submitit
@@ -493,7 +493,7 @@ def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:
     while following the log) does not reach the workers, with its stdio on a log file in the
     run folder, so `RUN=$(clusterfsdp submit ...)` or `| tee` return at once instead of holding
     the pipe open for the whole run. The session leader's identity is recorded for cancel."""
-    from . import localctl
+    from ..core import localctl
 
     read_fd, write_fd = os.pipe()
     pid = os.fork()

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from . import evidence, fileio, runfolder
+from ..core import evidence, fileio, runfolder
 
 
 def attempt_keys(run: runfolder.RunFolder) -> list[str]:

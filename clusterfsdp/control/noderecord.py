@@ -25,10 +25,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import fileio, ownership, slurmcli
-from . import spec as specmod
-from .lock import held
-from .runfolder import job_folder
+from ..core import fileio, ownership, slurmcli
+from ..core import spec as specmod
+from ..core.lock import held
+from ..core.runfolder import job_folder
 
 ENV_RECORD = "CLUSTERFSDP_NODE_RECORD"
 BAD, CLEAR = "bad", "clear"

@@ -8,8 +8,9 @@ import argparse
 import time
 from pathlib import Path
 
-from . import noderecord, slurmcli
-from .spec.schema import SlurmSection
+from ..core import slurmcli
+from ..core.spec.schema import SlurmSection
+from . import noderecord
 
 
 def record(run_root: Path, cluster: str) -> Path:

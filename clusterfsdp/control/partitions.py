@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from . import slurmcli
-from .errors import UserError
+from ..core import slurmcli
+from ..core.errors import UserError
 
 FIELDS = ("Partition", "Available", "Time", "Nodes", "StateLong", "CPUsState", "Gres", "GresUsed")
 SINFO_FORMAT = ",".join(f"{f}:0|" for f in FIELDS[:-1]) + f",{FIELDS[-1]}:0"

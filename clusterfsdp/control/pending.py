@@ -10,10 +10,10 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import slurmcli
+from ..core import slurmcli
 
 if TYPE_CHECKING:  # (status imports this module: `runs` and `status` never load the spec)
-    from . import spec as specmod
+    from ..core import spec as specmod
 
 # Slurm's pending reasons (squeue %r) a user meets most, in words; others are shown as Slurm says.
 REASONS = {

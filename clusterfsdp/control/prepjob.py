@@ -27,15 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core import fileio, ownership, slurmcli
+from ..core import spec as specmod
+from ..core.errors import UserError
+from ..core.fileio import atomic_write
+from ..core.records import RunState
+from ..core.runfolder import RunFolder
 from ..data import arraystate
 from ..data.cache import DatasetRef, cache_root, dataset_refs
 from ..data.sources import DataError
-from . import fileio, ownership, slurmcli
-from . import spec as specmod
-from .errors import UserError
-from .fileio import atomic_write
-from .records import RunState
-from .runfolder import RunFolder
 
 RECORD = "prepare.json"  # in a run folder: the array its training job waits for
 HASH_BYTES = 1 << 30  # of sources the login node hashes to tell whether the data is prepared

@@ -25,12 +25,12 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import fileio, slurmcli
-from . import spec as specmod
-from .errors import UserError
-from .records import RunState
-from .runfolder import RunFolder
-from .spec.objective import reference_job, reference_table
+from ..core import fileio, slurmcli
+from ..core import spec as specmod
+from ..core.errors import UserError
+from ..core.records import RunState
+from ..core.runfolder import RunFolder
+from ..core.spec.objective import reference_job, reference_table
 
 RECORD = "reference.json"  # in a run folder: the reference job its training job waits for
 FOLDER = "reference"  # in a run folder: the reference job's submitit files and logs

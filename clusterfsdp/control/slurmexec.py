@@ -25,7 +25,7 @@ from typing import Any
 
 import submitit
 
-from . import slurmcli
+from ..core import slurmcli
 
 
 class RetriedSlurmExecutor(submitit.SlurmExecutor):

@@ -9,11 +9,13 @@ import math
 import tomllib
 from dataclasses import field
 
-from . import ckptfolder, cost, fileio, jsonltail, pending, procs, records, slurmcli
+from ..core import ckptfolder, fileio, procs, records, slurmcli
+from ..core.records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
+from ..core.runfolder import RunFolder
+from ..core.sweeplayout import sweep_of
+from ..core.value import value
+from . import cost, jsonltail, pending
 from .cost import RunCost
-from .records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
-from .runfolder import RunFolder
-from .value import value
 
 # The final record of an attempt -> the run state it means.
 _END_STATES = {
@@ -287,7 +289,7 @@ def planned_steps(run: RunFolder) -> int | None:
 
 
 def _data_steps(run: RunFolder) -> int | None:
-    from . import samplestats  # only for a run without train.steps: `runs` imports nothing more
+    from ..data import samplestats  # only for a run without train.steps: `runs` imports nothing more
 
     return samplestats.steps(run.data_file)
 
@@ -309,10 +311,8 @@ def _read_record(run: RunFolder) -> RunRecord | RecordError:
 def _unstarted(run: RunFolder) -> tuple[RunState, str]:
     """A run with no attempt: a point of a sweep its local driver has not started yet (PENDING,
     not final: waiting for it ends when it has run), one it never will, or a dry run."""
-    from .sweepfolder import SWEEP_FILE, SweepFolder  # it imports this module
-
-    sweep = SweepFolder(run.path.parent)
-    if not (sweep.path / SWEEP_FILE).is_file():
+    sweep = sweep_of(run)
+    if sweep is None:
         return RunState.PREPARED, f"not submitted (dry run): sbatch {run.sbatch_script}"
     try:
         cancelled = sweep.record().cancelled is not None
@@ -528,7 +528,7 @@ def cost_by_user(rows: list[RunStatus]) -> dict[str, UserCost]:
 
 def owner(run: RunFolder) -> str:
     """The name of the user who owns the run folder ('?' when it cannot be read)."""
-    from . import ownership
+    from ..core import ownership
 
     try:
         return ownership.user_name(run.path.stat().st_uid)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from . import modelsource
-from . import spec as specmod
+from ..core import modelsource
+from ..core import spec as specmod
 
 
 def summary(spec: specmod.JobSpec, where: str) -> str:

@@ -33,12 +33,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import arraylaunch, backends, launch, modelsource, procs, refjob, retrynotes, runfolder, slurmcli
-from . import spec as specmod
-from .errors import UserError
-from .records import Executor, RunState, SweepPoint, SweepRecord
+from ..core import modelsource, procs, retrynotes, runfolder, slurmcli
+from ..core import spec as specmod
+from ..core.errors import UserError
+from ..core.records import Executor, RunState, SweepPoint, SweepRecord
+from ..core.spec.schema import SweepSection
+from . import arraylaunch, backends, launch, refjob
 from .run import Run, RunError
-from .spec.schema import SweepSection
 from .sweepfolder import PointStatus, SweepFolder, find_sweep
 from .sweepplan import Point, SweepError, at_point, vary
 

@@ -1,34 +1,23 @@
-"""The sweep folder: paths and typed reads of one sweep (control.sweep makes and changes it), and
-finding sweeps by id or prefix, for the read-only commands (`status SWEEP`, `runs`, the notebook
-frame) that must not import the run service.
-
-    <run_root>/<job.name>-<sweep id>/      every point's job.name, so `runs` finds the points
-        sweep.json                         SweepRecord (records.py)
-        driver.json, driver.log            local sweeps: the driver's identity and output
-        submitit/                          the job array's batch script (Slurm)
-        <sweep id without 'sw'>-p<i>/      point i's run folder
-
-Sweep ids start with 'sw' and run ids with a digit, so one reference never means both.
-"""
+"""The sweep folder as the read-only commands see it (its layout and records: sweeplayout.py;
+control.sweep makes and changes it): its points' statuses, and finding sweeps by id or prefix,
+for the read-only commands (`status SWEEP`, `runs`, the notebook frame) that must not import the
+run service."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import benchresults, fileio, runfolder, status
+from ..core import benchresults, runfolder
+from ..core.errors import UserError
+from ..core.records import SweepPoint
+from ..core.runroot import ENV_RUN_ROOT, lookup_roots
+from ..core.sweeplayout import ID_PREFIX, SWEEP_FILE, SweepLayout
+from . import status
 from .cost import Usage
-from .errors import UserError
-from .procs import ProcessId
-from .records import SweepPoint, SweepRecord
-from .runroot import ENV_RUN_ROOT, lookup_roots
 
-SWEEP_FILE = "sweep.json"
-DRIVER_FILE = "driver.json"
-ID_PREFIX = "sw"
 SORT_KEYS = ("index", "state", "step", "loss", "eval_loss")
 """What the points may be sorted by besides a varied key and a benchmark score (`status SWEEP
 --sort`, the TUI's s)."""
@@ -48,40 +37,8 @@ class PointStatus:
 
 
 @dataclass(frozen=True)
-class SweepFolder:
-    path: Path
-
-    @property
-    def id(self) -> str:
-        """The id in the folder's name (<job.name>-<sweep id>), read without opening sweep.json."""
-        name = self.path.name
-        at = name.rfind(f"-{ID_PREFIX}")
-        return name[at + 1 :] if at >= 0 else name
-
-    record_file = property(lambda self: self.path / SWEEP_FILE)
-    driver_file = property(lambda self: self.path / DRIVER_FILE)
-    driver_log = property(lambda self: self.path / "driver.log")
-    submitit_dir = property(lambda self: self.path / "submitit")
-
-    def record(self) -> SweepRecord:
-        """sweep.json (RecordError naming the file if it cannot be read)."""
-        return SweepRecord.read(self.record_file)
-
-    def write_record(self, record: SweepRecord) -> None:
-        fileio.atomic_write(self.record_file, json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n")
-
-    def run_folder(self, point: SweepPoint) -> runfolder.RunFolder:
-        return runfolder.RunFolder(self.path / point.run_id)
-
-    def driver(self) -> ProcessId | None:
-        """The local driver's identity, if one was started."""
-        try:
-            return ProcessId.from_record(fileio.load_json(self.driver_file))
-        except (OSError, ValueError, AttributeError):
-            return None
-
-    def write_driver(self, me: ProcessId) -> None:
-        fileio.atomic_write(self.driver_file, json.dumps(me.record(), sort_keys=True) + "\n")
+class SweepFolder(SweepLayout):
+    """A sweep folder as the read-only commands see it: its layout, and its points' statuses."""
 
     def statuses(self, costs: bool = False) -> tuple[list[PointStatus], str]:
         """Every point's run status (one squeue + sacct for all; with `costs` each point's cost,

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import spec as specmod
-from .errors import UserError
-from .spec.schema import MAX_SWEEP_POINTS, SweepSection
+from ..core import spec as specmod
+from ..core.errors import UserError
+from ..core.spec.schema import MAX_SWEEP_POINTS, SweepSection
 
 # Keys that place the sweep (its folder is <run_root>/<job.name>-<sweep id>): the same for every point.
 FIXED_KEYS = ("job.name", "job.run_root")

@@ -1,10 +1,12 @@
 """Training data, by concern: from the paths a job names to the batches a rank reads.
 
-The torch-free half (the control plane imports it for `validate` and `submit`; listed by name
-in tests/test_layout.py): `sources` (which files the paths name), `formats` (what a record is),
+The torch-free half (the control plane imports it for `validate`, `submit` and `status`; listed
+in TORCH_FREE, which tests/test_layout.py checks and docs/ARCHITECTURE.md shows): `sources`
+(which files the paths name), `formats` (what a record is),
 `fieldmap` and `unpaired` (a record's fields), `trust` (whom a shared cache trusts, sealed files),
 `cache` (the prepared-data cache: keys, fingerprints, layout), `samplesets` (which sample sets
-a job reads and their size checks), `checks` (what is refused before queueing).
+a job reads and their size checks), `checks` (what is refused before queueing), `samplestats`
+(a run's data statistics, which `status` shows).
 The numpy half, on workers and in `clusterfsdp data prepare`: `units` (planning a prepare),
 `readers` (a unit's records -> tokens), `tokens` (documents -> token ids), `shards` (shard
 files), `pool` (the tokenizing processes), `prepare` (building a dataset under its lock;
@@ -12,3 +14,9 @@ files), `pool` (the tokenizing processes), `prepare` (building a dataset under i
 `samples` (torch: batches read with pread). The numpy half imports the torch-free half, never
 the reverse. Importing this package imports nothing.
 """
+
+TORCH_FREE = (
+    "sources", "formats", "fieldmap", "unpaired", "trust", "cache", "samplesets", "mixture", "overlap", "checks",
+    "skipped", "arraystate", "samplestats",
+)  # fmt: skip
+"""The modules of this package that import neither numpy nor torch (nor this package's others)."""

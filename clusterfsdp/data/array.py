@@ -7,7 +7,7 @@ whoever completes it.
   process; `clusterfsdp data prepare --executor slurm` queues the array, control/prepjob.py).
   Every process cuts the same units with the same shard numbers, because the cut depends only on
   the content, so the shares are disjoint without talking to each other.
-- A unit is *claimed* with a lock file (`claims/NNNNN.lock`, control/lock.py, with a heartbeat)
+- A unit is *claimed* with a lock file (`claims/NNNNN.lock`, core/lock.py, with a heartbeat)
   before it is tokenized and released once its shard is complete (`shards/NNNNN.json`). Two
   prepares of one dataset (a rerun beside a live array, a job's rank 0 beside `data prepare`)
   therefore never write the same unit: one tokenizes it, the other waits for it (or takes it over
@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..control import spec as specmod
-from ..control.lock import FileLock, LockHeld
+from ..core import spec as specmod
+from ..core.lock import FileLock, LockHeld
 from . import skipped, trust
 from .arraystate import claims_dir, failed_file, read_json, started_file, units_file
 from .cache import FORMAT_VERSION, DatasetRef, ref_data

@@ -6,7 +6,7 @@ read from them. Pure Python (the control plane imports it).
     <cache>/.<key>.partial/plan.json           the cut (format version, unit bytes): the same for all
     <cache>/.<key>.partial/units.json          how many units the plan has (once one process counted them)
     <cache>/.<key>.partial/started.json        when the first process started (the manifest's `seconds`)
-    <cache>/.<key>.partial/claims/NNNNN.lock   a unit being tokenized (control/lock.py, with a heartbeat)
+    <cache>/.<key>.partial/claims/NNNNN.lock   a unit being tokenized (core/lock.py, with a heartbeat)
     <cache>/.<key>.partial/failed.json         bad input: the error line; every task of the array stops
     <cache>/.<key>.partial/shards/NNNNN.json   a complete unit (shards.py): never tokenized again
     <cache>/<key>.array.json                   the Slurm job array last queued to prepare it

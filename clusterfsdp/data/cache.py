@@ -10,7 +10,7 @@ A *prepared dataset* is the token form of a list of sources, built once by
     <cache>/<key>/shards/NNNNN.msk     uint8 per token, 1 = trained on (formats 'chat' and 'preference')
     <cache>/<key>/index/<id>/          samples of one seq_len / packing / split (see index.py)
     <cache>/.<key>.partial/            a prepare in progress: never read by a job
-    <cache>/<key>.lock                 held while one process prepares (control/lock.py)
+    <cache>/<key>.lock                 held while one process prepares (core/lock.py)
     <cache>/fingerprints.jsonl         content hashes of source files, by file identity
 
 The key is a hash of the *content* of the sources (a full xxh3-128 hash of every byte, so a
@@ -31,11 +31,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..control import fileio
-from ..control import spec as specmod
-from ..control.runroot import default_run_root
-from ..control.spec import badrecords
-from ..control.value import value
+from ..core import fileio
+from ..core import spec as specmod
+from ..core.runroot import default_run_root
+from ..core.spec import badrecords
+from ..core.value import value
 from . import trust
 from .fieldmap import FieldMap
 from .sources import DataError, Source, local_sources
@@ -46,7 +46,7 @@ TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "vocab", "merges",
 
 def cache_root(spec: specmod.JobSpec) -> Path:
     """Where prepared datasets live: data.cache_dir, or <run_root>/.cache/tokens (the run root
-    rule of control/runroot.py when job.run_root is unset, as for the run folders)."""
+    rule of core/runroot.py when job.run_root is unset, as for the run folders)."""
     if spec.data.cache_dir:
         return Path(spec.data.cache_dir).expanduser()
     root = Path(spec.job.run_root).expanduser() if spec.job.run_root else default_run_root()

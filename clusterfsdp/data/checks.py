@@ -9,9 +9,9 @@ import dataclasses
 import os
 from pathlib import Path
 
-from ..control import fileio
-from ..control import spec as specmod
-from ..control.spec import badrecords
+from ..core import fileio
+from ..core import spec as specmod
+from ..core.spec import badrecords
 from . import mixture, skipped
 from .cache import DatasetRef, dataset_inputs, dataset_refs, same_data_problem
 from .fieldmap import FieldMap, MissingKey

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..control import spec as specmod
-from ..control.spec.templates import template_fields
-from ..control.value import value
+from ..core import spec as specmod
+from ..core.spec.templates import template_fields
+from ..core.value import value
 from .sources import DataError
 
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import IO
 
-from ..control import spec as specmod
+from ..core import spec as specmod
 from .fieldmap import FieldMap
 from .sources import DataError
 

@@ -3,7 +3,7 @@ numpy half: mixture.py is what validate imports)."""
 
 from __future__ import annotations
 
-from ..control import spec as specmod
+from ..core import spec as specmod
 from . import index
 from .cache import DatasetRef
 from .mixture import epoch_samples, labels_problem, part, part_problem, share_lines

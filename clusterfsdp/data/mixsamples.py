@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..control.spec import JobSpec
+from ..core.spec import JobSpec
 from .cache import text_hash
 from .mixture import Part, Schedule, epoch_samples
 from .samples import Batch, PreparedSamples, Skipped, pair_id, stack

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..control import spec as specmod
-from ..control.value import value
+from ..core import spec as specmod
+from ..core.value import value
 from .cache import DatasetRef
 from .samplesets import batch_problem, epochs_note, eval_batches_note, index_meta, sample_roles, total_steps
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..control.value import value
+from ..core.value import value
 from . import trust
 from .cache import DatasetRef
 

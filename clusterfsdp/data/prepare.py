@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..control import spec as specmod
-from ..control.lock import FileLock, LockHeld
+from ..core import spec as specmod
+from ..core.lock import FileLock, LockHeld
 from . import array, index, mixindex, overlap, skipped, trust
 from .cache import DatasetRef, cache_root, dataset_refs, same_data_problem, unhashed_bytes
 from .checks import source_problems

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..control import spec as specmod
-from ..control.spec import badrecords
+from ..core import spec as specmod
+from ..core.spec import badrecords
 from .fieldmap import FieldMap, record_chars
 from .formats import parse_json_line, utf8_error
 from .shards import ShardStats, ShardWriter

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..control.spec import JobSpec
+from ..core.spec import JobSpec
 from . import trust
 from .index import Permutation
 from .samplesets import eval_batches_note, index_id, sample_roles

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from ..control import spec as specmod
+from ..core import spec as specmod
 from . import trust
 from .cache import FORMAT_VERSION, DatasetRef, text_hash
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..control.spec import badrecords
+from ..core.spec import badrecords
 from .sources import DataError
 
 BAD_KEPT = 100  # error lines of skipped records kept per shard (and in the manifest)

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Literal
 
-from ..control import spec as specmod
-from ..control.errors import UserError
-from ..control.value import value
+from ..core import spec as specmod
+from ..core.errors import UserError
+from ..core.value import value
 
 SourceKind = Literal["txt", "jsonl", "parquet", "saved_dataset", "dataset_folder"]
 Compression = Literal["", "gz", "zst"]

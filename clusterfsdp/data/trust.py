@@ -26,7 +26,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..control import ownership
+from ..core import ownership
 from .sources import DataError
 
 FILE_MODE, DIR_MODE = 0o644, 0o755

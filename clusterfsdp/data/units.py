@@ -17,7 +17,7 @@ from typing import IO
 
 import numpy as np
 
-from ..control import spec as specmod
+from ..core import spec as specmod
 from . import trust
 from .formats import column_problem
 from .sources import DataError, Source, open_binary

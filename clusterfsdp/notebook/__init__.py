@@ -37,7 +37,7 @@ Importing this package is cheap: no torch, no IPython (both are imported where n
 
 from __future__ import annotations
 
-from ..control.slurmcli import allocation_nodes
+from ..core.slurmcli import allocation_nodes
 from ..worker.main import ENV_LOG_ALL_RANKS
 from .errors import NotebookError, NotInAllocation, SrunError, StepFailed, StepInterrupted
 from .job import load_job, with_layout

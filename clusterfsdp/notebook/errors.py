@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..control.errors import UserError
+from ..core.errors import UserError
 
 if TYPE_CHECKING:
     from .result import SrunResult

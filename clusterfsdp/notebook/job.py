@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..control import spec as specmod
+from ..core import spec as specmod
 
 
 def _override_list(overrides: Mapping[str, Any] | Iterable[str] | str | None) -> list[str]:

@@ -8,8 +8,9 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..control import launch, slurmcli
-from ..control import spec as specmod
+from ..control import launch
+from ..core import slurmcli
+from ..core import spec as specmod
 from ..worker.main import ENV_LOG_ALL_RANKS
 from .errors import NotInAllocation, SrunError
 

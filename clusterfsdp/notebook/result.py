@@ -7,7 +7,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from ..control import runfolder
+from ..core import runfolder
 
 _last_result: SrunResult | None = None
 

@@ -17,12 +17,13 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
-from ..control import backends, ckptfolder
-from ..control import spec as specmod
-from ..control.records import EventKind
+from ..control import backends
 from ..control.run import GRACE_S, Run, RunError
-from ..control.runfolder import RunFolder
-from ..control.slurmcli import allocation_nodes
+from ..core import ckptfolder
+from ..core import spec as specmod
+from ..core.records import EventKind
+from ..core.runfolder import RunFolder
+from ..core.slurmcli import allocation_nodes
 from .errors import SrunError, StepFailed, StepInterrupted
 from .job import load_job, with_layout
 from .placement import choose_launcher, launcher_env, srun_command

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..control import ckptfolder, runfolder
-from ..control.modelsource import SOURCES_FILE
-from ..control.spec import JobSpec
+from ..core import ckptfolder, runfolder
+from ..core.modelsource import SOURCES_FILE
+from ..core.spec import JobSpec
 from . import adapters
 from . import model as modelmod
 

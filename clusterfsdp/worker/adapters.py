@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..control import peftbase
-from ..control.spec import JobSpec, PeftSection
+from ..core import peftbase
+from ..core.spec import JobSpec, PeftSection
 from .model import ModelError, canonical
 from .weights import take_shards, unit_seed
 

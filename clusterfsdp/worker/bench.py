@@ -6,7 +6,7 @@ never imports lm_eval, which imports torch).
 
 The tasks are the run's [benchmarks] (its job.toml): a local task YAML is loaded with lm-eval's
 own loader (`include:` and `!function` relative to the file, as --include_path reads it), its data_files made absolute
-against the YAML's folder (control/benchfiles.py: how validate checked them), and passed to
+against the YAML's folder (core/benchfiles.py: how validate checked them), and passed to
 `simple_evaluate` as a task config; a name is lm-eval's own task. FILE gets lm-eval's result
 document (`lm_eval`, as `simple_evaluate` returns it, without per-sample logs) and the scores as
 flat metric names (`metrics`: `bench/<task>/<metric>`, names TensorBoard, W&B and MLflow all
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..control import benchfiles, runfolder
-from ..control.benchresults import metric_name
-from ..control.spec.benchsection import BenchmarksSection, is_local
+from ..core import benchfiles, runfolder
+from ..core.benchresults import metric_name
+from ..core.spec.benchsection import BenchmarksSection, is_local
 
 EXIT_FAILED = 1
 

@@ -17,9 +17,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from ..control import benchresults, ckptfolder
-from ..control.runfolder import RunFolder
-from ..control.spec import JobSpec
+from ..core import benchresults, ckptfolder
+from ..core.runfolder import RunFolder
+from ..core.spec import JobSpec
 
 # The launcher's variables: an evaluation is one process of its own, which lm-eval (accelerate)
 # and the export would otherwise take for a rank of this attempt's process group.
@@ -58,11 +58,15 @@ class BenchQueue:
         self.log(f"[benchmarks]: evaluating step {step}: {where}")
 
     def _queue(self, step: int) -> str:
-        """A Slurm job of its own (control/benchjob.py): a process left behind here would die
-        with this job's allocation."""
-        from ..control import benchjob
-
-        job_id = benchjob.queue(self.run, self.spec, step)
+        """A Slurm job of its own (control/benchjob.py, which the worker calls across a process
+        boundary: the run service stands above it): a process left behind here would die with
+        this job's allocation."""
+        argv = [sys.executable, "-m", "clusterfsdp.control.benchjob", str(self.run.path), str(step)]
+        done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=_plain_env())
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            raise RuntimeError(lines[-1].removeprefix("error: ") if lines else f"exit status {done.returncode}")
+        job_id = done.stdout.strip().splitlines()[-1]
         partition = self.spec.benchmarks.partition or self.spec.slurm.partition or "the default partition"
         return f"job {job_id} on {partition}"
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..control import benchbest, benchresults
-from ..control.runfolder import RunFolder
-from ..control.spec import JobSpec
-from ..control.spec.benchmetric import parse
+from ..core import benchbest, benchresults
+from ..core.runfolder import RunFolder
+from ..core.spec import JobSpec
+from ..core.spec.benchmetric import parse
 
 
 class BenchStop:

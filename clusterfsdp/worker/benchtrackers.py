@@ -1,14 +1,14 @@
 """Benchmark scores to W&B and MLflow (issue 38): worker/bench.py, in the evaluation's own process,
 which lands after training moved on, maybe while it still runs. TensorBoard's are written by
-control/benchresults.py's reader side (a run of its own in tensorboard/benchmarks/)."""
+core/benchresults.py's reader side (a run of its own in tensorboard/benchmarks/)."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from ..control import spec as specmod
-from ..control.runfolder import RunFolder
+from ..core import spec as specmod
+from ..core.runfolder import RunFolder
 from .mlflowtracker import mlflow_uri
 from .trackerbase import TrackerError
 from .wandbtracker import wandb_run_id

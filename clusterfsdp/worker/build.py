@@ -13,7 +13,7 @@ from typing import Any  # models: transformers PreTrainedModels wrapped by FSDP
 
 import torch
 
-from ..control.spec import JobSpec
+from ..core.spec import JobSpec
 from ..data.tokens import BOS, BYTE_VOCAB, EOS, PAD, load_tokenizer
 from . import adapters, parallelize, weights
 from . import model as modelmod

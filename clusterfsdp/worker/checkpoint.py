@@ -1,6 +1,6 @@
 """Saving and loading sharded checkpoints with torch.distributed.checkpoint (DCP), for FSDP2
 and FSDP1 alike. The folder layout (what a complete checkpoint is, where it lives) is in
-`clusterfsdp.control.ckptfolder`, which the control plane reads without torch.
+`clusterfsdp.core.ckptfolder`, which the control plane reads without torch.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..control import ckptfolder
-from ..control.ckptfolder import COMPLETE, CheckpointInfo, list_checkpoints, step_dir
-from ..control.spec import CheckpointSection
+from ..core import ckptfolder
+from ..core.ckptfolder import COMPLETE, CheckpointInfo, list_checkpoints, step_dir
+from ..core.spec import CheckpointSection
 from . import safeload
 
 

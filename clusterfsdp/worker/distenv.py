@@ -211,7 +211,7 @@ def from_environ(env: dict[str, str] | None = None) -> DistEnv:
                 int(env["SLURM_PROCID"]),
                 int(env.get("SLURM_LOCALID", "0")),
             )
-        from ..control.slurmcli import batch_job_id  # a sweep's array task: <array id>_<task id>
+        from ..core.slurmcli import batch_job_id  # a sweep's array task: <array id>_<task id>
 
         job_id = batch_job_id(env)
         restart = int(env.get("SLURM_RESTART_COUNT", "0"))

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..control import evalsamples as records
-from ..control.spec import JobSpec
+from ..core import evalsamples as records
+from ..core.spec import JobSpec
 from ..data.mixsamples import MixtureSamples
 from ..data.samples import PreparedSamples
 from ..data.tokens import IGNORE_INDEX, DocumentEncoder

@@ -22,8 +22,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..control import ckptfolder, runfolder
-from ..control.spec import JobSpec, SpecError
+from ..core import ckptfolder, runfolder
+from ..core.spec import JobSpec, SpecError
 
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 BYTE_SPECIALS = ("<bos>", "<eos>", "<pad>")  # ids 256, 257, 258 (data/tokens.py)

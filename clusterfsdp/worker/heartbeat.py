@@ -1,4 +1,4 @@
-"""This rank's heartbeat (control/health.py has the file and the rules): what the training
+"""This rank's heartbeat (core/health.py has the file and the rules): what the training
 thread tells at each step and phase change, written every BEAT_S seconds by a side thread, and
 the collective timeout that follows the same rule as the watchdog.
 
@@ -30,8 +30,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import IO
 
-from ..control import health
-from ..control.health import Beat, Phase, WatchdogSettings
+from ..core import health
+from ..core.health import Beat, Phase, WatchdogSettings
 
 DUMP_SIGNAL = signal.SIGRTMIN + 3  # faulthandler's stack dump (py-spy missing); unused by Slurm, NCCL, submitit
 RETIME_EVERY = 32  # steps between checks of the collective timeout

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..control.spec import JobSpec
+from ..core.spec import JobSpec
 from ..data.samples import Batch
 from .preference import PreferenceLoss, sequence_logps
 

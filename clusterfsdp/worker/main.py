@@ -9,8 +9,10 @@ callable for submitit) costs nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -19,12 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ..control import cost, elastic, health, lock, outcomes, retrynotes, runfolder, secretenv, slurmcli
-from ..control import spec as specmod
-from ..control.outcomes import RankOutcome
-from ..control.records import Cause, Event, EventKind, Executor
-from ..control.spec import benchmetric
-from . import distenv, preflight, stopflags
+from ..core import health, lock, outcomes, retrynotes, runfolder, secretenv, slurmcli
+from ..core import spec as specmod
+from ..core.budget import read_budget
+from ..core.outcomes import RankOutcome
+from ..core.records import Cause, Event, EventKind, Executor
+from ..core.spec import benchmetric
+from . import distenv, elastic, preflight, stopflags
 from .stopflags import StopFlags
 
 if TYPE_CHECKING:  # both import torch; `run` imports them once it has installed the signal flags
@@ -222,7 +225,7 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
         from .benchstop import BenchStop
 
         trainer.bench_stop = BenchStop(spec, run if env.rank == 0 else None, trainer.flag_group)
-    trainer.budget = cost.read_budget(run) if spec.slurm.max_gpu_hours > 0 else None  # (jobstep wrote it)
+    trainer.budget = read_budget(run) if spec.slurm.max_gpu_hours > 0 else None  # (jobstep wrote it)
     if env.rank == 0 and env.launcher == "slurm":  # a node range below its largest size: grow when nodes free up
         trainer.grow = attempt.grow = elastic.watch(spec, env.job_id, env.num_nodes, run.events())
     attempt.state = trainer.state
@@ -490,7 +493,7 @@ def _verdict(attempt: _Attempt, signal_name: str) -> outcomes.StopVerdict:
         why = attempt.grow.reason if attempt.grow is not None else "more nodes free"
         return outcomes.StopVerdict(outcomes.StopAction.REQUEUE, Cause.GROW, why)
     if signal_name == stopflags.BUDGET:
-        budget = cost.read_budget(attempt.run)
+        budget = read_budget(attempt.run)
         why = budget.reason() if budget else "slurm.max_gpu_hours used up"
         return outcomes.StopVerdict(outcomes.StopAction.STOP, Cause.BUDGET, why)
     if env.launcher != "slurm":
@@ -535,22 +538,28 @@ def _interrupted(attempt: _Attempt, spec: specmod.JobSpec, outcome: Outcome, log
         attempt.event(EventKind.REQUEUED, step=outcome.step, checkpoint=outcome.checkpoint, cause=verdict.cause,
                       reason=f"{verdict.reason}; {saved}", restarts=cost.after())  # fmt: skip
         if env.launcher == "slurm":
-            _come_back(attempt, spec, verdict, log)
+            _come_back(attempt, verdict, log)
     _finish(attempt, RankOutcome.PREEMPTED)
     sys.exit(LOCAL_REQUEUE_EXIT if local else 0)
 
 
-def _come_back(attempt: _Attempt, spec: specmod.JobSpec, verdict: outcomes.StopVerdict, log) -> None:
+def _come_back(attempt: _Attempt, verdict: outcomes.StopVerdict, log) -> None:
     """Slurm: requeue this job (it keeps its id); where Slurm refuses (--no-requeue, a job that
-    is already ending) a follow-up job takes over once this one ends (Run.come_back)."""
-    from ..control.run import Run
-
+    is already ending) a follow-up job takes over once this one ends (Run.come_back). The run
+    service stands above the worker: it is called across a process boundary (control/jobstep.py
+    `come-back`), as the batch script calls it."""
     env = attempt.env
     if verdict.action is outcomes.StopAction.EXIT:
         log("Slurm requeues this job itself; the next incarnation resumes")
         return
-    requeue = verdict.action is outcomes.StopAction.REQUEUE
-    followed = Run(attempt.run).come_back(spec, env.job_id, env.restart, verdict.cause, requeue=requeue)
-    if followed is not None:
-        sub, why = followed
-        attempt.event(EventKind.FOLLOW_UP, job_id_next=sub.job_id, reason=why, cause=verdict.cause)
+    how = "requeue" if verdict.action is outcomes.StopAction.REQUEUE else "follow-up"
+    argv = [sys.executable, "-m", "clusterfsdp.control.jobstep", "come-back", str(attempt.run.path), env.job_id,
+            str(env.restart), verdict.cause.value, how]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise RuntimeError(f"bringing job {env.job_id} back failed: {lines[-1] if lines else done.returncode}")
+    if done.stdout.strip():
+        followed = json.loads(done.stdout.strip().splitlines()[-1])
+        attempt.event(EventKind.FOLLOW_UP, job_id_next=followed["job_id_next"], reason=followed["why"],
+                      cause=verdict.cause)  # fmt: skip

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from ..control import evalsamples, numbers, samplestats
-from ..control.runfolder import RunFolder
+from ..core import evalsamples, numbers
+from ..core.runfolder import RunFolder
+from ..data import samplestats
 from .trackers import Trackers
 
 # Dense bf16 peak FLOP/s by device-name fragment (first match wins).
@@ -134,5 +135,5 @@ class MetricsWriter:
 
     def sample_sets(self, metas: dict[str, dict], sources: dict[str, list[dict]], steps: int) -> None:
         """The statistics of the sample sets (role -> index meta; a mixture's per source) and the
-        steps the run trains into the run folder's data.json (control/samplestats.py)."""
+        steps the run trains into the run folder's data.json (data/samplestats.py)."""
         samplestats.write(RunFolder(self.path.parent).data_file, metas, sources, steps)

@@ -11,13 +11,13 @@ import os
 import time
 from typing import Any
 
-from ..control import spec as specmod
-from ..control.evalsamples import EvalSample
-from ..control.fileio import atomic_write
-from ..control.lock import held
-from ..control.outcomes import RankOutcome
-from ..control.runfolder import RunFolder
-from ..control.sweepfolder import SweepFolder, sweep_of
+from ..core import spec as specmod
+from ..core.evalsamples import EvalSample
+from ..core.fileio import atomic_write
+from ..core.lock import held
+from ..core.outcomes import RankOutcome
+from ..core.runfolder import RunFolder
+from ..core.sweeplayout import SweepLayout, sweep_of
 from .trackerbase import INSTALL_HINT, TrackerError, hyperparameters, samples_markdown
 
 
@@ -59,7 +59,7 @@ class MLflow:
             ) from None
         self.run_id = ids.mlflow_run_id
 
-    def _parent(self, sweep: SweepFolder, uri: str, experiment_id: str) -> str:
+    def _parent(self, sweep: SweepLayout, uri: str, experiment_id: str) -> str:
         """The sweep's MLflow run, made by its first point (under a lock in the sweep folder: points
         start side by side) and kept in `<sweep folder>/mlflow.json` with its tracking URI."""
         record = sweep.path / "mlflow.json"

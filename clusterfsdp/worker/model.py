@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..control.presets import PRESETS
-from ..control.spec import ModelSection
+from ..core.presets import PRESETS
+from ..core.spec import ModelSection
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

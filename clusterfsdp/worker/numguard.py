@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from ..control import ckptfolder
-from ..control.ckptfolder import CheckpointInfo
-from ..control.records import EventKind
-from ..control.spec.schema import Guard
+from ..core import ckptfolder
+from ..core.ckptfolder import CheckpointInfo
+from ..core.records import EventKind
+from ..core.spec.schema import Guard
 from ..data.samples import Skipped
 from .metrics import Meter
 

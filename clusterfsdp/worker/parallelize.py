@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from ..control.spec import JobSpec
+from ..core.spec import JobSpec
 from .model import decoder_layers, layer_classes
 
 MP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -44,9 +44,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..control import ckptfolder
-from ..control.spec import JobSpec
-from ..control.spec.objective import NEEDS_REFERENCE
+from ..core import ckptfolder
+from ..core.spec import JobSpec
+from ..core.spec.objective import NEEDS_REFERENCE
 from ..data.samples import PART_SHIFT, Batch, PreparedSamples, stack
 from ..data.tokens import IGNORE_INDEX
 

@@ -40,9 +40,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..control import ckptfolder
-from ..control.runfolder import RunFolder
-from ..control.spec import JobSpec
+from ..core import ckptfolder
+from ..core.runfolder import RunFolder
+from ..core.spec import JobSpec
 from . import distenv
 
 ENV_TEST_FULL = "CLUSTERFSDP_PREFLIGHT_TEST_FULL"

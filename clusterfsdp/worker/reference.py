@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from ..control import health, runfolder
+from ..core import health, runfolder
 from . import distenv
 from . import main as mainmod
 

@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import StorageMeta
 
-from ..control import ckptfolder
+from ..core import ckptfolder
 
 SHA256, SIZES = "sha256", "sizes"  # the keys of the checksums in clusterfsdp.json
 

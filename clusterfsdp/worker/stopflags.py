@@ -25,8 +25,8 @@ from collections import deque
 
 # The largest flag of any rank wins an agreement: a grow gives way to every signal and the budget.
 STOP_NONE, STOP_GROW, STOP_TERM, STOP_USR2, STOP_BUDGET = 0, 1, 2, 3, 4
-BUDGET = "budget"  # not a signal: slurm.max_gpu_hours used up (control/cost.py's Budget)
-GROW = "grow"  # not a signal: rank 0 found free nodes for a larger size of a node range (control/elastic.py)
+BUDGET = "budget"  # not a signal: slurm.max_gpu_hours used up (core/budget.py)
+GROW = "grow"  # not a signal: rank 0 found free nodes for a larger size of a node range (worker/elastic.py)
 SIGNAL_NAMES = {STOP_GROW: GROW, STOP_TERM: "SIGTERM", STOP_USR2: "SIGUSR2", STOP_BUDGET: BUDGET}
 MAX_LATENCY_S = 1.0
 MAX_EVERY = 100

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..control import spec as specmod
-from ..control.evalsamples import EvalSample
-from ..control.outcomes import RankOutcome
-from ..control.runfolder import RunFolder
+from ..core import spec as specmod
+from ..core.evalsamples import EvalSample
+from ..core.outcomes import RankOutcome
+from ..core.runfolder import RunFolder
 from .trackerbase import INSTALL_HINT, TrackerError, hyperparameters, samples_markdown
 
 

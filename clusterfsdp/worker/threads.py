@@ -18,7 +18,7 @@ import os
 import socket
 from collections.abc import Sequence
 
-from ..control.procs import boot_id
+from ..core.procs import boot_id
 
 USER_SETTING = "OMP_NUM_THREADS"
 

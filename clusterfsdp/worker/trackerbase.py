@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..control import spec as specmod
-from ..control.evalsamples import EvalSample
-from ..control.outcomes import RankOutcome
+from ..core import spec as specmod
+from ..core.evalsamples import EvalSample
+from ..core.outcomes import RankOutcome
 
 _SKIPPED = ("step", "time")  # the x axis and the wall clock
 INSTALL_HINT = "install it where the workers run: pip install 'clusterfsdp[trackers]'"

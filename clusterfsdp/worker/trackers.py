@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..control import spec as specmod
-from ..control.evalsamples import EvalSample
-from ..control.outcomes import RankOutcome
-from ..control.runfolder import RunFolder
+from ..core import spec as specmod
+from ..core.evalsamples import EvalSample
+from ..core.outcomes import RankOutcome
+from ..core.runfolder import RunFolder
 from .mlflowtracker import MLflow
 from .tbtracker import TensorBoard
 from .trackerbase import Tracker, TrackerError, hyperparameters, numeric

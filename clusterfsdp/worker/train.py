@@ -28,11 +28,10 @@ from typing import Any  # models: transformers PreTrainedModels wrapped by FSDP
 import torch
 import torch.distributed as dist
 
-from ..control import ckptfolder, lrschedule, peftbase
-from ..control.cost import Budget
-from ..control.elastic import GrowWatch
-from ..control.records import EventKind
-from ..control.spec import JobSpec
+from ..core import ckptfolder, lrschedule, peftbase
+from ..core.budget import Budget
+from ..core.records import EventKind
+from ..core.spec import JobSpec
 from ..data import mixture, samplesets
 from ..data.mixsamples import MixtureSamples
 from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples, TrainingData, open_for_training
@@ -42,6 +41,7 @@ from . import model as modelmod
 from .benchstop import BenchStop
 from .build import build, token_ids
 from .checkpoint import Checkpointer
+from .elastic import GrowWatch
 from .evalsamples import SampleGenerator
 from .heartbeat import Heartbeat, Phase
 from .numguard import LossRise, NumGuard, Verdict, roll_back

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from submitit.core import utils
 
-from ..control import localctl
+from ..core import localctl
 from . import warmstart
 
 

@@ -59,8 +59,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ..control import secretenv
-from ..control import spec as specmod
+from ..core import secretenv
+from ..core import spec as specmod
 
 ENV_COLD = "CLUSTERFSDP_COLD_START"  # "1": every rank its own interpreter (nothing preloaded)
 # What every rank imports before its first step, whatever the job (its model family's module is
@@ -253,7 +253,7 @@ def family_modules(spec: specmod.JobSpec | None, run_dir: str | Path | None) -> 
     """The modeling module of the job's model type (transformers imports it on first use)."""
     if spec is None:
         return []
-    from ..control.presets import PRESETS
+    from ..core.presets import PRESETS
     from .model import source_folder
 
     cfg = spec.model

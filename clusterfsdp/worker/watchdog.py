@@ -6,7 +6,7 @@ first rank (`worker.heartbeat.start_node_watchdog`), ending when that rank ends.
 Why a process per node and not a thread of rank 0: a thread stops with its process (a SIGSTOPped
 rank 0 would take the watchdog with it), and only a process on the same node can read a rank's
 stacks (py-spy) or kill it. Every node's watchdog reads every rank's heartbeat from the shared
-run folder (control/health.py) and applies the same rule (`health.find_hang`), so any node that
+run folder (core/health.py) and applies the same rule (`health.find_hang`), so any node that
 still runs notices; they agree through files in `diagnostics/<job>.<restart>/`:
 
 1. the first to decide creates `hang.json` (O_EXCL: exactly one wins);
@@ -44,9 +44,9 @@ import sys
 import time
 from pathlib import Path
 
-from ..control import fileio, health, runfolder
-from ..control.health import Beat, Hang, WatchdogSettings
-from ..control.records import Event, EventKind
+from ..core import fileio, health, runfolder
+from ..core.health import Beat, Hang, WatchdogSettings
+from ..core.records import Event, EventKind
 from .heartbeat import DUMP_SIGNAL
 
 DUMP_WAIT_S = 30.0  # the winner waits this long for every node's stack dumps

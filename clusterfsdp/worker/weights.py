@@ -37,7 +37,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ..control.modelsource import weight_files
+from ..core.modelsource import weight_files
 from .model import ModelError, canonical, decoder_layers
 
 Mode = Literal["pretrained", "init", "buffers"]

@@ -8,7 +8,7 @@ of tasks (a round per restart on exit code 144), to `<job folder>/<job id>_exit_
 
     [[1, -9]]        rank 0 exited 1, rank 1 died of signal 9 (SIGKILL), in the first round
 
-so that `doctor` and `status` name the signal (control/evidence.py). Slurm's srun reports the
+so that `doctor` and `status` name the signal (core/evidence.py). Slurm's srun reports the
 same through its exit status, which the batch script's job step records (control/jobstep.py).
 
 `Executor` is submitit's LocalExecutor with this controller instead of submitit's own; its
@@ -77,7 +77,7 @@ class Executor(submitit.LocalExecutor):
             "CUDA_VISIBLE_DEVICES": ",".join(str(k) for k in range(self.parameters.get("gpus_per_node", 0))),
             "SUBMITIT_LOCAL_WITH_SHELL": "",
         }
-        controller = [sys.executable, "-m", "clusterfsdp.control.localctl", str(self.folder)]
+        controller = [sys.executable, "-m", "clusterfsdp.core.localctl", str(self.folder)]
         if self.run_dir is not None:
             controller = [sys.executable, "-m", WARM_CONTROLLER, str(self.folder), str(self.run_dir)]
         process = subprocess.Popen(controller, env=env)

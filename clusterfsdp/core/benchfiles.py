@@ -11,7 +11,7 @@ their data from the Hugging Face hub (or its cache): the worker runs offline onl
 
 A local task may name Python (`!function utils.fn`: `utils.py` beside the YAML) that lm-eval
 imports: each task file, its `include:`s and that code must be yours or the trusted group's
-(control/ownership.py's rule), checked before queueing and again by the worker before lm-eval
+(core/ownership.py's rule), checked before queueing and again by the worker before lm-eval
 reads it. Its `dataset_path` must be a local builder with local data_files, a local folder, or a
 hub dataset already in the local cache: evaluations of local tasks run offline.
 """
@@ -69,7 +69,7 @@ def _loader(functions: list[str]) -> Any:
 
 
 def _trusted(path: Path, what: str) -> None:
-    """TaskFileError unless `path` is yours or the trusted group's (control/ownership.py's rule):
+    """TaskFileError unless `path` is yours or the trusted group's (core/ownership.py's rule):
     lm-eval imports the Python a task file names, so another user's file would run as you."""
     if found := ownership.path_clause(path):
         raise TaskFileError(f"{found[1]}: refusing to load it as {what} (lm-eval would run its code as you); "

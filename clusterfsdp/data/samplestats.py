@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import fileio
-from .fileio import atomic_write
+from ..core import fileio
+from ..core.fileio import atomic_write
 
 _LEFT_OUT = ("files",)  # the index tables' seals: the cache's business, not the run's
 
@@ -82,8 +82,8 @@ def lines(file: Path) -> list[str]:
     if not metas and not mixed:
         return []
     # Only here, for a run that has them: `status` starts without the spec that samplesets imports.
-    from ..data.mixture import Part, share_lines
-    from ..data.samplesets import stats_line
+    from .mixture import Part, share_lines
+    from .samplesets import stats_line
 
     out = []
     try:

@@ -16,7 +16,7 @@ Python: no torch.
                                           (keep_last lets it go only after: control/bench.py), with
                                           keep_best on a benchmark score until its result landed
     checkpoints/.bench-best.json          keep_best on a benchmark score: the best step so far
-                                          (control/benchbest.py writes it as each result lands)
+                                          (core/benchbest.py writes it as each result lands)
 
 A checkpoint is written under `.step-<N>.partial/` and renamed to `step-<N>` only after
 every rank's shards and DCP's `.metadata` are on disk, so a crash, a kill -9 or a full

@@ -11,7 +11,7 @@ fast. One module per concern:
 - `checks`: cross-field checks; `allowlists`: what may reach a shell or `#SBATCH` line;
 - `paths`: job files, absolute paths, hub ids; `tokenizer`: what data.tokenizer = 'auto' is;
 - `docs`: `clusterfsdp schema`, `init`'s starter file, completion's key list.
-Import the names from here (`from clusterfsdp.control.spec import JobSpec`).
+Import the names from here (`from clusterfsdp.core.spec import JobSpec`).
 """
 
 from .allowlists import MOUNT_PATH

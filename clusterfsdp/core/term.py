@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where a state is styled: `runs --quiet` (completion) starts without the records
-    from .control.records import RunState
+    from .records import RunState
 
 _CODES = {"red": "31", "green": "32", "yellow": "33", "cyan": "36", "bold": "1", "dim": "2"}
 # C0 controls but newline and tab, DEL, C1 controls, and the marks that reorder a line's display
@@ -99,7 +99,7 @@ def style(text: str, name: str, stream: IO[str]) -> str:
 
 def state_style(state: RunState) -> str:
     """The colour of a run state: red for bad ends, green for completed, cyan for live."""
-    from .control.records import RunState
+    from .records import RunState
 
     if state.bad:
         return "red"

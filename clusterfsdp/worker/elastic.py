@@ -20,11 +20,11 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from . import slurmcli
-from .records import Cause, Event, EventKind
+from ..core import slurmcli
+from ..core.records import Cause, Event, EventKind
 
 if TYPE_CHECKING:  # (`status` imports this module and never loads the spec)
-    from . import spec as specmod
+    from ..core import spec as specmod
 
 
 def grows_used(events: Iterable[Event]) -> int:

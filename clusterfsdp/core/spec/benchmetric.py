@@ -5,7 +5,7 @@
 Whether higher is better is read from a small explicit table of lm-eval's metric names, never
 guessed: a metric outside it is an error naming the key (a keep_best that kept the worst
 checkpoint would be silently wrong). The results land after training moved on: keep_best decides
-as each lands (control/benchbest.py), early stopping counts them when the trainer reads them
+as each lands (core/benchbest.py), early stopping counts them when the trainer reads them
 (worker/benchstop.py). Pure Python, no file system: that a local task YAML declares the task is
 checked by `benchfiles.problems` before queueing.
 """

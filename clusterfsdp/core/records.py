@@ -157,7 +157,7 @@ class Cause(StrEnum):
     PREFLIGHT = "preflight"  # a node failed the pre-flight checks (worker.preflight): retried without it
     RESTARTS_EXHAUSTED = "restarts_exhausted"  # slurm.max_restarts reached
     BUDGET = "budget"  # slurm.max_gpu_hours used up: the workers saved and stopped
-    GROW = "grow"  # a node range: more nodes came free; saved and requeued to start on more (control/elastic.py)
+    GROW = "grow"  # a node range: more nodes came free; saved and requeued to start on more (worker/elastic.py)
     UNKNOWN = "unknown"
 
     @classmethod
