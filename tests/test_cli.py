@@ -136,11 +136,12 @@ READ_ONLY = {
     "clusterfsdp.core.value", "clusterfsdp.control.pending",  # a pending job's reason in words
     "clusterfsdp.control.cost",  # what each run cost (sacct, and the figures a run folder keeps)
     "clusterfsdp.cli.statuscmds",  # the CLI's group of run-folder readers (runs, status, doctor, logs)
+    "clusterfsdp.core", "clusterfsdp.core.budget", "clusterfsdp.core.sweeplayout",
 }  # fmt: skip
 
 VALIDATE = {
-    "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.core.term", "clusterfsdp.control", "clusterfsdp.core.errors",
-    "clusterfsdp.control.inputs", "clusterfsdp.control.summary", "clusterfsdp.core.modelsource",
+    "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.core.term", "clusterfsdp.control", "clusterfsdp.core",
+    "clusterfsdp.core.errors", "clusterfsdp.control.inputs", "clusterfsdp.control.summary", "clusterfsdp.core.modelsource",
     "clusterfsdp.core.hub", "clusterfsdp.core.presets", "clusterfsdp.core.slurmping",
     "clusterfsdp.core.retrynotes", "clusterfsdp.core.fileio",
     "clusterfsdp.core.runroot", "clusterfsdp.core.secretenv",
@@ -156,6 +157,7 @@ VALIDATE = {
     "clusterfsdp.core.spec.docfield", "clusterfsdp.core.spec.slurmsection",  # the schema's sections
     "clusterfsdp.core.spec.datasection", "clusterfsdp.core.spec.trainsection",
     "clusterfsdp.core.spec.outputsection",
+    "clusterfsdp.core.spec.benchmetric",  # keep_best / early stopping on a benchmark score (issue 38)
 }  # fmt: skip
 DATA_CHECKS = {  # what validate adds for a job that reads files
     "clusterfsdp.data", "clusterfsdp.data.skipped", "clusterfsdp.data.fieldmap", "clusterfsdp.data.mixture",
@@ -178,10 +180,10 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     root = ["--run-root", str(tmp_path)]
     names, count = _imported_by(["--help"])
     # (core/errors.py: the one error base every front-end catches; it imports nothing)
-    help_only = {"clusterfsdp", "clusterfsdp.cli", "clusterfsdp.control", "clusterfsdp.core.errors"}
+    help_only = {"clusterfsdp", "clusterfsdp.cli", "clusterfsdp.core", "clusterfsdp.core.errors"}
     assert names == help_only and count < 30, (names, count)
     names, _ = _imported_by(["status", "20260101-120000-aaaa", *root])
-    one_run = READ_ONLY | {"clusterfsdp.data.samplestats"}  # the data.json reader
+    one_run = READ_ONLY | {"clusterfsdp.data", "clusterfsdp.data.samplestats"}  # the data.json reader
     assert names == one_run, names ^ one_run
     names, _ = _imported_by(["runs", *root])
     assert names == READ_ONLY, names ^ READ_ONLY
@@ -189,7 +191,8 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     assert names == READ_ONLY - {"clusterfsdp.control.status", "clusterfsdp.core.slurmcli",
                                  "clusterfsdp.core.slurmping", "clusterfsdp.core.retrynotes",
                                  "clusterfsdp.core.ckptfolder", "clusterfsdp.control.jsonltail",
-                                 "clusterfsdp.control.pending", "clusterfsdp.control.cost"}, names  # fmt: skip
+                                 "clusterfsdp.control.pending", "clusterfsdp.control.cost", "clusterfsdp.control",
+                                 "clusterfsdp.core.budget", "clusterfsdp.core.sweeplayout"}, names  # fmt: skip
     # validate: the spec, the source checks and the summary, not the run service (run, backends,
     # launch, lock, status) nor the run folder's records or Slurm's job table; synthetic tokens:
     # nothing of data/; no data file: xxhash and gzip are imported where a hash or a compressed
