@@ -618,7 +618,14 @@ def cmd_completion(args: argparse.Namespace) -> int:
 def cmd_devcluster(args: argparse.Namespace) -> int:
     from .control import devcluster
 
-    return devcluster.main([args.action])
+    argv = [args.action]
+    if args.nodes is not None:
+        argv += ["--nodes", str(args.nodes)]
+    if args.state is not None:
+        argv += ["--state", str(args.state)]
+    if args.prefix is not None:
+        argv += ["--prefix", args.prefix]
+    return devcluster.main(argv)
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
@@ -857,7 +864,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_completion)
 
     s = command("devcluster", help="a real multi-node Slurm on this machine (root)")
-    s.add_argument("action", choices=["up", "down", "status"], help="start, stop, or show the cluster")
+    s.add_argument(
+        "action", choices=["up", "down", "status", "restart"], help="start, stop, show or rebuild the cluster"
+    )
+    s.add_argument("--nodes", type=int, default=None, help="compute nodes for `up` (default 2)")
+    s.add_argument("--state", default=None, help="state folder (default /tmp/clusterfsdp-devcluster[-PREFIX])")
+    s.add_argument(
+        "--prefix",
+        default=None,
+        help="a second cluster beside the default one: 1-4 of a-z0-9 (its own namespaces, bridge, subnet, state, lock)",
+    )
     s.set_defaults(fn=cmd_devcluster)
 
     s = command("tui", help="the terminal UI")
