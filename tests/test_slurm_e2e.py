@@ -202,6 +202,7 @@ def test_time_limit_signal_save_requeue_resume(slurm_cluster, tiny_job, tmp_path
     assert len(run.attempts) == 1 and "requeued (time_limit)" in cli("status", str(run.path)).stdout
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, tmp_path):
     """With --no-requeue, `scontrol requeue` is refused; rank 0 submits a follow-up job
     (--dependency=afterany) that resumes from the checkpoint just saved."""
@@ -233,6 +234,7 @@ def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, 
     assert_every_attempt_is_submitits(run)
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
     root = str(tmp_path / "runs")
     # pending: held back by a begin time in the future
@@ -439,6 +441,7 @@ def worker_pids(run: runfolder.RunFolder, job_id: str, rank: int | None = None) 
     return out
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_preemption_by_a_high_priority_job_saves_requeues_and_resumes(slurm_cluster, tiny_job, tmp_path):
     """A run in `low` (PreemptMode=REQUEUE, GraceTime=30) is preempted by a job in `high`: its ranks
     get SIGTERM, save together, rank 0 tells the preemption from a cancel (scontrol: PreemptTime)
@@ -462,6 +465,7 @@ def test_preemption_by_a_high_priority_job_saves_requeues_and_resumes(slurm_clus
     assert "requeued (preempted)" in cli("status", str(run.path)).stdout
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_controller_outages_and_a_killed_rank_are_survived(slurm_cluster, tiny_job, tmp_path):
     """slurmctld stopped for 20 s during `submit` (it waits, then queues exactly one job) and
     during the requeue after a SIGUSR2 (rank 0 retries until the controller is back); then one
@@ -513,6 +517,7 @@ def test_controller_outages_and_a_killed_rank_are_survived(slurm_cluster, tiny_j
     assert "auto_restart (rank_killed)" in cli("status", str(run.path)).stdout
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_a_frozen_rank_is_found_its_stacks_dumped_and_the_run_completes(slurm_cluster, tiny_job, tmp_path):
     """Two nodes, one rank each; rank 1 SIGSTOPped at step 60: a node watchdog records a `hang`
     naming rank 1 and its node (within 2 minutes of the freeze), leaves both ranks' stacks under
@@ -576,6 +581,7 @@ def test_a_submission_the_hung_controller_processes_late_is_not_duplicated(slurm
             slurmcli.scancel(job)
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_a_failed_node_is_left_out_and_the_run_resumes_on_the_remaining_node(slurm_cluster, tiny_job, tmp_path):
     """node2 dies (its slurmd and every process on it) during a 2-node HSDP run. With --no-kill the
     job lives on on node1 until Slurm declares node2 down (SlurmdTimeout=30 s); the batch script's

@@ -16,7 +16,7 @@ from slurm_fixtures import bounded
 from clusterfsdp.control import ckptfolder, status
 from clusterfsdp.control.sweepfolder import all_sweeps
 
-pytestmark = pytest.mark.slurm
+pytestmark = pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
