@@ -35,8 +35,6 @@ def _no_inherited_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 pytest_plugins = ["slurm_fixtures", "users"]  # `slurm_cluster` (real daemons); a second user (tests/users.py)
 
-from slurm_fixtures import cluster_prefix  # noqa: E402  (after tests/ is on sys.path)
-
 
 def _shares_a_module_fixture(item: pytest.Item) -> bool:
     """Whether the test uses a module-scoped fixture (the failed runs test_doctor.py diagnoses,
@@ -60,6 +58,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     cluster is the suite's critical path, and with `--no-loadscope-reorder` (.ci/test) xdist hands
     out groups in collection order, so each chain starts on a worker of its own at once (xdist's
     default order, by group size, would start a big module group first and one chain late)."""
+    from slurm_fixtures import cluster_prefix  # here: a module-level import would skip its assert rewriting
+
     for item in items:
         if item.get_closest_marker("slurm"):
             prefix = cluster_prefix(item)
