@@ -93,7 +93,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .control.slurmping import Ping
 
-    with Ping() as ping:  # asks Slurm while the job is checked (start-up)
+    # Asks Slurm while the job is checked (start-up); --executor local asks nothing: a job checked
+    # for this machine never waits on a controller that is busy, hung or restarting.
+    with Ping(ask=args.executor != "local") as ping:
         from .control import inputs
         from .control import spec as specmod
         from .control.summary import summary
@@ -111,7 +113,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         later = "checked inside the container when the job starts"
         prepared.notes += [f"data path {path} is not on this host: {later}" for path in inside]
         reachable = ping.state() == "up"
-    where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
+    if args.executor == "local":
+        where = "this machine (local executor)"
+    else:
+        where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
     if not reachable and spec.node_range.high > 1:
         where += f" -- but slurm.nodes = {spec.slurm.nodes} needs Slurm"
     print(summary(spec, where))
@@ -709,6 +714,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     s = command("validate", help="check a job and print what it will do")
     _add_job(s)
+    s.add_argument(
+        "--executor",
+        choices=["auto", "slurm", "local"],
+        default="auto",
+        help="as for submit; local: for this machine, without asking Slurm (auto asks the controller)",
+    )
     s.set_defaults(fn=cmd_validate)
 
     s = command("data", help="prepare (tokenize) a job's data before it runs")
