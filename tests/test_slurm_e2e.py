@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import newest_checkpoint, newest_step, weights_folder
+from procs import CORPUS, newest_checkpoint, newest_step, weights_folder
 from slurm_fixtures import bounded
 
 from clusterfsdp.control import ckptfolder, cost, doctor, runfolder, slurmcli, status
@@ -28,6 +28,27 @@ pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
 TWO_NODES = ["--set", "slurm.nodes=2", "--set", "slurm.tasks_per_node=2"]
 
+
+@pytest.fixture(scope="session")
+def _tiny_tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny job's data tokenized once (here, locally) into a cache every submit of this module
+    shares: a submit finds it prepared and queues no prepare array before its training job (one
+    Slurm job less per submit). The array itself is tested in test_slurm_prepare.py and
+    test_slurm_reference.py; a test here that changes data.* still gets one."""
+    folder = tmp_path_factory.mktemp("tiny-tokens")
+    job = folder / "job.toml"
+    text = (REPO / "jobs" / "tiny-cpu.toml").read_text().replace('"data/corpus.txt"', f'"{CORPUS}"')
+    job.write_text(text.replace("[data]\n", f'[data]\ncache_dir = "{folder / "cache"}"\n', 1))
+    r = cli("data", "prepare", str(job), "--set", f"job.run_root='{folder / 'runs'}'", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return folder / "cache"
+
+
+@pytest.fixture
+def tiny_job(tiny_job: Path, _tiny_tokens: Path) -> Path:
+    """conftest's tiny job, reading the data prepared once (_tiny_tokens)."""
+    tiny_job.write_text(tiny_job.read_text().replace("[data]\n", f'[data]\ncache_dir = "{_tiny_tokens}"\n', 1))
+    return tiny_job
 
 def cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
