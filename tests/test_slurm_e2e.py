@@ -50,6 +50,7 @@ def tiny_job(tiny_job: Path, _tiny_tokens: Path) -> Path:
     tiny_job.write_text(tiny_job.read_text().replace("[data]\n", f'[data]\ncache_dir = "{_tiny_tokens}"\n', 1))
     return tiny_job
 
+
 def cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "clusterfsdp.cli", *args],
