@@ -282,15 +282,16 @@ def test_a_bad_prefix_is_refused_in_one_line() -> None:
 
 def _default_cluster_facts() -> tuple[object, ...]:
     """What a second cluster must never change of the default one (up or not): its namespaces,
-    its bridge, its slurmctld's pid and /etc/slurm/slurm.conf."""
+    its bridge, its env.sh (rewritten by every bring-up: a new FirstJobId) and /etc/slurm/slurm.conf.
+    Not its slurmctld's pid: a Slurm test's fault may restart that meanwhile."""
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     bridge = subprocess.run(["ip", "-o", "link", "show", "cfbr0"], capture_output=True, text=True).stdout
-    pid = devcluster.DEFAULT_STATE / "pids" / "slurmctld.pid"
+    env_sh = devcluster.DEFAULT_STATE / "env.sh"
     etc = Path("/etc/slurm/slurm.conf")
     return (
         sorted(line.split()[0] for line in netns.splitlines() if line.startswith("cfdc-")),
-        bridge.split("\\")[0],
-        pid.read_text() if pid.is_file() else None,
+        bridge.split(": ")[:2],  # its index and name: the same bridge, not a new one
+        env_sh.read_text() if env_sh.is_file() else None,
         etc.read_text() if etc.is_file() else None,
     )
 
