@@ -673,6 +673,7 @@ def test_a_node_that_fails_its_preflight_is_left_out_and_the_run_completes_on_th
     assert r.returncode == 0 and "--exclude" not in r.stdout, r.stdout
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_the_batch_hosts_death_is_requeued_by_slurm_and_resumes_on_the_other_node(slurm_cluster, tiny_job, tmp_path):
     """The node running a 1-node job's batch script dies (its slurmd and every process on it).
     Slurm declares it down (SlurmdTimeout=30 s), ends the job NODE_FAIL and requeues it (--requeue);
