@@ -342,6 +342,7 @@ def test_a_second_cluster_of_three_nodes_up_twice_restart_and_down_beside_the_de
         assert queue.returncode == 0 and queue.stdout.strip() == "", queue.stdout + queue.stderr
     finally:
         cli("down")
+        Path(f"/run/clusterfsdp-devcluster-{prefix}.lock").unlink(missing_ok=True)  # a throwaway name's lock
     assert not state.exists()
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"cfdc{prefix}-" not in netns
