@@ -17,12 +17,18 @@
 #
 # Environment:
 #   NODES=2                         compute nodes (1..50)
+#   CFDC_PREFIX=                    empty: the default cluster (the names above). A short name
+#                                   P (1-4 of a-z0-9) makes a second, independent cluster beside it:
+#                                   namespaces cfdcP-*, veths cfvP-*, bridge cfbrP, state
+#                                   /tmp/clusterfsdp-devcluster-P, subnet 10.214.N (N from P),
+#                                   lock /run/clusterfsdp-devcluster-P.lock, no /etc/slurm/slurm.conf
 #   CFDC_STATE=/tmp/clusterfsdp-devcluster   state folder (conf, logs, spool, database)
 #   CFDC_NET=10.213.0               first three octets of the private /24
 #   CFDC_BRIDGE=cfbr0               bridge name
 #   CFDC_CPUS=2 CFDC_MEM=4000 CFDC_GPUS=2   per node (CPUs, RealMemory MB, fake GPUs)
 #   CFDC_INSTALL_ETC=1              also install the conf as /etc/slurm/slurm.conf (only when
-#                                   that file is missing or was written by this script)
+#                                   that file is missing or was written by this script; default 0
+#                                   with a CFDC_PREFIX)
 #   CFDC_FIRST_JOB_ID=              force FirstJobId (default: derived from the clock)
 #   CFDC_CRED_EXPIRE=10             AuthInfo cred_expire: a requeued job may start again after
 #                                   this + 1 s (Slurm's default 120 gives 121 s)
@@ -40,25 +46,43 @@ umask 022
 case ":$PATH:" in *:/usr/sbin:*) ;; *) PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin ;; esac
 export PATH
 SCRIPT_DIR=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
-STATE=${CFDC_STATE:-/tmp/clusterfsdp-devcluster}
+# CFDC_PREFIX names a second cluster; every name, folder, subnet and lock below derives from it,
+# so two clusters never touch each other's namespaces, veths, bridge, state or lock (the default
+# cluster, no prefix, keeps the names it always had). Checked first: it goes into names.
+PREFIX=${CFDC_PREFIX:-}
+if [[ -n $PREFIX && ! $PREFIX =~ ^[a-z0-9]{1,4}$ ]]; then
+    echo "devcluster: error: CFDC_PREFIX must be 1-4 of a-z0-9 (it goes into interface names), not '$PREFIX'" >&2
+    exit 2
+fi
+if [[ -z $PREFIX ]]; then
+    DEFAULT_STATE=/tmp/clusterfsdp-devcluster DEFAULT_NET=10.213.0 DEFAULT_BRIDGE=cfbr0 DEFAULT_INSTALL_ETC=1
+    NAME=clusterfsdp-devcluster
+else
+    # A subnet of its own per prefix (10.214.1-254), so two prefixes rarely need CFDC_NET.
+    DEFAULT_STATE=/tmp/clusterfsdp-devcluster-$PREFIX DEFAULT_BRIDGE=cfbr$PREFIX DEFAULT_INSTALL_ETC=0
+    DEFAULT_NET=10.214.$((1 + $(cksum <<<"$PREFIX" | cut -d' ' -f1) % 254))
+    NAME=clusterfsdp-devcluster-$PREFIX
+fi
+STATE=${CFDC_STATE:-$DEFAULT_STATE}
 NODES_GIVEN=0
 [[ -n ${NODES:-} ]] && NODES_GIVEN=1
 NODES=${NODES:-2}
-NET=${CFDC_NET:-10.213.0}
-BRIDGE=${CFDC_BRIDGE:-cfbr0}
+NET=${CFDC_NET:-$DEFAULT_NET}
+BRIDGE=${CFDC_BRIDGE:-$DEFAULT_BRIDGE}
 CPUS=${CFDC_CPUS:-2}
 MEM=${CFDC_MEM:-4000}
 GPUS=${CFDC_GPUS:-2}
-INSTALL_ETC=${CFDC_INSTALL_ETC:-1}
+INSTALL_ETC=${CFDC_INSTALL_ETC:-$DEFAULT_INSTALL_ETC}
 CRED_EXPIRE=${CFDC_CRED_EXPIRE:-10}
 GRACE_TIME=${CFDC_GRACE_TIME:-30}
-NS_PREFIX=cfdc-
-VETH_PREFIX=cfv-
+# The dash ends each prefix: the default's "cfdc-" never matches a second cluster's "cfdcP-".
+NS_PREFIX=cfdc$PREFIX-
+VETH_PREFIX=cfv$PREFIX-
 ETC_CONF=/etc/slurm/slurm.conf
 MARKER="clusterfsdp-devcluster: generated file; devcluster.sh may overwrite or delete it"
 STATE_MARKER=.clusterfsdp-devcluster
-BRIDGE_ALIAS=clusterfsdp-devcluster
-LOCK_FILE=/run/clusterfsdp-devcluster.lock
+BRIDGE_ALIAS=$NAME
+LOCK_FILE=/run/$NAME.lock
 DEB_PACKAGES="slurmctld slurmd slurm-client slurmdbd munge mariadb-server slurm-wlm-mysql-plugin iproute2 util-linux runc"
 LOGIN_IP=$NET.1
 CTL_IP=$NET.2
@@ -72,7 +96,7 @@ secs() { # secs START_US -> "1.23"
 }
 
 usage() {
-    echo "usage: devcluster.sh up|down|status|restart|fault WHAT [NODE]   (env: NODES=2 CFDC_STATE=$STATE; see docs/devcluster.md)"
+    echo "usage: devcluster.sh up|down|status|restart|fault WHAT [NODE]   (env: NODES=2 CFDC_PREFIX=$PREFIX CFDC_STATE=$STATE; see docs/devcluster.md)"
 }
 
 need_root() {
@@ -251,8 +275,12 @@ our_namespaces() {
 our_bridge() {
     local info
     info=$(ip -d addr show dev "$BRIDGE" 2>/dev/null) || return 1
-    grep -qF "alias $BRIDGE_ALIAS" <<<"$info" || grep -qF "inet $LOGIN_IP/24 " <<<"$info"
+    has_our_alias <<<"$info" || grep -qF "inet $LOGIN_IP/24 " <<<"$info"
 }
+
+# has_our_alias: a line of stdin ends in exactly our bridge alias (the default cluster's alias is a
+# prefix of a second cluster's: a plain substring match would take the other cluster's bridge).
+has_our_alias() { grep -qE "alias ${BRIDGE_ALIAS}\$"; }
 
 # Stop what a previous bring-up left (pid files, namespaces, bridge, state). Used by
 # `down` and, to recover from a crash, at the start of `up`.
@@ -304,7 +332,7 @@ cleanup() {
     for ns in $(our_namespaces); do ip netns del "$ns" 2>/dev/null || true; done
     if our_bridge; then ip link del "$BRIDGE" 2>/dev/null || true; fi
     # ...and a bridge of ours under another name (CFDC_BRIDGE changed since the last `up`).
-    for f in $(ip -o link show 2>/dev/null | grep -F "alias $BRIDGE_ALIAS" | awk -F': ' '{print $2}' | sed 's/@.*//'); do
+    for f in $(ip -o link show 2>/dev/null | grep -E "alias ${BRIDGE_ALIAS}\$" | awk -F': ' '{print $2}' | sed 's/@.*//'); do
         ip link del "$f" 2>/dev/null || true
     done
     t0=$(us)
@@ -316,9 +344,10 @@ cleanup() {
         sleep 0.05
     done
 
-    # 5. state folder (only ours) and the /etc/slurm/slurm.conf we installed.
+    # 5. state folder (only ours) and the /etc/slurm/slurm.conf we installed (this cluster's: its
+    #    state folder in it; another cluster's copy stays).
     if [[ -e $STATE/$STATE_MARKER ]]; then rm -rf --one-file-system "$STATE"; fi
-    if [[ -f $ETC_CONF ]] && head -n 1 "$ETC_CONF" | grep -qF "$MARKER"; then rm -f "$ETC_CONF"; fi
+    if etc_conf_is_ours && grep -qxF "StateSaveLocation=$STATE/ctld" "$ETC_CONF"; then rm -f "$ETC_CONF"; fi
 }
 
 # ---------------------------------------------------------------- bring-up
@@ -434,6 +463,7 @@ write_files() {
 # (Not needed when $ETC_CONF was installed by devcluster.sh: plain sbatch finds it.)
 export SLURM_CONF=$STATE/slurm.conf
 export CFDC_STATE=$STATE
+export CFDC_PREFIX=$PREFIX
 export CFDC_NODES=$NODES
 export CFDC_NODE_NAMES="${names% }"
 export CFDC_NODE_IPS="${ips% }"
@@ -470,9 +500,12 @@ EOF
     for ((n = 1; n <= NODES; n++)); do add_ns "node$n" "$NET.$((10 + n))"; done
 }
 
+# etc_conf_is_ours: /etc/slurm/slurm.conf was written by devcluster.sh (some cluster's, maybe not this one's).
+etc_conf_is_ours() { [[ -f $ETC_CONF ]] && head -n 1 "$ETC_CONF" | grep -qF "$MARKER"; }
+
 install_etc_conf() {
     [[ $INSTALL_ETC == 1 ]] || { ETC_NOTE="not installed (CFDC_INSTALL_ETC=$INSTALL_ETC)"; return 0; }
-    if [[ -e $ETC_CONF ]] && ! head -n 1 "$ETC_CONF" | grep -qF "$MARKER"; then
+    if [[ -e $ETC_CONF ]] && ! etc_conf_is_ours; then
         ETC_NOTE="left alone: $ETC_CONF exists and is not ours; use: . $STATE/env.sh"
         return 0
     fi

@@ -45,14 +45,25 @@ def _shares_a_module_fixture(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the node id
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`.ci/test` runs `-n 2 --dist loadgroup`), the tests that drive the one
-    devcluster run on one worker, one after another: run side by side they would wait for each
-    other's nodes. The tests of a module that share a module-scoped fixture go to one worker too:
+    """Under pytest-xdist (`.ci/test` runs `--dist loadgroup`), the tests that drive one devcluster
+    run on one worker, one after another: run side by side they would wait for each other's nodes.
+    With a second cluster (CFDC_TEST_SECOND_PREFIX, tests/slurm_fixtures.py) the tests marked
+    `slurm(cluster="b")` are a second group, run beside the first on their own cluster. The tests
+    of a module that share a module-scoped fixture go to one worker too:
     loadgroup hands out ungrouped tests one at a time, so a module's tests land on both workers
     and each would build the fixture (launches of real ranks, up to minutes of CPU). Everything
-    else spreads over the workers."""
+    else spreads over the workers.
+
+    The Slurm tests come first in the collection (each module's order kept): the chain of each
+    cluster is the suite's critical path, and with `--no-loadscope-reorder` (.ci/test) xdist hands
+    out groups in collection order, so each chain starts on a worker of its own at once (xdist's
+    default order, by group size, would start a big module group first and one chain late)."""
+    from slurm_fixtures import cluster_prefix  # here: a module-level import would skip its assert rewriting
+
     for item in items:
         if item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+            prefix = cluster_prefix(item)
+            item.add_marker(pytest.mark.xdist_group(f"slurm-{prefix}" if prefix else "slurm"))
         elif _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(Path(item.nodeid.split("::")[0]).stem))
+    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)  # stable: Slurm tests first

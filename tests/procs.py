@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pty
-import socket
 import struct
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from clusterfsdp.core import ckptfolder, runfolder
 from clusterfsdp.core import spec as S
 from clusterfsdp.core.presets import PRESETS
 from clusterfsdp.core.records import Executor
+from clusterfsdp.worker import distenv
 
 CORPUS = Path(__file__).resolve().parents[1] / "jobs" / "data" / "corpus.txt"
 
@@ -47,9 +47,9 @@ mixed_precision = "fp32"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port outside the kernel's ephemeral range (distenv.free_master_port; one from bind(port 0)
+    may be taken by an outgoing connection before the ranks' master binds it)."""
+    return distenv.free_master_port()
 
 
 def make_run(job_text: str, run_root: Path, overrides: Sequence[str] = ()) -> runfolder.RunFolder:

@@ -4,10 +4,17 @@ tests/conftest.py loads it for the whole suite (``pytest_plugins = ["slurm_fixtu
 tests/ on sys.path), so a test just asks for ``slurm_cluster``; import ``SlurmCluster`` from
 here for type hints only (importing the fixture into a module would make a second instance).
 
-``slurm_cluster`` (session scope) checks ``devcluster.sh status``; when the cluster is not
-up it brings it up (and takes it down again at the end of the session, unless
-CFDC_KEEP=1). It never skips: no root, no packages or a daemon that will not start is a
-test failure, with the script's output in the message.
+``slurm_cluster`` is the cluster of the running test. Two halves of the Slurm tests may run in
+parallel, each on its own devcluster: a test marked ``slurm(cluster="b")`` runs on the second
+cluster, ``devcluster.sh`` with ``CFDC_PREFIX=$CFDC_TEST_SECOND_PREFIX`` (.ci/test sets it and
+brings both clusters up), every other one on the default cluster. Without that variable every
+Slurm test runs on the default cluster, as one group (so ``flock -o /tmp/devcluster.lock pytest
+...`` stays all a developer needs). Each cluster is checked once per session with
+``devcluster.sh status``; when it is not up it is brought up (and taken down again at the end of
+the session, unless CFDC_KEEP=1). It never skips: no root, no packages or a daemon that will not
+start is a test failure, with the script's output in the message. A Slurm test runs with
+SLURM_CONF set to its cluster's, so every client it starts (clusterfsdp, sbatch, the jobs it
+queues) talks to that cluster.
 
 Every test that uses the cluster (marked ``slurm`` or asking for ``slurm_cluster``) also gets
 ``_slurm_test_jobs`` (autouse): whatever happens in the test (a failed assertion, its own
@@ -108,10 +115,10 @@ class SlurmCluster(devcluster.DevClusterInfo):
             raise AssertionError(f"{exc}; rows seen: {list(dict.fromkeys(seen))}") from None
 
     def fault(self, what: str, node: str = "") -> None:
-        """`devcluster.sh fault WHAT [NODE]`: ctld-stop/ctld-start (a controller that is down),
-        ctld-freeze/ctld-thaw (one that hangs), node-kill/node-start (a node that dies)."""
+        """`devcluster.sh fault WHAT [NODE]` on this cluster: ctld-stop/ctld-start (a controller that
+        is down), ctld-freeze/ctld-thaw (one that hangs), node-kill/node-start (a node that dies)."""
         argv = ["bash", str(SCRIPT), "fault", what, *([node] if node else [])]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+        proc = subprocess.run(argv, env=self.script_env(), capture_output=True, text=True, timeout=180, check=False)
         if proc.returncode != 0:
             raise AssertionError(f"devcluster.sh fault {what} {node} exited {proc.returncode}: {proc.stderr}")
 
@@ -121,28 +128,72 @@ class SlurmCluster(devcluster.DevClusterInfo):
         return rows[-1]
 
 
-def _script(command: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(SCRIPT), command], capture_output=True, text=True, timeout=timeout, check=False)
+SECOND_PREFIX_VAR = "CFDC_TEST_SECOND_PREFIX"  # set (by .ci/test): the `slurm(cluster="b")` tests use that cluster
+
+
+def second_prefix() -> str:
+    """The CFDC_PREFIX of the second devcluster, or "" when the suite runs on the default one only."""
+    return os.environ.get(SECOND_PREFIX_VAR, "")
+
+
+def cluster_prefix(item: pytest.Item) -> str:
+    """The CFDC_PREFIX of the cluster `item` runs on: the second cluster's for a test marked
+    `slurm(cluster="b")` when there is one, else the default cluster's ("")."""
+    marker = item.get_closest_marker("slurm")
+    return second_prefix() if marker is not None and marker.kwargs.get("cluster") == "b" else ""
+
+
+def _cluster_environ(prefix: str) -> dict[str, str]:
+    """The environment devcluster.sh gets for the cluster: the default one honours a CFDC_STATE
+    the developer set; the second one always has its own state folder."""
+    return {k: v for k, v in os.environ.items() if not (prefix and k == "CFDC_STATE")} | {"CFDC_PREFIX": prefix}
+
+
+def _script(command: str, prefix: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = _cluster_environ(prefix)
+    argv = ["bash", str(SCRIPT), command]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+class _Clusters:
+    """The session's devclusters, by prefix: each one checked (and brought up if down) when a test
+    first asks for it, and taken down at the end when this session brought it up."""
+
+    def __init__(self) -> None:
+        self.up: dict[str, SlurmCluster] = {}
+        self.started: list[str] = []
+
+    def get(self, prefix: str) -> SlurmCluster:
+        if prefix not in self.up:
+            status = _script("status", prefix, timeout=60)
+            if status.returncode != 0:
+                up = _script("up", prefix, timeout=300)
+                assert up.returncode == 0, (
+                    f"devcluster.sh up (CFDC_PREFIX={prefix!r}) failed (exit {up.returncode}); status said:\n"
+                    f"{status.stdout}{status.stderr}\nup said:\n{up.stdout}\n{up.stderr}"
+                )
+                self.started.append(prefix)
+            self.up[prefix] = SlurmCluster.from_state(devcluster.state_dir(_cluster_environ(prefix)))
+        return self.up[prefix]
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
+def _slurm_clusters() -> Iterator[_Clusters]:
     assert os.geteuid() == 0, "the Slurm devcluster tests need root (namespaces); run as root"
     assert SCRIPT.is_file(), f"missing {SCRIPT}"
-    status = _script("status", timeout=60)
-    started = False
-    if status.returncode != 0:
-        up = _script("up", timeout=300)
-        assert up.returncode == 0, (
-            f"devcluster.sh up failed (exit {up.returncode}); status said:\n{status.stdout}{status.stderr}\n"
-            f"up said:\n{up.stdout}\n{up.stderr}"
-        )
-        started = True
+    clusters = _Clusters()
     try:
-        yield SlurmCluster.from_state(devcluster.state_dir())
+        yield clusters
     finally:
-        if started and os.environ.get("CFDC_KEEP") != "1":
-            _script("down", timeout=120)
+        if os.environ.get("CFDC_KEEP") != "1":
+            for prefix in clusters.started:
+                _script("down", prefix, timeout=120)
+
+
+@pytest.fixture
+def slurm_cluster(request: pytest.FixtureRequest, _slurm_clusters: _Clusters) -> SlurmCluster:
+    """The devcluster the running test uses (cluster_prefix), up."""
+    return _slurm_clusters.get(cluster_prefix(request.node))
 
 
 # ---------------------------------------------------------------- each Slurm test's jobs and time budget
@@ -226,14 +277,17 @@ def cancel_jobs_since(cluster: SlurmCluster, before: set[str], timeout: float = 
 
 @pytest.fixture(autouse=True)
 def _slurm_test_jobs(request: pytest.FixtureRequest) -> Iterator[None]:
-    """For a test that uses the devcluster: bound its waits by its timeout, and cancel whatever
-    it queued when it ends, however it ends (the jobs it queued: those not in the queue before)."""
+    """For a test that uses the devcluster: point SLURM_CONF at its cluster, bound its waits by
+    its timeout, and cancel whatever it queued when it ends, however it ends (the jobs it
+    queued: those not in the queue before)."""
     global _deadline
     item = request.node
     if not (item.get_closest_marker("slurm") or "slurm_cluster" in request.fixturenames):
         yield
         return
+    request.getfixturevalue("_no_inherited_slurm")  # conftest.py's clearing of SLURM_* first, then ours
     cluster: SlurmCluster = request.getfixturevalue("slurm_cluster")
+    request.getfixturevalue("monkeypatch").setenv("SLURM_CONF", str(cluster.slurm_conf))
     before = queued_jobs(cluster)
     _deadline = item.stash.get(_STARTED, time.monotonic()) + _test_timeout(item) - CLEANUP_S
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,26 @@ def test_validate_ok_prints_a_summary(tiny_job):
     r = cli("validate", str(tiny_job))
     assert r.returncode == 0 and "mesh       2 (shard), sharding full ('hybrid' on 1 node), FSDP2" in r.stdout
     assert "note" not in r.stdout, r.stdout
+
+
+def test_validate_for_the_local_executor_never_asks_slurm(tiny_job, tmp_path):
+    """Issue 36: `validate` asked the controller (scontrol ping) on every call, so tests that check
+    jobs for this machine waited on the devcluster while a Slurm test held or froze it. With
+    `--executor local` it asks nothing (a recording scontrol first on PATH); `auto` still asks."""
+    shims, log = tmp_path / "bin", tmp_path / "calls"
+    shims.mkdir()
+    for name in ("sbatch", "scontrol"):
+        (shims / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\necho "Slurmctld(primary) at ctl is UP"\n')
+        (shims / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"}
+    env.pop("SLURM_CONF", None)
+    run = [sys.executable, "-m", "clusterfsdp.cli", "validate", str(tiny_job)]
+    local = subprocess.run([*run, "--executor", "local"], env=env, capture_output=True, text=True, timeout=120)
+    assert local.returncode == 0 and "this machine (local executor)\n" in local.stdout, local.stdout + local.stderr
+    assert not log.exists()
+    auto = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+    assert auto.returncode == 0 and "Slurm (controller answers)" in auto.stdout, auto.stdout + auto.stderr
+    assert log.read_text() == "scontrol ping\n"
 
 
 def test_validate_bad_file_exit_2_with_field_errors_and_no_traceback(tmp_path):
@@ -141,7 +162,8 @@ READ_ONLY = {
 
 VALIDATE = {
     "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.core.term", "clusterfsdp.control", "clusterfsdp.core",
-    "clusterfsdp.core.errors", "clusterfsdp.control.inputs", "clusterfsdp.control.summary", "clusterfsdp.core.modelsource",
+    "clusterfsdp.core.errors", "clusterfsdp.control.inputs", "clusterfsdp.control.summary",
+    "clusterfsdp.core.modelsource",
     "clusterfsdp.core.hub", "clusterfsdp.core.presets", "clusterfsdp.core.slurmping",
     "clusterfsdp.core.retrynotes", "clusterfsdp.core.fileio",
     "clusterfsdp.core.runroot", "clusterfsdp.core.secretenv",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -246,6 +247,107 @@ def test_kept_logs_never_go_through_a_planted_symlink(tmp_path: Path) -> None:
     proc = _sourced("keep_logs", state)  # no race: a fresh folder with the logs
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "state-failed-logs" / "slurmctld.log").read_text() == "boom\n"
+
+
+# ------------------------------------------------------------------ a second cluster (CFDC_PREFIX)
+
+
+def _aliases_owned(prefix: str, aliases: list[str]) -> list[bool]:
+    """has_our_alias of devcluster.sh (CFDC_PREFIX=prefix) on `ip -o link` lines with each alias."""
+    lines = " ".join(f"'3: br: <UP> mtu 1500\\    alias {a}'" for a in aliases)
+    snippet = f'for l in {lines}; do printf "%s\\n" "$l" | has_our_alias && echo yes || echo no; done'
+    env = {**os.environ, "CFDC_PREFIX": prefix}
+    proc = subprocess.run(
+        ["bash", "-c", f'source "$1" && {snippet}', "t", str(SCRIPT)], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [w == "yes" for w in proc.stdout.split()]
+
+
+def test_each_cluster_owns_only_its_own_bridge_alias() -> None:
+    """The default cluster's bridge alias is a prefix of a second cluster's: the default's cleanup
+    (which deletes every bridge carrying its alias) must not take the second cluster's bridge."""
+    aliases = ["clusterfsdp-devcluster", "clusterfsdp-devcluster-b", "clusterfsdp-devcluster-bb"]
+    assert _aliases_owned("", aliases) == [True, False, False]
+    assert _aliases_owned("b", aliases) == [False, True, False]
+
+
+def test_a_bad_prefix_is_refused_in_one_line() -> None:
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "status"], env={**os.environ, "CFDC_PREFIX": "Bad-1"}, capture_output=True, text=True
+    )
+    _refused(proc, "CFDC_PREFIX must be 1-4 of a-z0-9")
+    assert devcluster.main(["status", "--prefix", "toolong"]) == 2
+
+
+def _default_cluster_facts() -> tuple[object, ...]:
+    """What a second cluster must never change of the default one (up or not): its namespaces,
+    its bridge, its env.sh (rewritten by every bring-up: a new FirstJobId) and /etc/slurm/slurm.conf.
+    Not its slurmctld's pid: a Slurm test's fault may restart that meanwhile."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    bridge = subprocess.run(["ip", "-o", "link", "show", "cfbr0"], capture_output=True, text=True).stdout
+    env_sh = devcluster.DEFAULT_STATE / "env.sh"
+    etc = Path("/etc/slurm/slurm.conf")
+    return (
+        sorted(line.split()[0] for line in netns.splitlines() if line.startswith("cfdc-")),
+        bridge.split(": ")[:2],  # its index and name: the same bridge, not a new one
+        env_sh.read_text() if env_sh.is_file() else None,
+        etc.read_text() if etc.is_file() else None,
+    )
+
+
+def test_a_second_cluster_of_three_nodes_up_twice_restart_and_down_beside_the_default() -> None:
+    """`clusterfsdp devcluster --prefix P` on a throwaway prefix (never the shared default cluster,
+    whose facts are compared before and after): NODES=3 makes three nodes with their own names,
+    subnet and state; a second `up` changes nothing (same daemons, same FirstJobId); `restart`
+    keeps three nodes and gives a fresh cluster (new daemons and job ids, the queued job gone);
+    `down` leaves nothing of it. Always taken down at the end."""
+    prefix = "t" + uuid.uuid4().hex[:3]
+    state = devcluster.state_dir({}, prefix)
+    env = {k: v for k, v in os.environ.items() if k not in ("CFDC_STATE", "CFDC_PREFIX", "NODES", "SLURM_CONF")}
+
+    def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "clusterfsdp.cli", "devcluster", *args, "--prefix", prefix]
+        proc = subprocess.run(argv, env={**env, **extra}, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    def ctld_pid() -> str:
+        return (state / "pids" / "slurmctld.pid").read_text()
+
+    default = _default_cluster_facts()
+    try:
+        cli("up", "--nodes", "3")
+        info = devcluster.read_info(state)
+        assert info is not None and info.prefix == prefix and info.state == state
+        assert info.nodes == ("node1", "node2", "node3") and info.bridge == f"cfbr{prefix}"
+        assert info.netns == tuple(f"cfdc{prefix}-{n}" for n in ("ctl", "node1", "node2", "node3"))
+        assert info.ctl_ip.startswith("10.214.") and info.slurm_conf == state / "slurm.conf"
+        run = {"env": info.env(env), "capture_output": True, "text": True, "timeout": 60}
+        hosts = subprocess.run(["srun", "-N3", "hostname"], **run)
+        assert sorted(hosts.stdout.split()) == ["node1", "node2", "node3"], hosts.stderr
+        pid, first = ctld_pid(), info.first_job_id
+
+        again = cli("up")  # no --nodes: the running cluster is fine as it is
+        assert "already up (3 nodes)" in again.stdout
+        assert ctld_pid() == pid and devcluster.read_info(state) == info
+
+        job = subprocess.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "true"], **run)
+        assert job.returncode == 0, job.stderr
+        cli("restart")
+        fresh = devcluster.read_info(state)
+        assert fresh is not None and fresh.nodes == info.nodes and fresh.first_job_id != first
+        assert ctld_pid() != pid
+        queue = subprocess.run(["squeue", "-h", "-o", "%i"], **run)
+        assert queue.returncode == 0 and queue.stdout.strip() == "", queue.stdout + queue.stderr
+    finally:
+        cli("down")
+        Path(f"/run/clusterfsdp-devcluster-{prefix}.lock").unlink(missing_ok=True)  # a throwaway name's lock
+    assert not state.exists()
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"cfdc{prefix}-" not in netns
+    assert subprocess.run(["ip", "link", "show", f"cfbr{prefix}"], capture_output=True).returncode != 0
+    assert _default_cluster_facts() == default
 
 
 # ------------------------------------------------------------------ against the cluster

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+import procs
 import pytest
 
 from clusterfsdp.worker import distenv, threads
@@ -164,6 +165,16 @@ def test_derived_master_ports_stay_outside_the_kernels_ephemeral_ports(tmp_path)
     assert 15000 <= distenv.derive_port("4242", 0, ephemeral=(1024, 65535)) <= 65535  # nothing outside: any
     lo, hi = distenv.ephemeral_ports()  # this machine's setting, as the ranks read it
     assert not lo <= distenv.from_environ(slurm_env()).master_port <= hi
+
+
+def test_ports_picked_for_local_launches_are_free_and_outside_the_ephemeral_range():
+    """Issue 36: the test launcher (tests/procs.free_port) and the notebook's local supervisor took
+    their master port from bind(port 0), i.e. from the kernel's ephemeral range, where an outgoing
+    connection may take it before rank 0 binds it. They now pick a free port outside that range."""
+    lo, hi = distenv.ephemeral_ports()
+    for pick in (procs.free_port, distenv.free_master_port):
+        ports = [pick() for _ in range(20)]
+        assert all(not lo <= p <= hi and not distenv.port_taken(p) for p in ports), (lo, hi, ports)
 
 
 def test_a_master_port_another_process_holds_stops_rank_0_with_what_to_set(tmp_path):

@@ -317,3 +317,18 @@ def test_wait_follows_the_attempt_that_takes_over_and_raises_submitits_error(fak
     thread.join(timeout=30)
     (error,) = outcome
     assert isinstance(error, FailedJobError) and "boom" in str(error)
+
+
+def test_submission_keeps_what_finds_the_cluster_and_scrubs_the_rest(monkeypatch, tmp_path):
+    """Issue 36 (found moving Slurm tests onto a second devcluster): submitit's clean_env dropped
+    SLURM_CONF too, so sbatch read /etc/slurm/slurm.conf (another cluster, or none) while the
+    scontrol release after it read $SLURM_CONF. The allocation's variables still go; the ones that
+    name the cluster stay, and everything is as before afterwards."""
+    spec = S.loads(JOB.replace("RUNROOT", str(tmp_path / "runs")))
+    inherited = {"SLURM_CONF": "/site/slurm.conf", "SLURM_CLUSTERS": "b", "SLURM_JOB_ID": "7", "SRUN_DEBUG": "3"}
+    for key, value in inherited.items():
+        monkeypatch.setenv(key, value)
+    with launch.submission_env(spec):
+        seen = {k: os.environ.get(k) for k in inherited}
+    assert seen == {"SLURM_CONF": "/site/slurm.conf", "SLURM_CLUSTERS": "b", "SLURM_JOB_ID": None, "SRUN_DEBUG": None}
+    assert {k: os.environ.get(k) for k in inherited} == inherited

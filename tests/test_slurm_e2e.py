@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import newest_checkpoint, newest_step, weights_folder
+from procs import CORPUS, newest_checkpoint, newest_step, weights_folder
 from slurm_fixtures import bounded
 
 from clusterfsdp.control import cost, doctor, status
@@ -29,6 +29,28 @@ from clusterfsdp.core import ckptfolder, runfolder, slurmcli
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
 TWO_NODES = ["--set", "slurm.nodes=2", "--set", "slurm.tasks_per_node=2"]
+
+
+@pytest.fixture(scope="session")
+def _tiny_tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny job's data tokenized once (here, locally) into a cache every submit of this module
+    shares: a submit finds it prepared and queues no prepare array before its training job (one
+    Slurm job less per submit). The array itself is tested in test_slurm_prepare.py and
+    test_slurm_reference.py; a test here that changes data.* still gets one."""
+    folder = tmp_path_factory.mktemp("tiny-tokens")
+    job = folder / "job.toml"
+    text = (REPO / "jobs" / "tiny-cpu.toml").read_text().replace('"data/corpus.txt"', f'"{CORPUS}"')
+    job.write_text(text.replace("[data]\n", f'[data]\ncache_dir = "{folder / "cache"}"\n', 1))
+    r = cli("data", "prepare", str(job), "--set", f"job.run_root='{folder / 'runs'}'", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return folder / "cache"
+
+
+@pytest.fixture
+def tiny_job(tiny_job: Path, _tiny_tokens: Path) -> Path:
+    """conftest's tiny job, reading the data prepared once (_tiny_tokens)."""
+    tiny_job.write_text(tiny_job.read_text().replace("[data]\n", f'[data]\ncache_dir = "{_tiny_tokens}"\n', 1))
+    return tiny_job
 
 
 def cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -204,6 +226,7 @@ def test_time_limit_signal_save_requeue_resume(slurm_cluster, tiny_job, tmp_path
     assert len(run.attempts) == 1 and "requeued (time_limit)" in cli("status", str(run.path)).stdout
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, tmp_path):
     """With --no-requeue, `scontrol requeue` is refused; rank 0 submits a follow-up job
     (--dependency=afterany) that resumes from the checkpoint just saved."""
@@ -235,6 +258,7 @@ def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, 
     assert_every_attempt_is_submitits(run)
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_cancel_logs_follow_and_states(slurm_cluster, tiny_job, tmp_path):
     root = str(tmp_path / "runs")
     # pending: held back by a begin time in the future
@@ -441,6 +465,7 @@ def worker_pids(run: runfolder.RunFolder, job_id: str, rank: int | None = None) 
     return out
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_preemption_by_a_high_priority_job_saves_requeues_and_resumes(slurm_cluster, tiny_job, tmp_path):
     """A run in `low` (PreemptMode=REQUEUE, GraceTime=30) is preempted by a job in `high`: its ranks
     get SIGTERM, save together, rank 0 tells the preemption from a cancel (scontrol: PreemptTime)
@@ -464,6 +489,7 @@ def test_preemption_by_a_high_priority_job_saves_requeues_and_resumes(slurm_clus
     assert "requeued (preempted)" in cli("status", str(run.path)).stdout
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_controller_outages_and_a_killed_rank_are_survived(slurm_cluster, tiny_job, tmp_path):
     """slurmctld stopped for 20 s during `submit` (it waits, then queues exactly one job) and
     during the requeue after a SIGUSR2 (rank 0 retries until the controller is back); then one
@@ -515,6 +541,7 @@ def test_controller_outages_and_a_killed_rank_are_survived(slurm_cluster, tiny_j
     assert "auto_restart (rank_killed)" in cli("status", str(run.path)).stdout
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_a_frozen_rank_is_found_its_stacks_dumped_and_the_run_completes(slurm_cluster, tiny_job, tmp_path):
     """Two nodes, one rank each; rank 1 SIGSTOPped at step 60: a node watchdog records a `hang`
     naming rank 1 and its node (within 2 minutes of the freeze), leaves both ranks' stacks under
@@ -578,6 +605,7 @@ def test_a_submission_the_hung_controller_processes_late_is_not_duplicated(slurm
             slurmcli.scancel(job)
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_a_failed_node_is_left_out_and_the_run_resumes_on_the_remaining_node(slurm_cluster, tiny_job, tmp_path):
     """node2 dies (its slurmd and every process on it) during a 2-node HSDP run. With --no-kill the
     job lives on on node1 until Slurm declares node2 down (SlurmdTimeout=30 s); the batch script's
@@ -647,6 +675,7 @@ def test_a_node_that_fails_its_preflight_is_left_out_and_the_run_completes_on_th
     assert r.returncode == 0 and "--exclude" not in r.stdout, r.stdout
 
 
+@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_the_batch_hosts_death_is_requeued_by_slurm_and_resumes_on_the_other_node(slurm_cluster, tiny_job, tmp_path):
     """The node running a 1-node job's batch script dies (its slurmd and every process on it).
     Slurm declares it down (SlurmdTimeout=30 s), ends the job NODE_FAIL and requeues it (--requeue);

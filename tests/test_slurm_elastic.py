@@ -14,7 +14,7 @@ from test_slurm_e2e import assert_every_attempt_is_submitits, cli, logged_steps,
 from clusterfsdp.control import doctor, noderecord, status
 from clusterfsdp.core import slurmcli
 
-pytestmark = pytest.mark.slurm
+pytestmark = pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 # Steps of 64 samples x 128 tokens (0.4 s on a loaded 2-core VM), enough of them to still be training on
 # one node when the grow is found (two sinfo checks 5 s apart, from the Trainer's start: 25-30 steps), few
 # enough that the runs' tiny reduction-order differences stay within the tolerance (cheap steps drifted

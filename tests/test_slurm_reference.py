@@ -22,7 +22,7 @@ from test_slurm_prepare import cli, wait_for
 from clusterfsdp.control import doctor, status
 from clusterfsdp.core import runfolder
 
-pytestmark = pytest.mark.slurm
+pytestmark = pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 
 
 def _sacct(cluster, job_id: str) -> dict[str, str]:

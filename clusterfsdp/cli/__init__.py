@@ -165,6 +165,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     s = command("validate", help="check a job and print what it will do")
     _add_job(s)
+    s.add_argument(
+        "--executor",
+        choices=["auto", "slurm", "local"],
+        default="auto",
+        help="as for submit; local: for this machine, without asking Slurm (auto asks the controller)",
+    )
     s.set_defaults(fn="jobcmds.cmd_validate")
 
     s = command("data", help="prepare (tokenize) a job's data before it runs")
@@ -327,7 +333,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(fn="completion.cmd_completion")
 
     s = command("devcluster", help="a real multi-node Slurm on this machine (root)")
-    s.add_argument("action", choices=["up", "down", "status"], help="start, stop, or show the cluster")
+    s.add_argument(
+        "action", choices=["up", "down", "status", "restart"], help="start, stop, show or rebuild the cluster"
+    )
+    s.add_argument("--nodes", type=int, default=None, help="compute nodes for `up` (default 2)")
+    s.add_argument("--state", default=None, help="state folder (default /tmp/clusterfsdp-devcluster[-PREFIX])")
+    s.add_argument(
+        "--prefix",
+        default=None,
+        help="a second cluster beside the default one: 1-4 of a-z0-9 (its own namespaces, bridge, subnet, state, lock)",
+    )
     s.set_defaults(fn="clustercmds.cmd_devcluster")
 
     s = command("tui", help="the terminal UI")

@@ -17,7 +17,14 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 def cmd_devcluster(args: argparse.Namespace) -> int:
     from ..control import devcluster
 
-    return devcluster.main([args.action])
+    argv = [args.action]
+    if args.nodes is not None:
+        argv += ["--nodes", str(args.nodes)]
+    if args.state is not None:
+        argv += ["--state", str(args.state)]
+    if args.prefix is not None:
+        argv += ["--prefix", args.prefix]
+    return devcluster.main(argv)
 
 
 def cmd_tui(args: argparse.Namespace) -> int:

@@ -31,7 +31,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from ..core.slurmping import Ping
 
-    with Ping() as ping:  # asks Slurm while the job is checked (start-up)
+    # Asks Slurm while the job is checked (start-up); --executor local asks nothing: a job checked
+    # for this machine never waits on a controller that is busy, hung or restarting.
+    with Ping(ask=args.executor != "local") as ping:
         from ..control import inputs
         from ..control.summary import summary
         from ..core import spec as specmod
@@ -49,7 +51,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         later = "checked inside the container when the job starts"
         prepared.notes += [f"data path {path} is not on this host: {later}" for path in inside]
         reachable = ping.state() == "up"
-    where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
+    if args.executor == "local":
+        where = "this machine (local executor)"
+    else:
+        where = "Slurm (controller answers)" if reachable else "this machine (local executor; no reachable Slurm)"
     if not reachable and (needs := spec.needs_slurm()):
         where += f" -- but {needs}"
     print(summary(spec, where))

@@ -6,6 +6,9 @@ nodes (``node1``, ``node2``, ...), each in its own network and UTS namespace on 
 bridge, with slurmctld, slurmd, slurmdbd and MariaDB, so that ``sbatch``/``srun``/``sacct``
 and submitit work as on a real cluster. See docs/devcluster.md.
 
+``--prefix P`` (``CFDC_PREFIX``) makes a second, independent cluster beside the default one
+(its own namespaces, bridge, subnet, state folder and lock), e.g. for the test suite's two halves.
+
 This module imports nothing heavy (no torch), so the CLI can call it cheaply.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -21,6 +25,7 @@ from pathlib import Path
 
 SUBCOMMANDS: tuple[str, ...] = ("up", "down", "status", "restart")
 DEFAULT_STATE = Path("/tmp/clusterfsdp-devcluster")
+PREFIX_RE = re.compile(r"[a-z0-9]{1,4}")  # devcluster.sh's rule: it goes into interface names
 SCRIPT_NAME = "devcluster.sh"
 
 # Exit codes of devcluster.sh (and of main()).
@@ -52,11 +57,15 @@ def script_path() -> Path:
     raise FileNotFoundError(f"{SCRIPT_NAME} not found (looked at {looked})")
 
 
-def state_dir(environ: dict[str, str] | None = None) -> Path:
-    """The state folder: $CFDC_STATE, else /tmp/clusterfsdp-devcluster."""
+def state_dir(environ: dict[str, str] | None = None, prefix: str | None = None) -> Path:
+    """The state folder: $CFDC_STATE, else the one devcluster.sh picks for the cluster's prefix
+    (`prefix`, else $CFDC_PREFIX): /tmp/clusterfsdp-devcluster, or /tmp/clusterfsdp-devcluster-P."""
     env = os.environ if environ is None else environ
     value = env.get("CFDC_STATE", "")
-    return Path(value) if value else DEFAULT_STATE
+    if value:
+        return Path(value)
+    prefix = env.get("CFDC_PREFIX", "") if prefix is None else prefix
+    return Path(f"{DEFAULT_STATE}-{prefix}") if prefix else DEFAULT_STATE
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,7 @@ class DevClusterInfo:
     """What a running devcluster told us in ``<state>/env.sh``."""
 
     state: Path
+    prefix: str  # "" for the default cluster (devcluster.sh's CFDC_PREFIX)
     slurm_conf: Path
     nodes: tuple[str, ...]
     node_ips: tuple[str, ...]
@@ -81,6 +91,13 @@ class DevClusterInfo:
         """A copy of ``base`` (default os.environ) with SLURM_CONF pointing at this cluster."""
         out = dict(os.environ if base is None else base)
         out["SLURM_CONF"] = str(self.slurm_conf)
+        return out
+
+    def script_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """env() plus what makes devcluster.sh act on this cluster (status, fault, down), not the default one."""
+        out = self.env(base)
+        out["CFDC_PREFIX"] = self.prefix
+        out["CFDC_STATE"] = str(self.state)
         return out
 
 
@@ -109,6 +126,7 @@ def read_info(state: Path | None = None) -> DevClusterInfo | None:
         return None
     return DevClusterInfo(
         state=folder,
+        prefix=values.get("CFDC_PREFIX", ""),
         slurm_conf=Path(values.get("SLURM_CONF", str(folder / "slurm.conf"))),
         nodes=tuple(values.get("CFDC_NODE_NAMES", "").split()),
         node_ips=tuple(values.get("CFDC_NODE_IPS", "").split()),
@@ -139,7 +157,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("command", choices=SUBCOMMANDS, help="up | down | status | restart")
     p.add_argument("--nodes", type=int, default=None, help="compute nodes for `up` (default 2)")
-    p.add_argument("--state", type=Path, default=None, help=f"state folder (default {DEFAULT_STATE})")
+    p.add_argument("--state", type=Path, default=None, help=f"state folder (default {DEFAULT_STATE}[-PREFIX])")
+    p.add_argument(
+        "--prefix",
+        default=None,
+        help="a second cluster beside the default one: 1-4 of a-z0-9 (its namespaces cfdcP-*, bridge cfbrP, "
+        "state /tmp/clusterfsdp-devcluster-P, its own subnet and lock); default: the default cluster",
+    )
     return p
 
 
@@ -175,6 +199,14 @@ def main(argv: list[str]) -> int:
         env["NODES"] = str(args.nodes)
     if args.state is not None:
         env["CFDC_STATE"] = str(args.state.absolute())
+    if args.prefix is not None:
+        if args.prefix and not PREFIX_RE.fullmatch(args.prefix):
+            print(
+                f"{PROG}: --prefix must be 1-4 of a-z0-9 (it goes into interface names), not {args.prefix!r}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        env["CFDC_PREFIX"] = args.prefix
     try:
         rc = subprocess.run(build_command(args.command, script), env=env, check=False).returncode
     except KeyboardInterrupt:

@@ -27,10 +27,13 @@ class Ping:
     the answer after our 30 s would be 'none' anyway (every `submit`, `validate` and notebook
     `srun()` on such a machine waited those 30 s in silence)."""
 
+    def __init__(self, ask: bool = True) -> None:
+        self.ask = ask  # False: no ping at all, the answer is 'none' (a caller that pinned the local executor)
+
     def __enter__(self) -> Ping:
         self.proc: subprocess.Popen[str] | None = None
         conf = os.environ.get("SLURM_CONF")
-        if conf and not os.path.exists(conf):
+        if not self.ask or (conf and not os.path.exists(conf)):
             return self
         if shutil.which("sbatch") is not None and shutil.which("scontrol") is not None:
             self.proc = subprocess.Popen(

@@ -20,12 +20,6 @@ from ..worker import warmstart
 MARK = "@@clusterfsdp "  # marker lines the tasks print on stdout (never shown in the cell)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _mark(text: str) -> None:
     stream = sys.__stdout__ or sys.stdout  # the real stdout, not the worker's log Tee
     stream.write(MARK + text + "\n")
@@ -85,7 +79,9 @@ def _local_main(run_dir: str, ntasks: int) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     job_id = f"nb{os.getpid()}"
-    port = _free_port()
+    from ..worker.distenv import free_master_port  # no torch: distenv is pure Python
+
+    port = free_master_port()
     out = sys.stdout.buffer
     lock = threading.Lock()
     host = socket.gethostname()

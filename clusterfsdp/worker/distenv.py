@@ -13,6 +13,7 @@ import ipaddress
 import itertools
 import json
 import os
+import random
 import re
 import socket
 import struct
@@ -147,6 +148,20 @@ def derive_port(job_id: str, restart: int, step: str = "", ephemeral: tuple[int,
             return r[n]
         n -= len(r)
     raise AssertionError("unreachable")
+
+
+def free_master_port(ephemeral: tuple[int, int] | None = None) -> int:
+    """A master port no socket holds now, outside the kernel's ephemeral ports (master_port_ranges),
+    for launches on this machine that pick their own port. Not `bind(port 0)`: that port comes from
+    the ephemeral range, where the kernel may give it to an outgoing connection between the pick and
+    the master's bind (a flaky EADDRINUSE under load)."""
+    ranges = master_port_ranges(ephemeral or ephemeral_ports())
+    ports = [p for r in ranges for p in r[random.randrange(len(r)) :: 97]]
+    random.shuffle(ports)
+    port = next((p for p in ports if not port_taken(p)), None)
+    if port is None:
+        raise MasterPortInUse(f"no free port in {', '.join(f'{r.start}-{r.stop - 1}' for r in ranges)}")
+    return port
 
 
 class MasterPortInUse(RuntimeError):
