@@ -332,24 +332,17 @@ def render_sbatch(
     return slurm_executor(spec, run, dependency=dependency, exclude=exclude).script()
 
 
-# Inherited variables that say which cluster to talk to, not what the job gets: kept through the scrub
-# below. submitit's clean_env drops every SLURM_*, so sbatch read /etc/slurm/slurm.conf while the
-# scontrol/squeue calls around it read $SLURM_CONF: a user with SLURM_CONF set queued the job on
-# another cluster (or none) and then failed to release it there.
-CLUSTER_ENV = ("SLURM_CONF", "SLURM_CLUSTERS")
-
-
 @contextlib.contextmanager
 def submission_env(spec: specmod.JobSpec) -> Iterator[None]:
     """Scrub inherited SLURM_*/SRUN_* (submitting from inside an allocation causes GRES errors and
-    pinned CPUs), except what finds the cluster (CLUSTER_ENV), and put secret [env] entries into
+    pinned CPUs), except what finds the cluster (slurmcli.CLUSTER_ENV), and put secret [env] entries into
     the environment the job inherits."""
     from submitit.helpers import clean_env
 
     secrets = specmod.secret_env(spec)
     saved = {k: os.environ.get(k) for k in secrets}
     os.environ.update(secrets)
-    cluster = {k: os.environ[k] for k in CLUSTER_ENV if k in os.environ}
+    cluster = {k: os.environ[k] for k in slurmcli.CLUSTER_ENV if k in os.environ}
     try:
         with clean_env():
             os.environ.update(cluster)

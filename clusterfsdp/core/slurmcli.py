@@ -33,6 +33,13 @@ from .records import RunState
 from .slurmping import controller
 from .value import value
 
+# Inherited variables that say which cluster to talk to, not what a job gets: kept through every
+# scrub of SLURM_* (launch.submission_env, a rank's benchmark queueing). submitit's clean_env drops
+# every SLURM_*, so sbatch read /etc/slurm/slurm.conf while the scontrol/squeue calls around it read
+# $SLURM_CONF: a user with SLURM_CONF set queued the job on another cluster (or none) and then
+# failed to release it there.
+CLUSTER_ENV = ("SLURM_CONF", "SLURM_CLUSTERS")
+
 T = TypeVar("T")
 
 # What a client prints when the controller (or slurmdbd, for sacct) is down, restarting, busy or

@@ -6,8 +6,11 @@ evaluation has exported it. Its output goes to <run>/benchmarks/step-N.log; a fa
 benchmarks/step-N.failed.json (`doctor`), never the training run's.
 
 Under Slurm a process left behind would be killed with the job's allocation: there each
-evaluation is a Slurm job of its own (control/benchjob.py) on benchmarks.partition, queued with
-sbatch from rank 0 (held checkpoint, then sbatch: a few tenths of a second of the step).
+evaluation is a Slurm job of its own (control/benchjob.py) on benchmarks.partition, queued by a
+short process of rank 0's (`python -m clusterfsdp.control.benchjob`: the run service stands above
+the worker) that training never waits for: its outcome is read at the next checkpoint, and the
+ones still queueing when training ends are waited for then (`settle`), before the job step ends
+and takes them with it.
 """
 
 from __future__ import annotations
@@ -19,16 +22,22 @@ from collections.abc import Callable
 
 from ..core import benchresults, ckptfolder
 from ..core.runfolder import RunFolder
+from ..core.slurmcli import CLUSTER_ENV
 from ..core.spec import JobSpec
 
 # The launcher's variables: an evaluation is one process of its own, which lm-eval (accelerate)
 # and the export would otherwise take for a rank of this attempt's process group.
 _DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 _DIST_PREFIXES = ("SUBMITIT_", "SLURM_", "TORCHELASTIC_")
+SETTLE_S = 120.0  # the longest a queueing process is waited for at the end of training (slurmcli retries)
 
 
 def _plain_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in _DIST_VARS and not k.startswith(_DIST_PREFIXES)}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k in CLUSTER_ENV or (k not in _DIST_VARS and not k.startswith(_DIST_PREFIXES))
+    }
 
 
 class BenchQueue:
@@ -38,37 +47,68 @@ class BenchQueue:
         self.run, self.spec, self.launcher, self.log = run, spec, launcher, log
         self.saves = 0
         self.started: list[subprocess.Popen] = []
+        self.queueing: list[tuple[int, subprocess.Popen]] = []  # Slurm: (step, its benchjob process)
 
     def __call__(self, step: int) -> None:
         """Never raises: an evaluation that cannot start is a log line, not a failed run."""
         self.saves += 1
         self.started = [p for p in self.started if p.poll() is None]  # (reaps the ended ones)
+        self._reap(wait=False)
         if self.saves % self.spec.benchmarks.every_checkpoints:
             return
         root = self.run.checkpoints_dir(self.spec)
         ckptfolder.hold(root, step)
         try:
             where = self._queue(step) if self.launcher == "slurm" else self._start(step)
-        except Exception as e:  # (sbatch refused, OSError, a full disk): the run goes on without it
-            ckptfolder.release(root, step)
-            line = " ".join(str(e).split())[:300]
-            benchresults.record_failure(self.run, step, f"not queued: {line}")
-            self.log(f"[benchmarks]: the evaluation of step {step} was not queued: {line}")
+        except Exception as e:  # (OSError, a full disk): the run goes on without it
+            self._not_queued(step, str(e))
             return
         self.log(f"[benchmarks]: evaluating step {step}: {where}")
 
     def _queue(self, step: int) -> str:
         """A Slurm job of its own (control/benchjob.py, which the worker calls across a process
-        boundary: the run service stands above it): a process left behind here would die with
-        this job's allocation."""
+        boundary: the run service stands above it), queued by a process training does not wait
+        for (`_reap` reads how it went)."""
         argv = [sys.executable, "-m", "clusterfsdp.control.benchjob", str(self.run.path), str(step)]
-        done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=_plain_env())
-        if done.returncode != 0:
-            lines = done.stderr.strip().splitlines()
-            raise RuntimeError(lines[-1].removeprefix("error: ") if lines else f"exit status {done.returncode}")
-        job_id = done.stdout.strip().splitlines()[-1]
-        partition = self.spec.benchmarks.partition or self.spec.slurm.partition or "the default partition"
-        return f"job {job_id} on {partition}"
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_plain_env()
+        )
+        self.queueing.append((step, proc))
+        return "queueing its Slurm job"
+
+    def settle(self, timeout_s: float = SETTLE_S) -> None:
+        """Wait for the Slurm jobs still being queued (the end of training: the job step's end
+        would kill their sbatch), each at most `timeout_s`. Never raises."""
+        self._reap(wait=True, timeout_s=timeout_s)
+
+    def _reap(self, *, wait: bool, timeout_s: float = SETTLE_S) -> None:
+        """Log each queueing process that ended (with `wait`, every one): the job it queued, or
+        the checkpoint released and the failure recorded."""
+        still = []
+        for step, proc in self.queueing:
+            if not wait and proc.poll() is None:
+                still.append((step, proc))
+                continue
+            try:
+                out, err = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                err += f"\nno job queued after {timeout_s:.0f} s"
+            lines = [line for line in out.splitlines() if line.strip()]
+            if proc.returncode == 0 and lines:
+                partition = self.spec.benchmarks.partition or self.spec.slurm.partition or "the default partition"
+                self.log(f"[benchmarks]: evaluating step {step}: job {lines[-1].strip()} on {partition}")
+                continue
+            errors = [line for line in err.splitlines() if line.strip()]
+            self._not_queued(step, errors[-1].removeprefix("error: ") if errors else f"exit status {proc.returncode}")
+        self.queueing = still
+
+    def _not_queued(self, step: int, why: str) -> None:
+        ckptfolder.release(self.run.checkpoints_dir(self.spec), step)
+        line = " ".join(why.split())[:300]
+        benchresults.record_failure(self.run, step, f"not queued: {line}")
+        self.log(f"[benchmarks]: the evaluation of step {step} was not queued: {line}")
 
     def _start(self, step: int) -> str:
         """A background process of its own session: not in the attempt's process group, so a

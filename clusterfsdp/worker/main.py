@@ -217,10 +217,11 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
         attempt.beat,
     )
     trainer = train.Trainer(ctx)
+    queue = None
     if env.rank == 0 and spec.benchmarks.tasks and spec.benchmarks.every_checkpoints > 0:
         from .benchqueue import BenchQueue
 
-        trainer.checkpointer.on_complete = BenchQueue(run, spec, env.launcher, log)
+        trainer.checkpointer.on_complete = queue = BenchQueue(run, spec, env.launcher, log)
     if benchmetric.is_bench(spec.train.early_stopping.metric):  # every rank asks, rank 0 reads the results
         from .benchstop import BenchStop
 
@@ -234,6 +235,8 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
     finally:
         if attempt.grow is not None:
             attempt.grow.close()
+        if queue is not None:  # the evaluation jobs still being queued (Slurm): before the step ends
+            queue.settle()
     if attempt.beat is not None:  # training is over: what follows may wait on Slurm, unwatched
         attempt.beat.phase(health.Phase.DONE)
     if outcome.end is train.LoopEnd.INTERRUPTED:
