@@ -273,7 +273,7 @@ def train(job: str, code: Path, world: int = 2) -> dict:
         [
             sys.executable,
             "-c",
-            PRELUDE + "\nfrom clusterfsdp.control import spec, runfolder; "
+            PRELUDE + "\nfrom clusterfsdp.core import spec, runfolder; "
             "print(runfolder.create_run(spec.loads(sys.stdin.read()), 'bench').path)",
         ],
         input=job,

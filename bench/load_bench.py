@@ -78,7 +78,7 @@ AutoModelForCausalLM.from_config(config).save_pretrained(sys.argv[1])
 RANK = r"""
 import json, os, sys, time, torch, torch.distributed as dist
 from pathlib import Path
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import spec as S
 from clusterfsdp.worker import build, distenv
 
 def status(key):

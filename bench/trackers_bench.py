@@ -19,7 +19,7 @@ from pathlib import Path
 
 CHILD = """
 import json, sys, time
-from clusterfsdp.control import runfolder, spec as S
+from clusterfsdp.core import runfolder, spec as S
 from clusterfsdp.core.records import Executor
 from clusterfsdp.worker.metrics import MetricsWriter
 from clusterfsdp.worker.trackers import Trackers

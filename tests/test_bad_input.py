@@ -465,7 +465,7 @@ def test_a_model_folder_with_fifos_is_refused_in_one_line_not_waited_on(tmp_path
     code = f"""
 import os, struct
 from pathlib import Path
-from clusterfsdp.control import modelsource as m
+from clusterfsdp.core import modelsource as m
 root = Path({str(tmp_path)!r})
 a = root / "a"; a.mkdir(); os.mkfifo(a / "config.json")
 try:

@@ -70,7 +70,7 @@ def test_tiny_cpu_job_trains_checkpoints_and_reports(tiny_job, tmp_path):
     check = f"""
 import torch, torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from clusterfsdp.control import ckptfolder, runfolder
+from clusterfsdp.core import ckptfolder, runfolder
 from clusterfsdp.core.spec import CheckpointSection
 from clusterfsdp.worker import build, checkpoint
 

@@ -96,7 +96,7 @@ import hashlib, json, os, sys, torch, torch.distributed as dist
 from pathlib import Path
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import spec as S
 from clusterfsdp.worker import build as buildmod, distenv
 from clusterfsdp.worker.model import ModelError, canonical
 

@@ -50,7 +50,7 @@ import json, os, sys, torch, torch.distributed as dist
 from pathlib import Path
 from transformers import AutoModelForCausalLM
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import spec as S
 from clusterfsdp.worker import build as buildmod, distenv, loss as lossmod
 from clusterfsdp.worker.train import _clip
 
@@ -119,7 +119,7 @@ from pathlib import Path
 from peft import PeftModel
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-from clusterfsdp.control import runfolder
+from clusterfsdp.core import runfolder
 from clusterfsdp.worker import export
 
 run_dir, base_dir, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])

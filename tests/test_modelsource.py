@@ -369,7 +369,7 @@ def test_chat_data_without_any_tokenizer_is_refused_before_queueing(tmp_path):
 
 CACHE_ONLY = """
 import sys
-from clusterfsdp.control import modelsource, spec as S
+from clusterfsdp.core import modelsource, spec as S
 spec = S.loads('[model]\\nname_or_path = "org/not-cached"\\n[data]\\nsource = "files"\\npaths = ["/x"]\\n')
 out = modelsource.prepare(spec, mode="cache")
 print(out.spec.data.tokenizer)

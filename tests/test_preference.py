@@ -45,7 +45,7 @@ from clusterfsdp.data import prepare
 from clusterfsdp.data.samples import Batch, PreparedSamples, Sample, stack
 from clusterfsdp.data.samplesets import index_id
 from clusterfsdp.data.tokens import IGNORE_INDEX
-from clusterfsdp.worker import preference
+from clusterfsdp.worker import objectives, preference
 
 CPU = SimpleNamespace(device=torch.device("cpu"))
 # TRL's methods, called unbound on a namespace of the attributes they read (typed for their trainers)
@@ -381,7 +381,7 @@ def test_live_reference_on_fsdp1(tmp_path):
 LIVE_CHECK = r"""
 import json, os, sys, torch, torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from clusterfsdp.control import spec as S
+from clusterfsdp.core import spec as S
 from clusterfsdp.data.samples import Batch
 from clusterfsdp.worker import build as buildmod, distenv, preference
 
@@ -498,7 +498,7 @@ def test_a_reference_table_of_other_pairs_is_refused(tmp_path):
 
     def start(index: str) -> preference.Objectives:
         samples = SimpleNamespace(parts=[SimpleNamespace(identity=f"abc/{index}")])
-        return preference.start(spec, None, {"train": samples}, tmp_path, True, 0, 1, torch.device("cpu"), print,
+        return objectives.start(spec, None, {"train": samples}, tmp_path, True, 0, 1, torch.device("cpu"), print,
                                 lora=False)  # fmt: skip
 
     assert start("0123").train.reference is not None

@@ -111,7 +111,7 @@ def test_submit_into_another_users_job_folder_is_refused(tmp_path, tiny_job, oth
 
 SIGNAL_OWN = """
 import os, signal, socket
-from clusterfsdp.control import procs
+from clusterfsdp.core import procs
 here = procs.ProcessId.of(os.getpid())
 for pid in (0, -1, os.getpgrp()):
     leader = procs.ProcessId(pid, procs.start_ticks(pid) or 0 if pid > 0 else 0, here.host, here.boot)

@@ -17,6 +17,6 @@ the reverse. Importing this package imports nothing.
 
 TORCH_FREE = (
     "sources", "formats", "fieldmap", "unpaired", "trust", "cache", "samplesets", "mixture", "overlap", "checks",
-    "skipped", "arraystate", "samplestats",
+    "skipped", "arraystate", "samplestats", "recordparts",
 )  # fmt: skip
 """The modules of this package that import neither numpy nor torch (nor this package's others)."""

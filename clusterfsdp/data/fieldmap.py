@@ -24,6 +24,8 @@ from typing import Any
 from ..core import spec as specmod
 from ..core.spec.templates import template_fields
 from ..core.value import value
+from . import unpaired
+from .recordparts import after_prompt, as_messages, record_chars
 from .sources import DataError
 
 
@@ -137,7 +139,7 @@ class FieldMap:
         raw = value
         if (self.role_key, self.content_key) != ("role", "content") or self.roles:
             value = [self._message(m, n, where) for n, m in enumerate(value)]
-        return check_messages(value, self.key, where, lambda: self._roles_hint(raw))
+        return checkas_messages(value, self.key, where, lambda: self._roles_hint(raw))
 
     def _roles_hint(self, messages: list[Any]) -> str:
         """For a conversation without an 'assistant' message: the role values it has, and the
@@ -203,7 +205,7 @@ class FieldMap:
         if prompt:
             messages.append({"role": "user", "content": prompt})
         messages.append({"role": "assistant", "content": response})
-        return check_messages(messages, self.key, where)
+        return checkas_messages(messages, self.key, where)
 
     # ---------------------------------------------------------------- preference pairs
     def _pair_part(
@@ -240,15 +242,15 @@ class FieldMap:
                 "field holding the prompt"
             )
 
-        c, r = _messages(chosen, "assistant"), _messages(rejected, "assistant")
+        c, r = as_messages(chosen, "assistant"), as_messages(rejected, "assistant")
         if prompt is None:
             n = 0
             while n < min(len(c), len(r)) - 1 and c[n] == r[n]:
                 n += 1
             p = c[:n]
         else:
-            p = _messages(prompt, "user")
-        c, r = _after(p, c), _after(p, r)
+            p = as_messages(prompt, "user")
+        c, r = after_prompt(p, c), after_prompt(p, r)
         if not p:
             raise DataError(f"{where}: the pair has no prompt (the answers have no leading messages in common)")
         for key, answer in ((self.pair_keys[1], c), (self.pair_keys[2], r)):
@@ -275,29 +277,12 @@ class Pair:
         return sum(record_chars(v) for v in (self.prompt, self.chosen, self.rejected))
 
 
-def _after(prompt: list[dict[str, str]], answer: list[dict[str, str]]) -> list[dict[str, str]]:
-    """`answer` without the messages it repeats of the prompt (UltraFeedback's answers are whole
-    conversations)."""
-    return answer[len(prompt) :] if answer[: len(prompt)] == prompt else answer
-
-
-def record_chars(value: Any) -> int:
-    """Characters of text a record's value holds: a string, messages, a Pair or an Unpaired."""
-    if isinstance(value, list):
-        return sum(len(m["content"]) for m in value)
-    return len(value)
-
-
-def _messages(value: str | list[dict[str, str]], role: str) -> list[dict[str, str]]:
-    """A pair's or an example's part as messages (a string: one message of `role`)."""
-    return [{"role": role, "content": value}] if isinstance(value, str) else list(value)
-
-
-# How a record of each data.format is read (unpaired: data/unpaired.py, registered below).
+# How a record of each data.format is read (a format of its own module: one import, one entry).
 READERS: dict[str, Callable[[FieldMap, dict, str], Any]] = {
     "text": FieldMap._document,
     "chat": FieldMap._document,
     "preference": FieldMap._pair,
+    "unpaired": unpaired.read,
 }
 
 
@@ -315,7 +300,7 @@ def _toml_key(name: str) -> str:
     return name if name and all(c.isalnum() or c in "_-" for c in name) and name.isascii() else json.dumps(name)
 
 
-def check_messages(value: Any, key: str, where: str, hint: Callable[[], str] = str) -> list[dict[str, str]]:
+def checkas_messages(value: Any, key: str, where: str, hint: Callable[[], str] = str) -> list[dict[str, str]]:
     """`value` as {role, content} messages with an 'assistant' one; DataError naming `where`
     otherwise (`hint`: what to add to the missing-assistant refusal)."""
     if not isinstance(value, list) or not value:
@@ -332,6 +317,3 @@ def check_messages(value: Any, key: str, where: str, hint: Callable[[], str] = s
     if not any(m["role"] == "assistant" for m in value):
         raise DataError(f"{where}: {key!r} has no 'assistant' message: nothing to train on{hint()}")
     return value
-
-
-from . import unpaired  # noqa: E402, F401 - registers READERS['unpaired'] (it reads records through FieldMap)

@@ -18,8 +18,9 @@ import numpy as np
 
 from ..core import spec as specmod
 from ..core.spec import badrecords
-from .fieldmap import FieldMap, record_chars
+from .fieldmap import FieldMap
 from .formats import parse_json_line, utf8_error
+from .recordparts import record_chars
 from .shards import ShardStats, ShardWriter
 from .skipped import BAD_KEPT
 from .sources import DataError, Source

@@ -1,6 +1,6 @@
 """Unpaired examples (data.format = 'unpaired'), what train.objective = 'kto' trains on: a prompt,
 a completion and a label, true when the completion is desirable, false when not (KTO's data
-shape: TRL's `prompt` / `completion` / `label`). Pure Python; registered into
+shape: TRL's `prompt` / `completion` / `label`). Pure Python; listed in
 fieldmap.READERS (reading a record) and tokens.ENCODERS (its documents).
 
 An example is prepared as two documents, like a pair (packing 'pairs', one sample two rows):
@@ -19,10 +19,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .fieldmap import READERS, FieldMap, _after, _messages, record_chars
+from .recordparts import after_prompt, as_messages, record_chars
 from .sources import DataError
+
+if TYPE_CHECKING:
+    from .fieldmap import FieldMap
 
 UNDESIRABLE = 2  # the mask value of an undesirable completion's trained tokens
 
@@ -61,8 +64,8 @@ def read(fm: FieldMap, record: dict, where: str) -> Unpaired:
         )
     if isinstance(prompt, str) and isinstance(completion, str):
         return Unpaired(prompt, completion, label)
-    p = _messages(prompt, "user")
-    c = _after(p, _messages(completion, "assistant"))
+    p = as_messages(prompt, "user")
+    c = after_prompt(p, as_messages(completion, "assistant"))
     if not any(m["role"] == "assistant" for m in c):
         raise DataError(f"{where}: {completion_key!r} has no 'assistant' message after the prompt: nothing to train on")
     return Unpaired(p, c, label)
@@ -118,6 +121,3 @@ def encode(
             continue
         out += [doc, kl]
     return out
-
-
-READERS["unpaired"] = read

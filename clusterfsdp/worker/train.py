@@ -35,7 +35,7 @@ from ..core.spec import JobSpec
 from ..data import mixture, samplesets
 from ..data.mixsamples import MixtureSamples
 from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples, TrainingData, open_for_training
-from . import adapters, preference
+from . import adapters, objectives, preference
 from . import metrics as metricsmod
 from . import model as modelmod
 from .benchstop import BenchStop
@@ -326,9 +326,9 @@ class Trainer:
         return metricsmod.Meter(fpt, self.ctx.device, self.ctx.world_size, self.state.elapsed_s)
 
     def _preference(self) -> preference.Objectives:
-        """The preference objectives, with their reference (preference.start: a table or a live copy)."""
+        """The preference objectives, with their reference (objectives.start: a table or a live copy)."""
         sets, ctx = {"train": self.data.train, "eval": self.data.eval}, self.ctx
-        return preference.start(
+        return objectives.start(
             self.spec, self.model, {role: s for role, s in sets.items() if s is not None}, ctx.checkpoints,
             self.state.step > 0, ctx.rank, ctx.world_size, ctx.device, self.log, adapters.enabled(self.spec),
             kept=ctx.model_dir, max_id=self.data.max_id,

@@ -43,35 +43,3 @@ class BenchmarksSection:
 def is_local(task: str) -> bool:
     """A task given as a local YAML file (by its suffix) rather than an lm-eval task name."""
     return task.lower().endswith(YAML_SUFFIXES)
-
-
-def errors(b: BenchmarksSection) -> list[str]:
-    """The section's values alone (ranges, names that reach #SBATCH); files: `benchfiles`."""
-    from .allowlists import sbatch_name_error
-    from .schema import parse_time_minutes, short
-
-    if not b.tasks:
-        return []
-    out = []
-    for i, task in enumerate(b.tasks):
-        if not task.strip() or (any(c.isspace() or c == "," for c in task) and not is_local(task)):
-            out.append(f"benchmarks.tasks[{i}]: {short(task)} is neither a task name nor a .yaml file")
-    if len(set(b.tasks)) != len(b.tasks):
-        out.append("benchmarks.tasks: a task is named twice")
-    for key, found, low, high in (
-        ("every_checkpoints", b.every_checkpoints, 0, None),
-        ("limit", b.limit, 0, None),
-        ("num_fewshot", b.num_fewshot, -1, 1000),
-        ("batch_size", b.batch_size, 1, 4096),
-        ("gpus", b.gpus, 0, MAX_BENCH_GPUS),
-    ):
-        if found < low or (high is not None and found > high):
-            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-            out.append(f"benchmarks.{key}: must be {bound}, found {found!r}")
-    if problem := sbatch_name_error("benchmarks.partition", b.partition):
-        out.append(problem)
-    try:
-        parse_time_minutes(b.time)
-    except ValueError as e:
-        out.append(f"benchmarks.time: {e}")
-    return out

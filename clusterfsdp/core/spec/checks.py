@@ -138,7 +138,7 @@ def check(spec: JobSpec) -> None:
     if spec.fsdp.version == 1 and spec.fsdp.compile:
         errors.append("fsdp.compile: supported with fsdp.version = 2 only")
     errors += peftchecks.errors(spec)
-    errors += benchsection.errors(spec.benchmarks) + benchmetric.errors(spec)
+    errors += benchmark_errors(spec.benchmarks) + benchmetric.errors(spec)
     errors += objectivechecks.errors(spec)
     errors += env_errors(spec.env, spec.job.allow_env)
     if errors:
@@ -356,3 +356,32 @@ def _sources_errors(spec: JobSpec) -> list[str]:
         if (s.prompt or s.system) and not s.response and (s.format or d.format) == "chat":
             errors.append(f"{key}.response: a conversation needs the template of its answer (e.g. '{{output}}')")
     return errors
+
+
+def benchmark_errors(b: benchsection.BenchmarksSection) -> list[str]:
+    """[benchmarks]' values alone (ranges, names that reach #SBATCH); files: `benchfiles`."""
+    if not b.tasks:
+        return []
+    out = []
+    for i, task in enumerate(b.tasks):
+        if not task.strip() or (any(c.isspace() or c == "," for c in task) and not benchsection.is_local(task)):
+            out.append(f"benchmarks.tasks[{i}]: {short(task)} is neither a task name nor a .yaml file")
+    if len(set(b.tasks)) != len(b.tasks):
+        out.append("benchmarks.tasks: a task is named twice")
+    for key, found, low, high in (
+        ("every_checkpoints", b.every_checkpoints, 0, None),
+        ("limit", b.limit, 0, None),
+        ("num_fewshot", b.num_fewshot, -1, 1000),
+        ("batch_size", b.batch_size, 1, 4096),
+        ("gpus", b.gpus, 0, benchsection.MAX_BENCH_GPUS),
+    ):
+        if found < low or (high is not None and found > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            out.append(f"benchmarks.{key}: must be {bound}, found {found!r}")
+    if problem := sbatch_name_error("benchmarks.partition", b.partition):
+        out.append(problem)
+    try:
+        parse_time_minutes(b.time)
+    except ValueError as e:
+        out.append(f"benchmarks.time: {e}")
+    return out
