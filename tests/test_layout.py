@@ -69,7 +69,12 @@ def importlib_names(path: Path) -> list[tuple[int, str]]:
 LAYERS = {"core": 0, "data": 1, "worker": 2, "control": 2, "front": 3}
 # What the run service names for submitit to import in the job's own process (the pickled call of
 # an attempt, the reference pass, a prepare-array task): entry points, not imports of the service.
-ENTRY_POINTS = {"clusterfsdp.worker.main", "clusterfsdp.worker.reference", "clusterfsdp.data.array"}
+ENTRY_POINTS = {
+    "clusterfsdp.worker.main",
+    "clusterfsdp.worker.reference",
+    "clusterfsdp.data.array",
+    "clusterfsdp.data.prepare",
+}
 
 
 def floor(module: str) -> str:

@@ -85,8 +85,8 @@ def test_the_shares_of_chat_data_give_the_same_tokens_and_loss_masks(tmp_path):
     bpe = make_tokenizer(tmp_path / "bpe")
     path = write_jsonl(tmp_path / "chats.jsonl", conversations(60))
     spec = job(tmp_path, [path], str(bpe), "data.format=chat")
-    assert array.run_task(spec, array.Share(0, 2, "a2"), lambda line: None, workers=1, unit_bytes=1024) is False
-    assert array.run_task(spec, array.Share(1, 2, "a2"), lambda line: None, workers=1, unit_bytes=1024) is True
+    assert dataprep.run_task(spec, array.Share(0, 2, "a2"), lambda line: None, workers=1, unit_bytes=1024) is False
+    assert dataprep.run_task(spec, array.Share(1, 2, "a2"), lambda line: None, workers=1, unit_bytes=1024) is True
     (ref,) = cache.dataset_refs(spec)
     local = job(tmp_path, [path], str(bpe), "data.format=chat", cache=tmp_path / "local")
     (mine,) = dataprep.ensure(local, workers=1, unit_bytes=1024)
@@ -109,7 +109,7 @@ def test_a_task_that_comes_late_finds_the_dataset_complete_and_leaves_it_alone(t
         opened(folder)
         if folder.name == "claims":
             monkeypatch.setattr(array.trust, "mkdirs", opened)
-            assert array.run_task(spec, array.Share(0, 2, "a9"), lambda _: None, workers=1)
+            assert dataprep.run_task(spec, array.Share(0, 2, "a9"), lambda _: None, workers=1)
 
     monkeypatch.setattr(array.trust, "mkdirs", task0_finishes_meanwhile)
     lines: list[str] = []
@@ -119,7 +119,7 @@ def test_a_task_that_comes_late_finds_the_dataset_complete_and_leaves_it_alone(t
     array.tokenize_share(ref, spec, lines.append, array.Share(1, 2, "a9"), workers=1, unit_bytes=1 << 20)
     assert "data: the train data is prepared (by another task): nothing to do" in lines
     assert not ref.partial.exists() and dataset_bytes(ref) == before
-    assert array.run_task(spec, array.Share(1, 2, "a9"), lambda _: None, workers=1) is True
+    assert dataprep.run_task(spec, array.Share(1, 2, "a9"), lambda _: None, workers=1) is True
 
 
 def test_a_rerun_keeps_the_finished_units_and_waits_for_a_unit_another_prepare_holds(tmp_path):
@@ -129,7 +129,7 @@ def test_a_rerun_keeps_the_finished_units_and_waits_for_a_unit_another_prepare_h
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": d} for d in documents(200)])
     spec = job(tmp_path, [path], "bytes")
     lines: list[str] = []
-    assert array.run_task(spec, array.Share(0, 2, "a1"), lines.append, workers=1, unit_bytes=2048) is False
+    assert dataprep.run_task(spec, array.Share(0, 2, "a1"), lines.append, workers=1, unit_bytes=2048) is False
     (ref,) = cache.dataset_refs(spec)
     kept = complete_units(ref)
     units = json.loads(arraystate.units_file(ref).read_text())["units"]
@@ -183,7 +183,7 @@ def test_bad_input_stops_every_task_with_its_file_and_line_and_nothing_is_used(t
     bad = next(u.shard for u in plan(ref.sources, spec.data, ref.root, 2048) if u.start <= at < u.stop) % 2
     for index in (bad, 1 - bad):  # the task that reads the line, then the other one
         with pytest.raises(DataError, match=re.escape(message)):
-            array.run_task(spec, array.Share(index, 2, "a7"), lambda line: None, workers=1, unit_bytes=2048)
+            dataprep.run_task(spec, array.Share(index, 2, "a7"), lambda line: None, workers=1, unit_bytes=2048)
     assert ref.manifest() is None and not ref.folder.exists()
     status = arraystate.progress(ref)
     assert status.phase is arraystate.Phase.FAILED and message in status.line()

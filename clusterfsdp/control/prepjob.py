@@ -65,7 +65,7 @@ class ArrayOptions:
 
 @dataclass(frozen=True)
 class PrepareCall:
-    """What submitit pickles for the array; task `index` runs `data.array.run_task` on the
+    """What submitit pickles for the array; task `index` runs `data.prepare.run_task` on the
     resolved job (secrets redacted: tokenizing needs none). Slurm's stop signals (scancel, the
     time limit) end the task at once, releasing its unit claims; complete units are kept."""
 
@@ -79,12 +79,13 @@ class PrepareCall:
         for sig in (signal.SIGTERM, signal.SIGUSR2):
             signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
         array = importlib.import_module("clusterfsdp.data.array")
+        prepare = importlib.import_module("clusterfsdp.data.prepare")
         spec = specmod.loads(self.job_toml)
         # (submitit queues a single task as a plain job, without SLURM_ARRAY_JOB_ID)
         job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID") or f"pid{os.getpid()}"
         share = array.Share(index, self.count, job)
         try:
-            return array.run_task(spec, share, lambda line: print(line, flush=True))
+            return prepare.run_task(spec, share, lambda line: print(line, flush=True))
         except DataError as e:
             sys.exit(f"error: {e}")  # recorded in the partial folder (failed.json) for status
 

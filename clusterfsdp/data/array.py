@@ -322,24 +322,3 @@ def finish(ref: DatasetRef, spec: specmod.JobSpec, log: Log, workers: int) -> di
         f"tokenizing){empty}"
     )
     return manifest
-
-
-def run_task(spec: specmod.JobSpec, share: Share, log: Log = print, *, workers: int = 0, unit_bytes: int = 0) -> bool:
-    """One task of a prepare array: its share of every dataset the job lacks; then, when the
-    datasets are complete (this task finished last), the manifests, the renames and the sample
-    indexes (`prepare.ensure`, which also checks that each set holds a batch). True when the
-    job's data is ready; False when other tasks still have units to finish."""
-    from . import prepare  # (prepare imports this module)
-
-    refs = prepare.dataset_refs_fingerprinted(spec, log)
-    workers = workers or spec.data.prepare_workers
-    for ref in refs:
-        if ref.manifest() is not None:
-            continue
-        tokenize_share(ref, spec, log, share, workers=workers, unit_bytes=unit_bytes)
-        prepare.finish_locked(ref, spec, log, workers)
-    if any(ref.manifest() is None for ref in refs):
-        log(f"data: {share.describe()} is done; the task that finishes last completes the dataset")
-        return False
-    prepare.ensure(spec, log, workers=workers, unit_bytes=unit_bytes)
-    return True

@@ -228,7 +228,30 @@ def ensure(
     return refs
 
 
+def run_task(
+    spec: specmod.JobSpec, share: array.Share, log: Log = print, *, workers: int = 0, unit_bytes: int = 0
+) -> bool:
+    """One task of a prepare array: its share of every dataset the job lacks; then, when the
+    datasets are complete (this task finished last), the manifests, the renames and the sample
+    indexes (`ensure`, which also checks that each set holds a batch). True when the
+    job's data is ready; False when other tasks still have units to finish."""
+    refs = dataset_refs_fingerprinted(spec, log)
+    workers = workers or spec.data.prepare_workers
+    for ref in refs:
+        if ref.manifest() is not None:
+            continue
+        array.tokenize_share(ref, spec, log, share, workers=workers, unit_bytes=unit_bytes)
+        finish_locked(ref, spec, log, workers)
+    if any(ref.manifest() is None for ref in refs):
+        log(f"data: {share.describe()} is done; the task that finishes last completes the dataset")
+        return False
+    ensure(spec, log, workers=workers, unit_bytes=unit_bytes)
+    return True
+
+
 # ---------------------------------------------------------------- `clusterfsdp data prepare`
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="clusterfsdp data prepare")
     p.add_argument("job")
@@ -267,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             if not found or int(found[1]) >= int(found[2]):
                 p.error(f"--share: {args.share!r} is not I/K with 0 <= I < K")
             share = array.Share(int(found[1]), int(found[2]), args.array)
-            if not array.run_task(spec, share, workers=args.workers, unit_bytes=args.unit_bytes):
+            if not run_task(spec, share, workers=args.workers, unit_bytes=args.unit_bytes):
                 return 0
             refs = dataset_refs(spec)
         else:
