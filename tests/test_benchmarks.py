@@ -351,10 +351,12 @@ def test_a_run_queues_its_evaluations_in_the_background_and_a_broken_one_never_f
 def test_on_slurm_each_checkpoint_is_an_evaluation_job_on_the_benchmarks_partition(slurm_cluster, tmp_path):
     """The devcluster: a one-rank run on partition debug with benchmarks.partition = 'low'. Each
     checkpoint (steps 2 and 4) gets a Slurm job of its own, queued by submitit from rank 0, named
-    for the run (singleton: they run in order), on 'low'; both score, and status --json has them."""
+    for the run (singleton: they run in order), on 'low', queued by a process training does not wait
+    for; both score, and status --json and TensorBoard have them."""
     write_task(tmp_path / "tasks")
     job = tmp_path / "job.toml"
-    job.write_text(job_text(tmp_path / "runs", ["tasks/tiny_mc.yaml"], 'partition = "low"\ntime = "10"'))
+    tensorboard = '\n[log]\ntrackers = ["tensorboard"]'
+    job.write_text(job_text(tmp_path / "runs", ["tasks/tiny_mc.yaml"], 'partition = "low"\ntime = "10"' + tensorboard))
     r = cli("submit", str(job), "--executor", "slurm", "--follow", "--set", "slurm.time=10", cwd=tmp_path)
     assert r.returncode == 0 and ": COMPLETED" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
     (run,) = runfolder.list_runs(tmp_path / "runs")
@@ -371,6 +373,13 @@ def test_on_slurm_each_checkpoint_is_an_evaluation_job_on_the_benchmarks_partiti
     st = json.loads(cli("status", str(run.path), "--json", cwd=tmp_path).stdout)
     assert [row["step"] for row in st["benchmarks"]] == [2, 4]
     assert not list(run.checkpoints_dir().glob(".bench-hold-*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    plots = EventAccumulator(str(run.path / "tensorboard" / "benchmarks"))
+    plots.Reload()
+    points = plots.Scalars("bench/tiny_mc/acc")
+    assert [p.step for p in points] == [2, 4], points
+    assert [p.value for p in points] == pytest.approx([row["bench/tiny_mc/acc"] for row in st["benchmarks"]], rel=1e-6)
 
 
 PPL_YAML = """task: tiny_ppl
