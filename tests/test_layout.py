@@ -152,3 +152,51 @@ def test_architecture_lists_the_torch_free_modules():
     start, end = "<!-- torch-free data modules: data.TORCH_FREE -->\n", "\n<!-- /torch-free -->"
     block = text.split(start, 1)[1].split(end, 1)[0]
     assert block == ", ".join(f"`{name}`" for name in TORCH_FREE), block
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The product modules a file imports when it runs: every import statement (also inside
+    functions) and importlib name, but not those under `if TYPE_CHECKING:` (annotations only)."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {
+        node.lineno
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for node in ast.walk(stmt)
+        if hasattr(node, "lineno")
+    }
+    found = [name for line, name in imports(path) + importlib_names(path) if line not in typing_only]
+    return {name for name in found if name.startswith("clusterfsdp.")}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = ["clusterfsdp", *rel.parts] if rel.parts[0] == "tui" else list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# The cycles left (issue 35), each with why; a new one fails, and so does one of these once gone.
+# (Module names in plain strings, what warm start preloads and the controller it runs, are not
+# imports: `python -m`-like process boundaries.)
+KNOWN_CYCLES = {
+    frozenset({"clusterfsdp.data.samples", "clusterfsdp.data.mixsamples"}),  # open_for_training opens a mixture
+}
+
+
+def test_import_cycles_are_only_the_known_ones():
+    """Runtime import cycles among product modules (function-level imports and importlib names
+    counted): only KNOWN_CYCLES, each a pair left for a reason."""
+    paths = [p for p in files("clusterfsdp", "tui") if "tui" not in p.relative_to(REPO).parts[1:2]]
+    modules = {_module_name(p): p for p in paths}
+    graph = {m: {n for n in _runtime_imports(p) if n in modules and n != m} for m, p in modules.items()}
+    reach: dict[str, set[str]] = {}
+    for start in graph:  # what each module reaches (a few hundred modules: a walk each)
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        reach[start] = seen
+    cycles = {frozenset(m for m in graph if m in reach[start] and start in reach[m]) for start in graph}
+    assert {c for c in cycles if len(c) > 1} == KNOWN_CYCLES
