@@ -164,7 +164,7 @@ def _runtime_imports(path: Path) -> set[str]:
         if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
         for stmt in block.body
         for node in ast.walk(stmt)
-        if hasattr(node, "lineno")
+        if isinstance(node, (ast.Import, ast.ImportFrom))
     }
     found = [name for line, name in imports(path) + importlib_names(path) if line not in typing_only]
     return {name for name in found if name.startswith("clusterfsdp.")}
