@@ -141,5 +141,5 @@ def cmd_bench(args: argparse.Namespace) -> int:
         document = bench.evaluate_once(
             run, step, lambda line: print(line, flush=True), again=not (args.all or args.if_missing)
         )
-        print(bench.describe(document) if document else f"step {step}: evaluated meanwhile", flush=True)
+        print(bench.describe(step, document), flush=True)
     return 0

@@ -292,7 +292,7 @@ def cmd_bench(args: argparse.Namespace, run_root: Path | None) -> int:
         for step in steps:
             try:
                 document = _evaluate(run, step, head, again=not (args.all or args.if_missing))
-                print(f"{head}: {bench.describe(document) if document else f'step {step}: evaluated meanwhile'}")
+                print(f"{head}: {bench.describe(step, document)}")
                 evaluated += bool(document)
             except UserError as e:
                 print(f"{head}: error: {e}", file=sys.stderr, flush=True)

@@ -120,7 +120,10 @@ def evaluate(run: Run, step: int) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def describe(document: dict[str, Any]) -> str:
-    """'step 4: bench/tiny_mc/acc 0.8333, ...' (stderr columns left out), and the time it took."""
+def describe(step: int, document: dict[str, Any] | None) -> str:
+    """'step 4: bench/tiny_mc/acc 0.8333, ...' (stderr columns left out), and the time it took;
+    without a document (`evaluate_once` left the step: its result landed meanwhile), that."""
+    if document is None:
+        return f"step {step}: evaluated meanwhile"
     scores = ", ".join(f"{k} {v:.4g}" for k, v in document["metrics"].items() if "_stderr" not in k)
     return f"step {document['step']}: {scores or 'no scores'} ({document.get('seconds', 0):.1f} s)"

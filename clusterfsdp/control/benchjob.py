@@ -40,7 +40,7 @@ class BenchCall:
             document = bench.evaluate_once(
                 Run(self.run_path), self.step, lambda line: print(line, flush=True), again=False
             )
-            print(bench.describe(document) if document else f"step {self.step}: evaluated meanwhile", flush=True)
+            print(bench.describe(self.step, document), flush=True)
         except RunError as e:
             sys.exit(f"error: {e}")
 
