@@ -211,11 +211,11 @@ def test_compose_opens_the_readmes_epochs_job_unmodified_saves_submits_it_and_sh
         assert not data.error and len(data.samples) == 4
         trained = [text for s in data.samples for d in s["documents"] for text, t in d if t]
         assert trained and all(text.startswith("yes") for text in trained)
-        body = data.query_one("#data-body", Static)
-        assert "<|im_start|>assistant" in rendered(body)
+        body = data.query_one("#data-body", Static)  # the layout follows the update on a later frame
+        await until(pilot, lambda: "<|im_start|>assistant" in rendered(body), "the samples on screen")
         await pilot.press("t")
         await until(pilot, lambda: data.split == "eval" and data.samples and "eval" in data.samples[0]["title"], "eval")
-        assert "eval samples" in rendered(data.query_one("#data-header"))
+        await until(pilot, lambda: "eval samples" in rendered(data.query_one("#data-header")), "the eval header")
 
     run_app(app, scenario)
 
@@ -237,6 +237,6 @@ def test_the_run_screen_shows_the_data_of_the_selected_run(folder, monkeypatch: 
         await pilot.press("s")
         await until(pilot, lambda: data.samples and "data.sources[1]" in data.samples[0]["title"], "source 1")
         assert all("data.sources[1]" in s["title"] for s in data.samples)
-        assert "data.sources[1]" in rendered(data.query_one("#data-header"))
+        await until(pilot, lambda: "data.sources[1]" in rendered(data.query_one("#data-header")), "source 1's header")
 
     run_app(app, scenario)
