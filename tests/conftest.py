@@ -33,7 +33,8 @@ def _no_inherited_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key, raising=False)
 
 
-pytest_plugins = ["slurm_fixtures", "users"]  # `slurm_cluster` (real daemons); a second user (tests/users.py)
+# `slurm_cluster` (real daemons); a second user (tests/users.py); per-worker timing (tests/timeline.py)
+pytest_plugins = ["slurm_fixtures", "users", "timeline"]
 
 
 def _shares_a_module_fixture(item: pytest.Item) -> bool:
