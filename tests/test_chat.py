@@ -14,7 +14,7 @@ from data_helpers import conversations, make_tokenizer, write_jsonl
 from procs import make_run, run_workers
 
 from clusterfsdp.core import spec as S
-from clusterfsdp.data import checks
+from clusterfsdp.data import checks, rankdata
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data import samples as datamod
 from clusterfsdp.data.sources import DataError
@@ -122,7 +122,7 @@ def test_prompt_tokens_contribute_exactly_zero_gradient(tmp_path, chat_tok):
 
     spec = S.loads(chat_job(tmp_path, chat_tok, 40))
     dataprep.ensure(spec, workers=1)
-    train = datamod.open_for_training(spec, 0, print).train
+    train = rankdata.open_for_training(spec, 0, print).train
     assert isinstance(train, datamod.PreparedSamples)
     batch = train.batch(0, 0, 1, 4)
     assert batch.position_ids is not None
@@ -249,7 +249,7 @@ def test_overlong_conversations_keep_each_answer_with_its_prompt(tmp_path, chat_
         [f"data.paths=['{path}']", f"data.overlong={policy}", "data.seq_len=96", "train.micro_batch_size=2"],
     )
     dataprep.ensure(spec, workers=1)
-    train = datamod.open_for_training(spec, 0, print).train
+    train = rankdata.open_for_training(spec, 0, print).train
     assert isinstance(train, datamod.PreparedSamples)
     assert train.meta["overlong"] == {"overlong": 2, **counts}
     kept = _kept_documents(train, chat_tok)

@@ -20,7 +20,7 @@ from data_helpers import documents, job, write_jsonl
 
 from clusterfsdp.core import ownership
 from clusterfsdp.core.procs import ProcessId
-from clusterfsdp.data import cache, checks, samples
+from clusterfsdp.data import cache, checks, rankdata, samples
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data.sources import DataError
 
@@ -96,7 +96,7 @@ def test_a_rewritten_shard_is_detected_and_a_copied_cache_still_opens(tmp_path):
     # copied elsewhere (new inodes and ctimes, same bytes): each file is hashed once and passes
     copy = tmp_path / "copied-cache"
     shutil.copytree(tmp_path / "cache", copy)
-    moved = samples.open_for_training(job(tmp_path, [corpus(tmp_path)], "bytes", cache=copy), 0, print).train
+    moved = rankdata.open_for_training(job(tmp_path, [corpus(tmp_path)], "bytes", cache=copy), 0, print).train
     assert isinstance(moved, samples.PreparedSamples)
     assert [moved.sample(k).input_ids.tolist() for k in range(moved.count)]
     # one byte of a shard rewritten in place, same size
@@ -104,7 +104,7 @@ def test_a_rewritten_shard_is_detected_and_a_copied_cache_still_opens(tmp_path):
     data = bytearray(shard.read_bytes())
     data[3] ^= 0x01
     shard.write_bytes(bytes(data))
-    train = samples.open_for_training(spec, 0, print).train
+    train = rankdata.open_for_training(spec, 0, print).train
     assert isinstance(train, samples.PreparedSamples)
     with pytest.raises(DataError, match=rf"{shard} was modified after it was prepared .* remove {ref.folder} "):
         for k in range(train.count):
@@ -131,7 +131,7 @@ def test_a_world_writable_entry_is_refused_and_a_trusted_groups_is_used(tmp_path
     assert checks.problems(victim) == []
     (used,) = dataprep.ensure(victim, workers=1)
     assert used.folder.stat().st_uid == other_user.uid
-    assert samples.open_for_training(victim, 0, print).train is not None
+    assert rankdata.open_for_training(victim, 0, print).train is not None
 
 
 def test_a_trusted_group_you_are_not_in_is_one_line_not_a_traceback(other_user, shared_root):

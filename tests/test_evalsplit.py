@@ -18,7 +18,7 @@ from procs import CORPUS, run_workers
 from clusterfsdp.core import runfolder
 from clusterfsdp.core import spec as S
 from clusterfsdp.core.records import Executor
-from clusterfsdp.data import checks, samples
+from clusterfsdp.data import checks, rankdata, samples
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data.sources import DataError
 
@@ -50,7 +50,7 @@ def test_a_held_out_fraction_of_the_demo_jobs_one_document_holds_out_windows(tmp
     )
     lines: list[str] = []
     dataprep.ensure(spec, lines.append)
-    data = samples.open_for_training(spec, 0, lines.append)
+    data = rankdata.open_for_training(spec, 0, lines.append)
     assert isinstance(data.eval, samples.PreparedSamples) and isinstance(data.train, samples.PreparedSamples)
     assert data.eval.count >= spec.world_size * spec.train.micro_batch_size
     held = "eval.fraction = 0.05: the 0 of 1 documents it holds out give fewer than one evaluation batch, so 16 windows"
@@ -203,7 +203,7 @@ def test_a_held_out_fraction_too_small_for_a_source_of_a_mixture_is_refused_with
     assert len(below) == 1 and f"raise eval.fraction to at least {least:g}" in below[0]
     fits = chat_mixture(tmp_path, f"eval.fraction={least}")
     assert checks.problems(fits) == []
-    held = samples.open_for_training(fits, 0, lambda _: None).eval
+    held = rankdata.open_for_training(fits, 0, lambda _: None).eval
     assert held is not None and all(part.count > 0 for part in held.parts)  # type: ignore[union-attr]
     batches = [held.batch(k * 16, 1, 2, 8) for k in range(held.count // 16)]  # rank 1's side of every eval batch
     assert batches and all(b.label_count for b in batches)

@@ -176,17 +176,10 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-# The cycles left (issue 35), each with why; a new one fails, and so does one of these once gone.
-# (Module names in plain strings, what warm start preloads and the controller it runs, are not
-# imports: `python -m`-like process boundaries.)
-KNOWN_CYCLES = {
-    frozenset({"clusterfsdp.data.samples", "clusterfsdp.data.mixsamples"}),  # open_for_training opens a mixture
-}
-
-
-def test_import_cycles_are_only_the_known_ones():
-    """Runtime import cycles among product modules (function-level imports and importlib names
-    counted): only KNOWN_CYCLES, each a pair left for a reason."""
+def test_no_runtime_import_cycle():
+    """No runtime import cycle among product modules (issue 35), function-level imports and
+    importlib names counted. (Module names in plain strings, what warm start preloads and the
+    controller it runs, are not imports: `python -m`-like process boundaries.)"""
     paths = [p for p in files("clusterfsdp", "tui") if "tui" not in p.relative_to(REPO).parts[1:2]]
     modules = {_module_name(p): p for p in paths}
     graph = {m: {n for n in _runtime_imports(p) if n in modules and n != m} for m, p in modules.items()}
@@ -199,4 +192,4 @@ def test_import_cycles_are_only_the_known_ones():
                 todo.append(nxt)
         reach[start] = seen
     cycles = {frozenset(m for m in graph if m in reach[start] and start in reach[m]) for start in graph}
-    assert {c for c in cycles if len(c) > 1} == KNOWN_CYCLES
+    assert sorted(sorted(c) for c in cycles if len(c) > 1) == []

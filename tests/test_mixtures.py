@@ -18,7 +18,7 @@ from clusterfsdp.data import cache, checks, samplesets, samplestats
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data.mixsamples import MixtureSamples
 from clusterfsdp.data.mixture import Schedule, block_counts
-from clusterfsdp.data.samples import open_for_training
+from clusterfsdp.data.rankdata import open_for_training
 from clusterfsdp.worker.evalsamples import SampleGenerator
 
 

@@ -18,6 +18,7 @@ from data_helpers import documents, write_jsonl
 from clusterfsdp.core import spec as S
 from clusterfsdp.core.presets import PRESETS
 from clusterfsdp.data import prepare as dataprep
+from clusterfsdp.data import rankdata
 from clusterfsdp.data import samples as datamod
 from clusterfsdp.data.index import Permutation
 from clusterfsdp.worker.loss import IGNORE_INDEX
@@ -25,7 +26,7 @@ from clusterfsdp.worker.loss import IGNORE_INDEX
 SEQ = 64
 
 
-def open_samples(tmp: Path, packing: str, *extra: str, docs: list[str] | None = None) -> datamod.TrainingData:
+def open_samples(tmp: Path, packing: str, *extra: str, docs: list[str] | None = None) -> rankdata.TrainingData:
     tmp.mkdir(parents=True, exist_ok=True)
     path = write_jsonl(tmp / "d.jsonl", [{"text": d} for d in (docs or documents(80))])
     spec = S.loads(
@@ -34,7 +35,7 @@ def open_samples(tmp: Path, packing: str, *extra: str, docs: list[str] | None = 
         list(extra),
     )
     dataprep.ensure(spec, workers=1)
-    return datamod.open_for_training(spec, 0, print)
+    return rankdata.open_for_training(spec, 0, print)
 
 
 def all_samples(samples: datamod.PreparedSamples):
@@ -182,7 +183,7 @@ def test_reads_across_many_shards_keep_few_files_open(tmp_path, monkeypatch):
     )
     dataprep.ensure(spec, workers=1, unit_bytes=700)
     monkeypatch.setattr(datamod._Reader, "MAX_OPEN", 3)
-    samples = datamod.open_for_training(spec, 0, print).train
+    samples = rankdata.open_for_training(spec, 0, print).train
     assert isinstance(samples, datamod.PreparedSamples) and len(samples.manifest["shards"]) > 20
     stream = np.frombuffer(text.encode(), np.uint8)
     rng = np.random.default_rng(0)

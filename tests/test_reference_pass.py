@@ -24,7 +24,7 @@ from test_preference import _job, _pair_run, _word_pairs
 from clusterfsdp import cli
 from clusterfsdp.core import ckptfolder
 from clusterfsdp.core import spec as S
-from clusterfsdp.data.samples import open_for_training
+from clusterfsdp.data.rankdata import open_for_training
 from clusterfsdp.worker import preference
 
 

@@ -11,7 +11,8 @@ The numpy half, on workers and in `clusterfsdp data prepare`: `units` (planning 
 `readers` (a unit's records -> tokens), `tokens` (documents -> token ids), `shards` (shard
 files), `pool` (the tokenizing processes), `prepare` (building a dataset under its lock;
 `python -m clusterfsdp.data.prepare`), `index` (samples of one seq_len / packing / split), and
-`samples` (torch: batches read with pread). The numpy half imports the torch-free half, never
+`samples` (torch: batches read with pread), `mixsamples` (a mixture's), `rankdata` (a job's
+data opened on a rank, rank 0 preparing). The numpy half imports the torch-free half, never
 the reverse. Importing this package imports nothing.
 """
 

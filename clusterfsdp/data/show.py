@@ -133,7 +133,7 @@ def _prepared(spec: specmod.JobSpec, job: str) -> list[DatasetRef]:
 
 
 def open_split(spec: specmod.JobSpec, refs: list[DatasetRef], split: str) -> PreparedSamples | MixtureSamples:
-    """The training or eval samples as the ranks open them (samples.open_for_training)."""
+    """The training or eval samples as the ranks open them (rankdata.open_for_training)."""
     folders = {ref.role: ref.folder for ref in refs if ref.part < 0}
     data_role = dict(sample_roles(spec))[split]
     if spec.data.sources and data_role == "train":

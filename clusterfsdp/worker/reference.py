@@ -24,7 +24,7 @@ def run(run_dir: str) -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as the training ranks: submit resolved every hub id
     import torch.distributed as dist
 
-    from ..data.samples import open_for_training
+    from ..data.rankdata import open_for_training
     from . import preference
 
     t0 = time.perf_counter()

@@ -34,7 +34,8 @@ from ..core.records import EventKind
 from ..core.spec import JobSpec
 from ..data import mixture, samplesets
 from ..data.mixsamples import MixtureSamples
-from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples, TrainingData, open_for_training
+from ..data.rankdata import TrainingData, open_for_training
+from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples
 from . import adapters, objectives, preference
 from . import metrics as metricsmod
 from . import model as modelmod
