@@ -10,7 +10,7 @@ import pytest
 
 from clusterfsdp.core import outcomes
 from clusterfsdp.core.outcomes import StopAction
-from clusterfsdp.core.records import Cause, Event, EventKind
+from clusterfsdp.core.records import Cause, Event, EventKind, RunState
 from clusterfsdp.core.slurmcli import JobInfo
 from clusterfsdp.worker import stopflags
 
@@ -179,3 +179,15 @@ def test_agreement_interval_keeps_a_signal_within_its_budget() -> None:
         assert every == 1 or every * max(steps) * stopflags.SAFETY <= budget, (steps, every)
     assert stopflags.agreement_interval([], budget) == 1  # before any step is timed: every step
     assert stopflags.agreement_interval([1e-5], budget) == stopflags.MAX_EVERY
+
+
+def test_every_end_of_an_attempt_has_one_word_on_each_level() -> None:
+    """outcomes.ENDS is the one map between the enums that say 'completed' (issue 35): every
+    record that ends an attempt has its run state, the records a rank ends with map one to one
+    onto RankOutcome, and each run state it gives is a final or a live one (status's verdict)."""
+    assert {end.event for end in outcomes.ENDS} == {kind for kind in EventKind if kind.ends_attempt}
+    assert len({end.event for end in outcomes.ENDS}) == len(outcomes.ENDS)
+    assert sorted(outcomes.RANK_END.values()) == sorted(outcomes.RankOutcome)  # each rank end once
+    assert outcomes.RUN_STATE[EventKind.COMPLETED] is RunState.COMPLETED
+    assert outcomes.RANK_END[EventKind.COMPLETED] is outcomes.RankOutcome.COMPLETED
+    assert all(state.final or state is RunState.REQUEUED for state in outcomes.RUN_STATE.values())

@@ -9,7 +9,7 @@ import math
 import tomllib
 from dataclasses import field
 
-from ..core import ckptfolder, fileio, procs, records, slurmcli
+from ..core import ckptfolder, fileio, outcomes, procs, records, slurmcli
 from ..core.records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from ..core.runfolder import RunFolder
 from ..core.sweeplayout import sweep_of
@@ -17,17 +17,6 @@ from ..core.value import value
 from . import cost, jsonltail, pending
 from .cost import RunCost
 
-# The final record of an attempt -> the run state it means.
-_END_STATES = {
-    EventKind.COMPLETED: RunState.COMPLETED,
-    EventKind.FAILED: RunState.FAILED,
-    EventKind.GAVE_UP: RunState.FAILED,
-    EventKind.REQUEUED: RunState.REQUEUED,
-    EventKind.SLURM_REQUEUED: RunState.REQUEUED,
-    EventKind.FOLLOW_UP: RunState.REQUEUED,
-    EventKind.AUTO_RESTART: RunState.REQUEUED,
-    EventKind.STOPPED: RunState.CANCELLED,
-}
 # Ends after which the job does not run training again under its id: while Slurm still says
 # RUNNING, the batch script's `after` step is classifying the end (and may queue the next job).
 # A requeue is not among them: the next incarnation runs under the same id.
@@ -406,7 +395,7 @@ def run_status(
         st.state = RunState.RUNNING if started else RunState.PENDING
         return st
     if end is not None:
-        st.state, st.reason = _END_STATES[end.event], end.reason
+        st.state, st.reason = outcomes.RUN_STATE[end.event], end.reason
     elif last.cancelled:
         st.state = RunState.CANCELLED
         st.reason = "cancelled (clusterfsdp cancel)" + ("" if started else " before it started")

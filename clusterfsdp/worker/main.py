@@ -241,13 +241,10 @@ def _train(attempt: _Attempt, flags: StopFlags) -> RankOutcome:
         attempt.beat.phase(health.Phase.DONE)
     if outcome.end is train.LoopEnd.INTERRUPTED:
         return _interrupted(attempt, spec, outcome, log)
-    if env.rank == 0:
-        attempt.event(
-            EventKind.COMPLETED, step=outcome.step, checkpoint=outcome.checkpoint, cause=Cause.COMPLETED,
-            reason=outcome.reason,
-        )  # fmt: skip
-    _finish(attempt, RankOutcome.COMPLETED)
-    return RankOutcome.COMPLETED
+    return _end(
+        attempt, EventKind.COMPLETED, step=outcome.step, checkpoint=outcome.checkpoint, cause=Cause.COMPLETED,
+        reason=outcome.reason,
+    )  # fmt: skip
 
 
 def _sized(spec: specmod.JobSpec, env: distenv.DistEnv) -> specmod.JobSpec:
@@ -470,6 +467,15 @@ def _trackers(
     return Trackers.open(run, spec, attempt, log)
 
 
+def _end(attempt: _Attempt, kind: EventKind, **fields) -> RankOutcome:
+    """Rank 0 records how the attempt ended; every rank then ends its part as that record means
+    (outcomes.ENDS: the same word on each level)."""
+    if attempt.env.rank == 0:
+        attempt.event(kind, **fields)
+    _finish(attempt, outcomes.RANK_END[kind])
+    return outcomes.RANK_END[kind]
+
+
 def _finish(attempt: _Attempt, outcome: RankOutcome) -> None:
     """End this rank's part: close the trackers with `outcome`, release the lock, leave the group."""
     import torch.distributed as dist
@@ -524,25 +530,20 @@ def _interrupted(attempt: _Attempt, spec: specmod.JobSpec, outcome: Outcome, log
         sys.exit(0)
     saved = f"saved step {outcome.step}"
     if verdict.action is outcomes.StopAction.STOP:
-        if env.rank == 0:
-            attempt.event(EventKind.STOPPED, step=outcome.step, checkpoint=outcome.checkpoint, cause=verdict.cause,
-                          reason=f"{verdict.reason}; {saved}")  # fmt: skip
-        _finish(attempt, RankOutcome.STOPPED)
-        return RankOutcome.STOPPED
+        return _end(attempt, EventKind.STOPPED, step=outcome.step, checkpoint=outcome.checkpoint,
+                    cause=verdict.cause, reason=f"{verdict.reason}; {saved}")  # fmt: skip
     cost = outcomes.charge(run.events(), env.job_id, env.restart, outcome.step)
     if cost.exhausted(spec.slurm.max_restarts):
-        if env.rank == 0:
-            reason = (f"{verdict.reason}; {saved}, no progress since the last restart, and {cost.used} restarts used "
-                      f"(slurm.max_restarts = {spec.slurm.max_restarts})")  # fmt: skip
-            attempt.event(EventKind.FAILED, step=outcome.step, cause=Cause.RESTARTS_EXHAUSTED, reason=reason)
-        _finish(attempt, RankOutcome.FAILED)
+        reason = (f"{verdict.reason}; {saved}, no progress since the last restart, and {cost.used} restarts used "
+                  f"(slurm.max_restarts = {spec.slurm.max_restarts})")  # fmt: skip
+        _end(attempt, EventKind.FAILED, step=outcome.step, cause=Cause.RESTARTS_EXHAUSTED, reason=reason)
         sys.exit(1)
     if env.rank == 0:
         attempt.event(EventKind.REQUEUED, step=outcome.step, checkpoint=outcome.checkpoint, cause=verdict.cause,
                       reason=f"{verdict.reason}; {saved}", restarts=cost.after())  # fmt: skip
         if env.launcher == "slurm":
             _come_back(attempt, verdict, log)
-    _finish(attempt, RankOutcome.PREEMPTED)
+    _finish(attempt, outcomes.RANK_END[EventKind.REQUEUED])
     sys.exit(LOCAL_REQUEUE_EXIT if local else 0)
 
 
