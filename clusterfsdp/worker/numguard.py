@@ -49,7 +49,6 @@ from ..core.ckptfolder import CheckpointInfo
 from ..core.records import EventKind
 from ..core.spec.schema import Guard
 from ..data.samples import Skipped
-from .metrics import Meter
 
 if TYPE_CHECKING:
     from .train import Trainer
@@ -220,17 +219,7 @@ def roll_back(tr: Trainer) -> None:
     if ctx.rank == 0:
         ckptfolder.keep_only_up_to(ctx.checkpoints, target.step)
     _barrier(tr.flag_group)
-    meta = tr.checkpointer.load(target)
-    kept = {"data": state.data, "steps_total": state.steps_total, "lr_schedule": state.lr_schedule}
-    state.load_state_dict({**meta, **kept, "skipped": skipped.to_json()})
-    tr.checkpointer.amend(target, {"skipped": skipped.to_json()})
-    assert tr.samples is not None
-    tr.samples.skipped = skipped
-    tr._set_lr()
-    tr.meter = Meter(tr.meter.fpt, ctx.device, ctx.world_size, state.elapsed_s)
-    ctx.flags.pause()
-    if ctx.sink is not None:
-        ctx.sink.begin(state.step)
+    tr.rewind(target, skipped)
     guard.reset()
     guard.rolled_back_from = streak.first_step
     ranges = ", ".join(f"{a}-{b - 1}" for a, b in skipped.ranges)

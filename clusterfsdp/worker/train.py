@@ -508,6 +508,25 @@ class Trainer:
         if not c.async_:
             self.grace(self.checkpointer.last_save_s, self.ctx.flags.latency_s(), step)
 
+    def rewind(self, target: ckptfolder.CheckpointInfo, skipped: Skipped) -> None:
+        """Load `target` in place (model, optimizer, RNG, TrainState) and go on from its step with
+        the data positions `skipped` passed over for good, recorded in that checkpoint too: the
+        numerical guard's rollback (`numguard.roll_back` decides when and to which checkpoint;
+        this is what it may change of the Trainer). The data position, the total steps and the
+        lr schedule stay this run's: the samples read since are not read again."""
+        state = self.state
+        meta = self.checkpointer.load(target)
+        kept = {"data": state.data, "steps_total": state.steps_total, "lr_schedule": state.lr_schedule}
+        state.load_state_dict({**meta, **kept, "skipped": skipped.to_json()})
+        self.checkpointer.amend(target, {"skipped": skipped.to_json()})
+        assert self.samples is not None
+        self.samples.skipped = skipped
+        self._set_lr()
+        self.meter = metricsmod.Meter(self.meter.fpt, self.ctx.device, self.ctx.world_size, state.elapsed_s)
+        self.ctx.flags.pause()
+        if self.ctx.sink is not None:
+            self.ctx.sink.begin(state.step)
+
     def _set_lr(self) -> None:
         """The lr of the next step: train.lr x the curve at this step."""
         lr = self.spec.train.lr * self.curve.factor(self.state.step)
