@@ -1,6 +1,6 @@
 """Checkpoint timings of the real Checkpointer on one GPU (issue 5).
 
-Builds the benchmark model and optimizer with `clusterfsdp.worker.build.build` (FSDP2, 1 rank),
+Builds the benchmark model and optimizer (`worker.build.build_model`, `worker.optimizer.adamw`; FSDP2, 1 rank),
 takes one training step so AdamW's state exists, then times on one filesystem:
 
 - raw write bandwidth of that disk: `dd if=/dev/zero bs=64M conv=fsync` (same call);
@@ -239,7 +239,7 @@ def main() -> None:
     from clusterfsdp.core import ckptfolder
     from clusterfsdp.core import spec as specmod
     from clusterfsdp.data.samples import Batch
-    from clusterfsdp.worker import build, distenv, train
+    from clusterfsdp.worker import build, distenv, optimizer, train
     from clusterfsdp.worker import checkpoint as ckpt
 
     env = distenv.from_environ()
@@ -265,7 +265,8 @@ def main() -> None:
         overrides=a.set,
     )
     spec_text = specmod.dumps(spec)
-    model, opt, config, counts = build.build(spec, device, 1, None)
+    model, config, counts = build.build_model(spec, device, 1, None)
+    opt = optimizer.adamw(spec, model, device)
     loss_fn = train._loss_fn(spec)
     gen = torch.Generator().manual_seed(0)
 

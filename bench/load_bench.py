@@ -3,7 +3,7 @@
 Writes a model of at least 1 GB (fp32, a Llama shape by default, untied lm_head) with
 `save_pretrained`, then, in one run and one after the other, 4 gloo ranks load it:
 
-- `fsdp2`: clusterfsdp's path (`build.build`, FSDP2): transformers' loader on the sharded model,
+- `fsdp2`: clusterfsdp's path (`build.build_model`, FSDP2): transformers' loader on the sharded model,
   every rank reading only its own slices;
 - `fsdp1`: clusterfsdp's FSDP1 path: a staging copy sharded and loaded like `fsdp2`, gathered one
   decoder layer at a time while FSDP1 wraps it;
@@ -14,7 +14,7 @@ Writes a model of at least 1 GB (fp32, a Llama shape by default, untied lm_head)
 Per rank it reports the peak RSS increase during the load (VmHWM after resetting it through
 /proc/self/clear_refs; the local shards are read once after loading, so memory-mapped shards
 count too) as a fraction of the file size, split at the end into anonymous and file-backed
-memory; and the wall time of `build.build` (meta build + sharding + load) as GB/s of the file.
+memory; and the wall time of `build.build_model` (meta build + sharding + load) as GB/s of the file.
 `--cold` drops the files from the page cache (posix_fadvise DONTNEED) before every measurement.
 
     python3 bench/load_bench.py                     # builds /tmp/cfsdp-load-bench/model once
@@ -106,14 +106,14 @@ t0 = time.perf_counter()
 if approach == "before":  # the code before issue 14: every rank reads the whole file
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    model, _, _, _ = build.build(spec, torch.device("cpu"), world, None, resume=True)  # to_empty + buffers
+    model, _, _ = build.build_model(spec, torch.device("cpu"), world, None, resume=True)  # to_empty + buffers
     state = {}
     for f in sorted(Path(folder).glob("*.safetensors")):
         state.update(load_file(str(f)))
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
     del state
 else:
-    model, _, _, _ = build.build(spec, torch.device("cpu"), world, None)
+    model, _, _ = build.build_model(spec, torch.device("cpu"), world, None)
 checksum = 0.0
 for p in model.parameters():  # read every local shard once (memory-mapped pages come in here)
     checksum += float((p.to_local() if hasattr(p, "to_local") else p).sum(dtype=torch.float64))

@@ -72,7 +72,7 @@ import torch, torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from clusterfsdp.core import ckptfolder, runfolder
 from clusterfsdp.core.spec import CheckpointSection
-from clusterfsdp.worker import build, checkpoint
+from clusterfsdp.worker import build, checkpoint, optimizer
 
 text = "It is a truth universally acknowledged"
 tok = AutoTokenizer.from_pretrained({str(out)!r})
@@ -88,7 +88,8 @@ assert loss < 3.5, loss   # the trained model knows the corpus; random init give
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
 run = runfolder.RunFolder(__import__("pathlib").Path({str(run.path)!r}))
 spec = run.spec()
-model, opt, _, _ = build.build(spec, torch.device("cpu"), 1, build.token_ids(spec), kept=run.model_dir, resume=True)
+model, _, _ = build.build_model(spec, torch.device("cpu"), 1, build.token_ids(spec), kept=run.model_dir, resume=True)
+opt = optimizer.adamw(spec, model, torch.device("cpu"))
 saver = checkpoint.Checkpointer(run.checkpoints_dir(), model, opt, CheckpointSection(keep_last=2))
 saver.load(ckptfolder.find(run.checkpoints_dir()))
 model.eval()

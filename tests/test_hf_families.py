@@ -5,7 +5,7 @@ files hold dense fused weights that transformers splits while loading), are save
 `save_pretrained` (every weight perturbed, so a weight that is not loaded cannot pass), plus
 GPT-2 as published on the hub (no `transformer.` prefix, old `attn.bias` buffers, no lm_head)
 and a Llama folder missing one tensor. One 1-rank and one 4-rank launch build every family
-through `worker.build.build` with FSDP2 and FSDP1 (and HSDP 2x2 for two of them) and report, per rank:
+through `worker.build.build_model` with FSDP2 and FSDP1 (and HSDP 2x2 for two of them) and report, per rank:
 the max |logits - AutoModelForCausalLM.from_pretrained(folder) logits| in fp32, a digest of the
 random-init weights, the parameter counts, buffers against transformers' own, and the one-line
 errors of models that cannot be loaded. The assertions compare across ranks, world sizes and
@@ -115,7 +115,7 @@ def report(**fields):
     print("RESULT " + json.dumps({"rank": rank, "world": world, **fields}), flush=True)
 
 def build(text):
-    model, _, config, counts = buildmod.build(S.loads(text), torch.device("cpu"), world, None)
+    model, config, counts = buildmod.build_model(S.loads(text), torch.device("cpu"), world, None)
     return model, config, counts
 
 references = {}

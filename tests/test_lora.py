@@ -42,7 +42,7 @@ for name, keys in bases.items():
     m.save_pretrained(root / name)
 """
 
-# Every layout on 4 ranks: build through build.build, two optimizer steps, then the base against
+# Every layout on 4 ranks: build_model and optimizer.adamw, two optimizer steps, then the base against
 # its files (bitwise, in the dtype the base is kept in), the adapters against their zero init,
 # the dtypes of what trains and of its AdamW state, and the loss of every step.
 LAYOUTS = r"""
@@ -51,7 +51,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from clusterfsdp.core import spec as S
-from clusterfsdp.worker import build as buildmod, distenv, loss as lossmod
+from clusterfsdp.worker import build as buildmod, distenv, loss as lossmod, optimizer
 from clusterfsdp.worker.train import _clip
 
 os.environ.update(distenv.from_environ().export())
@@ -63,7 +63,8 @@ for family, version, nodes, peft, fsdp in json.loads(sys.argv[2]):
             f'[fsdp]\nversion = {version}\nsharding = "hybrid"\nmixed_precision = "fp32"\n{fsdp}\n'
             f'[slurm]\nnodes = {nodes}\ntasks_per_node = {world // nodes}\n[train]\nlr = 2e-3\nmax_grad_norm = 1.0\n')
     spec = S.loads(text)
-    model, opt, config, counts = buildmod.build(spec, torch.device("cpu"), world, None)
+    model, config, counts = buildmod.build_model(spec, torch.device("cpu"), world, None)
+    opt = optimizer.adamw(spec, model, torch.device("cpu"))
     ids = torch.randint(0, 400, (8, 16), generator=torch.Generator().manual_seed(7))[rank * 2 : rank * 2 + 2]
     losses = []
     for _ in range(2):

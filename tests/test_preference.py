@@ -389,7 +389,7 @@ os.environ.update(distenv.from_environ().export())
 dist.init_process_group("gloo")
 cpu, world = torch.device("cpu"), dist.get_world_size()
 spec = S.loads(sys.argv[1])
-policy, _, _, _ = buildmod.build(spec, cpu, world, buildmod.token_ids(spec))
+policy, _, _ = buildmod.build_model(spec, cpu, world, buildmod.token_ids(spec))
 shape = lambda m: [(n, p.device_mesh.mesh_dim_names, p.placements, p.to_local().shape) for n, p in m.named_parameters()]
 sharded = shape(policy)  # (before its forward: FSDP2 keeps the root gathered after one)
 torch.manual_seed(7)

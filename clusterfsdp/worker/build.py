@@ -1,7 +1,7 @@
-"""The model and optimizer of a training run, in the one order that works for every option and
-every `AutoModelForCausalLM` family: build on meta -> parallelize -> fill (pretrained load,
-random init, or only the buffers when a checkpoint follows). Used by the Trainer, export and
-the benches.
+"""The model of a training run, in the one order that works for every option and every
+`AutoModelForCausalLM` family: build on meta -> parallelize -> fill (pretrained load, random
+init, or only the buffers when a checkpoint follows). Used by the Trainer (which builds the
+optimizer beside it, optimizer.py), the preference run's live reference, export and the benches.
 """
 
 from __future__ import annotations
@@ -19,37 +19,15 @@ from . import adapters, parallelize, weights
 from . import model as modelmod
 
 
-def build(
-    spec: JobSpec,
-    device: torch.device,
-    world_size: int,
-    tokens: modelmod.TokenIds | None,
-    *,
-    kept: Path | None = None,
-    resume: bool = False,
-) -> tuple[Any, torch.optim.Optimizer, Any, modelmod.ParamCount]:
-    """Model and optimizer, in the one order that works for every option: build on meta ->
-    shard -> fill (pretrained load, random init, or only buffers when a checkpoint follows).
+def build_model(
+    spec: JobSpec, device: torch.device, world_size: int, tokens: modelmod.TokenIds | None, *,
+    kept: Path | None = None, resume: bool = False, frozen: bool = False,
+) -> tuple[Any, Any, modelmod.ParamCount]:  # fmt: skip
+    """The sharded, filled model: (model, config, ParamCount). Build on meta -> shard -> fill
+    (pretrained load, random init, or only buffers when a checkpoint follows, `resume`).
 
     `kept`: the run's copy of the model's config (<run>/model), used when present so that a
-    resume does not need the original folder. Returns (model, optimizer, config, ParamCount)."""
-    model, config, counts = build_model(spec, device, world_size, tokens, kept, resume, frozen=False)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters only
-        lr=spec.train.lr,
-        weight_decay=spec.train.weight_decay,
-        betas=(0.9, 0.95),
-        fused=device.type == "cuda" and not spec.fsdp.cpu_offload,
-    )
-    return model, optimizer, config, counts
-
-
-def build_model(
-    spec: JobSpec, device: torch.device, world_size: int, tokens: modelmod.TokenIds | None, kept: Path | None,
-    resume: bool, frozen: bool,
-) -> tuple[Any, Any, modelmod.ParamCount]:  # fmt: skip
-    """The sharded, filled model of `build` without an optimizer: (model, config, ParamCount).
-
+    resume does not need the original folder.
     `frozen`: every parameter with requires_grad False from the meta model on (before FSDP
     flattens or shards it), in eval mode: the in-training reference of a preference run
     (train.preference.reference = 'live', worker/preference.py), built by the same steps as

@@ -325,7 +325,7 @@ def build_reference(
     if path:
         model = dataclasses.replace(spec.model, name_or_path=path, config="", from_config={}, revision="")
         spec, kept = dataclasses.replace(spec, model=model), None
-    built, config, counts = build_model(spec, device, world, token_ids(spec), kept, False, frozen=True)
+    built, config, counts = build_model(spec, device, world, token_ids(spec), kept=kept, frozen=True)
     if max_id >= config.vocab_size:
         key = "train.preference.reference_model" if path else "model"
         raise ValueError(f"{key}: token id {max_id} of the data does not fit its vocab_size {config.vocab_size}")

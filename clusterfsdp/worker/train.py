@@ -40,12 +40,13 @@ from . import adapters, objectives, preference
 from . import metrics as metricsmod
 from . import model as modelmod
 from .benchstop import BenchStop
-from .build import build, token_ids
+from .build import build_model, token_ids
 from .checkpoint import Checkpointer
 from .elastic import GrowWatch
 from .evalsamples import SampleGenerator
 from .heartbeat import Heartbeat, Phase
 from .numguard import LossRise, NumGuard, Verdict, roll_back
+from .optimizer import adamw
 from .stopflags import SIGNAL_NAMES, StopFlags
 
 
@@ -226,8 +227,8 @@ class Trainer:
         self.ctx.sink.sample_sets(metas, sources, self.steps)
 
     def _build_model(self) -> tuple[Any, torch.optim.Optimizer, Any, modelmod.ParamCount]:
-        """Model and optimizer (build.py), only buffers filled when a checkpoint follows; the
-        data's token ids must fit its vocabulary."""
+        """The model (build.py), only buffers filled when a checkpoint follows, and its optimizer
+        beside it (optimizer.py); the data's token ids must fit the model's vocabulary."""
         spec, ctx = self.spec, self.ctx
         newest = ckptfolder.find(ctx.checkpoints)
         resume = newest is not None
@@ -236,15 +237,16 @@ class Trainer:
         what = spec.model.name_or_path or spec.model.config or f"preset {spec.model.preset}"
         fill = "checkpoint" if resume else "load" if spec.model.name_or_path else "init"
         self.log(f"building the model ({what}): meta -> shard -> {fill}")
-        built = build(spec, ctx.device, ctx.world_size, token_ids(spec), kept=ctx.model_dir, resume=resume)
-        config = built[2]
+        model, config, counts = build_model(
+            spec, ctx.device, ctx.world_size, token_ids(spec), kept=ctx.model_dir, resume=resume
+        )
         if self.data.max_id >= config.vocab_size:
             raise ValueError(
                 f"data: token id {self.data.max_id} does not fit the model's vocab_size {config.vocab_size}"
             )
         if self.samples is None:
             self.samples = SyntheticSamples(spec.data.seq_len, config.vocab_size, spec.job.seed)
-        return built
+        return model, adamw(spec, model, ctx.device), config, counts
 
     def _restore(self) -> lrschedule.LrCurve:
         """Load the newest checkpoint that loads on every rank (newer unreadable ones are set

@@ -1,6 +1,6 @@
 """Filling a meta-built, sharded model with weights, for any `AutoModelForCausalLM` family.
 
-Three ways, chosen by `build.build` (one module, a little over 500 lines: they share the unit
+Three ways, chosen by `build.build_model` (one module, a little over 500 lines: they share the unit
 walk, the staging for FSDP1 and the collective verdict):
 
 - **pretrained**: transformers' own loader (`_load_pretrained_model` + `_finalize_model_loading`,
