@@ -167,7 +167,7 @@ VALIDATE = {
     "clusterfsdp.core.hub", "clusterfsdp.core.presets", "clusterfsdp.core.slurmping",
     "clusterfsdp.core.retrynotes", "clusterfsdp.core.fileio",
     "clusterfsdp.core.runroot", "clusterfsdp.core.secretenv",
-    "clusterfsdp.core.spec", "clusterfsdp.core.spec.allowlists", "clusterfsdp.core.spec.checks",
+    "clusterfsdp.core.spec", "clusterfsdp.core.spec.allowlists", "clusterfsdp.core.spec.crossfield",
     "clusterfsdp.core.spec.codec", "clusterfsdp.core.spec.docs", "clusterfsdp.core.spec.paths",
     "clusterfsdp.core.spec.schema", "clusterfsdp.core.spec.tokenizer", "clusterfsdp.core.spec.badrecords",
     "clusterfsdp.core.spec.peft", "clusterfsdp.core.spec.templates", "clusterfsdp.core.value",

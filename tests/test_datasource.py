@@ -124,7 +124,7 @@ def _run_with_eval(tmp_path: Path) -> runfolder.RunFolder:
 
 
 def test_eval_loss_is_shown_by_status_the_tui_and_the_notebook(tmp_path):
-    from clusterfsdp.notebook.progress import StepDisplay
+    from clusterfsdp.notebook.stepdisplay import StepDisplay
     from clusterfsdp.tui.metrics_tail import MetricsTail
 
     run = _run_with_eval(tmp_path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,61 @@ def test_no_runtime_import_cycle():
         reach[start] = seen
     cycles = {frozenset(m for m in graph if m in reach[start] and start in reach[m]) for start in graph}
     assert sorted(sorted(c) for c in cycles if len(c) > 1) == []
+
+
+# Names used twice whose renaming is left to the worker's side (issue 35 item 4: renamed while
+# another change moves clusterfsdp/worker/'s imports). The lead empties these after renaming
+# the worker half (no class name is left: each shared class had its other half outside worker/);
+# test_the_allowances_are_real fails once a pair is gone, so none lingers.
+SHARED_MODULE_NAMES_LEFT = {
+    "evalsamples.py",  # worker/evalsamples.py (the generator) and core/evalsamples.py (the files)
+}
+# The one name shared on purpose: worker/warmctl.Controller is core/localctl.Controller warmed up
+# (a subclass, imports done once in the job's controller process).
+SHARED_CLASS_NAMES_STATED = {"Controller"}
+
+
+def _product_files() -> list[Path]:
+    """clusterfsdp/ and tui/ (once: clusterfsdp/tui links to it), `__init__`/`__main__` aside."""
+    return [
+        p
+        for p in files("clusterfsdp", "tui")
+        if "tui" not in p.relative_to(REPO).parts[1:2] and p.name not in ("__init__.py", "__main__.py")
+    ]
+
+
+def _shared(names: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {name: sorted(where) for name, where in names.items() if len(where) > 1}
+
+
+def shared_module_names() -> dict[str, list[str]]:
+    """Module basenames of more than one product module, with their paths."""
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for p in _product_files():
+        by_name[p.name].append(str(p.relative_to(REPO)))
+    return _shared(by_name)
+
+
+def shared_class_names() -> dict[str, list[str]]:
+    """Module-level class names defined in more than one product module, with their modules."""
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for p in _product_files():
+        for node in ast.parse(p.read_text(), str(p)).body:
+            if isinstance(node, ast.ClassDef):
+                by_name[node.name].append(str(p.relative_to(REPO)))
+    return _shared(by_name)
+
+
+def test_module_and_class_names_are_distinct():
+    """Issue 35: one name, one thing. No two product modules share a basename (two `x.py` read
+    as one module in a traceback, a grep or a doc), and no two product classes share a name (an
+    import of the wrong one of two same-named classes reads right and may even type-check)."""
+    modules = {n: w for n, w in shared_module_names().items() if n not in SHARED_MODULE_NAMES_LEFT}
+    classes = {n: w for n, w in shared_class_names().items() if n not in SHARED_CLASS_NAMES_STATED}
+    assert (modules, classes) == ({}, {})
+
+
+def test_the_allowances_are_real():
+    """Each name the test above lets pass is still shared: a pair renamed leaves the list with it."""
+    assert not SHARED_MODULE_NAMES_LEFT - set(shared_module_names())
+    assert not SHARED_CLASS_NAMES_STATED - set(shared_class_names())

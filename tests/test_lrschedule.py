@@ -28,14 +28,14 @@ def closed_form(step: int, t: TrainSection) -> float:
 @pytest.mark.parametrize("warmup", [0, 1, 10])
 def test_the_planned_curve_is_the_closed_form_bit_for_bit(schedule, warmup):
     t = TrainSection(steps=200, warmup=warmup, schedule=schedule, min_lr_ratio=0.1)
-    curve = L.planned(L.Plan.of(t))
+    curve = L.planned(L.LrPlan.of(t))
     assert [curve.factor(s) for s in range(260)] == [closed_form(s, t) for s in range(260)]
     assert L.LrCurve.from_json(curve.to_json()) == curve
 
 
 def test_a_resume_with_the_same_settings_keeps_the_curve():
     t = TrainSection(steps=200)
-    curve = L.planned(L.Plan.of(t))
+    curve = L.planned(L.LrPlan.of(t))
     for policy in L.ResumeSchedule:
         assert L.reshape(curve, t, 120, policy) == curve
         assert L.describe(curve, L.reshape(curve, t, 120, policy), 120, t.lr, policy) == ""
@@ -46,7 +46,7 @@ def test_a_resume_with_the_same_settings_keeps_the_curve():
 def test_continue_never_raises_the_lr_and_ends_at_the_end_lr(schedule, old, new, at):
     t_old = TrainSection(steps=old, warmup=10, schedule=schedule)
     t_new = TrainSection(steps=new, warmup=10, schedule=schedule)
-    curve = L.reshape(L.planned(L.Plan.of(t_old)), t_new, at, L.ResumeSchedule.CONTINUE)
+    curve = L.reshape(L.planned(L.LrPlan.of(t_old)), t_new, at, L.ResumeSchedule.CONTINUE)
     lrs = [curve.factor(s) for s in range(at, new + 1)]
     assert lrs[0] == pytest.approx(closed_form(at, t_old))  # no jump at the resumed step
     assert all(b <= a for a, b in itertools.pairwise(lrs)), lrs
@@ -56,7 +56,7 @@ def test_continue_never_raises_the_lr_and_ends_at_the_end_lr(schedule, old, new,
 
 def test_the_other_choices():
     t_old, t_new = TrainSection(steps=200, warmup=10), TrainSection(steps=260, warmup=10)
-    old = L.planned(L.Plan.of(t_old))
+    old = L.planned(L.LrPlan.of(t_old))
     keep = L.reshape(old, t_new, 200, L.ResumeSchedule.KEEP)
     assert [keep.factor(s) for s in range(260)] == [old.factor(s) for s in range(260)]
     rewarm = L.reshape(old, t_new, 200, L.ResumeSchedule.REWARM)
@@ -68,7 +68,7 @@ def test_the_other_choices():
 
 def test_the_resume_says_what_the_lr_becomes():
     """The case of the issue: a completed 200-step run (lr 3e-4, min ratio 0.1) extended to 260."""
-    old = L.planned(L.Plan.of(TrainSection(steps=200)))
+    old = L.planned(L.LrPlan.of(TrainSection(steps=200)))
     new = L.reshape(old, TrainSection(steps=260), 200, L.ResumeSchedule.CONTINUE)
     text = L.describe(old, new, 200, 3e-4, "continue")
     assert text.startswith("learning rate: train.steps 200 -> 260 since the checkpoint; train.resume_schedule")
@@ -83,7 +83,7 @@ def test_a_checkpoint_from_before_recorded_curves_uses_its_job_toml(tmp_path):
     `clusterfsdp resume` says what the curve becomes."""
     (tmp_path / "job.toml").write_text("[train]\nsteps = 200\nwarmup = 10\n")
     old = L.recorded({"step": 200}, tmp_path)
-    assert old is not None and old == L.planned(L.Plan.of(TrainSection(steps=200, warmup=10)))
+    assert old is not None and old == L.planned(L.LrPlan.of(TrainSection(steps=200, warmup=10)))
     new = L.reshape(old, TrainSection(steps=260), 200, L.ResumeSchedule.CONTINUE)
     assert [new.factor(s) for s in range(200, 261)] == pytest.approx([0.1] * 61)
     (note,) = L.resume_notes(ckptfolder.CheckpointInfo(tmp_path, 200, {"step": 200}), TrainSection(steps=260))

@@ -135,7 +135,7 @@ def test_a_rerun_keeps_the_finished_units_and_waits_for_a_unit_another_prepare_h
     units = json.loads(arraystate.units_file(ref).read_text())["units"]
     assert ref.manifest() is None and sorted(int(s) for s in kept) == list(range(0, units, 2)) and units > 6
     status = arraystate.progress(ref)
-    assert status.phase is arraystate.Phase.PREPARING and (status.shards, status.units) == (len(kept), units)
+    assert status.phase is arraystate.PreparePhase.PREPARING and (status.shards, status.units) == (len(kept), units)
 
     held = FileLock(arraystate.claims_dir(ref) / "00001.lock", "another prepare (test)").acquire()
     log: list[str] = []
@@ -186,7 +186,7 @@ def test_bad_input_stops_every_task_with_its_file_and_line_and_nothing_is_used(t
             dataprep.run_task(spec, array.Share(index, 2, "a7"), lambda line: None, workers=1, unit_bytes=2048)
     assert ref.manifest() is None and not ref.folder.exists()
     status = arraystate.progress(ref)
-    assert status.phase is arraystate.Phase.FAILED and message in status.line()
+    assert status.phase is arraystate.PreparePhase.FAILED and message in status.line()
 
     job_file = tmp_path / "job.toml"
     job_file.write_text(S.dumps(spec))

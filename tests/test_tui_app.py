@@ -40,7 +40,7 @@ from clusterfsdp.tui.log_view import LogView
 from clusterfsdp.tui.logs_screen import LogsScreen
 from clusterfsdp.tui.metric_chart import MetricChart
 from clusterfsdp.tui.path_screen import PathScreen
-from clusterfsdp.tui.queue_rows import Slurm
+from clusterfsdp.tui.queue_rows import SlurmCommands
 from clusterfsdp.tui.resume_screen import ResumeScreen
 
 
@@ -775,7 +775,7 @@ def test_queue_at_80x24_keeps_the_reason_on_screen(root):
 
 
 def test_status_line_names_the_failing_command_once(root, tmp_path, monkeypatch):
-    """Through the real Slurm class: a squeue that cannot reach its controller (a stand-in on
+    """Through the real SlurmCommands class: a squeue that cannot reach its controller (a stand-in on
     PATH prints squeue's own message) is one status line, "Slurm: squeue: error: ...", and no
     sinfo is tried. Retries are off (their message is slurmcli's, tested there): an unreachable
     controller is otherwise waited for up to QUERY_RETRY_S."""
@@ -790,7 +790,7 @@ def test_status_line_names_the_failing_command_once(root, tmp_path, monkeypatch)
         (bindir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     make_run(root)
-    app = ClusterApp(root, slurm=Slurm(), refresh_s=3600)
+    app = ClusterApp(root, slurm=SlurmCommands(), refresh_s=3600)
 
     async def scenario(pilot):
         await until(pilot, lambda: app.refreshed == 1, "first refresh")

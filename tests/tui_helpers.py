@@ -23,7 +23,7 @@ from clusterfsdp.core import runfolder, slurmcli
 from clusterfsdp.core import spec as S
 from clusterfsdp.core.records import Attempt, Event, EventKind, Executor, RunRecord
 from clusterfsdp.tui.app import ClusterApp
-from clusterfsdp.tui.queue_rows import Slurm, SlurmJob
+from clusterfsdp.tui.queue_rows import QueuedJob, SlurmCommands
 
 SIZE = (120, 36)
 SMALL = (80, 24)
@@ -40,13 +40,13 @@ debug|down|30:00|2|idle~|0/16/0/16|(null)|(null)
 T0 = 1_767_268_800.0  # 2026-01-01 12:00:00 UTC: fixed times make snapshots reproducible
 
 
-class FakeSlurm(Slurm):
+class FakeSlurm(SlurmCommands):
     """A cluster in memory: `jobs` is what squeue shows, `finished` what sacct knows, `used` what
     sacct accounts (each incarnation's GPU- and CPU-seconds) and `starts` squeue --start's estimates."""
 
     def __init__(
         self,
-        jobs: dict[str, SlurmJob] | None = None,
+        jobs: dict[str, QueuedJob] | None = None,
         finished: dict[str, slurmcli.JobRow] | None = None,
         error: str = "",
         available: bool = False,
@@ -73,7 +73,7 @@ class FakeSlurm(Slurm):
     def set_available(self, available: bool) -> None:
         self._available = available
 
-    def queue(self) -> dict[str, SlurmJob]:
+    def queue(self) -> dict[str, QueuedJob]:
         with self._lock:
             self.calls["squeue"] += 1
             self.in_flight += 1
@@ -111,8 +111,8 @@ class FakeSlurm(Slurm):
         self.jobs.pop(job_id, None)
 
 
-def job(job_id: str, state: str = "RUNNING", name: str = "other", reason: str = "None") -> SlurmJob:
-    return SlurmJob(slurmcli.JobRow(job_id, state, reason, "1:02", "node1"), name, "debug")
+def job(job_id: str, state: str = "RUNNING", name: str = "other", reason: str = "None") -> QueuedJob:
+    return QueuedJob(slurmcli.JobRow(job_id, state, reason, "1:02", "node1"), name, "debug")
 
 
 def make_run(

@@ -15,7 +15,7 @@ from clusterfsdp.control import launch
 from clusterfsdp.control.run import Run, Submission
 from clusterfsdp.core import spec as specmod
 
-from .queue_rows import QueueRow, Slurm
+from .queue_rows import QueueRow, SlurmCommands
 
 if TYPE_CHECKING:
     from clusterfsdp.control.sweep import Sweep
@@ -46,7 +46,7 @@ def resume(run: Run, step: int | None, overrides: list[str], executor: launch.Re
     return run.resume(step=step, overrides=overrides, executor=executor)
 
 
-def cancel(row: QueueRow, slurm: Slurm) -> str:
+def cancel(row: QueueRow, slurm: SlurmCommands) -> str:
     """Cancel a run's live attempt (workers save first), or a Slurm job that has no run folder."""
     if row.run is not None:
         return Run(row.run).cancel()

@@ -23,7 +23,7 @@ from .cluster_screen import ClusterScreen
 from .compose_screen import ComposeScreen
 from .help_screen import HelpScreen
 from .logs_screen import LogsScreen
-from .queue_rows import QueueRow, Refresh, Slurm, collect
+from .queue_rows import QueueRow, Refresh, SlurmCommands, collect
 from .queue_screen import QueueScreen
 from .run_screen import RunScreen
 from .sweeps_screen import SweepsScreen
@@ -69,10 +69,10 @@ class ClusterApp(App[None]):
     slurm_available: var[bool | None] = var(None)
     """Whether a Slurm controller answers (None until the first check has returned)."""
 
-    def __init__(self, run_root: Path, slurm: Slurm | None = None, refresh_s: float = 10.0) -> None:
+    def __init__(self, run_root: Path, slurm: SlurmCommands | None = None, refresh_s: float = 10.0) -> None:
         super().__init__()
         self.run_root = run_root
-        self.slurm = slurm or Slurm()
+        self.slurm = slurm or SlurmCommands()
         self.refresh_s = refresh_s
         self.refreshed = 0  # completed refreshes, so tests and the bench can wait for one
         self._refresh_again = False

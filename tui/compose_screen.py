@@ -32,7 +32,7 @@ from .field_editor import FieldEditor, editor_id
 from .job_summary import Summary, summarize
 from .nav_bar import NavBar
 from .path_screen import PathScreen
-from .paths import shown
+from .shown_paths import shown
 from .status_line import StatusLine
 
 if TYPE_CHECKING:

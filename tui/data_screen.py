@@ -19,7 +19,7 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from .paths import shown
+from .shown_paths import shown
 
 TRAINED = "bold $success on $success-muted"  # the same tokens `data show` prints green or in [[ ]]
 STEP = 4  # samples more (n) or fewer (N) at a time

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from clusterfsdp.core import modelsource
 from clusterfsdp.core import spec as specmod
 
-from .units import human_size
+from .byte_sizes import human_size
 
 MASTER_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

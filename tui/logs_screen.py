@@ -24,12 +24,12 @@ from textual.worker import get_current_worker
 from clusterfsdp.control import logs
 from clusterfsdp.core import runfolder
 
+from .byte_sizes import human_size
 from .log_view import LogView
 from .logtail import CHUNK_BYTES, ERRORS, Chunk, LogFile, Search, compile_query
 from .nav_bar import NavBar
-from .paths import shown
+from .shown_paths import shown
 from .status_line import StatusLine
-from .units import human_size
 
 if TYPE_CHECKING:
     from .app import ClusterApp

@@ -29,26 +29,26 @@ SQUEUE_FORMAT = "%i|%T|%r|%M|%N|%j|%P"
 
 
 @dataclass(frozen=True)
-class SlurmJob:
+class QueuedJob:
     row: slurmcli.JobRow
     name: str = ""
     partition: str = ""
 
 
-class Slurm:
+class SlurmCommands:
     """The Slurm commands the TUI runs, in one place so tests can hand the app a fake cluster."""
 
     def available(self) -> bool:
         return slurmcli.available()
 
-    def queue(self) -> dict[str, SlurmJob]:
+    def queue(self) -> dict[str, QueuedJob]:
         """All of the user's queued and running jobs, with one squeue call."""
         user = os.environ.get("USER") or str(os.getuid())
         out = slurmcli.run(["squeue", "-h", "-u", user, "-o", SQUEUE_FORMAT])
         jobs = {}
         for line in out.splitlines():
             job_id, state, reason, elapsed, nodes, name, partition = (line.split("|") + [""] * 7)[:7]
-            jobs[job_id] = SlurmJob(slurmcli.JobRow(job_id, state, reason, elapsed, nodes), name, partition)
+            jobs[job_id] = QueuedJob(slurmcli.JobRow(job_id, state, reason, elapsed, nodes), name, partition)
         return jobs
 
     def accounting(self, job_ids: list[str]) -> dict[str, slurmcli.JobRow]:
@@ -149,7 +149,7 @@ class Refresh:
     cluster_error: str = ""  # sinfo's error, when squeue answered
 
 
-def collect(run_root: Path, slurm: Slurm, limit: int = 200) -> Refresh:
+def collect(run_root: Path, slurm: SlurmCommands, limit: int = 200) -> Refresh:
     """The newest `limit` runs, then the user's other Slurm jobs; and the partitions."""
     found = runfolder.list_runs(run_root)[:limit]
     error = cluster_error = ""

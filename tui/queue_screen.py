@@ -23,8 +23,8 @@ from .actions import cancel, remove
 from .compose_screen import ComposeScreen
 from .confirm_screen import ConfirmScreen
 from .nav_bar import NavBar
-from .paths import shown
 from .queue_rows import QueueRow
+from .shown_paths import shown
 from .status_line import StatusLine
 
 if TYPE_CHECKING:

@@ -30,6 +30,7 @@ from clusterfsdp.core.term import printable
 
 from . import actions
 from .bench_tail import BenchTail
+from .byte_sizes import human_size
 from .checkpoints import CheckpointRow, scan
 from .data_screen import DataScreen
 from .eval_samples import EvalSamples
@@ -40,7 +41,6 @@ from .rank_health import RankHealthTable
 from .resume_screen import ResumeRequest, ResumeScreen
 from .run_metrics import DEFAULT_SMOOTHING, SMOOTHING, ChartData, charts
 from .status_line import StatusLine
-from .units import human_size
 
 if TYPE_CHECKING:
     from .app import ClusterApp

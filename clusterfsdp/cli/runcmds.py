@@ -124,22 +124,22 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """lm-eval on checkpoints of a run (control/bench.py): each result printed as it lands."""
+    """lm-eval on checkpoints of a run (control/benchrun.py): each result printed as it lands."""
     if names_sweep(args):
         from . import sweepcmds
 
         return sweepcmds.cmd_bench(args, lookup_root(args))
-    from ..control import bench
+    from ..control import benchrun
 
     if args.all and args.step is not None:
         raise CliError("bench: give --step or --all, not both")
     run = find_run(args)
-    steps = bench.steps_to_run(run, args.step, args.all)
+    steps = benchrun.steps_to_run(run, args.step, args.all)
     if not steps:
         print(f"run {run.id}: every checkpoint has its benchmarks already (--step N evaluates one again)")
     for step in steps:
-        document = bench.evaluate_once(
+        document = benchrun.evaluate_once(
             run, step, lambda line: print(line, flush=True), again=not (args.all or args.if_missing)
         )
-        print(bench.describe(step, document), flush=True)
+        print(benchrun.describe(step, document), flush=True)
     return 0

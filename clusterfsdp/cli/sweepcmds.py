@@ -267,10 +267,10 @@ def cmd_doctor(args: argparse.Namespace, run_root: Path) -> int:
 
 def cmd_bench(args: argparse.Namespace, run_root: Path | None) -> int:
     """`bench SWEEP [--step N | --all]`: each point's benchmarks in turn, as `bench RUN` runs
-    them (control/bench.py). A point that has nothing to evaluate (no checkpoint, no step N, no
+    them (control/benchrun.py). A point that has nothing to evaluate (no checkpoint, no step N, no
     [benchmarks]) is a line and the others go on; so is an evaluation that fails (recorded for
     `doctor`, as for a run). Exit 1 when an evaluation failed, else 0."""
-    from ..control import bench
+    from ..control import benchrun
     from ..control.run import Run
 
     if args.all and args.step is not None:
@@ -282,7 +282,7 @@ def cmd_bench(args: argparse.Namespace, run_root: Path | None) -> int:
         run = Run(folder.run_folder(point))
         head = f"point {point.index} ({_clip(_values(point.values), 48)}) run {point.run_id}"
         try:
-            steps = bench.steps_to_run(run, args.step, args.all)
+            steps = benchrun.steps_to_run(run, args.step, args.all)
         except UserError as e:  # RunError: no checkpoint (yet), no [benchmarks]; SpecError: its job.toml
             print(f"{head}: skipped: {e}", flush=True)
             skipped += 1
@@ -292,7 +292,7 @@ def cmd_bench(args: argparse.Namespace, run_root: Path | None) -> int:
         for step in steps:
             try:
                 document = _evaluate(run, step, head, again=not (args.all or args.if_missing))
-                print(f"{head}: {bench.describe(step, document)}")
+                print(f"{head}: {benchrun.describe(step, document)}")
                 evaluated += bool(document)
             except UserError as e:
                 print(f"{head}: error: {e}", file=sys.stderr, flush=True)
@@ -302,11 +302,11 @@ def cmd_bench(args: argparse.Namespace, run_root: Path | None) -> int:
 
 
 def _evaluate(run: Run, step: int, head: str, *, again: bool) -> dict[str, Any] | None:
-    """One point's evaluation of `step`, as `bench RUN --step N` evaluates it (control/bench.py):
+    """One point's evaluation of `step`, as `bench RUN --step N` evaluates it (control/benchrun.py):
     under the step's lock, waiting for one under way (None: unless `again`, it landed meanwhile)."""
-    from ..control import bench
+    from ..control import benchrun
 
-    return bench.evaluate_once(run, step, lambda line: print(f"{head}: {line}", flush=True), again=again)
+    return benchrun.evaluate_once(run, step, lambda line: print(f"{head}: {line}", flush=True), again=again)
 
 
 def cmd_export(args: argparse.Namespace, run_root: Path) -> int:

@@ -1,6 +1,6 @@
 """A benchmark evaluation as a Slurm job of its own (issue 38): queued through submitit by rank 0
 of a training job when a checkpoint is complete (worker/benchqueue.py), on benchmarks.partition
-with benchmarks.gpus and benchmarks.time. Its batch step runs `bench.evaluate` on the run folder
+with benchmarks.gpus and benchmarks.time. Its batch step runs `benchrun.evaluate` on the run folder
 (export, then lm-eval), so it needs nothing from the training job, which never waits for it.
 Jobs of one run share a name and `--dependency=singleton`: Slurm runs them one at a time, in the
 order they were queued, however many checkpoints arrive while the partition is busy.
@@ -33,14 +33,14 @@ class BenchCall:
     step: int
 
     def __call__(self) -> None:
-        from . import bench
+        from . import benchrun
         from .run import Run, RunError
 
         try:
-            document = bench.evaluate_once(
+            document = benchrun.evaluate_once(
                 Run(self.run_path), self.step, lambda line: print(line, flush=True), again=False
             )
-            print(bench.describe(self.step, document), flush=True)
+            print(benchrun.describe(self.step, document), flush=True)
         except RunError as e:
             sys.exit(f"error: {e}")
 

@@ -4,7 +4,7 @@ of every attempt (`sacct -D -X`: a requeued job's earlier incarnations too), as 
 preemptions: the steps an incarnation trained past its last checkpoint, which the next one redid.
 
 `slurm.max_gpu_hours` bounds a run: validate and submit refuse a job whose attempt plan (nodes x
-GPUs per node x the time limit) passes it (`spec.checks.budget_refusal`), and `resume` one whose
+GPUs per node x the time limit) passes it (`spec.crossfield.budget_refusal`), and `resume` one whose
 plan passes what is left after the GPU-hours already used (`run_cost`)."""
 
 from __future__ import annotations

@@ -517,7 +517,7 @@ def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:
             # The worker alone bounds comebacks (outcomes.restarts_used: an interruption that made
             # progress costs nothing), so the controller must not stop restarting before it does.
             # submitit's LocalExecutor whose controller also records each rank's exit status (localctl)
-            executor = localctl.Executor(
+            executor = localctl.RecordingExecutor(
                 folder=run.submitit_dir / "%j", run_dir=run.path, max_num_timeout=LOCAL_MAX_TIMEOUTS
             )
             executor.update_parameters(

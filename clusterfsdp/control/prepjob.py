@@ -208,11 +208,11 @@ def note(run_path: Path, live: bool) -> str | None:
     if found is None:
         return None
     job_id, progress = found
-    if all(p.phase is arraystate.Phase.PREPARED for p in progress):
+    if all(p.phase is arraystate.PreparePhase.PREPARED for p in progress):
         return None
     if live:
         return f"waiting for data prepare job {job_id}: " + "; ".join(p.line() for p in progress)
-    failed = [p for p in progress if p.phase is arraystate.Phase.FAILED]
+    failed = [p for p in progress if p.phase is arraystate.PreparePhase.FAILED]
     if failed:
         return f"data prepare job {job_id} failed: {failed[0].error}"
     return (
@@ -240,7 +240,7 @@ def status_lines(spec: specmod.JobSpec) -> list[str]:
             continue
         p = arraystate.progress(ref)
         lines.append(p.line())
-        if p.array and p.phase is not arraystate.Phase.PREPARED:
+        if p.array and p.phase is not arraystate.PreparePhase.PREPARED:
             live = array_live(str(p.array["job_id"]))
             lines.append(f"{ref.role}: array job {p.array['job_id']} {'is queued or running' if live else 'has ended'}")
     return lines or ["data.source = 'synthetic': nothing to prepare"]
@@ -257,9 +257,9 @@ def follow(spec: specmod.JobSpec, job_id: str, out: Callable[[str], None] = prin
         if text != last:
             out(text)
             last = text
-        if all(p.phase is arraystate.Phase.PREPARED for p in progress):
+        if all(p.phase is arraystate.PreparePhase.PREPARED for p in progress):
             return 0
-        failed = [p for p in progress if p.phase is arraystate.Phase.FAILED]
+        failed = [p for p in progress if p.phase is arraystate.PreparePhase.FAILED]
         if failed or not live:
             why = failed[0].error if failed else "the array ended before the data was complete"
             out(f"error: data prepare job {job_id}: {why}")

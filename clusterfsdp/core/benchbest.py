@@ -32,7 +32,7 @@ LOCK_TIMEOUT_S = 300.0  # other holders of the run's lock (resume, cancel) hold 
 
 
 @value(frozen=True)
-class Verdict:
+class BestScore:
     """The landed results of one score, in step order: the best (step, value) and how many
     results in a row since it did not improve on it by more than min_delta."""
 
@@ -42,20 +42,20 @@ class Verdict:
     results: int
 
 
-def verdict(results: Iterable[dict[str, Any]], metric: BenchMetric, min_delta: float = 0.0) -> Verdict | None:
+def verdict(results: Iterable[dict[str, Any]], metric: BenchMetric, min_delta: float = 0.0) -> BestScore | None:
     """Fold the result rows (`benchresults.rows`) that carry `metric`, by step; None when none does."""
-    found: Verdict | None = None
+    found: BestScore | None = None
     for row in sorted((r for r in results if isinstance(r.get(metric.name), (int, float))), key=lambda r: r["step"]):
         score, n = float(row[metric.name]), (found.results if found else 0) + 1
         if found is None or metric.better(score, found.value, min_delta):
-            found = Verdict(row["step"], score, 0, n)
+            found = BestScore(row["step"], score, 0, n)
         else:
             best = (row["step"], score) if metric.better(score, found.value) else (found.step, found.value)
-            found = Verdict(*best, found.stale + 1, n)
+            found = BestScore(*best, found.stale + 1, n)
     return found
 
 
-def land(run: RunFolder, spec: JobSpec) -> Verdict | None:
+def land(run: RunFolder, spec: JobSpec) -> BestScore | None:
     """After a result of checkpoint.keep_best's score landed: record the best step among the
     landed results whose checkpoint is still there (`.bench-best.json`), under the run's lock."""
     metric = parse("checkpoint.keep_best", spec.checkpoint.keep_best)

@@ -1,5 +1,5 @@
 """Where the benchmark results of a run are and how they are read (`status --json`, `doctor`),
-apart from control/bench.py (which runs evaluations and imports the run service) so that readers
+apart from control/benchrun.py (which runs evaluations and imports the run service) so that readers
 stay light:
 
     <run>/benchmarks/step-N.json         worker/bench.py's document: `metrics` (bench/<task>/<metric>)

@@ -13,7 +13,7 @@ Python: no torch.
     checkpoints/set-aside/step-N-T        newer ones a `resume --step` moved away (never deleted)
     checkpoints/set-aside/step-N-unreadable-T   ones that did not load on some rank
     checkpoints/.bench-hold-N             step N waits for its benchmark evaluation to export it
-                                          (keep_last lets it go only after: control/bench.py), with
+                                          (keep_last lets it go only after: control/benchrun.py), with
                                           keep_best on a benchmark score until its result landed
     checkpoints/.bench-best.json          keep_best on a benchmark score: the best step so far
                                           (core/benchbest.py writes it as each result lands)
@@ -189,7 +189,7 @@ def beyond_keep(root: Path, keep_last: int, keep_best: str) -> list[Path]:
     """The complete checkpoints `keep_last` lets go: all but the newest `keep_last` and, with
     checkpoint.keep_best, the best, and none that a benchmark evaluation has yet to read (`hold`).
     The holds are read before the best: an evaluation records a new best, then releases its hold
-    (control/bench.py), so a checkpoint whose result just landed is seen held or seen best."""
+    (control/benchrun.py), so a checkpoint whose result just landed is seen held or seen best."""
     held = held_steps(root)
     found = list_checkpoints(root)
     kept = best(root, keep_best) if keep_best else None

@@ -11,7 +11,7 @@ of tasks (a round per restart on exit code 144), to `<job folder>/<job id>_exit_
 so that `doctor` and `status` name the signal (core/evidence.py). Slurm's srun reports the
 same through its exit status, which the batch script's job step records (control/jobstep.py).
 
-`Executor` is submitit's LocalExecutor with this controller instead of submitit's own; its
+`RecordingExecutor` is submitit's LocalExecutor with this controller instead of submitit's own; its
 environment is the one submitit's `start_controller` gives (submitit 1.5.x, pinned). Given the run
 folder, it starts this controller warm (`clusterfsdp.worker.warmctl`, issue 36): the job's
 controller process imports torch and transformers once and forks the ranks from itself, so the
@@ -55,7 +55,7 @@ class Controller(local.Controller):
 WARM_CONTROLLER = "clusterfsdp.worker.warmctl"
 
 
-class Executor(submitit.LocalExecutor):
+class RecordingExecutor(submitit.LocalExecutor):
     """submitit's LocalExecutor, started with this module's controller (warm, given `run_dir`)."""
 
     def __init__(self, folder: str | Path, *, run_dir: str | Path | None = None, **kwargs: tp.Any):

@@ -46,7 +46,7 @@ class Shape(StrEnum):
 
 
 @dataclass(frozen=True)
-class Plan:
+class LrPlan:
     """The [train] settings a curve was made for: a resume reshapes the curve when they change."""
 
     steps: int
@@ -55,11 +55,11 @@ class Plan:
     min_lr_ratio: float
 
     @classmethod
-    def of(cls, t: TrainSection) -> Plan:
+    def of(cls, t: TrainSection) -> LrPlan:
         return cls(t.steps, t.warmup, t.schedule, t.min_lr_ratio)
 
     @classmethod
-    def from_job_toml(cls, text: str) -> Plan:
+    def from_job_toml(cls, text: str) -> LrPlan:
         """The plan of a checkpoint older than recorded curves, from the job.toml inside it."""
         train = tomllib.loads(text).get("train", {})
         d = TrainSection()
@@ -72,7 +72,7 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class Phase:
+class LrPhase:
     start: int
     end: int
     shape: Shape
@@ -92,8 +92,8 @@ class Phase:
 
 @dataclass(frozen=True)
 class LrCurve:
-    phases: tuple[Phase, ...]
-    plan: Plan
+    phases: tuple[LrPhase, ...]
+    plan: LrPlan
 
     def factor(self, step: int) -> float:
         """The lr at `step` as a fraction of train.lr."""
@@ -111,33 +111,33 @@ class LrCurve:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LrCurve:
-        phases = tuple(Phase(int(a), int(b), Shape(c), float(d), float(e)) for a, b, c, d, e in data["phases"])
+        phases = tuple(LrPhase(int(a), int(b), Shape(c), float(d), float(e)) for a, b, c, d, e in data["phases"])
         steps, warmup, schedule, ratio = data["plan"]
-        return cls(phases, Plan(int(steps), int(warmup), str(schedule), float(ratio)))
+        return cls(phases, LrPlan(int(steps), int(warmup), str(schedule), float(ratio)))
 
 
-def _decay(start: int, plan: Plan, f0: float) -> Phase:
+def _decay(start: int, plan: LrPlan, f0: float) -> LrPhase:
     if plan.schedule == "constant":
-        return Phase(start, max(start, plan.steps), Shape.CONSTANT, f0, f0)
-    return Phase(start, max(start, plan.steps), Shape(plan.schedule), f0, plan.min_lr_ratio)
+        return LrPhase(start, max(start, plan.steps), Shape.CONSTANT, f0, f0)
+    return LrPhase(start, max(start, plan.steps), Shape(plan.schedule), f0, plan.min_lr_ratio)
 
 
-def planned(plan: Plan) -> LrCurve:
+def planned(plan: LrPlan) -> LrCurve:
     """Linear warmup from 0 (step s: (s + 1) / (warmup + 1)), then the decay to min_lr_ratio."""
-    warmup = (Phase(0, plan.warmup, Shape.WARMUP, 0.0, 1.0),) if plan.warmup > 0 else ()
+    warmup = (LrPhase(0, plan.warmup, Shape.WARMUP, 0.0, 1.0),) if plan.warmup > 0 else ()
     return LrCurve((*warmup, _decay(plan.warmup, plan, 1.0)), plan)
 
 
 def reshape(curve: LrCurve, t: TrainSection, step: int, policy: ResumeSchedule) -> LrCurve:
     """The curve a resume at `step` follows under `t` (see the module docstring)."""
-    plan = Plan.of(t)
+    plan = LrPlan.of(t)
     if curve.plan == plan or policy is ResumeSchedule.KEEP:
         return replace(curve, plan=plan)
     if policy is ResumeSchedule.STRETCH:
         return planned(plan)
     if policy is ResumeSchedule.REWARM:
         f0 = curve.factor(step)
-        warmup = (Phase(step, step + plan.warmup, Shape.WARMUP, f0, 1.0),) if plan.warmup > 0 else ()
+        warmup = (LrPhase(step, step + plan.warmup, Shape.WARMUP, f0, 1.0),) if plan.warmup > 0 else ()
         kept = tuple(p for p in curve.phases if p.start < step)
         return LrCurve((*kept, *warmup, _decay(step + plan.warmup, plan, 1.0)), plan)
     start = max(step, curve.phases[-1].start)  # a warmup under way ends as planned
@@ -156,7 +156,7 @@ def recorded(meta: dict[str, Any], checkpoint: Path) -> LrCurve | None:
         except (KeyError, TypeError, ValueError):
             return None
     try:
-        return planned(Plan.from_job_toml((checkpoint / ckptfolder.JOB_TOML).read_text()))
+        return planned(LrPlan.from_job_toml((checkpoint / ckptfolder.JOB_TOML).read_text()))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, TypeError, ValueError):
         return None
 

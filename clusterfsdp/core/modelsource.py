@@ -58,7 +58,7 @@ SOURCES_FILE = "sources.json"
 
 
 @value(frozen=True)
-class Source:
+class ResolvedSource:
     """Where one key of the job points after resolution (written to <run>/model/sources.json)."""
 
     key: str  # "model.name_or_path", "model.config" or "data.tokenizer"
@@ -74,7 +74,7 @@ class Prepared:
 
     spec: specmod.JobSpec
     notes: list[str] = field(default_factory=list)
-    sources: list[Source] = field(default_factory=list)
+    sources: list[ResolvedSource] = field(default_factory=list)
 
 
 @value(frozen=True)
@@ -214,7 +214,7 @@ def _dataset(out: Prepared, errors: list[str], key: str, value: str, mode: hub.M
         return value
     if snap.path is None:
         return value
-    out.sources.append(Source(key, value, snap.path, value, snap.revision))
+    out.sources.append(ResolvedSource(key, value, snap.path, value, snap.revision))
     return snap.path
 
 
@@ -271,7 +271,7 @@ def _locate(
         if not folder:
             errors.append(f"{key}: {value!r}: no such folder")
             return None
-        out.sources.append(Source(key, value, str(path.resolve())))
+        out.sources.append(ResolvedSource(key, value, str(path.resolve())))
         return str(path.resolve())
     if not hub.looks_like_repo_id(value):
         errors.append(f"{key}: {value!r} is neither a local folder nor a hub id (org/name)")
@@ -284,7 +284,7 @@ def _locate(
     if snap.path is None:
         out.notes.append(f"{key}: {snap.note}")
         return None
-    out.sources.append(Source(key, value, snap.path, snap.repo_id, snap.revision))
+    out.sources.append(ResolvedSource(key, value, snap.path, snap.repo_id, snap.revision))
     return snap.path
 
 

@@ -38,10 +38,10 @@ from . import skipped, trust
 from .arraystate import claims_dir, failed_file, read_json, started_file, units_file
 from .cache import FORMAT_VERSION, DatasetRef, ref_data
 from .pool import cpu_count, tokenize
-from .readers import Task
+from .readers import ReadTask
 from .shards import ShardStats
 from .sources import DataError
-from .units import Unit, plan, unit_size
+from .units import SourceUnit, plan, unit_size
 
 Log = Callable[[str], None]
 UNIT_HEARTBEAT_S, UNIT_STALE_S = 10.0, 60.0  # a unit claim's heartbeat, and when another host's is dead
@@ -117,12 +117,12 @@ class Claims:
     def complete(self, shard: int) -> bool:
         return (self.shards / f"{shard:05d}.json").exists()
 
-    def _count(self, unit: Unit) -> None:
+    def _count(self, unit: SourceUnit) -> None:
         if unit.shard not in self.counted:
             self.counted.add(unit.shard)
             self.advance(unit.weight)
 
-    def pending(self, units: Iterator[Unit], share: Share) -> Iterator[Unit]:
+    def pending(self, units: Iterator[SourceUnit], share: Share) -> Iterator[SourceUnit]:
         self.busy.clear()
         seen = 0
         for unit in units:
@@ -204,7 +204,7 @@ def tokenize_share(
     if all(s.kind in ("txt", "jsonl") and not s.compression for s in ref.sources):
         workers = min(workers, -(-total // (unit_bytes * share.count)))
     data = ref_data(spec, ref)
-    task = Task(data, ref.sources, str(shards), str(ref.root))
+    task = ReadTask(data, ref.sources, str(shards), str(ref.root))
     log(
         f"data: preparing {ref.role} data ({len(ref.sources)} source(s), {total / 1e6:,.1f} MB) with "
         f"{max(1, workers)} process(es) into {ref.folder}"

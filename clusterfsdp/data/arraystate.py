@@ -25,7 +25,7 @@ from . import trust
 from .cache import DatasetRef
 
 
-class Phase(enum.StrEnum):
+class PreparePhase(enum.StrEnum):
     PREPARED = "prepared"
     PREPARING = "preparing"  # a partial folder exists (maybe interrupted: a rerun continues it)
     FAILED = "failed"  # bad input: the partial folder holds the error
@@ -74,7 +74,7 @@ class PrepareProgress:
     """How far the preparation of one dataset got."""
 
     role: str
-    phase: Phase
+    phase: PreparePhase
     done_bytes: int = 0  # source bytes whose unit is complete
     total_bytes: int = 0
     shards: int = 0  # complete units
@@ -86,11 +86,11 @@ class PrepareProgress:
     def line(self) -> str:
         """'train: preparing, 12 of 40 units (30%, 120 of 400 MB) tokenized; array job 17 (4 tasks)'."""
         job = f"; array job {self.array['job_id']} ({self.array['tasks']} tasks)" if self.array else ""
-        if self.phase is Phase.PREPARED:
+        if self.phase is PreparePhase.PREPARED:
             return f"{self.role}: prepared, {self.tokens:,} tokens in {self.shards} shards"
-        if self.phase is Phase.FAILED:
+        if self.phase is PreparePhase.FAILED:
             return f"{self.role}: failed: {self.error}{job}"
-        if self.phase is Phase.MISSING:
+        if self.phase is PreparePhase.MISSING:
             return f"{self.role}: not prepared{job}"
         share = 100 * self.done_bytes / max(1, self.total_bytes)
         of = f" of {self.units}" if self.units is not None else ""
@@ -104,20 +104,22 @@ def progress(ref: DatasetRef, total: int | None = None) -> PrepareProgress:
     array = read_json(array_file(ref)) if ref.key else None
     manifest = ref.manifest()
     if manifest is not None:
-        return PrepareProgress(ref.role, Phase.PREPARED, shards=len(manifest["shards"]), tokens=int(manifest["tokens"]))
+        return PrepareProgress(
+            ref.role, PreparePhase.PREPARED, shards=len(manifest["shards"]), tokens=int(manifest["tokens"])
+        )
     total = sum(s.size() for s in ref.sources) if total is None else total
     if ref.key is None or not ref.partial.is_dir():
-        return PrepareProgress(ref.role, Phase.MISSING, total_bytes=total, array=array)
+        return PrepareProgress(ref.role, PreparePhase.MISSING, total_bytes=total, array=array)
     trust.require(ref.partial)
     failed = read_json(failed_file(ref))
     if failed is not None:
         error = str(failed.get("error", ""))
-        return PrepareProgress(ref.role, Phase.FAILED, total_bytes=total, error=error, array=array)
+        return PrepareProgress(ref.role, PreparePhase.FAILED, total_bytes=total, error=error, array=array)
     stats = [json.loads(p.read_text()) for p in (ref.partial / "shards").glob("[0-9]*.json")]
     counted = read_json(units_file(ref))
     return PrepareProgress(
         ref.role,
-        Phase.PREPARING,
+        PreparePhase.PREPARING,
         done_bytes=sum(int(s["weight"]) for s in stats),
         total_bytes=total,
         shards=len(stats),

@@ -11,9 +11,9 @@ import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 
-from .readers import Task, UnitReader
+from .readers import ReadTask, UnitReader
 from .shards import ShardStats
-from .units import Unit
+from .units import SourceUnit
 
 PRELOAD = [
     "torch",
@@ -26,7 +26,7 @@ PRELOAD = [
 _READER: UnitReader | None = None
 
 
-def _init_pool_process(task: Task) -> None:
+def _init_pool_process(task: ReadTask) -> None:
     global _READER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
@@ -34,12 +34,12 @@ def _init_pool_process(task: Task) -> None:
     _READER = UnitReader(task)
 
 
-def _run_in_pool(unit: Unit) -> ShardStats:
+def _run_in_pool(unit: SourceUnit) -> ShardStats:
     assert _READER is not None
     return _READER.run(unit)
 
 
-def _bounded(ex: cf.Executor, units: Iterable[Unit], in_flight: int) -> Iterator[ShardStats]:
+def _bounded(ex: cf.Executor, units: Iterable[SourceUnit], in_flight: int) -> Iterator[ShardStats]:
     """Results of the units in order, with at most `in_flight` submitted at a time (a compressed
     stream is decompressed here only as fast as the pool tokenizes it)."""
     pending: deque[cf.Future] = deque()
@@ -51,7 +51,7 @@ def _bounded(ex: cf.Executor, units: Iterable[Unit], in_flight: int) -> Iterator
         yield pending.popleft().result()
 
 
-def _pending(units: Iterator[Unit], done: set[int], advance: Callable[[int], None]) -> Iterator[Unit]:
+def _pending(units: Iterator[SourceUnit], done: set[int], advance: Callable[[int], None]) -> Iterator[SourceUnit]:
     """The units whose shard is not complete yet (complete ones count as progress)."""
     for unit in units:
         if unit.shard in done:
@@ -61,8 +61,8 @@ def _pending(units: Iterator[Unit], done: set[int], advance: Callable[[int], Non
 
 
 def tokenize(
-    task: Task,
-    units: Iterator[Unit],
+    task: ReadTask,
+    units: Iterator[SourceUnit],
     done: set[int],
     workers: int,
     advance: Callable[[int], None],

@@ -25,14 +25,14 @@ from .shards import ShardStats, ShardWriter
 from .skipped import BAD_KEPT
 from .sources import DataError, Source
 from .tokens import DocumentEncoder, Encoded
-from .units import PIECE_BYTES, Unit, char_start, load_hf_dataset
+from .units import PIECE_BYTES, SourceUnit, char_start, load_hf_dataset
 
 BATCH_BYTES = 1 << 20  # records' text per encode call
 ROWS_PER_READ = 1024  # parquet / dataset rows read at once
 
 
 @dataclass(frozen=True)
-class Task:
+class ReadTask:
     """What a prepare process needs besides a unit (pickled once per process of the pool)."""
 
     data: specmod.DataSection
@@ -44,7 +44,7 @@ class Task:
 class UnitReader:
     """One process's tokenizer and open datasets; `run(unit)` writes one complete shard."""
 
-    def __init__(self, task: Task):
+    def __init__(self, task: ReadTask):
         self.task = task
         self.encoder = DocumentEncoder(task.data.tokenizer)
         self.format = task.data.format
@@ -55,7 +55,7 @@ class UnitReader:
         self._lines: dict[tuple[int, int], int] = {}  # (source, start) -> line number of a unit's start
         self._stats: ShardStats | None = None  # of the unit being read
 
-    def run(self, unit: Unit) -> ShardStats:
+    def run(self, unit: SourceUnit) -> ShardStats:
         cpu = time.process_time()
         src = self.task.sources[unit.source]
         writer = ShardWriter(Path(self.task.shards), unit.shard, self.encoder, self.format != "text")
@@ -72,7 +72,7 @@ class UnitReader:
         return writer.finish(unit.weight)
 
     # ---- reading
-    def _bytes(self, src: Source, unit: Unit) -> bytes:
+    def _bytes(self, src: Source, unit: SourceUnit) -> bytes:
         if unit.payload is not None:
             return unit.payload
         with open(src.path, "rb") as f:
@@ -90,7 +90,7 @@ class UnitReader:
         if len(self._stats.bad_at) < BAD_KEPT:
             self._stats.bad_at.append(str(error))
 
-    def _first_line(self, src: Source, unit: Unit) -> int:
+    def _first_line(self, src: Source, unit: SourceUnit) -> int:
         """Line number of the unit's first byte (counted from the file's start, once per unit, only
         when a record's location is needed)."""
         if unit.first_line:
@@ -99,7 +99,7 @@ class UnitReader:
             self._lines[(unit.source, unit.start)] = self._count_lines(src, unit)
         return self._lines[(unit.source, unit.start)]
 
-    def _count_lines(self, src: Source, unit: Unit) -> int:
+    def _count_lines(self, src: Source, unit: SourceUnit) -> int:
         line = 1
         with open(src.path, "rb") as f:
             left = unit.start
@@ -109,7 +109,7 @@ class UnitReader:
                 left -= len(block)
         return line
 
-    def _txt(self, src: Source, unit: Unit, writer: ShardWriter) -> None:
+    def _txt(self, src: Source, unit: SourceUnit, writer: ShardWriter) -> None:
         data = self._bytes(src, unit)
         if utf8_error(data, src.path) is not None:
             raise DataError(str(utf8_error(data, f"{src.field}: {src.path}", self._first_line(src, unit))))
@@ -126,7 +126,7 @@ class UnitReader:
             parts.append(np.asarray([enc.eos], enc.dtype))
         writer.add(Encoded(np.concatenate(parts) if parts else np.zeros(0, enc.dtype)), unit.doc_start)
 
-    def _jsonl(self, src: Source, unit: Unit) -> Iterator[tuple[Any, object]]:
+    def _jsonl(self, src: Source, unit: SourceUnit) -> Iterator[tuple[Any, object]]:
         data = self._bytes(src, unit)
         first = unit.first_line
         file = f"{src.field}: {src.path}"
@@ -157,7 +157,7 @@ class UnitReader:
                 continue
             yield record, where
 
-    def _parquet(self, src: Source, unit: Unit) -> Iterator[tuple[Any, object]]:
+    def _parquet(self, src: Source, unit: SourceUnit) -> Iterator[tuple[Any, object]]:
         import pyarrow.parquet as pq
 
         pf = pq.ParquetFile(src.path)
@@ -168,7 +168,7 @@ class UnitReader:
                 yield from self._rows(src, table.slice(at, ROWS_PER_READ).to_pylist(), row + at)
             row += table.num_rows
 
-    def _dataset(self, src: Source, unit: Unit) -> Iterator[tuple[Any, object]]:
+    def _dataset(self, src: Source, unit: SourceUnit) -> Iterator[tuple[Any, object]]:
         if unit.source not in self._datasets:
             self._datasets[unit.source] = load_hf_dataset(src, self.task.data, Path(self.task.cache))
         ds = self._datasets[unit.source]

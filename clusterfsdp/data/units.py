@@ -27,7 +27,7 @@ PIECE_BYTES = 1 << 20  # text per encode call of a long .txt document
 
 
 @dataclass(frozen=True)
-class Unit:
+class SourceUnit:
     """One shard's worth of one source."""
 
     shard: int
@@ -75,13 +75,13 @@ def unit_size(total: int) -> int:
     return max(MIN_UNIT, min(MAX_UNIT, total // 64))
 
 
-def _file_units(src: Source, index: int, unit_bytes: int, shard: int) -> Iterator[Unit]:
+def _file_units(src: Source, index: int, unit_bytes: int, shard: int) -> Iterator[SourceUnit]:
     size = os.path.getsize(src.path)
     with open(src.path, "rb") as f:
         pos = 0
         while pos < size:
             end = size if pos + unit_bytes >= size else _text_boundary(f, pos + unit_bytes, size, src.kind)
-            yield Unit(shard, index, pos, end, end - pos, 1 if pos == 0 else 0, pos == 0, end == size)
+            yield SourceUnit(shard, index, pos, end, end - pos, 1 if pos == 0 else 0, pos == 0, end == size)
             shard, pos = shard + 1, end
 
 
@@ -113,7 +113,7 @@ class _Counting:
         self.close()
 
 
-def _stream_units(src: Source, index: int, unit_bytes: int, shard: int) -> Iterator[Unit]:
+def _stream_units(src: Source, index: int, unit_bytes: int, shard: int) -> Iterator[SourceUnit]:
     """A compressed file: the decompressed stream, cut after a newline about every unit_bytes."""
     raw = _Counting(open(src.path, "rb"))  # noqa: SIM115 - closed by the with below
     line, counted, carry, first = 1, 0, b"", True
@@ -127,10 +127,10 @@ def _stream_units(src: Source, index: int, unit_bytes: int, shard: int) -> Itera
             if cut == 0:  # a .txt without newlines: keep its last (maybe incomplete) character for later
                 cut = char_start(data, len(data) - 1)
             chunk, carry = data[:cut], data[cut:]
-            yield Unit(shard, index, 0, 0, raw.count - counted, line, first, False, chunk)
+            yield SourceUnit(shard, index, 0, 0, raw.count - counted, line, first, False, chunk)
             line += chunk.count(b"\n")
             counted, first, shard = raw.count, False, shard + 1
-        yield Unit(shard, index, 0, 0, raw.count - counted, line, first, True, carry)  # ends the .txt document
+        yield SourceUnit(shard, index, 0, 0, raw.count - counted, line, first, True, carry)  # ends the .txt document
 
 
 def load_hf_dataset(src: Source, data: specmod.DataSection, cache: Path):
@@ -177,7 +177,7 @@ def _parquet_units(src: Source, index: int, data: specmod.DataSection, unit_byte
         if sum(sizes[cuts[-1] : i + 1]) > unit_bytes:
             cuts.append(i)
     for a, b in zip(cuts, [*cuts[1:], len(groups)], strict=True):
-        yield Unit(shard, index, a, b, file_size * sum(sizes[a:b]) // total, int(first_rows[a]) + 1)
+        yield SourceUnit(shard, index, a, b, file_size * sum(sizes[a:b]) // total, int(first_rows[a]) + 1)
         shard += 1
 
 
@@ -188,16 +188,16 @@ def _dataset_units(src: Source, index: int, data: specmod.DataSection, cache: Pa
     size = src.size()
     for start in range(0, rows, per_unit):
         stop = min(rows, start + per_unit)
-        yield Unit(shard, index, start, stop, size * (stop - start) // max(1, rows), start + 1)
+        yield SourceUnit(shard, index, start, stop, size * (stop - start) // max(1, rows), start + 1)
         shard += 1
 
 
-def plan(sources: tuple[Source, ...], data: specmod.DataSection, cache: Path, unit_bytes: int) -> Iterator[Unit]:
+def plan(sources: tuple[Source, ...], data: specmod.DataSection, cache: Path, unit_bytes: int) -> Iterator[SourceUnit]:
     """Every unit of every source in order; shard numbers depend only on the content."""
     shard = 0
     for i, src in enumerate(sources):
         if src.kind in ("txt", "jsonl") and src.compression:
-            units: Iterable[Unit] = _stream_units(src, i, unit_bytes, shard)
+            units: Iterable[SourceUnit] = _stream_units(src, i, unit_bytes, shard)
         elif src.kind in ("txt", "jsonl"):
             units = _file_units(src, i, unit_bytes, shard)
         elif src.kind == "parquet":

@@ -30,8 +30,8 @@ Each rank runs `python -m clusterfsdp.notebook.tasks _task RUN_DIR`, a thin wrap
 
 Modules: `job` (what a cell runs), `placement` (where: srun or local, and the exact srun line),
 `step` (one launch as the cell shows it: output by rank, progress, the stop button, the result),
-`progress` (the cell's display), `result` (what comes back), `tasks` (the rank and
-local-supervisor processes), `errors`, `magics`.
+`stepdisplay` (the cell's display), `result` (what comes back), `tasks` (the rank and
+local-supervisor processes), `launcherrors`, `magics`.
 Importing this package is cheap: no torch, no IPython (both are imported where needed).
 """
 
@@ -39,8 +39,8 @@ from __future__ import annotations
 
 from ..core.slurmcli import allocation_nodes
 from ..worker.main import ENV_LOG_ALL_RANKS
-from .errors import NotebookError, NotInAllocation, SrunError, StepFailed, StepInterrupted
 from .job import load_job, with_layout
+from .launcherrors import NotebookError, NotInAllocation, SrunError, StepFailed, StepInterrupted
 from .placement import choose_launcher, in_allocation, launcher_env, srun_command
 from .result import SrunResult, last_result
 from .step import srun

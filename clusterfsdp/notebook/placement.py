@@ -12,7 +12,7 @@ from ..control import launch
 from ..core import slurmcli
 from ..core import spec as specmod
 from ..worker.main import ENV_LOG_ALL_RANKS
-from .errors import NotInAllocation, SrunError
+from .launcherrors import NotInAllocation, SrunError
 
 # Inherited variables kept for the srun line: only what names the allocation and finds the cluster.
 _KEEP_SLURM = {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTERS", "SLURM_TIME_FORMAT"}

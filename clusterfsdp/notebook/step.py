@@ -24,11 +24,11 @@ from ..core import spec as specmod
 from ..core.records import EventKind
 from ..core.runfolder import RunFolder
 from ..core.slurmcli import allocation_nodes
-from .errors import SrunError, StepFailed, StepInterrupted
 from .job import load_job, with_layout
+from .launcherrors import SrunError, StepFailed, StepInterrupted
 from .placement import choose_launcher, launcher_env, srun_command
-from .progress import MetricsTail, StepDisplay, in_kernel
 from .result import SrunResult, remember
+from .stepdisplay import MetricsTail, StepDisplay, in_kernel
 from .tasks import MARK
 
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")

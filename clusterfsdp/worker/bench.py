@@ -1,5 +1,5 @@
 """Run lm-evaluation-harness on one exported checkpoint: the worker half of `clusterfsdp bench`
-(control/bench.py exports the checkpoint, then runs this as a subprocess, so the control plane
+(control/benchrun.py exports the checkpoint, then runs this as a subprocess, so the control plane
 never imports lm_eval, which imports torch).
 
 `python -m clusterfsdp.worker.bench RUN_DIR --step N --model HF_DIR --out FILE`

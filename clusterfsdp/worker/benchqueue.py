@@ -1,6 +1,6 @@
 """Benchmarks queued by the run itself (issue 38): on rank 0, when a checkpoint is complete, one
 evaluation per `benchmarks.every_checkpoints` saves, run as `clusterfsdp bench RUN --step N --if-missing`
-(control/bench.py) in a background process of its own session (local launches): training never
+(control/benchrun.py) in a background process of its own session (local launches): training never
 waits for it, and it outlives the attempt. The checkpoint is held from keep_last (ckptfolder.hold) until the
 evaluation has exported it. Its output goes to <run>/benchmarks/step-N.log; a failure is
 benchmarks/step-N.failed.json (`doctor`), never the training run's.

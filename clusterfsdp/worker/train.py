@@ -265,7 +265,7 @@ class Trainer:
             ctx.on_event(EventKind.CHECKPOINT_FALLBACK, step=bad_step, reason=f"did not load, set aside: {reason}")
         state.data = self.data.key
         t = dataclasses.replace(self.spec.train, steps=self.steps)
-        planned = lrschedule.planned(lrschedule.Plan.of(t))
+        planned = lrschedule.planned(lrschedule.LrPlan.of(t))
         if loaded is None:
             return planned
         trained_on = saved.get("data", self.data.key)

@@ -1,7 +1,7 @@
 """The local executor's controller, warm (issue 36): `python -m clusterfsdp.worker.warmctl
-SUBMITIT_FOLDER RUN_DIR`, what `control.localctl.Executor` starts for a run.
+SUBMITIT_FOLDER RUN_DIR`, what `core.localctl.RecordingExecutor` starts for a run.
 
-It is `control.localctl.Controller` (submitit's local controller, which dispatches every round of
+It is `core.localctl.Controller` (submitit's local controller, which dispatches every round of
 tasks and restarts them on exit code 144, plus the record of each rank's exit status), with the
 imports of torch, transformers and the worker done once here, in the job's controller process
 (never in the CLI, which stays torch-free), and each task forked from it (`worker.warmstart`)

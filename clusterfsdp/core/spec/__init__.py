@@ -8,14 +8,13 @@ fast. One module per concern:
   `outputsection` and `benchsection`;
 - `codec`: TOML data <-> JobSpec (`coerce`, `from_dict`, `loads`, `--set` overrides, `dumps`,
   `render_value`);
-- `checks`: cross-field checks; `allowlists`: what may reach a shell or `#SBATCH` line;
+- `crossfield`: cross-field checks; `allowlists`: what may reach a shell or `#SBATCH` line;
 - `paths`: job files, absolute paths, hub ids; `tokenizer`: what data.tokenizer = 'auto' is;
 - `docs`: `clusterfsdp schema`, `init`'s starter file, completion's key list.
 Import the names from here (`from clusterfsdp.core.spec import JobSpec`).
 """
 
 from .allowlists import MOUNT_PATH
-from .checks import budget_refusal, check, sweep_budget_refusal
 from .codec import (
     apply_overrides,
     coerce,
@@ -30,6 +29,7 @@ from .codec import (
     to_dict,
     unknown_key_line,
 )
+from .crossfield import budget_refusal, check, sweep_budget_refusal
 from .docs import describe_schema, key_paths, starter_toml
 from .nodes import NodeRange
 from .paths import JobText, load, looks_like_hub_id, read_job_file, with_absolute_paths

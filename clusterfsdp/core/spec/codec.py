@@ -2,7 +2,7 @@
 `--set` overrides typed by the schema, and TOML output (whole specs, and single values for the
 TUI form, the notebook's overrides and the starter file).
 
-`from_dict` ends with the cross-field checks (`checks.check`), so every JobSpec it returns is
+`from_dict` ends with the cross-field checks (`crossfield.check`), so every JobSpec it returns is
 one that may be queued as far as the file alone can tell.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, get_args, get_origin
 
 from .. import fileio, secretenv
-from .checks import check
+from .crossfield import check
 from .schema import (
     SECTIONS,
     JobSpec,

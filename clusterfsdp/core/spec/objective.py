@@ -1,4 +1,4 @@
-"""Checks of train.objective and [train.preference], torch-free (run by `checks`).
+"""Checks of train.objective and [train.preference], torch-free (run by `crossfield`).
 
 A preference objective needs preference pairs (data.format = 'preference'), 'kto' unpaired
 examples (data.format = 'unpaired'), and such data needs its objective: each without the other

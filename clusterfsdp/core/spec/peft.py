@@ -1,6 +1,6 @@
 """Checks of the [peft] section (LoRA with Hugging Face peft), torch-free.
 
-`errors(spec)`: the section's own values and what they exclude (cross-field, run by `checks`).
+`errors(spec)`: the section's own values and what they exclude (cross-field, run by `crossfield`).
 `module_problems(spec, config, weight_names)`: the module names of `target_modules` and
 `modules_to_save` against the model, before queueing: a pretrained folder's safetensors header
 names every module that has weights (exact, whatever the family); a config alone is enough for
