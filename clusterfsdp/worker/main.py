@@ -4,7 +4,7 @@ torch.distributed from Slurm's (or the local executor's) environment, trains, an
 start / end / requeue events in the run folder.
 
 torch is imported inside `run` (worker/rank.py, after the stop flags are installed and
-HF_HUB_OFFLINE is set), so importing this module costs nothing: the CLI names it for submitit,
+HF_HUB_OFFLINE and the job's [env] are set), so importing this module costs nothing: the CLI names it for submitit,
 and the notebook kernel imports it. Its torch-free half is `attempt.py`.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from ..core import runfolder
 from ..core.outcomes import RankOutcome
 from . import distenv
-from .attempt import ENV_LOG_ALL_RANKS, LOCAL_REQUEUE_EXIT, Attempt, Tee, untee
+from .attempt import ENV_LOG_ALL_RANKS, LOCAL_REQUEUE_EXIT, Attempt, Tee, load_spec, untee
 from .stopflags import StopFlags
 
 __all__ = ["ENV_LOG_ALL_RANKS", "LOCAL_REQUEUE_EXIT", "Tee", "run"]
@@ -33,9 +33,12 @@ def run(run_dir: str) -> RankOutcome:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     attempt = Attempt(runfolder.RunFolder(Path(run_dir)), distenv.from_environ())
     try:
-        from .rank import train_rank  # here: torch is imported after the flags and HF_HUB_OFFLINE (above)
+        spec = load_spec(attempt)  # the job's [env] applied, then torch and transformers imported:
+        # huggingface_hub and torch read some of it (HF_HOME, HF_HUB_OFFLINE, ...) at import, and a
+        # warm-started rank's launcher imported them under the same environment (warmstart.py).
+        from .rank import train_rank  # here, not at the top: after the flags, HF_HUB_OFFLINE and [env]
 
-        return train_rank(attempt, flags)
+        return train_rank(attempt, flags, spec)
     except SystemExit:
         raise
     except BaseException as e:

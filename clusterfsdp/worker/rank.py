@@ -1,5 +1,5 @@
 """What a rank does once torch is imported (worker/main.py imports this module after it has
-installed the stop flags and set HF_HUB_OFFLINE): the process group, this rank's heartbeat and
+installed the stop flags and applied HF_HUB_OFFLINE and the job's [env]): the process group, this rank's heartbeat and
 threads, rank 0's admission (the attempt lock, the metrics sink and trackers), the node record,
 the pre-flight, the Trainer, and how the attempt ends (completed, stopped, requeued).
 """
@@ -28,7 +28,6 @@ from .attempt import (
     LOCAL_REQUEUE_EXIT,
     Attempt,
     come_back,
-    load_spec,
     record_start,
     sized_spec,
     stop_verdict,
@@ -63,9 +62,9 @@ def _attempt_lock(run: runfolder.RunFolder, env: distenv.DistEnv) -> lock.FileLo
         raise RuntimeError(f"another attempt is training in this run folder ({who}); not starting a second") from None
 
 
-def train_rank(attempt: Attempt, flags: StopFlags) -> RankOutcome:
-    """The rank's set-up, in named steps, then the Trainer and what its end means."""
-    spec = load_spec(attempt)
+def train_rank(attempt: Attempt, flags: StopFlags, spec: specmod.JobSpec) -> RankOutcome:
+    """The rank's set-up, in named steps, then the Trainer and what its end means. `spec`: the
+    run's job.toml, its environment already applied (`attempt.load_spec`, before torch)."""
     sized = sized_spec(spec, attempt.env)  # a node range: this allocation's size (the job file's spec acts on the run)
     watch = health.WatchdogSettings.of(spec.train.watchdog)
     device, backend = init_process_group(attempt, health.collective_timeout_s(watch, health.Phase.START_UP, 0))

@@ -22,15 +22,16 @@ from .attempt import Attempt, load_spec, sized_spec
 def run(run_dir: str) -> str:
     """Compute and keep the reference tables of the run in `run_dir`; 'reference' when done."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as the training ranks: submit resolved every hub id
-    # Here, not at the top: after HF_HUB_OFFLINE, before huggingface_hub (through transformers) reads it.
+    t0 = time.perf_counter()
+    attempt = Attempt(runfolder.RunFolder(Path(run_dir)), distenv.from_environ())
+    spec = load_spec(attempt)  # [env] applied: before torch and transformers are imported, as in main.run
+    # Here, not at the top: huggingface_hub (through transformers) reads HF_HUB_OFFLINE and the
+    # job's [env] (HF_HOME, ...) when it is imported.
     import torch.distributed as dist
 
     from ..data.samples import open_for_training
     from . import preference, rank
 
-    t0 = time.perf_counter()
-    attempt = Attempt(runfolder.RunFolder(Path(run_dir)), distenv.from_environ())
-    spec = load_spec(attempt)
     sized = sized_spec(spec, attempt.env)
     watch = health.WatchdogSettings.of(spec.train.watchdog)
     device, backend = rank.init_process_group(attempt, health.collective_timeout_s(watch, health.Phase.START_UP, 0))
