@@ -244,7 +244,7 @@ def test_gpu_default_group_carries_the_cpu_control_collectives_over_gloo():
     type cpu"), which stopped every GPU run at `_admit` (found on an H200, 2026-11-28,
     bench/results/2026-11-28-fused-h200.txt is the run after the fix). Boundary: the CPU build of
     torch has no NCCL, so only the backend string is checked here; bench/device_run.sh runs it."""
-    from clusterfsdp.worker.main import group_backends
+    from clusterfsdp.worker.rank import group_backends
 
     assert group_backends("nccl") == "cpu:gloo,cuda:nccl"
     assert group_backends("gloo") == "gloo"

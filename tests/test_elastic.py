@@ -15,7 +15,7 @@ from clusterfsdp.core import spec as S
 from clusterfsdp.core.records import Cause, Event, EventKind, Executor, attempt_sizes
 from clusterfsdp.core.spec import nodes as N
 from clusterfsdp.worker import distenv, elastic, stopflags
-from clusterfsdp.worker.main import _sized
+from clusterfsdp.worker.attempt import sized_spec as _sized
 
 JOB = """
 [job]

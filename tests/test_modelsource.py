@@ -23,7 +23,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 MAKE = r"""
 import sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from clusterfsdp.worker.export import byte_tokenizer
+from clusterfsdp.worker.hfexport import byte_tokenizer
 torch.manual_seed(0)
 cfg = LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, tie_word_embeddings=True, bos_token_id=256, eos_token_id=257, pad_token_id=258)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from procs import make_run, tiny_job_toml
 
 TESTS = Path(__file__).parent
 ENDINGS = ("ok", "ok", "exit3", "error", "interrupt", "kill")
@@ -98,3 +99,40 @@ def test_a_forked_rank_ends_as_a_cold_one(started):
     error = started["warm"][ENDINGS.index("error")]["out"]
     assert "Traceback" in error and error.rstrip().endswith("ATEXIT ran") and "ValueError: boom" in error
     assert "ATEXIT ran" not in started["warm"][ENDINGS.index("kill")]["out"]
+
+
+# The torch half of the entry point replaced by a recorder: it notes the environment when it is
+# imported, then ends the attempt (the training behind it is not what is checked here).
+RECORDING_RANK = """
+import importlib.abc, importlib.util, json, os, sys
+from clusterfsdp.core.outcomes import RankOutcome
+
+class Rank(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name == "clusterfsdp.worker.rank" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        print(json.dumps(os.environ.get("CLUSTERFSDP_TEST_MARK")), flush=True)
+        module.train_rank = lambda *args: RankOutcome.COMPLETED
+
+sys.meta_path.insert(0, Rank())
+from clusterfsdp.worker import main
+main.run(sys.argv[1])
+"""
+
+
+def test_a_cold_rank_imports_torch_under_the_jobs_env(tmp_path):
+    """`main.run` applies the job's [env] before it imports the torch half (worker/rank.py, which
+    imports torch and transformers at their tops), as the warm launcher does before its preload:
+    huggingface_hub reads HF_HOME, HF_HUB_OFFLINE, ... when it is imported. The rank module is a
+    recorder (an import hook): no process group, no model."""
+    tail = '[env]\nCLUSTERFSDP_TEST_MARK = "from the job"\n'
+    run = make_run(tiny_job_toml("envorder", 1, 1, tail=tail), tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "CLUSTERFSDP_TEST_MARK"}
+    done = subprocess.run([sys.executable, "-c", RECORDING_RANK, str(run.path)], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[0]) == "from the job"

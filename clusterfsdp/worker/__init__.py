@@ -2,6 +2,7 @@
 `WorkerCall`, which submitit pickles). Reads the run folder's job.toml, sets up
 torch.distributed, builds and shards the model, trains, checkpoints and records events.
 
-Importing this package (or `worker.main`) does not import torch; the modules that need it
-import it at their top and are only imported once a rank starts.
+Importing this package (or `worker.main`, `attempt`, `warmstart`, `distenv`) does not import
+torch; the modules that need it import it at their top and are only imported once a rank starts
+(`main.run` imports `rank`, the torch half, after it has installed the stop flags).
 """

@@ -4,7 +4,7 @@ Without --merge: a PEFT adapter folder, what `PeftModel.save_pretrained` writes 
 `PeftModel.from_pretrained(base, DIR)` loads: adapter_config.json (peft's LoraConfig with
 `base_model_name_or_path`: the base folder the run trained on, or its hub id) and
 adapter_model.safetensors (keys `base_model.model.<module>.lora_A.weight`, as PeftModel names
-them), plus the tokenizer and the generation config of the merged export (export.py: the
+them), plus the tokenizer and the generation config of the merged export (hfexport.py: the
 tokenizer's eos, which the base's own generation config may lack). Only the adapters are read
 from the checkpoint; the base is never loaded.
 
@@ -13,6 +13,9 @@ training, in the dtype it trained in: peft.base_dtype), the adapters loaded besi
 into its weights in place (peft's `LoraLayer.merge`, in model.dtype, the adapters' dtype), then
 written as a plain HF model folder in the chosen dtype (default: the base's). One copy of the
 base at any time.
+
+peft is imported at the top here, not in adapters.py: `hfexport` imports this module only for a
+LoRA run's export.
 """
 
 from __future__ import annotations
@@ -22,13 +25,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import get_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
+from peft.utils import ModulesToSaveWrapper
+from safetensors.torch import save_file
 from torch import nn
+from torch.distributed.checkpoint.state_dict_loader import load
 
 from ..core import ckptfolder, runfolder
 from ..core.modelsource import SOURCES_FILE
 from ..core.spec import JobSpec
-from . import adapters
+from . import adapters, safeload, weights
 from . import model as modelmod
+from .checkpoint import dcp_call
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # how PeftModel names the wrapped model's modules
@@ -37,11 +46,6 @@ PEFT_PREFIX = "base_model.model."  # how PeftModel names the wrapped model's mod
 def _load_trained(model: nn.Module, checkpoint_dir: Path) -> None:
     """The checkpoint's trained tensors (adapters and trained copies) into `model`'s trainable
     parameters, in place (no process group: the export is one process)."""
-    from torch.distributed.checkpoint.state_dict_loader import load
-
-    from . import safeload
-    from .checkpoint import dcp_call
-
     state = {"model": {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}}
     meta = ckptfolder.read_meta(checkpoint_dir)
     reader, planner = safeload.SafeReader(checkpoint_dir, meta), safeload.SafePlanner()
@@ -68,9 +72,6 @@ def base_name(run: runfolder.RunFolder, spec: JobSpec) -> str:
 
 def write_adapter(run: runfolder.RunFolder, spec: JobSpec, config, checkpoint_dir: Path, tmp: Path) -> None:
     """adapter_config.json + adapter_model.safetensors into `tmp` (the adapters only)."""
-    from peft import get_peft_model_state_dict
-    from safetensors.torch import save_file
-
     model: Any = _adapted_meta(spec, config)  # a transformers model with peft layers
     for m in model.modules():  # storage for the trained tensors only; the base stays on meta
         for key, p in m._parameters.items():
@@ -89,11 +90,6 @@ def write_adapter(run: runfolder.RunFolder, spec: JobSpec, config, checkpoint_di
 
 def merged_model(spec: JobSpec, config, checkpoint_dir: Path) -> nn.Module:
     """The base (loaded from the run's base folder, as in training) with the adapters merged in."""
-    from peft.tuners.lora import LoraLayer
-    from peft.utils import ModulesToSaveWrapper
-
-    from . import weights
-
     adapters.check_base(spec, ckptfolder.read_meta(checkpoint_dir))  # (merged onto another base they mean nothing)
     base, trained = modelmod.DTYPES[spec.base_dtype], modelmod.DTYPES[spec.model.dtype]
     meta = modelmod.build_meta(spec.model, config, spec.base_dtype)

@@ -12,7 +12,7 @@ keeping its shard: the same adapters for every world size and FSDP version). Und
 The optimizer, gradient clipping and checkpoints see only the trainable parameters; a checkpoint
 carries `control.peftbase.reference` (the base's folder, commit and weight files), and `check_base`
 refuses to load adapters onto a base that changed (`resume` already refused it before queueing;
-this catches a requeue after the base was replaced). `export.py` writes the adapter folder or the merged model.
+this catches a requeue after the base was replaced). `adapter_export.py` writes the adapter folder or the merged model.
 """
 
 from __future__ import annotations
@@ -23,10 +23,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from ..core import peftbase
 from ..core.spec import JobSpec, PeftSection
 from .model import ModelError, canonical
+from .model import flops_per_token as full_flops_per_token
 from .weights import take_shards, unit_seed
 
 ADAPTER = "default"  # peft's adapter name
@@ -36,8 +39,10 @@ def enabled(spec: JobSpec) -> bool:
     return spec.peft.method == "lora"
 
 
+# peft is imported where a LoRA run uses it: every run imports this module (for `enabled`), and
+# peft costs a rank about 0.3 s more on top of torch and transformers that a full fine-tune never needs.
 def lora_config(p: PeftSection, base: str = ""):
-    from peft import LoraConfig
+    from peft import LoraConfig  # LoRA only (see above)
 
     return LoraConfig(
         r=p.r,
@@ -56,7 +61,7 @@ def inject(model: nn.Module, p: PeftSection, dtype: torch.dtype) -> None:
     the dtype it was built in (JobSpec.base_dtype); the adapters and trained copies in `dtype`
     (model.dtype: peft makes adapters in torch's default dtype and copies modules_to_save in the
     base's)."""
-    from peft import inject_adapter_in_model
+    from peft import inject_adapter_in_model  # LoRA only
 
     try:
         inject_adapter_in_model(lora_config(p), model, adapter_name=ADAPTER, low_cpu_mem_usage=True)
@@ -82,7 +87,7 @@ def freeze_base(model: nn.Module) -> None:
 def _wrappers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module, nn.Module]]:
     """(parent, attribute, peft wrapper, the module it wraps) for every adapter layer and every
     trained copy (modules_to_save) under `model`."""
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # LoRA only (base_view, fill)
     from peft.utils import ModulesToSaveWrapper
 
     out = []
@@ -113,9 +118,6 @@ def _materialize_fsdp2(model: nn.Module, device: torch.device) -> None:
     """Storage for the tensors still on meta (the adapters: the base loader fills only the base),
     then FSDP2 told of the new tensors, as its own `to_empty` does (`reset_sharded_param`,
     private API of torch 2.13's fully_shard)."""
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
-
     for m in model.modules():
         if any(
             (p.to_local() if isinstance(p, DTensor) else p).is_meta for p in m._parameters.values() if p is not None
@@ -142,8 +144,6 @@ def fill(
     (FSDP2, after the base is filled): each sharded tensor takes its shard; keep=True (FSDP1's
     param_init_fn, before flattening; `names` from the whole model): the full tensors stay, for
     the wrappers still on meta."""
-    from torch.distributed.tensor import DTensor
-
     names = names or layer_names(model)
     if not keep:
         _materialize_fsdp2(model, device)
@@ -195,9 +195,7 @@ def flops_per_token(config, n_active: int, n_trainable: int, seq_len: int) -> fl
     backward 2·N for the input gradients everywhere but weight gradients (another 2·N) only for
     the trained parameters: 4·N_base + 6·N_trained, plus attention's 12·L·H·Dh·T (forward and
     input-gradient backward, as in a full fine-tune). N_base: active base parameters."""
-    from .model import flops_per_token as full
-
-    attention = full(config, 0, seq_len)
+    attention = full_flops_per_token(config, 0, seq_len)
     return 4 * n_active + 6 * n_trainable + attention
 
 

@@ -26,9 +26,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from lm_eval import utils
+from lm_eval.evaluator import simple_evaluate
+from lm_eval.tasks._yaml_loader import load_yaml
+
 from ..core import benchfiles, runfolder
 from ..core.benchresults import metric_name
 from ..core.spec.benchsection import BenchmarksSection, is_local
+from .benchtrackers import log_benchmarks
 
 EXIT_FAILED = 1
 
@@ -39,8 +45,6 @@ def task_configs(b: BenchmarksSection) -> list[str | dict[str, Any]]:
     working folder, not the YAML's)."""
     # lm-eval's own loader of task files (private, hence lm-eval pinned to one minor version in
     # pyproject): `include:` and `!function` resolved as lm-eval resolves them for --include_path.
-    from lm_eval.tasks._yaml_loader import load_yaml
-
     out: list[str | dict[str, Any]] = []
     for task in b.tasks:
         if not is_local(task):
@@ -72,10 +76,6 @@ def flat_metrics(results: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 def evaluate(run: runfolder.RunFolder, model: Path, step: int) -> dict[str, Any]:
     """lm-eval on the exported folder `model` with the run's [benchmarks]; the result document."""
-    import torch
-    from lm_eval import utils
-    from lm_eval.evaluator import simple_evaluate
-
     b = run.spec().benchmarks
     device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.time()
@@ -129,8 +129,6 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # the scores are kept in step-N.json whatever the plot does
             print(f"warning: benchmarks of step {args.step} not written to TensorBoard: {e}", file=sys.stderr)
     if {"wandb", "mlflow"} & set(spec.log.trackers):
-        from .benchtrackers import log_benchmarks
-
         try:
             log_benchmarks(run, spec, args.step, document["metrics"])
         except Exception as e:  # (as above)
@@ -142,7 +140,7 @@ def to_tensorboard(run: runfolder.RunFolder, document: dict[str, Any]) -> None:
     """The scores at their checkpoint's step, in `<run>/tensorboard/benchmarks/`: a TensorBoard
     run of its own beside the training's, whose attempts purge the steps a resume repeats
     (worker/trackers.py) and would drop a result that landed after training moved on."""
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # optional ([trackers] extra): only with tensorboard
 
     writer = SummaryWriter(log_dir=str(run.tensorboard_dir / "benchmarks"))
     try:

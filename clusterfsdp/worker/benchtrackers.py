@@ -21,7 +21,7 @@ def log_benchmarks(run: RunFolder, spec: specmod.JobSpec, step: int, scores: dic
     training's id>-bench`, same project and group, x axis `train/step`): a W&B run takes one
     writer at a time, and the training's may be live."""
     if "mlflow" in spec.log.trackers:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # optional ([trackers] extra): only with mlflow in [log] trackers
         from mlflow.tracking import MlflowClient
 
         run_id = run.tracker_ids().mlflow_run_id
@@ -32,7 +32,7 @@ def log_benchmarks(run: RunFolder, spec: specmod.JobSpec, step: int, scores: dic
             run_id, metrics=[Metric(k, v, now, step) for k, v in scores.items()]
         )
     if "wandb" in spec.log.trackers:
-        import wandb
+        import wandb  # optional ([trackers] extra): only with wandb in [log] trackers
 
         # started by rank 0 (or sbatch from it), this process inherited the training's W&B service
         # socket, which ends with the training: this process starts a service of its own

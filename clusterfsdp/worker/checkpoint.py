@@ -10,15 +10,28 @@ import json
 import os
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed._state_dict_utils import _create_cpu_state_dict
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..core import ckptfolder
 from ..core.ckptfolder import COMPLETE, CheckpointInfo, list_checkpoints, step_dir
 from ..core.spec import CheckpointSection
 from . import safeload
+from .model import canonical
+from .parallelize import expose_fsdp1_params
 
 
 class CheckpointError(RuntimeError):
@@ -27,8 +40,6 @@ class CheckpointError(RuntimeError):
 
 
 def dcp_call(what: str, fn, *args, **kwargs):
-    from torch.distributed.checkpoint.api import CheckpointException
-
     try:
         return fn(*args, **kwargs)
     except CheckpointException as e:
@@ -41,7 +52,7 @@ def _on_cuda(model) -> bool:
     return any(p.device.type == "cuda" for p in model.parameters())
 
 
-def _prewarmed_stager(state: dict[str, Any], pin: bool, share: bool):
+class PrewarmedStager(BlockingAsyncStager):
     """An async stager whose host buffers are allocated before the first save, in a background
     thread, and kept between saves.
 
@@ -55,36 +66,29 @@ def _prewarmed_stager(state: dict[str, Any], pin: bool, share: bool):
     process without a copy). `state` is taken on the training thread (get_state_dict may
     initialize the optimizer state); the thread runs torch's `_create_cpu_state_dict`, the
     function `BlockingAsyncStager` itself calls at its first save."""
-    import threading
 
-    from torch.distributed._state_dict_utils import _create_cpu_state_dict
-    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+    def __init__(self, state: dict[str, Any], pin: bool, share: bool) -> None:
+        super().__init__(cache_staged_state_dict=True)
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.build_s = 0.0
+        threading.Thread(target=self._build, args=(state, pin, share), name="ckpt-staging-buffers", daemon=True).start()
 
-    class PrewarmedStager(BlockingAsyncStager):
-        def __init__(self) -> None:
-            super().__init__(cache_staged_state_dict=True)
-            self.ready = threading.Event()
-            self.error: BaseException | None = None
-            self.build_s = 0.0
-            threading.Thread(target=self._build, name="ckpt-staging-buffers", daemon=True).start()
+    def _build(self, state: dict[str, Any], pin: bool, share: bool) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.state_dict_cache = _create_cpu_state_dict(state, pin_memory=pin, share_memory=share)
+        except BaseException as e:  # reported by the first save, on the training thread
+            self.error = e
+        finally:
+            self.build_s = time.perf_counter() - t0
+            self.ready.set()
 
-        def _build(self) -> None:
-            t0 = time.perf_counter()
-            try:
-                self.state_dict_cache = _create_cpu_state_dict(state, pin_memory=pin, share_memory=share)
-            except BaseException as e:  # reported by the first save, on the training thread
-                self.error = e
-            finally:
-                self.build_s = time.perf_counter() - t0
-                self.ready.set()
-
-        def stage(self, state_dict):
-            self.ready.wait()
-            if self.error is not None:
-                raise CheckpointError(f"allocating the staging buffers failed: {self.error}")
-            return super().stage(state_dict)
-
-    return PrewarmedStager()
+    def stage(self, state_dict):
+        self.ready.wait()
+        if self.error is not None:
+            raise CheckpointError(f"allocating the staging buffers failed: {self.error}")
+        return super().stage(state_dict)
 
 
 class _Pruner:
@@ -94,8 +98,6 @@ class _Pruner:
     filesystem. What a killed process left there is removed at the next start."""
 
     def __init__(self, root: Path):
-        from concurrent.futures import ThreadPoolExecutor
-
         self.trash = ckptfolder.pruning_dir(root)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-prune")
         self._last = self._pool.submit(self._empty)
@@ -155,7 +157,7 @@ class Checkpointer:
         # Async saves coordinate over their own gloo group so they never queue behind NCCL work.
         self._pg = _gloo_group() if async_save else None
         self._stager = (
-            _prewarmed_stager(self._state(), pin=_on_cuda(model), share=async_mode == "process") if async_save else None
+            PrewarmedStager(self._state(), pin=_on_cuda(model), share=async_mode == "process") if async_save else None
         )
         # Whether a checkpoint loaded is decided by all ranks together (a truncated shard fails on
         # the ranks that read it), over gloo so it needs no device tensor.
@@ -166,34 +168,22 @@ class Checkpointer:
         self.on_complete: Callable[[int], None] | None = None
 
     def _state(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        from .parallelize import expose_fsdp1_params
-
         expose_fsdp1_params(self.model)  # (a NO_SHARD unit's frozen weights, as tensors since the last forward)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
         if self.trainable_only:  # (ignore_frozen_params keeps the second name of a tied frozen weight)
-            from .model import canonical
-
             names = self.model.named_parameters(remove_duplicate=False)
             trained = {canonical(n) for n, p in names if p.requires_grad}
             model_sd = {k: v for k, v in model_sd.items() if k in trained}
         return {"model": model_sd, "optim": optim_sd}
 
     def _options(self):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
         return StateDictOptions(ignore_frozen_params=self.trainable_only, strict=not self.trainable_only)
 
     def _writer(self, path: Path):
-        from torch.distributed.checkpoint.filesystem import FileSystemWriter
-
         return FileSystemWriter(str(path), thread_count=self.config.writer_threads)
 
     def save(self, step: int, meta: dict[str, Any], *, blocking: bool = False) -> float:
         """Save at `step`; returns the seconds training was blocked. Async unless `blocking`."""
-        import torch
-
         t0 = time.perf_counter()
         self.wait()  # the previous async save must finish first
         final, partial = step_dir(self.root, step), ckptfolder.partial_dir(self.root, step)
@@ -223,8 +213,6 @@ class Checkpointer:
 
     def _gather(self, digest: str) -> list[str]:
         """Every rank's digest, in rank order (on every rank; over gloo: small and host-side)."""
-        import torch.distributed as dist
-
         if self._agree_pg is None:
             return [digest]
         out: list[Any] = [None] * self.world_size
@@ -232,13 +220,12 @@ class Checkpointer:
         return out
 
     def _write(self, partial: Path, final: Path, meta: dict[str, Any], blocking: bool, t0: float) -> None:
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, async_save, save
-
         step = meta["step"]
         if self.config.async_ and not blocking:
             process = self.config.async_mode == "process"
-            kind = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
-            future = async_save(
+            kinds = state_dict_saver.AsyncCheckpointerType
+            kind = kinds.PROCESS if process else kinds.THREAD
+            future = state_dict_saver.async_save(
                 self._state(),
                 storage_writer=self._writer(partial),
                 process_group=self._pg,
@@ -247,7 +234,7 @@ class Checkpointer:
             )
             self._pending = (future, partial, final, meta, t0)
         else:
-            dcp_call(f"saving step {step}", save, self._state(), storage_writer=self._writer(partial))
+            dcp_call(f"saving step {step}", state_dict_saver.save, self._state(), storage_writer=self._writer(partial))
             self._finalize(partial, final, meta, t0)
 
     def poll(self) -> bool:
@@ -302,14 +289,10 @@ class Checkpointer:
 
     def load(self, info: CheckpointInfo) -> dict[str, Any]:
         """Load model + optimizer (resharding to this world size) and this rank's RNG; returns the meta."""
-        import torch
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-        from torch.distributed.checkpoint.state_dict_loader import load
-
         state = self._state()
         safeload.check_files(info.path, info.meta)
         reader, planner = safeload.SafeReader(info.path, info.meta), safeload.SafePlanner()
-        dcp_call(f"loading {info.path.name}", load, state, storage_reader=reader, planner=planner)
+        dcp_call(f"loading {info.path.name}", state_dict_loader.load, state, storage_reader=reader, planner=planner)
         set_state_dict(
             self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
             options=self._options(),
@@ -327,9 +310,6 @@ class Checkpointer:
         by rank 0, so that it is never tried again nor counted by `keep_last`, and returned as
         (step, reason). Raises CheckpointError when checkpoints exist and none loads: the model
         may be partly overwritten by then, so training must not go on from it."""
-        import torch
-        import torch.distributed as dist
-
         failed: list[tuple[int, str]] = []
         for info in reversed(list_checkpoints(self.root)):
             reason = ""
@@ -362,8 +342,6 @@ def _free_space(root: Path) -> str:
 
 def _gloo_group():
     """A new gloo process group over all ranks (None without torch.distributed)."""
-    import torch.distributed as dist
-
     if not dist.is_initialized():
         return None
     group = dist.new_group(backend="gloo")
@@ -372,8 +350,6 @@ def _gloo_group():
 
 
 def _barrier() -> None:
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.barrier()
 

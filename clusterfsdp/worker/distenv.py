@@ -21,6 +21,8 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..core.slurmcli import batch_job_id
+
 
 # ---------------------------------------------------------------- Slurm hostlists
 def expand_hostlist(hostlist: str) -> list[str]:
@@ -226,8 +228,6 @@ def from_environ(env: dict[str, str] | None = None) -> DistEnv:
                 int(env["SLURM_PROCID"]),
                 int(env.get("SLURM_LOCALID", "0")),
             )
-        from ..core.slurmcli import batch_job_id  # a sweep's array task: <array id>_<task id>
-
         job_id = batch_job_id(env)
         restart = int(env.get("SLURM_RESTART_COUNT", "0"))
         return DistEnv(

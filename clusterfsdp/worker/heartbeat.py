@@ -11,29 +11,31 @@ Stacks on a hang come from py-spy (it reads a process from outside, also one tha
 or blocked in C code); where py-spy is missing, each rank has registered faulthandler on
 DUMP_SIGNAL at start, writing into its own rank log, which the watchdog then copies (a frozen
 process cannot run a handler: its file then says so).
-
-Torch-free at import: the collective timeout imports torch.distributed only when it changes.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import IO
 
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
 from ..core import health
 from ..core.health import Beat, Phase, WatchdogSettings
+from .watchdog import DUMP_SIGNAL
 
-DUMP_SIGNAL = signal.SIGRTMIN + 3  # faulthandler's stack dump (py-spy missing); unused by Slurm, NCCL, submitit
 RETIME_EVERY = 32  # steps between checks of the collective timeout
 
 
@@ -122,9 +124,6 @@ class Heartbeat:
         want = health.collective_timeout_s(self.settings, phase, slowest)
         if abs(want - self._timeout_s) <= 0.25 * self._timeout_s:
             return
-        import torch.distributed as dist
-        from torch.distributed import distributed_c10d
-
         if dist.is_initialized():
             distributed_c10d._set_pg_timeout(timedelta(seconds=want))
             self._timeout_s = want
@@ -134,9 +133,6 @@ def start_node_watchdog(run_path: Path, job_id: str, restart: int, world_size: i
                         settings: WatchdogSettings) -> subprocess.Popen | None:  # fmt: skip
     """The node's watchdog process (worker/watchdog.py), started by the node's first rank; it
     ends when that rank does. Its lines go to `watchdog.<host>.log` beside the heartbeats."""
-    import json
-    from dataclasses import asdict
-
     argv = [sys.executable, "-m", "clusterfsdp.worker.watchdog", str(run_path), job_id, str(restart),
             str(world_size), str(os.getpid()), json.dumps(asdict(settings))]  # fmt: skip
     try:

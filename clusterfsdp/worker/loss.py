@@ -30,6 +30,7 @@ from typing import Any, Literal  # models: transformers PreTrainedModels, possib
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.fsdp import register_fsdp_forward_method
 
 from ..data.tokens import IGNORE_INDEX
 
@@ -260,8 +261,6 @@ def attach(model: Any, *, compile: bool) -> bool:
     """Give `model` the fused `clusterfsdp_loss` method (an FSDP2 forward method when sharded)."""
     if not supports_fused(model):
         return False
-    from torch.distributed.fsdp import register_fsdp_forward_method
-
     # plain attributes (not parameters or submodules), set past nn.Module's typed __setattr__
     object.__setattr__(model, "_clusterfsdp_compile_loss", compile)
     object.__setattr__(model, "clusterfsdp_loss", types.MethodType(_fused_loss, model))

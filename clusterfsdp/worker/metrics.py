@@ -10,6 +10,7 @@ causal discount), and peak is the dense bf16 peak of the detected GPU. CPU runs 
 from __future__ import annotations
 
 import json
+import resource
 import time
 from pathlib import Path
 
@@ -78,8 +79,6 @@ class Meter:
         if self.device.type == "cuda":
             row["mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         else:
-            import resource
-
             row["mem_peak_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         self.t0, self.tokens = now, 0
         return row

@@ -28,7 +28,7 @@ class MLflow:
 
     def __init__(self, run: RunFolder, spec: specmod.JobSpec, attempt: int):
         try:
-            from mlflow.tracking import MlflowClient
+            from mlflow.tracking import MlflowClient  # optional ([trackers] extra): only when [log] trackers names it
         except ImportError as e:
             raise TrackerError(
                 f"log.trackers: 'mlflow' needs the mlflow(-skinny) package ({e}); {INSTALL_HINT}"
@@ -79,7 +79,7 @@ class MLflow:
 
     def _log_params(self, run_id: str, params: dict[str, Any]) -> None:
         """Parameters are immutable in MLflow: logged once, when the run is created."""
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # (optional, as above)
 
         items = [Param(k, str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):  # MLflow's batch limit
@@ -89,7 +89,7 @@ class MLflow:
         pass
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # (optional, as above)
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..core.presets import PRESETS
 from ..core.spec import ModelSection
@@ -42,12 +44,6 @@ class ParamCount:
     trainable: int = 0  # LoRA: the adapters (and trained copies) beside the frozen base; 0: all of `total`
 
 
-def _transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__
-
-
 def source_folder(cfg: ModelSection, kept: Path | None = None) -> Path | None:
     """The folder the config comes from: the copy kept in the run folder (`kept`, <run>/model) when
     there is one, else name_or_path or config; None for presets and model_type + keys."""
@@ -70,8 +66,6 @@ def build_config(cfg: ModelSection, tokens: TokenIds | None = None, kept: Path |
 
     Random init (no name_or_path) grows the vocabulary to fit the data's tokenizer and takes its
     special token ids, so that an exported model generates with the right ones."""
-    from transformers import AutoConfig
-
     folder = source_folder(cfg, kept)
     try:
         if folder is not None:
@@ -82,7 +76,7 @@ def build_config(cfg: ModelSection, tokens: TokenIds | None = None, kept: Path |
     except Exception as e:  # ValueError, KeyError, huggingface_hub's config validation errors, ...
         key = "model.name_or_path" if cfg.name_or_path else "model.config" if cfg.config else "model.from_config"
         raise ModelError(
-            f"{key}: transformers {_transformers_version()} cannot build this config ({_one_line(e)})"
+            f"{key}: transformers {transformers.__version__} cannot build this config ({_one_line(e)})"
         ) from None
     if not cfg.name_or_path and tokens is not None:
         if "vocab_size" not in cfg.from_config:
@@ -103,8 +97,6 @@ def _one_line(e: BaseException) -> str:
 def build_meta(cfg: ModelSection, config, dtype: str = "") -> nn.Module:
     """The model with every parameter on the meta device (no memory, no init), in `dtype`
     (default model.dtype; a LoRA job's frozen base: JobSpec.base_dtype)."""
-    from transformers import AutoModelForCausalLM
-
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
@@ -112,7 +104,7 @@ def build_meta(cfg: ModelSection, config, dtype: str = "") -> nn.Module:
             )
     except ValueError as e:
         raise ModelError(
-            f"model type {config.model_type!r}: transformers {_transformers_version()} has no causal-LM class "
+            f"model type {config.model_type!r}: transformers {transformers.__version__} has no causal-LM class "
             f"for it or cannot build it ({_one_line(e)})"
         ) from None
     layer_classes(model)  # fail here, not while sharding, for a model without decoder-layer classes

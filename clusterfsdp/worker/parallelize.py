@@ -15,9 +15,29 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    apply_activation_checkpointing as apply_ac,
+)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffload,
+    CPUOffloadPolicy,
+    MixedPrecision,
+    MixedPrecisionPolicy,
+    ShardingStrategy,
+    fully_shard,
+)
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp._common_utils import HandleTrainingState
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+from torch.distributed.tensor import Shard
 
 from ..core.spec import JobSpec
+from .loss import attach
 from .model import decoder_layers, layer_classes
 
 MP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -32,14 +52,6 @@ def build_mesh(spec: JobSpec, device_type: str, world_size: int) -> DeviceMesh:
 
 
 def apply_activation_checkpointing(model: nn.Module) -> None:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        checkpoint_wrapper,
-    )
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        apply_activation_checkpointing as apply_ac,
-    )
-
     classes = tuple(layer_classes(model))
     apply_ac(
         model,
@@ -65,9 +77,6 @@ def shard_group_size(spec: JobSpec, mesh: DeviceMesh) -> int:
 
 def fsdp2(model: nn.Module, spec: JobSpec, mesh: DeviceMesh, shard_dims: dict[nn.Parameter, int]) -> nn.Module:
     """`shard_dims`: parameters sharded along another dim than 0 (weights.shard_dims)."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-    from torch.distributed.tensor import Shard
-
     f = spec.fsdp
     kwargs: dict[str, Any] = dict(
         mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=MP_DTYPES[f.mixed_precision], reduce_dtype=torch.float32)
@@ -88,8 +97,6 @@ def fsdp2(model: nn.Module, spec: JobSpec, mesh: DeviceMesh, shard_dims: dict[nn
     fully_shard(model, reshard_after_forward=False, **kwargs)
     # lm_head + cross-entropy fused and chunked (no full logits), run inside the root unit's
     # forward window like `forward` itself (see loss.py); other architectures keep `forward`.
-    from .loss import attach
-
     attach(model, compile=f.compile)
     return model
 
@@ -99,10 +106,6 @@ def fsdp1(
 ) -> nn.Module:
     """FSDP1 over a meta-device model: `param_init_fn` materializes (and initializes) each unit just
     before FSDP1 flattens and shards it; HYBRID_SHARD uses the 2-D mesh."""
-    from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-
     strategy = {
         "hybrid": ShardingStrategy.HYBRID_SHARD,
         "full": ShardingStrategy.FULL_SHARD,
@@ -146,8 +149,6 @@ def expose_fsdp1_params(model: nn.Module) -> None:
     `fsdp1` hooks this in before every forward of such a unit, and the checkpointer calls it before
     it takes or loads a state dict. It does nothing for FSDP2 or for sharded FSDP1 units.
     """
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
     for unit in FSDP.fsdp_modules(model):
         _expose(unit)
 
@@ -161,7 +162,5 @@ def _unsharded_views(unit: nn.Module) -> bool:
 
 def _expose(unit: nn.Module, *_hook_args: Any) -> None:
     """One unit's views as Parameters, between steps only (in a forward they must stay tensors)."""
-    from torch.distributed.fsdp._common_utils import HandleTrainingState
-
     if _unsharded_views(unit) and unit._handle._training_state is HandleTrainingState.IDLE:  # type: ignore[union-attr]
         unit._handle._use_unsharded_views(as_params=True)  # type: ignore[union-attr]

@@ -43,12 +43,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
 
 from ..core import ckptfolder
 from ..core.spec import JobSpec
 from ..core.spec.objective import NEEDS_REFERENCE
 from ..data.samples import PART_SHIFT, Batch, PreparedSamples, stack
 from ..data.tokens import IGNORE_INDEX
+from .build import build_model, token_ids
 
 if TYPE_CHECKING:
     from .model import ParamCount
@@ -219,8 +221,6 @@ def _reshard(model: Any) -> None:
     """FSDP2 keeps the root unit and the last layer gathered after a forward (for the backward,
     which frees them; see parallelize.fsdp2): the frozen reference has no backward, so they are
     freed here and it holds only its shards between forwards. FSDP1 frees them itself."""
-    from torch.distributed.fsdp import FSDPModule
-
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.reshard()
@@ -319,8 +319,6 @@ def build_reference(
     resolved at submit), else the run's starting model as the policy is built (`kept`: the run's
     copy of its config). The reference table's pass and the live reference both build it here;
     `max_id` (the data's largest token id, -1: unchecked) must fit its vocabulary."""
-    from .build import build_model, token_ids
-
     path = spec.train.preference.reference_model
     if path:
         model = dataclasses.replace(spec.model, name_or_path=path, config="", from_config={}, revision="")

@@ -40,10 +40,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+import torch.distributed as dist
+
 from ..core import ckptfolder
 from ..core.runfolder import RunFolder
 from ..core.spec import JobSpec
 from . import distenv
+from .attempt import PreflightFailed
 
 ENV_TEST_FULL = "CLUSTERFSDP_PREFLIGHT_TEST_FULL"
 SHM = Path("/dev/shm")
@@ -51,14 +55,6 @@ GIB = 1 << 30
 ALLREDUCE_BYTES = 8 << 20  # per rank: big enough to measure bandwidth, short on any network
 ALLREDUCE_ITERS = 5
 CONNECT_TIMEOUT_S = 10.0
-
-
-class PreflightFailed(RuntimeError):
-    """A node failed a pre-flight check; raised on every rank (`nodes`: the ones that failed)."""
-
-    def __init__(self, message: str, nodes: list[str]):
-        super().__init__(message)
-        self.nodes = nodes
 
 
 @dataclass(frozen=True)
@@ -103,18 +99,12 @@ class TorchGpus:
     is tested with a fake probe."""
 
     def cuda_build(self) -> bool:
-        import torch
-
         return torch.version.cuda is not None
 
     def count(self) -> int:
-        import torch
-
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
     def use(self, index: int) -> str:
-        import torch
-
         try:
             x = torch.ones(256, 256, device=f"cuda:{index}")
             value = float((x @ x).sum())  # a kernel, and a copy back that waits for it
@@ -246,9 +236,6 @@ def bus_bandwidth(nbytes: int, seconds: float, world: int) -> float:
 
 def all_reduce_busbw(device, world: int) -> float | None:
     """This rank's measured bus bandwidth over ALLREDUCE_ITERS all-reduces (one warm-up first)."""
-    import torch
-    import torch.distributed as dist
-
     if world < 2:
         return None
     x = torch.ones(ALLREDUCE_BYTES // 4, dtype=torch.float32, device=device)
@@ -290,8 +277,6 @@ def summary(reports: list[NodeReport], world: int) -> str:
 def run(spec: JobSpec, folder: RunFolder, env: distenv.DistEnv, device, log: Callable[[str], None]) -> None:
     """Every rank: the node checks (its node's first rank), the verdict, the all-reduce, the
     record. Raises PreflightFailed on every rank when a node failed."""
-    import torch.distributed as dist
-
     host = socket.gethostname()
     report = None
     if env.local_rank == 0:
@@ -320,7 +305,7 @@ def run(spec: JobSpec, folder: RunFolder, env: distenv.DistEnv, device, log: Cal
 
 
 def _record(path: Path, mine: NodeReport, reports: list[NodeReport], failed: PreflightFailed | None) -> None:
-    """Add the pre-flight to the node record written before it (worker.main's `_record_node`)."""
+    """Add the pre-flight to the node record written before it (worker/rank.py's `_record_node`)."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -13,6 +13,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
 
 def on_a_terminal() -> bool:
     try:
@@ -51,9 +54,6 @@ def task(
         yield Task(label, None, lambda _: None, every_s, None)
         return
     if on_a_terminal():
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
         console = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")))
         columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn()]
         with Progress(*columns, TimeElapsedColumn(), console=console) as bar:

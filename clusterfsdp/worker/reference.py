@@ -1,6 +1,6 @@
 """The ranks of a preference run's reference job (control/refjob.py queues it on Slurm).
 
-Each rank sets up as a training rank does (worker/main.py: the run's job.toml and [env], the
+Each rank sets up as a training rank does (worker/attempt.py and rank.py: the run's job.toml and [env], the
 process group on the job's nodes and GPUs), opens the prepared pairs, builds the frozen
 reference sharded like the policy (preference.build_reference: no optimizer), computes the
 log-probs of every train and eval pair and rank 0 writes the tables where the training attempt
@@ -16,23 +16,25 @@ from pathlib import Path
 
 from ..core import health, runfolder
 from . import distenv
-from . import main as mainmod
+from .attempt import Attempt, load_spec, sized_spec
 
 
 def run(run_dir: str) -> str:
     """Compute and keep the reference tables of the run in `run_dir`; 'reference' when done."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as the training ranks: submit resolved every hub id
+    t0 = time.perf_counter()
+    attempt = Attempt(runfolder.RunFolder(Path(run_dir)), distenv.from_environ())
+    spec = load_spec(attempt)  # [env] applied: before torch and transformers are imported, as in main.run
+    # Here, not at the top: huggingface_hub (through transformers) reads HF_HUB_OFFLINE and the
+    # job's [env] (HF_HOME, ...) when it is imported.
     import torch.distributed as dist
 
     from ..data.rankdata import open_for_training
-    from . import preference
+    from . import preference, rank
 
-    t0 = time.perf_counter()
-    attempt = mainmod._Attempt(runfolder.RunFolder(Path(run_dir)), distenv.from_environ())
-    spec = mainmod._load_spec(attempt)
-    sized = mainmod._sized(spec, attempt.env)
+    sized = sized_spec(spec, attempt.env)
     watch = health.WatchdogSettings.of(spec.train.watchdog)
-    device, backend = mainmod._init_process_group(attempt, health.collective_timeout_s(watch, health.Phase.START_UP, 0))
+    device, backend = rank.init_process_group(attempt, health.collective_timeout_s(watch, health.Phase.START_UP, 0))
     env = attempt.env
 
     def log(msg: str) -> None:

@@ -94,6 +94,8 @@ class StopFlags:
     def agree(self, group, step: int, grace_s: float) -> int:
         """Max flag over all ranks, and the next interval (the smallest any rank proposes), in
         one all-reduce over a gloo group: no CUDA sync in the training loop."""
+        # torch here, not at the top: `main.run` installs these flags before torch is imported (a
+        # signal during that import is not lost), and the notebook kernel imports `main` torch-free.
         import torch
         import torch.distributed as dist
 

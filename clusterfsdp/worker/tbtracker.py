@@ -21,6 +21,7 @@ class TensorBoard:
     def __init__(self, run: RunFolder, spec: specmod.JobSpec, attempt: int):
         """(`attempt` is not used: an attempt's event file is named by its time and host.)"""
         try:
+            # optional ([trackers] extra): only when [log] trackers names it
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
             raise TrackerError(
@@ -30,7 +31,7 @@ class TensorBoard:
         self.writer: Any = None
 
     def begin(self, step: int) -> None:
-        from torch.utils.tensorboard.summary import hparams
+        from torch.utils.tensorboard.summary import hparams  # (optional, as above)
 
         self.writer = self._writer_class(log_dir=str(self.run.tensorboard_dir), purge_step=step + 1)
         for summary in hparams(hyperparameters(self.spec), {"train/loss": 0.0}):

@@ -18,6 +18,9 @@ import os
 import socket
 from collections.abc import Sequence
 
+import torch
+import torch.distributed as dist
+
 from ..core.procs import boot_id
 
 USER_SETTING = "OMP_NUM_THREADS"
@@ -34,9 +37,6 @@ def share(mine: frozenset[int], machine: str, everyone: Sequence[tuple[str, Sequ
 def apply() -> tuple[int, str]:
     """Collective (every rank, once, after init_process_group): sets this rank's torch threads
     unless the user chose them; returns (threads, why) for the log and the node record."""
-    import torch
-    import torch.distributed as dist
-
     mine, machine = frozenset(os.sched_getaffinity(0)), boot_id() or socket.gethostname()
     everyone: list[tuple[str, list[int]] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (machine, sorted(mine)))  # on every rank, whatever it decides

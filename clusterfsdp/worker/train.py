@@ -27,6 +27,7 @@ from typing import Any  # models: transformers PreTrainedModels wrapped by FSDP
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from ..core import ckptfolder, lrschedule, peftbase
 from ..core.budget import Budget
@@ -37,6 +38,7 @@ from ..data.mixsamples import MixtureSamples
 from ..data.rankdata import TrainingData, open_for_training
 from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples
 from . import adapters, objectives, preference
+from . import loss as lossmod
 from . import metrics as metricsmod
 from . import model as modelmod
 from .benchstop import BenchStop
@@ -565,8 +567,6 @@ def _loss_fn(spec: JobSpec) -> Callable[[torch.nn.Module, Batch], torch.Tensor]:
     flash_attention_2 as one row (its varlen kernel takes the document bounds from the position
     ids only for batch size 1); sdpa and eager get a block-diagonal causal mask that transformers
     builds from the position ids."""
-    from . import loss as lossmod
-
     flatten = spec.model.attn_implementation == "flash_attention_2"
 
     def loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -616,7 +616,5 @@ def _clip(model, max_norm: float) -> torch.Tensor:
     """Global grad norm over all shards (DTensor-aware for FSDP2, FSDP1's own for FSDP1)."""
     if hasattr(model, "clip_grad_norm_"):  # FSDP1
         return model.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"))
-    from torch.distributed.tensor import DTensor
-
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
     return norm.full_tensor() if isinstance(norm, DTensor) else norm

@@ -20,7 +20,7 @@ class WandB:
 
     def __init__(self, run: RunFolder, spec: specmod.JobSpec, attempt: int):
         try:
-            import wandb
+            import wandb  # optional ([trackers] extra): only when [log] trackers names it
         except ImportError as e:
             raise TrackerError(f"log.trackers: 'wandb' needs the wandb package ({e}); {INSTALL_HINT}") from None
         try:
@@ -47,7 +47,7 @@ class WandB:
         self.wb.log({**metrics, "train/step": step})
 
     def samples(self, samples: list[EvalSample]) -> None:
-        import wandb
+        import wandb  # (optional, as above)
 
         table = wandb.Table(columns=["step", "prompt", "completion"])
         for s in samples:

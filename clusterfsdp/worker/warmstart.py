@@ -61,19 +61,19 @@ from typing import IO, Any
 
 from ..core import secretenv
 from ..core import spec as specmod
+from ..core.presets import PRESETS
 
 ENV_COLD = "CLUSTERFSDP_COLD_START"  # "1": every rank its own interpreter (nothing preloaded)
 # What every rank imports before its first step, whatever the job (its model family's module is
-# added from the job file: transformers imports it on first use).
+# added from the job file: transformers imports it on first use). `worker.rank` is the torch half
+# of the entry point: it imports, at their tops, the Trainer, the model builder, the sharding, the
+# checkpointer (DCP) and transformers' loading modules; only peft (LoRA runs), the tracker
+# packages and lm-eval stay out, imported where a job uses them.
 MODULES = (
     "torch",
-    "torch.distributed",
-    "torch.distributed.fsdp",
     "transformers",
-    "transformers.modeling_utils",
     "clusterfsdp.worker.main",
-    "clusterfsdp.worker.train",
-    "clusterfsdp.worker.build",
+    "clusterfsdp.worker.rank",
 )
 
 # In a forked rank: the launcher's pid and how long its imports took (None in a cold rank).
@@ -253,8 +253,7 @@ def family_modules(spec: specmod.JobSpec | None, run_dir: str | Path | None) -> 
     """The modeling module of the job's model type (transformers imports it on first use)."""
     if spec is None:
         return []
-    from ..core.presets import PRESETS
-    from .model import source_folder
+    from .model import source_folder  # torch: the launcher has imported MODULES; notebook imports this module
 
     cfg = spec.model
     model_type = cfg.from_config.get("model_type") or PRESETS.get(cfg.preset, {}).get("model_type")

@@ -34,6 +34,7 @@ shared file system); nothing in the training processes.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -47,8 +48,10 @@ from pathlib import Path
 from ..core import fileio, health, runfolder
 from ..core.health import Beat, Hang, WatchdogSettings
 from ..core.records import Event, EventKind
-from .heartbeat import DUMP_SIGNAL
 
+# The stack dump each rank's heartbeat registers faulthandler on (py-spy missing): here, in the
+# torch-free process that sends it, which the rank-side heartbeat.py imports.
+DUMP_SIGNAL = signal.SIGRTMIN + 3  # unused by Slurm, NCCL, submitit
 DUMP_WAIT_S = 30.0  # the winner waits this long for every node's stack dumps
 RECORD_WAIT_S = 45.0  # the others wait this long for the hang event before they kill anyway
 PYSPY_TIMEOUT_S = 20.0
@@ -256,8 +259,6 @@ def _die_with_parent() -> None:
     cancelled step leaves no watchdog behind for the poll's 2 s (nor at all where the step's
     processes are not tracked by cgroup); elsewhere the poll of getppid() is the rule."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass

@@ -26,6 +26,7 @@ logits against `AutoModelForCausalLM.from_pretrained` for every tested family an
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import zlib
@@ -35,7 +36,24 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from transformers import initialization
+from transformers.conversion_mapping import get_model_conversion_mapping
+from transformers.core_model_loading import (
+    Chunk,
+    Concatenate,
+    Interleave,
+    MergeModulelist,
+    Split,
+    Transpose,
+    WeightConverter,
+)
+from transformers.modeling_utils import LoadStateDictConfig, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from ..core.modelsource import weight_files
 from .model import ModelError, canonical, decoder_layers
@@ -66,8 +84,6 @@ class Plan:
 
 def plan(model: Any, dtype: torch.dtype) -> Plan:
     """`model`: the transformers model on the meta device, before sharding."""
-    from transformers.conversion_mapping import get_model_conversion_mapping
-
     layers = decoder_layers(model)
     names = {id(m): canonical(n) for n, m in model.named_modules()}
     units = [Unit(names[id(layer)], layer) for layer in layers]
@@ -85,16 +101,6 @@ def _conversion_dims(model: nn.Module, mapping: list, out: Plan) -> None:
     (each source tensor is sliced in the target's coordinates, then the pieces are joined):
     Shard(1) of a fused [experts, 2·I, H] gate_up_proj would give rank r [gate_r; up_r], not
     rows r. Stacking experts (MergeModulelist) is the exception: ranks skip experts they do not own."""
-    from transformers.core_model_loading import (
-        Chunk,
-        Concatenate,
-        Interleave,
-        MergeModulelist,
-        Split,
-        Transpose,
-        WeightConverter,
-    )
-
     for conv in mapping:
         if not isinstance(conv, WeightConverter):
             continue
@@ -154,8 +160,6 @@ def shard_dims(model: nn.Module, p: Plan, shard_size: int) -> dict[nn.Parameter,
 # ---------------------------------------------------------------- the family's own init
 def _owners(model: nn.Module) -> dict[int, Any]:
     """Module id -> the innermost transformers PreTrainedModel containing it (whose _init_weights applies)."""
-    from transformers import PreTrainedModel
-
     owners: dict[int, Any] = {}
 
     def visit(module: nn.Module, owner: nn.Module) -> None:
@@ -187,8 +191,6 @@ def _post_order(module: nn.Module, skip: frozenset[int]) -> Iterator[nn.Module]:
 
 def _run_init(modules: list[nn.Module], owners: dict[int, Any]) -> None:
     """The family's `_init_weights` on each module (it skips tensors flagged `_is_hf_initialized`)."""
-    from transformers import initialization
-
     with initialization.guard_torch_init_functions():
         for m in modules:
             owner = owners.get(id(m))
@@ -253,8 +255,6 @@ def init_unit(unit: Unit, owners: dict[int, Any], seed: int, device: torch.devic
 def take_shards(swapped: Sequence[tuple[nn.Module, str, nn.Parameter]], full: Mapping[int, torch.Tensor]) -> None:
     """Put each (sharded) parameter back in its module, holding its local shard of the full-size
     tensor it was initialized on (`full`, by the parameter's id)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     for m, key, param in swapped:
         m._parameters[key] = param
         value = full[id(param)].detach()
@@ -294,8 +294,6 @@ def _compute_buffers(modules: list[nn.Module], owners: dict[int, Any]) -> None:
 def release_host_memory() -> None:
     """Return freed heap memory to the OS (glibc keeps freed blocks of mid-size tensors otherwise,
     and a CPU run would carry every unit's unsharded copy in its RSS)."""
-    import ctypes
-
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
@@ -353,8 +351,6 @@ class Fsdp1Materializer:
     def _gather(self, tensors: dict[int, tuple[torch.Tensor, list[str]]]) -> None:
         """Copy each tensor from `source` (all-gathering its shards; every rank walks the same
         tensors in the same order) and drop it there."""
-        from torch.distributed.tensor import DTensor
-
         source = self.source
         assert source is not None
         for tensor, names in tensors.values():
@@ -374,8 +370,6 @@ class Fsdp1Materializer:
 def _quiet_transformers(rank: int) -> None:
     """One loading report (rank 0), no per-rank progress bars; accelerate's FSDP switches off (they
     make ranks other than 0 skip loading, expecting a broadcast this code does not do)."""
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()
     if rank != 0:
         hf_logging.set_verbosity_error()
@@ -386,8 +380,6 @@ def _quiet_transformers(rank: int) -> None:
 def load_pretrained(model: nn.Module, folder: Path, p: Plan, device: torch.device | str, dtype: torch.dtype) -> None:
     """transformers' from_pretrained tail on `model`: on an FSDP2 model every rank reads only its
     own slices of the files. Raises ModelError for anything short of an exact load."""
-    from transformers.modeling_utils import LoadStateDictConfig, PreTrainedModel
-
     files = weight_files(folder)
     if not files or not all(f.is_file() for f in files):
         raise FileNotFoundError(
@@ -424,8 +416,6 @@ def _own_storage(model: nn.Module) -> None:
     weight alive behind its shard (the memory of an unsharded model), and the shard's storage
     could not be deep-copied (the async checkpoint's staging buffers failed on every rank but
     the first: issue 40's cross product)."""
-    from torch.distributed.tensor import DTensor
-
     with torch.no_grad():
         for param in model.parameters():
             if not isinstance(param, DTensor):
@@ -440,11 +430,6 @@ def staged_source(
 ) -> nn.Module:
     """For FSDP1: a second copy of the model, sharded over all ranks with FSDP2 on a 1-D mesh and
     loaded like an FSDP2 model (every rank reads only its slices); FSDP1 gathers it unit by unit."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Shard
-
     world = dist.get_world_size() if dist.is_initialized() else 1
     staging = build()
     dims = shard_dims(staging, p, world)
@@ -465,8 +450,6 @@ def staged_source(
 def agree(error: BaseException | None) -> None:
     """Collective: if any rank failed, every rank raises that rank's error (none waits in a
     collective that will never come)."""
-    import torch.distributed as dist
-
     if not dist.is_initialized() or dist.get_world_size() == 1:
         if error is not None:
             raise error
@@ -495,8 +478,6 @@ class Filler:
 
     def fsdp2(self, model: nn.Module, offload: bool) -> None:
         """Fill an FSDP2 (or unsharded) model."""
-        import torch.distributed as dist
-
         _quiet_transformers(dist.get_rank() if dist.is_initialized() else 0)
         if self.mode == "pretrained":
             assert self.folder is not None
@@ -528,8 +509,6 @@ class Filler:
         source = None
         if self.mode == "pretrained":
             assert self.folder is not None
-            import torch.distributed as dist
-
             _quiet_transformers(dist.get_rank() if dist.is_initialized() else 0)
             source = staged_source(build, self.folder, self.plan, self.device, self.dtype)
         return Fsdp1Materializer(model, self.plan, self.mode, self.seed, self.device, source)
@@ -537,8 +516,6 @@ class Filler:
 
 def check_materialized(model: nn.Module, model_type: str) -> None:
     """No parameter or buffer may be left on the meta device (a key nothing filled)."""
-    from torch.distributed.tensor import DTensor
-
     left = [
         n
         for n, t in [*model.named_parameters(), *model.named_buffers()]
