@@ -1,5 +1,5 @@
 """One rank's attempt, the torch-free half of the worker's entry point (worker/main.py): the
-record of this incarnation (`Attempt`: its events, the failure it ends with and why), the
+record of this incarnation (`RankAttempt`: its events, the failure it ends with and why), the
 run's job.toml and environment as this rank applies them, its log, and what rank 0 decides
 when a signal stopped training (requeue, follow-up job, stop). `rank.py`, the half that
 imports torch, runs the attempt through these; `main.run` records its end.
@@ -74,7 +74,7 @@ class PreflightFailed(RuntimeError):
 
 
 @dataclass
-class Attempt:
+class RankAttempt:
     """This rank's view of the incarnation it runs, for the failure record: the environment
     (the local executor's restart count is known only after the process group is up), the
     node's network facts, the Trainer's state once it exists, and what rank 0 holds: the
@@ -149,7 +149,7 @@ def sized_spec(spec: specmod.JobSpec, env: distenv.DistEnv) -> specmod.JobSpec:
     return sized
 
 
-def load_spec(attempt: Attempt) -> specmod.JobSpec:
+def load_spec(attempt: RankAttempt) -> specmod.JobSpec:
     """The run's job.toml, and the environment it asks for: the network choices of this node
     (distenv), [env] on top, then the torch.distributed variables."""
     spec = specmod.load(attempt.run.job_toml)
@@ -163,7 +163,7 @@ def load_spec(attempt: Attempt) -> specmod.JobSpec:
     return spec
 
 
-def tee_output(attempt: Attempt) -> Callable[[str], None]:
+def tee_output(attempt: RankAttempt) -> Callable[[str], None]:
     """This rank's stdout and stderr also into logs/<job>.<restart>/rank<R>.log; returns the
     progress log (rank 0's, or every rank's in a notebook with all_ranks=True)."""
     env = attempt.env
@@ -193,7 +193,7 @@ def untee() -> None:
         sys.stderr = sys.stderr.stream
 
 
-def record_start(attempt: Attempt) -> None:
+def record_start(attempt: RankAttempt) -> None:
     """Rank 0: the `start` event (and the attempt itself when someone ran sbatch.sh by hand)."""
     run, env = attempt.run, attempt.env
     if env.rank != 0:
@@ -205,7 +205,7 @@ def record_start(attempt: Attempt) -> None:
     attempt.event(EventKind.START, world_size=env.world_size, nodes=env.num_nodes, attempt=number)
 
 
-def stop_verdict(attempt: Attempt, signal_name: str) -> outcomes.StopVerdict:
+def stop_verdict(attempt: RankAttempt, signal_name: str) -> outcomes.StopVerdict:
     """Why the ranks stopped. Under Slurm rank 0 asks `scontrol show job` (SIGTERM is both a
     cancel and a preemption); the local executor has no preemption: SIGUSR2 is its time limit,
     SIGTERM a cancel."""
@@ -233,7 +233,7 @@ def stop_verdict(attempt: Attempt, signal_name: str) -> outcomes.StopVerdict:
     return outcomes.classify_stop(signal_name, job, env.restart, cancel_asked)
 
 
-def come_back(attempt: Attempt, verdict: outcomes.StopVerdict, log) -> None:
+def come_back(attempt: RankAttempt, verdict: outcomes.StopVerdict, log) -> None:
     """Slurm: requeue this job (it keeps its id); where Slurm refuses (--no-requeue, a job that
     is already ending) a follow-up job takes over once this one ends (Run.come_back). The run
     service stands above the worker: it is called across a process boundary (control/jobstep.py

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..core import runfolder
 from ..core.outcomes import RankOutcome
 from . import distenv
-from .attempt import ENV_LOG_ALL_RANKS, LOCAL_REQUEUE_EXIT, Attempt, Tee, load_spec, untee
+from .attempt import ENV_LOG_ALL_RANKS, LOCAL_REQUEUE_EXIT, RankAttempt, Tee, load_spec, untee
 from .stopflags import StopFlags
 
 __all__ = ["ENV_LOG_ALL_RANKS", "LOCAL_REQUEUE_EXIT", "Tee", "run"]
@@ -31,7 +31,7 @@ def run(run_dir: str) -> RankOutcome:
     # Compute nodes never download: submit resolved every hub id to a local snapshot folder
     # (set before huggingface_hub is imported; [env] may still override it).
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    attempt = Attempt(runfolder.RunFolder(Path(run_dir)), distenv.from_environ())
+    attempt = RankAttempt(runfolder.RunFolder(Path(run_dir)), distenv.from_environ())
     try:
         spec = load_spec(attempt)  # the job's [env] applied, then torch and transformers imported:
         # huggingface_hub and torch read some of it (HF_HOME, HF_HUB_OFFLINE, ...) at import, and a

@@ -26,7 +26,7 @@ from ..core.spec import benchmetric
 from . import distenv, elastic, heartbeat, metrics, preflight, threads, train, warmstart
 from .attempt import (
     LOCAL_REQUEUE_EXIT,
-    Attempt,
+    RankAttempt,
     come_back,
     record_start,
     sized_spec,
@@ -62,7 +62,7 @@ def _attempt_lock(run: runfolder.RunFolder, env: distenv.DistEnv) -> lock.FileLo
         raise RuntimeError(f"another attempt is training in this run folder ({who}); not starting a second") from None
 
 
-def train_rank(attempt: Attempt, flags: StopFlags, spec: specmod.JobSpec) -> RankOutcome:
+def train_rank(attempt: RankAttempt, flags: StopFlags, spec: specmod.JobSpec) -> RankOutcome:
     """The rank's set-up, in named steps, then the Trainer and what its end means. `spec`: the
     run's job.toml, its environment already applied (`attempt.load_spec`, before torch)."""
     sized = sized_spec(spec, attempt.env)  # a node range: this allocation's size (the job file's spec acts on the run)
@@ -121,13 +121,10 @@ def train_rank(attempt: Attempt, flags: StopFlags, spec: specmod.JobSpec) -> Ran
         attempt.beat.phase(health.Phase.DONE)
     if outcome.end is train.LoopEnd.INTERRUPTED:
         return _interrupted(attempt, spec, outcome, log)
-    if env.rank == 0:
-        attempt.event(
-            EventKind.COMPLETED, step=outcome.step, checkpoint=outcome.checkpoint, cause=Cause.COMPLETED,
-            reason=outcome.reason,
-        )  # fmt: skip
-    _finish(attempt, RankOutcome.COMPLETED)
-    return RankOutcome.COMPLETED
+    return _end(
+        attempt, EventKind.COMPLETED, step=outcome.step, checkpoint=outcome.checkpoint, cause=Cause.COMPLETED,
+        reason=outcome.reason,
+    )  # fmt: skip
 
 
 def group_backends(backend: str) -> str:
@@ -140,7 +137,7 @@ def group_backends(backend: str) -> str:
     return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
-def init_process_group(attempt: Attempt, timeout_s: float):
+def init_process_group(attempt: RankAttempt, timeout_s: float):
     """The device (this node's GPU by local rank, else CPU) and the default process group
     (NCCL on GPUs with gloo beside it for CPU tensors, gloo on CPUs), its timeout the
     watchdog's start-up rule (the heartbeat follows the phases and the step time later). Rank 0
@@ -175,7 +172,7 @@ def init_process_group(attempt: Attempt, timeout_s: float):
     return device, backend
 
 
-def _start_heartbeat(attempt: Attempt, settings: health.WatchdogSettings) -> None:
+def _start_heartbeat(attempt: RankAttempt, settings: health.WatchdogSettings) -> None:
     """This rank's heartbeat, and on each node's first rank the node's watchdog (train.watchdog)."""
     if not settings.enabled:
         return
@@ -186,7 +183,7 @@ def _start_heartbeat(attempt: Attempt, settings: health.WatchdogSettings) -> Non
         heartbeat.start_node_watchdog(run.path, env.job_id, env.restart, env.world_size, settings)
 
 
-def _admit(attempt: Attempt, spec: specmod.JobSpec, log: Callable[[str], None]) -> None:
+def _admit(attempt: RankAttempt, spec: specmod.JobSpec, log: Callable[[str], None]) -> None:
     """Rank 0 takes the attempt lock and opens the metrics sink (with the trackers), then tells
     the other ranks whether this attempt may train."""
     run, env = attempt.run, attempt.env
@@ -207,7 +204,7 @@ def _admit(attempt: Attempt, spec: specmod.JobSpec, log: Callable[[str], None]) 
             raise RuntimeError("rank 0 did not start this attempt (see its log); not starting")
 
 
-def _note_warm_start(attempt: Attempt, log: Callable[[str], None]) -> None:
+def _note_warm_start(attempt: RankAttempt, log: Callable[[str], None]) -> None:
     """Whether this rank was forked from a launcher that had imported torch and transformers
     (worker/warmstart.py), in the log and the node record."""
     attempt.facts["warm_start"] = warmstart.launcher is not None
@@ -216,14 +213,14 @@ def _note_warm_start(attempt: Attempt, log: Callable[[str], None]) -> None:
             f"in {warmstart.preload_s:.1f} s")  # fmt: skip
 
 
-def _set_threads(attempt: Attempt, log: Callable[[str], None]) -> None:
+def _set_threads(attempt: RankAttempt, log: Callable[[str], None]) -> None:
     """Each rank's share of its machine's CPUs for torch's own threads (threads.py; collective)."""
     count, why = threads.apply()
     attempt.facts["cpu_threads"] = count
     log(f"cpu threads per rank: {count} ({why})")
 
 
-def _record_node(attempt: Attempt, device, backend: str) -> None:
+def _record_node(attempt: RankAttempt, device, backend: str) -> None:
     """The first rank of each node records the node's choices under nodes/."""
     env = attempt.env
     if env.local_rank != 0:
@@ -256,7 +253,16 @@ def _trackers(
     return Trackers.open(run, spec, attempt, log)
 
 
-def _finish(attempt: Attempt, outcome: RankOutcome) -> None:
+def _end(attempt: RankAttempt, kind: EventKind, **fields) -> RankOutcome:
+    """Rank 0 records how the attempt ended; every rank then ends its part as that record means
+    (outcomes.ENDS: the same word on each level)."""
+    if attempt.env.rank == 0:
+        attempt.event(kind, **fields)
+    _finish(attempt, outcomes.RANK_END[kind])
+    return outcomes.RANK_END[kind]
+
+
+def _finish(attempt: RankAttempt, outcome: RankOutcome) -> None:
     """End this rank's part: close the trackers with `outcome`, release the lock, leave the group."""
     attempt.close_trackers(outcome)
     if attempt.lock is not None:
@@ -268,7 +274,7 @@ def _finish(attempt: Attempt, outcome: RankOutcome) -> None:
     sys.stdout.flush()
 
 
-def _interrupted(attempt: Attempt, spec: specmod.JobSpec, outcome: train.Outcome, log) -> RankOutcome:
+def _interrupted(attempt: RankAttempt, spec: specmod.JobSpec, outcome: train.Outcome, log) -> RankOutcome:
     """After the collective save a signal triggered: rank 0 records why and brings the job
     back (requeue, follow-up job) or stops it; the local executor restarts on exit code 144.
     Comebacks are bounded by slurm.max_restarts when they made no progress (outcomes.restarts_used)."""
@@ -280,23 +286,18 @@ def _interrupted(attempt: Attempt, spec: specmod.JobSpec, outcome: train.Outcome
         sys.exit(0)
     saved = f"saved step {outcome.step}"
     if verdict.action is outcomes.StopAction.STOP:
-        if env.rank == 0:
-            attempt.event(EventKind.STOPPED, step=outcome.step, checkpoint=outcome.checkpoint, cause=verdict.cause,
-                          reason=f"{verdict.reason}; {saved}")  # fmt: skip
-        _finish(attempt, RankOutcome.STOPPED)
-        return RankOutcome.STOPPED
+        return _end(attempt, EventKind.STOPPED, step=outcome.step, checkpoint=outcome.checkpoint,
+                    cause=verdict.cause, reason=f"{verdict.reason}; {saved}")  # fmt: skip
     cost = outcomes.charge(run.events(), env.job_id, env.restart, outcome.step)
     if cost.exhausted(spec.slurm.max_restarts):
-        if env.rank == 0:
-            reason = (f"{verdict.reason}; {saved}, no progress since the last restart, and {cost.used} restarts used "
-                      f"(slurm.max_restarts = {spec.slurm.max_restarts})")  # fmt: skip
-            attempt.event(EventKind.FAILED, step=outcome.step, cause=Cause.RESTARTS_EXHAUSTED, reason=reason)
-        _finish(attempt, RankOutcome.FAILED)
+        reason = (f"{verdict.reason}; {saved}, no progress since the last restart, and {cost.used} restarts used "
+                  f"(slurm.max_restarts = {spec.slurm.max_restarts})")  # fmt: skip
+        _end(attempt, EventKind.FAILED, step=outcome.step, cause=Cause.RESTARTS_EXHAUSTED, reason=reason)
         sys.exit(1)
     if env.rank == 0:
         attempt.event(EventKind.REQUEUED, step=outcome.step, checkpoint=outcome.checkpoint, cause=verdict.cause,
                       reason=f"{verdict.reason}; {saved}", restarts=cost.after())  # fmt: skip
         if env.launcher == "slurm":
             come_back(attempt, verdict, log)
-    _finish(attempt, RankOutcome.PREEMPTED)
+    _finish(attempt, outcomes.RANK_END[EventKind.REQUEUED])
     sys.exit(LOCAL_REQUEUE_EXIT if local else 0)

@@ -16,14 +16,14 @@ from pathlib import Path
 
 from ..core import health, runfolder
 from . import distenv
-from .attempt import Attempt, load_spec, sized_spec
+from .attempt import RankAttempt, load_spec, sized_spec
 
 
 def run(run_dir: str) -> str:
     """Compute and keep the reference tables of the run in `run_dir`; 'reference' when done."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as the training ranks: submit resolved every hub id
     t0 = time.perf_counter()
-    attempt = Attempt(runfolder.RunFolder(Path(run_dir)), distenv.from_environ())
+    attempt = RankAttempt(runfolder.RunFolder(Path(run_dir)), distenv.from_environ())
     spec = load_spec(attempt)  # [env] applied: before torch and transformers are imported, as in main.run
     # Here, not at the top: huggingface_hub (through transformers) reads HF_HUB_OFFLINE and the
     # job's [env] (HF_HOME, ...) when it is imported.

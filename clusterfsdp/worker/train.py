@@ -37,7 +37,7 @@ from ..data import mixture, samplesets
 from ..data.mixsamples import MixtureSamples
 from ..data.rankdata import TrainingData, open_for_training
 from ..data.samples import Batch, PreparedSamples, Skipped, SyntheticSamples
-from . import adapters, objectives, preference
+from . import adapters, evalloss, objectives, preference
 from . import loss as lossmod
 from . import metrics as metricsmod
 from . import model as modelmod
@@ -388,7 +388,7 @@ class Trainer:
         batches = [self.samples.batch(consumed, ctx.rank, world, mb) for consumed in at]
         if ctx.beat is not None:
             ctx.beat.fetched()
-        scale = world / _label_total(self.spec, self.samples, batches, self.flag_group)
+        scale = world / evalloss.label_total(self.spec, self.samples, batches, self.flag_group)
         first = state.consumed
         if self.objective is not None:
             self.objective.train.begin(self.model, batches, ctx.device)  # the step's rewards (kto: its KL first)
@@ -427,7 +427,10 @@ class Trainer:
         assert self.data.eval is not None
         self._phase(Phase.EVAL)
         loss_fn = self.objective.eval if self.objective is not None else self.loss_fn
-        eval_loss = evaluate(self.model, loss_fn, self.data.eval, self.eval_batches, self.ctx, self.spec)
+        ctx = self.ctx
+        eval_loss = evalloss.evaluate(
+            self.model, loss_fn, self.data.eval, self.eval_batches, self.spec, ctx.device, ctx.rank, ctx.world_size
+        )
         rewards = self.objective.eval.row(self.flag_group, "eval_") if self.objective is not None else {}
         self._phase(Phase.STEP)
         # the judged score, lower better: the eval loss, or minus the reward accuracy (checkpoint.keep_best)
@@ -578,38 +581,6 @@ def _loss_fn(spec: JobSpec) -> Callable[[torch.nn.Module, Batch], torch.Tensor]:
         )
 
     return loss
-
-
-def _label_total(spec: JobSpec, samples, batches: list[Batch], group) -> float:
-    """Trained labels in this step over all ranks: what the summed loss is divided by, so every
-    trained token weighs the same whatever the world size, micro-batch or padding."""
-    if samples.all_labels_trained:
-        return float(sum(b.labels.numel() for b in batches) * spec.world_size)
-    total = torch.tensor([float(sum(b.label_count for b in batches))])
-    if group is not None:
-        dist.all_reduce(total, group=group)
-    return max(1.0, float(total))
-
-
-def evaluate(
-    model, loss_fn, samples: PreparedSamples | MixtureSamples, batches: int, ctx: RankContext, spec: JobSpec
-) -> float:
-    """Mean loss over the first `batches` global micro-batches of the fixed evaluation order:
-    every rank its slice, the sums of loss and of trained labels all-reduced."""
-    mb, world = spec.train.micro_batch_size, ctx.world_size
-    totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)
-    model.eval()
-    if isinstance(loss_fn, preference.PreferenceLoss):  # its sums reset (kto: its KL estimate over all the batches)
-        loss_fn.begin(model, [samples.batch(j * world * mb, ctx.rank, world, mb) for j in range(batches)], ctx.device)
-    with torch.no_grad():
-        for j in range(batches):
-            batch = samples.batch(j * world * mb, ctx.rank, world, mb)
-            totals[0] += loss_fn(model, batch.to(ctx.device)).double()
-            totals[1] += batch.label_count
-    model.train()
-    if dist.is_initialized():
-        dist.all_reduce(totals)
-    return float(totals[0] / totals[1].clamp(min=1))
 
 
 def _clip(model, max_norm: float) -> torch.Tensor:
