@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..control import inputs, sweepplan
+from ..control.summary import summary
+from ..core import spec as specmod
+from ..core.slurmping import Ping
 from . import CliError
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from ..core import spec as specmod
-
     path = Path(args.path)
     if path.exists() and not args.force:
         raise CliError(f"{path} exists (use --force to overwrite)")
@@ -22,29 +24,17 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from ..core import spec as specmod
-
     print("\n".join(specmod.describe_schema(args.key or "")))  # an unknown key: SpecError, exit 2
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from ..core.slurmping import Ping
-
     # Asks Slurm while the job is checked (start-up); --executor local asks nothing: a job checked
     # for this machine never waits on a controller that is busy, hung or restarting.
     with Ping(ask=args.executor != "local") as ping:
-        from ..control import inputs
-        from ..control.summary import summary
-        from ..core import spec as specmod
-
         job = specmod.JobText.read(args.job)
         spec = job.load(args.set or [])
-        points = 0
-        if "sweep" in job.text:  # sweepcmds only for a job file that may have a [sweep] table (start-up)
-            from . import sweepcmds
-
-            points = sweepcmds.table_points(job, args.set or [])
+        points = _table_points(job, args.set or [])
         prepared = inputs.prepare_sources(spec, mode="check")  # hub ids: asks the hub, downloads nothing
         spec = prepared.spec
         inside = inputs.container_only_paths(spec)
@@ -66,3 +56,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"prepared   {line}")
     print("ok")
     return 0
+
+
+def _table_points(job: specmod.JobText, overrides: list[str]) -> int:
+    """How many points the job file's [sweep] table has, each checked as `sweep` checks them
+    (SweepError, exit 2, naming the key or the point); 0 without one. `submit` refuses a job with
+    one, and `sweep` refused tables that `validate` passed."""
+    table = sweepplan.read_table(job.text)
+    return len(sweepplan.vary(job, overrides=overrides).points) if table.grid or table.zip else 0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..core import hub, modelsource
 from ..core import spec as specmod
-from ..core.spec import peft
+from ..core.spec import benchmetric, peft
 
 
 def prepare_sources(spec: specmod.JobSpec, mode: hub.Mode = "download") -> modelsource.Prepared:
@@ -40,7 +40,6 @@ def bench_problems(spec: specmod.JobSpec) -> list[str]:
     if not spec.benchmarks.tasks:
         return []
     from ..core import benchfiles
-    from ..core.spec import benchmetric
 
     return benchfiles.problems(spec.benchmarks, benchmetric.used(spec))
 

@@ -18,6 +18,8 @@ beside the submitit parameters they guard, so one module says everything an atte
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import math
 import os
 import re
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..core import ownership, procs, runfolder, slurmcli
+from ..core import localctl, ownership, procs, runfolder, slurmcli
 from ..core import spec as specmod
 from ..core.errors import UserError
 from ..core.procs import ProcessId
@@ -69,8 +71,6 @@ class WorkerCall:
     run_dir: str
 
     def __call__(self) -> str:
-        import importlib
-
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT):
             signal.signal(sig, signal.SIG_DFL)
         return importlib.import_module("clusterfsdp.worker.main").run(self.run_dir)
@@ -177,7 +177,6 @@ def check_trackers(spec: specmod.JobSpec) -> None:
     or the run would fail after queueing. Looked up without importing them."""
     if spec.slurm.container.kind != "none":
         return  # the image's Python: only the worker can tell
-    import importlib.util
 
     for name in spec.log.trackers:
         if importlib.util.find_spec(_TRACKER_MODULES[name]) is None:
@@ -500,8 +499,6 @@ def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:
     while following the log) does not reach the workers, with its stdio on a log file in the
     run folder, so `RUN=$(clusterfsdp submit ...)` or `| tee` return at once instead of holding
     the pipe open for the whole run. The session leader's identity is recorded for cancel."""
-    from ..core import localctl
-
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: new session, detached stdio, submit, report, exit

@@ -17,7 +17,9 @@ docs/data.md says how to choose.
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import secrets
 import shlex
 import signal
@@ -35,6 +37,7 @@ from ..core.records import RunState
 from ..core.runfolder import RunFolder
 from ..data import arraystate
 from ..data.cache import DatasetRef, cache_root, dataset_refs
+from ..data.checks import container_only_paths
 from ..data.sources import DataError
 
 RECORD = "prepare.json"  # in a run folder: the array its training job waits for
@@ -73,9 +76,6 @@ class PrepareCall:
     count: int
 
     def __call__(self, index: int) -> bool:
-        import importlib
-        import os
-
         for sig in (signal.SIGTERM, signal.SIGUSR2):
             signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
         array = importlib.import_module("clusterfsdp.data.array")
@@ -155,8 +155,6 @@ def before_training(spec: specmod.JobSpec, run: RunFolder, *, slurm: bool) -> st
     array for the data that is not prepared, record it in the run folder and return the training
     job's dependency; with 'require', refuse (any executor). None when nothing is missing or the
     job prepares its data itself (in_job, the local executor, data only inside a container)."""
-    from ..data.checks import container_only_paths
-
     d = spec.data
     if d.source != "files" or d.prepare == "in_job" or (d.prepare == "job" and not slurm) or container_only_paths(spec):
         return None

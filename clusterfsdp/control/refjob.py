@@ -17,6 +17,7 @@ launch.WorkerCall.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import secrets
@@ -50,8 +51,6 @@ class ReferenceCall:
     run_dir: str
 
     def __call__(self) -> str:
-        import importlib
-
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT):
             signal.signal(sig, signal.SIG_DFL)
         return importlib.import_module("clusterfsdp.worker.reference").run(self.run_dir)

@@ -11,7 +11,7 @@ from dataclasses import field
 
 from ..core import ckptfolder, fileio, procs, records, slurmcli
 from ..core.records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
-from ..core.runfolder import RunFolder
+from ..core.runfolder import RunFolder, owner
 from ..core.sweeplayout import sweep_of
 from ..core.value import value
 from . import cost, jsonltail, pending
@@ -524,16 +524,6 @@ def cost_by_user(rows: list[RunStatus]) -> dict[str, UserCost]:
         used = was.used + st.cost.total if st.cost is not None else was.used
         out[user] = UserCost(used, was.runs + 1, was.unknown + (st.cost is None))
     return dict(sorted(out.items()))
-
-
-def owner(run: RunFolder) -> str:
-    """The name of the user who owns the run folder ('?' when it cannot be read)."""
-    from ..core import ownership
-
-    try:
-        return ownership.user_name(run.path.stat().st_uid)
-    except OSError:
-        return "?"
 
 
 def statuses(run_list: list[RunFolder], costs: bool = False) -> tuple[list[RunStatus], str]:

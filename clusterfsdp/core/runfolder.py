@@ -253,6 +253,14 @@ def find_run(ref: str, run_root: str | Path | None = None) -> RunFolder:
 # ---- whose runs are acted on
 
 
+def owner(run: RunFolder) -> str:
+    """The name of the user who owns the run folder ('?' when it cannot be read)."""
+    try:
+        return ownership.user_name(run.path.stat().st_uid)
+    except OSError:
+        return "?"
+
+
 def untrusted(path: Path) -> str | None:
     """Why another user could have written `path` (None: they could not; `ownership.verdict`)."""
     try:
