@@ -30,6 +30,7 @@ def data_problems(spec: specmod.JobSpec) -> list[str]:
     """`data.checks.problems`: what the job's data files would be refused for."""
     if spec.data.source != "files":
         return []
+    # data/'s checks only for a job that reads files: `validate` of a synthetic one imports no data/
     from ..data import checks
 
     return checks.problems(spec)
@@ -39,6 +40,7 @@ def bench_problems(spec: specmod.JobSpec) -> list[str]:
     """`benchfiles.problems`: the [benchmarks] tasks' files and names (imported only for a job with tasks)."""
     if not spec.benchmarks.tasks:
         return []
+    # a job with [benchmarks] tasks only (their YAML files are read)
     from ..core import benchfiles
 
     return benchfiles.problems(spec.benchmarks, benchmetric.used(spec))
@@ -48,6 +50,7 @@ def container_only_paths(spec: specmod.JobSpec) -> list[str]:
     """`data.checks.container_only_paths`: data paths that exist only inside the job's image."""
     if spec.data.source != "files":
         return []
+    # data/'s checks only for a job that reads files: `validate` of a synthetic one imports no data/
     from ..data import checks
 
     return checks.container_only_paths(spec)
@@ -57,6 +60,7 @@ def prepared_state(spec: specmod.JobSpec) -> list[str]:
     """`data.checks.prepared_state`: `validate`'s lines on whether the data is prepared."""
     if spec.data.source != "files":
         return []
+    # data/'s checks only for a job that reads files: `validate` of a synthetic one imports no data/
     from ..data import checks
 
     return checks.prepared_state(spec)

@@ -42,6 +42,7 @@ from ..core.records import Attempt, Executor, RunState
 from ..core.runfolder import RunFolder
 
 if TYPE_CHECKING:
+    # submitit only when a job is queued (heavy: cloudpickle), not for every Run
     import submitit
 
     from .slurmexec import RetriedSlurmExecutor
@@ -313,6 +314,7 @@ def slurm_executor(
 def executor_for(
     spec: specmod.JobSpec, folder: Path, steps: tuple[list[str], list[str]], parameters: dict[str, Any], token: str
 ) -> RetriedSlurmExecutor:
+    # submitit (with cloudpickle) only when a Slurm job is queued, not for every Run
     from . import slurmexec
 
     setup, teardown = steps
@@ -336,6 +338,7 @@ def submission_env(spec: specmod.JobSpec) -> Iterator[None]:
     """Scrub inherited SLURM_*/SRUN_* (submitting from inside an allocation causes GRES errors and
     pinned CPUs), except what finds the cluster (slurmcli.CLUSTER_ENV), and put secret [env] entries into
     the environment the job inherits."""
+    # submitit only when a job is queued (heavy: cloudpickle), not for every Run
     from submitit.helpers import clean_env
 
     secrets = specmod.secret_env(spec)
@@ -432,6 +435,7 @@ def write_call(run: RunFolder, job_id: str) -> Path | None:
     """For a job submitted by hand from `submit --dry-run`'s script: submitit's pickled call at
     `submitit/<job id>_submitted.pkl`, where that script's `_submit` looks (submitit's
     executor writes it for the jobs it queues). None when it is there already (a requeue)."""
+    # submitit only when a job is queued (heavy: cloudpickle), not for every Run
     from submitit.helpers import DelayedSubmission
 
     path = run.submitit_dir / f"{job_id}_submitted.pkl"
@@ -447,6 +451,7 @@ def attempt_job(run: RunFolder, attempt: Attempt) -> submitit.Job[str]:
     """submitit's job object of a recorded attempt, for its rank 0 (the task whose result is the
     run's outcome): `result()`, `exception()`, `stdout()`, `paths`. A job submitted by hand from
     `submit --dry-run`'s script keeps its files straight in submitit/."""
+    # submitit only when a job is queued (heavy: cloudpickle), not for every Run
     import submitit
 
     folder = run.submitit_dir / "%j" if (run.submitit_dir / attempt.job_id).is_dir() else run.submitit_dir

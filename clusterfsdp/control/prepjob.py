@@ -39,6 +39,7 @@ from ..data import arraystate
 from ..data.cache import DatasetRef, cache_root, dataset_refs
 from ..data.checks import container_only_paths
 from ..data.sources import DataError
+from . import launch
 
 RECORD = "prepare.json"  # in a run folder: the array its training job waits for
 HASH_BYTES = 1 << 30  # of sources the login node hashes to tell whether the data is prepared
@@ -104,7 +105,7 @@ def missing(spec: specmod.JobSpec) -> list[DatasetRef]:
 
 def queue(spec: specmod.JobSpec, options: ArrayOptions, refs: list[DatasetRef], folder: Path, run_dir: str = "") -> str:
     """Queue the prepare array of `refs` (submitit files under `folder`); its job id."""
-    from . import launch, slurmexec
+    from . import slurmexec  # submitit (with cloudpickle): only when a job is queued
 
     count = options.count(spec)
     s = spec.slurm

@@ -32,6 +32,7 @@ from ..core.errors import UserError
 from ..core.records import RunState
 from ..core.runfolder import RunFolder
 from ..core.spec.objective import reference_job, reference_table
+from . import launch
 
 RECORD = "reference.json"  # in a run folder: the reference job its training job waits for
 FOLDER = "reference"  # in a run folder: the reference job's submitit files and logs
@@ -87,7 +88,7 @@ def queue(spec: specmod.JobSpec, run: RunFolder, dependency: str | None) -> str:
     job's sbatch options (launch.sbatch_options: nodes, tasks, GPUs, container, quoting) with
     its own name and partition, no requeue and no --no-kill (a lost node fails the pass; the
     training job then never starts). Submitted held until submitit made its log folder."""
-    from . import launch, slurmexec
+    from . import slurmexec  # submitit (with cloudpickle): only when a job is queued
 
     token = f"clusterfsdp:{run.id}:reference:{secrets.token_hex(4)}"
     parameters = launch.sbatch_options(spec, dependency, token=token)

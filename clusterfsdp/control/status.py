@@ -14,6 +14,7 @@ from ..core.records import Attempt, Cause, Event, EventKind, Executor, RecordErr
 from ..core.runfolder import RunFolder, owner
 from ..core.sweeplayout import sweep_of
 from ..core.value import value
+from ..data import samplestats
 from . import cost, jsonltail, pending
 from .cost import RunCost
 
@@ -289,8 +290,6 @@ def planned_steps(run: RunFolder) -> int | None:
 
 
 def _data_steps(run: RunFolder) -> int | None:
-    from ..data import samplestats  # only for a run without train.steps: `runs` imports nothing more
-
     return samplestats.steps(run.data_file)
 
 
@@ -430,10 +429,12 @@ def _prepare_note(run: RunFolder, live: bool) -> str | None:
     run that has one (their RECORD files): `status` stays light."""
     note = None
     if (run.path / "prepare.json").is_file():
+        # a run with a prepare array only: prepjob brings launch and data/ (start-up of `status`)
         from . import prepjob
 
         note = prepjob.note(run.path, live)
     if note is None and (run.path / "reference.json").is_file():
+        # a run with a reference job only: refjob brings launch (start-up of `status`)
         from . import refjob
 
         note = refjob.note(run.path, live)
@@ -443,6 +444,7 @@ def _prepare_note(run: RunFolder, live: bool) -> str | None:
 def _unrecorded_end(run: RunFolder, events: list[Event], job_id: str, restart: int) -> str:
     """The doctor's verdict on an incarnation that started and ended without an end record
     (every rank killed at once, no job step after them); '' when it has none."""
+    # an attempt that ended unrecorded only: the doctor's rules (start-up of `status`, `runs`)
     from . import doctor
 
     found = doctor.verdict(run, events, job_id, restart)

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.spec import JobSpec
-from . import trust
+from . import prepare, trust
 from .index import Permutation
 from .samplesets import eval_batches_note, index_id, sample_roles
 from .shards import shard_offsets
@@ -368,8 +368,6 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
     answer: list[Any] = [None]
     failure: BaseException | None = None
     if rank == 0:
-        from . import prepare
-
         try:
             refs = prepare.ensure(spec, log)
             answer = [[(r.role, str(r.folder)) for r in refs]]
@@ -392,6 +390,7 @@ def open_for_training(spec: JobSpec, rank: int, log) -> TrainingData:
     held: PreparedSamples | MixtureSamples | None = opened.get("eval")
     key = Path(folders["train"]).name
     if spec.data.sources:
+        # import cycle: mixsamples imports samples (the known pair, tests/test_layout.py)
         from .mixsamples import open_mixture
 
         parts = [Path(f) for role, f in answer[0] if role == "train"]

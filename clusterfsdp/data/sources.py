@@ -268,6 +268,7 @@ def open_binary(path: str, compression: Compression, raw: IO[bytes] | None = Non
     if compression == "gz":
         return gzip.GzipFile(fileobj=raw, mode="rb") if raw is not None else gzip.open(path, "rb")  # type: ignore[return-value]
     if compression == "zst":
+        # zstandard only for a .zst file
         import zstandard
 
         src = raw if raw is not None else open(path, "rb")  # noqa: SIM115 - closed with the reader
