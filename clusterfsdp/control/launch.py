@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..core import localctl, ownership, procs, runfolder, slurmcli
+from ..core import ownership, procs, runfolder, slurmcli
 from ..core import spec as specmod
 from ..core.errors import UserError
 from ..core.procs import ProcessId
@@ -519,6 +519,8 @@ def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:
             # The worker alone bounds comebacks (outcomes.restarts_used: an interruption that made
             # progress costs nothing), so the controller must not stop restarting before it does.
             # submitit's LocalExecutor whose controller also records each rank's exit status (localctl)
+            from ..core import localctl  # submitit (heavy) only when a job is queued, not for every Run
+
             executor = localctl.Executor(
                 folder=run.submitit_dir / "%j", run_dir=run.path, max_num_timeout=LOCAL_MAX_TIMEOUTS
             )
