@@ -185,9 +185,8 @@ VALIDATE = {
     "clusterfsdp.core.ownership",  # hub: a snapshot in a shared HF cache must be yours (issue 34)
     "clusterfsdp.core.spec.objective",  # train.objective's checks (issue 37)
     "clusterfsdp.core.spec.benchsection",  # [benchmarks] (issue 38; its files only for a job with tasks)
-    "clusterfsdp.cli.jobcmds",  # the CLI's group of job-file commands (init, schema, validate)
+    "clusterfsdp.cli.validatecmd",  # the CLI's validate (its own module: the Slurm ping starts first)
     "clusterfsdp.cli.dispatch",  # runs a parsed command
-    "clusterfsdp.control.sweepplan",  # a [sweep] table's points, each checked
     "clusterfsdp.core.spec.docfield", "clusterfsdp.core.spec.slurmsection",  # the schema's sections
     "clusterfsdp.core.spec.datasection", "clusterfsdp.core.spec.trainsection",
     "clusterfsdp.core.spec.outputsection",

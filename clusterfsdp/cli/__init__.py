@@ -11,7 +11,7 @@ command) by name once the command line has parsed, and `dispatch` loads the comm
 module by name: a module per group of commands that need the same imports, each importing
 them at module level, so each command pays for its own group only:
 
-- `jobcmds`: init, schema, validate (a job file, checked)
+- `jobcmds`: init, schema (the job file's keys); `validatecmd`: validate (a job file, checked)
 - `datacmds`: data prepare / show / status
 - `runcmds`: submit, resume, cancel, rm, export, bench (the run service's verbs)
 - `statuscmds`: runs, status (run folders and Slurm's job table read, no submit machinery)
@@ -139,7 +139,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         default="auto",
         help="as for submit; local: for this machine, without asking Slurm (auto asks the controller)",
     )
-    s.set_defaults(fn="jobcmds.cmd_validate")
+    s.set_defaults(fn="validatecmd.cmd_validate")
 
     s = command("data", help="prepare (tokenize) a job's data before it runs")
     data_sub = s.add_subparsers(dest="data_command", required=True, metavar="ACTION")
