@@ -6,87 +6,33 @@ which the CLI, the TUI and the notebook all call. Importing the package is cheap
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .control.run import Run, Submission
+    from .api import submit, sweep
+    from .control.run import Run
     from .core.errors import UserError
-    from .core.spec import JobSpec
     from .frames import metrics_frame
-    from .sweephandle import SweepHandle
+    from .notebook.magics import load_ipython_extension
 
 __version__ = "0.1.0"
 __all__ = ["Run", "UserError", "load_ipython_extension", "metrics_frame", "submit", "sweep"]
 
+# Each public name and the module that defines it, imported when the name is first asked for
+# (PEP 562): every `clusterfsdp.*` import runs this package first, the CLI's `--help` included,
+# so it imports none of them (the run service, the notebook API, pandas for `metrics_frame`).
+_DEFINED_IN = {
+    "Run": "control.run",
+    "UserError": "core.errors",  # the base of every error the user can act on
+    "metrics_frame": "frames",
+    "submit": "api",
+    "sweep": "api",
+    "load_ipython_extension": "notebook.magics",  # `%load_ext clusterfsdp`
+}
+
 
 def __getattr__(name: str) -> Any:
-    if name == "Run":  # lazily, so `import clusterfsdp` stays instant
-        from .control.run import Run
-
-        return Run
-    if name == "UserError":  # the base of every error the user can act on (control.errors)
-        from .core.errors import UserError
-
-        return UserError
-    if name == "metrics_frame":  # pandas only when a frame is asked for
-        from .frames import metrics_frame
-
-        return metrics_frame
-    raise AttributeError(name)
-
-
-def submit(
-    job: str | os.PathLike[str] | JobSpec,
-    *,
-    executor: str = "auto",
-    overrides: Mapping[str, Any] | Iterable[str] | str | None = None,
-) -> Submission:
-    """Queue `job` like `clusterfsdp submit` (the notebook's way out when the kernel is not in an
-    allocation): a job.toml path, TOML text or a JobSpec, with 'section.key=value' overrides (a
-    list, or a dict {'section.key': value}); executor 'auto' (Slurm when a controller answers, else
-    submitit's local executor), 'slurm' or 'local'. Returns the run service's Submission (run,
-    executor, job id). Raises a `clusterfsdp.UserError` (spec.SpecError for a bad spec,
-    launch.SubmitError when the job cannot be queued, ...), shown without a traceback in IPython."""
-    from .control.run import Run
-    from .notebook import load_job
-
-    if executor not in ("auto", "slurm", "local"):
-        raise ValueError(f"executor must be 'auto', 'slurm' or 'local', not {executor!r}")
-    return Run.submit(load_job(job, overrides), executor)  # type: ignore[arg-type]
-
-
-def sweep(
-    job: str | os.PathLike[str],
-    grid: Mapping[str, Iterable[Any]] | None = None,
-    *,
-    zip: Mapping[str, Iterable[Any]] | None = None,  # (the CLI's --zip)
-    max_parallel: int | None = None,
-    overrides: Iterable[str] = (),
-    executor: str = "auto",
-) -> SweepHandle:
-    """Queue a sweep of the job file `job` like `clusterfsdp sweep` (docs/sweeps.md): `grid`
-    {'train.lr': [1e-4, 3e-4], ...} (the cross product), `zip` (keys varied together), over the
-    file's [sweep] table; values typed by the schema. Every point is checked first: one bad
-    point raises a `clusterfsdp.UserError` naming it, and nothing is queued. The handle's
-    `.frame()` is a DataFrame of the points' final and best metrics."""
-    from .control.sweep import Sweep
-    from .core.spec.schema import SweepSection
-    from .sweephandle import SweepHandle
-
-    if executor not in ("auto", "slurm", "local"):
-        raise ValueError(f"executor must be 'auto', 'slurm' or 'local', not {executor!r}")
-    values = SweepSection(
-        grid={k: list(v) for k, v in (grid or {}).items()}, zip={k: list(v) for k, v in (zip or {}).items()}
-    )
-    planned = Sweep.plan(os.fspath(job), values=values, max_parallel=max_parallel, overrides=list(overrides),
-                         executor=executor)  # type: ignore[arg-type]  # fmt: skip
-    return SweepHandle(Sweep.submit(planned))
-
-
-def load_ipython_extension(ipython: Any) -> None:
-    """`%load_ext clusterfsdp`: registers the `%clusterfsdp srun|submit` line magic."""
-    from .notebook.magics import load_ipython_extension as load
-
-    load(ipython)
+    if name not in _DEFINED_IN:
+        raise AttributeError(name)
+    return getattr(importlib.import_module(f"{__name__}.{_DEFINED_IN[name]}"), name)

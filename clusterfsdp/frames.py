@@ -12,6 +12,7 @@ from .control.run import Run
 from .core.runfolder import RunFolder
 
 if TYPE_CHECKING:
+    # pandas (optional) only when a frame is asked for
     import pandas
 
 
@@ -21,6 +22,7 @@ def metrics_frame(run: Run | RunFolder | str | os.PathLike[str], *, latest: bool
     --step`) appear once, from the attempt that continued (`RunFolder.metrics(latest=True)`);
     False: every row as written, with its `attempt`. `time` becomes a timezone-aware timestamp."""
     try:
+        # pandas (optional) only when a frame is asked for
         import pandas
     except ImportError:
         raise ImportError("metrics_frame needs pandas: pip install 'clusterfsdp[frames]'") from None

@@ -13,6 +13,7 @@ from .control.sweep import Sweep
 from .control.sweepfolder import PointStatus
 
 if TYPE_CHECKING:
+    # pandas (optional) only when a frame is asked for
     import pandas
 
 
@@ -42,6 +43,7 @@ class SweepHandle:
         final and best `loss` and `eval_loss` (with the step of the best eval loss), from the
         trajectory each run went on with (metrics.jsonl, requeues counted once)."""
         try:
+            # pandas (optional) only when a frame is asked for
             import pandas
         except ImportError:
             raise ImportError("SweepHandle.frame needs pandas: pip install 'clusterfsdp[frames]'") from None

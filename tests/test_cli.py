@@ -156,8 +156,18 @@ READ_ONLY = {
     "clusterfsdp.core.fileio", "clusterfsdp.core.retrynotes", "clusterfsdp.core.slurmping",
     "clusterfsdp.core.value", "clusterfsdp.control.pending",  # a pending job's reason in words
     "clusterfsdp.control.cost",  # what each run cost (sacct, and the figures a run folder keeps)
-    "clusterfsdp.cli.statuscmds",  # the CLI's group of run-folder readers (runs, status, doctor, logs)
+    "clusterfsdp.cli.statuscmds",  # the CLI's group that shows runs' states (runs, status)
+    "clusterfsdp.cli.dispatch", "clusterfsdp.cli.folders",  # runs a parsed command; finds run folders
+    "clusterfsdp.control.jsonout", "clusterfsdp.control.strictjson",  # --json (no run service: issue 35)
+    "clusterfsdp.core.benchresults", "clusterfsdp.core.numbers",  # benchmark scores, perplexity
+    "clusterfsdp.data", "clusterfsdp.data.samplestats",  # status RUN's data.json reader (runs: the same group)
     "clusterfsdp.core", "clusterfsdp.core.budget", "clusterfsdp.core.sweeplayout",
+}  # fmt: skip
+RUN_IDS = {  # `runs --quiet` (shell completion): the run folders alone, nothing of control/
+    "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.cli.dispatch", "clusterfsdp.cli.folders", "clusterfsdp.core",
+    "clusterfsdp.core.errors", "clusterfsdp.core.term", "clusterfsdp.core.retrynotes", "clusterfsdp.core.records",
+    "clusterfsdp.core.procs", "clusterfsdp.core.runfolder", "clusterfsdp.core.runroot", "clusterfsdp.core.ownership",
+    "clusterfsdp.core.fileio", "clusterfsdp.core.value",
 }  # fmt: skip
 
 VALIDATE = {
@@ -175,7 +185,8 @@ VALIDATE = {
     "clusterfsdp.core.ownership",  # hub: a snapshot in a shared HF cache must be yours (issue 34)
     "clusterfsdp.core.spec.objective",  # train.objective's checks (issue 37)
     "clusterfsdp.core.spec.benchsection",  # [benchmarks] (issue 38; its files only for a job with tasks)
-    "clusterfsdp.cli.jobcmds",  # the CLI's group of job-file commands (init, schema, validate)
+    "clusterfsdp.cli.validatecmd",  # the CLI's validate (its own module: the Slurm ping starts first)
+    "clusterfsdp.cli.dispatch",  # runs a parsed command
     "clusterfsdp.core.spec.docfield", "clusterfsdp.core.spec.slurmsection",  # the schema's sections
     "clusterfsdp.core.spec.datasection", "clusterfsdp.core.spec.trainsection",
     "clusterfsdp.core.spec.outputsection",
@@ -206,16 +217,11 @@ def test_start_up_imports_only_what_each_command_needs(tmp_path):
     help_only = {"clusterfsdp", "clusterfsdp.cli", "clusterfsdp.core", "clusterfsdp.core.errors"}
     assert names == help_only and count < 30, (names, count)
     names, _ = _imported_by(["status", "20260101-120000-aaaa", *root])
-    one_run = READ_ONLY | {"clusterfsdp.data", "clusterfsdp.data.samplestats"}  # the data.json reader
-    assert names == one_run, names ^ one_run
+    assert names == READ_ONLY, names ^ READ_ONLY
     names, _ = _imported_by(["runs", *root])
     assert names == READ_ONLY, names ^ READ_ONLY
     names, _ = _imported_by(["runs", "--quiet", *root])
-    assert names == READ_ONLY - {"clusterfsdp.control.status", "clusterfsdp.core.slurmcli",
-                                 "clusterfsdp.core.slurmping", "clusterfsdp.core.retrynotes",
-                                 "clusterfsdp.core.ckptfolder", "clusterfsdp.control.jsonltail",
-                                 "clusterfsdp.control.pending", "clusterfsdp.control.cost", "clusterfsdp.control",
-                                 "clusterfsdp.core.budget", "clusterfsdp.core.sweeplayout"}, names  # fmt: skip
+    assert names == RUN_IDS, names ^ RUN_IDS
     # validate: the spec, the source checks and the summary, not the run service (run, backends,
     # launch, lock, status) nor the run folder's records or Slurm's job table; synthetic tokens:
     # nothing of data/; no data file: xxhash and gzip are imported where a hash or a compressed
@@ -240,12 +246,15 @@ def test_every_command_names_a_function_of_its_group():
     from clusterfsdp.cli import build_parser
 
     def names(parser: argparse.ArgumentParser) -> list[str]:
-        """The `fn` of every command that runs (a parser without sub-commands: data's actions)."""
+        """The `fn` of every command that runs (a parser without sub-commands: data's actions), and
+        its `sweep_fn` and `quiet_fn` where it has them (dispatch picks one)."""
         subs = [p for a in parser._actions if isinstance(a, argparse._SubParsersAction) for p in a.choices.values()]
-        return [n for p in subs for n in names(p)] if subs else [parser.get_default("fn")]
+        if subs:
+            return [n for p in subs for n in names(p)]
+        return [n for key in ("fn", "sweep_fn", "quiet_fn") if (n := parser.get_default(key))]
 
     found = names(build_parser())
-    assert len(found) > 20 and "statuscmds.cmd_status" in found, found
+    assert len(found) > 20 and {"statuscmds.cmd_status", "sweepview.cmd_status", "folders.cmd_run_ids"} <= set(found)
     for name in found:
         group, fn = name.split(".")
         assert callable(getattr(importlib.import_module(f"clusterfsdp.cli.{group}"), fn, None)), name

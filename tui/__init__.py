@@ -23,9 +23,11 @@ def main(args: argparse.Namespace) -> int:
     """`clusterfsdp tui` and `python -m clusterfsdp.tui`; Textual is imported only here, so the
     rest of the CLI never pays for it."""
     if args.serve:
+        # Textual (heavy) only when the TUI runs: `nodes` and `devcluster` share this group
         from .serve import serve
 
         return serve(Path(args.run_root), args.port, refresh_interval(args), args.allow_origin)
+    # Textual (heavy) only when the TUI runs: `nodes` and `devcluster` share this group
     from .app import ClusterApp
 
     ClusterApp(Path(args.run_root).expanduser(), refresh_s=refresh_interval(args)).run()

@@ -9,16 +9,12 @@ scribble over the screen or hold a web session's pipe open.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from clusterfsdp.control import launch
 from clusterfsdp.control.run import Run, Submission
+from clusterfsdp.control.sweep import Sweep
 from clusterfsdp.core import spec as specmod
 
 from .queue_rows import QueueRow, SlurmCommands
-
-if TYPE_CHECKING:
-    from clusterfsdp.control.sweep import Sweep
 
 
 def requested(value: object) -> launch.Requested:
@@ -33,9 +29,7 @@ def submit(spec: specmod.JobSpec, executor: launch.Requested) -> Submission:
 def sweep(job: specmod.JobText, executor: launch.Requested) -> tuple[Sweep, str]:
     """A sweep of the compose form's job (its [sweep] table from the fields that are lists), as
     `clusterfsdp sweep` makes one: every point checked as a run, then queued; and the executor's
-    notice. The sweep service is imported here, when first used."""
-    from clusterfsdp.control.sweep import Sweep
-
+    notice."""
     planned = Sweep.plan(job, executor=executor)
     return Sweep.submit(planned), planned.notice
 

@@ -19,6 +19,8 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from clusterfsdp.control.sweepfolder import SORT_KEYS, bench_names, shown_scores, sort_key
+from clusterfsdp.core import spec as specmod
 from clusterfsdp.core.errors import describe
 from clusterfsdp.core.term import printable
 
@@ -28,6 +30,7 @@ from .queue_screen import STATE_STYLE
 from .run_metrics import decimate
 from .status_line import StatusLine
 from .sweep_chart import SweepChart, tag
+from .sweep_rows import collect
 
 if TYPE_CHECKING:
     from .app import ClusterApp
@@ -43,8 +46,6 @@ def _num(value: float | None) -> str:
 
 
 def _value(value: Any) -> str:
-    from clusterfsdp.core import spec as specmod
-
     return specmod.render_value(value) if value is not None else "-"
 
 
@@ -107,8 +108,6 @@ class SweepsScreen(Screen):
 
     @work(thread=True, group="sweeps", exclusive=True, exit_on_error=False)
     def _collect(self, selected: str | None) -> None:
-        from .sweep_rows import collect
-
         try:
             refresh = collect(self.app.run_root, selected)
         except Exception as e:
@@ -151,8 +150,6 @@ class SweepsScreen(Screen):
             table.move_cursor(row=keys.index(self.selected), scroll=False)
 
     def sorted_points(self) -> list[Any]:
-        from clusterfsdp.control.sweepfolder import sort_key
-
         sweep = self.current
         return sorted(sweep.points, key=lambda r: sort_key(self.sort, r)) if sweep else []
 
@@ -163,8 +160,6 @@ class SweepsScreen(Screen):
         self._show_chart()
 
     def _fill_points(self, table: DataTable) -> None:
-        from clusterfsdp.control.sweepfolder import shown_scores
-
         sweep = self.current
         cursor = table.cursor_row
         table.clear(columns=True)
@@ -246,7 +241,6 @@ class SweepsScreen(Screen):
         sweep = self.current
         if sweep is None or sweep.record is None:
             return
-        from clusterfsdp.control.sweepfolder import SORT_KEYS, bench_names
 
         order = [*SORT_KEYS, *sweep.record.keys, *bench_names(sweep.points, stderr=False)]
         self.sort = order[(order.index(self.sort) + 1) % len(order)] if self.sort in order else order[0]

@@ -6,22 +6,26 @@ Exit codes: 0 ok, 1 the job/run failed, 2 bad input (spec errors, unknown run, S
 a run that is busy).
 
 This module is what every call loads: the one parser that `--help` and shell completion read,
-`main`, and the few lookups the commands share. The commands live in one module per group, each
-function only parses, calls the library and prints:
+`main`, and the few lookups the commands share. `main` loads `dispatch` (what runs a parsed
+command) by name once the command line has parsed, and `dispatch` loads the command's group
+module by name: a module per group of commands that need the same imports, each importing
+them at module level, so each command pays for its own group only:
 
-- `jobcmds`: init, schema, validate (a job file, checked)
+- `jobcmds`: init, schema (the job file's keys); `validatecmd`: validate (a job file, checked)
 - `datacmds`: data prepare / show / status
 - `runcmds`: submit, resume, cancel, rm, export, bench (the run service's verbs)
-- `statuscmds`: runs, status, doctor, logs (run folders read, no submit machinery)
-- `sweepcmds`: sweep, and status/cancel/resume/export/doctor/runs given a sweep
+- `statuscmds`: runs, status (run folders and Slurm's job table read, no submit machinery)
+- `diagcmds`: doctor, logs (and following a rank's log, which submit -f and resume -f share)
+- `folders`: run folders found and listed; `runs --quiet` (completion: nothing of the control plane)
+- `sweepview`: status, doctor, export given a sweep, a sweep's line in `runs`, `sweep --follow`
+- `sweepcmds`: sweep, and cancel/resume/bench given a sweep (the sweep service)
 - `clustercmds`: nodes, devcluster, tui; `completion`: the bash/zsh scripts
 
-A command is registered in `build_parser` by the name of its function, `"<group>.<cmd_fn>"`:
-the group module is imported only when its command runs (`_command`). Start-up is paid by
-every call (`--help`, `validate`, `status`, shell completion): `--help` imports no group and
-nothing of the control plane, a command imports its own group only, and each group imports
-what a command needs inside its function (tests/test_cli.py counts the modules each command
-imports; bench/startup_bench.py times them).
+A command is registered in `build_parser` by the name of its function, `"<group>.<cmd_fn>"`,
+with `sweep_fn` where its reference may name a sweep and `quiet_fn` for `--quiet` (run ids
+only); `dispatch.command_name` picks one. `--help` imports no group and nothing of the control
+plane (tests/test_cli.py counts the modules each command imports; bench/startup_bench.py
+times them).
 """
 
 from __future__ import annotations
@@ -29,20 +33,12 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import __version__
 from ..core.errors import UserError
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from ..control.run import Run, Submission
-    from ..control.status import RunStatus
-    from ..core import spec as specmod
 
 EXIT_BAD_INPUT = 2
 
@@ -52,43 +48,15 @@ class CliError(UserError):
 
 
 # ---------------------------------------------------------------- what the command groups share
-def load_spec(args: argparse.Namespace) -> specmod.JobSpec:
-    """The job file `args.job` with its `--set` overrides, loaded and checked."""
-    from ..core import spec as specmod
-
-    return specmod.load(args.job, args.set or [])
-
-
-def run_root(args: argparse.Namespace) -> Path:
-    """--run-root, else the default run root (where new runs go and `runs` lists)."""
-    from ..core.runroot import default_run_root
-
-    return Path(args.run_root).expanduser() if args.run_root else default_run_root()
-
-
 def lookup_root(args: argparse.Namespace) -> Path | None:
     """--run-root, or None: look a run up under runroot.lookup_roots() (the default run root and
     those the job files in the current folder set, where their submit put their runs)."""
     return Path(args.run_root).expanduser() if args.run_root else None
 
 
-def find_run(args: argparse.Namespace) -> Run:
-    """The run `args.run` names, through the run service (for the commands that change it)."""
-    from ..control.run import Run
-
-    return Run.find(args.run, lookup_root(args))
-
-
 def names_sweep(args: argparse.Namespace) -> bool:
     """The command's reference names a sweep (ids start with 'sw'; runs' with a digit)."""
     return args.run.startswith("sw") or (Path(args.run).expanduser() / "sweep.json").is_file()
-
-
-def json_text(value: RunStatus | Submission) -> str:
-    """`value` as the JSON document `--json` prints (docs/json.md)."""
-    from ..control import jsonout
-
-    return jsonout.document(value)
 
 
 # ---------------------------------------------------------------- parser
@@ -171,7 +139,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         default="auto",
         help="as for submit; local: for this machine, without asking Slurm (auto asks the controller)",
     )
-    s.set_defaults(fn="jobcmds.cmd_validate")
+    s.set_defaults(fn="validatecmd.cmd_validate")
 
     s = command("data", help="prepare (tokenize) a job's data before it runs")
     data_sub = s.add_subparsers(dest="data_command", required=True, metavar="ACTION")
@@ -245,7 +213,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the runs as JSON (docs/json.md)")
     s.add_argument("-q", "--quiet", action="store_true", help="print only run ids, newest first (no Slurm query)")
     s.add_argument("--user", nargs="?", const="", metavar="NAME", help="only the runs a user owns (alone: yours)")
-    s.set_defaults(fn="statuscmds.cmd_runs")
+    s.set_defaults(fn="statuscmds.cmd_runs", quiet_fn="folders.cmd_run_ids")
 
     s = command("status", help="state of one run or sweep (or all runs)")
     s.add_argument("run", nargs="?", help="run or sweep id (or unique prefix), or its folder; none: list runs")
@@ -259,7 +227,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the status as JSON (docs/json.md)")
     s.add_argument("-q", "--quiet", action="store_true", help="without RUN: print only run ids")
     s.add_argument("--user", nargs="?", const="", metavar="NAME", help="without RUN: only the runs a user owns")
-    s.set_defaults(fn="statuscmds.cmd_status")
+    s.set_defaults(fn="statuscmds.cmd_status", quiet_fn="folders.cmd_run_ids", sweep_fn="sweepview.cmd_status")
 
     s = command("logs", help="show a rank's log")
     _add_run(s)
@@ -267,16 +235,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--rank", type=int, default=0, help="which rank's log (default 0)")
     s.add_argument("--attempt", help="attempt key <job id>.<restart> (default: newest)")
     s.add_argument("-n", "--lines", type=int, default=200, help="how many lines from the end (default 200)")
-    s.set_defaults(fn="statuscmds.cmd_logs")
+    s.set_defaults(fn="diagcmds.cmd_logs")
 
     s = command("doctor", help="why a run failed: the first error across ranks, its cause, what to do")
     _add_run(s)
     s.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
-    s.set_defaults(fn="statuscmds.cmd_doctor")
+    s.set_defaults(fn="diagcmds.cmd_doctor", sweep_fn="sweepview.cmd_doctor")
 
     s = command("cancel", help="cancel a run's (or every point of a sweep's) live attempt (workers save first)")
     _add_run(s)
-    s.set_defaults(fn="runcmds.cmd_cancel")
+    s.set_defaults(fn="runcmds.cmd_cancel", sweep_fn="sweepcmds.cmd_cancel")
 
     s = command("resume", help="submit a new attempt of a run from its newest (or a chosen) checkpoint")
     _add_run(s)
@@ -293,7 +261,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     s.add_argument("-f", "--follow", action="store_true", help="stream rank-0 output until the run ends")
     _add_output(s)
-    s.set_defaults(fn="runcmds.cmd_resume")
+    s.set_defaults(fn="runcmds.cmd_resume", sweep_fn="sweepcmds.cmd_resume")
 
     s = command("export", help="write a checkpoint as a HuggingFace model folder (weights, tokenizer)")
     _add_run(s)
@@ -309,7 +277,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument(
         "--merge", action="store_true", help="LoRA runs: a full model with the adapters merged (default: the adapters)"
     )
-    s.set_defaults(fn="runcmds.cmd_export")
+    s.set_defaults(fn="runcmds.cmd_export", sweep_fn="sweepview.cmd_export")
 
     s = command("bench", help="run the job's [benchmarks] (lm-eval) on a checkpoint (a sweep: each point's)")
     _add_run(s)
@@ -318,7 +286,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument(
         "--if-missing", action="store_true", help="leave a step that has a result (the run's own evaluations use it)"
     )
-    s.set_defaults(fn="runcmds.cmd_bench")
+    s.set_defaults(fn="runcmds.cmd_bench", sweep_fn="sweepcmds.cmd_bench")
 
     s = command("rm", help="remove runs: their folders and checkpoints (never a live run)")
     s.add_argument("run", nargs="*", help="run ids (or unique prefixes) or run folders")
@@ -374,36 +342,5 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     named = argv[0] if argv and not argv[0].startswith("-") else None
     args = build_parser(named).parse_args(argv)  # --help and usage errors end here, before any import
-    from ..core import term
-
-    with term.safe_output():  # names and reasons read from run folders never drive the terminal
-        return _run(args)
-
-
-def _command(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
-    """The function of the command `args` names (`"<group>.<cmd_fn>"`, set in `build_parser`),
-    its group module imported now: only the command that runs pays for its group (start-up)."""
-    group, name = args.fn.split(".")
-    return getattr(importlib.import_module(f"{__name__}.{group}"), name)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from ..core import term
-
-    try:
-        if args.command in ("init", "schema", "completion") or getattr(args, "quiet", False):
-            return _command(args)(args)
-        from ..core import retrynotes
-
-        with retrynotes.retry_notices(retrynotes.say_on_stderr):  # a controller outage is waited for, visibly
-            return _command(args)(args)
-    except UserError as e:  # every front-end catches this one base (control.errors)
-        for line in e.lines:
-            print(f"{term.style('error:', 'red', sys.stderr)} {line}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # `clusterfsdp runs | head`: the reader left; say nothing more
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
+    # what runs a parsed command (cli/dispatch.py) is loaded by name, as the groups are: --help pays none of it
+    return importlib.import_module(f"{__name__}.dispatch").run(args)

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from . import run_root
+from ..control import devcluster, nodescli
+from ..core.runroot import chosen_root
+from ..tui import main as tui_main
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    from ..control import nodescli
-
-    return nodescli.main(args, run_root(args))
+    return nodescli.main(args, chosen_root(args.run_root))
 
 
 def cmd_devcluster(args: argparse.Namespace) -> int:
-    from ..control import devcluster
-
     argv = [args.action]
     if args.nodes is not None:
         argv += ["--nodes", str(args.nodes)]
@@ -28,7 +26,5 @@ def cmd_devcluster(args: argparse.Namespace) -> int:
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
-    from ..tui import main as tui_main
-
-    args.run_root = str(run_root(args))
+    args.run_root = str(chosen_root(args.run_root))
     return tui_main(args)

@@ -12,6 +12,7 @@ import argparse
 import shlex
 
 from ..core import spec as specmod
+from . import build_parser
 
 _RUN_IDS = "_clusterfsdp_run_ids"
 # Run ids are data from a possibly shared run root: another user may name a folder `$(cmd)`.
@@ -124,8 +125,6 @@ def zsh_script(parser: argparse.ArgumentParser) -> str:
 
 def cmd_completion(args: argparse.Namespace) -> int:
     """`clusterfsdp completion bash|zsh`: the script for the whole parser, printed."""
-    from . import build_parser
-
     parser = build_parser()
     print(bash_script(parser) if args.shell == "bash" else zsh_script(parser))
     return 0

@@ -6,16 +6,19 @@ transformers or datasets."""
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 
-from . import CliError, load_spec
+from ..control import launch, prepjob
+from ..core import spec as specmod
+from ..core.spec.allowlists import sbatch_name_error
+from ..data.checks import source_problems
+from . import CliError
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     """Tokenize the job's data now (with a progress bar), in a worker process: the CLI itself
     never imports transformers or datasets."""
-    import subprocess
-
     if args.executor == "slurm":
         return _data_prepare_array(args)
     argv = [sys.executable, "-m", "clusterfsdp.data.prepare", args.job, "--workers", str(args.workers)]
@@ -27,12 +30,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 def _data_prepare_array(args: argparse.Namespace) -> int:
     """`data prepare --executor slurm`: one Slurm job array tokenizes the missing datasets
     (control/prepjob.py); with --follow, its progress until it ends."""
-    from ..control import launch, prepjob
-    from ..core import spec as specmod
-    from ..core.spec.allowlists import sbatch_name_error
-    from ..data.checks import source_problems
-
-    spec = load_spec(args)
+    spec = specmod.load(args.job, args.set or [])
     if errors := source_problems(spec):
         raise specmod.SpecError(errors)
     try:
@@ -57,8 +55,6 @@ def _data_prepare_array(args: argparse.Namespace) -> int:
 def cmd_data_show(args: argparse.Namespace) -> int:
     """Samples of the prepared data with the trained tokens marked (data/show.py), in a worker
     process like `data prepare`: the CLI never imports numpy or the tokenizer."""
-    import subprocess
-
     argv = [sys.executable, "-m", "clusterfsdp.data.show", args.job, "-n", str(args.n), "--split", args.split]
     argv += ["--source", str(args.source)] if args.source is not None else []
     for item in args.set or []:
@@ -67,8 +63,6 @@ def cmd_data_show(args: argparse.Namespace) -> int:
 
 
 def cmd_data_status(args: argparse.Namespace) -> int:
-    from ..control import prepjob
-
-    for line in prepjob.status_lines(load_spec(args)):
+    for line in prepjob.status_lines(specmod.load(args.job, args.set or [])):
         print(line)
     return 0

@@ -1,6 +1,6 @@
 """The run service's verbs: `submit`, `resume`, `cancel`, `rm`, `export` and `bench` (a run
 queued, changed or read out through `control.run.Run`; given a sweep, `sweepcmds` does it for
-each point)."""
+each point, `cli.dispatch` routing there)."""
 
 from __future__ import annotations
 
@@ -8,29 +8,35 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import EXIT_BAD_INPUT, CliError, find_run, json_text, load_spec, lookup_root, names_sweep, run_root
-from .statuscmds import follow
+from ..control import benchrun, jsonout, pending
+from ..control.run import Run, RunError, Submission
+from ..control.sweepplan import has_table
+from ..core import slurmping
+from ..core import spec as specmod
+from ..core.runroot import chosen_root
+from . import EXIT_BAD_INPUT, CliError, lookup_root
+from .diagcmds import follow
+
+
+def _find(args: argparse.Namespace) -> Run:
+    """The run `args.run` names, through the run service (these commands change it)."""
+    return Run.find(args.run, lookup_root(args))
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from ..control.run import Run
-    from ..control.sweepplan import has_table
-
-    spec = load_spec(args)
+    spec = specmod.load(args.job, args.set or [])
     if has_table(Path(args.job)):
         raise CliError(f"{args.job} has a [sweep] table: `clusterfsdp sweep {args.job}` runs its points")
     if args.dry_run:
         if args.parsable:
             raise CliError("--parsable prints a job id, and a dry run queues no job (use --json)")
         run, script = Run.dry_run(spec)
-        print(json_text(run.status()) if args.json else script)
+        print(jsonout.document(run.status()) if args.json else script)
         print(
             f"# run folder prepared: {run.path}\n# submit by hand with: sbatch {run.folder.sbatch_script}",
             file=sys.stderr,
         )
         if _slurm_answers():
-            from ..control import pending
-
             print(f"# would start {pending.would_start(run.folder.sbatch_script)}", file=sys.stderr)
             if tip := pending.shorter_time(run.folder.sbatch_script, spec.time_minutes):
                 print(f"# sooner: {tip}", file=sys.stderr)
@@ -41,42 +47,32 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"note: {n}", file=sys.stderr)
     _print_submission(sub, args, f"run {sub.run.id}  job {sub.job_id}  folder {sub.run.path}")
     if args.follow:
-        return follow(sub.run, 0, sub.job_id)
+        return follow(sub.run.folder, 0, sub.job_id)
     return 0
 
 
 def _slurm_answers() -> bool:
-    from ..core import slurmping
-
     return slurmping.controller() == "up"
 
 
-def _print_submission(sub, args: argparse.Namespace, line: str) -> None:
+def _print_submission(sub: Submission, args: argparse.Namespace, line: str) -> None:
     """The queued attempt on stdout: a line for people, `--json`, or `--parsable` (the job id
     alone, as `sbatch --parsable` prints it, for JOB=$(clusterfsdp submit --parsable ...))."""
     if args.parsable:
         print(sub.job_id, flush=True)
     elif args.json:
-        print(json_text(sub), flush=True)
+        print(jsonout.document(sub), flush=True)
     else:
         print(line, flush=True)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    if names_sweep(args):
-        from . import sweepcmds
-
-        return sweepcmds.cmd_cancel(args, lookup_root(args))
-    print(find_run(args).cancel())
+    print(_find(args).cancel())
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    if names_sweep(args):
-        from . import sweepcmds
-
-        return sweepcmds.cmd_resume(args, lookup_root(args))
-    run = find_run(args)
+    run = _find(args)
     sub = run.resume(
         step=args.step,
         overrides=args.set or [],
@@ -89,15 +85,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     origin = f"step {sub.resume_step}" if sub.resume_step is not None else "scratch (no checkpoint)"
     _print_submission(sub, args, f"run {run.id}  job {sub.job_id}  resumes from {origin}")
     if args.follow:
-        return follow(run, 0, sub.job_id)
+        return follow(run.folder, 0, sub.job_id)
     return 0
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
     """Remove runs (Run.remove refuses live runs and other users' runs); exit 2 if any was refused."""
-    from ..control.run import Run, RunError
-
-    root = run_root(args)
+    root = chosen_root(args.run_root)
     runs = [Run.find(ref, lookup_root(args)) for ref in args.run]
     if args.prepared:
         runs += [r for r in Run.all(root) if r.folder.record().last is None and r not in runs]
@@ -114,26 +108,16 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    if names_sweep(args):
-        from . import sweepcmds
-
-        return sweepcmds.cmd_export(args, run_root(args))
     if args.best and args.step is not None:
         raise CliError("export: give --step or --best, not both")
-    return find_run(args).export(Path(args.to), args.step, args.dtype, args.force, best=args.best, merge=args.merge)
+    return _find(args).export(Path(args.to), args.step, args.dtype, args.force, best=args.best, merge=args.merge)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """lm-eval on checkpoints of a run (control/benchrun.py): each result printed as it lands."""
-    if names_sweep(args):
-        from . import sweepcmds
-
-        return sweepcmds.cmd_bench(args, lookup_root(args))
-    from ..control import benchrun
-
     if args.all and args.step is not None:
         raise CliError("bench: give --step or --all, not both")
-    run = find_run(args)
+    run = _find(args)
     steps = benchrun.steps_to_run(run, args.step, args.all)
     if not steps:
         print(f"run {run.id}: every checkpoint has its benchmarks already (--step N evaluates one again)")

@@ -18,10 +18,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core import slurmcli
 from ..core.benchresults import results_dir
 from ..core.errors import UserError
 from ..core.runfolder import RunFolder
 from ..core.spec import JobSpec, parse_time_minutes
+from . import benchrun, launch, slurmexec
+from .run import Run, RunError
 
 
 @dataclass(frozen=True)
@@ -33,9 +36,6 @@ class BenchCall:
     step: int
 
     def __call__(self) -> None:
-        from . import benchrun
-        from .run import Run, RunError
-
         try:
             document = benchrun.evaluate_once(
                 Run(self.run_path), self.step, lambda line: print(line, flush=True), again=False
@@ -52,8 +52,6 @@ def job_name(run: RunFolder) -> str:
 
 def queue(run: RunFolder, spec: JobSpec, step: int) -> str:
     """Queue the evaluation of checkpoint `step`; its job id (slurmcli.SlurmError when sbatch refuses)."""
-    from . import launch, slurmexec
-
     b, s = spec.benchmarks, spec.slurm
     parameters = {
         "job_name": job_name(run),
@@ -86,8 +84,6 @@ def queue(run: RunFolder, spec: JobSpec, step: int) -> str:
 
 def main(argv: list[str]) -> int:
     """Queue the evaluation of step argv[1] of the run at argv[0]; print its job id (or the error, exit 1)."""
-    from ..core import slurmcli
-
     if len(argv) != 2 or not argv[1].isdigit():
         print("usage: python -m clusterfsdp.control.benchjob RUN_DIR STEP", file=sys.stderr)
         return 2

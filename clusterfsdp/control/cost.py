@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..core import fileio, ownership, runfolder, slurmcli
 from ..core.budget import BUDGET_FILE, Budget
-from ..core.records import Event, EventKind, Executor
+from ..core.records import Event, EventKind, Executor, RecordError
 from ..core.runfolder import RunFolder
 from ..core.sweeplayout import sweep_of
 
@@ -347,8 +347,6 @@ def _held(job: Accounted | None, plan_s: float) -> float:
 
 def _other_points(run: RunFolder) -> tuple[str, list[list[str]]]:
     """(the sweep's id, each other point's Slurm job ids) for a point of a sweep; ('', []) else."""
-    from ..core.records import RecordError
-
     sweep = sweep_of(run)
     if sweep is None:
         return "", []

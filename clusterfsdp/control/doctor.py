@@ -32,6 +32,7 @@ from typing import Any
 from ..core import ckptfolder, evidence, fileio, outcomes
 from ..core.records import Cause, Event, EventKind, RunState, preflight_failures, preflight_verdict
 from ..core.runfolder import RunFolder
+from . import prepjob, refjob
 from .findings import Context, Finding, Numbers, next_steps
 
 __all__ = ["Diagnosis", "Finding", "diagnose", "verdict"]
@@ -480,16 +481,12 @@ def _never_started(run: RunFolder, live: bool, state: RunState | None, reason: s
     if last is None:
         return base
     if (run.path / "prepare.json").is_file():  # (control/prepjob.py: imported only for such a run)
-        from . import prepjob
-
         note = prepjob.note(run.path, live)
         if note and not live:  # bad input (the file and line), or a task of the array that died
             base.finding = Finding.DATA_ERROR if " failed: " in note else Finding.CANCELLED
             base.summary, base.next_steps = note, next_steps(base.finding, Context(run.id))
             return base
     if (run.path / "reference.json").is_file():  # (control/refjob.py: imported only for such a run)
-        from . import refjob
-
         note = refjob.note(run.path, live)
         if note and not live:  # the reference pass failed: its rank 0's error, if it had one
             base.finding = Finding.BAD_CONFIG if " FAILED" in note else Finding.CANCELLED

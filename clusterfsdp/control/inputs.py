@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..core import hub, modelsource
 from ..core import spec as specmod
-from ..core.spec import peft
+from ..core.spec import benchmetric, peft
 
 
 def prepare_sources(spec: specmod.JobSpec, mode: hub.Mode = "download") -> modelsource.Prepared:
@@ -30,6 +30,7 @@ def data_problems(spec: specmod.JobSpec) -> list[str]:
     """`data.checks.problems`: what the job's data files would be refused for."""
     if spec.data.source != "files":
         return []
+    # data/'s checks only for a job that reads files: `validate` of a synthetic one imports no data/
     from ..data import checks
 
     return checks.problems(spec)
@@ -39,8 +40,8 @@ def bench_problems(spec: specmod.JobSpec) -> list[str]:
     """`benchfiles.problems`: the [benchmarks] tasks' files and names (imported only for a job with tasks)."""
     if not spec.benchmarks.tasks:
         return []
+    # a job with [benchmarks] tasks only (their YAML files are read)
     from ..core import benchfiles
-    from ..core.spec import benchmetric
 
     return benchfiles.problems(spec.benchmarks, benchmetric.used(spec))
 
@@ -49,6 +50,7 @@ def container_only_paths(spec: specmod.JobSpec) -> list[str]:
     """`data.checks.container_only_paths`: data paths that exist only inside the job's image."""
     if spec.data.source != "files":
         return []
+    # data/'s checks only for a job that reads files: `validate` of a synthetic one imports no data/
     from ..data import checks
 
     return checks.container_only_paths(spec)
@@ -58,6 +60,7 @@ def prepared_state(spec: specmod.JobSpec) -> list[str]:
     """`data.checks.prepared_state`: `validate`'s lines on whether the data is prepared."""
     if spec.data.source != "files":
         return []
+    # data/'s checks only for a job that reads files: `validate` of a synthetic one imports no data/
     from ..data import checks
 
     return checks.prepared_state(spec)

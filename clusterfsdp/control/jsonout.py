@@ -14,31 +14,35 @@ import textwrap
 from collections.abc import Iterable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.benchresults import rows as bench_rows
 from ..core.records import Attempt, Event, TrackerIds
 from ..core.runfolder import RunFolder
-from .run import Run, Submission
 from .status import RunStatus
 from .strictjson import dumps
+
+if TYPE_CHECKING:
+    from .run import Submission
 
 SCHEMA = 1
 
 
 def to_json(value: Any) -> Any:
-    """JSON data for a record, a list of records or a plain value."""
+    """JSON data for a record, a list of records or a plain value. A `Run` and a `Submission` are
+    told by their shape (a run folder; a dataclass with the run first), so that this module does
+    not import the run service: `status --json` and `runs --json` read run folders only."""
     if isinstance(value, RunStatus):
         return _status(value)
     if isinstance(value, (Attempt, Event, TrackerIds)):
         return value.to_dict()
     if isinstance(value, RunFolder):
         return {"run_id": value.id, "name": value.name, "folder": str(value.path)}
-    if isinstance(value, Run):
+    if isinstance(getattr(value, "folder", None), RunFolder):  # a Run: its folder's keys
         return to_json(value.folder)
-    if isinstance(value, Submission):  # the run's keys, then what was queued
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a Submission: run's keys, what was queued
         fields = {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "run"}
-        return {**to_json(value.run), **fields}
+        return {**to_json(getattr(value, "run", {})), **fields}
     if isinstance(value, dict):
         return {str(k): to_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -18,6 +18,8 @@ beside the submitit parameters they guard, so one module says everything an atte
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import math
 import os
 import re
@@ -40,6 +42,7 @@ from ..core.records import Attempt, Executor, RunState
 from ..core.runfolder import RunFolder
 
 if TYPE_CHECKING:
+    # submitit only when a job is queued (heavy: cloudpickle), not for every Run
     import submitit
 
     from .slurmexec import RetriedSlurmExecutor
@@ -69,8 +72,6 @@ class WorkerCall:
     run_dir: str
 
     def __call__(self) -> str:
-        import importlib
-
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT):
             signal.signal(sig, signal.SIG_DFL)
         return importlib.import_module("clusterfsdp.worker.main").run(self.run_dir)
@@ -177,7 +178,6 @@ def check_trackers(spec: specmod.JobSpec) -> None:
     or the run would fail after queueing. Looked up without importing them."""
     if spec.slurm.container.kind != "none":
         return  # the image's Python: only the worker can tell
-    import importlib.util
 
     for name in spec.log.trackers:
         if importlib.util.find_spec(_TRACKER_MODULES[name]) is None:
@@ -314,6 +314,7 @@ def slurm_executor(
 def executor_for(
     spec: specmod.JobSpec, folder: Path, steps: tuple[list[str], list[str]], parameters: dict[str, Any], token: str
 ) -> RetriedSlurmExecutor:
+    # submitit (with cloudpickle) only when a Slurm job is queued, not for every Run
     from . import slurmexec
 
     setup, teardown = steps
@@ -337,6 +338,7 @@ def submission_env(spec: specmod.JobSpec) -> Iterator[None]:
     """Scrub inherited SLURM_*/SRUN_* (submitting from inside an allocation causes GRES errors and
     pinned CPUs), except what finds the cluster (slurmcli.CLUSTER_ENV), and put secret [env] entries into
     the environment the job inherits."""
+    # submitit only when a job is queued (heavy: cloudpickle), not for every Run
     from submitit.helpers import clean_env
 
     secrets = specmod.secret_env(spec)
@@ -433,6 +435,7 @@ def write_call(run: RunFolder, job_id: str) -> Path | None:
     """For a job submitted by hand from `submit --dry-run`'s script: submitit's pickled call at
     `submitit/<job id>_submitted.pkl`, where that script's `_submit` looks (submitit's
     executor writes it for the jobs it queues). None when it is there already (a requeue)."""
+    # submitit only when a job is queued (heavy: cloudpickle), not for every Run
     from submitit.helpers import DelayedSubmission
 
     path = run.submitit_dir / f"{job_id}_submitted.pkl"
@@ -448,6 +451,7 @@ def attempt_job(run: RunFolder, attempt: Attempt) -> submitit.Job[str]:
     """submitit's job object of a recorded attempt, for its rank 0 (the task whose result is the
     run's outcome): `result()`, `exception()`, `stdout()`, `paths`. A job submitted by hand from
     `submit --dry-run`'s script keeps its files straight in submitit/."""
+    # submitit only when a job is queued (heavy: cloudpickle), not for every Run
     import submitit
 
     folder = run.submitit_dir / "%j" if (run.submitit_dir / attempt.job_id).is_dir() else run.submitit_dir
@@ -500,8 +504,6 @@ def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:
     while following the log) does not reach the workers, with its stdio on a log file in the
     run folder, so `RUN=$(clusterfsdp submit ...)` or `| tee` return at once instead of holding
     the pipe open for the whole run. The session leader's identity is recorded for cancel."""
-    from ..core import localctl
-
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: new session, detached stdio, submit, report, exit
@@ -517,6 +519,8 @@ def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:
             # The worker alone bounds comebacks (outcomes.restarts_used: an interruption that made
             # progress costs nothing), so the controller must not stop restarting before it does.
             # submitit's LocalExecutor whose controller also records each rank's exit status (localctl)
+            from ..core import localctl  # submitit (heavy) only when a job is queued, not for every Run
+
             executor = localctl.RecordingExecutor(
                 folder=run.submitit_dir / "%j", run_dir=run.path, max_num_timeout=LOCAL_MAX_TIMEOUTS
             )

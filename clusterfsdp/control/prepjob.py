@@ -17,7 +17,9 @@ docs/data.md says how to choose.
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import secrets
 import shlex
 import signal
@@ -35,7 +37,9 @@ from ..core.records import RunState
 from ..core.runfolder import RunFolder
 from ..data import arraystate
 from ..data.cache import DatasetRef, cache_root, dataset_refs
+from ..data.checks import container_only_paths
 from ..data.sources import DataError
+from . import launch
 
 RECORD = "prepare.json"  # in a run folder: the array its training job waits for
 HASH_BYTES = 1 << 30  # of sources the login node hashes to tell whether the data is prepared
@@ -73,9 +77,6 @@ class PrepareCall:
     count: int
 
     def __call__(self, index: int) -> bool:
-        import importlib
-        import os
-
         for sig in (signal.SIGTERM, signal.SIGUSR2):
             signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
         array = importlib.import_module("clusterfsdp.data.array")
@@ -104,7 +105,7 @@ def missing(spec: specmod.JobSpec) -> list[DatasetRef]:
 
 def queue(spec: specmod.JobSpec, options: ArrayOptions, refs: list[DatasetRef], folder: Path, run_dir: str = "") -> str:
     """Queue the prepare array of `refs` (submitit files under `folder`); its job id."""
-    from . import launch, slurmexec
+    from . import slurmexec  # submitit (with cloudpickle): only when a job is queued
 
     count = options.count(spec)
     s = spec.slurm
@@ -155,8 +156,6 @@ def before_training(spec: specmod.JobSpec, run: RunFolder, *, slurm: bool) -> st
     array for the data that is not prepared, record it in the run folder and return the training
     job's dependency; with 'require', refuse (any executor). None when nothing is missing or the
     job prepares its data itself (in_job, the local executor, data only inside a container)."""
-    from ..data.checks import container_only_paths
-
     d = spec.data
     if d.source != "files" or d.prepare == "in_job" or (d.prepare == "job" and not slurm) or container_only_paths(spec):
         return None

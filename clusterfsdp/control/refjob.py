@@ -17,6 +17,7 @@ launch.WorkerCall.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import secrets
@@ -31,6 +32,7 @@ from ..core.errors import UserError
 from ..core.records import RunState
 from ..core.runfolder import RunFolder
 from ..core.spec.objective import reference_job, reference_table
+from . import launch
 
 RECORD = "reference.json"  # in a run folder: the reference job its training job waits for
 FOLDER = "reference"  # in a run folder: the reference job's submitit files and logs
@@ -50,8 +52,6 @@ class ReferenceCall:
     run_dir: str
 
     def __call__(self) -> str:
-        import importlib
-
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT):
             signal.signal(sig, signal.SIG_DFL)
         return importlib.import_module("clusterfsdp.worker.reference").run(self.run_dir)
@@ -88,7 +88,7 @@ def queue(spec: specmod.JobSpec, run: RunFolder, dependency: str | None) -> str:
     job's sbatch options (launch.sbatch_options: nodes, tasks, GPUs, container, quoting) with
     its own name and partition, no requeue and no --no-kill (a lost node fails the pass; the
     training job then never starts). Submitted held until submitit made its log folder."""
-    from . import launch, slurmexec
+    from . import slurmexec  # submitit (with cloudpickle): only when a job is queued
 
     token = f"clusterfsdp:{run.id}:reference:{secrets.token_hex(4)}"
     parameters = launch.sbatch_options(spec, dependency, token=token)

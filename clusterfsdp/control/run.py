@@ -31,11 +31,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..core import ckptfolder, fileio, lock, modelsource, peftbase, runfolder, secretenv, slurmcli
+from ..core import ckptfolder, fileio, lock, lrschedule, modelsource, peftbase, runfolder, secretenv, slurmcli
 from ..core import spec as specmod
 from ..core.errors import UserError
 from ..core.records import Attempt, Cause, Executor, RunState
 from ..core.runfolder import RunFolder
+from ..core.runroot import default_run_root
 from ..core.spec import benchmetric
 from ..data import checks as datachecks
 from . import backends, cost, launch, noderecord, prepjob, refjob, status
@@ -98,8 +99,6 @@ class Run:
     @classmethod
     def all(cls, run_root: str | Path | None = None) -> list[Run]:
         """Runs under the run root (default: runroot.default_run_root()), newest first."""
-        from ..core.runroot import default_run_root
-
         root = Path(run_root).expanduser() if run_root is not None else default_run_root()
         return [cls(f) for f in runfolder.list_runs(root)]
 
@@ -285,7 +284,6 @@ class Run:
                 self._cancel_attempt(live, backends.for_attempt(live))
                 self._wait_gone(wait_s)
                 target = ckptfolder.find(root, step)  # the cancelled attempt saved a newer one
-            from ..core import lrschedule  # (only `resume` needs it)
 
             sub = self._start_attempt(spec, backend, notice, target, set_aside=step is not None)
             return replace(sub, notes=lrschedule.resume_notes(target, spec.train))

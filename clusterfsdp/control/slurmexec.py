@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+from submitit.core.utils import DelayedSubmission, JobPaths
 
 from ..core import slurmcli
 
@@ -59,8 +60,6 @@ class RetriedSlurmExecutor(submitit.SlurmExecutor):
         cannot format a folder with `%a`, so it is done here the same way: the calls pickled,
         the script sent once through slurmcli (held), each pickle moved to its task's folder
         (`<job id>_<i>_submitted.pkl`, where the task's `_submit` looks). The tasks' job ids."""
-        from submitit.core.utils import DelayedSubmission, JobPaths
-
         scratch.mkdir(parents=True, exist_ok=True)
         tag = uuid.uuid4().hex
         script = scratch / f".submission_{tag}.sh"

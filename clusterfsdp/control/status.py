@@ -11,9 +11,10 @@ from dataclasses import field
 
 from ..core import ckptfolder, fileio, outcomes, procs, records, slurmcli
 from ..core.records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
-from ..core.runfolder import RunFolder
+from ..core.runfolder import RunFolder, owner
 from ..core.sweeplayout import sweep_of
 from ..core.value import value
+from ..data import samplestats
 from . import cost, jsonltail, pending
 from .cost import RunCost
 
@@ -278,8 +279,6 @@ def planned_steps(run: RunFolder) -> int | None:
 
 
 def _data_steps(run: RunFolder) -> int | None:
-    from ..data import samplestats  # only for a run without train.steps: `runs` imports nothing more
-
     return samplestats.steps(run.data_file)
 
 
@@ -419,10 +418,12 @@ def _prepare_note(run: RunFolder, live: bool) -> str | None:
     run that has one (their RECORD files): `status` stays light."""
     note = None
     if (run.path / "prepare.json").is_file():
+        # a run with a prepare array only: prepjob brings launch and data/ (start-up of `status`)
         from . import prepjob
 
         note = prepjob.note(run.path, live)
     if note is None and (run.path / "reference.json").is_file():
+        # a run with a reference job only: refjob brings launch (start-up of `status`)
         from . import refjob
 
         note = refjob.note(run.path, live)
@@ -432,6 +433,7 @@ def _prepare_note(run: RunFolder, live: bool) -> str | None:
 def _unrecorded_end(run: RunFolder, events: list[Event], job_id: str, restart: int) -> str:
     """The doctor's verdict on an incarnation that started and ended without an end record
     (every rank killed at once, no job step after them); '' when it has none."""
+    # an attempt that ended unrecorded only: the doctor's rules (start-up of `status`, `runs`)
     from . import doctor
 
     found = doctor.verdict(run, events, job_id, restart)
@@ -513,16 +515,6 @@ def cost_by_user(rows: list[RunStatus]) -> dict[str, UserCost]:
         used = was.used + st.cost.total if st.cost is not None else was.used
         out[user] = UserCost(used, was.runs + 1, was.unknown + (st.cost is None))
     return dict(sorted(out.items()))
-
-
-def owner(run: RunFolder) -> str:
-    """The name of the user who owns the run folder ('?' when it cannot be read)."""
-    from ..core import ownership
-
-    try:
-        return ownership.user_name(run.path.stat().st_uid)
-    except OSError:
-        return "?"
 
 
 def statuses(run_list: list[RunFolder], costs: bool = False) -> tuple[list[RunStatus], str]:

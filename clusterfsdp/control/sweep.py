@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core import modelsource, procs, retrynotes, runfolder, slurmcli
@@ -272,8 +272,6 @@ class Sweep:
 
 def _named(spec: specmod.JobSpec, name: str) -> specmod.JobSpec:
     """The point's spec in the sweep folder: job.name is the sweep folder's name."""
-    from dataclasses import replace
-
     return replace(spec, job=replace(spec.job, name=name))
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from . import hub, ownership
 from .spec import benchmetric
 from .spec.benchsection import BenchmarksSection, is_local
-from .spec.schema import short
+from .spec.schema import closest, short
 from .value import value
 
 _DECLARES = re.compile(r"^(?:task|group|tag):\s*['\"]?([A-Za-z0-9_.\-]+)", re.M)
@@ -55,6 +55,7 @@ def _loader(functions: list[str]) -> Any:
     """A safe YAML loader that reads lm-eval's `!function module.name` tags as plain text, each
     appended to `functions` (they name Python code next to the YAML, which only the worker's
     lm-eval loads: `sources` checks whose it is first)."""
+    # PyYAML only when a task file is read (lm-eval's format; start-up of `validate`)
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -80,6 +81,7 @@ def _load(path: Path, seen: set[Path]) -> dict[str, Any]:
     """One task YAML merged over its `include:`s as lm-eval merges them (relative to the including
     file's folder; the file's own keys win), each file and each local `.py` that a `!function`
     names (`utils.fn` -> `utils.py` beside the YAML) checked to be yours before it is read."""
+    # PyYAML only when a task file is read (lm-eval's format; start-up of `validate`)
     import yaml
 
     path = path.expanduser().resolve()
@@ -208,8 +210,6 @@ def problems(b: BenchmarksSection, scores: Sequence[tuple[str, str]] = ()) -> li
                 "(pip install 'clusterfsdp[bench]'), or give a local task .yaml file"
             )
         elif task not in known:
-            from .spec.schema import closest
-
             near = closest(task, sorted(known))
             hint = f" (did you mean {near!r}?)" if near else ""
             out.append(f"{key}: {short(task)} is no lm-eval task{hint}; name one or give a local task .yaml file")

@@ -54,6 +54,7 @@ def looks_like_repo_id(text: str) -> bool:
 
 
 def cache_dir() -> str:
+    # huggingface_hub (heavy: requests, tqdm, ...) only for a hub id
     from huggingface_hub import constants
 
     return str(constants.HF_HUB_CACHE)
@@ -82,6 +83,7 @@ def resolve(
     A commit hash, offline mode (HF_HUB_OFFLINE=1) and the modes 'check'/'cache' look in the
     cache first; a branch or tag in 'download' mode asks the hub which commit it names (and
     falls back to the cached snapshot when the hub cannot be reached)."""
+    # huggingface_hub (heavy: requests, tqdm, ...) only for a hub id
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -163,6 +165,7 @@ def _foreign(snapshot: Path) -> str | None:
 
 def _check_remote(repo_id: str, repo_type: RepoType, revision: str, where: str, fetch: str) -> Snapshot:
     """An uncached id: ask the hub whether it exists (no download)."""
+    # huggingface_hub (heavy: requests, tqdm, ...) only for a hub id
     from huggingface_hub import HfApi
 
     try:

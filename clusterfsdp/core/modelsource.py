@@ -30,6 +30,7 @@ from . import fileio, hub
 from . import spec as specmod
 from .fileio import atomic_write
 from .presets import PRESETS
+from .spec.peft import trainable_params
 from .value import value
 
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -154,7 +155,7 @@ def _reference_model(out: Prepared, errors: list[str], mode: hub.Mode) -> None:
     path = _locate(out, errors, key, value, "", mode, MODEL_PATTERNS)
     if not path:
         return
-    from . import ckptfolder  # (only here: `validate` of other jobs imports no more, tests/test_cli.py)
+    from . import ckptfolder  # a preference job's reference model only: `validate` of the others stays light
 
     if (Path(path) / ckptfolder.COMPLETE).is_file() or (Path(path) / ckptfolder.DCP_METADATA).is_file():
         errors.append(
@@ -400,8 +401,6 @@ def lora_params(spec: specmod.JobSpec) -> tuple[int, bool] | None:
     """The parameters a LoRA job trains and whether the count is exact, from the base's tensor
     shapes (spec/peft.py, as peft adds the adapters); None for a full fine-tune or a base whose
     safetensors are not on this host."""
-    from .spec.peft import trainable_params
-
     cfg = model_config(spec) if spec.peft.method == "lora" else None
     folder = _local_folder(spec.model.name_or_path, spec.model.revision) if cfg is not None else None
     if cfg is None or folder is None:

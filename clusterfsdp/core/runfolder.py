@@ -45,6 +45,7 @@ from .runroot import ENV_RUN_ROOT, default_run_root, lookup_roots
 from .value import value
 
 if TYPE_CHECKING:  # imported where a spec is loaded or written: `status` and `runs` start without it
+    # the spec's schema: `status` and `runs` read run folders without it (start-up)
     from . import spec as specmod
 
 
@@ -53,9 +54,8 @@ class RunNotFound(UserError, LookupError):
 
 
 def new_run_id() -> str:
-    import secrets  # here: its hashlib/hmac are a start-up cost of every read-only command
-
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    # os.urandom(2).hex() is secrets.token_hex(2), without the hmac/hashlib `secrets` imports (start-up)
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
 
 
 @value(frozen=True)
@@ -98,6 +98,7 @@ class RunFolder:
         return Path(checkpoint_dir).expanduser() / self.id if checkpoint_dir else self.path / "checkpoints"
 
     def spec(self, overrides: list[str] | tuple[str, ...] = ()) -> specmod.JobSpec:
+        # the spec's schema: `status` and `runs` read run folders without it (start-up)
         from . import spec as specmod
 
         return specmod.load(self.job_toml, list(overrides))
@@ -208,6 +209,7 @@ def create_run(spec: specmod.JobSpec, executor: Executor, run_id: str | None = N
     """Make the folder for a new run and write its resolved, redacted job.toml. PermissionError
     (submit_refusal) in a job folder another user made: the run service says it first, as a
     RunError; this guards the notebook's runs too."""
+    # the spec's schema: `status` and `runs` read run folders without it (start-up)
     from . import spec as specmod
 
     if problem := submit_refusal(spec):
@@ -251,6 +253,14 @@ def find_run(ref: str, run_root: str | Path | None = None) -> RunFolder:
 
 
 # ---- whose runs are acted on
+
+
+def owner(run: RunFolder) -> str:
+    """The name of the user who owns the run folder ('?' when it cannot be read)."""
+    try:
+        return ownership.user_name(run.path.stat().st_uid)
+    except OSError:
+        return "?"
 
 
 def untrusted(path: Path) -> str | None:
@@ -319,6 +329,7 @@ def export_refusal(run: RunFolder, to: str | Path) -> str | None:
     checkpoints, a source folder of its model or tokenizer, its data (each data path, a glob's
     folder before its first wildcard) or data.cache_dir. Symlinks are resolved first, so a link
     to one of them is refused too."""
+    # the spec's schema: `status` and `runs` read run folders without it (start-up)
     from . import spec as specmod
 
     dest = Path(to).expanduser().resolve()

@@ -44,6 +44,11 @@ def default_run_root(base: Path | None = None) -> Path:
     return (root if root.is_absolute() else (base or Path.cwd()) / root).resolve()
 
 
+def chosen_root(given: str | Path | None) -> Path:
+    """`given` (a command's --run-root), expanded; else the default run root."""
+    return Path(given).expanduser() if given else default_run_root()
+
+
 JOB_FILE_BYTES = 1 << 20  # a job file is at most 1 MiB (spec/paths.py); bigger .toml files are no job files
 
 

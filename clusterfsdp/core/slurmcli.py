@@ -18,6 +18,7 @@ timed out is checked against the job's state before it counts as failed.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -256,8 +257,6 @@ def sacct(job_ids: list[str]) -> dict[str, JobRow]:
 
 def describe_uid(uid: str) -> str:
     """'alice (uid 1000)' for sacct's `CANCELLED by 1000`; the uid alone when it has no name here."""
-    import pwd
-
     try:
         return f"{pwd.getpwuid(int(uid)).pw_name} (uid {uid})"
     except (KeyError, ValueError):

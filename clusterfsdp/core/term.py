@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # imported where a state is styled: `runs --quiet` (completion) starts without the records
+if TYPE_CHECKING:  # (state_style compares values: every command imports this module, not the records)
     from .records import RunState
 
 _CODES = {"red": "31", "green": "32", "yellow": "33", "cyan": "36", "bold": "1", "dim": "2"}
@@ -98,16 +98,16 @@ def style(text: str, name: str, stream: IO[str]) -> str:
 
 
 def state_style(state: RunState) -> str:
-    """The colour of a run state: red for bad ends, green for completed, cyan for live."""
-    from .records import RunState
-
+    """The colour of a run state: red for bad ends, green for completed, cyan for live. (A state
+    is a string enum: compared by its value, so that this module, which every command imports,
+    does not import the records.)"""
     if state.bad:
         return "red"
-    if state is RunState.COMPLETED:
+    if state == "COMPLETED":
         return "green"
     if state.live:
         return "cyan"
-    return "yellow" if state is RunState.CANCELLED else "dim"
+    return "yellow" if state == "CANCELLED" else "dim"
 
 
 def state_text(state: RunState, width: int, stream: IO[str]) -> str:

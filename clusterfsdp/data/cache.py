@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from ..core import fileio
 from ..core import spec as specmod
 from ..core.runroot import default_run_root
@@ -90,14 +92,10 @@ class FingerprintMemo:
 
 
 def text_hash(text: str) -> str:
-    import xxhash  # imported where a hash is computed: start-up (issue 25 item 3)
-
     return xxhash.xxh3_128(text.encode()).hexdigest()
 
 
 def hash_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
-    import xxhash
-
     h = xxhash.xxh3_128()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 23):

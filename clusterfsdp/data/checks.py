@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from ..core import fileio
@@ -196,9 +198,6 @@ def build_missing_indexes(spec: specmod.JobSpec, refs: list[DatasetRef]) -> list
     size before anything is queued: one `python -m clusterfsdp.data.index` (numpy; the control
     plane never imports it) for all of them. Returns the error lines of those that cannot be
     built as the job asks (eval.fraction too small for one evaluation batch, ...)."""
-    import subprocess
-    import sys
-
     missing = []
     for ref in refs:
         try:

@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.spec import JobSpec
+from ..core.spec import JobSpec, loads
 from . import trust
 from .cache import DatasetRef
 from .mixture import label
@@ -514,8 +514,6 @@ def main(argv: list[str]) -> int:
     the sample indexes of `role` of these prepared datasets (data.checks.build_missing_indexes,
     for validate and submit); each that the job would refuse is an `error: ` line on stdout
     (exit 2). A cache folder this user cannot write to is left to the job."""
-    from ..core.spec import loads
-
     spec = loads(sys.stdin.read())
     errors = []
     for item in argv:

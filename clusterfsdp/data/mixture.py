@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import xxhash
+
 from ..core import spec as specmod
 from ..core.value import value
 from .cache import DatasetRef
@@ -53,8 +55,6 @@ class Schedule:
     def _layout(self, b: int) -> list[tuple[int, int]]:
         """Block b: (source, k) at each of its positions, k counting that source's positions."""
         if self._cached is None or self._cached[0] != b:
-            import xxhash  # here: validate only needs the counts
-
             items = []
             for i, c in enumerate(self.counts):
                 phase = xxhash.xxh3_64_intdigest(f"mixture:{self.seed}:{b}:{i}".encode()) / 2.0**64

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from ..core.value import value
 from . import trust
 from .cache import DatasetRef
@@ -61,8 +63,6 @@ def _documents(folder: Path, manifest: dict[str, Any], shard: int) -> list[tuple
 def _hashes(folder: Path, manifest: dict[str, Any], wanted: set[int] | None) -> Iterator[tuple[int, int] | None]:
     """(byte length, hash) of each document (of a length in `wanted`, when given); None once
     BUDGET_BYTES of shards were read."""
-    import xxhash  # imported where a hash is computed: start-up of `validate` (issue 25 item 3)
-
     read = 0
     for shard in range(len(manifest["shards"])):
         docs = _documents(folder, manifest, shard)

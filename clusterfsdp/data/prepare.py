@@ -51,14 +51,17 @@ class ByteProgress:
         self.t0 = self.last = time.monotonic()
         self.bar = None
         if interactive:
+            # rich only for an interactive progress bar
             from rich.progress import (
                 BarColumn,
                 DownloadColumn,
+                Progress,
                 TextColumn,
                 TimeRemainingColumn,
                 TransferSpeedColumn,
             )
-            from rich.progress import Progress as Bar
+
+            Bar = Progress
 
             self.bar = Bar(
                 TextColumn(label),

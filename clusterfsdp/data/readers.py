@@ -158,6 +158,7 @@ class UnitReader:
             yield record, where
 
     def _parquet(self, src: Source, unit: SourceUnit) -> Iterator[tuple[Any, object]]:
+        # pyarrow only for Parquet files
         import pyarrow.parquet as pq
 
         pf = pq.ParquetFile(src.path)

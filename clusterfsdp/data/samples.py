@@ -16,6 +16,7 @@ wait for it (rankdata.py opens a job's data for a rank, a mixture included).
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -190,8 +191,6 @@ class PreparedSamples:
     """The samples of one index of a prepared dataset (see index.py)."""
 
     def __init__(self, folder: Path, index: str, seq_len: int, seed: int, order: str):
-        import json
-
         tables = folder / "index" / index
         trust.require(
             folder, folder / "manifest.json", folder / "shards", folder / "index", tables, tables / "meta.json"

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..core import spec as specmod
+from ..core.term import use_colour
 from .cache import DatasetRef, dataset_refs, same_data_problem
 from .checks import source_problems
 from .mixsamples import MixtureSamples, open_mixture
@@ -225,7 +226,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"schema": 1, "samples": [asdict(s) for s in shown]}))
         return 0
-    from ..core.term import use_colour
 
     print(render_text(shown, use_colour(sys.stdout)))
     return 0

@@ -16,6 +16,8 @@ walk visits each folder once.
 from __future__ import annotations
 
 import fnmatch
+import gzip
+import io
 import os
 import re
 from collections.abc import Iterator
@@ -264,12 +266,9 @@ def open_binary(path: str, compression: Compression, raw: IO[bytes] | None = Non
     """The decompressed bytes of a file (zstd across all frames); from `raw` when given (the
     caller closes it)."""
     if compression == "gz":
-        import gzip  # here, not at import: start-up of `validate` (issue 25 item 3)
-
         return gzip.GzipFile(fileobj=raw, mode="rb") if raw is not None else gzip.open(path, "rb")  # type: ignore[return-value]
     if compression == "zst":
-        import io
-
+        # zstandard only for a .zst file
         import zstandard
 
         src = raw if raw is not None else open(path, "rb")  # noqa: SIM115 - closed with the reader

@@ -56,6 +56,7 @@ class ByteTokenizer:
 def load_tokenizer(name: str):
     if name == "bytes":
         return ByteTokenizer()
+    # transformers (heavy) only where text is tokenized
     from transformers import AutoTokenizer
 
     if not Path(name).is_dir():

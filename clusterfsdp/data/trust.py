@@ -26,6 +26,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from ..core import ownership
 from .sources import DataError
 
@@ -133,8 +135,6 @@ def private_folder(parent: Path) -> Path:
 
 # ---------------------------------------------------------------- seals
 def file_hash(fd: int) -> str:
-    import xxhash  # imported where a hash is computed: start-up (issue 25 item 3)
-
     h = xxhash.xxh3_128()
     offset = 0
     while chunk := os.pread(fd, 1 << 23, offset):

@@ -135,6 +135,7 @@ def _stream_units(src: Source, index: int, unit_bytes: int, shard: int) -> Itera
 
 def load_hf_dataset(src: Source, data: specmod.DataSection, cache: Path):
     """A save_to_disk folder or a folder datasets.load_dataset reads, as one split."""
+    # HuggingFace datasets (heavy) only for a hub dataset
     import datasets
 
     where = f"{src.field}: {src.path}"
@@ -162,6 +163,7 @@ def load_hf_dataset(src: Source, data: specmod.DataSection, cache: Path):
 
 def _parquet_units(src: Source, index: int, data: specmod.DataSection, unit_bytes: int, shard: int):
     """Row groups, several to a unit while they fit in unit_bytes (uncompressed)."""
+    # pyarrow only for Parquet files
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(src.path)

@@ -17,7 +17,9 @@ import sys
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from ..api import submit
 from ..control.run import GRACE_S
+from .step import srun
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,9 +88,7 @@ class ClusterFsdpMagics(Magics):
         # A UserError (bad job file, refused submission, no allocation) shows as its message
         # alone: every UserError renders itself in IPython (control.errors).
         if args.command == "srun":
-            from .. import notebook
-
-            return notebook.srun(
+            return srun(
                 args.job,
                 nodes=args.nodes,
                 gpus_per_node=args.gpus_per_node,
@@ -101,8 +101,6 @@ class ClusterFsdpMagics(Magics):
                 progress=False if args.no_progress else None,
                 grace_s=args.grace,
             )
-        from .. import submit
-
         sub = submit(args.job, executor=args.executor, overrides=args.set)
         print(sub.notice, file=sys.stderr)
         print(

@@ -29,6 +29,7 @@ class StepDisplay:
         self.state = "starting"
         self.t0 = time.time()
         if enabled:
+            # IPython only inside a notebook
             from IPython.display import display
 
             self.handle = display(self._data(), raw=True, display_id=True)

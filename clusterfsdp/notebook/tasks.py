@@ -14,8 +14,11 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
+from ..worker import main as worker
 from ..worker import warmstart
+from ..worker.distenv import free_master_port
 
 MARK = "@@clusterfsdp "  # marker lines the tasks print on stdout (never shown in the cell)
 
@@ -35,7 +38,6 @@ def _task_main(run_dir: str) -> int:
         f"{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}" if env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID") else "-"
     )
     _mark(f"task rank={rank} host={socket.gethostname()} pid={os.getpid()} step={step}")
-    from ..worker import main as worker
 
     code = 0
     try:
@@ -44,8 +46,6 @@ def _task_main(run_dir: str) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:
         if not isinstance(sys.stderr, worker.Tee):  # the worker prints its own tracebacks once it logs
-            import traceback
-
             traceback.print_exc()
         code = 1
     finally:
@@ -79,7 +79,6 @@ def _local_main(run_dir: str, ntasks: int) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     job_id = f"nb{os.getpid()}"
-    from ..worker.distenv import free_master_port  # no torch: distenv is pure Python
 
     port = free_master_port()
     out = sys.stdout.buffer

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 
 from .schema import LOADER_ENV, ContainerSection, SlurmSection, short
 
@@ -136,9 +138,6 @@ def setup_errors(lines: list[str]) -> list[str]:
 def _bash_syntax_error(script: str) -> str:
     """bash's own verdict on `script` (`bash -n`: read and parse, never execute); '' when fine or
     when this host has no bash (the batch host's bash then reports it in the job's log)."""
-    import shutil  # only when there are setup lines: the control plane's start-up stays small
-    import subprocess
-
     bash = shutil.which("bash") or ("/bin/bash" if os.path.exists("/bin/bash") else None)
     if bash is None:
         return ""

@@ -16,6 +16,7 @@ import re
 from typing import TYPE_CHECKING
 
 from ..value import value
+from .schema import closest
 
 if TYPE_CHECKING:
     from .schema import JobSpec
@@ -88,8 +89,6 @@ def errors(spec: JobSpec) -> list[str]:
     """keep_best and early_stopping.metric: one of their evaluation metrics or a benchmark score
     of a task in [benchmarks].tasks, with a known direction; early stopping on one needs the run
     to evaluate its checkpoints itself (benchmarks.every_checkpoints, checkpoint.every_steps)."""
-    from .schema import closest
-
     out = []
     for (key, metric), plain in zip(used(spec, every=True), (EVAL_KEEP_BEST, EVAL_STOPPING), strict=True):
         if not is_bench(metric):

@@ -10,6 +10,7 @@ import math
 import re
 from typing import Any
 
+from ..presets import PRESETS
 from . import badrecords, benchmetric, benchsection
 from . import objective as objectivechecks
 from . import peft as peftchecks
@@ -290,8 +291,6 @@ _REVISION = r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*"
 def _model_errors(m: ModelSection) -> list[str]:
     """Which model source the [model] keys name, and whether they agree (files are checked by
     `modelsource.prepare` before queueing)."""
-    from ..presets import PRESETS  # pure-Python table, no torch
-
     if m.revision and (not re.fullmatch(_REVISION, m.revision) or ".." in m.revision):
         return [
             f"model.revision: {short(m.revision)} is not a branch, tag or commit (letters, digits, . _ - and "

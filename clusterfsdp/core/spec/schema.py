@@ -266,6 +266,7 @@ def type_name(tp: Any) -> str:
 def closest(word: str, choices: list[str]) -> str | None:
     """The choice closest to a mistyped word, if any is close (difflib is imported here, not at
     start-up: only an error line needs it)."""
+    # only when an error suggests a name (start-up of `validate`, issue 25 item 3)
     import difflib
 
     close = difflib.get_close_matches(word, choices, n=1)
