@@ -94,7 +94,7 @@ def test_samples_reach_tensorboard_as_text(sampled_run):
 
 def test_chat_prompts_from_a_file_are_rendered_with_the_chat_template(tmp_path):
     """No model needed: the prompts every rank encodes before training starts."""
-    from clusterfsdp.worker.evalsamples import PromptError, SampleGenerator
+    from clusterfsdp.worker.generate import PromptError, SampleGenerator
 
     tok = make_tokenizer(tmp_path / "tok")
     prompts = tmp_path / "prompts.jsonl"

@@ -196,13 +196,6 @@ def test_no_runtime_import_cycle():
     assert sorted(sorted(c) for c in cycles if len(c) > 1) == []
 
 
-# Names used twice whose renaming is left to the worker's side (issue 35 item 4: renamed while
-# another change moves clusterfsdp/worker/'s imports). The lead empties these after renaming
-# the worker half (no class name is left: each shared class had its other half outside worker/);
-# test_the_allowances_are_real fails once a pair is gone, so none lingers.
-SHARED_MODULE_NAMES_LEFT = {
-    "evalsamples.py",  # worker/evalsamples.py (the generator) and core/evalsamples.py (the files)
-}
 # The one name shared on purpose: worker/warmctl.Controller is core/localctl.Controller warmed up
 # (a subclass, imports done once in the job's controller process).
 SHARED_CLASS_NAMES_STATED = {"Controller"}
@@ -243,12 +236,11 @@ def test_module_and_class_names_are_distinct():
     """Issue 35: one name, one thing. No two product modules share a basename (two `x.py` read
     as one module in a traceback, a grep or a doc), and no two product classes share a name (an
     import of the wrong one of two same-named classes reads right and may even type-check)."""
-    modules = {n: w for n, w in shared_module_names().items() if n not in SHARED_MODULE_NAMES_LEFT}
+    modules = shared_module_names()
     classes = {n: w for n, w in shared_class_names().items() if n not in SHARED_CLASS_NAMES_STATED}
     assert (modules, classes) == ({}, {})
 
 
 def test_the_allowances_are_real():
     """Each name the test above lets pass is still shared: a pair renamed leaves the list with it."""
-    assert not SHARED_MODULE_NAMES_LEFT - set(shared_module_names())
     assert not SHARED_CLASS_NAMES_STATED - set(shared_class_names())

@@ -19,7 +19,7 @@ from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data.mixsamples import MixtureSamples
 from clusterfsdp.data.mixture import Schedule, block_counts
 from clusterfsdp.data.rankdata import open_for_training
-from clusterfsdp.worker.evalsamples import SampleGenerator
+from clusterfsdp.worker.generate import SampleGenerator
 
 
 def _job(tmp: Path, sources: list[dict], *extra: str, tokenizer: str = "bytes", top: str = "") -> S.JobSpec:
@@ -128,7 +128,7 @@ def test_eval_fraction_holds_out_of_every_source_and_reads_them_in_the_mixtures_
         f"eval: {held.count:,} samples held out of the sources "
         f"({', '.join(str(p.count) for p in held.parts)}), read in the mixture's proportions"
     ]
-    # eval samples' prompts come from every source in turn (worker/evalsamples.py)
+    # eval samples' prompts come from every source in turn (worker/generate.py)
     gen = SampleGenerator(_job(tmp_path, tables, "eval.fraction=0.2", "eval.samples=3"), held)
     assert [int(np.bincount(ids).argmax()) for ids in gen.prompts] == letters
 

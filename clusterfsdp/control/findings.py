@@ -72,7 +72,7 @@ class Context:
 # A clusterfsdp module and the setting that turns off the feature it serves: a bug there can be
 # stepped around until it is fixed.
 WORKAROUNDS = {
-    "clusterfsdp/worker/evalsamples.py": "eval.samples = 0 (no generated samples at evaluations)",
+    "clusterfsdp/worker/generate.py": "eval.samples = 0 (no generated samples at evaluations)",
     **{  # the trackers' sink, what they share, and one module per tracker
         f"clusterfsdp/worker/{module}.py": "log.trackers = [] (no experiment trackers)"
         for module in ("trackers", "trackerbase", "tbtracker", "wandbtracker", "mlflowtracker")

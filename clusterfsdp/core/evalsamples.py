@@ -1,7 +1,7 @@
 """What the model generated at an evaluation (`[eval] samples`): `<run>/samples/step-<N>.jsonl`,
 one `EvalSample` a line. Rank 0 writes a step's file whole (temp file + rename, so a reader never
 sees half of one); `status`, the TUI's run screen and the notebook read the newest. Torch-free:
-the worker (`worker/evalsamples.py`) and the control plane share this one definition.
+the worker (`worker/generate.py`) and the control plane share this one definition.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class RunFolder:
     model_dir = property(lambda self: self.path / "model")  # what export/resume need from the sources
     trackers_file = property(lambda self: self.path / "trackers.json")
     tensorboard_dir = property(lambda self: self.path / "tensorboard")
-    samples_dir = property(lambda self: self.path / "samples")  # [eval] samples (control.evalsamples)
+    samples_dir = property(lambda self: self.path / "samples")  # [eval] samples (core.evalsamples)
     data_file = property(lambda self: self.path / "data.json")  # the sample sets' statistics (control.samplestats)
 
     def checkpoints_dir(self, spec: specmod.JobSpec | None = None) -> Path:

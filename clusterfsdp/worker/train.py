@@ -45,7 +45,7 @@ from .benchstop import BenchStop
 from .build import build_model, token_ids
 from .checkpoint import Checkpointer
 from .elastic import GrowWatch
-from .evalsamples import SampleGenerator
+from .generate import SampleGenerator
 from .heartbeat import Heartbeat, Phase
 from .numguard import LossRise, NumGuard, Verdict, roll_back
 from .optimizer import adamw

@@ -1,5 +1,5 @@
 """`[eval] samples`: at every evaluation, a few prompts generated greedily by the model being
-trained; rank 0 writes them to `<run>/samples/step-N.jsonl` (control.evalsamples) and the
+trained; rank 0 writes them to `<run>/samples/step-N.jsonl` (core.evalsamples) and the
 trackers (TensorBoard text, a W&B table, an MLflow artifact).
 
 Every rank runs the same generation on the *sharded* model, in lockstep: each forward is FSDP's
