@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from procs import CORPUS, tiny_job_toml
 
-from clusterfsdp.control import launch
+from clusterfsdp.control.run import Run
 from clusterfsdp.core import runfolder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,4 +109,4 @@ def test_two_node_job_trains_inside_an_oci_bundle(slurm_cluster, tmp_path):
     script = (job_dir / f"{attempt.job_id}_submission.sh").read_text()
     assert f"--container={bundle} {sys.executable} -u -m submitit.core._submit {run.submitit_dir}/%j" in script
     assert (job_dir / f"{attempt.job_id}_submitted.pkl").is_file()
-    assert launch.wait(run, poll_s=1) == "completed"  # rank 0's result, through submitit's job object
+    assert Run(run).wait(poll_s=1) == "completed"  # rank 0's result, through submitit's job object

@@ -134,7 +134,7 @@ class Local(Backend):
         return launch.queue(spec, Executor.LOCAL, run)
 
     def is_live(self, attempt: Attempt) -> bool:
-        return attempt.leader is not None and procs.group_alive(attempt.leader)
+        return attempt.group_alive()
 
     def cancel(self, attempt: Attempt) -> str | None:
         if attempt.leader is not None and procs.signal_group(attempt.leader, signal.SIGTERM):
@@ -245,7 +245,7 @@ class SrunStep(_Streamed):
         return next((step for step, name in rows.items() if name == attempt.step_name), "")
 
     def is_live(self, attempt: Attempt) -> bool:
-        if attempt.leader is not None and procs.group_alive(attempt.leader):
+        if attempt.group_alive():
             return True
         step = self.step_of(attempt)
         return bool(step) and step in squeue_steps(attempt.allocation)
@@ -324,6 +324,15 @@ _BY_EXECUTOR: dict[Executor, type[Backend]] = {Executor.SLURM: Slurm, Executor.L
 def for_attempt(attempt: Attempt) -> Backend:
     """The backend that watches and stops a recorded attempt (whoever queued it)."""
     return _BY_EXECUTOR[attempt.executor]()
+
+
+def still_live(attempt: Attempt) -> bool:
+    """Whether to keep waiting on an attempt: its backend says it is live, or Slurm cannot say
+    (squeue and sacct already retried through an outage: the job may well still run)."""
+    try:
+        return for_attempt(attempt).is_live(attempt)
+    except slurmcli.SlurmError:
+        return True
 
 
 def for_request(requested: launch.Requested) -> tuple[Backend, str]:

@@ -29,16 +29,16 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..core import ownership, procs, runfolder, slurmcli
+from ..core import ownership, runfolder, slurmcli
 from ..core import spec as specmod
 from ..core.errors import UserError
 from ..core.procs import ProcessId
-from ..core.records import Attempt, Executor, RunState
+from ..core.records import Attempt, Executor
 from ..core.runfolder import RunFolder
 
 if TYPE_CHECKING:
@@ -459,19 +459,19 @@ def attempt_job(run: RunFolder, attempt: Attempt) -> submitit.Job[str]:
     return kind(folder=folder, job_id=attempt.job_id, tasks=(0,))
 
 
-def wait(run: RunFolder, poll_s: float = 10.0) -> str:
+def wait(run: RunFolder, alive: Callable[[Attempt], bool], poll_s: float = 10.0) -> str:
     """Block until the run's newest attempt has ended, following requeues (the same job) and the
     attempts that take over (a follow-up job or an automatic restart is recorded before the job
     that submits it ends); then rank 0's outcome ('completed' or 'stopped') by submitit's
     `job.result()`, which raises submitit's `FailedJobError` (a Python error, with the rank's
     traceback) or `UncompletedJobError` (no result: cancelled, killed, out of restarts).
-    Liveness is asked as `status` asks it (slurmcli: squeue, then sacct, retried through an
-    outage, which is waited out) or, locally, of the recorded process group."""
+    `alive` says whether an attempt still runs (the run service passes `backends.still_live`:
+    each backend's own liveness, an outage of Slurm waited out)."""
     while True:
         last = run.record().last
         if last is None:
             raise SubmitError(f"run {run.id} has no attempt to wait for")
-        while _alive(last):
+        while alive(last):
             time.sleep(poll_s)
         newest = run.record().last
         if newest is not None and newest.job_id == last.job_id:
@@ -487,16 +487,6 @@ def _refuse_foreign_pickle(run: RunFolder, pickle_file: Path) -> None:
     found = ownership.path_clause(pickle_file.parent) or ownership.path_clause(pickle_file)
     if problem or found:
         raise SubmitError(problem or f"refusing to read {pickle_file}, a pickle: {found[1] if found else ''}")
-
-
-def _alive(attempt: Attempt) -> bool:
-    if attempt.executor is not Executor.SLURM:
-        return attempt.leader is not None and procs.group_alive(attempt.leader)
-    try:
-        row = slurmcli.job_states([attempt.job_id]).get(attempt.job_id)
-    except slurmcli.SlurmError:
-        return True  # Slurm does not answer: the job may well still run
-    return row is not None and RunState.parse(row.state).live
 
 
 def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:

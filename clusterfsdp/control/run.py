@@ -516,7 +516,7 @@ class Run:
         """Block until the run ends, following requeues, follow-up jobs and automatic restarts;
         rank 0's outcome ('completed' or 'stopped') by submitit's `job.result()`, or submitit's
         `FailedJobError` / `UncompletedJobError` (for a notebook or a script that wants to wait)."""
-        return launch.wait(self.folder, poll_s)
+        return launch.wait(self.folder, backends.still_live, poll_s)
 
     def export(
         self,

@@ -168,11 +168,6 @@ class LastLogged:
     kl: float | None = None  # kto (worker/kto.py)
 
 
-def attempt_alive(attempt: Attempt) -> bool:
-    """A local or notebook attempt whose recorded process group still runs (identity checked)."""
-    return attempt.leader is not None and procs.group_alive(attempt.leader)
-
-
 def _perplexity(evaluated: dict | None, eval_loss: float | None) -> float | None:
     """The row's eval_ppl, or exp(eval_loss) for rows written before it was logged; none for a
     preference objective's evaluation (its rows carry rewards, kto's a KL estimate: exp of a
@@ -390,7 +385,7 @@ def run_status(
                 if not started:
                     st.reason = _prepare_note(run, live=False) or _before_start(last, row, slurm_state, st.reason)
                 return st
-    elif attempt_alive(last):
+    elif last.group_alive():
         st.state = RunState.RUNNING if started else RunState.PENDING
         return st
     if end is not None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import fileio
-from .procs import ProcessId
+from .procs import ProcessId, group_alive
 from .value import value
 
 
@@ -342,6 +342,12 @@ class Attempt:
     interrupt_to_gone_s: float | None = None
     cause: Cause | None = None  # automatic restarts: the failure this attempt recovers from
     exclude: list[str] = field(default_factory=list)  # nodes kept out of this attempt (--exclude)
+
+    def group_alive(self) -> bool:
+        """A local or notebook attempt whose recorded process group still runs (its leader's
+        identity checked, so a recycled pid is not taken for it). Slurm's attempts are asked
+        of Slurm (`control.backends`; `status` asks for all runs at once)."""
+        return self.leader is not None and group_alive(self.leader)
 
     @classmethod
     def from_dict(cls, data: Any) -> Attempt:
