@@ -329,6 +329,23 @@ def test_srun_line_restates_resources_and_env_is_scrubbed(tiny_job, tmp_path):
     assert not any(k.startswith("SLURM_") for k in local) and local["HF_TOKEN"] == "s3cret"
 
 
+def test_srun_and_sbatch_ask_for_the_same_node_resources(tiny_job, tmp_path):
+    """One renderer (launch.NodeResources, issue 35): a notebook's srun line and a submitted job's
+    sbatch parameters ask for the same memory, GPUs and CPUs. 0.3 GB is 307.2 MiB: the srun line
+    used to truncate it to 307M where sbatch asked for 308M."""
+    from clusterfsdp import notebook
+    from clusterfsdp.control import launch
+
+    spec = notebook.with_layout(
+        notebook.load_job(tiny_job, {"slurm.cpus_per_task": 2, "slurm.mem_gb": 0.3}), nodes=1, gpus_per_node=1
+    )
+    srun = notebook.srun_command(spec, tmp_path / "run", step_name="s")
+    sbatch = launch.sbatch_options(spec)
+    asked = {"gpus-per-node": "1", "cpus-per-task": "2", "mem": "308M"}
+    assert {k: str(sbatch[k.replace("-", "_")]) for k in asked} == asked
+    assert [f"--{k}={v}" for k, v in asked.items()] == [a for a in srun if a.split("=")[0][2:] in asked]
+
+
 def test_submit_function_accepts_toml_text_and_refuses_unreachable_slurm(tmp_path, monkeypatch):
     import clusterfsdp
     from clusterfsdp.control import launch

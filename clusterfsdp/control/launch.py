@@ -187,6 +187,34 @@ def check_trackers(spec: specmod.JobSpec) -> None:
             )
 
 
+@dataclass(frozen=True)
+class NodeResources:
+    """What each task and node asks of Slurm beyond its task count, rendered once for both of
+    the ways a job's ranks are started: submitit's sbatch parameters (`sbatch_options`) and a
+    notebook's srun line (`notebook.placement.srun_command`). The two had been written apart
+    and diverged: --mem is rounded up to whole MiB here, never below what slurm.mem_gb asks."""
+
+    gpus_per_node: int = 0
+    cpus_per_task: int = 0
+    mem_mb: int = 0  # per node; 0: Slurm's default
+
+    @classmethod
+    def of(cls, s: specmod.SlurmSection) -> NodeResources:
+        return cls(s.gpus_per_node, s.cpus_per_task, math.ceil(s.mem_gb * 1024) if s.mem_gb else 0)
+
+    def parameters(self) -> dict[str, Any]:
+        """As submitit's parameters (None: not asked; submitit writes `--gpus-per-node=...`)."""
+        return {
+            "gpus_per_node": self.gpus_per_node or None,
+            "cpus_per_task": self.cpus_per_task or None,
+            "mem": f"{self.mem_mb}M" if self.mem_mb else None,
+        }
+
+    def flags(self) -> list[str]:
+        """As srun's options: the same names and values as the sbatch lines."""
+        return [f"--{key.replace('_', '-')}={value}" for key, value in self.parameters().items() if value is not None]
+
+
 def sbatch_options(
     spec: specmod.JobSpec,
     dependency: str | None = None,
@@ -232,9 +260,7 @@ def sbatch_options(
         "ntasks_per_node": spec.tasks_per_node,
         "time": spec.time_minutes,
         "signal_delay_s": s.signal_grace_s,
-        "gpus_per_node": s.gpus_per_node or None,
-        "cpus_per_task": s.cpus_per_task or None,
-        "mem": f"{math.ceil(s.mem_gb * 1024)}M" if s.mem_gb else None,
+        **NodeResources.of(s).parameters(),
         "partition": s.partition or None,
         "account": s.account or None,
         "qos": s.qos or None,

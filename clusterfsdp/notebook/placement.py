@@ -118,12 +118,7 @@ def srun_command(
         "--input=none",
         "--export=ALL",
     ]
-    if s.gpus_per_node:
-        cmd.append(f"--gpus-per-node={s.gpus_per_node}")
-    if s.cpus_per_task:
-        cmd.append(f"--cpus-per-task={s.cpus_per_task}")
-    if s.mem_gb:
-        cmd.append(f"--mem={int(s.mem_gb * 1024)}M")
+    cmd += launch.NodeResources.of(s).flags()  # as the sbatch lines of a submitted job say them
     if overlap:
         cmd.append("--overlap")
     task = launch.task_launch(spec)  # [slurm.container]: the image's Python, in the container
