@@ -1,5 +1,5 @@
 """Where the suite's time goes (issue 36), per xdist worker: a pytest plugin that appends one JSON
-line per test (worker, group, start, end, load average) to the file named by CFDC_TEST_TIMELINE,
+line per test (worker, group, start, end, load average, failed or not) to the file named by CFDC_TEST_TIMELINE,
 and, run as a script on that file, a summary `.ci/test` prints after the suite.
 
 `--durations` lists the slowest tests but not which worker ran them, nor how long a worker sat
@@ -21,6 +21,12 @@ from pathlib import Path
 import pytest
 
 ENV = "CFDC_TEST_TIMELINE"
+_failed: set[str] = set()  # node ids with a failed setup, call or teardown (this process's tests)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed:
+        _failed.add(report.nodeid)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -40,6 +46,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         "start": round(start, 2),
         "end": round(time.time(), 2),
         "load": round(os.getloadavg()[0], 1),
+        "failed": item.nodeid in _failed,
     }
     with open(path, "a") as out:  # one short append per test: whole lines, several workers at once
         out.write(json.dumps(row) + "\n")
@@ -63,6 +70,9 @@ def summary(rows: list[dict]) -> str:
         top = ", ".join(f"{g} {s / 60:.1f}" for g, s in sorted(groups.items(), key=lambda kv: -kv[1])[:4])
         done = (max(r["end"] for r in mine) - t0) / 60
         lines.append(f"  {worker}: {len(mine)} tests, busy {busy / 60:.1f} min, done at {done:.1f}; by group: {top}")
+    for r in (r for r in rows if r.get("failed")):  # where and when, beside what the others ran
+        when = f"{(r['start'] - t0) / 60:.1f}-{(r['end'] - t0) / 60:.1f} min"
+        lines.append(f"  failed on {r['worker']} at {when}: {r['test']}")
     loads = sorted(r["load"] for r in rows)
     lines.append(f"  load average (1 min) at test ends: median {loads[len(loads) // 2]}, max {loads[-1]}")
     return "\n".join(lines)
