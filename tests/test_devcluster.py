@@ -15,6 +15,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -476,16 +477,22 @@ def test_requeue_then_start_now(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
     def printed(text: str) -> bool:
         return out.exists() and text in out.read_text()
 
+    requeued_at = [0.0]
+
     def restarted() -> bool:
         # Requeued jobs wait for a begin time (cred_expire + 1 s); StartTime=now lifts it, but
-        # only once the job is PENDING again, so it is (re)issued for as long as it pends.
-        if slurm_cluster.squeue_state(job) == "PENDING":
+        # only once the job is PENDING again, so it is (re)issued for as long as it pends. Not in
+        # the first seconds after the requeue: slurmd refuses a launch whose credential is not
+        # newer than the first run's revocation ("Job ... already killed, do not launch batch
+        # job", seen in a CI run 0.7 s after the requeue) and the job then ends for good.
+        if slurm_cluster.squeue_state(job) == "PENDING" and time.monotonic() - requeued_at[0] > 5:
             slurm_cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
         return printed("restart=1")
 
     try:
         slurm_cluster.wait_for("first run", lambda: printed("restart=0"), timeout=120)
         slurm_cluster.run(["scontrol", "requeue", str(job)])
+        requeued_at[0] = time.monotonic()
         slurm_cluster.wait_for("second run", restarted, timeout=180, interval=1)
         assert slurm_cluster.squeue_state(job) == "RUNNING"
     finally:
