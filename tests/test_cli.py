@@ -162,7 +162,6 @@ READ_ONLY = {
     "clusterfsdp.core.benchresults", "clusterfsdp.core.numbers",  # benchmark scores, perplexity
     "clusterfsdp.data", "clusterfsdp.data.samplestats",  # status RUN's data.json reader (runs: the same group)
     "clusterfsdp.core", "clusterfsdp.core.budget", "clusterfsdp.core.sweeplayout",
-    "clusterfsdp.core.outcomes",  # an attempt's final record -> the run state (outcomes.ENDS, issue 35)
 }  # fmt: skip
 RUN_IDS = {  # `runs --quiet` (shell completion): the run folders alone, nothing of control/
     "clusterfsdp", "clusterfsdp.cli", "clusterfsdp.cli.dispatch", "clusterfsdp.cli.folders", "clusterfsdp.core",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterfsdp.core import outcomes
+from clusterfsdp.core import outcomes, records
 from clusterfsdp.core.outcomes import StopAction
 from clusterfsdp.core.records import Cause, Event, EventKind, RunState
 from clusterfsdp.core.slurmcli import JobInfo
@@ -182,12 +182,12 @@ def test_agreement_interval_keeps_a_signal_within_its_budget() -> None:
 
 
 def test_every_end_of_an_attempt_has_one_word_on_each_level() -> None:
-    """outcomes.ENDS is the one map between the enums that say 'completed' (issue 35): every
+    """records.ENDS is the one map between the enums that say 'completed' (issue 35): every
     record that ends an attempt has its run state, the records a rank ends with map one to one
     onto RankOutcome, and each run state it gives is a final or a live one (status's verdict)."""
-    assert {end.event for end in outcomes.ENDS} == {kind for kind in EventKind if kind.ends_attempt}
-    assert len({end.event for end in outcomes.ENDS}) == len(outcomes.ENDS)
-    assert sorted(outcomes.RANK_END.values()) == sorted(outcomes.RankOutcome)  # each rank end once
-    assert outcomes.RUN_STATE[EventKind.COMPLETED] is RunState.COMPLETED
-    assert outcomes.RANK_END[EventKind.COMPLETED] is outcomes.RankOutcome.COMPLETED
-    assert all(state.final or state is RunState.REQUEUED for state in outcomes.RUN_STATE.values())
+    assert {end.event for end in records.ENDS} == {kind for kind in EventKind if kind.ends_attempt}
+    assert len({end.event for end in records.ENDS}) == len(records.ENDS)
+    assert sorted(records.RANK_END.values()) == sorted(records.RankOutcome)  # each rank end once
+    assert records.RUN_STATE[EventKind.COMPLETED] is RunState.COMPLETED
+    assert records.RANK_END[EventKind.COMPLETED] is records.RankOutcome.COMPLETED
+    assert all(state.final or state is RunState.REQUEUED for state in records.RUN_STATE.values())

@@ -105,7 +105,7 @@ def test_a_forked_rank_ends_as_a_cold_one(started):
 # imported, then ends the attempt (the training behind it is not what is checked here).
 RECORDING_RANK = """
 import importlib.abc, importlib.util, json, os, sys
-from clusterfsdp.core.outcomes import RankOutcome
+from clusterfsdp.core.records import RankOutcome
 
 class Rank(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path=None, target=None):

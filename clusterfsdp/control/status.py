@@ -9,7 +9,7 @@ import math
 import tomllib
 from dataclasses import field
 
-from ..core import ckptfolder, fileio, outcomes, procs, records, slurmcli
+from ..core import ckptfolder, fileio, procs, records, slurmcli
 from ..core.records import Attempt, Cause, Event, EventKind, Executor, RecordError, RunRecord, RunState, TrackerIds
 from ..core.runfolder import RunFolder, owner
 from ..core.sweeplayout import sweep_of
@@ -389,7 +389,7 @@ def run_status(
         st.state = RunState.RUNNING if started else RunState.PENDING
         return st
     if end is not None:
-        st.state, st.reason = outcomes.RUN_STATE[end.event], end.reason
+        st.state, st.reason = records.RUN_STATE[end.event], end.reason
     elif last.cancelled:
         st.state = RunState.CANCELLED
         st.reason = "cancelled (clusterfsdp cancel)" + ("" if started else " before it started")

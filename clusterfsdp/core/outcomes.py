@@ -12,49 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .records import Cause, Event, EventKind, RunState, preflight_failures, preflight_verdict
+from .records import Cause, Event, EventKind, preflight_failures, preflight_verdict
 from .slurmcli import JobInfo
-
-
-# ---------------------------------------------------------------- a rank's end
-class RankOutcome(StrEnum):
-    """How a rank's part of an attempt ended (what `worker.main.run` returns, and what the
-    experiment trackers are closed with)."""
-
-    COMPLETED = "completed"  # trained to train.steps and saved
-    PREEMPTED = "preempted"  # saved and comes back (requeue, follow-up job, local restart)
-    STOPPED = "stopped"  # saved and stops (a cancel); `clusterfsdp resume` continues
-    FAILED = "failed"  # an exception, or restarts used up
-
-
-# ---------------------------------------------------------------- one end, on each level
-@dataclass(frozen=True)
-class End:
-    """One way an attempt ends, in the words of each level that names it: the record written
-    (by rank 0, or by the batch script's step after srun), what a rank's `worker.main.run`
-    returns and closes its trackers with (None: not a rank's own end, the batch script's, or
-    a note after the rank's REQUEUED), and what `status` then says of the run. The Trainer's
-    `LoopEnd.COMPLETED` is the first row (its cause `Cause.COMPLETED`); `LoopEnd.INTERRUPTED`
-    becomes a row by the stop signal's verdict (`StopAction`: STOP -> STOPPED, REQUEUE and
-    FOLLOW_UP -> REQUEUED, restarts used up -> FAILED)."""
-
-    event: EventKind
-    rank: RankOutcome | None
-    state: RunState
-
-
-ENDS = (
-    End(EventKind.COMPLETED, RankOutcome.COMPLETED, RunState.COMPLETED),
-    End(EventKind.STOPPED, RankOutcome.STOPPED, RunState.CANCELLED),
-    End(EventKind.REQUEUED, RankOutcome.PREEMPTED, RunState.REQUEUED),
-    End(EventKind.FAILED, RankOutcome.FAILED, RunState.FAILED),
-    End(EventKind.FOLLOW_UP, None, RunState.REQUEUED),  # rank 0 queued the next job (after its REQUEUED)
-    End(EventKind.SLURM_REQUEUED, None, RunState.REQUEUED),  # the batch script: Slurm requeued unrecorded
-    End(EventKind.AUTO_RESTART, None, RunState.REQUEUED),  # the batch script: a new attempt for a failure
-    End(EventKind.GAVE_UP, None, RunState.FAILED),  # the batch script: a failure not retried
-)
-RUN_STATE = {end.event: end.state for end in ENDS}  # an attempt's final record -> the run state it means
-RANK_END = {end.event: end.rank for end in ENDS if end.rank is not None}  # the record rank 0 writes -> its end
 
 
 # ---------------------------------------------------------------- a stop signal

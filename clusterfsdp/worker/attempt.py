@@ -22,8 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 from ..core import health, lock, outcomes, runfolder, secretenv, slurmcli
 from ..core import spec as specmod
 from ..core.budget import read_budget
-from ..core.outcomes import RankOutcome
-from ..core.records import Cause, Event, EventKind, Executor
+from ..core.records import Cause, Event, EventKind, Executor, RankOutcome
 from . import distenv, elastic, stopflags
 
 if TYPE_CHECKING:  # they import torch

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from ..core import runfolder
-from ..core.outcomes import RankOutcome
+from ..core.records import RankOutcome
 from . import distenv
 from .attempt import ENV_LOG_ALL_RANKS, LOCAL_REQUEUE_EXIT, RankAttempt, Tee, load_spec, untee
 from .stopflags import StopFlags

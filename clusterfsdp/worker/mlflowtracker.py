@@ -15,7 +15,7 @@ from ..core import spec as specmod
 from ..core.evalsamples import EvalSample
 from ..core.fileio import atomic_write
 from ..core.lock import held
-from ..core.outcomes import RankOutcome
+from ..core.records import RankOutcome
 from ..core.runfolder import RunFolder
 from ..core.sweeplayout import SweepLayout, sweep_of
 from .trackerbase import INSTALL_HINT, TrackerError, hyperparameters, samples_markdown

@@ -20,8 +20,7 @@ from torch.cuda import nccl
 from ..core import health, lock, outcomes, retrynotes, runfolder
 from ..core import spec as specmod
 from ..core.budget import read_budget
-from ..core.outcomes import RankOutcome
-from ..core.records import Cause, EventKind
+from ..core.records import RANK_END, Cause, EventKind, RankOutcome
 from ..core.spec import benchmetric
 from . import distenv, elastic, heartbeat, metrics, preflight, threads, train, warmstart
 from .attempt import (
@@ -255,11 +254,11 @@ def _trackers(
 
 def _end(attempt: RankAttempt, kind: EventKind, **fields) -> RankOutcome:
     """Rank 0 records how the attempt ended; every rank then ends its part as that record means
-    (outcomes.ENDS: the same word on each level)."""
+    (records.ENDS: the same word on each level)."""
     if attempt.env.rank == 0:
         attempt.event(kind, **fields)
-    _finish(attempt, outcomes.RANK_END[kind])
-    return outcomes.RANK_END[kind]
+    _finish(attempt, RANK_END[kind])
+    return RANK_END[kind]
 
 
 def _finish(attempt: RankAttempt, outcome: RankOutcome) -> None:
@@ -299,5 +298,5 @@ def _interrupted(attempt: RankAttempt, spec: specmod.JobSpec, outcome: train.Out
                       reason=f"{verdict.reason}; {saved}", restarts=cost.after())  # fmt: skip
         if env.launcher == "slurm":
             come_back(attempt, verdict, log)
-    _finish(attempt, outcomes.RANK_END[EventKind.REQUEUED])
+    _finish(attempt, RANK_END[EventKind.REQUEUED])
     sys.exit(LOCAL_REQUEUE_EXIT if local else 0)

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..core import spec as specmod
 from ..core.evalsamples import EvalSample
-from ..core.outcomes import RankOutcome
+from ..core.records import RankOutcome
 from ..core.runfolder import RunFolder
 from .trackerbase import INSTALL_HINT, TrackerError, hyperparameters, samples_markdown
 

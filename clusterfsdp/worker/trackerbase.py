@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from ..core import spec as specmod
 from ..core.evalsamples import EvalSample
-from ..core.outcomes import RankOutcome
+from ..core.records import RankOutcome
 
 _SKIPPED = ("step", "time")  # the x axis and the wall clock
 INSTALL_HINT = "install it where the workers run: pip install 'clusterfsdp[trackers]'"

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..core import spec as specmod
 from ..core.evalsamples import EvalSample
-from ..core.outcomes import RankOutcome
+from ..core.records import RankOutcome
 from ..core.runfolder import RunFolder
 from .mlflowtracker import MLflow
 from .tbtracker import TensorBoard
