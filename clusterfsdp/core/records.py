@@ -131,12 +131,6 @@ class EventKind(StrEnum):
         return self in _ENDS
 
 
-_ENDS = {
-    EventKind.REQUEUED, EventKind.COMPLETED, EventKind.STOPPED, EventKind.FAILED, EventKind.SLURM_REQUEUED,
-    EventKind.AUTO_RESTART, EventKind.GAVE_UP, EventKind.FOLLOW_UP,
-}  # fmt: skip
-
-
 # ---------------------------------------------------------------- one end, on each level
 class RankOutcome(StrEnum):
     """How a rank's part of an attempt ended (what `worker.main.run` returns, and what the
@@ -175,6 +169,7 @@ ENDS = (
 )
 RUN_STATE = {end.event: end.state for end in ENDS}  # an attempt's final record -> the run state it means
 RANK_END = {end.event: end.rank for end in ENDS if end.rank is not None}  # the record rank 0 writes -> its end
+_ENDS = frozenset(end.event for end in ENDS)  # EventKind.ends_attempt: the rows of ENDS
 
 
 class Cause(StrEnum):
