@@ -199,6 +199,9 @@ DATA_CHECKS = {  # what validate adds for a job that reads files
     "clusterfsdp.core.ownership",
     "clusterfsdp.data.unpaired",  # the 'unpaired' reader listed in data.fieldmap (issue 37's kto)
     "clusterfsdp.data.recordparts",  # what the readers of records share
+    "clusterfsdp.data.kinds", "clusterfsdp.data.filekind",  # the kinds of source, one module each:
+    "clusterfsdp.data.linefiles", "clusterfsdp.data.txtfile", "clusterfsdp.data.jsonlfile",  # their sniff
+    "clusterfsdp.data.parquetfile", "clusterfsdp.data.hfdatasets",
 }  # fmt: skip
 
 

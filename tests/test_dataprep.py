@@ -21,7 +21,7 @@ from data_helpers import documents, job, make_tokenizer, write_jsonl, write_parq
 
 from clusterfsdp.core import spec as S
 from clusterfsdp.core.lock import FileLock
-from clusterfsdp.data import cache, checks, shards
+from clusterfsdp.data import cache, checks, filekind, shards
 from clusterfsdp.data import prepare as dataprep
 from clusterfsdp.data.sources import DataError
 
@@ -147,7 +147,7 @@ def _bad(kind: str, folder: Path) -> tuple[Path, str]:
         return path, f"{path}:28: not UTF-8"
     if kind == "utf8-txt":
         path = folder / "d.txt"
-        lines = checks.SNIFF_BYTES // 5 + 100  # past what validate reads
+        lines = filekind.SNIFF_BYTES // 5 + 100  # past what validate reads
         path.write_bytes(b"line\n" * lines + b"bad \xff byte\n" + b"more\n" * 10)
         return path, f"{path}:{lines + 1}: not UTF-8"
     if kind == "null":

@@ -19,6 +19,7 @@ from data_helpers import documents, write_jsonl
 from clusterfsdp.core import fileio, runfolder
 from clusterfsdp.core import spec as S
 from clusterfsdp.core.records import Executor
+from clusterfsdp.data import linefiles
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -238,3 +239,39 @@ def test_links_to_files_another_user_cannot_read_are_one_line(other_user, shared
         r = other_user.run([sys.executable, "-m", "clusterfsdp", "validate", str(job / "job.toml")])
         where = bad or str(closed / "private.txt")  # a link named directly is resolved with the job's paths
         assert _errors(r) == [f"error: data.paths[0]: {where}: cannot read: Permission denied"], r.stderr
+
+
+class _Lines(linefiles.LineFile):
+    """A kind of source this package does not have: `.lines` files, each non-blank line one text
+    record (the shape of any line-based format)."""
+
+    name = "lines"
+    suffix = ".lines"
+
+    def sniff_head(self, f, where, data):
+        return [] if f.read(1 << 10).strip() else [f"{where}: no lines"]
+
+    def records(self, reader, src, unit):
+        for n, line in enumerate(reader.unit_bytes(src, unit).splitlines()):
+            if line.strip():
+                yield line.decode(), f"{src.path}:{n}"
+
+
+def test_a_new_kind_of_source_is_one_class_and_one_registration(tmp_path, monkeypatch):
+    """data.kinds is the only place that knows the kinds (issue 35): a kind registered there is
+    found by the paths, checked by validate's checks and prepared (planned, read, tokenized)."""
+    from clusterfsdp.data import checks, kinds, prepare
+
+    monkeypatch.setitem(kinds.KINDS, "lines", _Lines())
+    (tmp_path / "a.lines").write_text("first record\n\nsecond record\nthird record\n")
+    (tmp_path / "blank.lines").write_text("\n\n")
+    spec = S.loads(
+        f'[job]\nrun_root = "{tmp_path}/runs"\n[data]\nsource = "files"\npaths = ["{tmp_path}/*.lines"]\n'
+        f'seq_len = 8\ncache_dir = "{tmp_path}/cache"\nprepare_workers = 1\n[train]\nmicro_batch_size = 1\n'
+    )
+    assert checks.source_problems(spec) == [f"data.paths[0]: {tmp_path}/blank.lines: no lines"]
+    (tmp_path / "blank.lines").unlink()
+    (ref,) = prepare.ensure(spec, log=lambda _: None)
+    manifest = ref.manifest()
+    assert manifest is not None and manifest["documents"] == 3, manifest
+    assert [s.kind for s in ref.sources] == ["lines"]

@@ -34,14 +34,15 @@ from typing import Any
 
 from ..core import spec as specmod
 from ..core.lock import FileLock, LockHeld
-from . import skipped, trust
+from . import kinds, skipped, trust
 from .arraystate import claims_dir, failed_file, read_json, started_file, units_file
 from .cache import FORMAT_VERSION, DatasetRef, ref_data
+from .filekind import SourceUnit
 from .pool import cpu_count, tokenize
 from .readers import ReadTask
 from .shards import ShardStats
 from .sources import DataError
-from .units import SourceUnit, plan, unit_size
+from .units import plan, unit_size
 
 Log = Callable[[str], None]
 UNIT_HEARTBEAT_S, UNIT_STALE_S = 10.0, 60.0  # a unit claim's heartbeat, and when another host's is dead
@@ -201,7 +202,7 @@ def tokenize_share(
     shards = ref.partial / "shards"
     done = len(list(shards.glob("[0-9]*.json")))
     workers = workers or cpu_count()
-    if all(s.kind in ("txt", "jsonl") and not s.compression for s in ref.sources):
+    if all(kinds.of(s).plain_text(s) for s in ref.sources):
         workers = min(workers, -(-total // (unit_bytes * share.count)))
     data = ref_data(spec, ref)
     task = ReadTask(data, ref.sources, str(shards), str(ref.root))

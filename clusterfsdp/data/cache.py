@@ -40,7 +40,8 @@ from ..core.spec import badrecords
 from ..core.value import value
 from . import trust
 from .fieldmap import FieldMap
-from .sources import DataError, Source, local_sources
+from .kinds import local_sources
+from .sources import DataError, Source
 
 FORMAT_VERSION = 2  # of the prepared layout and of how documents become tokens (2: sealed files)
 TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens", "chat_template")

@@ -6,18 +6,14 @@ imports it). Each function returns error lines; none raises for bad data."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from ..core import fileio
 from ..core import spec as specmod
-from ..core.spec import badrecords
-from . import mixture, skipped
+from . import kinds, mixture, skipped
 from .cache import DatasetRef, dataset_inputs, dataset_refs, same_data_problem
-from .fieldmap import FieldMap, MissingKey
-from .formats import column_problem, first_line, has_chat_template, parse_json_line, utf8_error
+from .formats import has_chat_template
 from .overlap import shared_documents
 from .samplesets import (
     batch_problem,
@@ -32,71 +28,17 @@ from .samplesets import (
     stats_line,
     total_steps,
 )
-from .sources import DataError, Source, local_sources, matches, open_binary
+from .sources import DataError, Source, matches
 
-SNIFF_BYTES = 1 << 20  # what the checks read of a text file to judge it
 SNIFF_FILES = 200  # files whose first record the checks read (all are checked for existence)
 VALIDATE_HASH_BYTES = 256 << 20  # `validate` hashes sources up to this size to find their prepared form
 
 
 def sniff(source: Source, data: specmod.DataSection) -> list[str]:
-    """Problems in the first record of a text source (the whole file is read by prepare)."""
-    where = f"{source.field}: {source.path}"
+    """Problems in the first record of a source (the whole of it is read by prepare)."""
     if source.is_folder and not source.files():
-        return [f"{where}: empty folder"]
-    if source.kind in ("parquet", "dataset_folder"):
-        return []
-    if source.kind == "saved_dataset":
-        return _saved_dataset_problems(source, data)
-    if os.path.getsize(source.path) == 0:
-        return [f"{where}: empty file"]
-    try:
-        with open_binary(source.path, source.compression) as f:
-            if source.kind == "txt":
-                head = f.read(SNIFF_BYTES)
-                if not head.strip():
-                    return [f"{where}: empty file (no text)"]
-                problem = utf8_error(head, where, final=len(head) < SNIFF_BYTES)
-                return [problem] if problem else []
-            line_no, line = first_line(f, SNIFF_BYTES)
-    except (OSError, EOFError) as e:
-        return [f"{where}: cannot read: {e.strerror if isinstance(e, OSError) and e.strerror else e}"]
-    if not line_no:
-        return [f"{where}: no records in its first {SNIFF_BYTES >> 20} MiB (empty file?)"]
-    if not line.endswith(b"\n") and len(line) >= SNIFF_BYTES:
-        return []  # a record longer than what we read: prepare checks it
-    try:
-        parse_json_line(line, FieldMap.of(data), where, line_no)
-    except DataError as e:
-        policy = badrecords.parse(data.bad_records)
-        if isinstance(e, MissingKey) and data.sources:  # a source's mapping that names no field of its records
-            return [str(e)]
-        return [] if policy is not None and policy.skip else [str(e)]  # skipping: prepare counts it
-    return []
-
-
-def _saved_dataset_problems(source: Source, data: specmod.DataSection) -> list[str]:
-    """A save_to_disk folder: the split exists and its features have the record key."""
-    root = Path(source.path)
-    where = f"{source.field}: {source.path}"
-    if (root / "dataset_dict.json").is_file():
-        try:
-            splits = fileio.load_json(root / "dataset_dict.json").get("splits", [])
-        except (OSError, ValueError, AttributeError) as e:
-            return [f"{where}: dataset_dict.json: cannot read: {e.strerror if isinstance(e, OSError) else e}"]
-        if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
-            return [f"{where}: dataset_dict.json: 'splits' is not a list of names"]
-        if data.split not in splits:
-            return [f"{where}: no split {data.split!r} ({source.split_key}; it has: {', '.join(splits)})"]
-        root = root / data.split
-    try:
-        features = fileio.load_json(root / "dataset_info.json").get("features") or {}
-    except (OSError, ValueError, AttributeError):
-        return []
-    if not isinstance(features, dict):
-        return []
-    problem = column_problem(where, data, list(features)) if features else None
-    return [problem] if problem else []
+        return [f"{source.field}: {source.path}: empty folder"]
+    return kinds.of(source).sniff(source, data)
 
 
 def tokenizer_problems(data: specmod.DataSection) -> list[str]:
@@ -128,7 +70,7 @@ def source_problems(spec: specmod.JobSpec) -> list[str]:
     errors: list[str] = []
     sources: list[tuple[Source, specmod.DataSection]] = []
     for given in dataset_inputs(spec):
-        found, problems = local_sources(given.field, given.paths)
+        found, problems = kinds.local_sources(given.field, given.paths)
         sources += [(s, given.data) for s in found]
         errors += problems
     for s, data in sources[:SNIFF_FILES]:
@@ -268,9 +210,9 @@ def _byte_tokens(sources: tuple[Source, ...], spec: specmod.JobSpec) -> tuple[in
     """An upper bound of the tokens of sources not prepared yet, and whether it is exact, where
     the file sizes tell: the byte tokenizer on uncompressed .txt (exact: its bytes and an EOS)
     and .jsonl files (fewer: JSON syntax is not text)."""
-    if spec.data.tokenizer != "bytes" or any(s.compression or s.kind not in ("txt", "jsonl") for s in sources):
+    if spec.data.tokenizer != "bytes" or not all(kinds.of(s).plain_text(s) for s in sources):
         return None
-    txt = sum(s.kind == "txt" for s in sources)
+    txt = sum(kinds.of(s).one_document for s in sources)
     return sum(s.size() for s in sources) + txt, txt == len(sources)
 
 

@@ -11,9 +11,9 @@ import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 
+from .filekind import SourceUnit
 from .readers import ReadTask, UnitReader
 from .shards import ShardStats
-from .units import SourceUnit
 
 PRELOAD = [
     "torch",

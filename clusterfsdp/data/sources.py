@@ -1,10 +1,10 @@
-"""Which sources a job's data paths name. Pure Python (the control plane imports it).
+"""What a source is, how a data path's glob is walked, and the error every data problem raises.
+Pure Python (the control plane imports it).
 
-A *source* is one file or folder that `data.paths` / `eval.paths` name (globs expanded):
-.txt (one document per file), .jsonl (one record per line; also gzip and zstd compressed),
-.parquet, a folder written by `datasets`' `save_to_disk`, or a folder `datasets.load_dataset`
-reads. Paths here are local: hub dataset ids are resolved to local snapshot folders on the
-submitting host before the checks see the spec (they refuse ids they still find).
+A *source* is one file or folder that `data.paths` / `eval.paths` name (globs expanded), of one
+of the kinds in `data.kinds` (which finds the sources of a job's paths: `local_sources`). Paths
+here are local: hub dataset ids are resolved to local snapshot folders on the submitting host
+before the checks see the spec (they refuse ids they still find).
 
 Globs and folders are expanded by a bounded walk (`_Walk`): a data path names the data's own
 files, so one that lists more than MAX_WALK_FOLDERS folders or finds more than MAX_WALK_FILES
@@ -24,11 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Literal
 
-from ..core import spec as specmod
 from ..core.errors import UserError
 from ..core.value import value
 
-SourceKind = Literal["txt", "jsonl", "parquet", "saved_dataset", "dataset_folder"]
 Compression = Literal["", "gz", "zst"]
 
 
@@ -51,12 +49,9 @@ class Source:
 
     field: str  # the job.toml key that named it, e.g. "data.paths[0]"
     path: str  # absolute
-    kind: SourceKind
+    kind: str  # its `data.filekind.FileKind`'s name (data.kinds.KINDS)
     compression: Compression = ""
-
-    @property
-    def is_folder(self) -> bool:
-        return self.kind in ("saved_dataset", "dataset_folder")
+    is_folder: bool = False  # a folder of files (a dataset folder), not one file
 
     def files(self) -> list[Path]:
         """What its content is: the file, or every non-hidden file under the folder (symlinked
@@ -82,26 +77,6 @@ def _is_file(path: str) -> bool:
         return os.path.isfile(path)
     except OSError:  # not permitted to look: not a file we can read
         return False
-
-
-def _kind(path: Path) -> tuple[SourceKind, Compression] | None:
-    """What `path` is as a source (None: not one). OSError when it cannot be looked at."""
-    if path.is_dir():
-        saved = (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
-        return ("saved_dataset" if saved else "dataset_folder"), ""
-    name = path.name.lower()
-    compression: Compression = ""
-    if name.endswith(".gz"):
-        name, compression = name[:-3], "gz"
-    elif name.endswith(".zst"):
-        name, compression = name[:-4], "zst"
-    if name.endswith(".txt"):
-        return "txt", compression
-    if name.endswith(".jsonl"):
-        return "jsonl", compression
-    if name.endswith(".parquet") and not compression:
-        return "parquet", ""
-    return None
 
 
 def _magic(part: str) -> bool:
@@ -204,62 +179,6 @@ def matches(pattern: str) -> list[str]:
     except OSError:  # there, but not ours to look at (a folder on its way we may not enter)
         pass
     return [expanded]
-
-
-def local_sources(field: str, patterns: list[str]) -> tuple[list[Source], list[str]]:
-    """The sources that local paths (globs allowed) name, and one error line per path that names
-    none (or too much: TooBroad) and per match that cannot be read (a dangling or looping link, no
-    permission, a FIFO or device). Every entry is a local path: hub ids must have been resolved
-    to their local snapshot folder by the caller (the submitting host does that); an entry still
-    shaped like a hub id is reported as such."""
-    sources: list[Source] = []
-    errors: list[str] = []
-    for i, pattern in enumerate(patterns):
-        key = field if field.endswith(".path") else f"{field}[{i}]"  # data.sources[i].path: one path
-        try:
-            found = matches(pattern)
-        except TooBroad as e:
-            errors.append(f"{key}: {e}")
-            continue
-        if not found:
-            if specmod.looks_like_hub_id(pattern):
-                errors.append(
-                    f"{key}: {pattern!r} is not a local path; hub dataset ids are resolved to a local folder "
-                    "on the submitting host at submit (give the local path here)"
-                )
-            else:
-                errors.append(f"{key}: {pattern!r} matches no file or folder")
-            continue
-        for m in found:
-            source, problem = _source(key, m)
-            if problem:
-                errors.append(f"{key}: {problem}")
-            elif source is not None:
-                sources.append(source)
-    return sources, errors
-
-
-def _source(key: str, match: str) -> tuple[Source | None, str]:
-    """The source one match is, or the one-line problem (after the key) why it is none."""
-    try:
-        path = Path(match).resolve(strict=True)
-        kind = _kind(path)
-        regular = path.is_dir() or path.is_file()
-    except (OSError, RuntimeError) as e:  # RuntimeError: a loop of symlinks (Python 3.11's resolve)
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else "a loop of symbolic links"
-        return None, f"{match}: cannot read: {reason}"
-    if kind is None or not regular:
-        what = "not a regular file (a FIFO, socket or device); " if not regular else ""
-        return None, (
-            f"{path}: {what}not a data source (.txt or .jsonl, either maybe .gz or .zst; .parquet; or a dataset folder)"
-        )
-    source = Source(key, str(path), *kind)
-    if source.is_folder:
-        try:
-            source.files()
-        except TooBroad as e:
-            return None, str(e)
-    return source, ""
 
 
 def open_binary(path: str, compression: Compression, raw: IO[bytes] | None = None) -> IO[bytes]:
