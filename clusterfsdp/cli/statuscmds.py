@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import datetime
 
 from ..control import cost, jsonout, pending, status
 from ..core import benchresults, records, term
@@ -106,7 +105,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     spent = st.cost
     sizes = records.attempt_sizes(st.events)  # each incarnation's nodes x ranks (a node range: as it started)
     for a in st.attempts:
-        when = datetime.fromtimestamp(a.submitted).strftime("%Y-%m-%d %H:%M:%S")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.submitted))
         print(f"attempt {a.attempt}  {a.executor} job {a.job_id}  {when}  {a.reason}")
         for (job, restart), size in sizes.items():
             if job == a.job_id:
@@ -124,7 +123,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for e in st.events:
         if e.event in shown:
             detail = e.reason or e.checkpoint
-            print(f"event      {datetime.fromtimestamp(e.time):%H:%M:%S} job {e.job_id} {e.event} {detail}".rstrip())
+            at = time.strftime("%H:%M:%S", time.localtime(e.time))
+            print(f"event      {at} job {e.job_id} {e.event} {detail}".rstrip())
     print(f"checkpoints {', '.join(f'step {c}' for c in st.checkpoints) or 'none'}")
     if (folder.path / "benchmarks").is_dir():  # [benchmarks]
         _benchmark_lines(folder)

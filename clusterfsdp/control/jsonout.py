@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import textwrap
 from collections.abc import Iterable, Iterator
 from enum import Enum
 from pathlib import Path
@@ -96,6 +95,12 @@ def listing(rows: Iterable[RunStatus], slurm_error: str, by_user: dict[str, Any]
     "cost_by_user": ...})`, in pieces of one run each: 10,000 runs are never one structure in memory."""
     yield f'{{\n  "schema": {SCHEMA},\n  "runs": ['
     for i, row in enumerate(rows):
-        yield ("," if i else "") + "\n" + textwrap.indent(dumps(to_json(row)), "    ")
-    users = textwrap.indent(dumps(by_user or {}, sort_keys=True), "  ").lstrip()
+        yield ("," if i else "") + "\n" + _indented(dumps(to_json(row)), "    ")
+    users = _indented(dumps(by_user or {}, sort_keys=True), "  ").lstrip()
     yield f'\n  ],\n  "slurm_error": {json.dumps(slurm_error)},\n  "cost_by_user": {users}\n}}\n'
+
+
+def _indented(document: str, prefix: str) -> str:
+    """`document` (indented JSON: no blank line) nested one level deeper. (textwrap.indent, less the
+    0.7 ms its import adds to every `status` and `runs`.)"""
+    return "\n".join(prefix + line for line in document.split("\n"))
