@@ -33,13 +33,14 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
 from clusterfsdp.control import devcluster
+from clusterfsdp.core.value import value
 
 T = TypeVar("T")
 
@@ -47,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "slurm" / "devcluster.sh"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)  # (a frozen value's subclass is a value: tests/test_value.py)
 class SlurmCluster(devcluster.DevClusterInfo):
     """The running devcluster (the facts its env.sh gives), plus helpers to drive it."""
 

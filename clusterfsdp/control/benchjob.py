@@ -15,7 +15,6 @@ from __future__ import annotations
 import secrets
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import slurmcli
@@ -23,11 +22,12 @@ from ..core.benchresults import results_dir
 from ..core.errors import UserError
 from ..core.runfolder import RunFolder
 from ..core.spec import JobSpec, parse_time_minutes
+from ..core.value import value
 from . import benchrun, launch, slurmexec
 from .run import Run, RunError
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class BenchCall:
     """What submitit pickles: evaluate checkpoint `step` of the run at `run_path`. A failure is
     recorded (benchmarks/step-N.failed.json) and ends the job with exit status 1."""

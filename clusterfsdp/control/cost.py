@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from ..core import fileio, ownership, runfolder, slurmcli
@@ -20,11 +20,12 @@ from ..core.budget import BUDGET_FILE, Budget
 from ..core.records import Event, EventKind, Executor, RecordError
 from ..core.runfolder import RunFolder
 from ..core.sweeplayout import sweep_of
+from ..core.value import value
 
 HOUR = 3600.0
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Usage:
     """Resource-seconds of one or more incarnations."""
 
@@ -68,7 +69,7 @@ def parse_tres(text: str) -> dict[str, float]:
 SETTLED = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Accounted:
     """One job as sacct accounts it: each incarnation's usage, in order, the state of the last,
     and what it asked for (GPUs in all, the time limit: what its incarnation may still use)."""
@@ -116,7 +117,7 @@ def incarnations(job_ids: Iterable[str]) -> dict[str, list[Usage]]:
     return {j: list(a.rows) for j, a in accounting(job_ids).items()}
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RunCost:
     """A run's cost: in all, per attempt (job id), and what restarts redid."""
 
@@ -210,7 +211,7 @@ CACHE_FILE = "cost.json"
 MAX_CACHE_BYTES = 1 << 20  # a run's attempts' figures are a few hundred bytes
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Listed:
     """What `costs` needs of one run: its Slurm attempts' job ids, its events (the steps redone),
     and what its status says of its newest job: live (its cached figures, if any, may grow: asked

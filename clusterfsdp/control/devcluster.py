@@ -20,8 +20,9 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+
+from ..core.value import value
 
 SUBCOMMANDS: tuple[str, ...] = ("up", "down", "status", "restart")
 DEFAULT_STATE = Path("/tmp/clusterfsdp-devcluster")
@@ -68,7 +69,7 @@ def state_dir(environ: dict[str, str] | None = None, prefix: str | None = None) 
     return Path(f"{DEFAULT_STATE}-{prefix}") if prefix else DEFAULT_STATE
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class DevClusterInfo:
     """What a running devcluster told us in ``<state>/env.sh``."""
 

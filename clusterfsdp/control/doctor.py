@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
 from ..core import ckptfolder, evidence, fileio, outcomes
 from ..core.records import Cause, Event, EventKind, RunState, preflight_failures, preflight_verdict
 from ..core.runfolder import RunFolder
+from ..core.value import value
 from . import prepjob, refjob
 from .findings import Context, Finding, Numbers, next_steps
 
@@ -41,7 +42,7 @@ MAX_EARLIER = 5  # earlier incarnations summed up in one line each
 FRAME_BYTES = 32 << 10  # of a failing rank's log, for its traceback's innermost frame alone (`verdict`)
 
 
-@dataclass
+@value
 class Diagnosis:
     """The doctor's answer for one run: its newest incarnation (job id, Slurm restart) that did not
     complete. `lines` are the log lines that show the cause, from `source` (relative to the run
@@ -149,7 +150,7 @@ _FROM_CAUSE = {
 _TIMEOUT = ("timed out", "timeout")
 
 
-@dataclass
+@value
 class _Incarnation:
     job_id: str
     restart: int

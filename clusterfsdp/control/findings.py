@@ -4,8 +4,9 @@ the words the user reads after `next`, kept apart from the reading and ordering 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
+
+from ..core.value import value
 
 
 class Finding(StrEnum):
@@ -30,7 +31,7 @@ class Finding(StrEnum):
     NONE = "none"  # nothing failed (completed, or still going)
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Numbers:
     """What a `numerical` finding names: the step the guard gave up at, the first bad step of
     that streak, the lr there, the precision, and the newest checkpoint before the streak."""
@@ -55,7 +56,7 @@ class Numbers:
         return ", ".join(parts)
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Context:
     """What the advice of a finding names besides the run: `detail` the nodes or host, `repeats`
     the incarnations that failed with the same error at the same step, `frame` and `folder` a

@@ -34,20 +34,20 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import ckptfolder, outcomes, retrynotes, runfolder, slurmcli
 from ..core import spec as specmod
 from ..core.errors import UserError
 from ..core.records import Cause, Event, EventKind
+from ..core.value import value
 from . import cost, launch, noderecord
 from .run import Run, RunError
 
 JOBSTEP_RANK = -1  # the `rank` of events this step writes: not a worker rank
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class SlurmJob:
     """This batch job, as its environment tells."""
 

@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -40,6 +39,7 @@ from ..core.errors import UserError
 from ..core.procs import ProcessId
 from ..core.records import Attempt, Executor
 from ..core.runfolder import RunFolder
+from ..core.value import value
 
 if TYPE_CHECKING:
     # submitit only when a job is queued (heavy: cloudpickle), not for every Run
@@ -58,7 +58,7 @@ class SubmitError(UserError, RuntimeError):
     """The attempt could not be queued; the message is one line for the user."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class WorkerCall:
     """What submitit pickles and every rank calls: `clusterfsdp.worker.main.run(run_dir)`,
     imported by module name so that importing the control plane never imports the worker.
@@ -101,7 +101,7 @@ def choose_executor(requested: Requested) -> tuple[Executor, str]:
     return Executor.LOCAL, "executor: local (no reachable Slurm): runs on this machine with submitit's local executor"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class TaskLaunch:
     """How each srun task starts the worker: options for srun, and the Python that runs
     `-m clusterfsdp.worker`, maybe inside a container (the batch script's job steps stay on the
@@ -187,7 +187,7 @@ def check_trackers(spec: specmod.JobSpec) -> None:
             )
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NodeResources:
     """What each task and node asks of Slurm beyond its task count, rendered once for both of
     the ways a job's ranks are started: submitit's sbatch parameters (`sbatch_options`) and a
@@ -387,7 +387,7 @@ def submission_env(spec: specmod.JobSpec) -> Iterator[None]:
                 os.environ[k] = v
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Queued:
     """One queued attempt: the job id; for the local executor the process group leader; for
     Slurm `held` (the job waits until `start` is called, once the attempt is recorded); `job`:

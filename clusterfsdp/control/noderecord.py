@@ -22,19 +22,20 @@ import json
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from ..core import fileio, ownership, slurmcli
 from ..core import spec as specmod
 from ..core.lock import held
 from ..core.runfolder import job_folder
+from ..core.value import value
 
 ENV_RECORD = "CLUSTERFSDP_NODE_RECORD"
 BAD, CLEAR = "bad", "clear"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Mark:
     """One line of the record: a node marked bad (with why, when, by which run and user) or cleared."""
 

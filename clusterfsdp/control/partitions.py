@@ -13,11 +13,11 @@ print.c `_print_str`, common/gres.c `_node_gres_used`) and `man sinfo`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Literal
 
 from ..core import slurmcli
 from ..core.errors import UserError
+from ..core.value import value
 
 FIELDS = ("Partition", "Available", "Time", "Nodes", "StateLong", "CPUsState", "Gres", "GresUsed")
 SINFO_FORMAT = ",".join(f"{f}:0|" for f in FIELDS[:-1]) + f",{FIELDS[-1]}:0"
@@ -38,7 +38,7 @@ class SinfoError(UserError, ValueError):
     """sinfo printed a line this parser does not understand (a newer or patched Slurm)."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Gres:
     """The GPUs of one node, from a GRES string such as `gpu:h100:8(S:0-1),nic:1`."""
 
@@ -95,7 +95,7 @@ def node_use(state: str) -> NodeUse:
     return "unavailable"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NodeGroup:
     """One sinfo line: nodes of one partition with the same state, GRES and GRES in use."""
 
@@ -141,7 +141,7 @@ def parse_line(line: str) -> NodeGroup:
     )
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Partition:
     """A partition's nodes, GPUs and CPUs by what a new job can have of them now."""
 

@@ -26,7 +26,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import fileio, ownership, slurmcli
@@ -35,6 +34,7 @@ from ..core.errors import UserError
 from ..core.fileio import atomic_write
 from ..core.records import RunState
 from ..core.runfolder import RunFolder
+from ..core.value import value
 from ..data import arraystate
 from ..data.cache import DatasetRef, cache_root, dataset_refs
 from ..data.checks import container_only_paths
@@ -49,7 +49,7 @@ class PrepareError(UserError, RuntimeError):
     """The prepare array could not be queued, or failed; one line for the user."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ArrayOptions:
     """How the array is sized: `nodes` tasks that each take a whole node, or `tasks` tasks of
     `cpus_per_task` CPUs (0 for both: one task per node of the job, whole nodes)."""
@@ -67,7 +67,7 @@ class ArrayOptions:
         return not self.tasks
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class PrepareCall:
     """What submitit pickles for the array; task `index` runs `data.prepare.run_task` on the
     resolved job (secrets redacted: tokenizing needs none). Slurm's stop signals (scancel, the

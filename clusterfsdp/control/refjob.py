@@ -23,7 +23,6 @@ import re
 import secrets
 import shlex
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import fileio, slurmcli
@@ -32,6 +31,7 @@ from ..core.errors import UserError
 from ..core.records import RunState
 from ..core.runfolder import RunFolder
 from ..core.spec.objective import reference_job, reference_table
+from ..core.value import value
 from . import launch
 
 RECORD = "reference.json"  # in a run folder: the reference job its training job waits for
@@ -42,7 +42,7 @@ class ReferenceJobError(UserError, RuntimeError):
     """The reference job could not be queued, or is not possible here; one line for the user."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ReferenceCall:
     """What submitit pickles and every rank of the reference job calls:
     `clusterfsdp.worker.reference.run(run_dir)`, imported by name. Slurm's stop signals end the

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from ..core.records import Attempt, Cause, Executor, RunState
 from ..core.runfolder import RunFolder
 from ..core.runroot import default_run_root
 from ..core.spec import benchmetric
+from ..core.value import value
 from ..data import checks as datachecks
 from . import backends, cost, launch, noderecord, prepjob, refjob, status
 from .inputs import prepare_sources
@@ -54,7 +55,7 @@ class RunBusy(RunError):
     """The run has a live attempt, or another command is changing it."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Submission:
     run: Run
     executor: Executor

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ..core import modelsource, procs, retrynotes, runfolder, slurmcli
@@ -38,6 +38,7 @@ from ..core import spec as specmod
 from ..core.errors import UserError
 from ..core.records import Executor, RunState, SweepPoint, SweepRecord
 from ..core.spec.schema import SweepSection
+from ..core.value import value
 from . import arraylaunch, backends, launch, refjob
 from .run import Run, RunError
 from .sweepfolder import PointStatus, SweepFolder, find_sweep
@@ -46,7 +47,7 @@ from .sweepplan import Point, SweepError, at_point, vary
 DRIVER_POLL_S = 1.0
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Planned:
     """A sweep checked point by point as runs (specs, sources, data), nothing made yet
     (`Sweep.plan`; a dry run stops here); `submit` makes it."""

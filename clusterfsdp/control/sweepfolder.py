@@ -6,7 +6,6 @@ run service."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from ..core.errors import UserError
 from ..core.records import SweepPoint
 from ..core.runroot import ENV_RUN_ROOT, lookup_roots
 from ..core.sweeplayout import ID_PREFIX, SWEEP_FILE, SweepLayout
+from ..core.value import value
 from . import status
 from .cost import Usage
 
@@ -27,7 +27,7 @@ class SweepNotFound(UserError, LookupError):
     pass
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class PointStatus:
     """One row of `status SWEEP`: the point, its varied values and its run's status."""
 
@@ -36,7 +36,7 @@ class PointStatus:
     bench: benchresults.Latest | None = None  # its newest benchmark result ([benchmarks], `bench`)
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class SweepFolder(SweepLayout):
     """A sweep folder as the read-only commands see it: its layout, and its points' statuses."""
 
@@ -94,7 +94,7 @@ def sort_key(name: str, row: PointStatus) -> tuple[bool, Any]:
     return (value is None, value if value is not None else 0)
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class SweepSummary:
     """One sweep in a line (`runs`, the TUI's sweep list): its points' states counted and the best
     loss (a point's eval loss where it has one, else its training loss)."""

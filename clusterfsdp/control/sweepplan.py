@@ -17,13 +17,13 @@ import itertools
 import math
 import tomllib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..core import spec as specmod
 from ..core.errors import UserError
 from ..core.spec.schema import MAX_SWEEP_POINTS, SweepSection
+from ..core.value import value
 
 # Keys that place the sweep (its folder is <run_root>/<job.name>-<sweep id>): the same for every point.
 FIXED_KEYS = ("job.name", "job.run_root")
@@ -37,7 +37,7 @@ class SweepError(UserError, ValueError):
         super().__init__("\n".join(errors))
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Axis:
     """One varied key and its typed values; `zipped` axes advance together."""
 
@@ -46,7 +46,7 @@ class Axis:
     zipped: bool = False
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Point:
     index: int
     values: dict[str, Any]
@@ -145,9 +145,9 @@ def _typed(key: str, values: list[Any], origin: str) -> list[Any]:
     if not values:
         raise SweepError([f"{origin} {key}: an empty list (give at least one value)"])
     typed = []
-    for value in values:
+    for given in values:
         try:
-            typed.append(specmod.coerce(key, tp, value))
+            typed.append(specmod.coerce(key, tp, given))
         except specmod.SpecError as e:
             raise SweepError([f"{origin} {line}" for line in e.errors]) from None
     return typed
@@ -192,7 +192,7 @@ def has_table(job: Path) -> bool:
     return bool(table.grid or table.zip)
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Varied:
     """A sweep's points, each checked as a job spec; not yet as a run (sources, data, backend:
     `Sweep.plan` does that)."""

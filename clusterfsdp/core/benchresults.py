@@ -15,11 +15,11 @@ import math
 import os
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from .runfolder import RunFolder
+from .value import value
 
 RESULTS = "benchmarks"
 RESULT_NAME = re.compile(r"^step-(\d+)\.json$")
@@ -101,7 +101,7 @@ def is_stderr(name: str) -> bool:
     return "_stderr" in name
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Latest:
     """A run's newest benchmark result: its step, its scores, and the scores lm-eval says are
     better lower (perplexity, bits per byte; a standard error), for sorting points best first."""

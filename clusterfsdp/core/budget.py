@@ -6,14 +6,14 @@ from cost.py so that a rank reads it without the accounting and listing machiner
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from .runfolder import RunFolder
+from .value import value
 
 BUDGET_FILE = "budget.json"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Budget:
     """What an incarnation may still use (`left_s` GPU-seconds) on its `gpus` GPUs, counted from
     `since`; written by the batch script's `before` step, read by the workers at start. `sweep`:

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from .fileio import atomic_write, read_jsonl
+from .value import value
 
 _FILE = r"^step-(\d+)\.jsonl$"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class EvalSample:
     """One prompt and what the model generated from it greedily at `step`."""
 

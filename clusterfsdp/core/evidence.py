@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import fileio
 from .runfolder import RunFolder
+from .value import value
 
 TAIL_BYTES = 256 << 10  # of a rank log: a traceback and what led to it
 DUMP_BYTES = 64 << 10  # of a stack dump file
@@ -65,7 +65,7 @@ def traceback_lines(lines: list[str]) -> list[str]:
 _TRACEBACK_FRAME = r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)'
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Frame:
     """The innermost frame of a traceback: where the exception came from."""
 

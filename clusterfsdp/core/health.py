@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from . import fileio
+from .value import value
 
 BEAT_S = 2.0  # how often a rank's side thread rewrites its heartbeat file
 STALE_BEAT_S = 3 * BEAT_S  # a heartbeat older than this: the process stopped answering (frozen, dead)
@@ -44,7 +45,7 @@ class Phase(StrEnum):
     DONE = "done"  # the rank left training (completed, stopped, failed): not watched any more
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class WatchdogSettings:
     """The numbers of `train.watchdog` the rules need (the spec's section maps onto it; kept
     here so that the rules do not depend on the spec)."""
@@ -92,7 +93,7 @@ def collective_timeout_s(settings: WatchdogSettings, phase: Phase, slowest_step_
     return hang_timeout_s(settings, phase, slowest_step_s) + MARGIN_S
 
 
-@dataclass
+@value
 class Beat:
     """One rank's heartbeat file. Times are wall-clock (time.time()): ranks on different nodes
     compare them, so their clocks must agree to a few seconds (NTP does better)."""
@@ -171,7 +172,7 @@ def newest_attempt(run_path: Path) -> Path | None:
 
 
 # ---------------------------------------------------------------- the rules
-@dataclass(frozen=True)
+@value(frozen=True)
 class Hang:
     """The verdict that an attempt stopped making progress: who, where, and why those ranks."""
 
@@ -268,7 +269,7 @@ def _ranks(ranks: list[int]) -> str:
 
 
 # ---------------------------------------------------------------- what status and the TUI show
-@dataclass(frozen=True)
+@value(frozen=True)
 class RankHealth:
     """One rank's row: its heartbeat's ages, step and step time, and what the events say of it."""
 

@@ -30,12 +30,12 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import fileio
 from .errors import UserError
 from .procs import ProcessId
+from .value import value
 
 UNREADABLE_GRACE_S = 5.0
 CLAIM_STALE_S = 30.0
@@ -50,7 +50,7 @@ class LockHeld(UserError, RuntimeError):
         super().__init__(f"{path} is held by {who}")
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class LockOwner:
     process: ProcessId
     acquired: float
@@ -195,7 +195,7 @@ class FileLock:
         self.release()
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class _Seen:
     """A lock file as read once: its owner (None: unreadable), what identifies this very lock (the
     record's unique token; for a record without one, its inode and mtime) and how long it has

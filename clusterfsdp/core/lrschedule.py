@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from . import ckptfolder
 from .spec import TrainSection
+from .value import value
 
 
 class ResumeSchedule(StrEnum):
@@ -45,7 +46,7 @@ class Shape(StrEnum):
     CONSTANT = "constant"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class LrPlan:
     """The [train] settings a curve was made for: a resume reshapes the curve when they change."""
 
@@ -71,7 +72,7 @@ class LrPlan:
         )
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class LrPhase:
     start: int
     end: int
@@ -90,7 +91,7 @@ class LrPhase:
         return self.f1 + (self.f0 - self.f1) * decay
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class LrCurve:
     phases: tuple[LrPhase, ...]
     plan: LrPlan

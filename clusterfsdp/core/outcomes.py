@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Iterable
-from dataclasses import dataclass
 from enum import StrEnum
 
 from .records import Cause, Event, EventKind, preflight_failures, preflight_verdict
 from .slurmcli import JobInfo
+from .value import value
 
 
 # ---------------------------------------------------------------- a stop signal
@@ -26,7 +26,7 @@ class StopAction(StrEnum):
     EXIT = "exit"  # Slurm already requeued the job: exit, the next incarnation resumes
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class StopVerdict:
     action: StopAction
     cause: Cause
@@ -99,7 +99,7 @@ def restarts_used(events: Iterable[Event]) -> int:
     return used
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Charge:
     """What bringing an interrupted incarnation back costs: restarts used so far, and whether it
     got past the step it resumed from (then it costs nothing, see restarts_used)."""
@@ -122,7 +122,7 @@ def charge(events: list[Event], job_id: str, restart: int, step: int) -> Charge:
 
 
 # ---------------------------------------------------------------- a failed attempt
-@dataclass(frozen=True)
+@value(frozen=True)
 class Failure:
     """A failed incarnation, classified. `signature` (the error and the step it happened at)
     tells a deterministic error that happens again at the same step from a transient one."""
@@ -218,7 +218,7 @@ def _ranges(ranks: list[int]) -> str:
 
 
 # ---------------------------------------------------------------- fewer nodes
-@dataclass(frozen=True)
+@value(frozen=True)
 class NodePlan:
     nodes: int
     grad_accum: int

@@ -14,19 +14,19 @@ Sweep ids start with 'sw' and run ids with a digit, so one reference never means
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import fileio, runfolder
 from .procs import ProcessId
 from .records import SweepPoint, SweepRecord
+from .value import value
 
 SWEEP_FILE = "sweep.json"
 DRIVER_FILE = "driver.json"
 ID_PREFIX = "sw"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class SweepLayout:
     """A sweep folder's paths and records (the layout above); control/sweepfolder.py adds what
     needs the run service's status."""

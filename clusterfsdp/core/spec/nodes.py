@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+
+from ..value import value
 
 _RANGE = r"(\d{1,9})(?:-(\d{1,9}))?"
 MAX_NODES = 100_000  # more is a typo (the largest clusters have about 10,000 nodes), and a range is walked size by size
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NodeRange:
     """Node counts an attempt may start with: `low`..`high`, every one of them (low == high: a
     fixed count)."""
