@@ -299,7 +299,9 @@ def test_sigusr2_during_start_up_is_kept_and_acted_on_at_the_first_step(tmp_path
     the model exists) is not lost and does not kill them: they save step 0 and ask for a requeue;
     the next attempt resumes and finishes."""
     run = make_run(JOB, tmp_path)
-    procs = launch(["-m", "clusterfsdp.worker", str(run.path)], 2, job_id="early")
+    # cold: a forked rank (tests/rankserver.py) has torch imported before it starts, and the window
+    # between its handlers and its first event is too short to signal into
+    procs = launch(["-m", "clusterfsdp.worker", str(run.path)], 2, job_id="early", cold=True)
     _wait_for(lambda: all(_catches_sigusr2(p.pid) for p in procs), 60, "the signal handlers")
     assert not run.events_file.exists()  # still starting up: no rank has trained or logged yet
     for p in procs:
