@@ -294,8 +294,9 @@ def start(
     argv: list[str], env: Mapping[str, str], base_env: Mapping[str, str], cwd: str, cold: bool = False
 ) -> ServedRank | subprocess.Popen[str]:
     """A rank of `argv` with `env`: forked by this process's server when `cold_reason` allows it
-    (the server started with `base_env` in `cwd` if it is not running yet), else a Popen."""
-    if not cold and os.environ.get(ENV_TEST_COLD) != "1":
+    (the server started with `base_env` in `cwd` if it is not running yet: not for a rank that
+    would start cold anyway), else a Popen."""
+    if not cold and (_shared is not None or not cold_reason(argv, env, base_env, cwd, umask())):
         server = shared(base_env, cwd)
         if server is not None and not server.cold_reason(argv, env):
             try:
