@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
-from procs import CORPUS  # noqa: E402  (tests/ is on sys.path from the line above)
+import procs  # noqa: E402  (tests/ is on sys.path from the line above)
+import rankserver  # noqa: E402
+from procs import CORPUS, allocation_variable  # noqa: E402
 
 
 @pytest.fixture
@@ -25,11 +28,23 @@ def tiny_job(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _warm_rank_server() -> Iterator[None]:
+    """The environment `procs.launch`'s warm rank server imports under is this process's as the
+    session starts (the plugins' variables set, no test's yet); the server, started by the first
+    launch that may fork, is stopped when the session ends (tests/rankserver.py)."""
+    procs.BASE_ENV.clear()
+    procs.BASE_ENV.update(procs.base_env())
+    procs.BASE_CWD = os.getcwd()
+    yield
+    rankserver.stop_shared()
+
+
 @pytest.fixture(autouse=True)
 def _no_inherited_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests decide themselves whether they run inside an allocation."""
     for key in list(os.environ):
-        if key.startswith(("SLURM_", "SRUN_", "SUBMITIT_")) or key in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
+        if allocation_variable(key):
             monkeypatch.delenv(key, raising=False)
 
 

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import rankserver
+
 from clusterfsdp.core import ckptfolder, runfolder
 from clusterfsdp.core import spec as S
 from clusterfsdp.core.presets import PRESETS
@@ -57,33 +59,65 @@ def make_run(job_text: str, run_root: Path, overrides: Sequence[str] = ()) -> ru
     return runfolder.create_run(spec, Executor.LOCAL)
 
 
+def allocation_variable(key: str) -> bool:
+    """Whether `key` is one a test must not inherit from an allocation the suite runs in (conftest
+    removes them before every test: tests decide themselves whether they run inside one)."""
+    return key.startswith(("SLURM_", "SRUN_", "SUBMITIT_")) or key in ("RANK", "WORLD_SIZE", "MASTER_PORT")
+
+
+def base_env() -> dict[str, str]:
+    """What every rank of `launch` inherits, and the rank server preloads under (tests/rankserver.py):
+    this process's environment less an allocation's variables, and one torch thread."""
+    return {**{k: v for k, v in os.environ.items() if not allocation_variable(k)}, "OMP_NUM_THREADS": "1"}
+
+
+# Taken again when the session starts (conftest), after the plugins set theirs (pytest-textual-snapshot's
+# TEXTUAL_SNAPSHOT_TEMPDIR), before any test's own changes.
+BASE_ENV = base_env()
+BASE_CWD = os.getcwd()
+
+Rank = subprocess.Popen | rankserver.ServedRank
+
+
 def launch(
-    argv: list[str], world: int, job_id: str = "t1", extra_env: Mapping[str, str | None] | None = None
-) -> list[subprocess.Popen]:
+    argv: list[str],
+    world: int,
+    job_id: str = "t1",
+    extra_env: Mapping[str, str | None] | None = None,
+    *,
+    cold: bool = False,
+) -> list[Rank]:
     """`world` ranks of `python ARGV` on this machine (one torch thread each unless `extra_env`
-    says otherwise; a None value there removes the variable)."""
+    says otherwise; a None value there removes the variable). Each is forked by this process's
+    warm rank server when that gives what a fresh interpreter gives (tests/rankserver.py says
+    when), else started fresh (`cold=True`: always; CLUSTERFSDP_TEST_COLD=1: for every launch);
+    either way a Popen-like object with the rank's stdout and stderr on `stdout` (text)."""
     port = free_port()
-    procs = []
-    for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "CLUSTERFSDP_JOB_ID": job_id,
-            "OMP_NUM_THREADS": "1",
-            **(extra_env or {}),
-        }
-        env = {k: v for k, v in env.items() if v is not None}
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
+    return [
+        rankserver.start(
+            [sys.executable, *argv], rank_env(rank, world, port, job_id, extra_env), BASE_ENV, BASE_CWD, cold
         )
-    return procs
+        for rank in range(world)
+    ]
+
+
+def rank_env(
+    rank: int, world: int, port: int, job_id: str, extra_env: Mapping[str, str | None] | None = None
+) -> dict[str, str]:
+    """The environment `launch` gives a rank: this process's, torchrun's variables, one torch thread."""
+    env = {
+        **os.environ,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "CLUSTERFSDP_JOB_ID": job_id,
+        "OMP_NUM_THREADS": "1",
+        **(extra_env or {}),
+    }
+    return {k: v for k, v in env.items() if v is not None}
 
 
 def inductor_env(cache: Path) -> dict[str, str]:
@@ -100,7 +134,7 @@ def compiled_layers(cache: Path) -> list[Path]:
     return [p for p in cache.rglob("*.py") if "rsqrt" in p.read_text(errors="replace")]
 
 
-def wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int, str]]:
+def wait(procs: Sequence[Rank], timeout: float = 600) -> list[tuple[int, str]]:
     return [(p.wait(timeout=timeout), p.stdout.read() if p.stdout else "") for p in procs]
 
 

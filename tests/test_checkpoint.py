@@ -56,6 +56,20 @@ def rows_by_attempt(run: runfolder.RunFolder, key: str = "loss") -> list[dict[in
     return out
 
 
+def test_the_same_step_set_aside_twice_in_one_second_keeps_both(tmp_path):
+    """`resume --step` twice within a second (the resume between made the step again that fast, as
+    a forked tiny run does): the second set-aside of step 8 gets the next free second's name; the
+    rename onto the first used to fail (ENOTEMPTY), with the checkpoint left in place."""
+    root = tmp_path / "checkpoints"
+    for text in ("first", "second"):
+        (root / "step-00000008").mkdir(parents=True)
+        (root / "step-00000008" / "mark").write_text(text)
+        ckptfolder.set_aside(root / "step-00000008")
+    assert not (root / "step-00000008").exists()
+    kept = sorted(ckptfolder.set_aside_steps(root), key=lambda s: s[1].name)
+    assert [(step, (path / "mark").read_text()) for step, path in kept] == [(8, "first"), (8, "second")]
+
+
 # Llama, and a family that is built differently (LayerNorm with biases, two-matrix MLP, partial
 # rotary, parallel residual, untied lm_head): random init and resume are family-independent.
 FAMILIES = ["llama-tiny", "gpt-neox-tiny"]
@@ -299,7 +313,9 @@ def test_sigusr2_during_start_up_is_kept_and_acted_on_at_the_first_step(tmp_path
     the model exists) is not lost and does not kill them: they save step 0 and ask for a requeue;
     the next attempt resumes and finishes."""
     run = make_run(JOB, tmp_path)
-    procs = launch(["-m", "clusterfsdp.worker", str(run.path)], 2, job_id="early")
+    # cold: a forked rank (tests/rankserver.py) has torch imported before it starts, and the window
+    # between its handlers and its first event is too short to signal into
+    procs = launch(["-m", "clusterfsdp.worker", str(run.path)], 2, job_id="early", cold=True)
     _wait_for(lambda: all(_catches_sigusr2(p.pid) for p in procs), 60, "the signal handlers")
     assert not run.events_file.exists()  # still starting up: no rank has trained or logged yet
     for p in procs:

@@ -28,6 +28,7 @@ ones only after a newer one is complete, never the best one (checkpoint.keep_bes
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -216,12 +217,25 @@ def held_steps(root: Path) -> set[int]:
 
 def set_aside(checkpoint: Path, why: str = "") -> Path:
     """Move one checkpoint into `set-aside/` (never deleted; no longer found nor counted by
-    keep_last) as `step-N[-why]-T`; returns where it went."""
+    keep_last) as `step-N[-why]-T`, T the time in seconds, or the next free second after it: the
+    same step set aside twice within a second (a resume that made it again that fast) must keep
+    both, where a rename onto the first failed (a folder) or replaced it (a file); returns where it went."""
     label = f"-{why}" if why else ""
-    dest = set_aside_dir(checkpoint.parent) / f"{checkpoint.name}{label}-{int(time.time())}"
-    dest.parent.mkdir(exist_ok=True)
-    os.replace(checkpoint, dest)
-    return dest
+    folder = set_aside_dir(checkpoint.parent)
+    folder.mkdir(exist_ok=True)
+    t = int(time.time())
+    while True:
+        dest = folder / f"{checkpoint.name}{label}-{t}"
+        t += 1
+        if os.path.lexists(dest):
+            continue
+        try:
+            os.rename(checkpoint, dest)
+        except OSError as e:  # taken meanwhile by another process's set-aside (a folder there)
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                continue
+            raise
+        return dest
 
 
 def keep_only_up_to(root: Path, step: int) -> list[tuple[Path, Path]]:

@@ -1,0 +1,412 @@
+"""Warm rank start for the tests (issue 36): one rank server per pytest process (so one per xdist
+worker) imports torch, transformers and the worker once (`worker.warmstart.Launcher`, what the
+local executor's controller uses) and forks each rank that `procs.launch` asks for, instead of a
+fresh interpreter per rank that imports them all again (several seconds of CPU each, about 185
+ranks per suite run).
+
+The server is started on the first launch that may be forked (`shared`), runs `python -c BOOT`
+with this file (it imports nothing from tests/), preloads, then listens on a Unix socket in a
+private temporary folder. Per rank, the test process connects, sends the argv and environment with
+the write end of the rank's output pipe (SCM_RIGHTS), and gets back the pid and a pidfd; the server
+stays single-threaded, forks (or, when `warmstart.fork_problem` says a fork is unsafe, starts the
+rank with Popen itself), reaps the rank and sends its exit status (-N for signal N, as Popen's
+`returncode`). `ServedRank` is the test's Popen-like handle. The server exits when its parent test
+process does (it checks its parent pid every second) and is stopped at exit (atexit).
+
+A rank is started cold (Popen from the test process, as before) unless forking gives what a cold
+start gives; `cold_reason` is the rule:
+
+- `CLUSTERFSDP_TEST_COLD=1` (or the product's `CLUSTERFSDP_COLD_START=1`) in the test process's or
+  the rank's environment: every rank cold, the switch to compare the two or to rule the server out;
+- the command is not `python -m MODULE ...` (a script path, `-c`): `warmstart.module_command`;
+- the working directory or umask differs from the server's (a `-m` rank's sys.path[0] is its cwd);
+- the environment the rank imports its modules under differs from the one the server imported them
+  under in any variable but the per-rank ones in `PER_RANK`. The rank's import environment is its
+  environment plus, for `clusterfsdp.worker RUN_DIR`, what `worker.main.run` sets before its heavy
+  imports (`warmstart.import_environment`: HF_HUB_OFFLINE's default and the job's [env]); the
+  server's is its own plus the same default. `PER_RANK` holds only what is read after start-up:
+  the torch.distributed variables and the job id (read when the process group starts),
+  `PYTEST_CURRENT_TEST` (which pytest changes per test; read by mlflow, hypothesis and torch's and
+  transformers' testing helpers, none of them preloaded) and preflight's test switch (read in
+  `preflight.full_check`). TORCHINDUCTOR_CACHE_DIR is read at call time, but `inductor_env` comes
+  with TORCHINDUCTOR_COMPILE_THREADS, which torch._inductor.config (preloaded) reads at import: those
+  ranks start cold.
+
+What a forked rank differs in (as in the product, worker/warmstart.py): its parent is the server,
+not the test process; it shares the server's hash seed; /proc/PID/cmdline shows the rank's command
+written over the server's (padded) arguments. Its stdout and stderr are buffered as a cold
+interpreter buffers them (block-buffered stdout unless `-u` or PYTHONUNBUFFERED), not as warmstart's
+`python -u`. A test that needs the test process as the rank's parent launches with `cold=True`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from clusterfsdp.core import spec as specmod
+from clusterfsdp.worker import distenv, warmstart
+
+ENV_TEST_COLD = "CLUSTERFSDP_TEST_COLD"  # "1": every rank of procs.launch a fresh interpreter
+WORKER = "clusterfsdp.worker"
+# Variables a rank may have otherwise than the server (the module docstring says why each): what
+# torch.distributed's rendezvous reads (distenv.DistEnv.export), the job id, pytest's and preflight's.
+_DIST = distenv.DistEnv(0, 0, 1, 1, 0, 1, "", 0, "", 0, "single").export()
+PER_RANK = frozenset({*_DIST, "CLUSTERFSDP_JOB_ID", "PYTEST_CURRENT_TEST", "CLUSTERFSDP_PREFLIGHT_TEST_FULL"})
+# The product's preload plus the tests' model family (llama-tiny; transformers imports it on first use).
+PRELOAD = (*warmstart.MODULES, "transformers.models.llama.modeling_llama")
+# The server's own argument strings, long enough for a rank's command to be written over them.
+PAD = "-" * 4096
+BOOT = (
+    "import importlib.util as u, os, sys; sys.path[0] = os.getcwd(); "  # as `python -m` sets it
+    "s = u.spec_from_file_location('_rank_server', sys.argv[1]); m = u.module_from_spec(s); "
+    "s.loader.exec_module(m); sys.exit(m.main(sys.argv[2:]))"
+)
+
+
+class ServerGone(RuntimeError):
+    """The server ended (or stopped answering) while a rank of its was not known to have ended."""
+
+
+class ServedRank:
+    """A rank the server started, as a test uses a `subprocess.Popen(..., stdout=PIPE, stderr=STDOUT,
+    text=True)`: pid, poll, wait (TimeoutExpired), returncode (-N: signal N), stdout (text),
+    send_signal, terminate, kill. `forked`: whether it was forked (else the server's Popen)."""
+
+    stdin = None
+    stderr = None
+
+    def __init__(self, args: list[str], conn: socket.socket, reply: dict, pidfd: int, stdout: io.TextIOWrapper):
+        self.args, self.pid, self.forked, self.stdout = args, int(reply["pid"]), bool(reply["forked"]), stdout
+        self.returncode: int | None = None
+        self._conn, self._pidfd = conn, pidfd
+        self._lock = threading.Lock()  # the connection and the pidfd; a poll never waits on a wait
+
+    def __repr__(self) -> str:
+        return f"<ServedRank pid={self.pid} forked={self.forked} returncode={self.returncode}>"
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._lock.acquire(blocking=False):
+            try:
+                self._receive(0)
+            finally:
+                self._lock.release()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+            if left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            with self._lock:
+                if self.returncode is None:
+                    self._receive(left)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """As Popen's: nothing once the rank is known to have ended (the pidfd never names a reused pid)."""
+        self.poll()
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    signal.pidfd_send_signal(self._pidfd, sig)
+                except ProcessLookupError:
+                    pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _receive(self, timeout: float) -> None:
+        self._conn.settimeout(timeout)
+        try:
+            data = self._conn.recv(4096)
+        except (TimeoutError, BlockingIOError):
+            return
+        if not data:
+            raise ServerGone(f"the rank server ended before rank {self.pid} did")
+        self.returncode = int(json.loads(data)["code"])
+        self._conn.close()
+        os.close(self._pidfd)
+
+
+class RankServer:
+    """One server process (its handle in the test process). `modules`: what it preloads;
+    `thread`: a test hook that keeps a second thread running in it, so every fork is refused and
+    each rank is the server's Popen (warmstart's fallback)."""
+
+    def __init__(self, env: Mapping[str, str], cwd: str, modules: Sequence[str] = PRELOAD, thread: bool = False):
+        self.env, self.cwd = dict(env), cwd
+        self.dir = tempfile.mkdtemp(prefix="rankserver-")  # mode 0700: only this user connects
+        self.path = os.path.join(self.dir, "socket")
+        self.log = os.path.join(self.dir, "log")
+        with open(self.log, "wb") as log:
+            args = [__file__, self.path, json.dumps(list(modules)), "1" if thread else "0", PAD]
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", BOOT, *args], env=self.env, cwd=cwd,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        self.umask = umask()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def ready(self, timeout: float) -> bool:
+        """Whether the server listens (it preloaded), waiting up to `timeout` s; False if it ended."""
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.path):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def said(self) -> str:
+        return Path(self.log).read_text(errors="replace")
+
+    def start(self, argv: list[str], env: Mapping[str, str]) -> ServedRank:
+        """`argv` started by the server with `env`, its stdout and stderr on one pipe to this process.
+        Raises ConnectionError before the request reached the server (nothing started)."""
+        read_end, write_end = os.pipe()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            try:
+                conn.connect(self.path)
+                socket.send_fds(conn, [json.dumps({"argv": argv, "env": dict(env)}).encode()], [write_end])
+            except OSError as e:
+                raise ConnectionError(f"the rank server did not take the request: {e}") from e
+            finally:
+                os.close(write_end)  # (in flight, the message holds its own copy)
+            conn.settimeout(300)
+            try:
+                data, fds, _, _ = socket.recv_fds(conn, 4096, 1)
+            except OSError as e:
+                raise ServerGone(f"the rank server did not answer: {e}") from e
+        except BaseException:
+            conn.close()
+            os.close(read_end)
+            raise
+        reply = json.loads(data) if data else {"error": "the rank server ended"}
+        if "error" in reply:
+            conn.close()
+            os.close(read_end)
+            for fd in fds:
+                os.close(fd)
+            raise ServerGone(f"{reply['error']}\n{self.said()[-2000:]}")
+        return ServedRank(argv, conn, reply, fds[0], io.TextIOWrapper(open(read_end, "rb", -1)))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def cold_reason(self, argv: Sequence[str], env: Mapping[str, str]) -> str:
+        """Why `argv` with `env` must start cold rather than from this server ('' if it may fork)."""
+        return cold_reason(argv, env, self.env, self.cwd, self.umask)
+
+
+def cold_reason(argv: Sequence[str], env: Mapping[str, str], server_env: Mapping[str, str], cwd: str, mask: str) -> str:
+    """Why `argv` with `env` must start cold rather than from a server that preloaded under
+    `server_env` in `cwd` with umask `mask` ('' if it may fork: the module docstring's rule)."""
+    for where in (os.environ, env):
+        for switch in (ENV_TEST_COLD, warmstart.ENV_COLD):
+            if where.get(switch) == "1":
+                return f"{switch}=1"
+    command = warmstart.module_command(argv)
+    if command is None:
+        return "not `python -m MODULE`"
+    if os.getcwd() != cwd or umask() != mask:
+        return "another working directory or umask than the server's"
+    module, args = command
+    theirs = dict(env)
+    if module == WORKER and len(args) == 1:
+        try:
+            spec = specmod.load(Path(args[0]) / "job.toml")
+        except Exception as e:  # the rank says it again, cold
+            return f"its job.toml does not load ({type(e).__name__})"
+        theirs.update(warmstart.import_environment(spec, theirs))
+    ours = {**server_env, **warmstart.import_environment(None, server_env)}
+    differ = sorted(k for k in theirs.keys() | ours.keys() if k not in PER_RANK and theirs.get(k) != ours.get(k))
+    return f"an import-time environment other than the server's: {', '.join(differ)}" if differ else ""
+
+
+def umask() -> str:
+    """This process's umask, read without setting it (os.umask would, for every thread)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Umask:"):
+            return line.split()[1]
+    return ""
+
+
+_shared: RankServer | None = None
+_shared_failed = ""
+_shared_lock = threading.Lock()
+
+
+def shared(env: Mapping[str, str], cwd: str) -> RankServer | None:
+    """This process's server, started and preloaded on the first call (the later calls get the
+    same one, whatever they pass); None when it could not start (every rank cold then)."""
+    global _shared, _shared_failed
+    with _shared_lock:
+        if _shared is None and not _shared_failed:
+            server = RankServer(env, cwd)
+            atexit.register(server.stop)
+            if server.ready(timeout=600):
+                _shared = server
+            else:
+                _shared_failed = server.said()[-2000:] or "no answer"
+                server.stop()
+                print(f"rank server: not started, every rank cold: {_shared_failed}", file=sys.stderr)
+        return _shared
+
+
+def stop_shared() -> None:
+    """Stops this process's server (the end of the test session); a later launch starts another."""
+    global _shared
+    with _shared_lock:
+        if _shared is not None:
+            _shared.stop()
+            _shared = None
+
+
+def start(
+    argv: list[str], env: Mapping[str, str], base_env: Mapping[str, str], cwd: str, cold: bool = False
+) -> ServedRank | subprocess.Popen[str]:
+    """A rank of `argv` with `env`: forked by this process's server when `cold_reason` allows it
+    (the server started with `base_env` in `cwd` if it is not running yet: not for a rank that
+    would start cold anyway), else a Popen."""
+    if not cold and (_shared is not None or not cold_reason(argv, env, base_env, cwd, umask())):
+        server = shared(base_env, cwd)
+        if server is not None and not server.cold_reason(argv, env):
+            try:
+                return server.start(argv, env)
+            except ConnectionError:
+                pass  # nothing was started: cold
+    return subprocess.Popen(argv, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+# ---- the server process -------------------------------------------------------------------------
+
+_sockets: list[socket.socket] = []  # the server's: detached (not closed) in a forked rank
+_unbuffered = True  # whether the rank being forked runs with `-u` or PYTHONUNBUFFERED
+
+
+def main(args: list[str]) -> int:
+    """The server's entry point (BOOT): serves until its parent ends; in a forked child, the rank."""
+    rank: warmstart.BecomeRank | None = None
+    try:
+        serve(args[0], json.loads(args[1]), thread=args[2] == "1")
+        return 0
+    except warmstart.BecomeRank as became:
+        for s in _sockets:  # their fds were closed by warmstart: a later close would hit the rank's files
+            s.detach()
+        rank = became.with_traceback(None)
+    if not _unbuffered:
+        _buffered_stdio()
+    rank.run()
+    return 0
+
+
+def serve(path: str, modules: Sequence[str], thread: bool) -> None:
+    global _unbuffered
+    launcher = warmstart.Launcher()
+    print(f"rank server {os.getpid()}: {launcher.preload(None, modules=modules)}", flush=True)
+    if thread:
+        threading.Thread(target=time.sleep, args=(86400,), daemon=True).start()
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # after the preload: never a rank's
+    _sockets.append(listener)
+    listener.bind(path + ".new")
+    listener.listen(64)
+    os.rename(path + ".new", path)  # the client connects once the name is there
+    poller = select.poll()
+    poller.register(listener.fileno(), select.POLLIN)
+    running: dict[int, tuple[socket.socket, warmstart.Forked | subprocess.Popen[bytes]]] = {}  # by pidfd
+    while os.getppid() == parent:
+        for fd, _ in poller.poll(1000):
+            if fd != listener.fileno():
+                conn, child = running.pop(fd)
+                code = child.poll()
+                if code is None:  # (not yet reapable: look again)
+                    running[fd] = conn, child
+                    continue
+                poller.unregister(fd)
+                os.close(fd)
+                _send(conn, {"code": code})
+                continue
+            conn, _ = listener.accept()
+            _sockets.append(conn)
+            conn.settimeout(60)
+            fds: list[int] = []
+            try:
+                data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 1)
+                request = json.loads(data)
+                (out,) = fds
+            except (OSError, ValueError):
+                for fd in fds:
+                    os.close(fd)
+                _send(conn, {"error": "a bad request"})
+                continue
+            argv, env = request["argv"], request["env"]
+            _unbuffered = argv[1:2] == ["-u"] or bool(env.get("PYTHONUNBUFFERED"))
+            try:
+                child = launcher.start(argv, env, stdout=out, stderr=subprocess.STDOUT)
+            except OSError as e:
+                os.close(out)
+                _send(conn, {"error": f"starting the rank failed: {e}"})
+                continue
+            os.close(out)  # (not in a `finally`: a forked rank leaves through here as BecomeRank)
+            pidfd = os.pidfd_open(child.pid)  # before this loop can reap it: the pid is the rank's
+            try:
+                socket.send_fds(
+                    conn,
+                    [json.dumps({"pid": child.pid, "forked": isinstance(child, warmstart.Forked)}).encode()],
+                    [pidfd],
+                )
+            except OSError:
+                pass  # the test process is gone: the rank is still reaped
+            running[pidfd] = conn, child
+            poller.register(pidfd, select.POLLIN)
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    try:
+        conn.send(json.dumps(message).encode())
+    except OSError:
+        pass
+    _sockets.remove(conn)
+    conn.close()
+
+
+def _buffered_stdio() -> None:
+    """stdout and stderr as an interpreter started without `-u` makes them on fds that are not
+    terminals: a block-buffered stdout, a line-buffered stderr (warmstart made them `-u`'s)."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        like = getattr(sys, name)
+        stream = io.TextIOWrapper(
+            open(fd, "wb", -1, closefd=False), like.encoding, like.errors,  # noqa: SIM115 - the rank's sys.stdout
+            line_buffering=fd == 2 or os.isatty(fd),
+        )  # fmt: skip
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
