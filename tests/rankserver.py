@@ -18,14 +18,17 @@ start gives; `cold_reason` is the rule:
 
 - `CLUSTERFSDP_TEST_COLD=1` (or the product's `CLUSTERFSDP_COLD_START=1`) in the test process's or
   the rank's environment: every rank cold, the switch to compare the two or to rule the server out;
-- the command is not `python -m MODULE ...` (a script path, `-c`): `warmstart.module_command`;
+- the command is neither `python -m MODULE ...` nor `python SCRIPT.py ...` (`-c` is not
+  forked): `warmstart.module_command`;
 - the working directory or umask differs from the server's (a `-m` rank's sys.path[0] is its cwd);
 - the environment the rank imports its modules under differs from the one the server imported them
   under in any variable but the per-rank ones in `PER_RANK`. The rank's import environment is its
   environment plus, for `clusterfsdp.worker RUN_DIR`, what `worker.main.run` sets before its heavy
   imports (`warmstart.import_environment`: HF_HUB_OFFLINE's default and the job's [env]); the
   server's is its own plus the same default. `PER_RANK` holds only what is read after start-up:
-  the torch.distributed variables and the job id (read when the process group starts),
+  the torch.distributed variables and the job id (read when the process group starts), the
+  fault-injecting scripts' switches (CLUSTERFSDP_TEST_FAULT, _POISON, _SKIP: read by the scripts
+  when they run) and the worker's all-ranks log switch (read when the rank's log opens),
   `PYTEST_CURRENT_TEST` (which pytest changes per test; read by mlflow, hypothesis and torch's and
   transformers' testing helpers, none of them preloaded) and preflight's test switch (read in
   `preflight.full_check`). TORCHINDUCTOR_CACHE_DIR is read at call time, but `inductor_env` comes
@@ -59,13 +62,17 @@ from pathlib import Path
 
 from clusterfsdp.core import spec as specmod
 from clusterfsdp.worker import distenv, warmstart
+from clusterfsdp.worker.main import ENV_LOG_ALL_RANKS
 
 ENV_TEST_COLD = "CLUSTERFSDP_TEST_COLD"  # "1": every rank of procs.launch a fresh interpreter
 WORKER = "clusterfsdp.worker"
 # Variables a rank may have otherwise than the server (the module docstring says why each): what
 # torch.distributed's rendezvous reads (distenv.DistEnv.export), the job id, pytest's and preflight's.
 _DIST = distenv.DistEnv(0, 0, 1, 1, 0, 1, "", 0, "", 0, "single").export()
-PER_RANK = frozenset({*_DIST, "CLUSTERFSDP_JOB_ID", "PYTEST_CURRENT_TEST", "CLUSTERFSDP_PREFLIGHT_TEST_FULL"})
+PER_RANK = frozenset({
+    *_DIST, "CLUSTERFSDP_JOB_ID", "PYTEST_CURRENT_TEST", "CLUSTERFSDP_PREFLIGHT_TEST_FULL",
+    "CLUSTERFSDP_TEST_FAULT", "CLUSTERFSDP_TEST_POISON", "CLUSTERFSDP_TEST_SKIP", ENV_LOG_ALL_RANKS,
+})  # fmt: skip
 # The product's preload plus the tests' model family (llama-tiny; transformers imports it on first use).
 PRELOAD = (*warmstart.MODULES, "transformers.models.llama.modeling_llama")
 # The server's own argument strings, long enough for a rank's command to be written over them.
@@ -235,12 +242,12 @@ def cold_reason(argv: Sequence[str], env: Mapping[str, str], server_env: Mapping
                 return f"{switch}=1"
     command = warmstart.module_command(argv)
     if command is None:
-        return "not `python -m MODULE`"
+        return "not `python -m MODULE` or a script"
     if os.getcwd() != cwd or umask() != mask:
         return "another working directory or umask than the server's"
     module, args = command
     theirs = dict(env)
-    if module == WORKER and len(args) == 1:
+    if (module == WORKER or warmstart.is_script(module)) and len(args) == 1:  # (the scripts run the worker)
         try:
             spec = specmod.load(Path(args[0]) / "job.toml")
         except Exception as e:  # the rank says it again, cold

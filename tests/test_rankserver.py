@@ -24,6 +24,7 @@ from rankserver import RankServer
 
 TESTS = Path(__file__).parent
 ARGV = [sys.executable, "-m", "served_rank"]
+SCRIPT = [sys.executable, str(TESTS / "served_rank.py")]  # how the fault-injecting workers are started
 SWITCHES = (rankserver.ENV_TEST_COLD, "CLUSTERFSDP_COLD_START")  # these tests check the server under either
 # Without PYTHONUNBUFFERED: a cold rank's stdout is block-buffered, and the forked one's must be too.
 ENV = {
@@ -65,14 +66,16 @@ def server():
     server.stop()
 
 
-def test_a_served_rank_is_forked_and_ends_as_a_cold_one(server):
+@pytest.mark.parametrize("argv", [ARGV, SCRIPT], ids=["module", "script"])
+def test_a_served_rank_is_forked_and_ends_as_a_cold_one(server, argv):
     """Exit statuses (0, 1, -15 after SIGTERM), stdout and stderr on one pipe, wait's timeout, and
-    the rank itself (argv, cmdline, sys.path[0], stdio buffering) as a fresh interpreter's; its parent is the server."""
+    the rank itself (argv, cmdline, sys.path[0]: the cwd or the script's folder, stdio buffering)
+    as a fresh interpreter's, for `python -m MODULE` and `python SCRIPT.py`; its parent is the server."""
     started: list = []
-    served = _start_three(lambda env: server.start(ARGV, env), started)
+    served = _start_three(lambda env: server.start(argv, env), started)
     assert [p.forked for p in started] == [True] * 3
     cold = _start_three(
-        lambda env: subprocess.Popen(ARGV, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lambda env: subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     )
     assert [code for code, _ in served] == [code for code, _ in cold] == [0, 1, -signal.SIGTERM]
     for (_, warm_out), (_, cold_out) in zip(served, cold, strict=True):
@@ -101,7 +104,8 @@ def test_a_rank_the_server_cannot_fork_starts_cold_from_it(tmp_path):
 
 def test_a_rank_starts_cold_where_forking_would_differ(server, tmp_path):
     """Only the per-rank variables may differ; a variable read at import (HF_HOME), set in the
-    test's environment or in the job's [env], starts the rank cold, as do a script and the switch."""
+    test's environment or in the job's [env] (also of a script that runs the worker on a run
+    folder), starts the rank cold, as do `-c` and the switch."""
     run = make_run(tiny_job_toml("served", 0, 1), tmp_path)
     worker = [sys.executable, "-m", "clusterfsdp.worker", str(run.path)]
     per_rank = {**ENV, "RANK": "1", "MASTER_PORT": "29999", "CLUSTERFSDP_JOB_ID": "x", "PYTEST_CURRENT_TEST": "t"}
@@ -109,10 +113,15 @@ def test_a_rank_starts_cold_where_forking_would_differ(server, tmp_path):
     assert "HF_HUB_OFFLINE" in server.cold_reason(ARGV, {k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"})
     assert server.cold_reason(worker, per_rank) == ""
     assert "HF_HOME" in server.cold_reason(worker, {**per_rank, "HF_HOME": str(tmp_path)})
-    assert server.cold_reason([sys.executable, str(TESTS / "served_rank.py")], per_rank) == "not `python -m MODULE`"
+    faulty = [sys.executable, str(TESTS / "faulty_worker.py"), str(run.path)]
+    assert server.cold_reason(faulty, {**per_rank, "CLUSTERFSDP_TEST_FAULT": "kill@2:1"}) == ""
+    assert "HF_HOME" in server.cold_reason(faulty, {**per_rank, "HF_HOME": str(tmp_path)})
+    code = [sys.executable, "-c", "pass"]
+    assert server.cold_reason(code, per_rank) == "not `python -m MODULE` or a script"
     assert server.cold_reason(worker, {**per_rank, "CLUSTERFSDP_TEST_COLD": "1"}) == "CLUSTERFSDP_TEST_COLD=1"
     with_env = make_run(tiny_job_toml("served", 0, 1, tail=f'[env]\nHF_HOME = "{tmp_path}"\n'), tmp_path / "b")
     assert "HF_HOME" in server.cold_reason([*worker[:3], str(with_env.path)], per_rank)
+    assert "HF_HOME" in server.cold_reason([*faulty[:2], str(with_env.path)], per_rank)
 
 
 def test_launch_forks_unless_a_variable_read_at_import_differs(server, monkeypatch):

@@ -93,7 +93,13 @@ class BecomeRank(BaseException):
         self.module, self.argv = module, list(args)
 
     def run(self) -> None:
-        """`python -m MODULE ARGS` in this process: exceptions and SystemExit leave as they would."""
+        """`python -m MODULE ARGS` (or `python SCRIPT.py ARGS`: `module` names a script) in this
+        process: exceptions and SystemExit leave as they would."""
+        if is_script(self.module):  # as a fresh interpreter runs a script: its folder first on sys.path
+            sys.argv = [self.module, *self.argv]
+            sys.path[0] = os.path.dirname(os.path.abspath(self.module))
+            runpy.run_path(self.module, run_name="__main__")
+            return
         sys.argv = [sys.argv[0], *self.argv]
         runpy.run_module(self.module, run_name="__main__", alter_sys=True)
 
@@ -200,7 +206,7 @@ class Launcher:
     ) -> Forked | subprocess.Popen[bytes]:
         """`subprocess.Popen(argv, env=env, stdin=..., stdout=..., stderr=...)` (file objects,
         fds, DEVNULL, PIPE for stdout, STDOUT for stderr), forked from here when `argv` is
-        `python [-u] -m MODULE ...` of this interpreter and forking is safe now."""
+        `python [-u] -m MODULE ...` (or a script) of this interpreter and forking is safe now."""
         command = module_command(argv)
         if command is None or not self.ready or fork_problem():
             return subprocess.Popen(list(argv), env=dict(env), stdin=stdin, stdout=stdout, stderr=stderr)
@@ -267,16 +273,25 @@ def family_modules(spec: specmod.JobSpec | None, run_dir: str | Path | None) -> 
 
 
 def module_command(argv: Sequence[str]) -> tuple[str, list[str]] | None:
-    """(module, args) of `THIS_PYTHON [-u] -m MODULE ARGS...`; None for anything else."""
+    """(module, args) of `THIS_PYTHON [-u] -m MODULE ARGS...`, or (script, args) of
+    `THIS_PYTHON [-u] SCRIPT.py ARGS...` (the tests' fault-injecting workers are scripts); None
+    for anything else."""
     args = list(argv)
     if not args or args[0] != sys.executable:
         return None
     rest = args[1:]
     if rest[:1] == ["-u"]:
         rest = rest[1:]
+    if rest[:1] and is_script(rest[0]) and os.path.isfile(rest[0]):
+        return rest[0], rest[1:]
     if len(rest) < 2 or rest[0] != "-m":
         return None
     return rest[1], rest[2:]
+
+
+def is_script(target: str) -> bool:
+    """Whether a command's target is a script's path rather than a module's name."""
+    return target.endswith(".py") and not target.startswith("-")
 
 
 def fork_problem() -> str:
