@@ -12,7 +12,7 @@ each kind reaches through `UnitReading`. Pure Python: the control plane imports 
 
 from __future__ import annotations
 
-from abc import ABC
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,14 +81,16 @@ class FileKind(ABC):
     prepared datasets are found by it)."""
 
     name: ClassVar[str]
+    suffix: ClassVar[str] = ""  # a file kind's name ending (before any compression suffix)
     folder: ClassVar[bool] = False  # a folder (its files are the content) rather than a file
     compressible: ClassVar[bool] = False  # also read as .gz / .zst
     one_document: ClassVar[bool] = False  # the whole file is one document (its tokens: bytes + EOS)
 
-    def recognises(self, path: Path, name: str) -> bool:
-        """Whether `path` is a source of this kind; `name` is its lowercased file name without a
-        compression suffix (folders: the folder's name)."""
-        raise NotImplementedError
+    def recognises(self, path: Path, name: str, is_dir: bool) -> bool:
+        """Whether `path` (a folder when `is_dir`, looked at once by the caller) is a source of
+        this kind; `name` is its lowercased file name without a compression suffix. A file kind
+        is recognised by its suffix; a folder kind says what it looks for."""
+        return not is_dir and bool(self.suffix) and name.endswith(self.suffix)
 
     def plain_text(self, src: Source) -> bool:
         """Whether the file's bytes are its text, uncompressed: its size bounds its tokens under
@@ -99,10 +101,10 @@ class FileKind(ABC):
         """The error lines validate finds in the source's first record (prepare reads it all)."""
         return []
 
+    @abstractmethod
     def units(self, src: Source, index: int, shard: int, plan: Planning) -> Iterator[SourceUnit]:
         """The source's units in order, numbered from `shard`; a function of the content only
         (a prepare that continues an interrupted one cuts the same)."""
-        raise NotImplementedError
 
     def records(self, reader: UnitReading, src: Source, unit: SourceUnit) -> Iterator[Record]:
         """The unit's records (bad ones passed to `reader.bad`)."""

@@ -17,43 +17,39 @@ from .formats import column_problem
 from .sources import DataError, Source
 
 
-def load_hf_dataset(src: Source, data: specmod.DataSection, cache: Path) -> Any:
-    """A save_to_disk folder or a folder datasets.load_dataset reads, as one split."""
-    # HuggingFace datasets (heavy) only for a hub dataset
-    import datasets
-
-    where = f"{src.field}: {src.path}"
-    try:
-        if src.kind == SavedDataset.name:
-            ds = datasets.load_from_disk(src.path)
-            if isinstance(ds, datasets.DatasetDict):
-                if data.split not in ds:
-                    it_has = ", ".join(map(str, ds))
-                    raise DataError(f"{where}: no split {data.split!r} ({src.split_key}; it has: {it_has})")
-                ds = ds[data.split]
-        else:
-            # datasets copies the rows into its cache and reuses them: a folder of this user's only
-            own = trust.private_folder(cache / "hf-datasets")
-            ds = datasets.load_dataset(src.path, split=data.split, cache_dir=str(own))
-    except DataError:
-        raise
-    except Exception as e:  # datasets raises many kinds for unreadable folders and unknown splits
-        raise DataError(f"{where}: datasets cannot read it: {type(e).__name__}: {e}") from None
-    problem = column_problem(where, data, ds.column_names)
-    if problem:
-        raise DataError(problem)
-    return ds
-
-
 class DatasetFolder(FileKind):
     name = "dataset_folder"
     folder = True
 
-    def recognises(self, path: Path, name: str) -> bool:
-        return path.is_dir()
+    def recognises(self, path: Path, name: str, is_dir: bool) -> bool:
+        return is_dir
+
+    def load(self, src: Source, data: specmod.DataSection, cache: Path) -> Any:
+        """The folder's rows, as one split (DataError naming the folder for anything datasets
+        cannot read, and for a column the record mapping reads and the rows lack)."""
+        # HuggingFace datasets (heavy) only for a dataset folder
+        import datasets
+
+        where = f"{src.field}: {src.path}"
+        try:
+            ds = self._open(datasets, src, data, cache)
+        except DataError:
+            raise
+        except Exception as e:  # datasets raises many kinds for unreadable folders and unknown splits
+            raise DataError(f"{where}: datasets cannot read it: {type(e).__name__}: {e}") from None
+        problem = column_problem(where, data, ds.column_names)
+        if problem:
+            raise DataError(problem)
+        return ds
+
+    def _open(self, datasets: Any, src: Source, data: specmod.DataSection, cache: Path) -> Any:
+        """A folder `datasets.load_dataset` reads: it copies the rows into its cache and reuses
+        them, so into a folder of this user's only."""
+        own = trust.private_folder(cache / "hf-datasets")
+        return datasets.load_dataset(src.path, split=data.split, cache_dir=str(own))
 
     def units(self, src: Source, index: int, shard: int, plan: Planning) -> Iterator[SourceUnit]:
-        ds = load_hf_dataset(src, plan.data, plan.cache)
+        ds = self.load(src, plan.data, plan.cache)
         rows = len(ds)
         per_unit = max(1, plan.unit_bytes * rows // max(1, ds.data.nbytes))
         size = src.size()
@@ -64,7 +60,7 @@ class DatasetFolder(FileKind):
 
     def records(self, reader: UnitReading, src: Source, unit: SourceUnit) -> Iterator[Record]:
         if unit.source not in reader.opened:
-            reader.opened[unit.source] = load_hf_dataset(src, reader.data, reader.cache)
+            reader.opened[unit.source] = self.load(src, reader.data, reader.cache)
         ds = reader.opened[unit.source]
         columns = reader.fields.columns()
         for at in range(unit.start, unit.stop, ROWS_PER_READ):
@@ -78,8 +74,18 @@ class DatasetFolder(FileKind):
 class SavedDataset(DatasetFolder):
     name = "saved_dataset"
 
-    def recognises(self, path: Path, name: str) -> bool:
-        return path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file())
+    def _open(self, datasets: Any, src: Source, data: specmod.DataSection, cache: Path) -> Any:
+        """A save_to_disk folder: the dataset, or the split of a DatasetDict."""
+        ds = datasets.load_from_disk(src.path)
+        if isinstance(ds, datasets.DatasetDict):
+            if data.split not in ds:
+                it_has = ", ".join(map(str, ds))
+                raise DataError(f"{src.field}: {src.path}: no split {data.split!r} ({src.split_key}; it has: {it_has})")
+            ds = ds[data.split]
+        return ds
+
+    def recognises(self, path: Path, name: str, is_dir: bool) -> bool:
+        return is_dir and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file())
 
     def sniff(self, source: Source, data: specmod.DataSection) -> list[str]:
         """The split exists and its features have the record key."""

@@ -27,15 +27,16 @@ def of(source: Source) -> FileKind:
     return KINDS[source.kind]
 
 
-def recognise(path: Path) -> tuple[FileKind, Compression] | None:
-    """What `path` is as a source (None: not one). OSError when it cannot be looked at."""
+def recognise(path: Path, is_dir: bool) -> tuple[FileKind, Compression] | None:
+    """What `path` (a folder when `is_dir`) is as a source (None: not one). A glob may name a
+    hundred thousand files: the folder test is the caller's, once per path."""
     name = path.name.lower()
     compression: Compression = ""
     suffix = next((s for s in _COMPRESSIONS if name.endswith(s)), "")
-    if suffix and not path.is_dir():
+    if suffix and not is_dir:
         name, compression = name.removesuffix(suffix), _COMPRESSIONS[suffix]
     for kind in KINDS.values():
-        if (kind.compressible or not compression) and kind.recognises(path, name):
+        if (kind.compressible or not compression) and kind.recognises(path, name, is_dir):
             return kind, compression
     return None
 
@@ -77,8 +78,9 @@ def _source(key: str, match: str) -> tuple[Source | None, str]:
     """The source one match is, or the one-line problem (after the key) why it is none."""
     try:
         path = Path(match).resolve(strict=True)
-        found = recognise(path)
-        regular = path.is_dir() or path.is_file()
+        is_dir = path.is_dir()
+        found = recognise(path, is_dir)
+        regular = is_dir or path.is_file()
     except (OSError, RuntimeError) as e:  # RuntimeError: a loop of symlinks (Python 3.11's resolve)
         reason = e.strerror if isinstance(e, OSError) and e.strerror else "a loop of symbolic links"
         return None, f"{match}: cannot read: {reason}"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO
 
 from ..core import spec as specmod
@@ -25,11 +24,7 @@ def char_start(data: bytes, at: int) -> int:
 class LineFile(FileKind):
     """A text file read line by line, maybe compressed; `suffix` names it."""
 
-    suffix: str
     compressible = True
-
-    def recognises(self, path: Path, name: str) -> bool:
-        return not path.is_dir() and name.endswith(self.suffix)
 
     def plain_text(self, src: Source) -> bool:
         return not src.compression

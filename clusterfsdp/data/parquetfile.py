@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 from .filekind import ROWS_PER_READ, FileKind, Planning, Record, SourceUnit, UnitReading
 from .formats import column_problem
@@ -16,9 +15,7 @@ from .sources import DataError, Source
 
 class ParquetFile(FileKind):
     name = "parquet"
-
-    def recognises(self, path: Path, name: str) -> bool:
-        return not path.is_dir() and name.endswith(".parquet")
+    suffix = ".parquet"
 
     def units(self, src: Source, index: int, shard: int, plan: Planning) -> Iterator[SourceUnit]:
         # pyarrow only for Parquet files
