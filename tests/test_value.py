@@ -95,6 +95,10 @@ def test_value_init_fills_fields_defaults_and_post_init():
     a.seen.append("once")  # a default_factory is called for each instance
     assert b.seen == [] and a.derived == "X" and Checked(name="y", seen=["s"]).seen == ["s"]
     assert dataclasses.replace(a, name="z").derived == "Z"  # replace goes through __init__ too
+    with pytest.raises(TypeError, match="cannot inherit non-frozen dataclass from a frozen one"):
+        value(type("Thawed", (OursFrozen,), {}))  # as dataclasses refuses it for its own frozen flag
+    with pytest.raises(TypeError, match="cannot inherit frozen dataclass from a non-frozen one"):
+        value(frozen=True)(type("Frozen", (Ours,), {}))
     with pytest.raises(TypeError, match="non-default argument 'late' follows default argument"):
         value(type("Late", (), {"__annotations__": {"early": "int", "late": "int"}, "early": 0}))
 

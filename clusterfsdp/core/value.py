@@ -128,7 +128,12 @@ def value(cls: T | None = None, /, *, frozen: bool = False) -> T | Callable[[T],
     def wrap(c: T) -> T:
         # (frozen by the functions here: dataclasses' frozen=True would compile two more methods;
         # the class's __dataclass_params__ say frozen=False, so a @dataclass(frozen=True) cannot
-        # subclass a frozen value: test_value checks that none does)
+        # subclass a frozen value: test_value checks that none does. Between values, the rule
+        # dataclasses keeps for its own frozen flag is kept here.)
+        for base in c.__mro__[1:]:
+            if "_value_init" in vars(base) and (base.__setattr__ is _frozen_setattr) != frozen:
+                kinds = ("frozen", "non-frozen") if frozen else ("non-frozen", "frozen")
+                raise TypeError("cannot inherit {} dataclass from a {} one".format(*kinds))
         out = dataclasses.dataclass(c, init=False, repr=False, eq=False)
         out._value_init = _InitPlan(out)  # type: ignore[attr-defined]
         if "__init__" not in vars(c):  # (a class's own __init__ is kept, as dataclasses keeps it)
