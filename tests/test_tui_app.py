@@ -15,6 +15,7 @@ from tui_helpers import (
     SINFO,
     SMALL,
     FakeSlurm,
+    dialog_text,
     job,
     make_run,
     open_run_screen,
@@ -39,6 +40,7 @@ from clusterfsdp.tui.help_screen import HelpScreen
 from clusterfsdp.tui.log_view import LogView
 from clusterfsdp.tui.logs_screen import LogsScreen
 from clusterfsdp.tui.metric_chart import MetricChart
+from clusterfsdp.tui.metrics_tail import EMPTY
 from clusterfsdp.tui.path_screen import PathScreen
 from clusterfsdp.tui.queue_rows import SlurmCommands
 from clusterfsdp.tui.resume_screen import ResumeScreen
@@ -240,16 +242,13 @@ def test_help_lists_the_screens_keys(root):
 
     async def scenario(pilot):
         await pilot.press("question_mark")
-        await pilot.pause()
-        assert isinstance(app.screen, HelpScreen)
-        text = rendered(app.screen.query_one(".dialog"))
+        text = await dialog_text(pilot, HelpScreen, "the help")
         assert "Refresh" in text and "Cancel" in text and "squeue" in text
         await pilot.press("escape")
         await pilot.press("1")
         app.screen.query_one("#f-job-name Input").focus()
         await pilot.press("f1")  # works while typing, where ? is a character
-        await pilot.pause(0.2)
-        assert isinstance(app.screen, HelpScreen) and "Submit" in rendered(app.screen.query_one(".dialog"))
+        assert "Submit" in await dialog_text(pilot, HelpScreen, "the compose form's help")
 
     run_app(app, scenario)
 
@@ -383,7 +382,8 @@ def test_run_screen_charts_metrics_and_lists_checkpoints(root):
 
     async def scenario(pilot):
         screen = await open_run_screen(pilot, app)
-        await until(pilot, lambda: screen.facts is not None and screen.facts.metrics is not None, "metrics")
+        # (the newest pass's facts carry only new rows: the screen keeps what it charted)
+        await until(pilot, lambda: screen.facts is not None and screen.metrics is not EMPTY, "metrics")
         await settle(pilot)
         loss = screen.query_one("#loss", MetricChart)
         plot = rendered(loss)
@@ -673,8 +673,7 @@ def test_compose_save_offers_to_create_a_missing_folder(root, tmp_path):
             assert isinstance(app.screen, PathScreen)
             app.screen.query_one(Input).value = "jobs/new/job.toml"
             await pilot.press("enter")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
-            assert "jobs/new does not exist" in rendered(app.screen.query_one(".dialog"))
+            assert "jobs/new does not exist" in await dialog_text(pilot, ConfirmScreen, "the question")
             await pilot.press(answer)
             await settle(pilot)
             assert (tmp_path / "jobs" / "new").is_dir() == (answer == "y")
@@ -708,9 +707,8 @@ def test_compose_submit_asks_slurm_again_and_submits_what_it_showed(root, monkey
         slurm.set_available(False)  # the controller went away after start-up
         probes = slurm.calls["available"]
         await pilot.press("ctrl+g")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+        question = await dialog_text(pilot, ConfirmScreen, "the confirmation")
         assert slurm.calls["available"] == probes + 1
-        question = rendered(app.screen.query_one(".dialog"))
         assert "answer changed" in question and "runs on    this machine (local executor)" in question
         await pilot.press("y")
         await until(pilot, lambda: submitted, "the submit")
@@ -729,8 +727,7 @@ def test_help_shows_bracket_keys_as_typed(big_run):
     async def scenario(pilot):
         await open_logs_at_the_end(pilot, app, lines[-1])
         await pilot.press("f1")
-        await pilot.pause()
-        text = rendered(app.screen.query_one(".dialog"))
+        text = await dialog_text(pilot, HelpScreen, "the help")
         assert re.search(r"\s\[  Previous rank", text) and re.search(r"\s\]  Next rank", text)
         assert "[[/]" not in text and "[]/]" not in text
         assert re.search(r"\s\?  Search up", text) and re.search(r"\sF1  this help", text)  # ? is a key here

@@ -8,7 +8,18 @@ import tomllib
 from pathlib import Path
 
 from textual.widgets import DataTable, Input, Select, TabbedContent
-from tui_helpers import T0, FakeSlurm, make_run, open_in_compose, rendered, run_app, scored_sweep, settle, until
+from tui_helpers import (
+    T0,
+    FakeSlurm,
+    dialog_text,
+    make_run,
+    open_in_compose,
+    rendered,
+    run_app,
+    scored_sweep,
+    settle,
+    until,
+)
 
 from clusterfsdp.control.sweep import Sweep
 from clusterfsdp.control.sweepfolder import SweepFolder
@@ -165,8 +176,7 @@ def test_compose_turns_a_field_into_a_list_of_values_and_submits_a_sweep(tmp_pat
         await until(pilot, lambda: "train.lr = 0.0003, 0.0001" in rendered(screen.query_one("#summary")), "the grid")
         assert "sweep      2 points" in rendered(screen.query_one("#summary"))
         await pilot.press("ctrl+g")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
-        assert "sweep      2 points" in rendered(app.screen.query_one(".dialog"))
+        assert "sweep      2 points" in await dialog_text(pilot, ConfirmScreen, "the confirmation")
         await pilot.press("y")
         await until(pilot, lambda: screen.review is not None and screen.review.errors, "the refusal")
         screen.query_one("#sections", TabbedContent).active = "tab-job"

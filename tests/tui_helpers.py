@@ -293,6 +293,21 @@ async def settle(pilot: Pilot) -> None:
     await pilot.pause()
 
 
+async def dialog_text(pilot: Pilot, screen: type, what: str) -> str:
+    """The text of the modal `screen`'s `.dialog` once it is up and drawn. A screen is pushed
+    before the compositor has drawn it: read at once, its region is still empty (under load the
+    first frame came after the read, and the read was "")."""
+    app = pilot.app
+
+    def drawn() -> str:
+        if not isinstance(app.screen, screen):
+            return ""
+        return rendered(app.screen.query_one(".dialog")).strip()
+
+    await until(pilot, drawn, what)
+    return rendered(app.screen.query_one(".dialog"))
+
+
 def rendered(widget) -> str:
     """The text on screen inside a widget's region, as a person sees it (children included)."""
     strips = widget.screen._compositor.render_strips()
