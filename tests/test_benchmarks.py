@@ -170,6 +170,23 @@ def test_keep_best_and_early_stopping_on_a_benchmark_score_are_checked(tmp_path)
             assert r.returncode == 2 and len(errors) == 1 and expected in errors[0], (sets, r.stderr)
 
 
+def test_local_tasks_are_built_without_indexing_lm_evals_own_tasks(tmp_path, monkeypatch):
+    """An evaluation of local task files only skips lm-eval's index of its ~15,000 default task
+    files (5-7 s of CPU per evaluation); a task name, or a local group (whose members are names),
+    keeps it. The scores are lm-eval's by hand either way: the test below compares them."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from clusterfsdp.worker import bench
+
+    local = load_yaml(write_task(tmp_path / "tasks"))
+    monkeypatch.chdir(tmp_path / "tasks")  # (its data file is relative; bench.task_configs makes it absolute)
+    group = {"group": "mine", "task": ["hellaswag", "tiny_mc"]}
+    assert not bench.needs_task_index([local])
+    assert bench.needs_task_index([local, "hellaswag"]) and bench.needs_task_index([group])
+    manager = bench.task_manager([local], "pretrained=/some/model")
+    assert manager.all_tasks == [] and manager.load([local])["tasks"].keys() == {"tiny_mc"}
+
+
 def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_path):
     """`clusterfsdp bench RUN --step 4` on a real 4-step run: benchmarks/step-4.json holds the same
     scores as lm-eval's own CLI run by hand (`lm_eval --include_path`, from the task's folder, so

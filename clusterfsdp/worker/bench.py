@@ -29,7 +29,9 @@ from typing import Any
 import torch
 from lm_eval import utils
 from lm_eval.evaluator import simple_evaluate
+from lm_eval.tasks import TaskManager
 from lm_eval.tasks._yaml_loader import load_yaml
+from lm_eval.utils import simple_parse_args_string
 
 from ..core import benchfiles, runfolder
 from ..core.benchresults import metric_name
@@ -63,6 +65,20 @@ def task_configs(b: BenchmarksSection) -> list[str | dict[str, Any]]:
     return out
 
 
+def needs_task_index(tasks: list[str | dict[str, Any]]) -> bool:
+    """Whether lm-eval must index its own task folder for `tasks`: for a task name, or a local
+    group (whose members are names). A local task's config is built as it is, without the index
+    (lm-eval's factory builds a TASK or PY_TASK entry from its config alone); indexing the ~15,000
+    default task files costs 5-7 s of CPU per evaluation, more than a tiny task's scoring."""
+    return any(isinstance(t, str) or "group" in t or not isinstance(t.get("task"), str) for t in tasks)
+
+
+def task_manager(tasks: list[str | dict[str, Any]], model_args: str) -> TaskManager:
+    """The TaskManager `simple_evaluate` would make (its metadata from the model arguments, as
+    simple_evaluate gives it), without the default task index when `tasks` do not need it."""
+    return TaskManager(include_defaults=needs_task_index(tasks), metadata=simple_parse_args_string(model_args))
+
+
 def flat_metrics(results: dict[str, dict[str, Any]]) -> dict[str, float]:
     """Every numeric score of lm-eval's `results` table as one flat name -> value (stderr 'N/A' left out)."""
     out = {}
@@ -80,10 +96,12 @@ def evaluate(run: runfolder.RunFolder, model: Path, step: int) -> dict[str, Any]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.time()
     tasks: list[Any] = task_configs(b)  # (simple_evaluate's list also takes Task objects: invariant)
+    model_args = f"pretrained={model}"
     results = simple_evaluate(
         model="hf",
-        model_args=f"pretrained={model}",
+        model_args=model_args,
         tasks=tasks,
+        task_manager=task_manager(tasks, model_args),
         num_fewshot=None if b.num_fewshot < 0 else b.num_fewshot,
         batch_size=b.batch_size,
         device=device,
