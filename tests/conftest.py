@@ -41,6 +41,24 @@ def _warm_rank_server() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """This process's environment after a test is what it was before: what a test's imports set
+    (lm_eval sets HF_XET_HIGH_PERFORMANCE, peft TORCHINDUCTOR_CACHE_DIR, mlflow a telemetry session
+    id, sklearn KMP_* at import) is taken back. Left there, every later rank of this xdist worker
+    inherits it, differs from the environment the warm rank server imported under, and starts cold
+    by rankserver's rule (clean-clone run 22: 30 ranks of test_doctor, test_epochs, ... on the
+    workers that had imported one of them, ~5.6 s of CPU each). A library keeps what it read at
+    its import; only the environment later processes inherit is restored."""
+    before = dict(os.environ)
+    yield
+    for key in set(os.environ) - set(before) - {"PYTEST_CURRENT_TEST"}:
+        del os.environ[key]
+    for key, value in before.items():
+        if key != "PYTEST_CURRENT_TEST" and os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
 def _no_inherited_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests decide themselves whether they run inside an allocation."""
     for key in list(os.environ):

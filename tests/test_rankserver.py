@@ -162,3 +162,16 @@ def test_this_sessions_worker_ranks_may_fork(tmp_path):
     env = procs.rank_env(1, 2, 29500, "t1")
     base = {k: v for k, v in procs.BASE_ENV.items() if k not in SWITCHES}
     assert rankserver.cold_reason(argv, env, base, procs.BASE_CWD, rankserver.umask()) == ""
+
+
+# Two tests, in this order on one worker: what a test leaves in os.environ (as an import's side
+# effect does) is gone when the next one starts (conftest's `_environment_restored`).
+@pytest.mark.xdist_group("environment_restored")
+def test_a_variable_a_test_leaves_in_the_environment_is_set_here():
+    os.environ["CLUSTERFSDP_TEST_LEFT_SET"] = "1"  # (not monkeypatch: as lm_eval's import sets its variable)
+    assert os.environ["CLUSTERFSDP_TEST_LEFT_SET"] == "1"
+
+
+@pytest.mark.xdist_group("environment_restored")
+def test_a_variable_a_test_leaves_in_the_environment_is_gone_in_the_next_one():
+    assert "CLUSTERFSDP_TEST_LEFT_SET" not in os.environ
