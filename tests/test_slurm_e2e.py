@@ -226,7 +226,6 @@ def test_time_limit_signal_save_requeue_resume(slurm_cluster, tiny_job, tmp_path
     assert len(run.attempts) == 1 and "requeued (time_limit)" in cli("status", str(run.path)).stdout
 
 
-@pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
 def test_requeue_refused_falls_back_to_a_follow_up_job(slurm_cluster, tiny_job, tmp_path):
     """With --no-requeue, `scontrol requeue` is refused; rank 0 submits a follow-up job
     (--dependency=afterany) that resumes from the checkpoint just saved."""

@@ -17,7 +17,7 @@ from clusterfsdp.control import status
 from clusterfsdp.control.sweepfolder import all_sweeps
 from clusterfsdp.core import ckptfolder
 
-pytestmark = pytest.mark.slurm(cluster="b")  # the second devcluster's half (tests/slurm_fixtures.py)
+pytestmark = pytest.mark.slurm  # the first devcluster's chain (the two chains are balanced by time)
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
