@@ -16,6 +16,9 @@ import procs  # noqa: E402  (tests/ is on sys.path from the line above)
 import rankserver  # noqa: E402
 from procs import CORPUS, allocation_variable  # noqa: E402
 
+from clusterfsdp.core import warmlaunch  # noqa: E402
+from clusterfsdp.worker import warmstart  # noqa: E402
+
 
 @pytest.fixture
 def tiny_job(tmp_path: Path) -> Path:
@@ -31,12 +34,20 @@ def tiny_job(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def _warm_rank_server() -> Iterator[None]:
     """The environment `procs.launch`'s warm rank server imports under is this process's as the
-    session starts (the plugins' variables set, no test's yet); the server, started by the first
-    launch that may fork, is stopped when the session ends (tests/rankserver.py)."""
+    session starts (the plugins' variables set, no test's yet), with one torch thread. A second
+    server, under this process's environment as it is (what a `clusterfsdp` command started by a
+    test inherits), is the local executor's warm launcher for the session (`CLUSTERFSDP_LAUNCHER`,
+    core/warmlaunch.py): the controllers of the local runs the tests submit are forked by it when
+    its rule allows. Both are stopped when the session ends (tests/rankserver.py)."""
     procs.BASE_ENV.clear()
     procs.BASE_ENV.update(procs.base_env())
     procs.BASE_CWD = os.getcwd()
+    cold = any(os.environ.get(switch) == "1" for switch in (rankserver.ENV_TEST_COLD, warmstart.ENV_COLD))
+    launcher = None if cold else rankserver.controllers(dict(os.environ), procs.BASE_CWD)
+    if launcher is not None:
+        os.environ[warmlaunch.ENV_LAUNCHER] = launcher.path
     yield
+    os.environ.pop(warmlaunch.ENV_LAUNCHER, None)
     rankserver.stop_shared()
 
 

@@ -61,6 +61,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from clusterfsdp.core import spec as specmod
+from clusterfsdp.core import warmlaunch
 from clusterfsdp.worker import distenv, warmstart
 from clusterfsdp.worker.main import ENV_LOG_ALL_RANKS
 
@@ -72,7 +73,20 @@ _DIST = distenv.DistEnv(0, 0, 1, 1, 0, 1, "", 0, "", 0, "single").export()
 PER_RANK = frozenset({
     *_DIST, "CLUSTERFSDP_JOB_ID", "PYTEST_CURRENT_TEST", "CLUSTERFSDP_PREFLIGHT_TEST_FULL",
     "CLUSTERFSDP_TEST_FAULT", "CLUSTERFSDP_TEST_POISON", "CLUSTERFSDP_TEST_SKIP", ENV_LOG_ALL_RANKS,
+    warmlaunch.ENV_LAUNCHER,
 })  # fmt: skip
+# What a controller's environment may have otherwise than the controllers' server: what the local
+# executor adds (core/localctl.RecordingExecutor): submitit's task variables, read by the controller
+# as it runs, and CUDA_VISIBLE_DEVICES, read when CUDA starts (never at import); and the terminal's
+# size, which `clusterfsdp submit --follow` leaves in its environment (COLUMNS, LINES: read when
+# something is printed, by shutil.get_terminal_size and rich, never at import).
+CONTROLLER = "clusterfsdp.worker.warmctl"
+
+
+def controller_variable(key: str) -> bool:
+    return key.startswith("SUBMITIT_") or key in ("CUDA_VISIBLE_DEVICES", "COLUMNS", "LINES")
+
+
 # The product's preload plus the tests' model family (llama-tiny; transformers imports it on first use).
 PRELOAD = (*warmstart.MODULES, "transformers.models.llama.modeling_llama")
 # The server's own argument strings, long enough for a rank's command to be written over them.
@@ -258,6 +272,37 @@ def cold_reason(argv: Sequence[str], env: Mapping[str, str], server_env: Mapping
     return f"an import-time environment other than the server's: {', '.join(differ)}" if differ else ""
 
 
+def controller_cold_reason(request: Mapping, server_env: Mapping[str, str], server_cwd: str, mask: str) -> str:
+    """Why the local executor's controller asked for in `request` (core/warmlaunch.py) must start
+    cold ('' if the server may fork it): the rule of `cold_reason`, with two differences. Its
+    working folder may differ (the child changes to it and puts it first on sys.path, as `python
+    -m` does) unless a preloaded package's name is there, which a cold start would import from it
+    instead; and submitit's task variables may (`controller_variable`)."""
+    argv, env, cwd = list(request["argv"]), dict(request["env"]), str(request["cwd"])
+    if env.get(ENV_TEST_COLD) == "1" or env.get(warmstart.ENV_COLD) == "1":
+        return "a cold start was asked for"
+    command = warmstart.module_command(argv)
+    if command is None or command[0] != CONTROLLER or len(command[1]) != 2:
+        return f"not `python -m {CONTROLLER} FOLDER RUN_DIR`"
+    if f"{int(request['umask']):04o}" != mask:
+        return "another umask than the server's"
+    if cwd != server_cwd:
+        shadowed = sorted({m.split(".")[0] for m in PRELOAD} & {Path(p).stem for p in os.listdir(cwd)})
+        if shadowed:
+            return f"its working folder holds {', '.join(shadowed)}, which a new interpreter would import from there"
+    try:
+        spec = specmod.load(Path(command[1][1]) / "job.toml")
+    except Exception as e:  # the controller says it again, cold
+        return f"its job.toml does not load ({type(e).__name__})"
+    theirs = {**env, **warmstart.import_environment(spec, env)}
+    ours = {**server_env, **warmstart.import_environment(None, server_env)}
+    differ = sorted(
+        k for k in theirs.keys() | ours.keys()
+        if k not in PER_RANK and not controller_variable(k) and theirs.get(k) != ours.get(k)
+    )  # fmt: skip
+    return f"an import-time environment other than the server's: {', '.join(differ)}" if differ else ""
+
+
 def umask() -> str:
     """This process's umask, read without setting it (os.umask would, for every thread)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -288,13 +333,36 @@ def shared(env: Mapping[str, str], cwd: str) -> RankServer | None:
         return _shared
 
 
-def stop_shared() -> None:
-    """Stops this process's server (the end of the test session); a later launch starts another."""
-    global _shared
+_controllers: RankServer | None = None
+
+
+def controllers(env: Mapping[str, str], cwd: str) -> RankServer | None:
+    """This process's launcher of local-executor controllers (core/warmlaunch.py), started now:
+    a server like the ranks' one, preloaded under `env`, the environment the `clusterfsdp`
+    commands a test starts inherit (the ranks' server has OMP_NUM_THREADS=1, which torch's OpenMP
+    and numpy's BLAS read at import, so it cannot fork a controller that a new interpreter would
+    start without it). None when it could not start (every controller cold then)."""
+    global _controllers
     with _shared_lock:
-        if _shared is not None:
-            _shared.stop()
-            _shared = None
+        if _controllers is None:
+            server = RankServer(env, cwd)
+            atexit.register(server.stop)
+            if server.ready(timeout=600):
+                _controllers = server
+            else:
+                print(f"controller launcher: not started: {server.said()[-2000:]}", file=sys.stderr)
+                server.stop()
+        return _controllers
+
+
+def stop_shared() -> None:
+    """Stops this process's servers (the end of the test session); a later launch starts another."""
+    global _shared, _controllers
+    with _shared_lock:
+        for server in (_shared, _controllers):
+            if server is not None:
+                server.stop()
+        _shared = _controllers = None
 
 
 def start(
@@ -342,6 +410,7 @@ def serve(path: str, modules: Sequence[str], thread: bool) -> None:
     if thread:
         threading.Thread(target=time.sleep, args=(86400,), daemon=True).start()
     parent = os.getppid()
+    server_env, server_cwd = dict(os.environ), os.getcwd()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # after the preload: never a rank's
     _sockets.append(listener)
     listener.bind(path + ".new")
@@ -367,23 +436,37 @@ def serve(path: str, modules: Sequence[str], thread: bool) -> None:
             conn.settimeout(60)
             fds: list[int] = []
             try:
-                data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 1)
+                data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
                 request = json.loads(data)
-                (out,) = fds
+                if len(fds) not in (1, 3):
+                    raise ValueError(f"{len(fds)} fds")
             except (OSError, ValueError):
                 for fd in fds:
                     os.close(fd)
                 _send(conn, {"error": "a bad request"})
                 continue
             argv, env = request["argv"], request["env"]
+            if len(fds) == 3:  # the local executor's controller (core/warmlaunch.py): its own stdio
+                why = controller_cold_reason(request, server_env, server_cwd, umask())
+                stdio: dict = {"stdin": fds[0], "stdout": fds[1], "stderr": fds[2]}
+                where: dict = {"cwd": request["cwd"], "start_new_session": bool(request.get("session"))}
+            else:  # a test's rank: procs.launch checked the rule
+                why, stdio, where = "", {"stdout": fds[0], "stderr": subprocess.STDOUT}, {}
+            if why:
+                for fd in fds:
+                    os.close(fd)
+                _send(conn, {"cold": why})
+                continue
             _unbuffered = argv[1:2] == ["-u"] or bool(env.get("PYTHONUNBUFFERED"))
             try:
-                child = launcher.start(argv, env, stdout=out, stderr=subprocess.STDOUT)
+                child = launcher.start(argv, env, **stdio, **where)
             except OSError as e:
-                os.close(out)
+                for fd in fds:
+                    os.close(fd)
                 _send(conn, {"error": f"starting the rank failed: {e}"})
                 continue
-            os.close(out)  # (not in a `finally`: a forked rank leaves through here as BecomeRank)
+            for fd in fds:  # (not in a `finally`: a forked rank leaves through here as BecomeRank)
+                os.close(fd)
             pidfd = os.pidfd_open(child.pid)  # before this loop can reap it: the pid is the rank's
             try:
                 socket.send_fds(

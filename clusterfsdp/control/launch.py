@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..core import ownership, runfolder, slurmcli
+from ..core import ownership, runfolder, slurmcli, warmlaunch
 from ..core import spec as specmod
 from ..core.errors import UserError
 from ..core.procs import ProcessId
@@ -547,7 +547,11 @@ def _queue_local(spec: specmod.JobSpec, run: RunFolder) -> Queued:
                 gpus_per_node=spec.slurm.gpus_per_node,
             )
             job = executor.submit(WorkerCall(str(run.path)))
-            leader = ProcessId.of(os.getpid())
+            # The group's leader: this process, or a controller a warm launcher forked in a
+            # session of its own (core/warmlaunch.py); why it was not, in the log, if one was named
+            leader = ProcessId.of(int(job.job_id) if executor.served else os.getpid())
+            if executor.cold_because and os.environ.get(warmlaunch.ENV_LAUNCHER):
+                print(f"controller started here: {executor.cold_because}", flush=True)
             os.write(write_fd, f"ok {job.job_id} {leader.pid} {leader.start}".encode())
         except BaseException as e:
             os.write(write_fd, f"error {type(e).__name__}: {e}".encode())

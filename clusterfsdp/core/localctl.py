@@ -15,7 +15,9 @@ same through its exit status, which the batch script's job step records (control
 environment is the one submitit's `start_controller` gives (submitit 1.5.x, pinned). Given the run
 folder, it starts this controller warm (`clusterfsdp.worker.warmctl`, issue 36): the job's
 controller process imports torch and transformers once and forks the ranks from itself, so the
-control plane that queues the job imports neither.
+control plane that queues the job imports neither. When a warm launcher of this user is named
+(`CLUSTERFSDP_LAUNCHER`, core/warmlaunch.py), the controller itself is forked by it, in a session
+of its own, and started here only when it is not.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import submitit
 from submitit.core import utils
 from submitit.local import local
 
+from . import warmlaunch
 from .evidence import EXIT_CODES
 
 
@@ -61,6 +64,10 @@ class RecordingExecutor(submitit.LocalExecutor):
     def __init__(self, folder: str | Path, *, run_dir: str | Path | None = None, **kwargs: tp.Any):
         super().__init__(folder, **kwargs)
         self.run_dir = run_dir
+        # Whether a warm launcher (core/warmlaunch.py) started the controller, in a session of its
+        # own: then the controller, not the submitting process, leads the attempt's process group.
+        self.served = False
+        self.cold_because = ""
 
     def _submit_command(self, command: str) -> submitit.LocalJob:
         ntasks = self.parameters.get("tasks_per_node", 1)
@@ -78,10 +85,14 @@ class RecordingExecutor(submitit.LocalExecutor):
             "SUBMITIT_LOCAL_WITH_SHELL": "",
         }
         controller = [sys.executable, "-m", "clusterfsdp.core.localctl", str(self.folder)]
+        tasks = list(range(ntasks))
         if self.run_dir is not None:
             controller = [sys.executable, "-m", WARM_CONTROLLER, str(self.folder), str(self.run_dir)]
+            pid, self.cold_because = warmlaunch.start(controller, env)
+            if pid is not None:  # forked by a warm launcher, leading a session of its own
+                self.served = True
+                return submitit.LocalJob(folder=self.folder, job_id=str(pid), tasks=tasks)
         process = subprocess.Popen(controller, env=env)
-        tasks = list(range(ntasks))
         return submitit.LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=tasks)
 
 

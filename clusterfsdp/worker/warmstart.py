@@ -203,17 +203,31 @@ class Launcher:
         stdin: FileArg = None,
         stdout: FileArg = None,
         stderr: FileArg = None,
+        cwd: str | None = None,
+        start_new_session: bool = False,
     ) -> Forked | subprocess.Popen[bytes]:
-        """`subprocess.Popen(argv, env=env, stdin=..., stdout=..., stderr=...)` (file objects,
-        fds, DEVNULL, PIPE for stdout, STDOUT for stderr), forked from here when `argv` is
-        `python [-u] -m MODULE ...` (or a script) of this interpreter and forking is safe now."""
+        """`subprocess.Popen(argv, env=env, stdin=..., stdout=..., stderr=..., cwd=...,
+        start_new_session=...)` (file objects, fds, DEVNULL, PIPE for stdout, STDOUT for stderr),
+        forked from here when `argv` is `python [-u] -m MODULE ...` (or a script) of this
+        interpreter and forking is safe now. In another `cwd`, a forked `-m` process has it first on
+        sys.path, as a new interpreter would (modules imported before the fork stay the launcher's:
+        a caller that lets the folder differ checks it shadows none of them)."""
         command = module_command(argv)
         if command is None or not self.ready or fork_problem():
-            return subprocess.Popen(list(argv), env=dict(env), stdin=stdin, stdout=stdout, stderr=stderr)
-        return self._fork(argv, command, env, (stdin, stdout, stderr))
+            return subprocess.Popen(
+                list(argv), env=dict(env), stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd,
+                start_new_session=start_new_session,
+            )  # fmt: skip
+        return self._fork(argv, command, env, (stdin, stdout, stderr), cwd, start_new_session)
 
     def _fork(
-        self, argv: Sequence[str], command: tuple[str, list[str]], env: Mapping[str, str], stdio: tuple[FileArg, ...]
+        self,
+        argv: Sequence[str],
+        command: tuple[str, list[str]],
+        env: Mapping[str, str],
+        stdio: tuple[FileArg, ...],
+        cwd: str | None = None,
+        start_new_session: bool = False,
     ) -> Forked:
         stdin, stdout, stderr = stdio
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -237,6 +251,11 @@ class Launcher:
                         os.close(fd)
         if pid == 0:
             try:
+                if start_new_session:
+                    os.setsid()
+                if cwd is not None:
+                    os.chdir(cwd)
+                    sys.path[0] = os.getcwd()  # (what `python -m` puts first, in its working folder)
                 _become(fds, self.keep, env, argv)
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             except BaseException as e:

@@ -1,0 +1,98 @@
+"""The local executor's controller started by a warm launcher (core/warmlaunch.py, issue 36): in
+this suite every pytest process has one (conftest's `_warm_rank_server`, `CLUSTERFSDP_LAUNCHER`),
+so a local run's controller is forked by it when its rule allows, and started by `submit` itself
+when it does not. Real CLI processes, real launcher processes, real ranks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from procs import tiny_job_toml
+from test_run_service import cli, stop, submitted, wait_for
+
+from clusterfsdp.core import warmlaunch
+from clusterfsdp.core.records import RunState
+
+
+def job(tmp_path: Path, steps: int, tail: str = "") -> Path:
+    path, root = tmp_path / "job.toml", tmp_path / "runs"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = tiny_job_toml("warm", 0, steps, tail=tail).replace("[job]\n", f'[job]\nrun_root = "{root}"\n', 1)
+    path.write_text(f"{text}\n[slurm]\ntasks_per_node = 1\n")
+    return path
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_served_controller_leads_its_own_group_trains_and_is_cancelled(tmp_path):
+    """Forked by the launcher (its parent), the controller leads a session of its own: the attempt
+    records it as the group's leader, the run trains from a controller that imported nothing
+    itself, and cancel reaches it and its rank (both gone, the run CANCELLED)."""
+    launcher = os.environ[warmlaunch.ENV_LAUNCHER]
+    run = submitted(cli("submit", str(job(tmp_path, 100000)), "--executor", "local"))
+    try:
+        attempt = run.folder.record().last
+        assert attempt is not None and attempt.leader is not None
+        controller = int(attempt.job_id)
+        assert attempt.leader.pid == controller and os.getsid(controller) == controller == os.getpgid(controller)
+        assert launcher.encode() in Path(f"/proc/{parent_of(controller)}/cmdline").read_bytes()  # the launcher's child
+        wait_for(lambda: run.folder.metrics(), 120, "a logged step")
+        said = (run.folder.submitit_dir / "local-controller.log").read_text()
+        assert f"clusterfsdp local controller {controller}: warm start: imports done in 0." in said, said
+        assert "controller started here" not in said
+    finally:
+        stop(run)
+    wait_for(lambda: run.status().state is RunState.CANCELLED, 120, "the cancel")
+    assert not Path(f"/proc/{controller}").exists() or "Z" in Path(f"/proc/{controller}/stat").read_text().split()[2]
+
+
+def test_a_controller_the_launcher_may_not_fork_starts_here_and_says_why(tmp_path):
+    """A job whose [env] changes what the imports see is refused by the launcher's rule: `submit`
+    starts the controller itself (its child's session, as without a launcher) and the reason is in
+    the controller's log; a launcher socket that is not there is said the same way."""
+    run = submitted(cli("submit", str(job(tmp_path, 2, tail='[env]\nPLAIN_SETTING = "1"\n')), "--executor", "local"))
+    wait_for(lambda: run.status().state is RunState.COMPLETED, 180, "the run")
+    said = (run.folder.submitit_dir / "local-controller.log").read_text()
+    assert "controller started here: an import-time environment other than the server's: PLAIN_SETTING" in said
+    attempt = run.folder.record().last
+    assert attempt is not None and attempt.leader is not None and attempt.leader.pid != int(attempt.job_id)
+
+    missing = tmp_path / "no-launcher"
+    r = subprocess.run(
+        [sys.executable, "-m", "clusterfsdp", "submit", str(job(tmp_path / "b", 2)), "--executor", "local"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, warmlaunch.ENV_LAUNCHER: str(missing)},
+    )  # fmt: skip
+    second = submitted(r)
+    wait_for(lambda: second.status().state is RunState.COMPLETED, 180, "the second run")
+    said = (second.folder.submitit_dir / "local-controller.log").read_text()
+    assert f"controller started here: the launcher at {missing} did not answer: [Errno 2]" in said, said
+
+
+def test_the_client_asks_nobody_without_a_launcher_and_refuses_another_users():
+    """Without CLUSTERFSDP_LAUNCHER nothing is asked; a socket whose listener is another user's is
+    not trusted with the command and its environment (SO_PEERCRED)."""
+    assert warmlaunch.start(["true"], {}) == (None, f"{warmlaunch.ENV_LAUNCHER} is not set")
+    folder = Path(tempfile.mkdtemp())  # (under /tmp: the other user reaches it, not pytest's 0700 folders)
+    os.chmod(folder, 0o777)
+    path = folder / "theirs.sock"
+    listener = subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+         "import socket, sys, time; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.bind(sys.argv[1]); "
+         "s.listen(1); print('up', flush=True); c, _ = s.accept(); time.sleep(30)", str(path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert listener.stdout is not None and listener.stdout.readline() == "up\n"
+        pid, why = warmlaunch.start(["true"], {warmlaunch.ENV_LAUNCHER: str(path)})
+        assert pid is None and why == f"the launcher at {path} runs as uid 65534, not this user's"
+    finally:
+        listener.kill()
+        listener.wait()
+        shutil.rmtree(folder)
