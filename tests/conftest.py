@@ -17,7 +17,6 @@ import rankserver  # noqa: E402
 from procs import CORPUS, allocation_variable  # noqa: E402
 
 from clusterfsdp.core import warmlaunch  # noqa: E402
-from clusterfsdp.worker import warmstart  # noqa: E402
 
 
 @pytest.fixture
@@ -42,8 +41,7 @@ def _warm_rank_server() -> Iterator[None]:
     procs.BASE_ENV.clear()
     procs.BASE_ENV.update(procs.base_env())
     procs.BASE_CWD = os.getcwd()
-    cold = any(os.environ.get(switch) == "1" for switch in (rankserver.ENV_TEST_COLD, warmstart.ENV_COLD))
-    launcher = None if cold else rankserver.controllers(dict(os.environ), procs.BASE_CWD)
+    launcher = None if rankserver.cold_switch(os.environ) else rankserver.controllers(dict(os.environ), procs.BASE_CWD)
     if launcher is not None:
         os.environ[warmlaunch.ENV_LAUNCHER] = launcher.path
     yield

@@ -251,9 +251,8 @@ def cold_reason(argv: Sequence[str], env: Mapping[str, str], server_env: Mapping
     """Why `argv` with `env` must start cold rather than from a server that preloaded under
     `server_env` in `cwd` with umask `mask` ('' if it may fork: the module docstring's rule)."""
     for where in (os.environ, env):
-        for switch in (ENV_TEST_COLD, warmstart.ENV_COLD):
-            if where.get(switch) == "1":
-                return f"{switch}=1"
+        if switch := cold_switch(where):
+            return switch
     command = warmstart.module_command(argv)
     if command is None:
         return "not `python -m MODULE` or a script"
@@ -267,9 +266,20 @@ def cold_reason(argv: Sequence[str], env: Mapping[str, str], server_env: Mapping
         except Exception as e:  # the rank says it again, cold
             return f"its job.toml does not load ({type(e).__name__})"
         theirs.update(warmstart.import_environment(spec, theirs))
+    return environment_difference(theirs, server_env, lambda k: k in PER_RANK)
+
+
+def environment_difference(theirs: Mapping[str, str], server_env: Mapping[str, str], may_differ) -> str:
+    """Why `theirs` (a process's import environment, its job's [env] included) is not the one the
+    server imported under, ignoring the variables `may_differ` accepts ('' when it is)."""
     ours = {**server_env, **warmstart.import_environment(None, server_env)}
-    differ = sorted(k for k in theirs.keys() | ours.keys() if k not in PER_RANK and theirs.get(k) != ours.get(k))
+    differ = sorted(k for k in theirs.keys() | ours.keys() if not may_differ(k) and theirs.get(k) != ours.get(k))
     return f"an import-time environment other than the server's: {', '.join(differ)}" if differ else ""
+
+
+def cold_switch(env: Mapping[str, str]) -> str:
+    """The switch in `env` that asks for every process cold ('' if none)."""
+    return next((f"{s}=1" for s in (ENV_TEST_COLD, warmstart.ENV_COLD) if env.get(s) == "1"), "")
 
 
 def controller_cold_reason(request: Mapping, server_env: Mapping[str, str], server_cwd: str, mask: str) -> str:
@@ -279,8 +289,8 @@ def controller_cold_reason(request: Mapping, server_env: Mapping[str, str], serv
     -m` does) unless a preloaded package's name is there, which a cold start would import from it
     instead; and submitit's task variables may (`controller_variable`)."""
     argv, env, cwd = list(request["argv"]), dict(request["env"]), str(request["cwd"])
-    if env.get(ENV_TEST_COLD) == "1" or env.get(warmstart.ENV_COLD) == "1":
-        return "a cold start was asked for"
+    if switch := cold_switch(env):
+        return switch
     command = warmstart.module_command(argv)
     if command is None or command[0] != CONTROLLER or len(command[1]) != 2:
         return f"not `python -m {CONTROLLER} FOLDER RUN_DIR`"
@@ -295,12 +305,7 @@ def controller_cold_reason(request: Mapping, server_env: Mapping[str, str], serv
     except Exception as e:  # the controller says it again, cold
         return f"its job.toml does not load ({type(e).__name__})"
     theirs = {**env, **warmstart.import_environment(spec, env)}
-    ours = {**server_env, **warmstart.import_environment(None, server_env)}
-    differ = sorted(
-        k for k in theirs.keys() | ours.keys()
-        if k not in PER_RANK and not controller_variable(k) and theirs.get(k) != ours.get(k)
-    )  # fmt: skip
-    return f"an import-time environment other than the server's: {', '.join(differ)}" if differ else ""
+    return environment_difference(theirs, server_env, lambda k: k in PER_RANK or controller_variable(k))
 
 
 def umask() -> str:
@@ -322,15 +327,20 @@ def shared(env: Mapping[str, str], cwd: str) -> RankServer | None:
     global _shared, _shared_failed
     with _shared_lock:
         if _shared is None and not _shared_failed:
-            server = RankServer(env, cwd)
-            atexit.register(server.stop)
-            if server.ready(timeout=600):
-                _shared = server
-            else:
-                _shared_failed = server.said()[-2000:] or "no answer"
-                server.stop()
-                print(f"rank server: not started, every rank cold: {_shared_failed}", file=sys.stderr)
+            _shared, _shared_failed = _started(env, cwd, "rank server: not started, every rank cold")
         return _shared
+
+
+def _started(env: Mapping[str, str], cwd: str, failing: str) -> tuple[RankServer | None, str]:
+    """(a server preloaded under `env` in `cwd`, '') or (None, what it said), `failing` printed then."""
+    server = RankServer(env, cwd)
+    atexit.register(server.stop)
+    if server.ready(timeout=600):
+        return server, ""
+    said = server.said()[-2000:] or "no answer"
+    server.stop()
+    print(f"{failing}: {said}", file=sys.stderr)
+    return None, said
 
 
 _controllers: RankServer | None = None
@@ -345,13 +355,7 @@ def controllers(env: Mapping[str, str], cwd: str) -> RankServer | None:
     global _controllers
     with _shared_lock:
         if _controllers is None:
-            server = RankServer(env, cwd)
-            atexit.register(server.stop)
-            if server.ready(timeout=600):
-                _controllers = server
-            else:
-                print(f"controller launcher: not started: {server.said()[-2000:]}", file=sys.stderr)
-                server.stop()
+            _controllers, _ = _started(env, cwd, "controller launcher: not started, every controller cold")
         return _controllers
 
 
