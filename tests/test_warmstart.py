@@ -104,7 +104,7 @@ def test_a_forked_rank_ends_as_a_cold_one(started):
 # The torch half of the entry point replaced by a recorder: it notes the environment when it is
 # imported, then ends the attempt (the training behind it is not what is checked here).
 RECORDING_RANK = """
-import importlib.abc, importlib.util, json, os, sys
+import gc, importlib.abc, importlib.util, json, os, sys
 from clusterfsdp.core.records import RankOutcome
 
 class Rank(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -115,24 +115,74 @@ class Rank(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def exec_module(self, module):
-        print(json.dumps(os.environ.get("CLUSTERFSDP_TEST_MARK")), flush=True)
+        print(json.dumps([os.environ.get("CLUSTERFSDP_TEST_MARK"), gc.isenabled()]), flush=True)
         module.train_rank = lambda *args: RankOutcome.COMPLETED
 
 sys.meta_path.insert(0, Rank())
 from clusterfsdp.worker import main
 main.run(sys.argv[1])
+print(json.dumps([gc.isenabled(), gc.get_freeze_count(), "transformers.models.llama.modeling_llama" in sys.modules]))
 """
 
 
 def test_a_cold_rank_imports_torch_under_the_jobs_env(tmp_path):
     """`main.run` applies the job's [env] before it imports the torch half (worker/rank.py, which
     imports torch and transformers at their tops), as the warm launcher does before its preload:
-    huggingface_hub reads HF_HOME, HF_HUB_OFFLINE, ... when it is imported. The rank module is a
-    recorder (an import hook): no process group, no model."""
+    huggingface_hub reads HF_HOME, HF_HUB_OFFLINE, ... when it is imported. It imports it as the
+    launcher does, too: with the garbage collector off, then the model family's module, then the
+    objects frozen and the collector back on (a cold rank's CPU: bench/coldrank_bench.py). The rank
+    module is a recorder (an import hook): no process group, no model."""
     tail = '[env]\nCLUSTERFSDP_TEST_MARK = "from the job"\n'
     run = make_run(tiny_job_toml("envorder", 1, 1, tail=tail), tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "CLUSTERFSDP_TEST_MARK"}
     done = subprocess.run([sys.executable, "-c", RECORDING_RANK, str(run.path)], env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[0]) == "from the job"
+    at_import, after = (json.loads(line) for line in done.stdout.strip().splitlines()[:2])
+    assert at_import == ["from the job", False]
+    on, frozen, family = after
+    assert on and family and frozen > 100_000  # torch and transformers alone make ~370,000 objects
+
+
+# `frozen_imports` around imports that make cyclic garbage, raise, or run with the collector off.
+FREEZING = """
+import gc, json, sys, types, weakref
+from clusterfsdp.worker import warmstart
+
+class Node:
+    pass
+
+def cycle():
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+seen = {}
+with warmstart.frozen_imports():
+    seen["off inside"] = not gc.isenabled()
+    dead = cycle()  # garbage already: collected on leaving, not frozen
+    kept = Node()
+seen["garbage freed"] = dead() is None
+seen["kept frozen"] = gc.get_freeze_count() > 0 and kept is not None
+seen["on after"] = gc.isenabled()
+try:
+    with warmstart.frozen_imports():
+        raise ImportError("no such module")
+except ImportError:
+    seen["on after an error"] = gc.isenabled()
+gc.disable()
+with warmstart.frozen_imports():
+    pass
+seen["a caller's off stays off"] = not gc.isenabled()
+print(json.dumps(seen))
+"""
+
+
+def test_frozen_imports_free_their_garbage_and_put_the_collector_back():
+    """The collector is off only inside; import-time cycles are collected before the freeze (not
+    kept for good); an import error and a caller that had turned the collector off each leave it
+    as they found it."""
+    done = subprocess.run([sys.executable, "-c", FREEZING], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen == dict.fromkeys(seen, True) and len(seen) == 6, seen

@@ -17,11 +17,13 @@ from pathlib import Path
 
 from ..core import runfolder
 from ..core.records import RankOutcome
-from . import distenv
+from . import distenv, warmstart
 from .attempt import ENV_LOG_ALL_RANKS, LOCAL_REQUEUE_EXIT, RankAttempt, Tee, load_spec, untee
 from .stopflags import StopFlags
 
 __all__ = ["ENV_LOG_ALL_RANKS", "LOCAL_REQUEUE_EXIT", "Tee", "run"]
+
+RANK_MODULES = ("clusterfsdp.worker.rank",)  # torch, transformers, the Trainer: what a rank imports first
 
 
 def run(run_dir: str) -> RankOutcome:
@@ -36,7 +38,10 @@ def run(run_dir: str) -> RankOutcome:
         spec = load_spec(attempt)  # the job's [env] applied, then torch and transformers imported:
         # huggingface_hub and torch read some of it (HF_HOME, HF_HUB_OFFLINE, ...) at import, and a
         # warm-started rank's launcher imported them under the same environment (warmstart.py).
-        from .rank import train_rank  # here, not at the top: after the flags, HF_HUB_OFFLINE and [env]
+        # here, not at the top: after the flags, HF_HUB_OFFLINE and [env]; a cold rank's ~370,000
+        # import objects with the collector off, then frozen (a forked rank has them already)
+        warmstart.import_frozen(spec, run_dir, RANK_MODULES)
+        from .rank import train_rank
 
         return train_rank(attempt, flags, spec)
     except SystemExit:

@@ -2,7 +2,8 @@
 transformers and the worker once, then forks each rank from itself, instead of starting one
 fresh interpreter per rank that imports them all again (about 85% of a tiny local run was that
 start-up). Used by the local executor's controller (`worker/warmctl.py`) and the notebook's local
-supervisor (`notebook/tasks.py`); Slurm's ranks are srun's tasks, started as they were.
+supervisor (`notebook/tasks.py`); Slurm's ranks are srun's tasks, started as they were (their
+imports frozen the same way, below).
 
 A forked rank must be what a cold-started one is, so the child, before it runs a line of the rank:
 
@@ -33,10 +34,14 @@ start worker threads at import; they stop themselves in their pthread_atfork han
 probe fork after the imports runs once; torch's intra-op pool is never started by an import),
 CUDA not initialized and no CUDA device file open. `CLUSTERFSDP_COLD_START=1` turns it off.
 
-The imports' objects are frozen out of the garbage collector (`gc.freeze`, after one collection)
-before the first fork: a rank's full collections, and the one at its exit, skip them (a tiny
-rank spent about 10 s of a loaded 2-core machine in that exit collection, cold or forked; 3 s
-frozen), and writing no GC headers leaves the pages shared with the launcher.
+The imports run with the garbage collector off, and their objects are then frozen out of it
+(`gc.freeze`, after one collection) before the first fork: the ~370,000 objects of torch,
+transformers and the worker are not traversed again and again while they are made, a rank's
+full collections and the one at its exit skip them (a tiny rank spent about 10 s of a loaded
+2-core machine in that exit collection, cold or forked; 3 s frozen), and writing no GC headers
+leaves the pages shared with the launcher. A rank that starts cold (every Slurm rank: an srun
+task is a fresh interpreter) imports the same way (`import_frozen`, from `worker.main.run`):
+bench/README.md, "A cold rank's imports", has the CPU it saves.
 Each process's hash seed is the launcher's (a cold start draws its own unless PYTHONHASHSEED).
 """
 
@@ -55,7 +60,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -177,16 +183,13 @@ class Launcher:
         try:
             spec = specmod.load(Path(run_dir) / "job.toml") if run_dir else None
             os.environ.update(import_environment(spec, os.environ))
-            for name in (*modules, *family_modules(spec, run_dir)):
-                importlib.import_module(name)
+            import_frozen(spec, run_dir, modules)
         except Exception as e:  # the rank will say it again, with its traceback, when it starts cold
             self.note = f"cold start: preloading failed ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
             return self.note
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        gc.collect()  # then the imports' objects move to the permanent generation: a rank's
-        gc.freeze()  # collections (the one at exit too) never traverse them, and their pages stay shared
         _probe_fork()
         preload_s = time.perf_counter() - t0
         self.keep = _open_fds()
@@ -263,6 +266,33 @@ class Launcher:
                 os._exit(1)
             raise BecomeRank(*command)
         return Forked(pid, os.fdopen(read_end, "rb") if read_end >= 0 else None)
+
+
+@contextmanager
+def frozen_imports() -> Iterator[None]:
+    """Inside: the garbage collector is off (imports make objects, none of them garbage for
+    long). On leaving, also by an exception: one full collection (import-time cycles are freed,
+    not kept), then every surviving object moves to the permanent generation (`gc.freeze`), and
+    the collector is back as it was. Only when collections run changes."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.collect()
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
+def import_frozen(spec: specmod.JobSpec | None, run_dir: str | Path | None, modules: Sequence[str] = MODULES) -> None:
+    """Import `modules`, then the job's model family (transformers imports it on first use),
+    inside `frozen_imports`: the launcher before its first fork, and a cold rank (`worker.main`)."""
+    with frozen_imports():
+        for name in modules:
+            importlib.import_module(name)
+        for name in family_modules(spec, run_dir):
+            importlib.import_module(name)
 
 
 def import_environment(spec: specmod.JobSpec | None, environ: Mapping[str, str]) -> dict[str, str]:
