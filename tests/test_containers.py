@@ -125,7 +125,8 @@ def test_oci_runs_the_bundles_python_through_srun_container(tmp_path):
     script, run = render(tmp_path, JOB.replace("gpus_per_node = 4", "gpus_per_node = 1") + OCI)
     argv = run_script(script, tmp_path, "srun")["srun"]
     assert argv[argv.index("--container=/shared/oci/torch") :] == [
-        "--container=/shared/oci/torch", "/usr/bin/python3", "-u", "-m", "submitit.core._submit", str(run.submitit_dir),
+        "--container=/shared/oci/torch", "/usr/bin/python3", "-u", "-m", "clusterfsdp.worker.ocitask",
+        "-u", "-m", "submitit.core._submit", str(run.submitit_dir),
     ]  # fmt: skip
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 
 import procs
 import pytest
@@ -94,6 +96,33 @@ def test_oci_container_ranks_come_from_the_hostname(monkeypatch):
     monkeypatch.setattr(socket, "gethostname", lambda: "runc")
     with pytest.raises(RuntimeError, match="'uts' namespace"):
         distenv.from_environ(env)
+
+
+def test_an_oci_task_gets_its_own_task_numbers_before_submitit_reads_them(tmp_path):
+    """`python -m clusterfsdp.worker.ocitask -u -m MODULE ARGS` (what each srun task runs inside an
+    OCI container) sets SLURM_PROCID/NODEID/LOCALID to the node's place in the step (this host is
+    the second node here) over the batch step's zeros, then runs MODULE with ARGS as `python -m`;
+    outside a container, and with several tasks per node, it leaves them alone."""
+    import socket
+
+    (tmp_path / "showtask.py").write_text(
+        "import json, os, sys\nprint(json.dumps([sys.argv[1:], [os.environ.get(k) for k in "
+        "('SLURM_PROCID', 'SLURM_NODEID', 'SLURM_LOCALID')], __name__]))\n"
+    )
+    here = socket.gethostname().split(".")[0]
+    step = {"SLURM_STEP_NODELIST": f"zz-other,{here}", "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "0",
+            "SLURM_NODEID": "0", "SLURM_LOCALID": "0", "PYTHONPATH": str(tmp_path)}  # fmt: skip
+    argv = [sys.executable, "-u", "-m", "clusterfsdp.worker.ocitask", "-u", "-m", "showtask", "FOLDER/%j"]
+
+    def seen(extra: dict[str, str]) -> list:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | step | extra
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    assert seen({"SLURM_CONTAINER": "/shared/bundle"}) == [["FOLDER/%j"], ["1", "1", "0"], "__main__"]
+    assert seen({})[1] == ["0", "0", "0"]
+    assert seen({"SLURM_CONTAINER": "/b", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"})[1] == ["0", "0", "0"]
 
 
 def test_submitit_local_and_single():

@@ -1,8 +1,8 @@
 """Slurm's own OCI containers, for real: `[slurm.container] kind = "oci"` on the devcluster, whose
 oci.conf runs Debian's runc in Run mode (slurm/oci.conf.in). A 2-node job trains inside an OCI
-bundle that the test builds. Inside it the ranks have no SLURM_PROCID (Slurm 22.05 writes the
-container's environment per step, not per task): they take it from the node's place in the step's
-node list (worker/distenv.py).
+bundle that the test builds. Inside it the ranks have no SLURM_PROCID of their own (Slurm 22.05
+writes the container's environment per step, not per task): they take it from the node's place in
+the step's node list (worker/distenv.py), and so does submitit's task numbering (worker/ocitask.py).
 
 The bundle is the cheapest real one: an almost empty rootfs/ whose config.json bind-mounts the
 host's /usr and the venv's base Python (its libraries), /etc (users, the node's hosts file), this checkout
@@ -107,6 +107,12 @@ def test_two_node_job_trains_inside_an_oci_bundle(slurm_cluster, tmp_path):
     (attempt,) = run.attempts
     job_dir = run.submitit_dir / attempt.job_id  # submitit's: its batch script and the pickled call
     script = (job_dir / f"{attempt.job_id}_submission.sh").read_text()
-    assert f"--container={bundle} {sys.executable} -u -m submitit.core._submit {run.submitit_dir}/%j" in script
+    ocitask = "-u -m clusterfsdp.worker.ocitask -u -m submitit.core._submit"
+    assert f"--container={bundle} {sys.executable} {ocitask} {run.submitit_dir}/%j" in script
     assert (job_dir / f"{attempt.job_id}_submitted.pkl").is_file()
     assert Run(run).wait(poll_s=1) == "completed"  # rank 0's result, through submitit's job object
+    # submitit numbered each node's task as the worker did (worker/ocitask.py): each saved its own
+    # result file, where both used to be task 0 and race for one (clean-clone run 25)
+    logs = {k: (job_dir / f"{attempt.job_id}_{k}_log.out").read_text() for k in (0, 1)}
+    assert "global_rank=0(2)" in logs[0] and "global_rank=1(2)" in logs[1], logs
+    assert {p.name for p in job_dir.glob("*_result.pkl")} == {f"{attempt.job_id}_{k}_result.pkl" for k in (0, 1)}

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from .slurmexec import RetriedSlurmExecutor
 
 Requested = Literal["auto", "slurm", "local"]
+OCI_TASK = "clusterfsdp.worker.ocitask"  # runs submitit's task module inside an OCI container
 # submitit's local controller restarts on exit code 144 at most this many times.
 LOCAL_MAX_TIMEOUTS = 1_000_000
 # Every path that reaches an `#SBATCH --output=...` line (the run folder's) is held to these.
@@ -113,7 +114,9 @@ class TaskLaunch:
     - apptainer: `apptainer exec [--nv] --bind ... [--pwd DIR] IMAGE PYTHON`: the task is apptainer,
       which stays in the step's process tree, so Slurm's signals reach the worker.
     - oci: `srun --container=BUNDLE` (Slurm's oci.conf runtime; the bundle's config.json has the
-      mounts, and Slurm 22.05 runs one task per node per step inside it).
+      mounts, and Slurm 22.05 runs one task per node per step inside it), then the bundle's
+      `PYTHON -u -m clusterfsdp.worker.ocitask`, which gives the task its own SLURM_PROCID (the
+      container has the batch step's) before it runs submitit's task module.
 
     The run root and checkpoint.dir are mounted at their own paths, so the run folder has one path
     everywhere. Every value is held to an allowlist by `spec.check` and shell-quoted here."""
@@ -129,8 +132,8 @@ def task_launch(spec: specmod.JobSpec) -> TaskLaunch:
     c = spec.slurm.container
     if c.kind == "none":
         return TaskLaunch((), (sys.executable,))
-    if c.kind == "oci":
-        return TaskLaunch((f"--container={c.image}",), (c.python,))
+    if c.kind == "oci":  # the task's own Slurm task numbers set before submitit reads them (worker/ocitask.py)
+        return TaskLaunch((f"--container={c.image}",), (c.python, "-u", "-m", OCI_TASK))
     mounts = _container_mounts(spec)
     if c.kind == "pyxis":
         args = [f"--container-image={c.image}", f"--container-mounts={','.join(mounts)}"]

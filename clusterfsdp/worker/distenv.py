@@ -211,6 +211,16 @@ def _oci_node(hosts: list[str], bundle: str) -> int:
     return hosts.index(name)
 
 
+def oci_node(env: dict[str, str]) -> int | None:
+    """This task's node index (its rank: one task per node) when it runs inside a Slurm OCI
+    container (SLURM_CONTAINER) with one task on every node of the step, else None."""
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if "SLURM_CONTAINER" not in env or not nodelist:
+        return None
+    counts = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1")
+    return _oci_node(expand_hostlist(nodelist), env["SLURM_CONTAINER"]) if all(c == 1 for c in counts) else None
+
+
 def from_environ(env: dict[str, str] | None = None) -> DistEnv:
     """Ranks from Slurm (srun tasks), submitit's local executor, torchrun, or a single process."""
     env = dict(os.environ if env is None else env)
@@ -219,9 +229,9 @@ def from_environ(env: dict[str, str] | None = None) -> DistEnv:
         nodelist = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
         hosts = expand_hostlist(nodelist)
         counts = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1")
-        if "SLURM_CONTAINER" in env and all(c == 1 for c in counts):
-            node = rank = _oci_node(hosts, env["SLURM_CONTAINER"])
-            local_rank = 0
+        in_container = oci_node(env)
+        if in_container is not None:
+            node, rank, local_rank = in_container, in_container, 0
         else:
             node, rank, local_rank = (
                 int(env.get("SLURM_NODEID", "0")),

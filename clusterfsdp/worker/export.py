@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..core import ckptfolder, runfolder
 from ..core.spec import SpecError
+from . import warmstart
 
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
@@ -69,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --merge: run {run.id} is a full fine-tune (its export is a full model already)", file=sys.stderr)
         return EXIT_BAD_INPUT
     # Here, not at the top: the refusals above answer in a fraction of a second, and the filters
-    # above silence what torch and transformers say while they are imported.
-    from .hfexport import export_hf
+    # above silence what torch and transformers say while they are imported; as a cold rank
+    # imports them (the collector off, then frozen: worker/warmstart.py).
+    with warmstart.frozen_imports():
+        from .hfexport import export_hf
 
     try:
         export_hf(run, info.path, out, args.dtype, args.force, args.merge)
