@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
 import os
 import pty
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -91,14 +95,37 @@ def launch(
     says otherwise; a None value there removes the variable). Each is forked by this process's
     warm rank server when that gives what a fresh interpreter gives (tests/rankserver.py says
     when), else started fresh (`cold=True`: always; CLUSTERFSDP_TEST_COLD=1: for every launch);
-    either way a Popen-like object with the rank's stdout and stderr on `stdout` (text)."""
+    either way a Popen-like object with the rank's stdout and stderr on `stdout` (text). A `-c CODE`
+    rank runs CODE from a script file instead (`snippet_script`): the server forks scripts, not `-c`;
+    with HF_HUB_OFFLINE=1 unless set, as the worker runs and the server imported (huggingface_hub
+    reads it at import; nothing here downloads)."""
     port = free_port()
+    if argv[:1] == ["-c"]:
+        argv = [str(snippet_script(argv[1])), *argv[2:]]
+        extra_env = {**({} if "HF_HUB_OFFLINE" in os.environ else {"HF_HUB_OFFLINE": "1"}), **(extra_env or {})}
     return [
         rankserver.start(
             [sys.executable, *argv], rank_env(rank, world, port, job_id, extra_env), BASE_ENV, BASE_CWD, cold
         )
         for rank in range(world)
     ]
+
+
+def snippet_script(code: str) -> Path:
+    """A file holding `code` (named by its hash, in a folder of this process's, made once): what
+    a `python -c CODE` rank runs as `python FILE` (sys.argv[1:] the same; sys.path[0] that folder
+    instead of '', which none of the tests' snippets imports from)."""
+    global _SNIPPETS
+    if _SNIPPETS is None:
+        _SNIPPETS = Path(tempfile.mkdtemp(prefix="cfdp-snippets-"))
+        atexit.register(shutil.rmtree, _SNIPPETS, True)
+    path = _SNIPPETS / f"snippet_{hashlib.sha256(code.encode()).hexdigest()[:16]}.py"
+    if not path.exists():
+        path.write_text(code)
+    return path
+
+
+_SNIPPETS: Path | None = None
 
 
 def rank_env(

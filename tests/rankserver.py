@@ -260,7 +260,8 @@ def cold_reason(argv: Sequence[str], env: Mapping[str, str], server_env: Mapping
         return "another working directory or umask than the server's"
     module, args = command
     theirs = dict(env)
-    if (module == WORKER or warmstart.is_script(module)) and len(args) == 1:  # (the scripts run the worker)
+    script_on_a_run = warmstart.is_script(module) and len(args) == 1 and os.path.isfile(f"{args[0]}/job.toml")
+    if (module == WORKER and len(args) == 1) or script_on_a_run:  # (fault-injecting scripts run the worker)
         try:
             spec = specmod.load(Path(args[0]) / "job.toml")
         except Exception as e:  # the rank says it again, cold

@@ -164,6 +164,22 @@ def test_this_sessions_worker_ranks_may_fork(tmp_path):
     assert rankserver.cold_reason(argv, env, base, procs.BASE_CWD, rankserver.umask()) == ""
 
 
+def test_a_python_c_rank_of_launch_is_forked_from_a_script_file(monkeypatch):
+    """`procs.launch(["-c", CODE, ARG], n)` (test_hf_families', test_lora's and test_preference's
+    multi-rank checks) runs CODE from a file (`procs.snippet_script`), which the session's server
+    forks (a `-c` rank would start cold: 5-7 s of imports each); its arguments and output are the
+    ones `-c` gives, the one argument a job's text rather than a run folder."""
+    monkeypatch.delenv(rankserver.ENV_TEST_COLD, raising=False)
+    monkeypatch.delenv("CLUSTERFSDP_COLD_START", raising=False)
+    code = "import json, os, sys; print('RESULT ' + json.dumps([sys.argv[1:], os.environ['RANK']]))"
+    ranks = procs.launch(["-c", code, '[model]\npreset = "llama-tiny"\n'], 2)
+    out = procs.wait(ranks, timeout=120)
+    assert [code for code, _ in out] == [0, 0], out
+    said = [json.loads(text.split("RESULT ", 1)[1].splitlines()[0]) for _, text in out]
+    assert said == [[['[model]\npreset = "llama-tiny"\n'], str(r)] for r in range(2)]
+    assert all(isinstance(r, rankserver.ServedRank) and r.forked for r in ranks), [type(r) for r in ranks]
+
+
 # Two tests, in this order on one worker: what a test leaves in os.environ (as an import's side
 # effect does) is gone when the next one starts (conftest's `_environment_restored`).
 @pytest.mark.xdist_group("environment_restored")
