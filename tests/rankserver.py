@@ -19,7 +19,7 @@ start gives; `cold_reason` is the rule:
 - `CLUSTERFSDP_TEST_COLD=1` (or the product's `CLUSTERFSDP_COLD_START=1`) in the test process's or
   the rank's environment: every rank cold, the switch to compare the two or to rule the server out;
 - the command is neither `python -m MODULE ...` nor `python SCRIPT.py ...` (`-c` is not
-  forked): `warmstart.module_command`;
+  forked; `procs.launch` writes a `-c` rank's code to a script file): `warmstart.module_command`;
 - the working directory or umask differs from the server's (a `-m` rank's sys.path[0] is its cwd);
 - the environment the rank imports its modules under differs from the one the server imported them
   under in any variable but the per-rank ones in `PER_RANK`. The rank's import environment is its
@@ -31,8 +31,10 @@ start gives; `cold_reason` is the rule:
   when they run) and the worker's all-ranks log switch (read when the rank's log opens),
   `PYTEST_CURRENT_TEST` (which pytest changes per test; read by mlflow, hypothesis and torch's and
   transformers' testing helpers, none of them preloaded) and preflight's test switch (read in
-  `preflight.full_check`). TORCHINDUCTOR_CACHE_DIR is read at call time, but `inductor_env` comes
-  with TORCHINDUCTOR_COMPILE_THREADS, which torch._inductor.config (preloaded) reads at import: those
+  `preflight.full_check`), and SLURM_CONF (a Slurm test's; read by the Slurm clients a rank
+  starts, when they run: the reference runs of the Slurm tests were cold for it).
+  TORCHINDUCTOR_CACHE_DIR is read at call time, but `inductor_env` comes with
+  TORCHINDUCTOR_COMPILE_THREADS, which torch._inductor.config (preloaded) reads at import: those
   ranks start cold.
 
 What a forked rank differs in (as in the product, worker/warmstart.py): its parent is the server,
@@ -73,7 +75,7 @@ _DIST = distenv.DistEnv(0, 0, 1, 1, 0, 1, "", 0, "", 0, "single").export()
 PER_RANK = frozenset({
     *_DIST, "CLUSTERFSDP_JOB_ID", "PYTEST_CURRENT_TEST", "CLUSTERFSDP_PREFLIGHT_TEST_FULL",
     "CLUSTERFSDP_TEST_FAULT", "CLUSTERFSDP_TEST_POISON", "CLUSTERFSDP_TEST_SKIP", ENV_LOG_ALL_RANKS,
-    warmlaunch.ENV_LAUNCHER,
+    warmlaunch.ENV_LAUNCHER, "SLURM_CONF",
 })  # fmt: skip
 # What a controller's environment may have otherwise than the controllers' server: what the local
 # executor adds (core/localctl.RecordingExecutor): submitit's task variables, read by the controller
