@@ -287,12 +287,17 @@ def frozen_imports() -> Iterator[None]:
 
 def import_frozen(spec: specmod.JobSpec | None, run_dir: str | Path | None, modules: Sequence[str] = MODULES) -> None:
     """Import `modules`, then the job's model family (transformers imports it on first use),
-    inside `frozen_imports`: the launcher before its first fork, and a cold rank (`worker.main`)."""
+    inside `frozen_imports`: the launcher before its first fork, and a cold rank (`worker.main`).
+    The family is only imported early: a model folder that cannot be read (gone, no config.json)
+    or a family that does not import is left to the model's builder, which says so in its words."""
     with frozen_imports():
         for name in modules:
             importlib.import_module(name)
-        for name in family_modules(spec, run_dir):
-            importlib.import_module(name)
+        try:
+            for name in family_modules(spec, run_dir):
+                importlib.import_module(name)
+        except Exception:  # (the rank raises it again where it builds the model)
+            pass
 
 
 def import_environment(spec: specmod.JobSpec | None, environ: Mapping[str, str]) -> dict[str, str]:
