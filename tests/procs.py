@@ -118,11 +118,18 @@ def snippet_script(code: str) -> Path:
     global _SNIPPETS
     if _SNIPPETS is None:
         _SNIPPETS = Path(tempfile.mkdtemp(prefix="cfdp-snippets-"))
-        atexit.register(shutil.rmtree, _SNIPPETS, True)
+        atexit.register(_remove_snippets, _SNIPPETS, os.getpid())
     path = _SNIPPETS / f"snippet_{hashlib.sha256(code.encode()).hexdigest()[:16]}.py"
     if not path.exists():
         path.write_text(code)
     return path
+
+
+def _remove_snippets(folder: Path, owner: int) -> None:
+    """At exit of the process that made `folder`, not of a child forked from it (which inherits
+    the atexit handler and may end while this process still launches from the folder)."""
+    if os.getpid() == owner:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 _SNIPPETS: Path | None = None
