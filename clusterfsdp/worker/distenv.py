@@ -211,14 +211,23 @@ def _oci_node(hosts: list[str], bundle: str) -> int:
     return hosts.index(name)
 
 
+def _step_nodelist(env: dict[str, str]) -> str:
+    """The step's hostlist (the job's outside a step), "" if neither is set."""
+    return env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+
+
+def _step_counts(env: dict[str, str]) -> list[int]:
+    """Tasks on each node of the step (the job's outside a step)."""
+    return tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1")
+
+
 def oci_node(env: dict[str, str]) -> int | None:
     """This task's node index (its rank: one task per node) when it runs inside a Slurm OCI
     container (SLURM_CONTAINER) with one task on every node of the step, else None."""
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-    if "SLURM_CONTAINER" not in env or not nodelist:
+    nodelist = _step_nodelist(env)
+    if "SLURM_CONTAINER" not in env or not nodelist or not all(c == 1 for c in _step_counts(env)):
         return None
-    counts = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1")
-    return _oci_node(expand_hostlist(nodelist), env["SLURM_CONTAINER"]) if all(c == 1 for c in counts) else None
+    return _oci_node(expand_hostlist(nodelist), env["SLURM_CONTAINER"])
 
 
 def from_environ(env: dict[str, str] | None = None) -> DistEnv:
@@ -226,9 +235,8 @@ def from_environ(env: dict[str, str] | None = None) -> DistEnv:
     env = dict(os.environ if env is None else env)
     in_step = "SLURM_STEP_ID" in env and ("SLURM_PROCID" in env or "SLURM_CONTAINER" in env)
     if in_step or env.get("SUBMITIT_EXECUTOR") == "slurm":
-        nodelist = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
-        hosts = expand_hostlist(nodelist)
-        counts = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1")
+        hosts = expand_hostlist(_step_nodelist(env) or env["SLURM_JOB_NODELIST"])
+        counts = _step_counts(env)
         in_container = oci_node(env)
         if in_container is not None:
             node, rank, local_rank = in_container, in_container, 0
