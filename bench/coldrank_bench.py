@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT
+from common import ROOT, tiny_run_folder
 
 SIDES = ("collector on", "frozen")
 _UNFREEZE = (
@@ -48,32 +48,6 @@ def _cpu(argv: list[str], env: dict[str, str]) -> float:
         raise SystemExit(f"{argv[:3]}...: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-
-
-def _run_folder(tmp: Path, steps: int, n: int) -> Path:
-    from clusterfsdp.core import runfolder
-    from clusterfsdp.core import spec as S
-    from clusterfsdp.core.records import Executor
-
-    text = f"""
-[job]
-name = "coldrank{n}"
-[model]
-preset = "llama-tiny"
-[data]
-source = "files"
-paths = ["{ROOT / "jobs" / "data" / "corpus.txt"}"]
-seq_len = 64
-[train]
-steps = {steps}
-micro_batch_size = 2
-warmup = 0
-log_every = 1
-[fsdp]
-mixed_precision = "fp32"
-"""
-    spec = S.loads(text, [f"job.run_root={str(tmp / 'runs')!r}"])
-    return runfolder.create_run(spec, Executor.LOCAL).path
 
 
 def _rank_env(port: int) -> dict[str, str]:
@@ -101,7 +75,7 @@ def main() -> None:
                 env = _rank_env(distenv.free_master_port())
                 cpu[side]["imports"].append(_cpu([sys.executable, "-c", head + _IMPORTS], env))
                 n += 1
-                run = _run_folder(tmp, args.steps, n)
+                run = tiny_run_folder(tmp, f"coldrank{n}", args.steps)
                 cpu[side]["a rank"].append(_cpu([sys.executable, "-c", head + _RANK, str(run)], env))
                 print(f"round {round_ + 1} {side}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in cpu[side].items()))
     load = os.getloadavg()[0]

@@ -79,6 +79,34 @@ def bench_job(
     return specmod.with_absolute_paths(specmod.from_dict(data), Path.cwd())
 
 
+def tiny_run_folder(tmp: Path, name: str, steps: int) -> Path:
+    """A new run folder under `tmp`/runs: llama-tiny on the shipped corpus, seq_len 64, micro-batch
+    2, fp32, `steps` steps (the cold and forked rank benchmarks' job)."""
+    from clusterfsdp.core import runfolder
+    from clusterfsdp.core import spec as S
+    from clusterfsdp.core.records import Executor
+
+    text = f"""
+[job]
+name = "{name}"
+[model]
+preset = "llama-tiny"
+[data]
+source = "files"
+paths = ["{ROOT / "jobs" / "data" / "corpus.txt"}"]
+seq_len = 64
+[train]
+steps = {steps}
+micro_batch_size = 2
+warmup = 0
+log_every = 1
+[fsdp]
+mixed_precision = "fp32"
+"""
+    spec = S.loads(text, [f"job.run_root={str(tmp / 'runs')!r}"])
+    return runfolder.create_run(spec, Executor.LOCAL).path
+
+
 def versions() -> dict:
     import torch
     import transformers

@@ -69,10 +69,16 @@ def allocation_variable(key: str) -> bool:
     return key.startswith(("SLURM_", "SRUN_", "SUBMITIT_")) or key in ("RANK", "WORLD_SIZE", "MASTER_PORT")
 
 
+# What every rank of `launch` has, whatever the test: one torch thread, and inductor compiling in the
+# rank's own process (`inductor_env`; torch._inductor.config, preloaded, reads it at import, so the
+# ranks that compile fork from the server too).
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
 def base_env() -> dict[str, str]:
     """What every rank of `launch` inherits, and the rank server preloads under (tests/rankserver.py):
-    this process's environment less an allocation's variables, and one torch thread."""
-    return {**{k: v for k, v in os.environ.items() if not allocation_variable(k)}, "OMP_NUM_THREADS": "1"}
+    this process's environment less an allocation's variables, and `ONE_THREAD`."""
+    return {**{k: v for k, v in os.environ.items() if not allocation_variable(k)}, **ONE_THREAD}
 
 
 # Taken again when the session starts (conftest), after the plugins set theirs (pytest-textual-snapshot's
@@ -138,7 +144,7 @@ _SNIPPETS: Path | None = None
 def rank_env(
     rank: int, world: int, port: int, job_id: str, extra_env: Mapping[str, str | None] | None = None
 ) -> dict[str, str]:
-    """The environment `launch` gives a rank: this process's, torchrun's variables, one torch thread."""
+    """The environment `launch` gives a rank: this process's, torchrun's variables, `ONE_THREAD`."""
     env = {
         **os.environ,
         "RANK": str(rank),
@@ -148,7 +154,7 @@ def rank_env(
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
         "CLUSTERFSDP_JOB_ID": job_id,
-        "OMP_NUM_THREADS": "1",
+        **ONE_THREAD,
         **(extra_env or {}),
     }
     return {k: v for k, v in env.items() if v is not None}
@@ -158,7 +164,8 @@ def inductor_env(cache: Path) -> dict[str, str]:
     """The environment of ranks that compile (`fsdp.compile`): inductor writes its generated code
     into `cache`, a folder of the test's own (so `compiled_layers` sees what this run compiled),
     and compiles in each rank's own process (its default pool of compile workers adds processes
-    that import torch, and no speed on a small machine: the kernels are the same)."""
+    that import torch, and no speed on a small machine: the kernels are the same; every rank of
+    `launch` has that already: `ONE_THREAD`)."""
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 

@@ -32,10 +32,13 @@ start gives; `cold_reason` is the rule:
   `PYTEST_CURRENT_TEST` (which pytest changes per test; read by mlflow, hypothesis and torch's and
   transformers' testing helpers, none of them preloaded) and preflight's test switch (read in
   `preflight.full_check`), and SLURM_CONF (a Slurm test's; read by the Slurm clients a rank
-  starts, when they run: the reference runs of the Slurm tests were cold for it).
-  TORCHINDUCTOR_CACHE_DIR is read at call time, but `inductor_env` comes with
-  TORCHINDUCTOR_COMPILE_THREADS, which torch._inductor.config (preloaded) reads at import: those
-  ranks start cold.
+  starts, when they run: the reference runs of the Slurm tests were cold for it), and
+  TORCHINDUCTOR_CACHE_DIR (read by inductor's `cache_dir()` when it compiles; `inductor_env`'s
+  other variable, TORCHINDUCTOR_COMPILE_THREADS, which torch._inductor.config reads at import, every
+  rank and the server have: `procs.ONE_THREAD`). The trackers' settings (`WANDB_*`, `MLFLOW_*`) may
+  differ too: they are read by wandb, mlflow and transformers' integration_utils when imported,
+  none of which the server preloads (test_rankserver checks it), and by accelerate's trackers when
+  one is made (accelerate itself is preloaded: transformers imports it).
 
 What a forked rank differs in (as in the product, worker/warmstart.py): its parent is the server,
 not the test process; it shares the server's hash seed; /proc/PID/cmdline shows the rank's command
@@ -64,6 +67,7 @@ from pathlib import Path
 
 from clusterfsdp.core import spec as specmod
 from clusterfsdp.core import warmlaunch
+from clusterfsdp.core.runroot import ENV_RUN_ROOT
 from clusterfsdp.worker import distenv, warmstart
 from clusterfsdp.worker.main import ENV_LOG_ALL_RANKS
 
@@ -75,18 +79,28 @@ _DIST = distenv.DistEnv(0, 0, 1, 1, 0, 1, "", 0, "", 0, "single").export()
 PER_RANK = frozenset({
     *_DIST, "CLUSTERFSDP_JOB_ID", "PYTEST_CURRENT_TEST", "CLUSTERFSDP_PREFLIGHT_TEST_FULL",
     "CLUSTERFSDP_TEST_FAULT", "CLUSTERFSDP_TEST_POISON", "CLUSTERFSDP_TEST_SKIP", ENV_LOG_ALL_RANKS,
-    warmlaunch.ENV_LAUNCHER, "SLURM_CONF",
+    warmlaunch.ENV_LAUNCHER, "SLURM_CONF", "TORCHINDUCTOR_CACHE_DIR",
 })  # fmt: skip
+TRACKER_SETTINGS = ("WANDB_", "MLFLOW_")  # prefixes of what only the trackers' modules read (docstring)
+TRACKER_MODULES = ("wandb", "mlflow", "transformers.integrations.integration_utils")  # none preloaded
+
+
+def per_rank(key: str) -> bool:
+    """Whether a rank's `key` may differ from the server's (the module docstring says why)."""
+    return key in PER_RANK or key.startswith(TRACKER_SETTINGS)
+
+
 # What a controller's environment may have otherwise than the controllers' server: what the local
 # executor adds (core/localctl.RecordingExecutor): submitit's task variables, read by the controller
 # as it runs, and CUDA_VISIBLE_DEVICES, read when CUDA starts (never at import); and the terminal's
 # size, which `clusterfsdp submit --follow` leaves in its environment (COLUMNS, LINES: read when
-# something is printed, by shutil.get_terminal_size and rich, never at import).
+# something is printed, by shutil.get_terminal_size and rich, never at import); and the run root of
+# `submit`'s environment (CLUSTERFSDP_RUN_ROOT: read by core/runroot when a command looks for runs).
 CONTROLLER = "clusterfsdp.worker.warmctl"
 
 
 def controller_variable(key: str) -> bool:
-    return key.startswith("SUBMITIT_") or key in ("CUDA_VISIBLE_DEVICES", "COLUMNS", "LINES")
+    return key.startswith("SUBMITIT_") or key in ("CUDA_VISIBLE_DEVICES", "COLUMNS", "LINES", ENV_RUN_ROOT)
 
 
 # The product's preload plus the tests' model family (llama-tiny; transformers imports it on first use).
@@ -269,7 +283,7 @@ def cold_reason(argv: Sequence[str], env: Mapping[str, str], server_env: Mapping
         except Exception as e:  # the rank says it again, cold
             return f"its job.toml does not load ({type(e).__name__})"
         theirs.update(warmstart.import_environment(spec, theirs))
-    return environment_difference(theirs, server_env, lambda k: k in PER_RANK)
+    return environment_difference(theirs, server_env, per_rank)
 
 
 def environment_difference(theirs: Mapping[str, str], server_env: Mapping[str, str], may_differ) -> str:
@@ -285,30 +299,39 @@ def cold_switch(env: Mapping[str, str]) -> str:
     return next((f"{s}=1" for s in (ENV_TEST_COLD, warmstart.ENV_COLD) if env.get(s) == "1"), "")
 
 
-def controller_cold_reason(request: Mapping, server_env: Mapping[str, str], server_cwd: str, mask: str) -> str:
-    """Why the local executor's controller asked for in `request` (core/warmlaunch.py) must start
-    cold ('' if the server may fork it): the rule of `cold_reason`, with two differences. Its
-    working folder may differ (the child changes to it and puts it first on sys.path, as `python
-    -m` does) unless a preloaded package's name is there, which a cold start would import from it
-    instead; and submitit's task variables may (`controller_variable`)."""
+# What a warm launcher of `CLUSTERFSDP_LAUNCHER` serves (core/warmlaunch.py): the local executor's
+# controller (`FOLDER RUN_DIR`: its job's [env] is set before its imports) and `clusterfsdp export`'s
+# export (`RUN_DIR --step N --to DIR ...`: it imports with HF_HUB_OFFLINE's default and no [env]).
+EXPORT = "clusterfsdp.worker.export"
+
+
+def served_cold_reason(request: Mapping, server_env: Mapping[str, str], server_cwd: str, mask: str) -> str:
+    """Why the controller or export asked for in `request` (core/warmlaunch.py) must start cold
+    ('' if the server may fork it): the rule of `cold_reason`, with two differences. Its working
+    folder may differ (the child changes to it and puts it first on sys.path, as `python -m`
+    does) unless a preloaded package's name is there, which a cold start would import from it
+    instead; and a controller's submitit task variables may (`controller_variable`)."""
     argv, env, cwd = list(request["argv"]), dict(request["env"]), str(request["cwd"])
     if switch := cold_switch(env):
         return switch
     command = warmstart.module_command(argv)
-    if command is None or command[0] != CONTROLLER or len(command[1]) != 2:
-        return f"not `python -m {CONTROLLER} FOLDER RUN_DIR`"
+    controller = command is not None and command[0] == CONTROLLER and len(command[1]) == 2
+    if not controller and (command is None or command[0] != EXPORT or not command[1]):
+        return f"not `python -m {CONTROLLER} FOLDER RUN_DIR` or `python -m {EXPORT} RUN_DIR ...`"
     if f"{int(request['umask']):04o}" != mask:
         return "another umask than the server's"
     if cwd != server_cwd:
         shadowed = sorted({m.split(".")[0] for m in PRELOAD} & {Path(p).stem for p in os.listdir(cwd)})
         if shadowed:
             return f"its working folder holds {', '.join(shadowed)}, which a new interpreter would import from there"
-    try:
-        spec = specmod.load(Path(command[1][1]) / "job.toml")
-    except Exception as e:  # the controller says it again, cold
-        return f"its job.toml does not load ({type(e).__name__})"
+    spec = None
+    if controller and command is not None:
+        try:
+            spec = specmod.load(Path(command[1][1]) / "job.toml")
+        except Exception as e:  # the controller says it again, cold
+            return f"its job.toml does not load ({type(e).__name__})"
     theirs = {**env, **warmstart.import_environment(spec, env)}
-    return environment_difference(theirs, server_env, lambda k: k in PER_RANK or controller_variable(k))
+    return environment_difference(theirs, server_env, lambda k: per_rank(k) or (controller and controller_variable(k)))
 
 
 def umask() -> str:
@@ -453,8 +476,8 @@ def serve(path: str, modules: Sequence[str], thread: bool) -> None:
                 _send(conn, {"error": "a bad request"})
                 continue
             argv, env = request["argv"], request["env"]
-            if len(fds) == 3:  # the local executor's controller (core/warmlaunch.py): its own stdio
-                why = controller_cold_reason(request, server_env, server_cwd, umask())
+            if len(fds) == 3:  # a controller or an export (core/warmlaunch.py): its own stdio
+                why = served_cold_reason(request, server_env, server_cwd, umask())
                 stdio: dict = {"stdin": fds[0], "stdout": fds[1], "stderr": fds[2]}
                 where: dict = {"cwd": request["cwd"], "start_new_session": bool(request.get("session"))}
             else:  # a test's rank: procs.launch checked the rule

@@ -273,6 +273,22 @@ def test_bench_scores_equal_lm_eval_run_by_hand_on_the_exported_checkpoint(tmp_p
     failed = json.loads((run.path / "benchmarks" / "step-2.failed.json").read_text())
     assert failed["step"] == 2 and failed["error"] in r.stderr
 
+    # the export, in the evaluation's own process (worker/bench.py --export), fails as the
+    # export's: its one line, recorded; the temporary folder removed
+    from clusterfsdp.core import ckptfolder
+
+    checkpoint = ckptfolder.find(run.checkpoints_dir(), 2)
+    assert checkpoint is not None
+    for shard in checkpoint.path.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])
+    r = cli("bench", str(run.path), "--step", "2", cwd=tmp_path, env={"TMPDIR": str(scratch)})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(
+        f"error: run {run.id}: benchmarks of step 2 failed: export: error: exporting step 2 of run {run.id} failed: "
+    ), r.stderr
+    failed = json.loads((run.path / "benchmarks" / "step-2.failed.json").read_text())
+    assert failed["error"] in r.stderr and not list(scratch.glob("clusterfsdp-bench-*"))
+
 
 def test_bench_sweep_evaluates_each_point_and_reports_one_without_a_checkpoint(tmp_path):
     """`bench SWEEP --step 4` on a sweep laid out as control.sweep leaves it, from ONE real 4-step

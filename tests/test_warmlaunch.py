@@ -5,8 +5,10 @@ when it does not. Real CLI processes, real launcher processes, real ranks."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -96,3 +98,38 @@ def test_the_client_asks_nobody_without_a_launcher_and_refuses_another_users():
         listener.kill()
         listener.wait()
         shutil.rmtree(folder)
+
+
+def test_an_export_is_run_by_the_launcher_and_its_exit_status_comes_back(tmp_path):
+    """`clusterfsdp export`'s export (Run.export) is forked by the launcher when its rule allows:
+    `warmlaunch.run` gives its exit status back (0, then 2 for a refusal of its own) and the folder
+    is the export's. Asked from inside a Slurm job, or with an environment the launcher's imports
+    did not see, it is not served (None: the caller starts it itself)."""
+    from procs import make_run, run_workers
+
+    run = make_run(tiny_job_toml("export", 0, 2), tmp_path / "runs")
+    run_workers(run, 1)
+    out = tmp_path / "hf"
+    argv = [sys.executable, "-m", "clusterfsdp.worker.export", str(run.path), "--to", str(out)]
+    assert warmlaunch.run(argv, os.environ) == 0
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
+    assert warmlaunch.run(argv, os.environ) == 2  # not empty without --force: the export's own refusal
+    assert warmlaunch.run([*argv, "--force"], {**os.environ, "SLURM_JOB_ID": "7"}) is None
+    assert warmlaunch.run([*argv, "--force"], {**os.environ, "PLAIN_SETTING": "1"}) is None
+
+
+def test_signals_to_the_waiting_process_go_on_to_the_served_one():
+    """While `warmlaunch.run` waits, SIGINT, SIGTERM and SIGHUP sent to it go to the process it
+    waits for (no process group joins them any more), and its own handlers are back afterwards."""
+    child = subprocess.Popen(["sleep", "60"])
+    pidfd = os.pidfd_open(child.pid)
+    try:
+        before = signal.getsignal(signal.SIGTERM)
+        with warmlaunch._passed_on(pidfd):
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert child.wait(timeout=30) == -signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) == before
+    finally:
+        os.close(pidfd)
+        child.kill()
+        child.wait()

@@ -1,11 +1,11 @@
 """Benchmarks of a run's checkpoints (issue 38): `clusterfsdp bench RUN [--step N | --all]`, and
 the results `status --json` reads.
 
-One evaluation: the checkpoint exported to a temporary HF folder by the export every `export`
-uses (`Run.export_command`: a LoRA run's adapters merged into a full model), then lm-eval on it in
-a subprocess (worker/bench.py; lm_eval imports torch, the control plane never does), the folder
-removed after. With checkpoint.keep_best on a benchmark score the checkpoint stays held until its
-result landed and the best was recorded (core/benchbest.py). Local tasks run offline
+One evaluation: one subprocess (worker/bench.py; lm_eval imports torch, the control plane never
+does) exports the checkpoint to a temporary HF folder with the export every `export` uses (after
+`Run.export_step`'s checks here; a LoRA run's adapters merged into a full model), then runs
+lm-eval on it; the folder is removed after. With checkpoint.keep_best on a benchmark score the
+checkpoint stays held until its result landed and the best was recorded (core/benchbest.py). Local tasks run offline
 (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): a cluster's compute nodes often have no internet, and a
 task that tried would hang there.
 The results' layout and readers: core/benchresults.py.
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import benchbest, ckptfolder
-from ..core.benchresults import failure_path, record_failure, result_path, results_dir
+from ..core.benchresults import EXIT_EXPORT_FAILED, failure_path, record_failure, result_path, results_dir
 from ..core.lock import FileLock, LockHeld
 from ..core.runfolder import RunFolder
 from ..core.spec import benchmetric
@@ -91,22 +91,27 @@ def evaluate(run: Run, step: int) -> dict[str, Any]:
     try:
         model = tmp / "model"
         try:
-            export = run.export_command(model, step, merge=spec.peft.method == "lora")
-            done = subprocess.run(export, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+            run.export_step(model, step)  # (the control plane's checks; the worker exports, below)
         except RunError as e:  # (no such checkpoint any more, not yours): recorded like any failure
-            raise _fail(run.folder, step, f"export: {e}") from None
-        finally:  # read (or given up): keep_last may let the checkpoint go (worker/benchqueue.py held it)
-            if not keep_best:  # (with keep_best on a score: once its result landed, below)
+            if not keep_best:
                 ckptfolder.release(root, step)
-        if done.returncode != 0:
-            raise _fail(run.folder, step, f"export: {_last_line(done)}")
+            raise _fail(run.folder, step, f"export: {e}") from None
         env = {**os.environ, **(OFFLINE if all(is_local(t) for t in spec.benchmarks.tasks) else {})}
         out = result_path(run.folder, step)
         argv = [sys.executable, "-m", "clusterfsdp.worker.bench", str(run.path), "--step", str(step)]
-        argv += ["--model", str(model), "--out", str(out)]
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+        argv += ["--model", str(model), "--out", str(out), "--export"]
+        argv += ["--merge"] if spec.peft.method == "lora" else []
+        # read: keep_last may let the checkpoint go (worker/benchqueue.py held it); with keep_best
+        # on a score, once its result landed (below)
+        argv += [] if keep_best else ["--release"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+        finally:  # (the worker released it unless it died first)
+            if not keep_best:
+                ckptfolder.release(root, step)
         if done.returncode != 0:
-            raise _fail(run.folder, step, f"lm-eval: {_last_line(done)}")
+            stage = "export" if done.returncode == EXIT_EXPORT_FAILED else "lm-eval"
+            raise _fail(run.folder, step, f"{stage}: {_last_line(done)}")
         failure_path(run.folder, step).unlink(missing_ok=True)
         for line in done.stderr.splitlines():  # (a tracker that did not take the scores)
             if line.startswith("warning: "):

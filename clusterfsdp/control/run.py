@@ -31,7 +31,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..core import ckptfolder, fileio, lock, lrschedule, modelsource, peftbase, runfolder, secretenv, slurmcli
+from ..core import (
+    ckptfolder,
+    fileio,
+    lock,
+    lrschedule,
+    modelsource,
+    peftbase,
+    runfolder,
+    secretenv,
+    slurmcli,
+    warmlaunch,
+)
 from ..core import spec as specmod
 from ..core.errors import UserError
 from ..core.records import Attempt, Cause, Executor, RunState
@@ -490,6 +501,16 @@ class Run:
         subprocess: the control plane never imports torch). It checks `to` itself (not empty
         without `force`) and prints one line on failure. A LoRA run exports its adapters (a PEFT
         adapter folder), or with `merge` a full model with the adapters merged in."""
+        chosen = self.export_step(to, step, best)
+        argv = [sys.executable, "-m", "clusterfsdp.worker.export", str(self.path), "--step", str(chosen)]
+        argv += ["--to", str(Path(to).expanduser())]
+        argv += ["--dtype", dtype] if dtype else []
+        return argv + (["--force"] if force else []) + (["--merge"] if merge else [])
+
+    def export_step(self, to: Path, step: int | None = None, best: bool = False) -> int:
+        """The checkpoint step an export to `to` writes (the newest, `step`, or with `best` the
+        best by checkpoint.keep_best), once the control plane's checks pass (RunError: not yours,
+        a guarded destination, no such checkpoint); the worker checks `to` itself."""
         self._check_yours("export")
         if problem := runfolder.export_refusal(self.folder, to):
             raise RunError(problem)
@@ -508,10 +529,7 @@ class Run:
         if info is None:
             at = f" at step {step}" if step is not None else ""
             raise RunError(f"run {self.id}: no complete checkpoint{at}")
-        argv = [sys.executable, "-m", "clusterfsdp.worker.export", str(self.path), "--step", str(info.step)]
-        argv += ["--to", str(Path(to).expanduser())]
-        argv += ["--dtype", dtype] if dtype else []
-        return argv + (["--force"] if force else []) + (["--merge"] if merge else [])
+        return info.step
 
     def wait(self, poll_s: float = 10.0) -> str:
         """Block until the run ends, following requeues, follow-up jobs and automatic restarts;
@@ -528,8 +546,12 @@ class Run:
         best: bool = False,
         merge: bool = False,
     ) -> int:
-        """Run the export in a subprocess (its progress goes to this terminal); its exit status."""
-        return subprocess.run(self.export_command(to, step, dtype, force, best, merge)).returncode
+        """Run the export in a subprocess (its progress goes to this terminal); its exit status.
+        A warm launcher of this user (`CLUSTERFSDP_LAUNCHER`, core/warmlaunch.py) forks it when
+        it may; otherwise it starts here."""
+        argv = self.export_command(to, step, dtype, force, best, merge)
+        code = warmlaunch.run(argv, os.environ)
+        return subprocess.run(argv).returncode if code is None else code
 
 
 def _check_submittable(spec: specmod.JobSpec, backend: backends.Backend) -> None:

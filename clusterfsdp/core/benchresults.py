@@ -21,6 +21,10 @@ from typing import Any, TypeGuard
 from .runfolder import RunFolder
 from .value import value
 
+# worker/bench.py's exit status when the export before the evaluation failed (its stderr's last
+# line says why): control/benchrun.py records the failure as the export's, not lm-eval's.
+EXIT_EXPORT_FAILED = 3
+
 RESULTS = "benchmarks"
 RESULT_NAME = re.compile(r"^step-(\d+)\.json$")
 _FAILED = re.compile(r"^step-(\d+)\.failed\.json$")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -93,4 +94,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # It reads only the run folder, never the hub (and an export a warm launcher forks has its
+    # modules imported under this too: core/warmlaunch.py). Not in `main`: worker/bench.py calls
+    # it in a process whose lm-eval may still need the hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     raise SystemExit(main())
