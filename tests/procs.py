@@ -179,6 +179,19 @@ def wait(procs: Sequence[Rank], timeout: float = 600) -> list[tuple[int, str]]:
     return [(p.wait(timeout=timeout), p.stdout.read() if p.stdout else "") for p in procs]
 
 
+def run_snippet(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python -c CODE ARGS...` as `subprocess.run(..., capture_output=True, text=True)` gives it,
+    launched as one rank of `launch` (forked by the session's rank server when its rule allows:
+    a snippet that imports torch and transformers, such as a model folder written with
+    save_pretrained or a check on an export, is spared 4-5 s of imports). The differences: the
+    rank's variables of `rank_env` and HF_HUB_OFFLINE=1 are set (nothing here downloads), and
+    stdout and stderr are one stream, in both fields (a caller looks for its marked lines)."""
+    (rank,) = launch(["-c", code, *args], 1)
+    text = rank.stdout.read() if rank.stdout else ""  # (all of it before the wait: a full pipe would block it)
+    status = rank.wait(timeout=timeout)
+    return subprocess.CompletedProcess(["-c", code, *args], status, text, text)
+
+
 def run_workers(run: runfolder.RunFolder, world: int, job_id: str = "t1") -> list[tuple[int, str]]:
     """All ranks of the worker on one run folder; asserts every rank exited 0."""
     out = wait(launch(["-m", "clusterfsdp.worker", str(run.path)], world, job_id))

@@ -55,7 +55,6 @@ import json
 import os
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -83,6 +82,8 @@ PER_RANK = frozenset({
 })  # fmt: skip
 TRACKER_SETTINGS = ("WANDB_", "MLFLOW_")  # prefixes of what only the trackers' modules read (docstring)
 TRACKER_MODULES = ("wandb", "mlflow", "transformers.integrations.integration_utils")  # none preloaded
+# Preloaded files that name such a variable, and where they read it (not at import):
+CALL_TIME_READERS = {"accelerate/tracking.py": "MLflowTracker.__init__ (MLFLOW_*), when such a tracker is made"}
 
 
 def per_rank(key: str) -> bool:
@@ -118,69 +119,21 @@ class ServerGone(RuntimeError):
     """The server ended (or stopped answering) while a rank of its was not known to have ended."""
 
 
-class ServedRank:
+class ServedRank(warmlaunch.Served):
     """A rank the server started, as a test uses a `subprocess.Popen(..., stdout=PIPE, stderr=STDOUT,
-    text=True)`: pid, poll, wait (TimeoutExpired), returncode (-N: signal N), stdout (text),
-    send_signal, terminate, kill. `forked`: whether it was forked (else the server's Popen)."""
-
-    stdin = None
-    stderr = None
+    text=True)`: the product's handle of a served process (core/warmlaunch.Served: pid, poll, wait,
+    returncode, send_signal, terminate, kill), its stdout text. `forked`: whether it was forked
+    (else the server's Popen). A server that ends before the rank is known to have ended raises."""
 
     def __init__(self, args: list[str], conn: socket.socket, reply: dict, pidfd: int, stdout: io.TextIOWrapper):
-        self.args, self.pid, self.forked, self.stdout = args, int(reply["pid"]), bool(reply["forked"]), stdout
-        self.returncode: int | None = None
-        self._conn, self._pidfd = conn, pidfd
-        self._lock = threading.Lock()  # the connection and the pidfd; a poll never waits on a wait
+        super().__init__(int(reply["pid"]), conn, pidfd, stdout)
+        self.args, self.forked = args, bool(reply["forked"])
 
     def __repr__(self) -> str:
         return f"<ServedRank pid={self.pid} forked={self.forked} returncode={self.returncode}>"
 
-    def poll(self) -> int | None:
-        if self.returncode is None and self._lock.acquire(blocking=False):
-            try:
-                self._receive(0)
-            finally:
-                self._lock.release()
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.returncode is None:
-            left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
-            if left <= 0:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            with self._lock:
-                if self.returncode is None:
-                    self._receive(left)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        """As Popen's: nothing once the rank is known to have ended (the pidfd never names a reused pid)."""
-        self.poll()
-        with self._lock:
-            if self.returncode is None:
-                try:
-                    signal.pidfd_send_signal(self._pidfd, sig)
-                except ProcessLookupError:
-                    pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def _receive(self, timeout: float) -> None:
-        self._conn.settimeout(timeout)
-        try:
-            data = self._conn.recv(4096)
-        except (TimeoutError, BlockingIOError):
-            return
-        if not data:
-            raise ServerGone(f"the rank server ended before rank {self.pid} did")
-        self.returncode = int(json.loads(data)["code"])
-        self._conn.close()
-        os.close(self._pidfd)
+    def _gone(self) -> None:
+        raise ServerGone(f"the rank server ended before rank {self.pid} did")
 
 
 class RankServer:
@@ -299,25 +252,53 @@ def cold_switch(env: Mapping[str, str]) -> str:
     return next((f"{s}=1" for s in (ENV_TEST_COLD, warmstart.ENV_COLD) if env.get(s) == "1"), "")
 
 
-# What a warm launcher of `CLUSTERFSDP_LAUNCHER` serves (core/warmlaunch.py): the local executor's
-# controller (`FOLDER RUN_DIR`: its job's [env] is set before its imports) and `clusterfsdp export`'s
-# export (`RUN_DIR --step N --to DIR ...`: it imports with HF_HUB_OFFLINE's default and no [env]).
+# What a warm launcher of `CLUSTERFSDP_LAUNCHER` serves (core/warmlaunch.py), by module: which argument
+# is the run folder whose job's [env] the process sets before its imports (None: it sets none), and
+# the test of its arguments. The local executor's controller (`FOLDER RUN_DIR`), `clusterfsdp export`'s
+# export (`RUN_DIR --step N --to DIR ...`: HF_HUB_OFFLINE's default, no [env]) and the notebook's
+# local supervisor (`_local RUN_DIR NTASKS`, started with `-u`).
 EXPORT = "clusterfsdp.worker.export"
+NOTEBOOK_LOCAL = "clusterfsdp.notebook.tasks"
+SERVED = {
+    CONTROLLER: (1, lambda args: len(args) == 2),
+    EXPORT: (None, lambda args: len(args) >= 1),
+    NOTEBOOK_LOCAL: (1, lambda args: len(args) == 3 and args[0] == "_local"),
+}
+
+
+# What a Jupyter kernel (jupyter_client, ipykernel) sets in its environment, which a launch from a
+# notebook inherits: read by ipykernel, matplotlib (MPLBACKEND), debugpy (PYDEVD_*) and by pagers and
+# terminal libraries when something is shown; none of them is read by a module the server preloads
+# (test_rankserver greps their files for these names).
+KERNEL_VARIABLES = frozenset({"CLICOLOR", "CLICOLOR_FORCE", "FORCE_COLOR", "GIT_PAGER", "MPLBACKEND", "PAGER", "TERM"})
+KERNEL_PREFIXES = ("JPY_", "PYDEVD_")
+
+
+def served_variable(module: str, argv: Sequence[str], key: str) -> bool:
+    """What else a served process's environment may have otherwise than the server's: a controller's
+    `controller_variable`s; a notebook kernel's `KERNEL_VARIABLES`; for a `-u` command
+    PYTHONUNBUFFERED (read when the interpreter starts, for what `-u` sets anyway: warmstart gives a
+    forked process `-u`'s stdio)."""
+    if module == CONTROLLER and controller_variable(key):
+        return True
+    if key in KERNEL_VARIABLES or key.startswith(KERNEL_PREFIXES):
+        return True
+    return key == "PYTHONUNBUFFERED" and argv[1:2] == ["-u"]
 
 
 def served_cold_reason(request: Mapping, server_env: Mapping[str, str], server_cwd: str, mask: str) -> str:
-    """Why the controller or export asked for in `request` (core/warmlaunch.py) must start cold
-    ('' if the server may fork it): the rule of `cold_reason`, with two differences. Its working
-    folder may differ (the child changes to it and puts it first on sys.path, as `python -m`
-    does) unless a preloaded package's name is there, which a cold start would import from it
-    instead; and a controller's submitit task variables may (`controller_variable`)."""
+    """Why the process asked for in `request` (core/warmlaunch.py; `SERVED`) must start cold ('' if
+    the server may fork it): the rule of `cold_reason`, with two differences. Its working folder
+    may differ (the child changes to it and puts it first on sys.path, as `python -m` does) unless
+    a preloaded package's name is there, which a cold start would import from it instead; and the
+    `served_variable`s may."""
     argv, env, cwd = list(request["argv"]), dict(request["env"]), str(request["cwd"])
     if switch := cold_switch(env):
         return switch
     command = warmstart.module_command(argv)
-    controller = command is not None and command[0] == CONTROLLER and len(command[1]) == 2
-    if not controller and (command is None or command[0] != EXPORT or not command[1]):
-        return f"not `python -m {CONTROLLER} FOLDER RUN_DIR` or `python -m {EXPORT} RUN_DIR ...`"
+    if command is None or command[0] not in SERVED or not SERVED[command[0]][1](command[1]):
+        return f"not one of the commands served here: {', '.join(f'python -m {m}' for m in SERVED)}"
+    module, args = command
     if f"{int(request['umask']):04o}" != mask:
         return "another umask than the server's"
     if cwd != server_cwd:
@@ -325,13 +306,13 @@ def served_cold_reason(request: Mapping, server_env: Mapping[str, str], server_c
         if shadowed:
             return f"its working folder holds {', '.join(shadowed)}, which a new interpreter would import from there"
     spec = None
-    if controller and command is not None:
+    if (where := SERVED[module][0]) is not None:
         try:
-            spec = specmod.load(Path(command[1][1]) / "job.toml")
-        except Exception as e:  # the controller says it again, cold
+            spec = specmod.load(Path(args[where]) / "job.toml")
+        except Exception as e:  # the process says it again, cold
             return f"its job.toml does not load ({type(e).__name__})"
     theirs = {**env, **warmstart.import_environment(spec, env)}
-    return environment_difference(theirs, server_env, lambda k: per_rank(k) or (controller and controller_variable(k)))
+    return environment_difference(theirs, server_env, lambda k: per_rank(k) or served_variable(module, argv, k))
 
 
 def umask() -> str:
@@ -476,7 +457,7 @@ def serve(path: str, modules: Sequence[str], thread: bool) -> None:
                 _send(conn, {"error": "a bad request"})
                 continue
             argv, env = request["argv"], request["env"]
-            if len(fds) == 3:  # a controller or an export (core/warmlaunch.py): its own stdio
+            if len(fds) == 3:  # a process of `SERVED` (core/warmlaunch.py): its own stdio
                 why = served_cold_reason(request, server_env, server_cwd, umask())
                 stdio: dict = {"stdin": fds[0], "stdout": fds[1], "stderr": fds[2]}
                 where: dict = {"cwd": request["cwd"], "start_new_session": bool(request.get("session"))}

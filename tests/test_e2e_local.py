@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from procs import on_a_tty
+from procs import on_a_tty, run_snippet
 
 from clusterfsdp.core import ckptfolder, runfolder
 
@@ -98,7 +98,7 @@ with torch.no_grad():
 gen = m.generate(ids, max_new_tokens=20, do_sample=False)
 print("GENERATED", repr(tok.decode(gen[0][ids.shape[1]:], skip_special_tokens=True)))
 """
-    res = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    res = run_snippet(check)
     assert res.returncode == 0, res.stdout + res.stderr
     generated = res.stdout.split("GENERATED ", 1)[1].strip()
     assert len(generated) > 5, generated  # 20 new tokens of text

@@ -15,13 +15,11 @@ FSDP versions.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from procs import launch, wait
+from procs import launch, run_snippet, wait
 
 B = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
 FAMILIES = {
@@ -181,9 +179,7 @@ dist.destroy_process_group()
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("families")
-    r = subprocess.run(
-        [sys.executable, "-c", MAKE, str(root), json.dumps(FAMILIES)], capture_output=True, text=True, timeout=300
-    )
+    r = run_snippet(MAKE, str(root), json.dumps(FAMILIES))
     assert r.returncode == 0, r.stderr[-3000:]
     return root
 

@@ -17,7 +17,17 @@ from pathlib import Path
 
 import pytest
 from data_helpers import conversations, make_tokenizer, write_jsonl
-from procs import compiled_layers, inductor_env, launch, losses_by_attempt, make_run, run_workers, tiny_job_toml, wait
+from procs import (
+    compiled_layers,
+    inductor_env,
+    launch,
+    losses_by_attempt,
+    make_run,
+    run_snippet,
+    run_workers,
+    tiny_job_toml,
+    wait,
+)
 
 from clusterfsdp import cli
 from clusterfsdp.core import ckptfolder
@@ -158,9 +168,7 @@ print("RESULT " + json.dumps(dict(
 
 
 def _export(run_dir: Path, base: Path, out: Path) -> dict:
-    r = subprocess.run(
-        [sys.executable, "-c", EXPORT, str(run_dir), str(base), str(out)], capture_output=True, text=True, timeout=300
-    )
+    r = run_snippet(EXPORT, str(run_dir), str(base), str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     (got,) = _result(r.stdout)
     assert got["merged_vs_adapter"] < 1e-4 and got["adapter_vs_base"] > 1e-3, got
@@ -179,7 +187,8 @@ def _result(text: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("bases")
-    subprocess.run([sys.executable, "-c", MAKE, str(root), json.dumps(BASES)], check=True, timeout=300)
+    r = run_snippet(MAKE, str(root), json.dumps(BASES))
+    assert r.returncode == 0, r.stderr[-3000:]
     return root
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from procs import CORPUS, launch, wait, write_safetensors
+from procs import CORPUS, launch, run_snippet, wait, write_safetensors
 
 from clusterfsdp.core import modelsource, runfolder
 from clusterfsdp.core import spec as S
@@ -63,7 +63,7 @@ def put_in_hub_cache(hf_home: Path, repo_id: str, folder: Path, commit: str = CO
 def tiny_model(tmp_path_factory) -> Path:
     """A real model + tokenizer folder written by transformers (save_pretrained)."""
     folder = tmp_path_factory.mktemp("tiny") / "model"
-    r = subprocess.run([sys.executable, "-c", MAKE, str(folder)], capture_output=True, text=True, timeout=300)
+    r = run_snippet(MAKE, str(folder))
     assert r.returncode == 0, r.stderr[-3000:]
     return folder
 
@@ -139,7 +139,7 @@ assert ids[0].tolist() == list("héllo".encode()), ids
 out = AutoModelForCausalLM.from_pretrained({str(exported)!r}).generate(ids, max_new_tokens=5, do_sample=False)
 assert out.shape == (1, ids.shape[1] + 5), out.shape
 """
-    r = subprocess.run([sys.executable, "-c", use], capture_output=True, text=True, timeout=300)
+    r = run_snippet(use)
     assert r.returncode == 0, r.stderr[-3000:]
 
 

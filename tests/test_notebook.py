@@ -544,17 +544,26 @@ def test_failed_rank_gives_exit_status_per_rank(tiny_job, tmp_path):
     assert 1 in e.value.result.exit_codes.values()
 
 
-def test_ranks_stop_when_the_kernel_dies(tiny_job, tmp_path):
-    """A kernel killed mid-run (restart, crash) must not leave its ranks running: the launcher has a
-    parent-death signal, so they get SIGTERM, save and exit."""
+@pytest.mark.parametrize("served", [True, False], ids=["served", "child"])
+def test_ranks_stop_when_the_kernel_dies(tiny_job, tmp_path, served):
+    """A kernel killed mid-run (restart, crash) must not leave its ranks running. The local
+    supervisor forked by a warm launcher (`CLUSTERFSDP_LAUNCHER`, this suite's; control/backends._served)
+    is not the kernel's child: its stdin reaches end-of-file; started by the kernel itself, it has a
+    parent-death signal. Either way the ranks get SIGTERM, save and exit."""
+    from clusterfsdp.core import warmlaunch
+
     script = tmp_path / "kernel.py"
     script.write_text(
         "from clusterfsdp import notebook\n"
         f"notebook.srun({str(tiny_job)!r}, overrides={{'train.steps': 100000}}, launcher='local')\n"
     )
     log = tmp_path / "kernel.out"
+    launcher = os.environ[warmlaunch.ENV_LAUNCHER]
+    env = {k: v for k, v in os.environ.items() if served or k != warmlaunch.ENV_LAUNCHER}
     with open(log, "w") as f:
-        kernel = subprocess.Popen([sys.executable, str(script)], stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path)
+        kernel = subprocess.Popen(
+            [sys.executable, str(script)], stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path, env=env
+        )  # fmt: skip
     try:
         deadline = time.time() + 180
         while "step 10/100000" not in log.read_text() and time.time() < deadline and kernel.poll() is None:
@@ -563,6 +572,10 @@ def test_ranks_stop_when_the_kernel_dies(tiny_job, tmp_path):
         found = re.search(r"run folder (\S+)", log.read_text())
         assert found, log.read_text()
         run_dir = found.group(1)
+        (supervisor,) = [int(p.split()[0]) for p in _processes_matching(f"_local {run_dir}")]
+        parent = Path(f"/proc/{supervisor}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        assert (int(parent) == kernel.pid) is not served  # forked by the launcher, or the kernel's child
+        assert (launcher.encode() in Path(f"/proc/{parent}/cmdline").read_bytes()) is served
         kernel.kill()
         t0 = time.time()
         while _processes_matching(run_dir) and time.time() - t0 < 20:

@@ -183,23 +183,33 @@ def test_a_python_c_rank_of_launch_is_forked_from_a_script_file(monkeypatch):
 def test_ranks_with_tracker_settings_or_inductors_cache_fork_from_what_the_server_preloaded(monkeypatch, tmp_path):
     """A rank with the trackers' settings (test_trackers', test_benchmarks': WANDB_MODE, ...) or
     its own inductor cache (`procs.inductor_env`) forks from the session's server. What it finds
-    there (it reports it): none of the modules that read the trackers' settings at import, the
-    compile-thread count `inductor_env` gives, and transformers' checkpoint conversion table built
+    there (it reports it): none of the modules that read the trackers' settings at import, no
+    preloaded module whose source names a tracker setting or a variable a notebook kernel sets
+    (`KERNEL_VARIABLES`, which a served notebook supervisor may have otherwise) but the ones that
+    read them later (`CALL_TIME_READERS`), the compile-thread
+    count `inductor_env` gives, and transformers' checkpoint conversion table built
     (warmstart.fill_caches: the product's preload builds it once, not each rank)."""
     monkeypatch.delenv(rankserver.ENV_TEST_COLD, raising=False)
     monkeypatch.delenv("CLUSTERFSDP_COLD_START", raising=False)
-    code = (  # (a short line: the pipe is read once the rank ended)
-        "import json, sys, torch._inductor.config as c, transformers.conversion_mapping as m; "
-        f"readers = [m for m in sys.modules if m.split('.')[0] in {rankserver.TRACKER_MODULES!r} "
-        f"or m in {rankserver.TRACKER_MODULES!r}]; "
-        "print('RESULT ' + json.dumps([readers, 'transformers.modeling_utils' in sys.modules, c.compile_threads, "
-        "m._checkpoint_conversion_mapping_cache is not None]))"
-    )
+    exact, prefixes = sorted(rankserver.KERNEL_VARIABLES), (*rankserver.KERNEL_PREFIXES, *rankserver.TRACKER_SETTINGS)
+    quoted = "[\"']({}|({})\\w*)[\"']".format("|".join(exact), "|".join(prefixes))  # a variable's name in quotes
+    tracker_modules = rankserver.TRACKER_MODULES
+    code = f"""
+import json, re, sys, torch._inductor.config as c, transformers.conversion_mapping as m
+readers = [n for n in sys.modules if n.split('.')[0] in {tracker_modules!r} or n in {tracker_modules!r}]
+files = {{getattr(mod, "__file__", None) or "" for mod in list(sys.modules.values())}}
+pattern = re.compile({quoted!r})
+naming = sorted(f for f in files if "site-packages" in f and f.endswith(".py") and pattern.search(open(f).read()))
+print("RESULT " + json.dumps([readers, naming, "transformers.modeling_utils" in sys.modules, c.compile_threads,
+                              m._checkpoint_conversion_mapping_cache is not None]))
+"""
     extra = {"WANDB_MODE": "offline", "MLFLOW_ALLOW_FILE_STORE": "true", **procs.inductor_env(tmp_path / "cache")}
     (rank,) = procs.launch(["-c", code], 1, extra_env=extra)
-    ((status, text),) = procs.wait([rank], timeout=120)
-    assert status == 0 and isinstance(rank, rankserver.ServedRank) and rank.forked, text
-    assert json.loads(text.split("RESULT ", 1)[1].splitlines()[0]) == [[], True, 1, True]
+    text = rank.stdout.read() if rank.stdout else ""
+    assert rank.wait(timeout=120) == 0 and isinstance(rank, rankserver.ServedRank) and rank.forked, text
+    readers, naming, *rest = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
+    assert readers == [] and rest == [True, 1, True], text[-3000:]
+    assert [f for f in naming if not f.endswith(tuple(rankserver.CALL_TIME_READERS))] == [], naming
 
 
 # Two tests, in this order on one worker: what a test leaves in os.environ (as an import's side

@@ -125,7 +125,7 @@ def test_signals_to_the_waiting_process_go_on_to_the_served_one():
     pidfd = os.pidfd_open(child.pid)
     try:
         before = signal.getsignal(signal.SIGTERM)
-        with warmlaunch._passed_on(pidfd):
+        with warmlaunch._passed_on(lambda sig: signal.pidfd_send_signal(pidfd, sig)):
             os.kill(os.getpid(), signal.SIGTERM)
             assert child.wait(timeout=30) == -signal.SIGTERM
         assert signal.getsignal(signal.SIGTERM) == before

@@ -33,7 +33,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from ..core import procs, slurmcli
+from ..core import procs, slurmcli, warmlaunch
 from ..core import spec as specmod
 from ..core.records import Attempt, Executor, RunState
 from ..core.runfolder import RunFolder
@@ -152,12 +152,19 @@ class _Streamed(Backend):
     """A launcher process in its own session whose merged output the caller reads (`proc.stdout`):
     the notebook's srun step or local ranks. One object per launch."""
 
+    # Whether a warm launcher of this user (CLUSTERFSDP_LAUNCHER, core/warmlaunch.py) is asked to
+    # fork the launcher process first: the local supervisor (it imports torch), not srun.
+    served: ClassVar[bool] = False
+
     def __init__(self, command: LauncherCommand):
         self.command = command
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | warmlaunch.Served | None = None
 
     def _popen(self, run: RunFolder) -> procs.ProcessId:
         argv, env = self.command(run)
+        if self.served and (served := _served(argv, env)) is not None:
+            self.proc = served
+            return procs.ProcessId.of(served.pid)
         try:
             self.proc = subprocess.Popen(
                 _pdeathsig_shim(argv),
@@ -183,6 +190,7 @@ class LocalRanks(_Streamed, Local):
     Local attempt once recorded (cancel and liveness by process group)."""
 
     reason = "notebook (local processes)"
+    served = True
 
     def check(self, spec: specmod.JobSpec) -> None:
         Backend.check(self, spec)
@@ -301,6 +309,31 @@ def squeue_steps(allocation: str) -> dict[str, str]:
         if step:
             rows[step] = name
     return rows
+
+
+def _served(argv: list[str], env: Mapping[str, str]) -> warmlaunch.Served | None:
+    """`argv` forked by the warm launcher `env` names, its stdout and stderr on one pipe to this
+    process, and as its stdin the read end of a pipe whose write end only this process holds
+    (never inherited), open until this process ends: a served process is not this one's child,
+    so instead of the parent-death signal it gets end-of-file there when the kernel is gone
+    (notebook/tasks.py stops its ranks then). None when the launcher did not start it."""
+    owner_read, owner_write = os.pipe()
+    read_end, write_end = os.pipe()
+    try:
+        served, _ = warmlaunch.popen(argv, env, (owner_read, write_end, write_end))
+    finally:
+        os.close(owner_read)
+        os.close(write_end)
+    if served is None:
+        os.close(owner_write)
+        os.close(read_end)
+        return None
+    served.stdout = os.fdopen(read_end, "rb")
+    _OWNERS.append(owner_write)
+    return served
+
+
+_OWNERS: list[int] = []  # the write ends of the served launchers' stdin: closed when this process ends
 
 
 def _pdeathsig_shim(cmd: list[str]) -> list[str]:

@@ -2,14 +2,17 @@
 local supervisor that stands in for srun (`_local`). `python -m clusterfsdp.notebook.tasks`.
 
 The local supervisor imports torch and transformers once and forks its ranks
-(`worker.warmstart`), a fresh process started for the launch, never the kernel; srun's tasks
-start as they did."""
+(`worker.warmstart`), a fresh process started for the launch, never the kernel (itself forked by
+a warm launcher of `CLUSTERFSDP_LAUNCHER` when one is named and may: control/backends.py; it then
+stops its ranks when its stdin, a pipe from the kernel, reaches end-of-file); srun's tasks start
+as they did."""
 
 from __future__ import annotations
 
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -59,6 +62,18 @@ def _task_main(run_dir: str) -> int:
         # rank had to say is flushed above; the worker recorded the failure before raising.
         os._exit(code)
     return code
+
+
+def _until_owner_gone(gone) -> None:
+    """Read stdin to its end, then call `gone`: a supervisor a warm launcher forked is not the
+    kernel's child, so the parent-death signal cannot stop it; its stdin is a pipe whose other end
+    only the kernel holds, which reaches end-of-file when the kernel is gone (killed, restarted)."""
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    gone()
 
 
 def _local_main(run_dir: str, ntasks: int) -> int:
@@ -116,6 +131,8 @@ def _local_main(run_dir: str, ntasks: int) -> int:
         t = threading.Thread(target=pump, args=(rank, p.stdout), daemon=True)
         t.start()
         threads.append(t)
+    if stat.S_ISFIFO(os.fstat(0).st_mode):  # forked by a warm launcher for the kernel (control/backends._served)
+        threading.Thread(target=_until_owner_gone, args=(lambda: on_term(signal.SIGTERM, None),), daemon=True).start()
     codes: dict[int, int] = {}
     kill_at = None
     while len(codes) < len(procs):
