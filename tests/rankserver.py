@@ -276,12 +276,13 @@ KERNEL_PREFIXES = ("JPY_", "PYDEVD_")
 
 def served_variable(module: str, argv: Sequence[str], key: str) -> bool:
     """What else a served process's environment may have otherwise than the server's: a controller's
-    `controller_variable`s; a notebook kernel's `KERNEL_VARIABLES`; for a `-u` command
+    `controller_variable`s; a notebook kernel's `KERNEL_VARIABLES`; the terminal's size (COLUMNS,
+    LINES: see `controller_variable`; the server of a session without xdist has them); for a `-u` command
     PYTHONUNBUFFERED (read when the interpreter starts, for what `-u` sets anyway: warmstart gives a
     forked process `-u`'s stdio)."""
     if module == CONTROLLER and controller_variable(key):
         return True
-    if key in KERNEL_VARIABLES or key.startswith(KERNEL_PREFIXES):
+    if key in KERNEL_VARIABLES or key.startswith(KERNEL_PREFIXES) or key in ("COLUMNS", "LINES"):
         return True
     return key == "PYTHONUNBUFFERED" and argv[1:2] == ["-u"]
 

@@ -589,6 +589,28 @@ def test_ranks_stop_when_the_kernel_dies(tiny_job, tmp_path, served):
     print(f"kernel killed: all ranks gone {gone_s:.1f} s later")
 
 
+def test_a_kernel_holds_a_served_supervisors_pipe_end_only_while_it_runs(tiny_job, tmp_path):
+    """Each served local supervisor's stdin is a pipe whose write end the kernel keeps open while
+    it runs (control/backends._served); once it ended, the next launch closes it: a notebook that
+    launches many times does not collect file descriptors."""
+    script = tmp_path / "kernel.py"
+    script.write_text(
+        "import os\n"
+        "from clusterfsdp import notebook\n"
+        "from clusterfsdp.control import backends\n"
+        "ends = []\n"
+        "for _ in range(3):\n"
+        f"    notebook.srun({str(tiny_job)!r}, overrides={{'train.steps': 2}}, launcher='local')\n"
+        "    ends.append([fd for _, fd in backends._OWNERS])\n"
+        "open_now = [fd for fds in ends for fd in fds if os.path.exists(f'/proc/self/fd/{fd}')]\n"
+        "print('OWNERS', [len(e) for e in ends], len(set(open_now)))\n"
+    )
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    said = [line for line in r.stdout.splitlines() if line.startswith("OWNERS")]
+    assert said == ["OWNERS [1, 1, 1] 1"], said  # served each time; only the last one's end still open
+
+
 # ---------------------------------------------------------------- runner entry point (used under salloc)
 def _main(argv: list[str]) -> int:
     import argparse

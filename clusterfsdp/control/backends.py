@@ -329,11 +329,17 @@ def _served(argv: list[str], env: Mapping[str, str]) -> warmlaunch.Served | None
         os.close(read_end)
         return None
     served.stdout = os.fdopen(read_end, "rb")
-    _OWNERS.append(owner_write)
+    for ended in [o for o in _OWNERS if o[0].poll() is not None]:  # (their supervisors are gone)
+        _OWNERS.remove(ended)
+        os.close(ended[1])
+    _OWNERS.append((served, owner_write))
     return served
 
 
-_OWNERS: list[int] = []  # the write ends of the served launchers' stdin: closed when this process ends
+# Each served supervisor and the write end of its stdin: closed once it ended (at the next launch),
+# else when this process ends. (A child this process forks without exec inherits it too, and holds
+# the supervisor until it ends as well.)
+_OWNERS: list[tuple[warmlaunch.Served, int]] = []
 
 
 def _pdeathsig_shim(cmd: list[str]) -> list[str]:
