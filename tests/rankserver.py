@@ -93,15 +93,14 @@ def per_rank(key: str) -> bool:
 
 # What a controller's environment may have otherwise than the controllers' server: what the local
 # executor adds (core/localctl.RecordingExecutor): submitit's task variables, read by the controller
-# as it runs, and CUDA_VISIBLE_DEVICES, read when CUDA starts (never at import); and the terminal's
-# size, which `clusterfsdp submit --follow` leaves in its environment (COLUMNS, LINES: read when
-# something is printed, by shutil.get_terminal_size and rich, never at import); and the run root of
+# as it runs, and CUDA_VISIBLE_DEVICES, read when CUDA starts (never at import); and the run root of
 # `submit`'s environment (CLUSTERFSDP_RUN_ROOT: read by core/runroot when a command looks for runs).
+# (The terminal's size may differ for every served process: `served_variable`.)
 CONTROLLER = "clusterfsdp.worker.warmctl"
 
 
 def controller_variable(key: str) -> bool:
-    return key.startswith("SUBMITIT_") or key in ("CUDA_VISIBLE_DEVICES", "COLUMNS", "LINES", ENV_RUN_ROOT)
+    return key.startswith("SUBMITIT_") or key in ("CUDA_VISIBLE_DEVICES", ENV_RUN_ROOT)
 
 
 # The product's preload plus the tests' model family (llama-tiny; transformers imports it on first use).
@@ -277,9 +276,10 @@ KERNEL_PREFIXES = ("JPY_", "PYDEVD_")
 def served_variable(module: str, argv: Sequence[str], key: str) -> bool:
     """What else a served process's environment may have otherwise than the server's: a controller's
     `controller_variable`s; a notebook kernel's `KERNEL_VARIABLES`; the terminal's size (COLUMNS,
-    LINES: see `controller_variable`; the server of a session without xdist has them); for a `-u` command
-    PYTHONUNBUFFERED (read when the interpreter starts, for what `-u` sets anyway: warmstart gives a
-    forked process `-u`'s stdio)."""
+    LINES: `clusterfsdp submit --follow` leaves them in its environment, and a pytest session
+    without xdist differs in them; read when something is printed, by shutil.get_terminal_size
+    and rich, never at import); for a `-u` command PYTHONUNBUFFERED (read when the interpreter
+    starts, for what `-u` sets anyway: warmstart gives a forked process `-u`'s stdio)."""
     if module == CONTROLLER and controller_variable(key):
         return True
     if key in KERNEL_VARIABLES or key.startswith(KERNEL_PREFIXES) or key in ("COLUMNS", "LINES"):

@@ -5,9 +5,9 @@ One evaluation: one subprocess (worker/bench.py; lm_eval imports torch, the cont
 does) exports the checkpoint to a temporary HF folder with the export every `export` uses (after
 `Run.export_step`'s checks here; a LoRA run's adapters merged into a full model), then runs
 lm-eval on it; the folder is removed after. With checkpoint.keep_best on a benchmark score the
-checkpoint stays held until its result landed and the best was recorded (core/benchbest.py). Local tasks run offline
-(HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): a cluster's compute nodes often have no internet, and a
-task that tried would hang there.
+checkpoint stays held until its result landed and the best was recorded (core/benchbest.py).
+Local tasks run offline (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): a cluster's compute nodes often
+have no internet, and a task that tried would hang there.
 The results' layout and readers: core/benchresults.py.
 """
 
@@ -90,12 +90,6 @@ def evaluate(run: Run, step: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"clusterfsdp-bench-{run.id}-{step}-"))
     try:
         model = tmp / "model"
-        try:
-            run.export_step(model, step)  # (the control plane's checks; the worker exports, below)
-        except RunError as e:  # (no such checkpoint any more, not yours): recorded like any failure
-            if not keep_best:
-                ckptfolder.release(root, step)
-            raise _fail(run.folder, step, f"export: {e}") from None
         env = {**os.environ, **(OFFLINE if all(is_local(t) for t in spec.benchmarks.tasks) else {})}
         out = result_path(run.folder, step)
         argv = [sys.executable, "-m", "clusterfsdp.worker.bench", str(run.path), "--step", str(step)]
@@ -105,8 +99,11 @@ def evaluate(run: Run, step: int) -> dict[str, Any]:
         # on a score, once its result landed (below)
         argv += [] if keep_best else ["--release"]
         try:
+            run.export_step(model, step)  # (the control plane's checks; the worker exports)
             done = subprocess.run(argv, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
-        finally:  # (the worker released it unless it died first)
+        except RunError as e:  # (no such checkpoint any more, not yours): recorded like any failure
+            raise _fail(run.folder, step, f"export: {e}") from None
+        finally:  # (given up here, or the worker died before it released it)
             if not keep_best:
                 ckptfolder.release(root, step)
         if done.returncode != 0:

@@ -305,7 +305,7 @@ def import_frozen(spec: specmod.JobSpec | None, run_dir: str | Path | None, modu
 def fill_caches() -> None:
     """The module-level caches every rank fills before its first step, filled now if the imports
     brought their modules in (`weights.fill_caches`: transformers' checkpoint conversion table):
-    in a launcher, each forked rank finds them filled (about 0.2 s of CPU each); in a cold rank,
+    in a launcher, each forked rank finds them filled (about 0.08 s of CPU each); in a cold rank,
     it only builds them earlier, with the collector off, and their objects frozen with the rest."""
     weights = sys.modules.get("clusterfsdp.worker.weights")
     if weights is not None:
