@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shlex
 import shutil
@@ -25,6 +26,7 @@ from slurm_fixtures import bounded
 from clusterfsdp.control import cost, doctor, status
 from clusterfsdp.core import budget as budgetmod
 from clusterfsdp.core import ckptfolder, runfolder, slurmcli
+from clusterfsdp.core.records import RankOutcome
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
@@ -129,6 +131,7 @@ def test_two_node_hybrid_job_completes(slurm_cluster, tiny_job, tmp_path, versio
     assert newest_checkpoint(run.checkpoints_dir()).step == 40
     job_id = run.attempts[-1].job_id
     assert_every_attempt_is_submitits(run)
+    assert_second_tasks_forked(run, job_id, tasks=4)
     assert slurm_cluster.wait_sacct(int(job_id), "COMPLETED")
     st = cli("status", str(run.path))
     assert st.returncode == 0 and "state      COMPLETED" in st.stdout
@@ -444,6 +447,20 @@ def test_bad_inputs_show_slurms_reason_and_leave_nothing(slurm_cluster, tiny_job
 # ---------------------------------------------------------------- surviving the cluster (docs/recovery.md)
 def logged_steps(run: runfolder.RunFolder) -> list[int]:
     return [r["step"] for r in run.metrics()]
+
+
+def assert_second_tasks_forked(run: runfolder.RunFolder, job_id: str, tasks: int) -> None:
+    """Two tasks per node: the rank of each node's second task (global ranks 1, 3, ...) was
+    forked by its node's first task (worker/nodefork.py), which imported once; the first tasks
+    started as srun made them; every task wrote submitit's result file with the rank's outcome."""
+    folder = run.submitit_dir / job_id
+    for task in range(tasks):
+        err = (folder / f"{job_id}_{task}_log.err").read_text()
+        forked = f"warm start: the rank of task {task} (pid" in err and "forked by this node's first task" in err
+        assert forked == (task % 2 == 1), (task, err[-2000:])
+        assert "cold start" not in err, err[-2000:]
+        with open(folder / f"{job_id}_{task}_result.pkl", "rb") as f:
+            assert pickle.load(f) == ("success", RankOutcome.COMPLETED)
 
 
 def worker_pids(run: runfolder.RunFolder, job_id: str, rank: int | None = None) -> list[int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..core import runfolder
 from ..core.records import RankOutcome
-from . import distenv, warmstart
+from . import distenv, nodefork, warmstart
 from .attempt import ENV_LOG_ALL_RANKS, LOCAL_REQUEUE_EXIT, RankAttempt, Tee, load_spec, untee
 from .stopflags import StopFlags
 
@@ -33,7 +33,12 @@ def run(run_dir: str) -> RankOutcome:
     # Compute nodes never download: submit resolved every hub id to a local snapshot folder
     # (set before huggingface_hub is imported; [env] may still override it).
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    attempt = RankAttempt(runfolder.RunFolder(Path(run_dir)), distenv.from_environ())
+    dist = distenv.from_environ()
+    node = nodefork.Node.of(dist, os.environ)  # a Slurm node with several tasks: one imports, forks the others
+    if node is not None and not node.first and (sibling := nodefork.Sibling.ask(node)) is not None:
+        return sibling.result()  # (the rank records its own events; this task ends as it did)
+    gathering = nodefork.Gathering.listen(node) if node is not None and node.first else None
+    attempt = RankAttempt(runfolder.RunFolder(Path(run_dir)), dist)
     try:
         spec = load_spec(attempt)  # the job's [env] applied, then torch and transformers imported:
         # huggingface_hub and torch read some of it (HF_HOME, HF_HUB_OFFLINE, ...) at import, and a
@@ -41,6 +46,8 @@ def run(run_dir: str) -> RankOutcome:
         # here, not at the top: after the flags, HF_HUB_OFFLINE and [env]; a cold rank's ~370,000
         # import objects with the collector off, then frozen (a forked rank has them already)
         warmstart.import_frozen(spec, run_dir, RANK_MODULES)
+        if gathering is not None:  # the node's other tasks: their ranks forked now (a child runs `run` and exits)
+            gathering.fork_ranks(lambda: run(run_dir))
         from .rank import train_rank
 
         return train_rank(attempt, flags, spec)

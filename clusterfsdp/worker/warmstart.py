@@ -2,8 +2,9 @@
 transformers and the worker once, then forks each rank from itself, instead of starting one
 fresh interpreter per rank that imports them all again (about 85% of a tiny local run was that
 start-up). Used by the local executor's controller (`worker/warmctl.py`) and the notebook's local
-supervisor (`notebook/tasks.py`); Slurm's ranks are srun's tasks, started as they were (their
-imports frozen the same way, below).
+supervisor (`notebook/tasks.py`), and on a Slurm CPU node by its first task for the node's other
+tasks (`worker/nodefork.py`); every other Slurm rank starts cold (its imports frozen the same way,
+below).
 
 A forked rank must be what a cold-started one is, so the child, before it runs a line of the rank:
 
@@ -39,8 +40,8 @@ The imports run with the garbage collector off, and their objects are then froze
 transformers and the worker are not traversed again and again while they are made, a rank's
 full collections and the one at its exit skip them (a tiny rank spent about 10 s of a loaded
 2-core machine in that exit collection, cold or forked; 3 s frozen), and writing no GC headers
-leaves the pages shared with the launcher. A rank that starts cold (every Slurm rank: an srun
-task is a fresh interpreter) imports the same way (`import_frozen`, from `worker.main.run`):
+leaves the pages shared with the launcher. A rank that starts cold (an srun task that
+forks no rank for another) imports the same way (`import_frozen`, from `worker.main.run`):
 bench/README.md, "A cold rank's imports", has the CPU it saves.
 Each process's hash seed is the launcher's (a cold start draws its own unless PYTHONHASHSEED).
 """
