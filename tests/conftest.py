@@ -100,7 +100,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     The Slurm tests come first in the collection (each module's order kept): the chain of each
     cluster is the suite's critical path, and with `--no-loadscope-reorder` (.ci/test) xdist hands
     out groups in collection order, so each chain starts on a worker of its own at once (xdist's
-    default order, by group size, would start a big module group first and one chain late)."""
+    default order, by group size, would start a big module group first and one chain late). Then
+    the modules that mostly wait (`EARLY`), then the rest."""
     from slurm_fixtures import cluster_prefix  # here: a module-level import would skip its assert rewriting
 
     for item in items:
@@ -109,4 +110,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(f"slurm-{prefix}" if prefix else "slurm"))
         elif _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(Path(item.nodeid.split("::")[0]).stem))
-    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)  # stable: Slurm tests first
+    items.sort(key=_place)  # stable: each module's order kept
+
+
+# Modules whose tests mostly wait: Textual apps driven by a pilot, the watchdog's timed ranks, and
+# the README walk-through, the longest single test. Run 38's timeline (issue 36) had them last, in
+# collection order: the last 1.6 minutes used about one core of two. Early, beside the CPU-bound
+# tests, their waits overlap other work, and the run ends on tests that keep both cores busy.
+EARLY = ("test_tui_app", "test_tui_e2e", "test_tui_snapshots", "test_tui_sweep", "test_tui_serve", "test_watchdog",
+         "test_readme")  # fmt: skip
+
+
+def _place(item: pytest.Item) -> int:
+    """0: the Slurm chains (the docstring above); 1: the modules that mostly wait (`EARLY`); 2: the rest."""
+    if item.get_closest_marker("slurm"):
+        return 0
+    return 1 if Path(item.nodeid.split("::")[0]).stem in EARLY else 2

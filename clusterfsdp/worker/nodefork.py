@@ -169,7 +169,8 @@ class Sibling:
         code: int | None = None
         previous = signal.signal(signal.SIGINT, lambda *_: None)  # the rank gets the step's SIGINT itself
         try:
-            while True:
+            # the reaper's status is the last word (a process the rank forked may hold the end open)
+            while code is None:
                 try:
                     data = self.conn.recv(65536)
                 except InterruptedError:
