@@ -101,7 +101,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     cluster is the suite's critical path, and with `--no-loadscope-reorder` (.ci/test) xdist hands
     out groups in collection order, so each chain starts on a worker of its own at once (xdist's
     default order, by group size, would start a big module group first and one chain late). Then
-    the modules that mostly wait (`EARLY`), then the rest."""
+    the rest, with the tests that mostly wait spread among them (`_ordered`)."""
     from slurm_fixtures import cluster_prefix  # here: a module-level import would skip its assert rewriting
 
     for item in items:
@@ -110,19 +110,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(f"slurm-{prefix}" if prefix else "slurm"))
         elif _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(Path(item.nodeid.split("::")[0]).stem))
-    items.sort(key=_place)  # stable: each module's order kept
+    items[:] = _ordered(items)
 
 
-# Modules whose tests mostly wait: Textual apps driven by a pilot, the watchdog's timed ranks, and
-# the README walk-through, the longest single test. Run 38's timeline (issue 36) had them last, in
-# collection order: the last 1.6 minutes used about one core of two. Early, beside the CPU-bound
-# tests, their waits overlap other work, and the run ends on tests that keep both cores busy.
-EARLY = ("test_tui_app", "test_tui_e2e", "test_tui_snapshots", "test_tui_sweep", "test_tui_serve", "test_watchdog",
-         "test_readme")  # fmt: skip
+# The README walk-through, the longest single test: first after the Slurm tests, so that it never
+# starts near the end and runs on alone.
+FIRST = ("test_readme",)
+# Modules whose tests mostly wait (Textual apps driven by a pilot, the watchdog's timed ranks):
+# spread evenly through the rest, so that their waits overlap CPU-bound tests. Issue 36's
+# timelines: last in collection order (run 38), the last 1.6 minutes used about one core of two;
+# all at the start beside the two Slurm chains, which wait too (run 39), minutes 2-5 did.
+SPREAD = ("test_tui_app", "test_tui_e2e", "test_tui_snapshots", "test_tui_sweep", "test_tui_serve", "test_watchdog")
 
 
-def _place(item: pytest.Item) -> int:
-    """0: the Slurm chains (the docstring above); 1: the modules that mostly wait (`EARLY`); 2: the rest."""
-    if item.get_closest_marker("slurm"):
-        return 0
-    return 1 if Path(item.nodeid.split("::")[0]).stem in EARLY else 2
+def _ordered(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The Slurm chains (the docstring above), then `FIRST`, then the rest with the tests of
+    `SPREAD` placed evenly among them; each module's order kept."""
+
+    def stem(item: pytest.Item) -> str:
+        return Path(item.nodeid.split("::")[0]).stem
+
+    slurm = [i for i in items if i.get_closest_marker("slurm")]
+    first = [i for i in items if not i.get_closest_marker("slurm") and stem(i) in FIRST]
+    spread = [i for i in items if not i.get_closest_marker("slurm") and stem(i) in SPREAD]
+    rest = [i for i in items if not i.get_closest_marker("slurm") and stem(i) not in FIRST + SPREAD]
+    keyed = [(j + 0.5, i) for j, i in enumerate(rest)]
+    keyed += [((k + 0.5) * len(rest) / max(len(spread), 1), i) for k, i in enumerate(spread)]
+    return slurm + first + [i for _, i in sorted(keyed, key=lambda pair: pair[0])]
