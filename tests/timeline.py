@@ -3,7 +3,7 @@ line per test (worker, group, start, end, load average, failed or not) to the fi
 and, run as a script on that file, a summary `.ci/test` prints after the suite.
 
 `--durations` lists the slowest tests but not which worker ran them, nor how long a worker sat
-idle at the end: the critical path of a `-n 3 --dist loadgroup` run (a Slurm chain or a big
+idle at the end: the critical path of a `-n 4 --dist loadgroup` run (a Slurm chain or a big
 module group) is visible only with the workers side by side. Recording is off unless the
 variable is set, so a developer's `pytest tests/x.py` writes nothing.
 """
