@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from procs import tiny_job_toml
 from test_run_service import cli, stop, submitted, wait_for
 
@@ -133,3 +134,33 @@ def test_signals_to_the_waiting_process_go_on_to_the_served_one():
         os.close(pidfd)
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_controller_ahead_of_its_submitter_makes_its_job_folder(tmp_path: Path, monkeypatch, warm: bool) -> None:
+    """The job folder is named by the controller's pid, and the submitting process makes it once
+    it has the pid; a served controller has nothing to import and can open its tasks' log files
+    first. Run 41 (issue 36) saw `FileNotFoundError: .../submitit/16431/16431_0_log.out` and a
+    crossproduct draw that never started. Both controllers make the folder when it is missing."""
+    from clusterfsdp.core import localctl
+    from clusterfsdp.worker import warmctl
+
+    monkeypatch.setenv("SUBMITIT_LOCAL_NTASKS", "2")
+    monkeypatch.setenv("SUBMITIT_LOCAL_COMMAND", f"{sys.executable} -c pass")
+    monkeypatch.setenv("SUBMITIT_LOCAL_TIMEOUT_S", "60")
+    monkeypatch.setenv("SUBMITIT_LOCAL_SIGNAL_DELAY_S", "10")
+    monkeypatch.setenv("SUBMITIT_STDERR_TO_STDOUT", "")
+    monkeypatch.setenv("SUBMITIT_LOCAL_WITH_SHELL", "")
+    before = signal.getsignal(signal.SIGTERM)
+    folder = tmp_path / "submitit" / "%j"
+    try:  # (no run folder: the warm one's preload fails and it starts its tasks as Popen)
+        controller = warmctl.Controller(folder, str(tmp_path / "no-run")) if warm else localctl.Controller(folder)
+        job = tmp_path / "submitit" / str(os.getpid())
+        assert not job.exists()
+        controller.start_tasks()
+        assert [t.wait(timeout=60) for t in controller.tasks] == [0, 0]
+        logs = [f"{os.getpid()}_{k}_log.{kind}" for k in range(2) for kind in ("err", "out")]
+        assert sorted(p.name for p in job.iterdir()) == logs
+        controller.kill_tasks()
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -40,9 +40,21 @@ from .evidence import EXIT_CODES
 class Controller(local.Controller):
     """submitit's controller; each round's exit statuses are appended to the job's record."""
 
+    def job_folder(self) -> Path:
+        """This job's folder, named by this process's pid. The submitting process makes it when it
+        moves the job's pickle there, once it has the pid; a controller that reaches its tasks
+        sooner (forked by a warm launcher, core/warmlaunch.py, with nothing left to import) makes
+        it first, or opening the tasks' log files there fails: a crossproduct draw never started
+        on a loaded machine (issue 36, run 41). The tasks wait for the pickle themselves."""
+        return utils.JobPaths(self.folder, self.pid, 0).folder
+
+    def start_tasks(self) -> None:
+        self.job_folder().mkdir(parents=True, exist_ok=True)
+        super().start_tasks()
+
     def wait(self, freq: int = 24) -> tp.Sequence[int | None]:
         codes = super().wait(freq)
-        path = utils.JobPaths(self.folder, self.pid, 0).folder / EXIT_CODES.format(job_id=self.pid)
+        path = self.job_folder() / EXIT_CODES.format(job_id=self.pid)
         try:
             rounds = json.loads(path.read_text()) if path.is_file() else []
         except (OSError, ValueError):

@@ -31,7 +31,9 @@ class Controller(localctl.Controller):
         super().__init__(folder)
 
     def start_tasks(self) -> None:
-        """submitit's `start_tasks` (1.5.x), each task started by the warm launcher."""
+        """submitit's `start_tasks` (1.5.x), each task started by the warm launcher, in the job
+        folder made here if the submitting process has not made it yet (`job_folder`)."""
+        self.job_folder().mkdir(parents=True, exist_ok=True)
         self.folder.mkdir(exist_ok=True)
         paths = [utils.JobPaths(self.folder, self.pid, k) for k in range(self.ntasks)]
         self.stdouts = [p.stdout.open("a") for p in paths]
