@@ -3,9 +3,10 @@ filled: AdamW over the parameters that train (LoRA: the adapters only), fused on
 parameters live on the CPU (fsdp.cpu_offload), else `foreach` (multi-tensor), as torchtitan builds
 it: torch's own default is the single-tensor loop for every parameter that is a DTensor (FSDP2's),
 one DTensor dispatch per tensor and per op, 3.3-3.9 ms of CPU per step for llama-tiny's 21
-parameters against 1.1-1.3 ms (bench/README.md, "AdamW on DTensors"; the same updates, another
-loop). Its state is checkpointed with the model's (checkpoint.py), the same for both loops; the lr
-of each step is the Trainer's to set (train.lr x the schedule)."""
+parameters against 1.1-1.3 ms (bench/optimizer_bench.py; bench/README.md, "Slurm ranks forked per
+node, AdamW foreach"; the same updates, another loop). Its state is checkpointed with the model's
+(checkpoint.py), the same for both loops; the lr of each step is the Trainer's to set (train.lr x
+the schedule)."""
 
 from __future__ import annotations
 
