@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import tomllib
 from pathlib import Path
 
@@ -221,10 +222,30 @@ def test_compose_opens_the_readmes_epochs_job_unmodified_saves_submits_it_and_sh
 
 
 def test_the_run_screen_shows_the_data_of_the_selected_run(folder, monkeypatch: pytest.MonkeyPatch):
-    """d on the Run screen: the samples of the run's own job.toml (absolute paths, its tokenizer)."""
+    """d on the Run screen: the samples of the run's own job.toml (absolute paths, its tokenizer).
+    s pressed twice starts a read of source 0, then one of source 1; the first is held until the
+    second is on screen, and must not replace it (CI once timed out here: source 0's read, the
+    slower under load, ended last and stayed on screen). The hold is the only thing changed:
+    both readers are the real `data show` subprocesses."""
     monkeypatch.chdir(folder)
     run = runfolder.create_run(S.load(folder / "mix.toml"), Executor.LOCAL)
     app = ClusterApp(folder / "runs", slurm=FakeSlurm(), refresh_s=3600)
+    held, of_source_0, handed = threading.Event(), [], []
+
+    class Held(subprocess.Popen):
+        def __init__(self, argv, *args, **kwargs):
+            if argv[-2:] == ["--source", "0"]:
+                of_source_0.append((self, threading.current_thread()))
+                held.wait(120)
+            super().__init__(argv, *args, **kwargs)
+
+    def call_from_thread(callback, *args):  # returns once the app's thread has run the callback
+        done = ClusterApp.call_from_thread(app, callback, *args)
+        handed.append(threading.current_thread())
+        return done
+
+    monkeypatch.setattr(subprocess, "Popen", Held)
+    monkeypatch.setattr(app, "call_from_thread", call_from_thread)
 
     async def scenario(pilot):
         await open_run_screen(pilot, app)
@@ -238,5 +259,17 @@ def test_the_run_screen_shows_the_data_of_the_selected_run(folder, monkeypatch: 
         await until(pilot, lambda: data.samples and "data.sources[1]" in data.samples[0]["title"], "source 1")
         assert all("data.sources[1]" in s["title"] for s in data.samples)
         await until(pilot, lambda: "data.sources[1]" in rendered(data.query_one("#data-header")), "source 1's header")
+        handed.clear()
+        held.set()  # source 0's read goes on: its reader is killed, or it ends and hands its samples over
+        reader, thread = of_source_0[0]
+
+        def ended() -> bool:
+            code = getattr(reader, "returncode", None)
+            return code is not None and (code < 0 or thread in handed)
+
+        await until(pilot, ended, "source 0's read")
+        await settle(pilot)
+        assert data.source == 1 and all("data.sources[1]" in s["title"] for s in data.samples)
+        assert "data.sources[1]" in rendered(data.query_one("#data-header"))
 
     run_app(app, scenario)

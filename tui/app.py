@@ -22,6 +22,7 @@ from clusterfsdp.core.errors import describe
 from .cluster_screen import ClusterScreen
 from .compose_screen import ComposeScreen
 from .help_screen import HelpScreen
+from .latest import deliver
 from .logs_screen import LogsScreen
 from .queue_rows import QueueRow, Refresh, SlurmCommands, collect
 from .queue_screen import QueueScreen
@@ -135,7 +136,7 @@ class ClusterApp(App[None]):
         """Ask again whether a Slurm controller answers (`scontrol ping`): at start, when squeue
         starts or stops answering, and before a submit that depends on it."""
         available = self.slurm.available()
-        self.call_from_thread(setattr, self, "slurm_available", available)
+        deliver(self, setattr, self, "slurm_available", available)
 
     # ---- help
     def action_help(self) -> None:

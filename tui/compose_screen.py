@@ -30,6 +30,7 @@ from .confirm_screen import ConfirmScreen
 from .data_screen import DataScreen
 from .field_editor import FieldEditor, editor_id
 from .job_summary import Summary, summarize
+from .latest import deliver
 from .nav_bar import NavBar
 from .path_screen import PathScreen
 from .shown_paths import shown
@@ -156,7 +157,7 @@ class ComposeScreen(Screen):
         summary = None
         if review.spec is not None:
             summary = summarize(review.spec, base, executor, slurm_available, partitions, review.sweep)
-        self.app.call_from_thread(self._show_review, review, summary)
+        deliver(self.app, self._show_review, review, summary)
 
     def _show_review(self, review: form.Review, summary: Summary | None) -> None:
         self.review, self.summary = review, summary

@@ -18,7 +18,9 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Static
+from textual.worker import get_current_worker
 
+from .latest import deliver
 from .shown_paths import shown
 
 TRAINED = "bold $success on $success-muted"  # the same tokens `data show` prints green or in [[ ]]
@@ -93,15 +95,27 @@ class DataScreen(Screen):
 
     @work(thread=True, exclusive=True, group="data-show", exit_on_error=False)
     def _read(self, job: Path, split: str, source: int | None, count: int) -> None:
+        """Read in a subprocess. A read overtaken by a newer key press (`exclusive` cancels its
+        worker) kills its reader and shows nothing: reads of t, s, n pressed in a row would run
+        side by side, ending in any order (`latest`)."""
         argv = [sys.executable, "-m", "clusterfsdp.data.show", str(job), "--json", "-n", str(count), "--split", split]
         argv += ["--source", str(source)] if source is not None else []
-        done = subprocess.run(argv, capture_output=True, text=True)
-        if done.returncode == 0:
-            samples, error = json.loads(done.stdout)["samples"], ""
+        worker = get_current_worker()
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as reader:
+            while True:
+                try:
+                    stdout, stderr = reader.communicate(timeout=0.25)
+                    break
+                except subprocess.TimeoutExpired:
+                    if worker.is_cancelled:
+                        reader.kill()
+                        return
+        if reader.returncode == 0:
+            samples, error = json.loads(stdout)["samples"], ""
         else:
-            lines = done.stderr.strip().splitlines() or [f"data show ended with exit status {done.returncode}"]
+            lines = stderr.strip().splitlines() or [f"data show ended with exit status {reader.returncode}"]
             samples, error = [], lines[-1].removeprefix("error: ")
-        self.app.call_from_thread(self._shown, samples, error)
+        deliver(self.app, self._shown, samples, error)
 
     def _shown(self, samples: list[dict[str, Any]], error: str) -> None:
         self.samples, self.error = samples, error

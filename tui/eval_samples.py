@@ -13,6 +13,8 @@ from textual.widgets import DataTable
 
 from clusterfsdp.core import evalsamples
 
+from .latest import deliver
+
 SHOWN_CHARS = 200  # of a prompt (its end: the part the completion follows) and of a completion
 PROMPT_SHARE = 0.4  # of the table's width at most: the completion keeps the rest, on screen
 
@@ -80,7 +82,7 @@ class EvalSamples(DataTable):
         if not steps or steps[-1] == shown:
             return
         samples = evalsamples.read(folder, steps[-1])
-        self.app.call_from_thread(self._show, folder, steps[-1], samples)
+        deliver(self.app, self._show, folder, steps[-1], samples)
 
     def _show(self, folder: Path, step: int, samples: list[evalsamples.EvalSample]) -> None:
         if folder != self.folder:

@@ -25,6 +25,7 @@ from clusterfsdp.control import logs
 from clusterfsdp.core import runfolder
 
 from .byte_sizes import human_size
+from .latest import deliver
 from .log_view import LogView
 from .logtail import CHUNK_BYTES, ERRORS, Chunk, LogFile, Search, compile_query
 from .nav_bar import NavBar
@@ -147,7 +148,7 @@ class LogsScreen(Screen):
         keys = logs.attempt_keys(run)
         ranks = ranks_of(run, attempt or (keys[-1] if keys else None))
         path = logs.log_file(run, rank, attempt or None)
-        self.app.call_from_thread(self._discovered, run, keys, ranks, path)
+        deliver(self.app, self._discovered, run, keys, ranks, path)
 
     def _discovered(self, run: runfolder.RunFolder, keys: list[str], ranks: list[int], path: Path | None) -> None:
         if run != self.run:
@@ -191,7 +192,7 @@ class LogsScreen(Screen):
         """Show the end of `path` and follow it."""
         file = LogFile(path)
         chunk = file.tail()
-        self.app.call_from_thread(self._show, file, chunk, None, True)
+        deliver(self.app, self._show, file, chunk, None, True)
 
     def _show(self, file: LogFile, chunk: Chunk, at: int | None, at_tail: bool) -> None:
         self.file, self.at_tail = file, at_tail
@@ -245,7 +246,7 @@ class LogsScreen(Screen):
             chunk = file.before(offset, PAGE_BYTES)
         else:
             chunk = file.after(offset, PAGE_BYTES)
-        self.app.call_from_thread(self._paged, file, where, offset, chunk, file.size())
+        deliver(self.app, self._paged, file, where, offset, chunk, file.size())
 
     def _paged(self, file: LogFile, where: str, offset: int, chunk: Chunk, size: int) -> None:
         if file is not self.file or offset != (self.view.start if where == "before" else self.view.end):
@@ -346,7 +347,7 @@ class LogsScreen(Screen):
                 offset = self._find(file, search, backward, file.size() if backward else 0, lambda: worker.is_cancelled)
         chunk = file.around(offset) if offset is not None else None
         size = file.size()
-        self.app.call_from_thread(self._jumped, file, offset, chunk, size, wrapped, backward)
+        deliver(self.app, self._jumped, file, offset, chunk, size, wrapped, backward)
 
     @staticmethod
     def _find(file: LogFile, search: Search, backward: bool, start: int, cancelled: Callable[[], bool]) -> int | None:

@@ -21,6 +21,7 @@ from clusterfsdp.core import runfolder
 from clusterfsdp.core import spec as specmod
 
 from .actions import requested
+from .latest import deliver
 
 
 @dataclass(frozen=True)
@@ -102,12 +103,12 @@ class ResumeScreen(ModalScreen[ResumeRequest | None]):
         try:
             self.run.spec(request.overrides)
         except specmod.SpecError as e:
-            self.app.call_from_thread(self._refused, "\n".join(e.errors))
+            deliver(self.app, self._refused, "\n".join(e.errors))
             return
         except OSError as e:
-            self.app.call_from_thread(self._refused, f"cannot read {self.run.job_toml}: {e}")
+            deliver(self.app, self._refused, f"cannot read {self.run.job_toml}: {e}")
             return
-        self.app.call_from_thread(self.dismiss, request)
+        deliver(self.app, self.dismiss, request)
 
     def _refused(self, errors: str) -> None:
         self.query_one("#resume-error", Static).update(errors)

@@ -34,6 +34,7 @@ from .byte_sizes import human_size
 from .checkpoints import CheckpointRow, scan
 from .data_screen import DataScreen
 from .eval_samples import EvalSamples
+from .latest import deliver
 from .metric_chart import MetricChart
 from .metrics_tail import EMPTY, Metrics, MetricsTail
 from .nav_bar import NavBar
@@ -240,7 +241,7 @@ class RunScreen(Screen):
         """Series, smoothing and decimation over every point: O(points), so in a worker."""
         started = time.monotonic()
         data = charts(metrics, smoothing, per, bench)
-        self.app.call_from_thread(self._charted, (metrics, bench), smoothing, data, time.monotonic() - started)
+        deliver(self.app, self._charted, (metrics, bench), smoothing, data, time.monotonic() - started)
 
     def _charted(self, drawn: tuple[Metrics, list], smoothing: float, data: list[ChartData], cost: float) -> None:
         self._chart_cost = cost

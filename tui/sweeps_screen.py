@@ -24,6 +24,7 @@ from clusterfsdp.core import spec as specmod
 from clusterfsdp.core.errors import describe
 from clusterfsdp.core.term import printable
 
+from .latest import deliver
 from .nav_bar import NavBar
 from .plot import Series
 from .queue_screen import STATE_STYLE
@@ -111,9 +112,9 @@ class SweepsScreen(Screen):
         try:
             refresh = collect(self.app.run_root, selected)
         except Exception as e:
-            self.app.call_from_thread(self._collected, None, f"reading {self.app.run_root}: {describe(e)}")
+            deliver(self.app, self._collected, None, f"reading {self.app.run_root}: {describe(e)}")
             return
-        self.app.call_from_thread(self._collected, refresh, refresh.error)
+        deliver(self.app, self._collected, refresh, refresh.error)
 
     def _collected(self, refresh: SweepsRefresh | None, error: str) -> None:
         if refresh is not None:
