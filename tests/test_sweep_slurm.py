@@ -44,16 +44,16 @@ def test_grid_is_one_throttled_job_array_of_runs(slurm_cluster, tiny_job, tmp_pa
     folders = [sweep.run_folder(p) for p in record.points]
     assert [f.record().attempts[0].job_id for f in folders] == [f"{record.job_id}_{i}" for i in range(4)]
 
-    # a second sweep, endless, in the preemptible partition, queued beside the first for the preemption and cancel
+    def done() -> bool:
+        return all(status.run_status(f).state.final for f in folders)
+
+    # a second sweep, endless, in the preemptible partition, for the preemption and cancel: queued once
+    # the first has ended, so that its points do not train (a core each) while the first's points run
+    slurm_cluster.wait_for("every point to end", done, timeout=bounded(240), interval=1.0)
     r = cli("sweep", str(tiny_job), "--executor", "slurm", "--grid", "train.lr=1e-3,3e-3",
             "--set", "slurm.partition=low", "--set", "slurm.tasks_per_node=1", "--set", "train.steps=100000",
             "--set", "train.log_every=1")  # fmt: skip
     assert r.returncode == 0, r.stderr
-
-    def done() -> bool:
-        return all(status.run_status(f).state.final for f in folders)
-
-    slurm_cluster.wait_for("every point to end", done, timeout=bounded(240), interval=1.0)
     fields = "JobID,State,Start,End,AllocTRES,ElapsedRaw"
     rows = slurm_cluster.run(["sacct", "-n", "-X", "-P", "-j", record.job_id, "-o", fields]).stdout
     tasks = sorted(line.split("|") for line in rows.splitlines() if line.strip())
