@@ -255,13 +255,16 @@ def cold_switch(env: Mapping[str, str]) -> str:
 # is the run folder whose job's [env] the process sets before its imports (None: it sets none), and
 # the test of its arguments. The local executor's controller (`FOLDER RUN_DIR`), `clusterfsdp export`'s
 # export (`RUN_DIR --step N --to DIR ...`: HF_HUB_OFFLINE's default, no [env]) and the notebook's
-# local supervisor (`_local RUN_DIR NTASKS`, started with `-u`).
+# local supervisor (`_local RUN_DIR NTASKS`, started with `-u`), and `data show` (`JOB ...`, from the CLI
+# and the TUI's Data view: HF_HUB_OFFLINE's default, no [env] applied before its imports).
 EXPORT = "clusterfsdp.worker.export"
 NOTEBOOK_LOCAL = "clusterfsdp.notebook.tasks"
+DATA_SHOW = "clusterfsdp.data.show"
 SERVED = {
     CONTROLLER: (1, lambda args: len(args) == 2),
     EXPORT: (None, lambda args: len(args) >= 1),
     NOTEBOOK_LOCAL: (1, lambda args: len(args) == 3 and args[0] == "_local"),
+    DATA_SHOW: (None, lambda args: len(args) >= 1),
 }
 
 

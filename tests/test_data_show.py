@@ -26,14 +26,14 @@ from test_readme import walkthrough
 from textual.widgets import Static
 from tui_helpers import FakeSlurm, open_in_compose, open_run_screen, rendered, run_app, settle, until
 
-from clusterfsdp.core import runfolder
+from clusterfsdp.core import runfolder, warmlaunch
 from clusterfsdp.core import spec as S
 from clusterfsdp.core.records import Executor
 from clusterfsdp.data import cache, mixsamples, prepare
 from clusterfsdp.data.samples import PreparedSamples
 from clusterfsdp.data.show import open_split, show
 from clusterfsdp.data.tokens import IGNORE_INDEX
-from clusterfsdp.tui import actions
+from clusterfsdp.tui import actions, data_screen
 from clusterfsdp.tui.app import ClusterApp
 from clusterfsdp.tui.data_screen import DataScreen
 
@@ -142,7 +142,10 @@ def test_the_marked_tokens_are_exactly_the_labels_the_ranks_train_on(folder):
 
 
 def _cli(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    """`clusterfsdp data show ARGS` in `folder`, the venv's bin on PATH (added only if missing: a
+    PATH unlike the session's would make the warm launcher start `data show` cold)."""
+    path, bindir = os.environ["PATH"], str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": path if bindir in path.split(os.pathsep) else f"{bindir}{os.pathsep}{path}"}
     env.pop("NO_COLOR", None)
     return subprocess.run(
         ["clusterfsdp", "data", "show", *args], cwd=folder, env=env, capture_output=True, text=True, timeout=300
@@ -225,26 +228,27 @@ def test_the_run_screen_shows_the_data_of_the_selected_run(folder, monkeypatch: 
     """d on the Run screen: the samples of the run's own job.toml (absolute paths, its tokenizer).
     s pressed twice starts a read of source 0, then one of source 1; the first is held until the
     second is on screen, and must not replace it (CI once timed out here: source 0's read, the
-    slower under load, ended last and stayed on screen). The hold is the only thing changed:
-    both readers are the real `data show` subprocesses."""
+    slower under load, ended last and stayed on screen). The hold is the only thing changed: both
+    readers are real `data show` processes, forked by this session's warm launcher, which the
+    test checks."""
     monkeypatch.chdir(folder)
     run = runfolder.create_run(S.load(folder / "mix.toml"), Executor.LOCAL)
     app = ClusterApp(folder / "runs", slurm=FakeSlurm(), refresh_s=3600)
-    held, of_source_0, handed = threading.Event(), [], []
+    held, readers, handed, real_start = threading.Event(), [], [], data_screen.start_reader
 
-    class Held(subprocess.Popen):
-        def __init__(self, argv, *args, **kwargs):
-            if argv[-2:] == ["--source", "0"]:
-                of_source_0.append((self, threading.current_thread()))
-                held.wait(120)
-            super().__init__(argv, *args, **kwargs)
+    def start_reader(argv, out, err):
+        if argv[-2:] == ["--source", "0"]:
+            held.wait(120)
+        reader = real_start(argv, out, err)
+        readers.append((argv[-1], reader, threading.current_thread()))
+        return reader
 
     def call_from_thread(callback, *args):  # returns once the app's thread has run the callback
         done = ClusterApp.call_from_thread(app, callback, *args)
         handed.append(threading.current_thread())
         return done
 
-    monkeypatch.setattr(subprocess, "Popen", Held)
+    monkeypatch.setattr(data_screen, "start_reader", start_reader)
     monkeypatch.setattr(app, "call_from_thread", call_from_thread)
 
     async def scenario(pilot):
@@ -261,7 +265,9 @@ def test_the_run_screen_shows_the_data_of_the_selected_run(folder, monkeypatch: 
         await until(pilot, lambda: "data.sources[1]" in rendered(data.query_one("#data-header")), "source 1's header")
         handed.clear()
         held.set()  # source 0's read goes on: its reader is killed, or it ends and hands its samples over
-        reader, thread = of_source_0[0]
+        await until(pilot, lambda: any(which == "0" for which, _, _ in readers), "source 0's reader")
+        ((reader, thread),) = [(r, t) for which, r, t in readers if which == "0"]
+        assert all(isinstance(r, warmlaunch.Served) for _, r, _ in readers)  # forked, not new interpreters
 
         def ended() -> bool:
             code = getattr(reader, "returncode", None)

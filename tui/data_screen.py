@@ -6,10 +6,12 @@ Compose (the job file as saved). The samples are read by `python -m clusterfsdp.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from textual import work
 from textual.app import ComposeResult
@@ -19,6 +21,8 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
+
+from clusterfsdp.core import warmlaunch
 
 from .latest import deliver
 from .shown_paths import shown
@@ -38,6 +42,17 @@ def sample_content(sample: dict[str, Any]) -> Content:
         parts += [(text, TRAINED) if trained else text for text, trained in document]
         parts.append("\n")
     return Content.assemble(*parts)
+
+
+def start_reader(argv: list[str], out: IO[str], err: IO[str]) -> subprocess.Popen[str] | warmlaunch.Served:
+    """`data show` writing to `out` and `err`, reading nothing: forked by a warm launcher of this
+    user when one is named (core/warmlaunch.py; the tokenizer's libraries imported once), else
+    a new interpreter (about 2 s of imports per read)."""
+    with open(os.devnull, "rb") as nothing:
+        served, _ = warmlaunch.popen(argv, os.environ, (nothing.fileno(), out.fileno(), err.fileno()))
+    if served is not None:
+        return served
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True)
 
 
 class DataScreen(Screen):
@@ -95,25 +110,30 @@ class DataScreen(Screen):
 
     @work(thread=True, exclusive=True, group="data-show", exit_on_error=False)
     def _read(self, job: Path, split: str, source: int | None, count: int) -> None:
-        """Read in a subprocess. A read overtaken by a newer key press (`exclusive` cancels its
-        worker) kills its reader and shows nothing: reads of t, s, n pressed in a row would run
-        side by side, ending in any order (`latest`)."""
+        """Read in a process of its own (`start_reader`). A read overtaken by a newer key press
+        (`exclusive` cancels its worker) kills its reader and shows nothing: reads of t, s, n
+        pressed in a row would run side by side, ending in any order (`latest`)."""
         argv = [sys.executable, "-m", "clusterfsdp.data.show", str(job), "--json", "-n", str(count), "--split", split]
         argv += ["--source", str(source)] if source is not None else []
         worker = get_current_worker()
-        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as reader:
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            reader = start_reader(argv, out, err)
             while True:
                 try:
-                    stdout, stderr = reader.communicate(timeout=0.25)
+                    code = reader.wait(timeout=0.25)
                     break
                 except subprocess.TimeoutExpired:
                     if worker.is_cancelled:
                         reader.kill()
+                        reader.wait()
                         return
-        if reader.returncode == 0:
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
+        if code == 0:
             samples, error = json.loads(stdout)["samples"], ""
         else:
-            lines = stderr.strip().splitlines() or [f"data show ended with exit status {reader.returncode}"]
+            lines = stderr.strip().splitlines() or [f"data show ended with exit status {code}"]
             samples, error = [], lines[-1].removeprefix("error: ")
         deliver(self.app, self._shown, samples, error)
 

@@ -6,11 +6,13 @@ transformers or datasets."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
 from ..control import launch, prepjob
 from ..core import spec as specmod
+from ..core import warmlaunch
 from ..core.spec.allowlists import sbatch_name_error
 from ..data.checks import source_problems
 from . import CliError
@@ -24,7 +26,8 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "clusterfsdp.data.prepare", args.job, "--workers", str(args.workers)]
     for item in args.set or []:
         argv += ["--set", item]
-    return subprocess.call(argv)
+    code = warmlaunch.run(argv, os.environ)
+    return subprocess.call(argv) if code is None else code
 
 
 def _data_prepare_array(args: argparse.Namespace) -> int:
@@ -54,12 +57,14 @@ def _data_prepare_array(args: argparse.Namespace) -> int:
 
 def cmd_data_show(args: argparse.Namespace) -> int:
     """Samples of the prepared data with the trained tokens marked (data/show.py), in a worker
-    process like `data prepare`: the CLI never imports numpy or the tokenizer."""
+    process like `data prepare`: the CLI never imports numpy or the tokenizer. A warm launcher of
+    this user forks it when one is named (core/warmlaunch.py: its tokenizer libraries imported)."""
     argv = [sys.executable, "-m", "clusterfsdp.data.show", args.job, "-n", str(args.n), "--split", args.split]
     argv += ["--source", str(args.source)] if args.source is not None else []
     for item in args.set or []:
         argv += ["--set", item]
-    return subprocess.call(argv)
+    code = warmlaunch.run(argv, os.environ)
+    return subprocess.call(argv) if code is None else code
 
 
 def cmd_data_status(args: argparse.Namespace) -> int:

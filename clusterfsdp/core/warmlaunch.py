@@ -1,5 +1,6 @@
 """Asking a warm launcher to start a process that imports torch (issue 36): the local executor's
-controller, the export of `clusterfsdp export` and a notebook's local supervisor.
+controller, the export of `clusterfsdp export`, a notebook's local supervisor and `data show` (from
+the CLI and the TUI's Data view, which import transformers' tokenizers).
 
 The local executor's controller (`worker.warmctl`) and the notebook's local supervisor
 (`notebook.tasks _local`) import torch, transformers and the worker before they fork the ranks,
@@ -7,8 +8,9 @@ and an export (`worker.export`) imports them to read the checkpoint: 3.5-4.5 s o
 warm launcher is a process of the same user that has imported them once and forks such processes
 on request over a Unix socket (a `worker.warmstart.Launcher` behind a socket; the tests' rank
 server, tests/rankserver.py, is one). When `CLUSTERFSDP_LAUNCHER` names its socket,
-`core.localctl.RecordingExecutor` (`start`), `control.run.Run.export` (`run`) and
-`control.backends.LocalRanks` (`popen`) ask it first; they start the process themselves, as
+`core.localctl.RecordingExecutor` (`start`), `control.run.Run.export` (`run`),
+`control.backends.LocalRanks` (`popen`), `cli/datacmds.cmd_data_show` (`run`) and
+`tui/data_screen.start_reader` (`popen`) ask it first; they start the process themselves, as
 before, whenever the socket is absent, is another user's (SO_PEERCRED), the caller runs inside a
 Slurm job (whose processes must stay in its allocation), the launcher answers that the process must
 start cold (the launcher starts nothing it cannot start as a new interpreter would: its own rule)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import shlex
 import sys
 from dataclasses import asdict, dataclass, field
@@ -232,4 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # It reads prepared data and the tokenizer prepare used, never the hub; and a `data show` that
+    # a warm launcher forks (core/warmlaunch.py) has its modules imported under this default too.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.exit(main())
