@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
+from clusterfsdp.control import jobstep
 from clusterfsdp.core import retrynotes, slurmcli, slurmping
+from clusterfsdp.core.records import Cause
 
 TIMED_OUT = "Socket timed out on send/recv operation"
 
@@ -232,3 +235,23 @@ def test_controller_ping_answers_and_a_ping_left_running_is_killed_on_exit(fake:
     monkeypatch.setenv("PATH", str(fake / "bin"))  # no sbatch anywhere: no ping started
     with slurmping.Ping() as ping:
         assert ping.proc is None and ping.state() == "none"
+
+
+@pytest.mark.slurm
+def test_a_requeued_jobs_step_waits_for_accounting_to_record_the_previous_end(slurm_cluster, monkeypatch) -> None:
+    """A requeued job's batch step reads why from sacct (`jobstep._requeued_by_slurm`), and slurmdbd
+    may record the previous incarnation's end after the next one has started: clean-clone run 48
+    found no row at all and reported a node failure as a plain requeue. Here the step asks while
+    its job is still in its first incarnation (its row RUNNING, as a late record reads) and the
+    requeue comes 4 s later: the answer is the recorded requeue, not RUNNING."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.slurm_conf))
+    job = str(slurm_cluster.sbatch(["--requeue", "-N1", "-o", "/dev/null", "--wrap", "sleep 300"]))
+    slurm_cluster.wait_for("RUNNING", lambda: slurm_cluster.squeue_state(int(job)) == "RUNNING", 60)
+    requeue = threading.Timer(4.0, slurm_cluster.run, [["scontrol", "requeue", job]])
+    requeue.start()
+    try:
+        cause, reason = jobstep._requeued_by_slurm(jobstep.SlurmJob(job, 1, ""), wait_s=120)
+    finally:
+        requeue.join()
+        slurm_cluster.run(["scancel", job], check=False)
+    assert (cause, reason) == (Cause.REQUEUED_BY_SLURM, "requeued by Slurm (REQUEUED) before the workers recorded it")

@@ -45,6 +45,9 @@ from . import cost, launch, noderecord
 from .run import Run, RunError
 
 JOBSTEP_RANK = -1  # the `rank` of events this step writes: not a worker rank
+ACCOUNTING_WAIT_S = 60.0  # how long a requeued job's step waits for sacct to record the previous end
+ACCOUNTING_POLL_S = 2.0
+NOT_ENDED = frozenset({"PENDING", "RUNNING", "REQUEUED_HOLD", "RESIZING", "SUSPENDED"})  # sacct: no end yet
 
 
 @value(frozen=True)
@@ -107,14 +110,22 @@ def before(run: runfolder.RunFolder, job: SlurmJob) -> int:
     return 0
 
 
-def _requeued_by_slurm(job: SlurmJob) -> tuple[Cause, str]:
-    """Why Slurm requeued the previous incarnation: its row in `sacct --duplicates`."""
-    try:
-        out = slurmcli.run(["sacct", "-n", "-X", "-P", "-D", "-j", job.job_id, "-o", "State,NodeList"])
-    except slurmcli.SlurmError as e:
-        return Cause.REQUEUED_BY_SLURM, f"requeued by Slurm before the workers recorded anything (sacct: {e})"
-    rows = [line.split("|") for line in out.splitlines() if "|" in line]
-    state, nodes = rows[job.restart - 1] if len(rows) >= job.restart else ("", "")
+def _requeued_by_slurm(job: SlurmJob, wait_s: float | None = None) -> tuple[Cause, str]:
+    """Why Slurm requeued the previous incarnation: its row in `sacct --duplicates`. slurmdbd may
+    record that incarnation's end after the next one has started (seen on a loaded devcluster: no
+    row at all, and a node failure was reported as a plain requeue), so this waits up to
+    `ACCOUNTING_WAIT_S` for a row that has ended, then says what it has."""
+    deadline = time.monotonic() + (ACCOUNTING_WAIT_S if wait_s is None else wait_s)
+    while True:
+        try:  # (slurmcli retries a failing query; one that still fails is not waited for again)
+            out = slurmcli.run(["sacct", "-n", "-X", "-P", "-D", "-j", job.job_id, "-o", "State,NodeList"])
+        except slurmcli.SlurmError as e:
+            return Cause.REQUEUED_BY_SLURM, f"requeued by Slurm before the workers recorded anything (sacct: {e})"
+        rows = [line.split("|") for line in out.splitlines() if "|" in line]
+        state, nodes = rows[job.restart - 1][:2] if len(rows) >= job.restart else ("", "")
+        if (state and state.split()[0] not in NOT_ENDED) or time.monotonic() >= deadline:
+            break
+        time.sleep(ACCOUNTING_POLL_S)
     if state.startswith("NODE_FAIL"):
         return Cause.NODE_FAILURE, f"a node of {nodes} failed; Slurm requeued the job"
     if state.startswith("PREEMPTED"):
