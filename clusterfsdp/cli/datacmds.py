@@ -26,8 +26,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "clusterfsdp.data.prepare", args.job, "--workers", str(args.workers)]
     for item in args.set or []:
         argv += ["--set", item]
-    code = warmlaunch.run(argv, os.environ)
-    return subprocess.call(argv) if code is None else code
+    return subprocess.call(argv)
 
 
 def _data_prepare_array(args: argparse.Namespace) -> int:
