@@ -268,8 +268,9 @@ def job_states(job_ids: list[str]) -> dict[str, JobRow]:
     A job squeue no longer lists is not live, whatever accounting's last record says: the
     controller's state is taken where it still knows the job, else a REQUEUED record (a job
     cancelled while being requeued) is reported CANCELLED. Measured on Slurm 22.05: `scontrol
-    requeue` then `scancel` before the job pends again leaves sacct's last record at REQUEUED for
-    good, while the controller says CANCELLED."""
+    requeue` then `scancel` before the job pends again leaves sacct's last record at REQUEUED
+    (mostly for good; under load slurmdbd sometimes records the cancel seconds later), while the
+    controller says CANCELLED."""
     rows = squeue(job_ids)
     missing = [j for j in job_ids if j not in rows]
     if missing:
