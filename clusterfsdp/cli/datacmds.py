@@ -6,7 +6,6 @@ transformers or datasets."""
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 
@@ -62,8 +61,7 @@ def cmd_data_show(args: argparse.Namespace) -> int:
     argv += ["--source", str(args.source)] if args.source is not None else []
     for item in args.set or []:
         argv += ["--set", item]
-    code = warmlaunch.run(argv, os.environ)
-    return subprocess.call(argv) if code is None else code
+    return warmlaunch.call(argv)
 
 
 def cmd_data_status(args: argparse.Namespace) -> int:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -550,8 +549,7 @@ class Run:
         A warm launcher of this user (`CLUSTERFSDP_LAUNCHER`, core/warmlaunch.py) forks it when
         it may; otherwise it starts here."""
         argv = self.export_command(to, step, dtype, force, best, merge)
-        code = warmlaunch.run(argv, os.environ)
-        return subprocess.run(argv).returncode if code is None else code
+        return warmlaunch.call(argv)
 
 
 def _check_submittable(spec: specmod.JobSpec, backend: backends.Backend) -> None:

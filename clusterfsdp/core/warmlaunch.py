@@ -8,8 +8,8 @@ and an export (`worker.export`) imports them to read the checkpoint: 3.5-4.5 s o
 warm launcher is a process of the same user that has imported them once and forks such processes
 on request over a Unix socket (a `worker.warmstart.Launcher` behind a socket; the tests' rank
 server, tests/rankserver.py, is one). When `CLUSTERFSDP_LAUNCHER` names its socket,
-`core.localctl.RecordingExecutor` (`start`), `control.run.Run.export` (`run`),
-`control.backends.LocalRanks` (`popen`), `cli/datacmds.cmd_data_show` (`run`) and
+`core.localctl.RecordingExecutor` (`start`), `control.run.Run.export` (`call`),
+`control.backends.LocalRanks` (`popen`), `cli/datacmds.cmd_data_show` (`call`) and
 `tui/data_screen.start_reader` (`popen`) ask it first; they start the process themselves, as
 before, whenever the socket is absent, is another user's (SO_PEERCRED), the caller runs inside a
 Slurm job (whose processes must stay in its allocation), the launcher answers that the process must
@@ -69,6 +69,14 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int | None:
         return None
     with _passed_on(served._signal):
         return served.wait()
+
+
+def call(argv: Sequence[str]) -> int:
+    """`argv` run to its end on this process's fds 0-2, its exit status: by the launcher this
+    process's environment names (`run`), else started here as `subprocess.call` starts it. The
+    export and `data show` are run so."""
+    code = run(argv, os.environ)
+    return subprocess.call(argv) if code is None else code
 
 
 class Served:
