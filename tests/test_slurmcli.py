@@ -259,3 +259,20 @@ def test_a_requeued_jobs_step_waits_for_accounting_to_record_the_previous_end(sl
         requeue.join()
         slurm_cluster.run(["scancel", job], check=False)
     assert (cause, reason) == (Cause.REQUEUED_BY_SLURM, "requeued by Slurm (REQUEUED) before the workers recorded it")
+
+
+@pytest.mark.parametrize("unended", ["COMPLETING", "PENDING", "RUNNING"])
+def test_a_requeued_jobs_step_waits_while_the_previous_row_is_live_and_stops_at_a_requeue(
+    fake: Path, monkeypatch, unended: str
+) -> None:
+    """jobstep._requeued_by_slurm waits while the previous incarnation's row is live by the one
+    list of live states (`RunState.live`: a COMPLETING row has not ended either), and takes a
+    requeue state as its end (REQUEUED is live as a job's state, not as an incarnation's)."""
+    monkeypatch.setattr(jobstep, "ACCOUNTING_POLL_S", 0.01)
+    stub(fake, "sacct", f'if [ $n -le 2 ]; then echo "{unended}|node1"; else echo "NODE_FAIL|node1"; fi')
+    assert jobstep._requeued_by_slurm(jobstep.SlurmJob("7", 1, ""), wait_s=60)[0] is Cause.NODE_FAILURE
+    assert len(calls(fake, "sacct")) == 3
+    stub(fake, "sacct", 'echo "REQUEUE_HOLD|node1"')
+    cause, reason = jobstep._requeued_by_slurm(jobstep.SlurmJob("7", 1, ""), wait_s=60)
+    assert (cause, "(REQUEUE_HOLD)" in reason) == (Cause.REQUEUED_BY_SLURM, True), reason
+    assert len(calls(fake, "sacct")) == 4  # not waited for

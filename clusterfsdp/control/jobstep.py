@@ -39,7 +39,7 @@ from pathlib import Path
 from ..core import ckptfolder, outcomes, retrynotes, runfolder, slurmcli
 from ..core import spec as specmod
 from ..core.errors import UserError
-from ..core.records import Cause, Event, EventKind
+from ..core.records import Cause, Event, EventKind, RunState
 from ..core.value import value
 from . import cost, launch, noderecord
 from .run import Run, RunError
@@ -47,7 +47,8 @@ from .run import Run, RunError
 JOBSTEP_RANK = -1  # the `rank` of events this step writes: not a worker rank
 ACCOUNTING_WAIT_S = 60.0  # how long a requeued job's step waits for sacct to record the previous end
 ACCOUNTING_POLL_S = 2.0
-NOT_ENDED = frozenset({"PENDING", "RUNNING", "REQUEUED_HOLD", "RESIZING", "SUSPENDED"})  # sacct: no end yet
+# how an incarnation Slurm requeued ends: live as the job's state (RunState.live), that incarnation over
+REQUEUES = frozenset({RunState.REQUEUED, RunState.REQUEUE_HOLD, RunState.REQUEUE_FED})
 
 
 @value(frozen=True)
@@ -110,6 +111,13 @@ def before(run: runfolder.RunFolder, job: SlurmJob) -> int:
     return 0
 
 
+def _ended(state: str) -> bool:
+    """Whether sacct's row of an earlier incarnation records its end: a state that is not live
+    (the one list, `RunState.live`), or one of Slurm's requeues; no row yet is no end."""
+    parsed = RunState.parse(state)
+    return bool(state) and (not parsed.live or parsed in REQUEUES)
+
+
 def _requeued_by_slurm(job: SlurmJob, wait_s: float | None = None) -> tuple[Cause, str]:
     """Why Slurm requeued the previous incarnation: its row in `sacct --duplicates`. slurmdbd may
     record that incarnation's end after the next one has started (seen on a loaded devcluster: no
@@ -123,7 +131,7 @@ def _requeued_by_slurm(job: SlurmJob, wait_s: float | None = None) -> tuple[Caus
             return Cause.REQUEUED_BY_SLURM, f"requeued by Slurm before the workers recorded anything (sacct: {e})"
         rows = [line.split("|") for line in out.splitlines() if "|" in line]
         state, nodes = rows[job.restart - 1][:2] if len(rows) >= job.restart else ("", "")
-        if (state and state.split()[0] not in NOT_ENDED) or time.monotonic() >= deadline:
+        if _ended(state) or time.monotonic() >= deadline:
             break
         time.sleep(ACCOUNTING_POLL_S)
     if state.startswith("NODE_FAIL"):
